@@ -1,0 +1,1782 @@
+//! Canonical JSON: a single streaming pass over the body bytes that validates strict JSON and
+//! writes a normalized spelling of it, skipping ignored fields, without building a tree.
+//!
+//! The canonical form is itself compact, valid JSON:
+//! - no insignificant whitespace; object members sorted by their unescaped key bytes (stable, so
+//!   duplicate keys keep their input order); arrays keep their order;
+//! - strings with escapes decoded and re-escaped minimally (only `"`, `\` and control characters,
+//!   as `\n \r \t \b \f` or lower-hex `\u00xx`), so `"\u0041"` and `"A"` are the same;
+//! - numbers as exact decimal scientific notation with no float conversion: an optional `-`, the
+//!   significant digits without leading or trailing zeros, `e` and the exponent (`1.50` → `15e-1`,
+//!   `100` → `1e2`), and every zero as `0`;
+//! - `true`, `false` and `null` unchanged.
+
+use std::cmp::Ordering;
+use std::fmt::Write as _;
+
+use thiserror::Error;
+
+use super::pointer::push_escaped_token;
+use super::{IgnoreSet, Ignored, JsonPointer};
+
+/// How many objects and arrays may be nested inside each other.
+pub const MAX_DEPTH: usize = 128;
+
+/// Exponent literals of this magnitude or more are rejected: below it every exponent adjustment
+/// stays exact in `i64`, so distinct numbers can never collapse onto the same canonical form.
+const MAX_EXPONENT: i64 = 1_000_000_000_000_000;
+
+/// Why a body is not canonicalizable JSON.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum JsonError {
+    /// Not strict JSON (RFC 8259); the offset is where the problem was noticed.
+    #[error("invalid JSON at byte {0}")]
+    Invalid(usize),
+    /// More than [`MAX_DEPTH`] objects and arrays nested inside each other.
+    #[error("JSON nested deeper than {MAX_DEPTH} levels")]
+    TooDeep,
+}
+
+/// Appends the canonical form of `input` to `out`.
+///
+/// Members whose key is in `ignore` (at any depth) or whose path equals one of its pointers are
+/// left out, though their values are still validated; when `ignored` is `Some`, the RFC 6901 path
+/// of each one left out (`/items/0/ts`) is pushed to it. Array elements designated by a pointer are
+/// left out the same way; paths use input indexes. A leading UTF-8 byte order mark is skipped.
+/// Number exponents of 10^15 or more are rejected as [`JsonError::Invalid`].
+///
+/// On error `out` is restored to its length on entry.
+///
+/// ```rust
+/// use idemgate::canonical::{canonical_json, IgnoreSet};
+///
+/// let mut out = Vec::new();
+/// let mut ignored = Vec::new();
+/// let body = br#"{ "b": [1.50, "\u00e9"], "a": {"TS": 1, "n": -0.0} }"#;
+/// canonical_json(body, &IgnoreSet::defaults(), &mut out, Some(&mut ignored)).unwrap();
+/// assert_eq!(out, r#"{"a":{"n":0},"b":[15e-1,"é"]}"#.as_bytes());
+/// assert_eq!(ignored, ["/a/TS"]);
+/// ```
+pub fn canonical_json(
+    input: &[u8],
+    ignore: &IgnoreSet,
+    out: &mut Vec<u8>,
+    ignored: Ignored<'_>,
+) -> Result<(), JsonError> {
+    let mark = out.len();
+    let mut parser = Parser::new(input, ignore, ignore.pointers(), None, ignored);
+    let result = parser.document(out);
+    parser.buffers.recycle();
+    if result.is_err() {
+        out.truncate(mark);
+    }
+    result
+}
+
+/// Canonicalizes `input` with nothing ignored, storing into `found[i]` the canonical form of the
+/// value `pointers[i]` designates (the last one, when duplicate keys make it ambiguous).
+pub(crate) fn extract_into(
+    input: &[u8],
+    pointers: &[JsonPointer],
+    found: &mut [Option<Vec<u8>>],
+) -> Result<(), JsonError> {
+    let ignore = IgnoreSet::empty();
+    let mut out = Vec::with_capacity(input.len());
+    let mut parser = Parser::new(input, &ignore, pointers, Some(found), None);
+    let result = parser.document(&mut out);
+    parser.buffers.recycle();
+    result
+}
+
+/// Working memory of one parse. It is recycled per thread so that canonicalizing a typical body
+/// allocates nothing beyond the caller's output buffer.
+#[derive(Default)]
+struct Buffers {
+    /// Stack of pointer indexes; each nesting level owns one `Frame` of it.
+    live: Vec<usize>,
+    /// Stack of path steps, maintained only while skipped paths are being reported.
+    path: Vec<Seg>,
+    /// Stack of members of all objects currently open; each object owns a tail of it.
+    members: Vec<Member>,
+    /// Decoded keys that contained escapes, stacked like `members`.
+    keys: Vec<u8>,
+    /// Holds one object's members while they are written back in key order.
+    scratch: Vec<u8>,
+}
+
+/// Buffers grown beyond this many bytes by an unusually large body are freed rather than kept.
+const MAX_RETAINED_BYTES: usize = 256 * 1024;
+
+thread_local! {
+    static RECYCLED: std::cell::Cell<Buffers> = std::cell::Cell::new(Buffers::default());
+}
+
+impl Buffers {
+    fn take() -> Self {
+        let mut buffers = RECYCLED.with(std::cell::Cell::take);
+        // A parse that failed midway leaves its stacks as they were.
+        buffers.live.clear();
+        buffers.path.clear();
+        buffers.members.clear();
+        buffers.keys.clear();
+        buffers.scratch.clear();
+        buffers
+    }
+
+    fn recycle(&mut self) {
+        let mut buffers = std::mem::take(self);
+        if buffers.members.capacity() * std::mem::size_of::<Member>() > MAX_RETAINED_BYTES {
+            buffers.members = Vec::new();
+        }
+        if buffers.keys.capacity() > MAX_RETAINED_BYTES {
+            buffers.keys = Vec::new();
+        }
+        if buffers.scratch.capacity() > MAX_RETAINED_BYTES {
+            buffers.scratch = Vec::new();
+        }
+        if buffers.path.capacity() + buffers.live.capacity() > MAX_RETAINED_BYTES / 16 {
+            buffers.path = Vec::new();
+            buffers.live = Vec::new();
+        }
+        RECYCLED.with(|cell| cell.set(buffers));
+    }
+}
+
+/// An object key: either borrowed from the input (no escapes) or decoded into `Parser::keys`.
+#[derive(Clone, Copy)]
+struct Key {
+    /// The first 8 key bytes, big-endian and zero-padded: orders most keys without a memcmp.
+    prefix: u64,
+    start: usize,
+    end: usize,
+    decoded: bool,
+}
+
+/// One member already written to the output, awaiting reordering by key.
+#[derive(Clone, Copy)]
+struct Member {
+    key: Key,
+    start: usize,
+    end: usize,
+}
+
+/// One step of the current path, kept only when skipped paths are being reported.
+#[derive(Clone, Copy)]
+enum Seg {
+    Key(Key),
+    Index(usize),
+}
+
+/// A range of `Parser::live`: the pointers still matching the path of the value being parsed.
+#[derive(Clone, Copy)]
+struct Frame {
+    start: usize,
+    end: usize,
+}
+
+impl Frame {
+    const NONE: Frame = Frame { start: 0, end: 0 };
+
+    fn is_empty(self) -> bool {
+        self.start == self.end
+    }
+}
+
+struct Parser<'a, 'r> {
+    input: &'a [u8],
+    pos: usize,
+    ignore: &'a IgnoreSet,
+    pointers: &'a [JsonPointer],
+    /// When set, pointer matches are extracted into it; otherwise they are skipped.
+    extract: Option<&'r mut [Option<Vec<u8>>]>,
+    ignored: Option<&'r mut Vec<String>>,
+    buffers: Buffers,
+    /// How many skipped members enclose the current position; inside them nothing is reported.
+    skipping: usize,
+}
+
+impl<'a, 'r> Parser<'a, 'r> {
+    fn new(
+        input: &'a [u8],
+        ignore: &'a IgnoreSet,
+        pointers: &'a [JsonPointer],
+        extract: Option<&'r mut [Option<Vec<u8>>]>,
+        ignored: Ignored<'r>,
+    ) -> Self {
+        Self {
+            input,
+            pos: 0,
+            ignore,
+            pointers,
+            extract,
+            ignored,
+            buffers: Buffers::take(),
+            skipping: 0,
+        }
+    }
+
+    fn document(&mut self, out: &mut Vec<u8>) -> Result<(), JsonError> {
+        if self.input.starts_with(b"\xEF\xBB\xBF") {
+            self.pos = 3;
+        }
+        // The root frame holds every pointer: all of them match the empty path so far.
+        self.buffers.live.extend(0..self.pointers.len());
+        let root = Frame {
+            start: 0,
+            end: self.buffers.live.len(),
+        };
+        self.skip_ws();
+        let start = out.len();
+        self.value(out, 0, root)?;
+        self.skip_ws();
+        if self.pos != self.input.len() {
+            return Err(JsonError::Invalid(self.pos));
+        }
+        self.store_extracted(out, start, root, 0);
+        Ok(())
+    }
+
+    #[inline]
+    fn skip_ws(&mut self) {
+        while let Some(&b) = self.input.get(self.pos) {
+            if !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
+                break;
+            }
+            self.pos += 1;
+        }
+    }
+
+    #[inline]
+    fn invalid<T>(&self) -> Result<T, JsonError> {
+        Err(JsonError::Invalid(self.pos))
+    }
+
+    /// Parses the value at `self.pos`, enclosed by `level` objects and arrays.
+    fn value(&mut self, out: &mut Vec<u8>, level: usize, frame: Frame) -> Result<(), JsonError> {
+        match self.input.get(self.pos) {
+            Some(b'"') => self.string_value(out),
+            Some(b'{') => self.object(out, level + 1, frame),
+            Some(b'[') => self.array(out, level + 1, frame),
+            Some(b'-' | b'0'..=b'9') => self.number(out),
+            Some(b't') => self.literal(out, b"true"),
+            Some(b'f') => self.literal(out, b"false"),
+            Some(b'n') => self.literal(out, b"null"),
+            _ => self.invalid(),
+        }
+    }
+
+    fn literal(&mut self, out: &mut Vec<u8>, word: &[u8]) -> Result<(), JsonError> {
+        if !self.input[self.pos..].starts_with(word) {
+            return self.invalid();
+        }
+        self.pos += word.len();
+        out.extend_from_slice(word);
+        Ok(())
+    }
+
+    fn string_value(&mut self, out: &mut Vec<u8>) -> Result<(), JsonError> {
+        let input = self.input;
+        let start = self.pos + 1;
+        let stop = scan_plain(input, start)?;
+        if input[stop] == b'"' {
+            // Without escapes the input spelling is already canonical: quotes, backslashes and
+            // control characters cannot appear raw, and everything else is emitted raw.
+            append(out, input, self.pos, stop + 1);
+            self.pos = stop + 1;
+        } else {
+            out.push(b'"');
+            out.extend_from_slice(&input[start..stop]);
+            self.pos = decode_escaped(input, stop, out, true)?;
+            out.push(b'"');
+        }
+        Ok(())
+    }
+
+    /// Parses the key at `self.pos` (an opening quote) without writing it anywhere.
+    fn key(&mut self) -> Result<Key, JsonError> {
+        let input = self.input;
+        let start = self.pos + 1;
+        let stop = scan_plain(input, start)?;
+        if input[stop] == b'"' {
+            self.pos = stop + 1;
+            return Ok(Key {
+                prefix: key_prefix(&input[start..stop]),
+                start,
+                end: stop,
+                decoded: false,
+            });
+        }
+        let keys = &mut self.buffers.keys;
+        let decoded_start = keys.len();
+        keys.extend_from_slice(&input[start..stop]);
+        self.pos = decode_escaped(input, stop, keys, false)?;
+        Ok(Key {
+            prefix: key_prefix(&keys[decoded_start..]),
+            start: decoded_start,
+            end: keys.len(),
+            decoded: true,
+        })
+    }
+
+    fn write_key(&self, out: &mut Vec<u8>, key: Key) {
+        if key.decoded {
+            out.push(b'"');
+            push_escaped(out, &self.buffers.keys[key.start..key.end]);
+            out.push(b'"');
+        } else {
+            append(out, self.input, key.start - 1, key.end + 1);
+        }
+    }
+
+    /// Narrows `frame` to the pointers that continue through step `level - 1` of the path, pushing
+    /// them as a new frame; also says whether one of them ends exactly there.
+    fn narrow(&mut self, frame: Frame, level: usize, step: Seg) -> (Frame, bool) {
+        let start = self.buffers.live.len();
+        let mut exact = false;
+        for i in frame.start..frame.end {
+            let p = self.buffers.live[i];
+            let tokens = self.pointers[p].tokens();
+            if tokens.len() < level {
+                continue;
+            }
+            let token = tokens[level - 1].as_bytes();
+            let hit = match step {
+                Seg::Key(key) => token == key_bytes(self.input, &self.buffers.keys, key),
+                Seg::Index(index) => token_is_index(token, index),
+            };
+            if hit {
+                self.buffers.live.push(p);
+                exact |= tokens.len() == level;
+            }
+        }
+        (
+            Frame {
+                start,
+                end: self.buffers.live.len(),
+            },
+            exact,
+        )
+    }
+
+    /// Copies the canonical value just written at `out[start..]` to every pointer of `frame` that
+    /// ends at this path length.
+    fn store_extracted(&mut self, out: &[u8], start: usize, frame: Frame, len: usize) {
+        if let Some(found) = self.extract.as_deref_mut() {
+            for &p in &self.buffers.live[frame.start..frame.end] {
+                if self.pointers[p].tokens().len() == len {
+                    found[p] = Some(out[start..].to_vec());
+                }
+            }
+        }
+    }
+
+    /// Whether skipped paths must be reported at this position.
+    #[inline]
+    fn reporting(&self) -> bool {
+        self.ignored.is_some() && self.skipping == 0
+    }
+
+    /// Reports the path of the current container followed by `last` as skipped.
+    #[cold]
+    fn report(&mut self, last: Seg) {
+        let mut path = String::new();
+        for seg in self.buffers.path.iter().chain(std::iter::once(&last)) {
+            path.push('/');
+            match *seg {
+                Seg::Key(key) => push_escaped_token(
+                    &mut path,
+                    &String::from_utf8_lossy(key_bytes(self.input, &self.buffers.keys, key)),
+                ),
+                Seg::Index(index) => {
+                    let _ = write!(path, "{index}");
+                }
+            }
+        }
+        if let Some(ignored) = self.ignored.as_deref_mut() {
+            ignored.push(path);
+        }
+    }
+
+    /// Validates the value at `self.pos` and discards its output.
+    fn skip_value(&mut self, out: &mut Vec<u8>, level: usize) -> Result<(), JsonError> {
+        let mark = out.len();
+        self.skipping += 1;
+        self.value(out, level, Frame::NONE)?;
+        self.skipping -= 1;
+        out.truncate(mark);
+        Ok(())
+    }
+
+    fn object(&mut self, out: &mut Vec<u8>, level: usize, frame: Frame) -> Result<(), JsonError> {
+        if level > MAX_DEPTH {
+            return Err(JsonError::TooDeep);
+        }
+        self.pos += 1;
+        out.push(b'{');
+        self.skip_ws();
+        if self.input.get(self.pos) == Some(&b'}') {
+            self.pos += 1;
+            out.push(b'}');
+            return Ok(());
+        }
+        let body_start = out.len();
+        let members_base = self.buffers.members.len();
+        let keys_base = self.buffers.keys.len();
+        let check_names = self.ignore.has_names() && self.skipping == 0;
+        loop {
+            if self.input.get(self.pos) != Some(&b'"') {
+                return self.invalid();
+            }
+            let key = self.key()?;
+            self.skip_ws();
+            if self.input.get(self.pos) != Some(&b':') {
+                return self.invalid();
+            }
+            self.pos += 1;
+            self.skip_ws();
+
+            let live_mark = self.buffers.live.len();
+            let (child, exact) = if frame.is_empty() {
+                (Frame::NONE, false)
+            } else {
+                self.narrow(frame, level, Seg::Key(key))
+            };
+            let skip = (exact && self.extract.is_none())
+                || (check_names
+                    && self
+                        .ignore
+                        .ignores_name(key_bytes(self.input, &self.buffers.keys, key)));
+            if skip {
+                if self.reporting() {
+                    self.report(Seg::Key(key));
+                }
+                self.skip_value(out, level)?;
+            } else {
+                if self.buffers.members.len() > members_base {
+                    out.push(b',');
+                }
+                let start = out.len();
+                self.write_key(out, key);
+                out.push(b':');
+                let value_start = out.len();
+                let reporting = self.reporting();
+                if reporting {
+                    self.buffers.path.push(Seg::Key(key));
+                }
+                self.value(out, level, child)?;
+                if reporting {
+                    self.buffers.path.pop();
+                }
+                if exact {
+                    self.store_extracted(out, value_start, child, level);
+                }
+                self.buffers.members.push(Member {
+                    key,
+                    start,
+                    end: out.len(),
+                });
+            }
+            self.buffers.live.truncate(live_mark);
+
+            self.skip_ws();
+            match self.input.get(self.pos) {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                }
+                Some(b'}') => {
+                    self.pos += 1;
+                    break;
+                }
+                _ => return self.invalid(),
+            }
+        }
+        self.sort_members(out, body_start, members_base);
+        self.buffers.members.truncate(members_base);
+        self.buffers.keys.truncate(keys_base);
+        out.push(b'}');
+        Ok(())
+    }
+
+    /// Rewrites `out[body_start..]`, the comma-separated members `members[base..]`, in key order.
+    fn sort_members(&mut self, out: &mut Vec<u8>, body_start: usize, base: usize) {
+        let Buffers {
+            keys,
+            members,
+            scratch,
+            ..
+        } = &mut self.buffers;
+        let input = self.input;
+        let members = &mut members[base..];
+        let key_order = |a: &Member, b: &Member| {
+            a.key
+                .prefix
+                .cmp(&b.key.prefix)
+                .then_with(|| key_bytes(input, keys, a.key).cmp(key_bytes(input, keys, b.key)))
+        };
+        if members
+            .windows(2)
+            .all(|w| key_order(&w[0], &w[1]) != Ordering::Greater)
+        {
+            return;
+        }
+        // Ties broken by position make the unstable (allocation-free) sort stable.
+        members.sort_unstable_by(|a, b| key_order(a, b).then(a.start.cmp(&b.start)));
+        scratch.clear();
+        scratch.extend_from_slice(&out[body_start..]);
+        out.truncate(body_start);
+        for (i, m) in members.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            append(out, scratch, m.start - body_start, m.end - body_start);
+        }
+    }
+
+    fn array(&mut self, out: &mut Vec<u8>, level: usize, frame: Frame) -> Result<(), JsonError> {
+        if level > MAX_DEPTH {
+            return Err(JsonError::TooDeep);
+        }
+        self.pos += 1;
+        out.push(b'[');
+        self.skip_ws();
+        if self.input.get(self.pos) == Some(&b']') {
+            self.pos += 1;
+            out.push(b']');
+            return Ok(());
+        }
+        let mut index = 0;
+        let mut emitted = false;
+        loop {
+            let live_mark = self.buffers.live.len();
+            let (child, exact) = if frame.is_empty() {
+                (Frame::NONE, false)
+            } else {
+                self.narrow(frame, level, Seg::Index(index))
+            };
+            if exact && self.extract.is_none() && self.skipping == 0 {
+                if self.reporting() {
+                    self.report(Seg::Index(index));
+                }
+                self.skip_value(out, level)?;
+            } else {
+                if emitted {
+                    out.push(b',');
+                }
+                emitted = true;
+                let start = out.len();
+                let reporting = self.reporting();
+                if reporting {
+                    self.buffers.path.push(Seg::Index(index));
+                }
+                self.value(out, level, child)?;
+                if reporting {
+                    self.buffers.path.pop();
+                }
+                if exact {
+                    self.store_extracted(out, start, child, level);
+                }
+            }
+            self.buffers.live.truncate(live_mark);
+            index += 1;
+
+            self.skip_ws();
+            match self.input.get(self.pos) {
+                Some(b',') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                }
+                Some(b']') => {
+                    self.pos += 1;
+                    break;
+                }
+                _ => return self.invalid(),
+            }
+        }
+        out.push(b']');
+        Ok(())
+    }
+
+    fn number(&mut self, out: &mut Vec<u8>) -> Result<(), JsonError> {
+        let input = self.input;
+        let mut i = self.pos;
+        let negative = input[i] == b'-';
+        if negative {
+            i += 1;
+        }
+        let int_start = i;
+        match input.get(i) {
+            Some(b'0') => i += 1,
+            Some(b'1'..=b'9') => i = skip_digits(input, i + 1),
+            _ => return Err(JsonError::Invalid(i)),
+        }
+        let int = &input[int_start..i];
+        let mut frac: &[u8] = &[];
+        if input.get(i) == Some(&b'.') {
+            let frac_start = i + 1;
+            i = skip_digits(input, frac_start);
+            if i == frac_start {
+                return Err(JsonError::Invalid(i));
+            }
+            frac = &input[frac_start..i];
+        }
+        let mut exponent: i64 = 0;
+        if matches!(input.get(i), Some(b'e' | b'E')) {
+            i += 1;
+            let negative_exponent = match input.get(i) {
+                Some(b'-') => {
+                    i += 1;
+                    true
+                }
+                Some(b'+') => {
+                    i += 1;
+                    false
+                }
+                _ => false,
+            };
+            let digits_start = i;
+            while let Some(&d @ b'0'..=b'9') = input.get(i) {
+                exponent = exponent * 10 + i64::from(d - b'0');
+                if exponent >= MAX_EXPONENT {
+                    return Err(JsonError::Invalid(i));
+                }
+                i += 1;
+            }
+            if i == digits_start {
+                return Err(JsonError::Invalid(i));
+            }
+            if negative_exponent {
+                exponent = -exponent;
+            }
+        }
+        self.pos = i;
+
+        // value = (int ++ frac) × 10^(exponent - frac.len()). Strict JSON gives `int` a leading
+        // zero only when it is exactly "0", so any further leading zeros sit at the start of `frac`.
+        let int_is_zero = int == b"0";
+        let (head, tail, exponent) = match frac.iter().rposition(|&d| d != b'0') {
+            Some(last) => {
+                let (head, first) = if int_is_zero {
+                    let first = frac.iter().position(|&d| d != b'0').unwrap_or(last);
+                    (&[][..], first)
+                } else {
+                    (int, 0)
+                };
+                (head, &frac[first..=last], exponent - (last as i64 + 1))
+            }
+            None if int_is_zero => {
+                out.push(b'0');
+                return Ok(());
+            }
+            None => {
+                // `int` starts with a non-zero digit, so `rposition` finds one.
+                let last = int.iter().rposition(|&d| d != b'0').unwrap_or(0);
+                let trailing = (int.len() - 1 - last) as i64;
+                (&int[..=last], &[][..], exponent + trailing)
+            }
+        };
+        if negative {
+            out.push(b'-');
+        }
+        append(out, head, 0, head.len());
+        append(out, tail, 0, tail.len());
+        out.push(b'e');
+        push_i64(out, exponent);
+        Ok(())
+    }
+}
+
+/// The first 8 bytes of `key` as a big-endian number, zero-padded. Comparing prefixes orders keys
+/// exactly like comparing the bytes whenever the prefixes differ: a padding zero can only differ
+/// from a real non-zero byte of a longer key, which sorts after it anyway.
+#[inline]
+fn key_prefix(key: &[u8]) -> u64 {
+    if let Some(head) = key.first_chunk::<8>() {
+        return u64::from_be_bytes(*head);
+    }
+    let mut prefix = 0;
+    for (i, &b) in key.iter().enumerate() {
+        prefix |= u64::from(b) << (56 - 8 * i);
+    }
+    prefix
+}
+
+/// Appends `src[range]` to `out`. Most copies here are a few bytes long, where a call to `memcpy`
+/// costs more than the copy: those move a fixed 16-byte window instead and drop the excess.
+#[inline(always)]
+fn append(out: &mut Vec<u8>, src: &[u8], start: usize, end: usize) {
+    let len = end - start;
+    if len <= 16 {
+        if let Some(window) = src.get(start..).and_then(<[u8]>::first_chunk::<16>) {
+            let keep = out.len() + len;
+            out.extend_from_slice(window);
+            out.truncate(keep);
+            return;
+        }
+    }
+    out.extend_from_slice(&src[start..end]);
+}
+
+fn key_bytes<'k>(input: &'k [u8], keys: &'k [u8], key: Key) -> &'k [u8] {
+    if key.decoded {
+        &keys[key.start..key.end]
+    } else {
+        &input[key.start..key.end]
+    }
+}
+
+/// Whether a pointer token names array element `index`: decimal, no leading zeros.
+fn token_is_index(token: &[u8], index: usize) -> bool {
+    if token.is_empty() || (token.len() > 1 && token[0] == b'0') {
+        return false;
+    }
+    let mut value: usize = 0;
+    for &d in token {
+        if !d.is_ascii_digit() {
+            return false;
+        }
+        value = match value
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(usize::from(d - b'0')))
+        {
+            Some(v) => v,
+            None => return false,
+        };
+    }
+    value == index
+}
+
+#[inline]
+fn skip_digits(input: &[u8], mut i: usize) -> usize {
+    while input.get(i).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+    }
+    i
+}
+
+fn push_i64(out: &mut Vec<u8>, value: i64) {
+    if value < 0 {
+        out.push(b'-');
+    }
+    let mut n = value.unsigned_abs();
+    let mut buf = [0u8; 20];
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[at..]);
+}
+
+/// Bytes that may appear raw inside a string and need no attention: printable ASCII except `"`
+/// and `\`.
+static PLAIN: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0x20;
+    while b < 0x80 {
+        table[b] = b != b'"' as usize && b != b'\\' as usize;
+        b += 1;
+    }
+    table
+};
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// High bit set in each byte lane of `v` that is `"`, `\`, a control character or non-ASCII.
+/// Borrows in the arithmetic can only flag lanes above a genuine hit, so the lowest flag is exact.
+#[inline]
+fn special_lanes(v: u64) -> u64 {
+    let quote = v ^ (ONES * u64::from(b'"'));
+    let backslash = v ^ (ONES * u64::from(b'\\'));
+    let zero_quote = quote.wrapping_sub(ONES) & !quote;
+    let zero_backslash = backslash.wrapping_sub(ONES) & !backslash;
+    let control = v.wrapping_sub(ONES * 0x20) & !v;
+    (zero_quote | zero_backslash | control | v) & HIGHS
+}
+
+/// Scans string content from `i` to the first `"` or `\`, validating UTF-8 and rejecting raw
+/// control characters; returns that byte's offset.
+#[inline]
+fn scan_plain(input: &[u8], mut i: usize) -> Result<usize, JsonError> {
+    loop {
+        let b = loop {
+            if let Some(chunk) = input.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+                let lanes = special_lanes(u64::from_le_bytes(*chunk));
+                if lanes != 0 {
+                    i += (lanes.trailing_zeros() / 8) as usize;
+                    break input[i];
+                }
+                i += 8;
+            } else {
+                while input.get(i).is_some_and(|&b| PLAIN[usize::from(b)]) {
+                    i += 1;
+                }
+                match input.get(i) {
+                    Some(&b) => break b,
+                    None => return Err(JsonError::Invalid(input.len())),
+                }
+            }
+        };
+        match b {
+            b'"' | b'\\' => return Ok(i),
+            0x80.. => i = skip_utf8(input, i)?,
+            _ => return Err(JsonError::Invalid(i)),
+        }
+    }
+}
+
+/// Validates the multi-byte UTF-8 sequence starting at `i`; returns the offset after it.
+#[inline]
+fn skip_utf8(input: &[u8], i: usize) -> Result<usize, JsonError> {
+    // Second-byte ranges exclude overlong forms, surrogates and code points above U+10FFFF.
+    let (width, low, high) = match input[i] {
+        0xC2..=0xDF => (2, 0x80, 0xBF),
+        0xE0 => (3, 0xA0, 0xBF),
+        0xE1..=0xEC | 0xEE..=0xEF => (3, 0x80, 0xBF),
+        0xED => (3, 0x80, 0x9F),
+        0xF0 => (4, 0x90, 0xBF),
+        0xF1..=0xF3 => (4, 0x80, 0xBF),
+        0xF4 => (4, 0x80, 0x8F),
+        _ => return Err(JsonError::Invalid(i)),
+    };
+    match input.get(i + 1) {
+        Some(&b) if (low..=high).contains(&b) => {}
+        _ => return Err(JsonError::Invalid(i)),
+    }
+    for k in 2..width {
+        match input.get(i + k) {
+            Some(&b) if (0x80..=0xBF).contains(&b) => {}
+            _ => return Err(JsonError::Invalid(i)),
+        }
+    }
+    Ok(i + width)
+}
+
+/// Decodes string content from the backslash at `i` to the closing quote, appending it to `buf`
+/// either canonically escaped (`canonical`) or fully unescaped; returns the offset after the quote.
+fn decode_escaped(
+    input: &[u8],
+    mut i: usize,
+    buf: &mut Vec<u8>,
+    canonical: bool,
+) -> Result<usize, JsonError> {
+    loop {
+        // Here input[i] is a backslash.
+        let escape_start = i;
+        let c = match input.get(i + 1) {
+            Some(b'"') => '"',
+            Some(b'\\') => '\\',
+            Some(b'/') => '/',
+            Some(b'b') => '\u{8}',
+            Some(b'f') => '\u{c}',
+            Some(b'n') => '\n',
+            Some(b'r') => '\r',
+            Some(b't') => '\t',
+            Some(b'u') => {
+                let (c, next) = decode_unicode_escape(input, i)?;
+                i = next - 2;
+                c
+            }
+            _ => return Err(JsonError::Invalid(escape_start)),
+        };
+        i += 2;
+        if canonical {
+            push_escaped_char(buf, c);
+        } else {
+            let mut utf8 = [0u8; 4];
+            buf.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+        }
+        let stop = scan_plain(input, i)?;
+        buf.extend_from_slice(&input[i..stop]);
+        i = stop;
+        if input[i] == b'"' {
+            return Ok(i + 1);
+        }
+    }
+}
+
+/// Decodes `\uXXXX` (and its low-surrogate partner) at `i`; returns the char and the offset after.
+fn decode_unicode_escape(input: &[u8], i: usize) -> Result<(char, usize), JsonError> {
+    let high = hex4(input, i + 2).ok_or(JsonError::Invalid(i))?;
+    let (code, next) = match high {
+        0xD800..=0xDBFF => {
+            if input.get(i + 6) != Some(&b'\\') || input.get(i + 7) != Some(&b'u') {
+                return Err(JsonError::Invalid(i));
+            }
+            let low = hex4(input, i + 8).ok_or(JsonError::Invalid(i + 6))?;
+            if !(0xDC00..=0xDFFF).contains(&low) {
+                return Err(JsonError::Invalid(i + 6));
+            }
+            (0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00), i + 12)
+        }
+        0xDC00..=0xDFFF => return Err(JsonError::Invalid(i)),
+        _ => (high, i + 6),
+    };
+    let c = char::from_u32(code).ok_or(JsonError::Invalid(i))?;
+    Ok((c, next))
+}
+
+fn hex4(input: &[u8], i: usize) -> Option<u32> {
+    let digits = input.get(i..i + 4)?;
+    let mut value = 0;
+    for &d in digits {
+        value = value * 16 + char::from(d).to_digit(16)?;
+    }
+    Some(value)
+}
+
+fn push_escaped_char(out: &mut Vec<u8>, c: char) {
+    if c.is_ascii() {
+        push_escaped_byte(out, c as u8);
+    } else {
+        let mut utf8 = [0u8; 4];
+        out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+    }
+}
+
+#[inline]
+fn push_escaped_byte(out: &mut Vec<u8>, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    match b {
+        b'"' => out.extend_from_slice(b"\\\""),
+        b'\\' => out.extend_from_slice(b"\\\\"),
+        b'\n' => out.extend_from_slice(b"\\n"),
+        b'\r' => out.extend_from_slice(b"\\r"),
+        b'\t' => out.extend_from_slice(b"\\t"),
+        0x08 => out.extend_from_slice(b"\\b"),
+        0x0C => out.extend_from_slice(b"\\f"),
+        0..=0x1F => out.extend_from_slice(&[
+            b'\\',
+            b'u',
+            b'0',
+            b'0',
+            HEX[usize::from(b >> 4)],
+            HEX[usize::from(b & 0xF)],
+        ]),
+        _ => out.push(b),
+    }
+}
+
+/// Appends already-unescaped string bytes with canonical (minimal) escaping.
+fn push_escaped(out: &mut Vec<u8>, bytes: &[u8]) {
+    let mut run = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'"' || b == b'\\' || b < 0x20 {
+            out.extend_from_slice(&bytes[run..i]);
+            push_escaped_byte(out, b);
+            run = i + 1;
+        }
+    }
+    out.extend_from_slice(&bytes[run..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon_with(input: &[u8], ignore: &IgnoreSet) -> Result<String, JsonError> {
+        let mut out = Vec::new();
+        canonical_json(input, ignore, &mut out, None)?;
+        Ok(String::from_utf8(out).expect("canonical output is UTF-8"))
+    }
+
+    fn canon(input: &str) -> String {
+        canon_with(input.as_bytes(), &IgnoreSet::empty())
+            .unwrap_or_else(|e| panic!("{e} in {input:?}"))
+    }
+
+    fn err(input: &[u8]) -> JsonError {
+        canon_with(input, &IgnoreSet::empty()).unwrap_err()
+    }
+
+    fn ptr(s: &str) -> JsonPointer {
+        JsonPointer::parse(s).unwrap()
+    }
+
+    fn explain(input: &str, ignore: &IgnoreSet) -> (String, Vec<String>) {
+        let mut out = Vec::new();
+        let mut ignored = Vec::new();
+        canonical_json(input.as_bytes(), ignore, &mut out, Some(&mut ignored)).unwrap();
+        (String::from_utf8(out).unwrap(), ignored)
+    }
+
+    #[test]
+    fn key_order_does_not_change_canonical_form() {
+        let a = canon(r#"{"b":1,"a":{"y":true,"x":null},"c":[3,2]}"#);
+        let b = canon(r#"{"c":[3,2],"a":{"x":null,"y":true},"b":1}"#);
+        assert_eq!(a, b);
+        assert_eq!(a, r#"{"a":{"x":null,"y":true},"b":1e0,"c":[3e0,2e0]}"#);
+    }
+
+    #[test]
+    fn whitespace_does_not_change_canonical_form() {
+        let pretty = "\r\n{\n\t\"a\" :  [ 1 , {\"b\"\t:\"x y\" } ] ,\"c\":{ } , \"d\" : [ ]\n}\n ";
+        assert_eq!(canon(pretty), r#"{"a":[1e0,{"b":"x y"}],"c":{},"d":[]}"#);
+        assert_eq!(
+            canon(pretty),
+            canon(r#"{"a":[1,{"b":"x y"}],"c":{},"d":[]}"#)
+        );
+    }
+
+    #[test]
+    fn array_order_is_significant() {
+        assert_ne!(canon("[1,2]"), canon("[2,1]"));
+    }
+
+    #[test]
+    fn number_spellings_of_one_value_are_equal() {
+        for spelling in [
+            "1", "1.0", "10e-1", "1E0", "1e+0", "1e-0", "0.1e1", "100e-2", "1.000",
+        ] {
+            assert_eq!(canon(spelling), "1e0", "{spelling}");
+        }
+    }
+
+    #[test]
+    fn numbers_normalize_to_significant_digits_and_exponent() {
+        let cases = [
+            ("1.50", "15e-1"),
+            ("100", "1e2"),
+            ("1e0", "1e0"),
+            ("10E-1", "1e0"),
+            ("-2.5e+3", "-25e2"),
+            ("0.001", "1e-3"),
+            ("0.0010", "1e-3"),
+            ("120.0300", "12003e-2"),
+            ("-7", "-7e0"),
+            ("1e007", "1e7"),
+            (
+                "123456789012345678901234567890",
+                "12345678901234567890123456789e1",
+            ),
+            ("0.000000000000000000000000000001", "1e-30"),
+            ("2.5e-400", "25e-401"),
+            ("1e999999999999999", "1e999999999999999"),
+            ("1.5e-999999999999999", "15e-1000000000000000"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(canon(input), expected, "{input}");
+        }
+    }
+
+    #[test]
+    fn every_zero_is_plain_zero() {
+        for spelling in ["0", "-0", "0.0", "-0.000", "0e5", "0E-7", "-0.0e+3"] {
+            assert_eq!(canon(spelling), "0", "{spelling}");
+        }
+    }
+
+    #[test]
+    fn distinct_numbers_stay_distinct() {
+        let distinct = ["1", "-1", "1.1", "10", "0.1", "11", "1e1000", "1e-1000"];
+        for (i, a) in distinct.iter().enumerate() {
+            for b in &distinct[i + 1..] {
+                assert_ne!(canon(a), canon(b), "{a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn absurd_exponents_are_rejected_rather_than_saturated() {
+        assert_eq!(err(b"1e1000000000000000"), JsonError::Invalid(17));
+        assert!(matches!(
+            err(b"[1e-99999999999999999999]"),
+            JsonError::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn number_grammar_is_strict() {
+        for bad in [
+            "01",
+            "-01",
+            "00",
+            ".5",
+            "+1",
+            "1.",
+            "-",
+            "-a",
+            "1e",
+            "1e+",
+            "1E-",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "0x10",
+            "1.5.2",
+            "--1",
+            "1.e5",
+            "[1,-]",
+            "[.1]",
+        ] {
+            assert!(
+                matches!(err(bad.as_bytes()), JsonError::Invalid(_)),
+                "{bad} should be invalid"
+            );
+        }
+    }
+
+    #[test]
+    fn unicode_escapes_equal_their_characters() {
+        assert_eq!(canon(r#""\u0041""#), canon(r#""A""#));
+        assert_eq!(canon(r#""\u00e9\u00E9""#), "\"éé\"");
+        assert_eq!(canon(r#""\ud83d\ude00""#), "\"😀\"");
+        assert_eq!(canon(r#""\uD83D\uDE00""#), canon("\"😀\""));
+        assert_eq!(canon(r#""a\/b""#), "\"a/b\"");
+        assert_eq!(canon(r#""\u20ac""#), "\"€\"");
+    }
+
+    #[test]
+    fn strings_are_re_escaped_minimally() {
+        assert_eq!(canon(r#""\u000a\u000D\u0009""#), r#""\n\r\t""#);
+        assert_eq!(canon(r#""\u0008\u000c""#), r#""\b\f""#);
+        assert_eq!(canon(r#""\u0001\u001F""#), r#""\u0001\u001f""#);
+        assert_eq!(canon(r#""\u0022\u005C""#), r#""\"\\""#);
+        assert_eq!(canon(r#""\"\\""#), r#""\"\\""#);
+        assert_eq!(canon(r#""\u007f""#), "\"\u{7f}\"");
+        assert_eq!(canon(r#""x\ty""#), r#""x\ty""#);
+    }
+
+    #[test]
+    fn strings_without_escapes_are_copied_verbatim() {
+        let s = "\"plain ASCII, ünïcødé, 😀 and DEL \u{7f} — long enough to cross several words\"";
+        assert_eq!(canon(s), s);
+    }
+
+    #[test]
+    fn keys_are_unescaped_before_comparison_and_sorting() {
+        assert_eq!(canon(r#"{"\u0062":1,"a":2}"#), r#"{"a":2e0,"b":1e0}"#);
+        // Unescaped '"' (0x22) sorts before '#' (0x23) even though its escape '\' (0x5C) would not.
+        assert_eq!(canon(r#"{"a#":1,"a\"":2}"#), r#"{"a\"":2e0,"a#":1e0}"#);
+        assert_eq!(
+            canon(r#"{"\u00e9":1,"z":2,"\n":3}"#),
+            r#"{"\n":3e0,"z":2e0,"é":1e0}"#
+        );
+    }
+
+    #[test]
+    fn keys_sort_by_bytes_not_by_length_or_case() {
+        assert_eq!(
+            canon(r#"{"b":0,"B":0,"aa":0,"a":0,"":0}"#),
+            r#"{"":0,"B":0,"a":0,"aa":0,"b":0}"#
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_are_kept_in_input_order() {
+        assert_eq!(
+            canon(r#"{"a":2,"b":0,"a":1}"#),
+            r#"{"a":2e0,"a":1e0,"b":0}"#
+        );
+        assert_ne!(canon(r#"{"a":1,"a":2}"#), canon(r#"{"a":2,"a":1}"#));
+    }
+
+    #[test]
+    fn large_duplicate_runs_keep_their_order() {
+        let mut input = String::from("{");
+        for i in 0..2000 {
+            if i > 0 {
+                input.push(',');
+            }
+            input.push_str(&format!(r#""k":{i},"j":{i}"#));
+        }
+        input.push('}');
+        let mut expected = String::from("{");
+        for key in ["j", "k"] {
+            for i in 0..2000 {
+                if expected.len() > 1 {
+                    expected.push(',');
+                }
+                let n = canon(&i.to_string());
+                expected.push_str(&format!(r#""{key}":{n}"#));
+            }
+        }
+        expected.push('}');
+        assert_eq!(canon(&input), expected);
+    }
+
+    #[test]
+    fn nested_objects_are_sorted_independently() {
+        assert_eq!(
+            canon(r#"{"z":{"d":1,"c":{"f":1,"e":2}},"y":[{"b":1,"a":2},{"d":1,"c":2}]}"#),
+            r#"{"y":[{"a":2e0,"b":1e0},{"c":2e0,"d":1e0}],"z":{"c":{"e":2e0,"f":1e0},"d":1e0}}"#
+        );
+    }
+
+    #[test]
+    fn literals_and_top_level_scalars_are_kept() {
+        assert_eq!(canon("true"), "true");
+        assert_eq!(canon(" false "), "false");
+        assert_eq!(canon("null"), "null");
+        assert_eq!(canon(r#""s""#), r#""s""#);
+        assert_eq!(canon("[true,false,null]"), "[true,false,null]");
+    }
+
+    #[test]
+    fn leading_byte_order_mark_is_skipped() {
+        assert_eq!(
+            canon_with(b"\xEF\xBB\xBF{\"a\":1}", &IgnoreSet::empty()).unwrap(),
+            r#"{"a":1e0}"#
+        );
+    }
+
+    #[test]
+    fn ignored_names_are_skipped_at_any_depth_and_case_insensitively() {
+        let input =
+            r#"{"a":{"b":[{"TimeStamp":1,"x":2}]},"ts":3,"GEO":{"lat":1},"keep":{"LNG":1}}"#;
+        assert_eq!(
+            canon_with(input.as_bytes(), &IgnoreSet::defaults()).unwrap(),
+            r#"{"a":{"b":[{"x":2e0}]},"keep":{}}"#
+        );
+    }
+
+    #[test]
+    fn ignored_names_match_escaped_keys_after_unescaping() {
+        assert_eq!(
+            canon_with(br#"{"t\u0073":1,"a":2}"#, &IgnoreSet::defaults()).unwrap(),
+            r#"{"a":2e0}"#
+        );
+    }
+
+    #[test]
+    fn ignoring_a_field_makes_requests_that_differ_only_there_equal() {
+        let ignore = IgnoreSet::defaults();
+        let a = canon_with(br#"{"sku":"x","timestamp":"2024-01-01"}"#, &ignore).unwrap();
+        let b = canon_with(br#"{"timestamp":"2025-12-31","sku":"x"}"#, &ignore).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn ignored_values_are_still_validated() {
+        let ignore = IgnoreSet::defaults();
+        assert!(canon_with(br#"{"ts":[1,],"a":1}"#, &ignore).is_err());
+        assert!(canon_with(br#"{"ts":"\ud800","a":1}"#, &ignore).is_err());
+        let deep = format!(r#"{{"ts":{}}}"#, "[".repeat(10_000));
+        assert_eq!(
+            canon_with(deep.as_bytes(), &ignore),
+            Err(JsonError::TooDeep)
+        );
+    }
+
+    #[test]
+    fn ignore_by_pointer_applies_only_at_that_path() {
+        let ignore = IgnoreSet::new(Vec::<String>::new(), vec![ptr("/a/id")]);
+        assert_eq!(
+            canon_with(
+                br#"{"a":{"id":1,"b":{"id":2}},"id":3,"c":{"a":{"id":4}}}"#,
+                &ignore
+            )
+            .unwrap(),
+            r#"{"a":{"b":{"id":2e0}},"c":{"a":{"id":4e0}},"id":3e0}"#
+        );
+    }
+
+    #[test]
+    fn ignore_by_pointer_matches_escaped_tokens_and_array_elements() {
+        let ignore = IgnoreSet::new(
+            Vec::<String>::new(),
+            vec![ptr("/a~1b"), ptr("/items/1"), ptr("/items/2/x")],
+        );
+        assert_eq!(
+            canon_with(
+                br#"{"a/b":1,"a":{"b":2},"items":[{"x":0},{"x":1},{"x":2,"y":2}]}"#,
+                &ignore
+            )
+            .unwrap(),
+            r#"{"a":{"b":2e0},"items":[{"x":0},{"y":2e0}]}"#
+        );
+    }
+
+    #[test]
+    fn root_pointer_never_skips_the_document() {
+        let ignore = IgnoreSet::new(Vec::<String>::new(), vec![ptr("")]);
+        assert_eq!(canon_with(b"[1]", &ignore).unwrap(), "[1e0]");
+    }
+
+    #[test]
+    fn ignored_list_names_each_skipped_path_in_input_order() {
+        let ignore = IgnoreSet::new(
+            DEFAULT_NAMES_FOR_TESTS.iter().copied(),
+            vec![ptr("/meta/request~1id"), ptr("/items/1")],
+        );
+        let input = r#"{
+            "items": [{"sku": "a", "ts": 1}, {"sku": "b"}, {"sku": "c", "Lat": 2}],
+            "meta": {"request/id": "r1", "geo": {"lat": 1, "lng": 2}},
+            "a~b": {"nonce": 5},
+            "TIME": 0
+        }"#;
+        let (out, ignored) = explain(input, &ignore);
+        assert_eq!(
+            out,
+            r#"{"a~b":{},"items":[{"sku":"a"},{"sku":"c"}],"meta":{}}"#
+        );
+        assert_eq!(
+            ignored,
+            [
+                "/items/0/ts",
+                "/items/1",
+                "/items/2/Lat",
+                "/meta/request~1id",
+                "/meta/geo",
+                "/a~0b/nonce",
+                "/TIME"
+            ]
+        );
+    }
+
+    const DEFAULT_NAMES_FOR_TESTS: &[&str] = crate::canonical::DEFAULT_IGNORED_FIELDS;
+
+    #[test]
+    fn reporting_ignored_fields_does_not_change_the_output() {
+        let ignore = IgnoreSet::new(["ts"], vec![ptr("/a/0")]);
+        let input = r#"{"a":[{"ts":1},2],"b":{"ts":{"x":1}},"c":"\u0041"}"#;
+        let (explained, _) = explain(input, &ignore);
+        assert_eq!(canon_with(input.as_bytes(), &ignore).unwrap(), explained);
+    }
+
+    #[test]
+    fn invalid_json_is_rejected() {
+        let cases: &[&[u8]] = &[
+            b"",
+            b"   ",
+            b"{\"a\":1,}",
+            b"[1,2,]",
+            b"[,1]",
+            b"{'a':1}",
+            b"['a']",
+            b"01",
+            b"\"unterminated",
+            b"{\"a\":\"unterminated}",
+            b"\"\\ud800\"",
+            b"\"\\udc00\"",
+            b"\"\\ud800\\u0041\"",
+            b"\"\\ud800x\"",
+            b"\"tab\there\"",
+            b"\"nl\nhere\"",
+            b"{\"a\":1} x",
+            b"{\"a\":1}}",
+            b"[1]]",
+            b"1 2",
+            b"{\"a\" 1}",
+            b"{\"a\":1 \"b\":2}",
+            b"{a:1}",
+            b"{\"a\"}",
+            b"{\"a\":}",
+            b"\"\\x\"",
+            b"\"\\u12\"",
+            b"\"\\u12g4\"",
+            b"\"\\",
+            b"tru",
+            b"nul",
+            b"True",
+            b"[",
+            b"{",
+            b"\"\xff\"",
+            b"\"\xc0\x80\"",
+            b"\"\xed\xa0\x80\"",
+            b"\"\xe2\x82\"",
+            b"\"\xf4\x90\x80\x80\"",
+            b"\"\x80\"",
+            b"[1]\x00",
+        ];
+        for &input in cases {
+            assert!(
+                matches!(err(input), JsonError::Invalid(_)),
+                "{:?} should be invalid",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_reports_the_offending_offset() {
+        assert_eq!(err(b"[1,]"), JsonError::Invalid(3));
+        assert_eq!(err(b"{\"a\":1} x"), JsonError::Invalid(8));
+        assert_eq!(err(b"\"ab\x01\""), JsonError::Invalid(3));
+        assert_eq!(err(b"\"abc"), JsonError::Invalid(4));
+        assert_eq!(err(b""), JsonError::Invalid(0));
+    }
+
+    #[test]
+    fn output_is_appended_and_restored_on_error() {
+        let mut out = b"prefix:".to_vec();
+        canonical_json(b"[1]", &IgnoreSet::empty(), &mut out, None).unwrap();
+        assert_eq!(out, b"prefix:[1e0]");
+        let before = out.clone();
+        assert!(canonical_json(b"{\"a\":[1,2", &IgnoreSet::empty(), &mut out, None).is_err());
+        assert_eq!(out, before);
+    }
+
+    #[test]
+    fn nesting_up_to_max_depth_is_accepted() {
+        let input = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert_eq!(canon(&input), input);
+        let mut objects = String::new();
+        for _ in 0..MAX_DEPTH {
+            objects.push_str("{\"a\":");
+        }
+        objects.push('1');
+        objects.push_str(&"}".repeat(MAX_DEPTH));
+        assert!(canon_with(objects.as_bytes(), &IgnoreSet::empty()).is_ok());
+    }
+
+    #[test]
+    fn nesting_beyond_max_depth_is_too_deep() {
+        let input = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert_eq!(err(input.as_bytes()), JsonError::TooDeep);
+        let mut objects = String::new();
+        for _ in 0..=MAX_DEPTH {
+            objects.push_str("{\"a\":");
+        }
+        assert_eq!(err(objects.as_bytes()), JsonError::TooDeep);
+    }
+
+    #[test]
+    fn ten_thousand_deep_array_is_too_deep_without_crashing() {
+        let input = "[".repeat(10_000);
+        assert_eq!(err(input.as_bytes()), JsonError::TooDeep);
+        let closed = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert_eq!(err(closed.as_bytes()), JsonError::TooDeep);
+    }
+
+    #[test]
+    fn token_index_requires_plain_decimal() {
+        assert!(token_is_index(b"0", 0));
+        assert!(token_is_index(b"12", 12));
+        assert!(!token_is_index(b"012", 12));
+        assert!(!token_is_index(b"", 0));
+        assert!(!token_is_index(b"-", 0));
+        assert!(!token_is_index(b"1a", 1));
+        assert!(!token_is_index(b"99999999999999999999999", 0));
+    }
+
+    /// Hand-written documents covering the grammar; none has duplicate keys or numbers beyond f64
+    /// precision, so serde_json can serve as an independent reference.
+    const DOCS: &[&str] = &[
+        "null",
+        "true",
+        "0",
+        "-0.0",
+        "3.14159",
+        "1e300",
+        "-2.5E-7",
+        "123456789",
+        r#""""#,
+        r#""plain""#,
+        r#""esc \" \\ \/ \b \f \n \r \t""#,
+        r#""\u0000\u001f\u007f\u0080\uffff""#,
+        r#""\ud834\udd1e and 𝄞""#,
+        "\"ünïcødé ✓ 中文\"",
+        "[]",
+        "{}",
+        "[[], {}, [[]], {\"\": {}}]",
+        r#"{"b": 1, "a": 2, "c": 3}"#,
+        r#"{"nested": {"z": [1, 2, {"y": null, "x": false}], "a": "s"}}"#,
+        r#"[1, 1.0, 10e-1, 0.1e1, 100, 1e2, 0.001, -0]"#,
+        r#"{"\u00e9": 1, "e": 2, "\u0065\u0301": 3}"#,
+        r#"{"a\"b": 1, "a#b": 2, "a!b": 3, "a\\b": 4}"#,
+        r#"{"order": {"id": "o-1", "items": [{"sku": "A", "qty": 2, "price": 9.99}], "total": 19.98}}"#,
+        r#"{"k": "\n", "K": "\t", "kk": "\u2028\u2029"}"#,
+        "  {  \"spaced\"  :  [  1  ,  2  ]  }  ",
+        r#"[{"a": [{"b": [{"c": [{"d": []}]}]}]}]"#,
+        r#"{"num": 6.02214076e23, "small": 1.25e-10, "neg": -273.15}"#,
+        r#"{"": "", " ": " ", "  ": "  "}"#,
+        r#"["\/", "/", "\u002f"]"#,
+        r#"{"emoji": "😀", "escaped": "\ud83d\ude00"}"#,
+        r#"{"z": 0, "y": 0.0, "x": -0, "w": 0e10}"#,
+        r#"[true, false, null, "true", "null"]"#,
+        "{\"big\": [1e-300, 9007199254740993, 18446744073709551615]}",
+    ];
+
+    /// serde_json (without `arbitrary_precision`) rounds such numbers through `f64`; we don't.
+    fn beyond_f64(doc: &str) -> bool {
+        doc.contains("9007199254740993")
+    }
+
+    #[test]
+    fn canonical_form_is_idempotent() {
+        for doc in DOCS {
+            let once = canon(doc);
+            assert_eq!(canon(&once), once, "{doc}");
+        }
+    }
+
+    #[test]
+    fn canonical_output_is_valid_json_for_serde() {
+        for doc in DOCS {
+            let once = canon(doc);
+            let value: serde_json::Value = serde_json::from_str(&once)
+                .unwrap_or_else(|e| panic!("{once} rejected by serde_json: {e}"));
+            if beyond_f64(doc) {
+                continue;
+            }
+            // Re-canonicalizing serde_json's own spelling of our output lands on our output again.
+            assert_eq!(canon(&value.to_string()), once, "{doc}");
+        }
+    }
+
+    #[test]
+    fn serde_json_spelling_of_the_input_has_the_same_canonical_form() {
+        for doc in DOCS {
+            let value: serde_json::Value = serde_json::from_str(doc).unwrap();
+            if beyond_f64(doc) {
+                continue;
+            }
+            assert_eq!(canon(&value.to_string()), canon(doc), "{doc}");
+        }
+    }
+
+    #[test]
+    fn serde_json_agrees_on_what_is_valid() {
+        let mut inputs: Vec<Vec<u8>> = DOCS.iter().map(|d| d.as_bytes().to_vec()).collect();
+        for bad in [
+            "[1,]",
+            "{\"a\" 1}",
+            "01",
+            "\"\\ud800\"",
+            "[1] 2",
+            "{\"a\":1,}",
+            "\"\t\"",
+        ] {
+            inputs.push(bad.as_bytes().to_vec());
+        }
+        for input in inputs {
+            let ours = canon_with(&input, &IgnoreSet::empty()).is_ok();
+            let theirs = serde_json::from_slice::<serde_json::Value>(&input).is_ok();
+            assert_eq!(ours, theirs, "{}", String::from_utf8_lossy(&input));
+        }
+    }
+
+    /// Deterministic generator of documents and of different spellings of the same document.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) % n
+        }
+
+        fn chance(&mut self, in_n: u64) -> bool {
+            self.below(in_n) == 0
+        }
+    }
+
+    enum Node {
+        Null,
+        Bool(bool),
+        Num {
+            negative: bool,
+            digits: u64,
+            exponent: i64,
+        },
+        Str(String),
+        Arr(Vec<Node>),
+        Obj(Vec<(String, Node)>),
+    }
+
+    const CHARS: &[char] = &[
+        'a', 'b', 'Z', '0', ' ', '"', '\\', '/', '\n', '\t', '\u{1}', '\u{1f}', '\u{7f}', 'é', '€',
+        '😀', '\u{2028}',
+    ];
+
+    fn gen_string(rng: &mut Rng) -> String {
+        (0..rng.below(6))
+            .map(|_| CHARS[rng.below(CHARS.len() as u64) as usize])
+            .collect()
+    }
+
+    fn gen_node(rng: &mut Rng, depth: u32) -> Node {
+        let kinds = if depth >= 4 { 4 } else { 6 };
+        match rng.below(kinds) {
+            0 => Node::Null,
+            1 => Node::Bool(rng.chance(2)),
+            2 => {
+                let digits = match rng.below(3) {
+                    0 => 0,
+                    1 => rng.below(1000),
+                    _ => rng.below(u64::MAX >> 12),
+                };
+                // Trailing zeros belong to the exponent, so each value has one representation.
+                let digits = if digits % 10 == 0 && digits != 0 {
+                    digits + 1
+                } else {
+                    digits
+                };
+                Node::Num {
+                    negative: rng.chance(2),
+                    digits,
+                    exponent: rng.below(41) as i64 - 20,
+                }
+            }
+            3 => Node::Str(gen_string(rng)),
+            4 => Node::Arr(
+                (0..rng.below(5))
+                    .map(|_| gen_node(rng, depth + 1))
+                    .collect(),
+            ),
+            _ => {
+                let mut members: Vec<(String, Node)> = Vec::new();
+                for _ in 0..rng.below(6) {
+                    let key = gen_string(rng);
+                    if members.iter().all(|(k, _)| *k != key) {
+                        members.push((key, gen_node(rng, depth + 1)));
+                    }
+                }
+                Node::Obj(members)
+            }
+        }
+    }
+
+    fn ws(rng: &mut Rng, out: &mut String) {
+        for _ in 0..rng.below(3) {
+            out.push([' ', '\n', '\t', '\r'][rng.below(4) as usize]);
+        }
+    }
+
+    fn spell_string(rng: &mut Rng, s: &str, out: &mut String) {
+        out.push('"');
+        for c in s.chars() {
+            let must_escape = c == '"' || c == '\\' || (c as u32) < 0x20;
+            if !must_escape && rng.chance(2) {
+                out.push(c);
+                continue;
+            }
+            match c {
+                '"' if rng.chance(2) => out.push_str("\\\""),
+                '\\' if rng.chance(2) => out.push_str("\\\\"),
+                '/' if rng.chance(2) => out.push_str("\\/"),
+                '\n' if rng.chance(2) => out.push_str("\\n"),
+                '\t' if rng.chance(2) => out.push_str("\\t"),
+                _ => {
+                    let mut units = [0u16; 2];
+                    for unit in c.encode_utf16(&mut units) {
+                        if rng.chance(2) {
+                            out.push_str(&format!("\\u{unit:04x}"));
+                        } else {
+                            out.push_str(&format!("\\u{unit:04X}"));
+                        }
+                    }
+                }
+            }
+        }
+        out.push('"');
+    }
+
+    fn spell_number(rng: &mut Rng, negative: bool, digits: u64, exponent: i64, out: &mut String) {
+        if negative && (digits != 0 || rng.chance(2)) {
+            out.push('-');
+        }
+        if digits == 0 {
+            out.push('0');
+            if rng.chance(2) {
+                out.push_str(&".000"[..2 + rng.below(3) as usize]);
+            }
+            if rng.chance(2) {
+                out.push_str(&format!("e{}", rng.below(20)));
+            }
+            return;
+        }
+        let zeros = rng.below(3) as usize;
+        let mut all = digits.to_string();
+        all.push_str(&"0".repeat(zeros));
+        let mut exponent = exponent - zeros as i64;
+        if rng.chance(3) {
+            // 0.000ddd form.
+            let lead = rng.below(3) as usize;
+            out.push_str("0.");
+            out.push_str(&"0".repeat(lead));
+            out.push_str(&all);
+            exponent += (lead + all.len()) as i64;
+        } else {
+            let point = 1 + rng.below(all.len() as u64) as usize;
+            out.push_str(&all[..point]);
+            if point < all.len() {
+                out.push('.');
+                out.push_str(&all[point..]);
+            }
+            exponent += (all.len() - point) as i64;
+        }
+        if exponent != 0 || rng.chance(2) {
+            out.push(if rng.chance(2) { 'e' } else { 'E' });
+            if exponent >= 0 && rng.chance(2) {
+                out.push('+');
+            }
+            out.push_str(&exponent.to_string());
+        }
+    }
+
+    fn spell(rng: &mut Rng, node: &Node, out: &mut String) {
+        ws(rng, out);
+        match node {
+            Node::Null => out.push_str("null"),
+            Node::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Node::Num {
+                negative,
+                digits,
+                exponent,
+            } => spell_number(rng, *negative, *digits, *exponent, out),
+            Node::Str(s) => spell_string(rng, s, out),
+            Node::Arr(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    spell(rng, item, out);
+                }
+                ws(rng, out);
+                out.push(']');
+            }
+            Node::Obj(members) => {
+                let mut order: Vec<usize> = (0..members.len()).collect();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+                out.push('{');
+                for (n, &i) in order.iter().enumerate() {
+                    if n > 0 {
+                        out.push(',');
+                    }
+                    ws(rng, out);
+                    spell_string(rng, &members[i].0, out);
+                    ws(rng, out);
+                    out.push(':');
+                    spell(rng, &members[i].1, out);
+                }
+                ws(rng, out);
+                out.push('}');
+            }
+        }
+        ws(rng, out);
+    }
+
+    #[test]
+    fn random_spellings_of_one_document_canonicalize_equal() {
+        let mut rng = Rng(42);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..400 {
+            let doc = gen_node(&mut rng, 0);
+            let mut first = String::new();
+            spell(&mut rng, &doc, &mut first);
+            let canonical = canon(&first);
+            for _ in 0..4 {
+                let mut other = String::new();
+                spell(&mut rng, &doc, &mut other);
+                assert_eq!(canon(&other), canonical, "{first}\n{other}");
+            }
+            assert_eq!(canon(&canonical), canonical);
+            assert!(serde_json::from_str::<serde_json::Value>(&canonical).is_ok());
+            seen.insert(canonical);
+        }
+        // Different documents must not collapse together (the generator does repeat small ones).
+        assert!(seen.len() > 200, "only {} distinct forms", seen.len());
+    }
+}

@@ -1,0 +1,276 @@
+//! Canonical forms of request bodies and queries: the byte strings idemgate fingerprints, so that
+//! requests differing only in spelling (key order, whitespace, number notation, escapes,
+//! percent-encoding) or in volatile fields (timestamps, geolocation) get the same fingerprint.
+//!
+//! - [`json`]: canonical JSON, streaming, with fields skipped by name or pointer.
+//! - [`query`]: canonical `application/x-www-form-urlencoded` (URL queries and form bodies).
+//! - [`pointer`]: RFC 6901 pointers and extraction of selected fields.
+//!
+//! ```rust
+//! use idemgate::canonical::{canonical_json, IgnoreSet};
+//!
+//! let ignore = IgnoreSet::defaults();
+//! let (mut a, mut b) = (Vec::new(), Vec::new());
+//! canonical_json(br#"{"qty": 1.0, "sku": "A", "ts": 1700000000}"#, &ignore, &mut a, None).unwrap();
+//! canonical_json(br#"{ "sku":"\u0041", "qty":10e-1, "ts":1700000099 }"#, &ignore, &mut b, None).unwrap();
+//! assert_eq!(a, b);
+//! assert_eq!(a, br#"{"qty":1e0,"sku":"A"}"#);
+//! ```
+
+pub mod json;
+pub mod pointer;
+pub mod query;
+
+pub use json::{canonical_json, JsonError, MAX_DEPTH};
+pub use pointer::{extract_fields, JsonPointer, PointerError};
+pub use query::{canonical_form, canonical_query};
+
+/// Fields skipped by default: time and geo fields (lower-case).
+pub const DEFAULT_IGNORED_FIELDS: &[&str] = &[
+    "timestamp",
+    "ts",
+    "time",
+    "datetime",
+    "date",
+    "nonce",
+    "requested_at",
+    "request_time",
+    "client_time",
+    "lat",
+    "lng",
+    "lon",
+    "long",
+    "latitude",
+    "longitude",
+    "altitude",
+    "accuracy",
+    "geo",
+    "location",
+    "gps",
+];
+
+/// Names of this many bytes or more share the last length bucket.
+const LONG_NAME: usize = 31;
+
+/// What to skip while canonicalizing: field names at any depth (ASCII case-insensitive) and exact
+/// JSON pointers.
+///
+/// Names apply to JSON object keys (after JSON unescaping) and to query/form parameter names
+/// (after percent-decoding). Pointers apply to JSON only; they designate object members or array
+/// elements, and the root pointer `""` never matches (the document itself cannot be skipped).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IgnoreSet {
+    /// Lower-cased names, sorted by length so that each length is one contiguous run.
+    names: Vec<Box<[u8]>>,
+    /// `buckets[len]` is the range of `names` having that length (`LONG_NAME` holds the rest).
+    buckets: [(u16, u16); LONG_NAME + 1],
+    /// Names of up to 8 bytes packed by `pack_lowercase`, parallel to `names` (0 for longer ones):
+    /// short names are then matched by comparing one integer.
+    packed: Vec<u64>,
+    /// Bit `len` set when some name has that length; rejects some keys with one test.
+    len_mask: u64,
+    pointers: Vec<JsonPointer>,
+}
+
+impl IgnoreSet {
+    /// Builds a set from field names (matched case-insensitively at any depth) and pointers.
+    ///
+    /// Duplicate names are collapsed.
+    pub fn new<N: AsRef<str>>(
+        names: impl IntoIterator<Item = N>,
+        pointers: Vec<JsonPointer>,
+    ) -> Self {
+        let mut names: Vec<Box<[u8]>> = names
+            .into_iter()
+            .map(|n| {
+                n.as_ref()
+                    .to_ascii_lowercase()
+                    .into_bytes()
+                    .into_boxed_slice()
+            })
+            .collect();
+        names.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        names.dedup();
+        // Bucket indexes are u16; a config with more names than that is not a realistic input,
+        // and keeping the struct small keeps the hot lookup in cache.
+        names.truncate(u16::MAX as usize);
+        let mut buckets = [(0u16, 0u16); LONG_NAME + 1];
+        let mut len_mask = 0u64;
+        for (i, name) in names.iter().enumerate() {
+            let b = name.len().min(LONG_NAME);
+            if buckets[b].1 == 0 {
+                buckets[b].0 = i as u16;
+            }
+            buckets[b].1 = i as u16 + 1;
+            len_mask |= 1 << b;
+        }
+        let packed = names
+            .iter()
+            .map(|n| pack_lowercase(n).unwrap_or(0))
+            .collect();
+        Self {
+            names,
+            buckets,
+            packed,
+            len_mask,
+            pointers,
+        }
+    }
+
+    /// A set that skips nothing.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// The default set: [`DEFAULT_IGNORED_FIELDS`] and no pointers.
+    pub fn defaults() -> Self {
+        Self::new(DEFAULT_IGNORED_FIELDS, Vec::new())
+    }
+
+    /// Whether nothing is skipped.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty() && self.pointers.is_empty()
+    }
+
+    /// Whether a field called `name` is skipped (ASCII case-insensitive); never allocates.
+    #[inline]
+    pub fn ignores_name(&self, name: &[u8]) -> bool {
+        let b = name.len().min(LONG_NAME);
+        if self.len_mask & (1 << b) == 0 {
+            return false;
+        }
+        let (start, end) = (self.buckets[b].0 as usize, self.buckets[b].1 as usize);
+        // Within a bucket of short names all lengths are equal, so equal packings mean equal names.
+        if let Some(packed) = pack_lowercase(name) {
+            return self.packed[start..end].contains(&packed);
+        }
+        self.names[start..end]
+            .iter()
+            .any(|n| n.len() == name.len() && n.eq_ignore_ascii_case(name))
+    }
+
+    /// Whether any field names are skipped.
+    pub fn has_names(&self) -> bool {
+        !self.names.is_empty()
+    }
+
+    /// The lower-cased field names, shortest first.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        // Names were built from `&str` and only ASCII-lowercased, so they stay valid UTF-8.
+        self.names
+            .iter()
+            .map(|n| std::str::from_utf8(n).unwrap_or_default())
+    }
+
+    /// The pointers whose values are skipped.
+    pub fn pointers(&self) -> &[JsonPointer] {
+        &self.pointers
+    }
+}
+
+/// Packs a name of at most 8 bytes, ASCII-lowercased, into an integer (zero-padded).
+#[inline]
+fn pack_lowercase(name: &[u8]) -> Option<u64> {
+    if name.len() > 8 {
+        return None;
+    }
+    let mut packed = 0;
+    for (i, &b) in name.iter().enumerate() {
+        packed |= u64::from(b.to_ascii_lowercase()) << (8 * i);
+    }
+    Some(packed)
+}
+
+/// Where the caller wants to hear what was skipped (for an `explain` command); `None` on the hot
+/// path costs nothing.
+///
+/// Entries are JSON pointers like `/items/0/ts` (JSON) or `query:ts` (query and form), in the
+/// order the skipped fields appear in the input.
+pub type Ignored<'a> = Option<&'a mut Vec<String>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_set_ignores_time_and_geo_names_in_any_case() {
+        let set = IgnoreSet::defaults();
+        for name in DEFAULT_IGNORED_FIELDS {
+            assert!(set.ignores_name(name.as_bytes()), "{name}");
+            assert!(
+                set.ignores_name(name.to_ascii_uppercase().as_bytes()),
+                "{name}"
+            );
+        }
+        assert!(set.ignores_name(b"TimeStamp"));
+        assert!(set.ignores_name(b"Requested_At"));
+    }
+
+    #[test]
+    fn default_set_keeps_business_fields() {
+        let set = IgnoreSet::defaults();
+        for name in [
+            "sku",
+            "qty",
+            "price",
+            "amount",
+            "id",
+            "t",
+            "tss",
+            "timestamps",
+            "",
+            "lats",
+        ] {
+            assert!(!set.ignores_name(name.as_bytes()), "{name}");
+        }
+    }
+
+    #[test]
+    fn configured_names_are_lowercased_and_matched_case_insensitively() {
+        let set = IgnoreSet::new(["Request-ID", "X"], Vec::new());
+        assert!(set.ignores_name(b"request-id"));
+        assert!(set.ignores_name(b"REQUEST-ID"));
+        assert!(set.ignores_name(b"x"));
+        assert!(!set.ignores_name(b"request_id"));
+        assert_eq!(set.names().collect::<Vec<_>>(), ["x", "request-id"]);
+    }
+
+    #[test]
+    fn long_names_share_a_bucket_but_still_match_exactly() {
+        let long = "a".repeat(40);
+        let longer = "a".repeat(50);
+        let set = IgnoreSet::new([long.as_str(), "b"], Vec::new());
+        assert!(set.ignores_name(long.as_bytes()));
+        assert!(set.ignores_name(long.to_uppercase().as_bytes()));
+        assert!(!set.ignores_name(longer.as_bytes()));
+        assert!(!set.ignores_name(&long.as_bytes()[..32]));
+    }
+
+    #[test]
+    fn non_ascii_names_match_only_byte_for_byte_outside_ascii() {
+        let set = IgnoreSet::new(["Zeitstempel-ä"], Vec::new());
+        assert!(set.ignores_name("ZEITSTEMPEL-ä".as_bytes()));
+        assert!(!set.ignores_name("zeitstempel-Ä".as_bytes()));
+    }
+
+    #[test]
+    fn empty_set_is_empty_and_ignores_nothing() {
+        let set = IgnoreSet::empty();
+        assert!(set.is_empty());
+        assert!(!set.has_names());
+        assert!(!set.ignores_name(b"ts"));
+        assert!(!set.ignores_name(b""));
+        let with_pointer = IgnoreSet::new(
+            Vec::<String>::new(),
+            vec![JsonPointer::parse("/a").unwrap()],
+        );
+        assert!(!with_pointer.is_empty());
+        assert_eq!(with_pointer.pointers().len(), 1);
+    }
+
+    #[test]
+    fn duplicate_names_are_collapsed() {
+        let set = IgnoreSet::new(["ts", "TS", "ts"], Vec::new());
+        assert_eq!(set.names().count(), 1);
+    }
+}

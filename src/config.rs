@@ -1,0 +1,452 @@
+//! Configuration: `proxy.yaml` parsed into raw serde structs ([`raw`]), then checked and
+//! compiled into the runtime [`Config`] the proxy serves from (durations, compiled patterns,
+//! key rules). Every error names the file, line, column and key.
+
+mod raw;
+pub mod units;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme};
+use http::Method;
+
+use crate::canonical::IgnoreSet;
+use crate::key::derive::DEFAULT_IGNORE;
+use crate::key::{default_scope, FingerprintRule, KeyRule, KeySource};
+use crate::route::RouteMatch;
+use crate::store::MemoryLimits;
+pub use raw::{InFlightMode, OnStoreError, StatusPattern};
+use raw::{RawConfig, RawDefaults, RawKeyOrOff, RawRoute};
+
+/// A config that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: {source}")]
+    Read {
+        /// Path as given.
+        file: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid config.
+    #[error("{file}:{line}:{column}: {key}: {message}")]
+    Invalid {
+        /// Path as given.
+        file: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The offending key, e.g. `routes[1].ttl`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The validated runtime configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where the proxy listens.
+    pub listen: SocketAddr,
+    /// The application behind it.
+    pub upstream: Upstream,
+    /// Admin listener address, if any.
+    pub admin: Option<SocketAddr>,
+    /// Store backend and bounds.
+    pub store: StoreConfig,
+    /// What a POST or PATCH matching no route gets.
+    pub fallback: Protection,
+    /// How long an unprotected request may wait for the upstream's response head
+    /// (`defaults.upstream_timeout`).
+    pub passthrough_timeout: Duration,
+    /// Routes, first match wins.
+    pub routes: Vec<Route>,
+}
+
+/// The upstream origin.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// `http` (TLS to upstreams is not part of this release).
+    pub scheme: Scheme,
+    /// Host and port.
+    pub authority: Authority,
+}
+
+/// Store backend choice.
+#[derive(Debug, Clone)]
+pub enum StoreConfig {
+    /// The embedded memory store.
+    Memory(MemoryLimits),
+}
+
+/// A named route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Unique name; part of every key derived on it.
+    pub name: String,
+    /// What requests it covers.
+    pub matcher: RouteMatch,
+    /// What happens to them.
+    pub protection: Protection,
+}
+
+/// Whether and how a request is made idempotent.
+#[derive(Debug, Clone)]
+pub enum Protection {
+    /// Passed through untouched, streaming.
+    Off,
+    /// Buffered, keyed and claimed.
+    On(Arc<Protected>),
+}
+
+/// A protected route's rule and policy, shared by all its requests.
+#[derive(Debug)]
+pub struct Protected {
+    /// The route's name (`default` for the fallback).
+    pub route: String,
+    /// How the key is derived.
+    pub key: KeyRule,
+    /// Timing and limits.
+    pub policy: Policy,
+}
+
+/// Timing and limits of a protected route.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// How long a completed response is replayed.
+    pub ttl: Duration,
+    /// How long a claim outlives a vanished owner.
+    pub lease: Duration,
+    /// Longest wait for the upstream's full answer.
+    pub upstream_timeout: Duration,
+    /// What a duplicate of a running request gets.
+    pub in_flight: InFlightMode,
+    /// Longest hold of a duplicate in `wait` mode.
+    pub wait_timeout: Duration,
+    /// Which statuses are stored and replayed.
+    pub replay_statuses: Vec<StatusPattern>,
+    /// Largest request body buffered.
+    pub max_body: usize,
+    /// What a store failure means.
+    pub on_store_error: OnStoreError,
+}
+
+impl Policy {
+    /// Whether a response with `status` is stored for replay.
+    pub fn replays(&self, status: u16) -> bool {
+        self.replay_statuses.iter().any(|p| p.covers(status))
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(24 * 3600),
+            lease: Duration::from_secs(30),
+            upstream_timeout: Duration::from_secs(60),
+            in_flight: InFlightMode::Wait,
+            wait_timeout: Duration::from_secs(10),
+            replay_statuses: vec![StatusPattern::Class(2), StatusPattern::Class(4)],
+            max_body: 1 << 20,
+            on_store_error: OnStoreError::FailClosed,
+        }
+    }
+}
+
+/// The default key for POST/PATCH matching no route: a fingerprint of query and body.
+pub fn default_key() -> KeyRule {
+    KeyRule {
+        source: KeySource::Fingerprint(FingerprintRule {
+            query: true,
+            body: true,
+            ignore: IgnoreSet::clone(&DEFAULT_IGNORE),
+        }),
+        required: true,
+        scope: default_scope(),
+    }
+}
+
+/// Name of the fallback "route" in keys, logs and metrics.
+pub const FALLBACK_ROUTE: &str = "default";
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Self::parse(&text, &file)
+    }
+
+    /// Validates config text; `file` is only used in error messages.
+    pub fn parse(text: &str, file: &str) -> Result<Self, ConfigError> {
+        let deserializer = serde_yaml_ng::Deserializer::from_str(text);
+        let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            let (line, column) = inner.location().map_or((1, 1), |l| (l.line(), l.column()));
+            ConfigError::Invalid {
+                file: file.to_owned(),
+                line,
+                column,
+                message: tidy_message(&inner.to_string(), &key),
+                key: if key == "." { "(top)".into() } else { key },
+            }
+        })?;
+        compile(raw).map_err(|(key, message, needle)| {
+            let (line, column) = locate(text, &needle);
+            ConfigError::Invalid {
+                file: file.to_owned(),
+                line,
+                column,
+                key,
+                message,
+            }
+        })
+    }
+
+    /// Which route a request belongs to, and what protection it gets.
+    pub fn protection_for(
+        &self,
+        host: Option<&str>,
+        method: &Method,
+        path: &str,
+    ) -> (&str, &Protection) {
+        if crate::route::is_safe(method) {
+            return ("", &Protection::Off);
+        }
+        for route in &self.routes {
+            if route.matcher.matches(host, method, path) {
+                return (&route.name, &route.protection);
+            }
+        }
+        if *method == Method::POST || *method == Method::PATCH {
+            (FALLBACK_ROUTE, &self.fallback)
+        } else {
+            ("", &Protection::Off)
+        }
+    }
+}
+
+/// serde_yaml_ng writes "routes[0]: unknown field … at line L column C"; we print the
+/// place and key in front instead, so both are cut from the message.
+fn tidy_message(message: &str, key: &str) -> String {
+    let message = match message.rfind(" at line ") {
+        Some(at) => &message[..at],
+        None => message,
+    };
+    match message.split_once(": ") {
+        Some((path, rest)) if !path.is_empty() && key.starts_with(path) => rest.to_owned(),
+        _ => message.to_owned(),
+    }
+}
+
+/// The line and column where `needle` first appears, for errors found after parsing.
+fn locate(text: &str, needle: &str) -> (usize, usize) {
+    if needle.is_empty() {
+        return (1, 1);
+    }
+    for (i, line) in text.lines().enumerate() {
+        if let Some(col) = line.find(needle) {
+            return (i + 1, col + 1);
+        }
+    }
+    (1, 1)
+}
+
+/// (key, message, text to locate) of an error found after parsing.
+type CompileError = (String, String, String);
+
+fn compile(raw: RawConfig) -> Result<Config, CompileError> {
+    let upstream = parse_upstream(&raw.upstream).map_err(|m| {
+        (
+            "upstream".to_owned(),
+            m,
+            format!("upstream: {}", raw.upstream),
+        )
+    })?;
+    let store = match raw.store {
+        None => StoreConfig::Memory(MemoryLimits::default()),
+        Some(s) => {
+            let m = s.memory.ok_or_else(|| {
+                (
+                    "store".to_owned(),
+                    "name one backend: `memory`".to_owned(),
+                    "store:".to_owned(),
+                )
+            })?;
+            let defaults = MemoryLimits::default();
+            let limits = MemoryLimits {
+                max_entries: m.max_entries.unwrap_or(defaults.max_entries),
+                max_bytes: m.max_bytes.map_or(defaults.max_bytes, |b| b.0 as usize),
+            };
+            if limits.max_entries == 0 || limits.max_bytes == 0 {
+                return Err((
+                    "store.memory".into(),
+                    "max_entries and max_bytes must be above zero".into(),
+                    "memory".into(),
+                ));
+            }
+            StoreConfig::Memory(limits)
+        }
+    };
+    let defaults = raw.defaults.unwrap_or_default();
+    let base = policy_from_defaults(&defaults);
+    check_policy(&base).map_err(|m| ("defaults".to_owned(), m, "defaults:".to_owned()))?;
+    let fallback = match defaults.key {
+        Some(RawKeyOrOff::Off) => Protection::Off,
+        Some(RawKeyOrOff::Rule(rule)) => protected(FALLBACK_ROUTE, rule, base.clone()),
+        None => protected(FALLBACK_ROUTE, default_key(), base.clone()),
+    };
+    let default_rule = match &fallback {
+        Protection::On(p) => p.key.clone(),
+        Protection::Off => default_key(),
+    };
+    let mut routes = Vec::new();
+    for (i, r) in raw.routes.unwrap_or_default().into_iter().enumerate() {
+        let key = format!("routes[{i}]");
+        let needle = format!("name: {}", r.name);
+        if r.name.is_empty() || r.name == FALLBACK_ROUTE {
+            return Err((
+                format!("{key}.name"),
+                format!("route name {:?} is empty or reserved", r.name),
+                needle,
+            ));
+        }
+        if routes.iter().any(|x: &Route| x.name == r.name) {
+            return Err((
+                format!("{key}.name"),
+                format!("route name {:?} is used twice", r.name),
+                needle,
+            ));
+        }
+        let route =
+            compile_route(r, &base, &default_rule).map_err(|m| (key.clone(), m, needle.clone()))?;
+        routes.push(route);
+    }
+    Ok(Config {
+        listen: raw.listen.0,
+        upstream,
+        admin: raw.admin.map(|a| a.0),
+        store,
+        passthrough_timeout: base.upstream_timeout,
+        fallback,
+        routes,
+    })
+}
+
+fn protected(route: &str, key: KeyRule, policy: Policy) -> Protection {
+    Protection::On(Arc::new(Protected {
+        route: route.to_owned(),
+        key,
+        policy,
+    }))
+}
+
+fn compile_route(r: RawRoute, base: &Policy, default_rule: &KeyRule) -> Result<Route, String> {
+    let off =
+        matches!(r.idempotency, Some(raw::OnOff(false))) || matches!(r.key, Some(RawKeyOrOff::Off));
+    let methods = match r.matcher.methods {
+        Some(m) if m.is_empty() => return Err("match.methods is empty".into()),
+        Some(m) => m.into_iter().map(|m| m.0).collect(),
+        // An unprotected route covers every method; a protected one the two unsafe by default.
+        None if off => vec![Method::POST, Method::PATCH, Method::PUT, Method::DELETE],
+        None => vec![Method::POST, Method::PATCH],
+    };
+    let matcher = RouteMatch {
+        host: r.matcher.host.map(|h| h.0),
+        methods,
+        path: r.matcher.path.0,
+    };
+    if off {
+        return Ok(Route {
+            name: r.name,
+            matcher,
+            protection: Protection::Off,
+        });
+    }
+    let policy = Policy {
+        ttl: r.ttl.map_or(base.ttl, |d| d.0),
+        lease: r.lease.map_or(base.lease, |d| d.0),
+        upstream_timeout: r.upstream_timeout.map_or(base.upstream_timeout, |d| d.0),
+        in_flight: r.in_flight.unwrap_or(base.in_flight),
+        wait_timeout: r.wait_timeout.map_or(base.wait_timeout, |d| d.0),
+        replay_statuses: r
+            .replay_statuses
+            .unwrap_or_else(|| base.replay_statuses.clone()),
+        max_body: r.max_body.map_or(base.max_body, |b| b.0 as usize),
+        on_store_error: r.on_store_error.unwrap_or(base.on_store_error),
+    };
+    check_policy(&policy)?;
+    let key = match r.key {
+        Some(RawKeyOrOff::Rule(rule)) => rule,
+        _ => default_rule.clone(),
+    };
+    Ok(Route {
+        protection: protected(&r.name, key, policy),
+        name: r.name,
+        matcher,
+    })
+}
+
+fn policy_from_defaults(d: &RawDefaults) -> Policy {
+    let p = Policy::default();
+    Policy {
+        ttl: d.ttl.map_or(p.ttl, |d| d.0),
+        lease: d.lease.map_or(p.lease, |d| d.0),
+        upstream_timeout: d.upstream_timeout.map_or(p.upstream_timeout, |d| d.0),
+        in_flight: d.in_flight.unwrap_or(p.in_flight),
+        wait_timeout: d.wait_timeout.map_or(p.wait_timeout, |d| d.0),
+        replay_statuses: d.replay_statuses.clone().unwrap_or(p.replay_statuses),
+        max_body: d.max_body.map_or(p.max_body, |b| b.0 as usize),
+        on_store_error: d.on_store_error.unwrap_or(p.on_store_error),
+    }
+}
+
+fn check_policy(p: &Policy) -> Result<(), String> {
+    if p.lease < Duration::from_millis(100) {
+        return Err("lease must be at least 100ms: renewals run at a third of it".into());
+    }
+    if p.upstream_timeout.is_zero() {
+        return Err("upstream_timeout must be above zero".into());
+    }
+    if p.replay_statuses
+        .iter()
+        .any(|s| s.covers(500) || matches!(s, StatusPattern::Class(5)))
+    {
+        tracing::warn!(
+            "replay_statuses includes 5xx: failed answers will be replayed, not retried"
+        );
+    }
+    Ok(())
+}
+
+fn parse_upstream(text: &str) -> Result<Upstream, String> {
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    let scheme = uri
+        .scheme()
+        .cloned()
+        .ok_or("the upstream needs a scheme: http://")?;
+    if scheme != Scheme::HTTP {
+        return Err(format!(
+            "upstream scheme {scheme} is not supported in this release; use http://"
+        ));
+    }
+    let authority = uri
+        .authority()
+        .cloned()
+        .ok_or("the upstream needs a host")?;
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err("the upstream is an origin (scheme, host, port), without a path".into());
+    }
+    Ok(Upstream { scheme, authority })
+}

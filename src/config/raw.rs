@@ -1,0 +1,463 @@
+//! The YAML as written: serde structs that mirror `proxy.yaml` key for key. Leaf values that
+//! can be checked alone (durations, sizes, patterns, pointers, header names) are checked
+//! while parsing, so their errors carry the line and column of the offending value.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::str::FromStr;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use super::units::{ByteSize, ConfigDuration};
+use crate::key::ScopePart;
+
+/// Any `FromStr` value read from a YAML scalar, its parse error reported in place.
+#[derive(Debug, Clone)]
+pub struct Parsed<T>(pub T);
+
+impl<'de, T> Deserialize<'de> for Parsed<T>
+where
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<T: FromStr> Visitor<'_> for V<T>
+        where
+            T::Err: fmt::Display,
+        {
+            type Value = Parsed<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                v.parse()
+                    .map(Parsed)
+                    .map_err(|e| E::custom(format!("{v:?}: {e}")))
+            }
+        }
+        deserializer.deserialize_str(V(PhantomData))
+    }
+}
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub listen: Parsed<std::net::SocketAddr>,
+    pub upstream: String,
+    pub admin: Option<Parsed<std::net::SocketAddr>>,
+    pub store: Option<RawStore>,
+    pub defaults: Option<RawDefaults>,
+    pub routes: Option<Vec<RawRoute>>,
+}
+
+/// `store:` — exactly one backend.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub memory: Option<RawMemory>,
+    // Present only so `redis:` gets a clear error instead of "unknown field".
+    #[serde(default, deserialize_with = "redis_not_built")]
+    #[allow(dead_code)]
+    pub redis: Option<()>,
+}
+
+fn redis_not_built<'de, D: Deserializer<'de>>(_: D) -> Result<Option<()>, D::Error> {
+    Err(de::Error::custom(
+        "the redis store is not part of this release yet; use `memory`",
+    ))
+}
+
+/// `store.memory`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMemory {
+    pub max_entries: Option<usize>,
+    pub max_bytes: Option<ByteSize>,
+}
+
+/// `defaults:` — the policy of every protected route that does not override it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDefaults {
+    pub key: Option<RawKeyOrOff>,
+    pub ttl: Option<ConfigDuration>,
+    pub lease: Option<ConfigDuration>,
+    pub upstream_timeout: Option<ConfigDuration>,
+    pub in_flight: Option<InFlightMode>,
+    pub wait_timeout: Option<ConfigDuration>,
+    pub replay_statuses: Option<Vec<StatusPattern>>,
+    pub max_body: Option<ByteSize>,
+    pub on_store_error: Option<OnStoreError>,
+}
+
+/// One entry of `routes:`; policy keys override `defaults`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: String,
+    #[serde(rename = "match")]
+    pub matcher: RawMatch,
+    pub idempotency: Option<OnOff>,
+    pub key: Option<RawKeyOrOff>,
+    pub ttl: Option<ConfigDuration>,
+    pub lease: Option<ConfigDuration>,
+    pub upstream_timeout: Option<ConfigDuration>,
+    pub in_flight: Option<InFlightMode>,
+    pub wait_timeout: Option<ConfigDuration>,
+    pub replay_statuses: Option<Vec<StatusPattern>>,
+    pub max_body: Option<ByteSize>,
+    pub on_store_error: Option<OnStoreError>,
+}
+
+/// `match:` of a route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    pub methods: Option<Vec<MethodName>>,
+    pub path: Parsed<crate::route::PathPattern>,
+    pub host: Option<Parsed<crate::route::HostPattern>>,
+}
+
+/// `key:` — a rule, or `off`.
+#[derive(Debug)]
+pub enum RawKeyOrOff {
+    /// `key: off` (or `false`).
+    Off,
+    /// A key rule, already checked (one source, valid options).
+    Rule(crate::key::KeyRule),
+}
+
+impl<'de> Deserialize<'de> for RawKeyOrOff {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawKeyOrOff;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key rule (header, fields or fingerprint) or `off`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "off" => Ok(RawKeyOrOff::Off),
+                    _ => Err(E::custom(format!(
+                        "expected a key rule or `off`, found {v:?}"
+                    ))),
+                }
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                if v {
+                    Err(E::custom("`key: true` says nothing; give a key rule"))
+                } else {
+                    Ok(RawKeyOrOff::Off)
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                let raw = RawKey::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                raw.compile()
+                    .map(RawKeyOrOff::Rule)
+                    .map_err(de::Error::custom)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// A key rule as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    pub header: Option<Parsed<http::HeaderName>>,
+    pub fields: Option<Vec<Parsed<crate::canonical::JsonPointer>>>,
+    pub fingerprint: Option<RawFingerprint>,
+    pub required: Option<bool>,
+    pub scope: Option<Vec<RawScope>>,
+}
+
+impl RawKey {
+    /// Checks that exactly one source is given and builds the runtime rule.
+    fn compile(self) -> Result<crate::key::KeyRule, String> {
+        use crate::canonical::{IgnoreSet, JsonPointer, DEFAULT_IGNORED_FIELDS};
+        use crate::key::{FingerprintRule, KeySource};
+        let given = [
+            self.header.is_some(),
+            self.fields.is_some(),
+            self.fingerprint.is_some(),
+        ];
+        let source = match (self.header, self.fields, self.fingerprint) {
+            (Some(h), None, None) => KeySource::Header(h.0),
+            (None, Some(fields), None) => {
+                if fields.is_empty() {
+                    return Err("`fields` needs at least one JSON pointer".into());
+                }
+                KeySource::Fields(fields.into_iter().map(|p| p.0).collect())
+            }
+            (None, None, Some(fp)) => {
+                let mut names: Vec<String> = Vec::new();
+                let mut pointers = Vec::new();
+                if fp.ignore_defaults.unwrap_or(true) {
+                    names.extend(DEFAULT_IGNORED_FIELDS.iter().map(|s| (*s).to_owned()));
+                }
+                for entry in fp.ignore.unwrap_or_default() {
+                    if entry.starts_with('/') {
+                        let pointer: JsonPointer = entry
+                            .parse()
+                            .map_err(|e| format!("ignore entry {entry:?}: {e}"))?;
+                        pointers.push(pointer);
+                    } else if entry.is_empty() {
+                        return Err("an empty name in `ignore`".into());
+                    } else {
+                        names.push(entry);
+                    }
+                }
+                let (query, body) = (fp.query.unwrap_or(true), fp.body.unwrap_or(true));
+                if !query && !body {
+                    return Err("a fingerprint with neither query nor body would make every request of the route one key".into());
+                }
+                KeySource::Fingerprint(FingerprintRule {
+                    query,
+                    body,
+                    ignore: IgnoreSet::new(names, pointers),
+                })
+            }
+            _ if given.iter().filter(|g| **g).count() == 0 => {
+                return Err("a key rule needs one source: header, fields or fingerprint".into())
+            }
+            _ => {
+                return Err(
+                    "a key rule takes exactly one source: header, fields or fingerprint".into(),
+                )
+            }
+        };
+        let required = self
+            .required
+            .unwrap_or(!matches!(source, KeySource::Header(_)));
+        let scope = match self.scope {
+            Some(parts) => parts.into_iter().map(|p| p.0).collect(),
+            None => crate::key::default_scope(),
+        };
+        Ok(crate::key::KeyRule {
+            source,
+            required,
+            scope,
+        })
+    }
+}
+
+/// `fingerprint:` options.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFingerprint {
+    pub query: Option<bool>,
+    pub body: Option<bool>,
+    pub ignore: Option<Vec<String>>,
+    pub ignore_defaults: Option<bool>,
+}
+
+/// One `scope:` entry: `client_ip`, `{header: X}` or `{cookie: X}`.
+#[derive(Debug)]
+pub struct RawScope(pub ScopePart);
+
+impl<'de> Deserialize<'de> for RawScope {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawScope;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`client_ip`, `header: NAME` or `cookie: NAME`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "client_ip" => Ok(RawScope(ScopePart::ClientIp)),
+                    _ => Err(E::custom(format!(
+                        "unknown scope {v:?}; expected `client_ip`, `header: NAME` or `cookie: NAME`"
+                    ))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let Some(kind) = map.next_key::<String>()? else {
+                    return Err(de::Error::custom("an empty scope entry"));
+                };
+                let value: String = map.next_value()?;
+                let part = match kind.as_str() {
+                    "header" => ScopePart::Header(value.parse().map_err(|_| {
+                        de::Error::custom(format!("{value:?} is not a header name"))
+                    })?),
+                    "cookie" if !value.is_empty() => ScopePart::Cookie(value),
+                    "cookie" => return Err(de::Error::custom("a cookie name cannot be empty")),
+                    other => {
+                        return Err(de::Error::custom(format!(
+                            "unknown scope kind {other:?}; expected header or cookie"
+                        )))
+                    }
+                };
+                if map.next_key::<String>()?.is_some() {
+                    return Err(de::Error::custom("one scope part per list entry"));
+                }
+                Ok(RawScope(part))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// An HTTP method name, upper case as on the wire.
+#[derive(Debug, Clone)]
+pub struct MethodName(pub http::Method);
+
+impl<'de> Deserialize<'de> for MethodName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let upper = text.to_ascii_uppercase();
+        if upper != text {
+            return Err(de::Error::custom(format!(
+                "method {text:?} must be upper case ({upper})"
+            )));
+        }
+        let method = http::Method::from_bytes(text.as_bytes())
+            .map_err(|_| de::Error::custom(format!("{text:?} is not a method name")))?;
+        if crate::route::is_safe(&method) {
+            return Err(de::Error::custom(format!(
+                "{text} is a safe method; safe methods always pass through and cannot be routed"
+            )));
+        }
+        Ok(MethodName(method))
+    }
+}
+
+/// A status or class in `replay_statuses`: `201`, `"2xx"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusPattern {
+    /// One status code.
+    Exact(u16),
+    /// A class: the hundreds digit.
+    Class(u16),
+}
+
+impl StatusPattern {
+    /// Whether `status` is covered.
+    pub fn covers(self, status: u16) -> bool {
+        match self {
+            Self::Exact(s) => s == status,
+            Self::Class(c) => status / 100 == c,
+        }
+    }
+}
+
+impl fmt::Display for StatusPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Exact(s) => write!(f, "{s}"),
+            Self::Class(c) => write!(f, "{c}xx"),
+        }
+    }
+}
+
+impl FromStr for StatusPattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not a status (201) or class (2xx)");
+        if let Some(digit) = s.strip_suffix("xx") {
+            let c: u16 = digit.parse().map_err(|_| bad())?;
+            return (1..=5)
+                .contains(&c)
+                .then_some(Self::Class(c))
+                .ok_or_else(bad);
+        }
+        let code: u16 = s.parse().map_err(|_| bad())?;
+        (100..=599)
+            .contains(&code)
+            .then_some(Self::Exact(code))
+            .ok_or_else(bad)
+    }
+}
+
+impl<'de> Deserialize<'de> for StatusPattern {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StatusPattern;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a status (201) or class (2xx)")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                v.parse().map_err(E::custom)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                v.to_string().parse().map_err(E::custom)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+                Err(de::Error::custom("expected a status, found a list"))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// `in_flight:` — what a duplicate of a running request gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InFlightMode {
+    /// Hold it until the first finishes, then replay (409 when `wait_timeout` passes).
+    Wait,
+    /// Answer 409 with `Retry-After` at once.
+    Reject,
+}
+
+impl InFlightMode {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Wait => "wait",
+            Self::Reject => "reject",
+        }
+    }
+}
+
+/// `on_store_error:` — what a protected request gets when the store fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreError {
+    /// 503: never forward a protected request unprotected.
+    FailClosed,
+    /// Forward it unprotected (and count it).
+    FailOpen,
+}
+
+impl OnStoreError {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FailClosed => "fail_closed",
+            Self::FailOpen => "fail_open",
+        }
+    }
+}
+
+/// `idempotency: off` (YAML 1.2 reads `off` as a string; `false` works too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnOff(pub bool);
+
+impl<'de> Deserialize<'de> for OnOff {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = OnOff;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`on` or `off`")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(OnOff(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "on" => Ok(OnOff(true)),
+                    "off" => Ok(OnOff(false)),
+                    _ => Err(E::custom(format!("expected `on` or `off`, found {v:?}"))),
+                }
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}

@@ -1,0 +1,158 @@
+//! [`ProxyError`]: everything the proxy itself can answer instead of the upstream, each
+//! variant mapped to one status here and rendered as RFC 9457 `application/problem+json`.
+//! Details never include another caller's data, a key or a body.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::key::KeyError;
+use crate::proxy::body::ProxyBody;
+use crate::store::StoreError;
+
+/// An answer of the proxy's own.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The key is required but missing, repeated or malformed, or its fields are absent.
+    #[error(transparent)]
+    BadKey(#[from] KeyError),
+    /// The client key was used before with another payload.
+    #[error("this idempotency key was already used with a different request")]
+    Mismatch,
+    /// A request with this key is still running.
+    #[error("a request with this idempotency key is still being processed")]
+    InFlight {
+        /// Seconds for `Retry-After`.
+        retry_after: u64,
+    },
+    /// The body exceeds `max_body` on a protected route.
+    #[error("the request body is larger than {limit} bytes")]
+    PayloadTooLarge {
+        /// The route's `max_body`.
+        limit: usize,
+    },
+    /// The request body could not be read from the client.
+    #[error("the request body could not be read: {0}")]
+    BodyRead(String),
+    /// The store failed and the route fails closed.
+    #[error("the idempotency store is unavailable")]
+    Store(#[from] StoreError),
+    /// The upstream could not be reached or broke the connection.
+    #[error("the upstream is unreachable")]
+    UpstreamUnreachable(String),
+    /// The upstream did not answer within `upstream_timeout`.
+    #[error("the upstream did not answer in time")]
+    UpstreamTimeout,
+    /// The request cannot be forwarded as it is (e.g. no usable path).
+    #[error("the request is malformed: {0}")]
+    BadRequest(String),
+}
+
+impl ProxyError {
+    /// The one place statuses are decided.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadKey(_) | Self::BodyRead(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InFlight { .. } => StatusCode::CONFLICT,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// Stable label for logs, metrics and the problem `type`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::BadKey(KeyError::ClientKey(_)) => "key-invalid",
+            Self::BadKey(KeyError::InvalidJson(_)) => "body-invalid-json",
+            Self::BadKey(KeyError::FieldMissing(_)) => "key-field-missing",
+            Self::Mismatch => "key-reused",
+            Self::InFlight { .. } => "in-flight",
+            Self::PayloadTooLarge { .. } => "payload-too-large",
+            Self::BodyRead(_) => "body-unreadable",
+            Self::Store(_) => "store-unavailable",
+            Self::UpstreamUnreachable(_) => "upstream-unreachable",
+            Self::UpstreamTimeout => "upstream-timeout",
+            Self::BadRequest(_) => "bad-request",
+        }
+    }
+
+    /// Short human title.
+    fn title(&self) -> &'static str {
+        match self {
+            Self::BadKey(_) => "Invalid idempotency key",
+            Self::Mismatch => "Idempotency key reused with another request",
+            Self::InFlight { .. } => "Request in progress",
+            Self::PayloadTooLarge { .. } => "Payload too large",
+            Self::BodyRead(_) | Self::BadRequest(_) => "Bad request",
+            Self::Store(_) => "Idempotency store unavailable",
+            Self::UpstreamUnreachable(_) => "Bad gateway",
+            Self::UpstreamTimeout => "Gateway timeout",
+        }
+    }
+
+    /// Whether the detail may say more than the title. Upstream and store errors carry
+    /// internal addresses, so they are logged, not sent.
+    fn public_detail(&self) -> String {
+        match self {
+            Self::Store(_) | Self::UpstreamUnreachable(_) | Self::UpstreamTimeout => {
+                format!("{self}; the request was not stored, so it can be retried")
+            }
+            _ => self.to_string(),
+        }
+    }
+
+    /// The problem+json answer.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let status = self.status();
+        let body = serde_json::json!({
+            "type": format!("urn:idemgate:problem:{}", self.as_str()),
+            "title": self.title(),
+            "status": status.as_u16(),
+            "detail": self.public_detail(),
+        });
+        let mut response = Response::new(ProxyBody::full(Bytes::from(body.to_string())));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Self::InFlight { retry_after } = self {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_too_large_maps_to_413() {
+        assert_eq!(
+            ProxyError::PayloadTooLarge { limit: 1 }.status(),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+    }
+
+    #[test]
+    fn in_flight_answers_carry_retry_after() {
+        let r = ProxyError::InFlight { retry_after: 2 }.into_response();
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(
+            r.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+    }
+
+    #[test]
+    fn upstream_details_do_not_leak_addresses() {
+        let e = ProxyError::UpstreamUnreachable("connect 10.0.0.7:3000 refused".into());
+        assert!(!e.public_detail().contains("10.0.0.7"));
+    }
+}

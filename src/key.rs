@@ -1,0 +1,124 @@
+//! Key rules and key derivation: how a request becomes the digest the store claims.
+//!
+//! A key is SHA-256 over the route name, the method, the caller's scope and the rule's
+//! material (client key, chosen fields, or the canonical request). Only digests reach the
+//! store, so neither client keys nor caller secrets are ever stored as keys.
+
+pub mod client_key;
+pub mod derive;
+
+use std::fmt;
+
+use http::HeaderName;
+
+use crate::canonical::{IgnoreSet, JsonPointer};
+
+pub use derive::{derive_key, DerivedKey, KeyError, RequestView, Trace};
+
+/// How a route derives its key: one source, whether it must be present, and whose it is.
+#[derive(Debug, Clone)]
+pub struct KeyRule {
+    /// Where the key material comes from.
+    pub source: KeySource,
+    /// When the material is missing: `true` answers 400, `false` lets the request pass unprotected.
+    pub required: bool,
+    /// Identity mixed into the key so two callers never share one.
+    pub scope: Vec<ScopePart>,
+}
+
+/// The one source of a route's key material.
+#[derive(Debug, Clone)]
+pub enum KeySource {
+    /// A client-supplied key header (Stripe / IETF httpapi semantics).
+    Header(HeaderName),
+    /// JSON pointers into the body; their canonical values are the key.
+    Fields(Vec<JsonPointer>),
+    /// The canonical request itself: path, query and body, minus ignored fields.
+    Fingerprint(FingerprintRule),
+}
+
+impl KeySource {
+    /// Short name for logs and `idemgate check`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Header(_) => "header",
+            Self::Fields(_) => "fields",
+            Self::Fingerprint(_) => "fingerprint",
+        }
+    }
+}
+
+/// What a fingerprint key covers.
+#[derive(Debug, Clone)]
+pub struct FingerprintRule {
+    /// Include the canonical query string.
+    pub query: bool,
+    /// Include the canonical body.
+    pub body: bool,
+    /// Fields left out (defaults plus the route's own).
+    pub ignore: IgnoreSet,
+}
+
+/// One part of the caller's identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScopePart {
+    /// A request header's value (e.g. `Authorization`, `X-User-Id`).
+    Header(HeaderName),
+    /// A cookie's value.
+    Cookie(String),
+    /// The connecting peer's IP address.
+    ClientIp,
+}
+
+impl fmt::Display for ScopePart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Header(name) => write!(f, "header:{name}"),
+            Self::Cookie(name) => write!(f, "cookie:{name}"),
+            Self::ClientIp => f.write_str("client_ip"),
+        }
+    }
+}
+
+/// The default scope: the `Authorization` header when present.
+pub fn default_scope() -> Vec<ScopePart> {
+    vec![ScopePart::Header(http::header::AUTHORIZATION)]
+}
+
+/// A SHA-256 digest: a store key or a request fingerprint.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// All zeros: "no fingerprint to compare" (fields and fingerprint keys cannot mismatch).
+    pub const NONE: Digest = Digest([0; 32]);
+
+    /// Lower-case hex, as shown by logs, the admin API and `idemgate explain`.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Parses 64 hex digits.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(text, &mut out).ok()?;
+        Some(Self(out))
+    }
+
+    /// The first 12 hex digits, enough to find a key in logs without printing all of it.
+    pub fn short(&self) -> String {
+        hex::encode(&self.0[..6])
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", self.short())
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}

@@ -1,0 +1,251 @@
+//! The `idemgate` command: `run`, `check`, `explain`.
+
+use std::io::Read as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use idemgate::config::units::{format_duration, format_size};
+use idemgate::config::{Config, Protection, StoreConfig};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(
+    name = "idemgate",
+    version,
+    about = "Makes non-idempotent HTTP endpoints idempotent"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the proxy.
+    Run {
+        #[arg(long, env = "IDEMGATE_CONFIG", default_value = "proxy.yaml")]
+        config: PathBuf,
+        /// Log format.
+        #[arg(long, value_parser = ["human", "json"], default_value = "human")]
+        log_format: String,
+    },
+    /// Validate a config and print the route table; exit 1 on error.
+    Check {
+        #[arg(long, env = "IDEMGATE_CONFIG", default_value = "proxy.yaml")]
+        config: PathBuf,
+    },
+    /// Show how a request would be keyed.
+    Explain {
+        #[arg(long, env = "IDEMGATE_CONFIG", default_value = "proxy.yaml")]
+        config: PathBuf,
+        #[arg(long)]
+        method: String,
+        /// Path with optional query string.
+        #[arg(long)]
+        path: String,
+        /// A header, `Name: value`; repeatable.
+        #[arg(short = 'H', long = "header")]
+        headers: Vec<String>,
+        /// Body file, or `-` for standard input.
+        #[arg(long)]
+        body: Option<String>,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    match dispatch(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run { config, log_format } => {
+            init_logs(&log_format);
+            let config = Config::load(&config)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            runtime.block_on(run(config))
+        }
+        Command::Check { config } => {
+            let loaded = Config::load(&config)?;
+            print!("{}", route_table(&loaded));
+            println!("{}: ok", config.display());
+            Ok(())
+        }
+        Command::Explain {
+            config,
+            method,
+            path,
+            headers,
+            body,
+        } => {
+            let loaded = Config::load(&config)?;
+            let request = explain_request(&method, &path, &headers, body.as_deref())?;
+            let text = idemgate::explain::explain(&loaded, &request)
+                .map_err(|e| anyhow::anyhow!("the proxy would answer 400: {e}"))?;
+            print!("{text}");
+            Ok(())
+        }
+    }
+}
+
+fn init_logs(format: &str) {
+    let filter = EnvFilter::try_from_env("IDEMGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let store = idemgate::server::open_store(&config);
+    let proxy = idemgate::proxy::Proxy::new(Arc::clone(&config), store.clone());
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    tracing::info!(listen = %config.listen, upstream = %config.upstream.authority, routes = config.routes.len(), "idemgate serving");
+    if let Some(admin) = config.admin {
+        let admin_listener = tokio::net::TcpListener::bind(admin)
+            .await
+            .with_context(|| format!("binding admin {admin}"))?;
+        tracing::info!(%admin, "admin serving");
+        tokio::spawn(idemgate::server::serve_admin(
+            admin_listener,
+            store,
+            std::future::pending(),
+        ));
+    }
+    idemgate::server::serve_proxy(listener, proxy, shutdown_signal()).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn route_table(config: &Config) -> String {
+    let mut out = String::new();
+    let store = match &config.store {
+        StoreConfig::Memory(l) => format!(
+            "memory (max_entries {}, max_bytes {})",
+            l.max_entries,
+            format_size(l.max_bytes as u64)
+        ),
+    };
+    out.push_str(&format!(
+        "listen {}  upstream {}://{}  store {}\n",
+        config.listen, config.upstream.scheme, config.upstream.authority, store
+    ));
+    out.push_str(&format!(
+        "{:<22} {:<16} {:<32} {:<12} {:<8} {:<8} {}\n",
+        "ROUTE", "METHODS", "PATH", "KEY", "TTL", "IN_FLT", "MAX_BODY"
+    ));
+    let mut rows: Vec<(String, String, String, &Protection)> = config
+        .routes
+        .iter()
+        .map(|r| {
+            let methods = r
+                .matcher
+                .methods
+                .iter()
+                .map(|m| m.as_str())
+                .collect::<Vec<_>>()
+                .join(",");
+            let path = match &r.matcher.host {
+                Some(h) => format!("{h}{}", r.matcher.path),
+                None => r.matcher.path.to_string(),
+            };
+            (r.name.clone(), methods, path, &r.protection)
+        })
+        .collect();
+    rows.push((
+        "(default)".into(),
+        "POST,PATCH".into(),
+        "(unmatched)".into(),
+        &config.fallback,
+    ));
+    for (name, methods, path, protection) in rows {
+        let (key, ttl, in_flight, max_body) = match protection {
+            Protection::Off => ("off".to_owned(), "-".into(), "-".into(), "-".into()),
+            Protection::On(p) => (
+                p.key.source.as_str().to_owned(),
+                format_duration(p.policy.ttl),
+                p.policy.in_flight.as_str().to_owned(),
+                format_size(p.policy.max_body as u64),
+            ),
+        };
+        out.push_str(&format!(
+            "{name:<22} {methods:<16} {path:<32} {key:<12} {ttl:<8} {in_flight:<8} {max_body}\n"
+        ));
+    }
+    out
+}
+
+fn explain_request(
+    method: &str,
+    path: &str,
+    headers: &[String],
+    body: Option<&str>,
+) -> anyhow::Result<idemgate::explain::Request> {
+    let method = Method::from_bytes(method.to_ascii_uppercase().as_bytes()).context("--method")?;
+    let uri = path.parse().with_context(|| format!("--path {path:?}"))?;
+    let mut map = HeaderMap::new();
+    for h in headers {
+        let Some((name, value)) = h.split_once(':') else {
+            bail!("-H {h:?}: expected `Name: value`");
+        };
+        map.append(
+            HeaderName::from_bytes(name.trim().as_bytes()).with_context(|| format!("-H {h:?}"))?,
+            HeaderValue::from_str(value.trim()).with_context(|| format!("-H {h:?}"))?,
+        );
+    }
+    let body = match body {
+        None => Vec::new(),
+        Some("-") => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("reading the body from stdin")?;
+            buf
+        }
+        Some(file) => std::fs::read(file).with_context(|| format!("reading {file}"))?,
+    };
+    Ok(idemgate::explain::Request {
+        method,
+        uri,
+        headers: map,
+        body,
+        client_ip: None,
+    })
+}

@@ -1,0 +1,101 @@
+//! [`ProxyBody`], the one body type on both sides of the proxy: a buffered body (protected
+//! requests, replays, problem answers) or a hyper stream passed through without buffering.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use crate::error::ProxyError;
+
+/// A request or response body.
+#[derive(Debug)]
+pub enum ProxyBody {
+    /// Whole in memory; yields one frame.
+    Full {
+        /// The bytes, taken by the first poll.
+        data: Option<Bytes>,
+    },
+    /// Streamed from the other side as it arrives.
+    Stream {
+        /// hyper's body of the other connection (`Unpin`, so no pin projection is needed).
+        inner: Incoming,
+    },
+}
+
+impl ProxyBody {
+    /// A buffered body (empty bodies yield no frame).
+    pub fn full(data: Bytes) -> Self {
+        Self::Full {
+            data: (!data.is_empty()).then_some(data),
+        }
+    }
+
+    /// No body.
+    pub fn empty() -> Self {
+        Self::Full { data: None }
+    }
+
+    /// A streamed body.
+    pub fn stream(inner: Incoming) -> Self {
+        Self::Stream { inner }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Self::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Self::Stream { inner } => Pin::new(inner).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Full { data } => data.is_none(),
+            Self::Stream { inner } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Self::Stream { inner } => inner.size_hint(),
+        }
+    }
+}
+
+/// Buffers a request body of at most `limit` bytes. A declared `Content-Length` over the
+/// limit is refused before a byte is read (and before `100 Continue` is sent).
+pub async fn read_limited(
+    headers: &HeaderMap,
+    body: Incoming,
+    limit: usize,
+) -> Result<Bytes, ProxyError> {
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ProxyError::PayloadTooLarge { limit });
+    }
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ProxyError::PayloadTooLarge { limit })
+        }
+        Err(e) => Err(ProxyError::BodyRead(e.to_string())),
+    }
+}

@@ -1,0 +1,61 @@
+//! Unprotected requests: streamed both ways without buffering, protocol upgrades
+//! (WebSocket) spliced through once both sides agreed to switch.
+
+use std::net::SocketAddr;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use super::body::ProxyBody;
+use super::headers::{prepare_request, strip_hop_by_hop, wants_upgrade};
+use super::upstream::UpstreamClient;
+use crate::error::ProxyError;
+
+/// Forwards `request` with its body streaming; the response streams back.
+pub async fn forward(
+    client: &UpstreamClient,
+    mut request: Request<Incoming>,
+    peer: SocketAddr,
+    timeout: std::time::Duration,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let upgrade = request.version() <= http::Version::HTTP_11 && wants_upgrade(request.headers());
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+    let (mut parts, body) = request.into_parts();
+    let uri = client.uri_for(parts.uri.path_and_query())?;
+    prepare_request(
+        &mut parts.headers,
+        parts.uri.authority(),
+        peer.ip(),
+        "http",
+        upgrade,
+    );
+    parts.version = http::Version::HTTP_11;
+    parts.uri = uri;
+    let upstream_request = Request::from_parts(parts, ProxyBody::stream(body));
+    let mut response = client.send(upstream_request, timeout).await?;
+
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_upgrade) = client_upgrade {
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(async move {
+                match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                    Ok((down, up)) => {
+                        let _ = tokio::io::copy_bidirectional(
+                            &mut TokioIo::new(down),
+                            &mut TokioIo::new(up),
+                        )
+                        .await;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "upgrade failed"),
+                }
+            });
+            let (mut parts, _) = response.into_parts();
+            strip_hop_by_hop(&mut parts.headers, true);
+            return Ok(Response::from_parts(parts, ProxyBody::empty()));
+        }
+    }
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers, false);
+    Ok(Response::from_parts(parts, ProxyBody::stream(body)))
+}

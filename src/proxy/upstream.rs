@@ -1,0 +1,69 @@
+//! The connection to the application: a keep-alive pool over HTTP/1.1, with the upstream
+//! URI rewritten in and failures turned into 502/504.
+
+use std::time::Duration;
+
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::body::ProxyBody;
+use crate::config::Upstream;
+use crate::error::ProxyError;
+
+/// A pooled client for one upstream origin.
+#[derive(Debug, Clone)]
+pub struct UpstreamClient {
+    client: Client<HttpConnector, ProxyBody>,
+    scheme: Scheme,
+    authority: Authority,
+}
+
+impl UpstreamClient {
+    /// A client with a keep-alive pool to `upstream`.
+    pub fn new(upstream: &Upstream) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(256)
+            // The Host header is the client's, set by headers::prepare_request.
+            .set_host(false)
+            .build(connector);
+        Self {
+            client,
+            scheme: upstream.scheme.clone(),
+            authority: upstream.authority.clone(),
+        }
+    }
+
+    /// The URI of `path_and_query` at the upstream.
+    pub fn uri_for(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query.map_or("/", PathAndQuery::as_str))
+            .build()
+            .map_err(|e| ProxyError::BadRequest(e.to_string()))
+    }
+
+    /// Sends a request and waits at most `timeout` for the response head.
+    pub async fn send(
+        &self,
+        request: Request<ProxyBody>,
+        timeout: Duration,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        match tokio::time::timeout(timeout, self.client.request(request)).await {
+            Err(_) => Err(ProxyError::UpstreamTimeout),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "upstream request failed");
+                Err(ProxyError::UpstreamUnreachable(e.to_string()))
+            }
+            Ok(Ok(response)) => Ok(response),
+        }
+    }
+}

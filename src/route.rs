@@ -1,0 +1,266 @@
+//! Route matching: which configured route (if any) a request belongs to, by host, method and
+//! path pattern. Patterns are compiled once at config load; matching allocates nothing.
+
+use std::fmt;
+
+use http::Method;
+
+/// A compiled path pattern: literal segments, `{name}` for exactly one segment, and a final
+/// `*` or `{*name}` for the rest of the path (zero or more segments).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathPattern {
+    source: String,
+    segments: Vec<Segment>,
+    rest: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Param,
+}
+
+impl PathPattern {
+    /// Compiles a pattern such as `/api/polls/{poll}/votes`.
+    pub fn parse(source: &str) -> Result<Self, String> {
+        if !source.starts_with('/') {
+            return Err(format!("path pattern {source:?} must start with '/'"));
+        }
+        let mut segments = Vec::new();
+        let mut rest = false;
+        let body = trim_trailing_slash(source);
+        let pieces: Vec<&str> = if body == "/" {
+            Vec::new()
+        } else {
+            body[1..].split('/').collect()
+        };
+        for (i, piece) in pieces.iter().enumerate() {
+            let last = i + 1 == pieces.len();
+            if *piece == "*" || (piece.starts_with("{*") && piece.ends_with('}')) {
+                if !last {
+                    return Err(format!(
+                        "path pattern {source:?}: a rest wildcard ({piece}) must be the last segment"
+                    ));
+                }
+                rest = true;
+            } else if piece.starts_with('{') && piece.ends_with('}') && piece.len() > 2 {
+                let name = &piece[1..piece.len() - 1];
+                if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                    return Err(format!(
+                        "path pattern {source:?}: parameter name {name:?} must be alphanumeric"
+                    ));
+                }
+                segments.push(Segment::Param);
+            } else if piece.contains(['{', '}', '*']) {
+                return Err(format!(
+                    "path pattern {source:?}: segment {piece:?} mixes text and a placeholder"
+                ));
+            } else {
+                segments.push(Segment::Literal((*piece).to_owned()));
+            }
+        }
+        Ok(Self {
+            source: source.to_owned(),
+            segments,
+            rest,
+        })
+    }
+
+    /// Whether `path` (the request path, without query) matches. One trailing slash is not
+    /// significant, so `/api/orders/` cannot slip past a rule written for `/api/orders`.
+    pub fn matches(&self, path: &str) -> bool {
+        let path = trim_trailing_slash(path);
+        let mut pieces = path.strip_prefix('/').unwrap_or(path).split('/');
+        if path == "/" || path.is_empty() {
+            return self.segments.is_empty();
+        }
+        for segment in &self.segments {
+            let Some(piece) = pieces.next() else {
+                return false;
+            };
+            match segment {
+                Segment::Literal(text) if text != piece => return false,
+                Segment::Param if piece.is_empty() => return false,
+                _ => {}
+            }
+        }
+        self.rest || pieces.next().is_none()
+    }
+
+    /// The pattern as written in the config.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+}
+
+impl std::str::FromStr for PathPattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::parse(s)
+    }
+}
+
+impl std::str::FromStr for HostPattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::parse(s)
+    }
+}
+
+impl fmt::Display for PathPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+fn trim_trailing_slash(path: &str) -> &str {
+    if path.len() > 1 && path.ends_with('/') {
+        &path[..path.len() - 1]
+    } else {
+        path
+    }
+}
+
+/// A host to match: exact (`api.example.com`) or a subdomain wildcard (`*.example.com`).
+/// Compared case-insensitively, without the port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPattern {
+    source: String,
+    suffix: Option<String>,
+}
+
+impl HostPattern {
+    /// Compiles a host pattern.
+    pub fn parse(source: &str) -> Result<Self, String> {
+        let lower = source.trim().to_ascii_lowercase();
+        if lower.is_empty() || lower.contains(['/', ' ', ':']) {
+            return Err(format!(
+                "host pattern {source:?} must be a host name without port or scheme"
+            ));
+        }
+        let suffix = match lower.strip_prefix("*.") {
+            Some(rest) if !rest.contains('*') => Some(format!(".{rest}")),
+            Some(_) => return Err(format!("host pattern {source:?}: one leading '*.' at most")),
+            None if lower.contains('*') => {
+                return Err(format!(
+                    "host pattern {source:?}: '*' only as a leading '*.'"
+                ))
+            }
+            None => None,
+        };
+        Ok(Self {
+            source: lower,
+            suffix,
+        })
+    }
+
+    /// Whether the request's host (a `Host` header value or URI authority, port allowed) matches.
+    pub fn matches(&self, host: &str) -> bool {
+        let host = strip_port(host);
+        match &self.suffix {
+            Some(suffix) => {
+                host.len() > suffix.len()
+                    && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+            }
+            None => host.eq_ignore_ascii_case(&self.source),
+        }
+    }
+}
+
+impl fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        // IPv6 literal: "[::1]:8080"
+        return host.split_inclusive(']').next().unwrap_or(host);
+    }
+    host.rsplit_once(':').map_or(host, |(name, _)| name)
+}
+
+/// The matching part of a route: all given conditions must hold.
+#[derive(Debug, Clone)]
+pub struct RouteMatch {
+    /// Host condition; any host when absent.
+    pub host: Option<HostPattern>,
+    /// Methods this route covers.
+    pub methods: Vec<Method>,
+    /// Path condition.
+    pub path: PathPattern,
+}
+
+impl RouteMatch {
+    /// Whether a request with this host, method and path belongs to the route.
+    pub fn matches(&self, host: Option<&str>, method: &Method, path: &str) -> bool {
+        self.methods.iter().any(|m| m == method)
+            && self.path.matches(path)
+            && match &self.host {
+                Some(pattern) => host.is_some_and(|h| pattern.matches(h)),
+                None => true,
+            }
+    }
+}
+
+/// Safe methods (RFC 9110 §9.2.1) always pass through, whatever the config says.
+pub fn is_safe(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literal_paths_match_exactly_and_ignore_one_trailing_slash() {
+        let p = PathPattern::parse("/api/orders").unwrap();
+        assert!(p.matches("/api/orders"));
+        assert!(p.matches("/api/orders/"));
+        assert!(!p.matches("/api/orders/1"));
+        assert!(!p.matches("/api/order"));
+        assert!(!p.matches("/api"));
+    }
+
+    #[test]
+    fn params_match_one_nonempty_segment() {
+        let p = PathPattern::parse("/api/polls/{poll}/votes").unwrap();
+        assert!(p.matches("/api/polls/42/votes"));
+        assert!(!p.matches("/api/polls//votes"));
+        assert!(!p.matches("/api/polls/42/43/votes"));
+    }
+
+    #[test]
+    fn rest_wildcard_matches_any_suffix() {
+        let p = PathPattern::parse("/files/*").unwrap();
+        assert!(p.matches("/files"));
+        assert!(p.matches("/files/a/b/c"));
+        assert!(!p.matches("/other"));
+        let root = PathPattern::parse("/{*all}").unwrap();
+        assert!(root.matches("/"));
+        assert!(root.matches("/x/y"));
+    }
+
+    #[test]
+    fn malformed_patterns_are_rejected() {
+        for bad in ["api", "/a/*/b", "/a/x{id}", "/a/{id-x}"] {
+            assert!(PathPattern::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn host_patterns_ignore_case_and_port() {
+        let h = HostPattern::parse("API.example.com").unwrap();
+        assert!(h.matches("api.example.com:8443"));
+        assert!(!h.matches("example.com"));
+        let w = HostPattern::parse("*.example.com").unwrap();
+        assert!(w.matches("a.Example.com"));
+        assert!(!w.matches("example.com"));
+        assert!(HostPattern::parse("[::1]").is_err());
+        assert_eq!(strip_port("[::1]:80"), "[::1]");
+    }
+}

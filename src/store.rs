@@ -1,0 +1,214 @@
+//! The store contract: claim a key atomically, hold it while the owner works, complete it
+//! with the response (or release it), and let duplicates wait for the outcome.
+//!
+//! Backends form a closed set, so [`Store`] is an enum; every backend passes the same
+//! conformance suite (`tests/store_conformance.rs`). Ownership is a type: a successful claim
+//! yields a [`Lease`] that renews itself while alive and releases the key when dropped
+//! unfinished, so a panicking or cancelled owner can never wedge a key.
+
+pub mod lease;
+pub mod memory;
+pub mod response;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::watch;
+
+pub use lease::Lease;
+pub use memory::{MemoryLimits, MemoryStore};
+pub use response::StoredResponse;
+
+use crate::key::Digest;
+
+/// Identifies one ownership of a key; completion and release must present it (fencing), so
+/// an owner whose lease was taken over cannot touch the new owner's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerToken(pub u128);
+
+impl OwnerToken {
+    /// A fresh random token.
+    pub fn random() -> Self {
+        Self(rand::random())
+    }
+}
+
+/// The answer to a claim.
+#[derive(Debug)]
+pub enum Claim {
+    /// The key was free (or its previous owner's lease had run out): this request owns it.
+    Owner(Lease),
+    /// Another request owns the key and is still running.
+    InFlight(Waiter),
+    /// The key was completed: replay this.
+    Done(Arc<StoredResponse>),
+    /// The key was used with another payload.
+    Mismatch,
+}
+
+impl Claim {
+    /// Label for logs and metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Owner(_) => "owner",
+            Self::InFlight(_) => "in_flight",
+            Self::Done(_) => "done",
+            Self::Mismatch => "mismatch",
+        }
+    }
+}
+
+/// A duplicate's handle on an in-flight key: resolves when the owner finishes, or when the
+/// owner's lease runs out (it may have vanished), whichever comes first. Never polls.
+#[derive(Debug)]
+pub struct Waiter {
+    signal: watch::Receiver<()>,
+    lease_until: Instant,
+}
+
+impl Waiter {
+    pub(crate) fn new(signal: watch::Receiver<()>, lease_until: Instant) -> Self {
+        Self {
+            signal,
+            lease_until,
+        }
+    }
+
+    /// Waits until the owner completes or releases, the lease runs out, or `deadline`.
+    /// Returns `false` only when the deadline came first; the caller then claims again.
+    pub async fn wait(mut self, deadline: Instant) -> bool {
+        let until = self.lease_until.min(deadline);
+        // The sender is dropped when the in-flight record is replaced or removed; that is
+        // the notification.
+        let changed = self.signal.changed();
+        tokio::select! {
+            _ = changed => true,
+            _ = tokio::time::sleep_until(until.into()) => Instant::now() < deadline,
+        }
+    }
+}
+
+/// What the admin API shows about one key.
+#[derive(Debug, Clone)]
+pub struct KeyInfo {
+    /// `in_flight` or `done`.
+    pub state: &'static str,
+    /// When the record was created.
+    pub created: SystemTime,
+    /// When it expires (done) or its lease runs out (in flight).
+    pub expires: SystemTime,
+    /// The stored response, when done.
+    pub response: Option<Arc<StoredResponse>>,
+}
+
+/// Gauges for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Records held, in flight and done.
+    pub entries: usize,
+    /// Records in flight.
+    pub in_flight: usize,
+    /// Bytes accounted to done records.
+    pub bytes: usize,
+}
+
+/// Store failures; with `on_store_error` they become a 503 or an unprotected forward.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store is full of in-flight claims, none of which may be evicted.
+    #[error("the store is full of in-flight claims")]
+    Full,
+    /// The backend could not be reached or answered an error.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A store backend.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// The embedded in-process store.
+    Memory(Arc<MemoryStore>),
+}
+
+impl Store {
+    /// Claims `key` for a request whose payload fingerprint is `fingerprint`. Atomic: of
+    /// any number of concurrent claims of a free key exactly one becomes [`Claim::Owner`].
+    pub async fn claim(
+        &self,
+        key: Digest,
+        fingerprint: Digest,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        match self {
+            Self::Memory(m) => m.claim(key, fingerprint, lease).map(|c| match c {
+                memory::RawClaim::Owner(token) => {
+                    Claim::Owner(Lease::start(self.clone(), key, token, lease))
+                }
+                memory::RawClaim::InFlight(w) => Claim::InFlight(w),
+                memory::RawClaim::Done(r) => Claim::Done(r),
+                memory::RawClaim::Mismatch => Claim::Mismatch,
+            }),
+        }
+    }
+
+    /// Extends the lease of a live owner; `false` when `token` no longer owns the key.
+    pub async fn renew(
+        &self,
+        key: Digest,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Self::Memory(m) => Ok(m.renew(key, token, lease)),
+        }
+    }
+
+    /// Stores the owner's response for `ttl` and wakes waiters; `false` (and nothing
+    /// written) when `token` no longer owns the key.
+    pub async fn complete(
+        &self,
+        key: Digest,
+        token: OwnerToken,
+        response: StoredResponse,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Self::Memory(m) => Ok(m.complete(key, token, response, ttl)),
+        }
+    }
+
+    /// Frees the key so a retry executes again; `false` when `token` no longer owns it.
+    pub async fn release(&self, key: Digest, token: OwnerToken) -> Result<bool, StoreError> {
+        match self {
+            Self::Memory(m) => Ok(m.release(key, token)),
+        }
+    }
+
+    /// Looks a key up without claiming it.
+    pub async fn inspect(&self, key: Digest) -> Result<Option<KeyInfo>, StoreError> {
+        match self {
+            Self::Memory(m) => Ok(m.inspect(key)),
+        }
+    }
+
+    /// Deletes a key whatever its state, so support can let a customer retry.
+    pub async fn remove(&self, key: Digest) -> Result<bool, StoreError> {
+        match self {
+            Self::Memory(m) => Ok(m.remove(key)),
+        }
+    }
+
+    /// Whether the store answers (the memory store always does).
+    pub async fn ready(&self) -> bool {
+        match self {
+            Self::Memory(_) => true,
+        }
+    }
+
+    /// Current gauges.
+    pub fn stats(&self) -> StoreStats {
+        match self {
+            Self::Memory(m) => m.stats(),
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! [`Lease`]: ownership of a claimed key as a value. While it lives, a background task renews
+//! the claim so a slow upstream never lets a duplicate execute; dropping it unfinished
+//! releases the key (pingora's `WritePermit` idea), so a cancelled or panicking owner frees
+//! the key for a retry instead of blocking it until the lease runs out.
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use super::{OwnerToken, Store, StoreError, StoredResponse};
+use crate::key::Digest;
+
+/// Ownership of one key. Finish it with [`Lease::complete`] or [`Lease::release`].
+#[derive(Debug)]
+pub struct Lease {
+    store: Store,
+    key: Digest,
+    token: OwnerToken,
+    renewer: Option<JoinHandle<()>>,
+    finished: bool,
+}
+
+impl Lease {
+    pub(crate) fn start(store: Store, key: Digest, token: OwnerToken, lease: Duration) -> Self {
+        let renewer = tokio::runtime::Handle::try_current()
+            .ok()
+            .map(|rt| rt.spawn(renew_forever(store.clone(), key, token, lease)));
+        Self {
+            store,
+            key,
+            token,
+            renewer,
+            finished: false,
+        }
+    }
+
+    /// The owned key.
+    pub fn key(&self) -> Digest {
+        self.key
+    }
+
+    /// The fencing token of this ownership.
+    pub fn token(&self) -> OwnerToken {
+        self.token
+    }
+
+    /// Stores the response for `ttl`. `Ok(false)`: the lease had been taken over, nothing
+    /// was written.
+    pub async fn complete(
+        mut self,
+        response: StoredResponse,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.stop_renewing();
+        self.finished = true;
+        self.store
+            .complete(self.key, self.token, response, ttl)
+            .await
+    }
+
+    /// Frees the key so the next request with it executes.
+    pub async fn release(mut self) -> Result<bool, StoreError> {
+        self.stop_renewing();
+        self.finished = true;
+        self.store.release(self.key, self.token).await
+    }
+
+    fn stop_renewing(&mut self) {
+        if let Some(task) = self.renewer.take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.stop_renewing();
+        if self.finished {
+            return;
+        }
+        tracing::warn!(key = %self.key.short(), "claim dropped unfinished; releasing it");
+        let (store, key, token) = (self.store.clone(), self.key, self.token);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = store.release(key, token).await;
+            });
+        }
+    }
+}
+
+/// Renews at a third of the lease, so two renewals can fail before the claim lapses.
+async fn renew_forever(store: Store, key: Digest, token: OwnerToken, lease: Duration) {
+    let period = (lease / 3).max(Duration::from_millis(10));
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    loop {
+        ticker.tick().await;
+        match store.renew(key, token, lease).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(key = %key.short(), "lost the claim while still running");
+                return;
+            }
+            Err(e) => tracing::warn!(key = %key.short(), error = %e, "could not renew the claim"),
+        }
+    }
+}

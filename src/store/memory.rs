@@ -1,0 +1,365 @@
+//! The embedded store: sharded maps under short mutexes, bounded by entry count and bytes,
+//! expiring by TTL. In-flight claims are never evicted; done records go earliest-expiry
+//! first when a bound is reached.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::watch;
+
+use super::{KeyInfo, OwnerToken, StoreError, StoreStats, StoredResponse, Waiter};
+use crate::key::Digest;
+
+/// Bounds of the memory store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryLimits {
+    /// Most records held (in flight and done).
+    pub max_entries: usize,
+    /// Most bytes of done records (bodies, headers and a fixed overhead each).
+    pub max_bytes: usize,
+}
+
+impl Default for MemoryLimits {
+    fn default() -> Self {
+        Self {
+            max_entries: 100_000,
+            max_bytes: 256 << 20,
+        }
+    }
+}
+
+/// What a claim found, before the [`super::Store`] wraps ownership in a lease guard.
+#[derive(Debug)]
+pub enum RawClaim {
+    /// Claimed by this token.
+    Owner(OwnerToken),
+    /// Owned by someone else.
+    InFlight(Waiter),
+    /// Completed.
+    Done(Arc<StoredResponse>),
+    /// Completed or in flight with another payload.
+    Mismatch,
+}
+
+/// The in-process store.
+#[derive(Debug)]
+pub struct MemoryStore {
+    shards: Box<[Mutex<Shard>]>,
+    shard_limits: MemoryLimits,
+}
+
+#[derive(Debug)]
+enum Entry {
+    InFlight {
+        token: OwnerToken,
+        fingerprint: Digest,
+        lease_until: Instant,
+        created: SystemTime,
+        // Dropped when the record is replaced or removed; waiters wake on that.
+        _done: watch::Sender<()>,
+        signal: watch::Receiver<()>,
+    },
+    Done {
+        fingerprint: Digest,
+        response: Arc<StoredResponse>,
+        expires_at: Instant,
+        seq: u64,
+    },
+}
+
+/// Digests are uniformly random already; hashing them again with SipHash is wasted work.
+#[derive(Default)]
+struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8).take(1) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 ^= u64::from_le_bytes(word);
+        }
+    }
+    fn write_usize(&mut self, _: usize) {}
+}
+
+type DigestMap<V> = HashMap<Digest, V, BuildHasherDefault<DigestHasher>>;
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: DigestMap<Entry>,
+    /// Done records by expiry, for sweeping and for choosing what to evict.
+    expiry: BTreeMap<(Instant, u64), Digest>,
+    bytes: usize,
+    in_flight: usize,
+    seq: u64,
+}
+
+/// Below this many entries per shard, sharding would make the bounds too coarse.
+const MIN_ENTRIES_PER_SHARD: usize = 1024;
+const MAX_SHARDS: usize = 16;
+/// Expired records swept per write, so expiry costs O(1) amortized and needs no timer.
+const SWEEP_PER_WRITE: usize = 4;
+
+impl MemoryStore {
+    /// An empty store with these bounds.
+    pub fn new(limits: MemoryLimits) -> Self {
+        let shards = (limits.max_entries / MIN_ENTRIES_PER_SHARD).clamp(1, MAX_SHARDS);
+        let shards = if shards.is_power_of_two() {
+            shards
+        } else {
+            shards.next_power_of_two() / 2
+        };
+        Self {
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            shard_limits: MemoryLimits {
+                max_entries: limits.max_entries.div_ceil(shards),
+                max_bytes: limits.max_bytes.div_ceil(shards),
+            },
+        }
+    }
+
+    fn shard(&self, key: &Digest) -> MutexGuard<'_, Shard> {
+        let index = key.0[31] as usize & (self.shards.len() - 1);
+        // A poisoned shard only means another thread panicked mid-operation; every
+        // operation leaves the shard consistent before it can panic, so keep serving.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// See [`super::Store::claim`].
+    pub fn claim(
+        &self,
+        key: Digest,
+        fingerprint: Digest,
+        lease: Duration,
+    ) -> Result<RawClaim, StoreError> {
+        let now = Instant::now();
+        let mut shard = self.shard(&key);
+        shard.sweep(now, SWEEP_PER_WRITE);
+        match shard.map.get(&key) {
+            Some(Entry::Done {
+                fingerprint: stored,
+                response,
+                expires_at,
+                ..
+            }) if *expires_at > now => {
+                return Ok(if mismatched(stored, &fingerprint) {
+                    RawClaim::Mismatch
+                } else {
+                    RawClaim::Done(response.clone())
+                });
+            }
+            Some(Entry::InFlight {
+                fingerprint: stored,
+                lease_until,
+                signal,
+                ..
+            }) if *lease_until > now => {
+                return Ok(if mismatched(stored, &fingerprint) {
+                    RawClaim::Mismatch
+                } else {
+                    RawClaim::InFlight(Waiter::new(signal.clone(), *lease_until))
+                });
+            }
+            // Free, expired, or owned by someone whose lease ran out: take it over.
+            _ => {}
+        }
+        shard.remove(&key);
+        if shard.map.len() >= self.shard_limits.max_entries
+            && !shard.evict_one()
+            && shard.map.len() >= self.shard_limits.max_entries
+        {
+            return Err(StoreError::Full);
+        }
+        let token = OwnerToken::random();
+        let (done, signal) = watch::channel(());
+        shard.in_flight += 1;
+        shard.map.insert(
+            key,
+            Entry::InFlight {
+                token,
+                fingerprint,
+                lease_until: now + lease,
+                created: SystemTime::now(),
+                _done: done,
+                signal,
+            },
+        );
+        Ok(RawClaim::Owner(token))
+    }
+
+    /// See [`super::Store::renew`].
+    pub fn renew(&self, key: Digest, token: OwnerToken, lease: Duration) -> bool {
+        let mut shard = self.shard(&key);
+        match shard.map.get_mut(&key) {
+            Some(Entry::InFlight {
+                token: owner,
+                lease_until,
+                ..
+            }) if *owner == token => {
+                *lease_until = Instant::now() + lease;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// See [`super::Store::complete`].
+    pub fn complete(
+        &self,
+        key: Digest,
+        token: OwnerToken,
+        response: StoredResponse,
+        ttl: Duration,
+    ) -> bool {
+        let now = Instant::now();
+        let mut shard = self.shard(&key);
+        let fingerprint = match shard.map.get(&key) {
+            Some(Entry::InFlight {
+                token: owner,
+                fingerprint,
+                ..
+            }) if *owner == token => *fingerprint,
+            _ => return false,
+        };
+        shard.remove(&key);
+        if ttl.is_zero() {
+            return true;
+        }
+        let cost = response.cost();
+        while shard.bytes + cost > self.shard_limits.max_bytes && shard.evict_one() {}
+        if shard.bytes + cost > self.shard_limits.max_bytes {
+            // Larger than the whole budget: the key is released instead, so a retry runs
+            // again rather than finding a half-kept promise.
+            return true;
+        }
+        shard.seq += 1;
+        let seq = shard.seq;
+        let expires_at = now + ttl;
+        shard.expiry.insert((expires_at, seq), key);
+        shard.bytes += cost;
+        shard.map.insert(
+            key,
+            Entry::Done {
+                fingerprint,
+                response: Arc::new(response),
+                expires_at,
+                seq,
+            },
+        );
+        shard.sweep(now, SWEEP_PER_WRITE);
+        true
+    }
+
+    /// See [`super::Store::release`].
+    pub fn release(&self, key: Digest, token: OwnerToken) -> bool {
+        let mut shard = self.shard(&key);
+        match shard.map.get(&key) {
+            Some(Entry::InFlight { token: owner, .. }) if *owner == token => {
+                shard.remove(&key);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// See [`super::Store::inspect`].
+    pub fn inspect(&self, key: Digest) -> Option<KeyInfo> {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let shard = self.shard(&key);
+        match shard.map.get(&key)? {
+            Entry::InFlight {
+                lease_until,
+                created,
+                ..
+            } => Some(KeyInfo {
+                state: "in_flight",
+                created: *created,
+                expires: wall + lease_until.saturating_duration_since(now),
+                response: None,
+            }),
+            Entry::Done {
+                response,
+                expires_at,
+                ..
+            } if *expires_at > now => Some(KeyInfo {
+                state: "done",
+                created: response.stored_at(),
+                expires: wall + expires_at.saturating_duration_since(now),
+                response: Some(response.clone()),
+            }),
+            Entry::Done { .. } => None,
+        }
+    }
+
+    /// See [`super::Store::remove`].
+    pub fn remove(&self, key: Digest) -> bool {
+        self.shard(&key).remove(&key)
+    }
+
+    /// Current gauges, summed over shards.
+    pub fn stats(&self) -> StoreStats {
+        self.shards.iter().fold(StoreStats::default(), |acc, s| {
+            let s = s.lock().unwrap_or_else(|p| p.into_inner());
+            StoreStats {
+                entries: acc.entries + s.map.len(),
+                in_flight: acc.in_flight + s.in_flight,
+                bytes: acc.bytes + s.bytes,
+            }
+        })
+    }
+}
+
+fn mismatched(stored: &Digest, offered: &Digest) -> bool {
+    stored != offered && *stored != Digest::NONE && *offered != Digest::NONE
+}
+
+impl Shard {
+    /// Removes a record of any state, keeping the counters and the expiry index right.
+    fn remove(&mut self, key: &Digest) -> bool {
+        match self.map.remove(key) {
+            Some(Entry::InFlight { .. }) => {
+                self.in_flight -= 1;
+                true
+            }
+            Some(Entry::Done {
+                response,
+                expires_at,
+                seq,
+                ..
+            }) => {
+                self.bytes -= response.cost();
+                self.expiry.remove(&(expires_at, seq));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Evicts the done record closest to expiry; `false` when there is none.
+    fn evict_one(&mut self) -> bool {
+        let Some((_, key)) = self.expiry.first_key_value() else {
+            return false;
+        };
+        let key = *key;
+        self.remove(&key)
+    }
+
+    fn sweep(&mut self, now: Instant, most: usize) {
+        for _ in 0..most {
+            match self.expiry.first_key_value() {
+                Some((&(at, _), &key)) if at <= now => {
+                    self.remove(&key);
+                }
+                _ => break,
+            }
+        }
+    }
+}

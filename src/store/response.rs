@@ -1,0 +1,162 @@
+//! A stored upstream response, kept compact: status, one buffer holding every header, and
+//! the body copied out of the socket buffer so a cached entry never pins a read buffer.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+/// A response to replay: status, every header (repeated ones such as `Set-Cookie` intact and
+/// in order) and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    status: StatusCode,
+    /// `[u16 name len][name][u32 value len][value]` per header, in the order received.
+    headers: Bytes,
+    body: Bytes,
+    stored_at: SystemTime,
+}
+
+/// Fixed cost charged per stored response beyond its headers and body: the record, its
+/// index entry and allocator slack. Used for `max_bytes` accounting.
+pub const ENTRY_OVERHEAD: usize = 256;
+
+impl StoredResponse {
+    /// Copies status, headers and body into one compact record.
+    pub fn new(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Self {
+        let mut buf = BytesMut::with_capacity(
+            headers
+                .iter()
+                .map(|(n, v)| 6 + n.as_str().len() + v.len())
+                .sum(),
+        );
+        for (name, value) in headers {
+            buf.extend_from_slice(&(name.as_str().len() as u16).to_be_bytes());
+            buf.extend_from_slice(name.as_str().as_bytes());
+            buf.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            buf.extend_from_slice(value.as_bytes());
+        }
+        Self {
+            status,
+            headers: buf.freeze(),
+            body: Bytes::copy_from_slice(body),
+            stored_at: SystemTime::now(),
+        }
+    }
+
+    /// The stored status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stored body (cheap to clone: reference counted).
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// When the response was stored.
+    pub fn stored_at(&self) -> SystemTime {
+        self.stored_at
+    }
+
+    /// The stored headers, rebuilt without copying their values.
+    pub fn headers(&self) -> HeaderMap {
+        let mut map = HeaderMap::with_capacity(8);
+        let mut rest = self.headers.clone();
+        while rest.len() >= 2 {
+            let name_len = u16::from_be_bytes([rest[0], rest[1]]) as usize;
+            let name = rest.slice(2..2 + name_len);
+            let value_at = 2 + name_len;
+            let value_len = u32::from_be_bytes(
+                rest[value_at..value_at + 4]
+                    .try_into()
+                    .expect("four bytes for the value length"),
+            ) as usize;
+            let value = rest.slice(value_at + 4..value_at + 4 + value_len);
+            rest = rest.slice(value_at + 4 + value_len..);
+            // Both were valid when stored; a failure here would mean a corrupted record,
+            // and dropping that one header beats failing the replay.
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(&name),
+                HeaderValue::from_maybe_shared(value),
+            ) {
+                map.append(n, v);
+            }
+        }
+        map
+    }
+
+    /// Bytes charged against `max_bytes`.
+    pub fn cost(&self) -> usize {
+        self.body.len() + self.headers.len() + ENTRY_OVERHEAD
+    }
+
+    /// Binary encoding for stores outside the process: no base64, no JSON.
+    /// `[1][u16 status][u64 stored_at ms][u32 headers len][headers][body]`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(15 + self.headers.len() + self.body.len());
+        out.push(1);
+        out.extend_from_slice(&self.status.as_u16().to_be_bytes());
+        let ms = self
+            .stored_at
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64;
+        out.extend_from_slice(&ms.to_be_bytes());
+        out.extend_from_slice(&(self.headers.len() as u32).to_be_bytes());
+        out.extend_from_slice(&self.headers);
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// Reverses [`StoredResponse::encode`]; `None` for anything malformed.
+    pub fn decode(data: Bytes) -> Option<Self> {
+        if data.len() < 15 || data[0] != 1 {
+            return None;
+        }
+        let status = StatusCode::from_u16(u16::from_be_bytes([data[1], data[2]])).ok()?;
+        let ms = u64::from_be_bytes(data[3..11].try_into().ok()?);
+        let head_len = u32::from_be_bytes(data[11..15].try_into().ok()?) as usize;
+        if data.len() < 15 + head_len {
+            return None;
+        }
+        Some(Self {
+            status,
+            headers: data.slice(15..15 + head_len),
+            body: data.slice(15 + head_len..),
+            stored_at: UNIX_EPOCH + Duration::from_millis(ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_headers_survive_in_order() {
+        let mut h = HeaderMap::new();
+        h.append("set-cookie", HeaderValue::from_static("a=1"));
+        h.append("set-cookie", HeaderValue::from_static("b=2"));
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        let r = StoredResponse::new(StatusCode::CREATED, &h, b"{}");
+        let back = r.headers();
+        let cookies: Vec<_> = back.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert_eq!(back["content-type"], "application/json");
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
+
+    #[test]
+    fn encoding_round_trips_binary_bodies() {
+        let mut h = HeaderMap::new();
+        h.insert("x-a", HeaderValue::from_static("1"));
+        let body: Vec<u8> = (0..=255).collect();
+        let r = StoredResponse::new(StatusCode::OK, &h, &body);
+        let back = StoredResponse::decode(Bytes::from(r.encode())).unwrap();
+        assert_eq!(back.status(), r.status());
+        assert_eq!(back.body(), r.body());
+        assert_eq!(back.headers(), r.headers());
+        assert!(StoredResponse::decode(Bytes::from_static(b"\x02junk")).is_none());
+    }
+}

@@ -1,0 +1,175 @@
+//! Bad input gets a clear problem+json answer, nothing reaches the upstream that should
+//! not, and the proxy keeps serving the next good request.
+
+mod common;
+
+use common::{post, send, start_proxy, start_upstream, Answer};
+use http::{Method, StatusCode};
+
+const ROUTES: &str = r#"
+defaults: { max_body: 64KiB, upstream_timeout: 1s }
+routes:
+  - name: create-order
+    match: { methods: [POST], path: /orders }
+    key: { header: Idempotency-Key, required: true }
+  - name: callback
+    match: { methods: [POST], path: /orders/callback }
+    key: { fields: [/alipayNo, /paymentOrderNo] }
+  - name: fingerprinted
+    match: { methods: [POST, PUT], path: "/orders/{id}/notes" }
+    key: { fingerprint: { body: true } }
+"#;
+
+fn assert_problem(a: &Answer, status: StatusCode, kind: &str) {
+    assert_eq!(a.status, status, "{}", String::from_utf8_lossy(&a.body));
+    assert_eq!(a.headers["content-type"], "application/problem+json");
+    let p = a.json();
+    assert_eq!(p["type"], format!("urn:idemgate:problem:{kind}"));
+    assert_eq!(p["status"], status.as_u16());
+    assert!(p["title"].is_string() && p["detail"].is_string());
+}
+
+async fn still_serving(addr: std::net::SocketAddr, tag: &str) {
+    let a = post(addr, "/orders", &[("idempotency-key", tag)], "{}").await;
+    assert_eq!(a.status, StatusCode::CREATED, "the next good request still works");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payload_too_large_is_413_without_calling_upstream() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(70 * 1024));
+    let a = post(proxy.addr, "/orders", &[("idempotency-key", "big")], &big).await;
+    assert_problem(&a, StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large");
+    assert_eq!(upstream.executed(), 0);
+    still_serving(proxy.addr, "after-413").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_body_over_the_limit_is_413() {
+    // No Content-Length: the limit must hold while reading.
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let chunk = "y".repeat(32 * 1024);
+    let mut req = String::from("POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: chunky\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n");
+    for _ in 0..3 {
+        req.push_str(&format!("{:x}\r\n{chunk}\r\n", chunk.len()));
+    }
+    req.push_str("0\r\n\r\n");
+    let _ = stream.write_all(req.as_bytes()).await;
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw).await;
+    let raw = String::from_utf8_lossy(&raw);
+    assert!(raw.starts_with("HTTP/1.1 413"), "{raw}");
+    assert_eq!(upstream.executed(), 0);
+    still_serving(proxy.addr, "after-chunked-413").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_or_missing_keys_are_400() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    for bad in ["\"unterminated", "has space", "a,b", &"k".repeat(256)] {
+        let a = post(proxy.addr, "/orders", &[("idempotency-key", bad)], "{}").await;
+        assert_problem(&a, StatusCode::BAD_REQUEST, "key-invalid");
+    }
+    let missing = post(proxy.addr, "/orders", &[], "{}").await;
+    assert_problem(&missing, StatusCode::BAD_REQUEST, "key-invalid");
+    let repeated = send(
+        proxy.addr,
+        Method::POST,
+        "/orders",
+        &[("idempotency-key", "a"), ("idempotency-key", "b")],
+        "{}",
+    )
+    .await;
+    assert_problem(&repeated, StatusCode::BAD_REQUEST, "key-invalid");
+    assert_eq!(upstream.executed(), 0);
+    still_serving(proxy.addr, "after-400").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_json_on_a_fields_route_is_400_and_on_a_fingerprint_route_is_hashed_raw() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let a = post(proxy.addr, "/orders/callback", &[], "{not json").await;
+    assert_problem(&a, StatusCode::BAD_REQUEST, "body-invalid-json");
+    let missing = post(proxy.addr, "/orders/callback", &[], r#"{"alipayNo":"A"}"#).await;
+    assert_problem(&missing, StatusCode::BAD_REQUEST, "key-field-missing");
+    assert!(missing.json()["detail"].as_str().unwrap().contains("/paymentOrderNo"));
+    assert_eq!(upstream.executed(), 0);
+
+    let raw1 = post(proxy.addr, "/orders/7/notes", &[], "{not json").await;
+    let raw2 = post(proxy.addr, "/orders/7/notes", &[], "{not json").await;
+    assert_eq!(raw1.status, StatusCode::CREATED);
+    assert!(raw2.replayed(), "identical raw bytes are one request");
+    let raw3 = post(proxy.addr, "/orders/7/notes", &[], "{not  json").await;
+    assert!(!raw3.replayed(), "raw bytes are compared exactly");
+    assert_eq!(upstream.executed(), 2);
+    still_serving(proxy.addr, "after-json").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_deep_nesting_is_answered_and_the_proxy_survives() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let deep_obj = format!("{}1{}", r#"{"a":"#.repeat(10_000), "}".repeat(10_000));
+    // A fields route must parse: too deep is a 400.
+    let a = post(proxy.addr, "/orders/callback", &[], &deep_obj).await;
+    assert_problem(&a, StatusCode::BAD_REQUEST, "body-invalid-json");
+    // A fingerprint route hashes what it cannot canonicalize as raw bytes.
+    let b = post(proxy.addr, "/orders/1/notes", &[], &deep).await;
+    assert_eq!(b.status, StatusCode::CREATED);
+    let c = post(proxy.addr, "/orders/1/notes", &[], &deep).await;
+    assert!(c.replayed());
+    // Unmatched POSTs go through the default fingerprint key the same way.
+    let d = post(proxy.addr, "/elsewhere/orders", &[], &deep_obj).await;
+    assert_eq!(d.status, StatusCode::OK);
+    still_serving(proxy.addr, "after-deep").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_is_protected_only_where_a_route_lists_it() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let put = |path: &'static str| send(proxy.addr, Method::PUT, path, &[], "{\"x\":1}");
+    assert_eq!(put("/orders/5/notes").await.status, StatusCode::CREATED);
+    assert!(put("/orders/5/notes").await.replayed());
+    // Another id in the same pattern is another request.
+    assert!(!put("/orders/6/notes").await.replayed());
+    assert_eq!(upstream.executed(), 2);
+    // PUT on a path no route lists is passed through, every time.
+    put("/orders/plain").await;
+    put("/orders/plain").await;
+    assert_eq!(upstream.executed(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_upstream_is_502_and_releases_the_key() {
+    // Bind a port, learn it, close it: nothing listens there now.
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let proxy = start_proxy(dead, ROUTES).await;
+    let a = post(proxy.addr, "/orders", &[("idempotency-key", "k")], "{}").await;
+    assert_problem(&a, StatusCode::BAD_GATEWAY, "upstream-unreachable");
+    assert!(!String::from_utf8_lossy(&a.body).contains(&dead.port().to_string()));
+    let key_state = post(proxy.addr, "/orders", &[("idempotency-key", "k")], "{}").await;
+    assert_eq!(key_state.status, StatusCode::BAD_GATEWAY, "released: tried again, not 409");
+    let pass = send(proxy.addr, Method::GET, "/anything", &[], "").await;
+    assert_problem(&pass, StatusCode::BAD_GATEWAY, "upstream-unreachable");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_timeout_is_504_and_releases_the_key() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let slow = [("idempotency-key", "late"), ("x-test-delay-ms", "3000")];
+    let a = post(proxy.addr, "/orders", &slow, "{}").await;
+    assert_problem(&a, StatusCode::GATEWAY_TIMEOUT, "upstream-timeout");
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "late")], "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed(), 2);
+}

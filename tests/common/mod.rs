@@ -1,0 +1,268 @@
+//! Test helpers: a real upstream on 127.0.0.1:0 that counts what it executes, an in-process
+//! idemgate on 127.0.0.1:0, and a small HTTP client. No mocks: everything crosses sockets.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use sha2::{Digest as _, Sha256};
+
+use idemgate::config::Config;
+use idemgate::proxy::Proxy;
+use idemgate::store::Store;
+
+/// A real HTTP upstream. Every non-GET request to `/orders…` "executes" (is counted).
+pub struct Upstream {
+    pub addr: SocketAddr,
+    executed: Arc<AtomicUsize>,
+}
+
+impl Upstream {
+    /// How many requests it executed.
+    pub fn executed(&self) -> usize {
+        self.executed.load(Ordering::SeqCst)
+    }
+}
+
+/// Starts the test upstream. Behaviour per path:
+/// - non-GET `/orders…`: counts, sleeps `x-test-delay-ms`, answers `x-test-status` (201 by
+///   default) with JSON `{"n", "body", "auth"}` and two `Set-Cookie` headers;
+/// - `/echo-headers`: answers the received headers as JSON;
+/// - `/upload`: hashes the streamed body without buffering it, answers `"<len> <sha256>"`;
+/// - GET `/download?bytes=N`: streams N deterministic bytes;
+/// - `Upgrade: echo` anywhere: switches protocols and echoes bytes.
+pub async fn start_upstream() -> Upstream {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let executed = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&executed);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let service = service_fn(move |req| upstream_handle(req, Arc::clone(&counter)));
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Upstream { addr, executed }
+}
+
+type TestBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+fn full(data: impl Into<Bytes>) -> TestBody {
+    Full::new(data.into()).boxed()
+}
+
+async fn upstream_handle(
+    mut req: Request<Incoming>,
+    executed: Arc<AtomicUsize>,
+) -> Result<Response<TestBody>, Infallible> {
+    if req.headers().get("upgrade").is_some_and(|v| v == "echo") {
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(io) = upgrade.await {
+                let (mut r, mut w) = tokio::io::split(TokioIo::new(io));
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            }
+        });
+        return Ok(Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header("upgrade", "echo")
+            .header("connection", "upgrade")
+            .body(full(Bytes::new()))
+            .unwrap());
+    }
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    if path == "/upload" {
+        let mut body = req.into_body();
+        let mut hasher = Sha256::new();
+        let mut len = 0usize;
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                len += data.len();
+                hasher.update(&data);
+            }
+        }
+        let answer = format!("{len} {}", hex::encode(hasher.finalize()));
+        return Ok(Response::new(full(answer)));
+    }
+    if path == "/download" {
+        let n: usize = req
+            .uri()
+            .query()
+            .and_then(|q| q.strip_prefix("bytes="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let chunks = pattern_bytes(n)
+            .chunks(64 * 1024)
+            .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::copy_from_slice(c))))
+            .collect::<Vec<_>>();
+        let stream = futures_util::stream::iter(chunks);
+        return Ok(Response::new(StreamBody::new(stream).boxed()));
+    }
+    if path == "/echo-headers" {
+        let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, value) in req.headers() {
+            seen.entry(name.to_string())
+                .or_default()
+                .push(value.to_str().unwrap_or("?").to_owned());
+        }
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let answer = serde_json::json!({ "headers": seen, "body_len": body.len() });
+        return Ok(Response::new(full(answer.to_string())));
+    }
+    if path.starts_with("/orders") && method != Method::GET {
+        let n = executed.fetch_add(1, Ordering::SeqCst) + 1;
+        let headers = req.headers().clone();
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        if let Some(ms) = header_u64(&headers, "x-test-delay-ms") {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let status = header_u64(&headers, "x-test-status").unwrap_or(201) as u16;
+        let answer = serde_json::json!({
+            "n": n,
+            "body": String::from_utf8_lossy(&body),
+            "auth": headers.get("authorization").map(|v| v.to_str().unwrap_or("")),
+        });
+        return Ok(Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .header("set-cookie", "a=1; Path=/")
+            .header("set-cookie", "b=2; Path=/")
+            .body(full(answer.to_string()))
+            .unwrap());
+    }
+    let answer = serde_json::json!({ "executed": executed.load(Ordering::SeqCst) });
+    Ok(Response::new(full(answer.to_string())))
+}
+
+fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.parse().ok()
+}
+
+/// Deterministic, non-repeating-looking bytes for byte-exact transfer checks.
+pub fn pattern_bytes(n: usize) -> Vec<u8> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// An in-process idemgate.
+pub struct ProxyHandle {
+    pub addr: SocketAddr,
+    pub store: Store,
+}
+
+/// Starts idemgate in front of `upstream`; `rest` is the YAML after `listen`/`upstream`.
+pub async fn start_proxy(upstream: SocketAddr, rest: &str) -> ProxyHandle {
+    let text = format!("listen: 127.0.0.1:0\nupstream: http://{upstream}\n{rest}");
+    let config = Arc::new(Config::parse(&text, "test.yaml").expect("test config"));
+    let store = idemgate::server::open_store(&config);
+    let proxy = Proxy::new(Arc::clone(&config), store.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(idemgate::server::serve_proxy(
+        listener,
+        proxy,
+        std::future::pending(),
+    ));
+    ProxyHandle { addr, store }
+}
+
+/// What a test request got back.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| {
+            panic!("not JSON: {}", String::from_utf8_lossy(&self.body))
+        })
+    }
+}
+
+/// A pooled HTTP/1.1 client.
+pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Sends one request through a fresh pooled client.
+pub async fn send(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
+    send_with(&client(), addr, method, path, headers, body).await
+}
+
+/// Sends one request through `client`.
+pub async fn send_with(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let request = builder.body(Full::new(body.into())).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(60), client.request(request))
+        .await
+        .expect("hang guard: no answer in 60s")
+        .expect("request failed");
+    let (parts, body) = response.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// POST JSON to `path` with extra headers.
+pub async fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    send(addr, Method::POST, path, &all, body.to_owned()).await
+}

@@ -1,0 +1,175 @@
+//! Config parsing and `idemgate check`: every SPEC example parses; errors name
+//! file:line:column and the offending key.
+
+use std::process::Command;
+
+use idemgate::config::{Config, ConfigError, Protection};
+use idemgate::key::KeySource;
+
+const SPEC_PROXY: &str = include_str!("fixtures/spec_proxy.yaml");
+const SPEC_KEY_RULE: &str = include_str!("fixtures/spec_key_rule.yaml");
+
+fn route_with_key(key_yaml: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: r\n    match: {{ path: /x }}\n{}",
+        key_yaml
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    )
+}
+
+fn invalid(text: &str) -> (usize, usize, String, String) {
+    match Config::parse(text, "proxy.yaml") {
+        Err(ConfigError::Invalid {
+            line,
+            column,
+            key,
+            message,
+            ..
+        }) => (line, column, key, message),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_spec_config_example_parses() {
+    let config = Config::parse(SPEC_PROXY, "spec.yaml").expect("SPEC example");
+    assert_eq!(config.routes.len(), 4);
+    let names: Vec<_> = config.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["create-order", "repayment-callback", "vote", "update-user"]);
+    let Protection::On(cb) = &config.routes[1].protection else {
+        panic!("callback protected")
+    };
+    assert_eq!(cb.policy.ttl.as_secs(), 30 * 86_400);
+    assert!(matches!(&cb.key.source, KeySource::Fields(f) if f.len() == 2));
+    assert_eq!(config.admin.unwrap().port(), 9901);
+}
+
+#[test]
+fn every_key_rule_form_of_the_spec_parses() {
+    let header = Config::parse(&route_with_key(SPEC_KEY_RULE), "k.yaml").expect("header form");
+    let Protection::On(p) = &header.routes[0].protection else { panic!() };
+    assert!(p.key.required);
+    for alternative in [
+        "key:\n  fields: [/alipayNo, /paymentOrderNo]\n",
+        "key:\n  fingerprint: { query: true, body: true, ignore: [timestamp, lat, lng] }\n  scope: [header: Authorization]\n",
+        "key:\n  fingerprint: { body: true, ignore: [/order/note], ignore_defaults: false }\n  scope: [client_ip, cookie: sid]\n",
+        "key: off\n",
+        "idempotency: off\n",
+    ] {
+        Config::parse(&route_with_key(alternative), "k.yaml")
+            .unwrap_or_else(|e| panic!("{alternative}: {e}"));
+    }
+}
+
+#[test]
+fn only_listen_and_upstream_are_required() {
+    let c = Config::parse("listen: 0.0.0.0:8080\nupstream: http://127.0.0.1:3000\n", "min.yaml").unwrap();
+    assert!(c.routes.is_empty() && c.admin.is_none());
+    assert!(matches!(c.fallback, Protection::On(_)));
+    let (line, _, key, message) = invalid("listen: 0.0.0.0:8080\n");
+    assert_eq!(line, 1);
+    assert!(message.contains("upstream"), "{key}: {message}");
+}
+
+#[test]
+fn unknown_key_names_file_line_column_and_key() {
+    let text = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: a\n    match: { path: /a }\n    tll: 5m\n";
+    let (line, column, key, message) = invalid(text);
+    assert_eq!((line, column), (6, 5));
+    assert_eq!(key, "routes[0].tll");
+    assert!(message.contains("unknown field `tll`"), "{message}");
+    let err = Config::parse(text, "proxy.yaml").unwrap_err().to_string();
+    assert!(err.starts_with("proxy.yaml:6:5: routes[0].tll: unknown field `tll`"), "{err}");
+}
+
+#[test]
+fn bad_duration_names_its_place() {
+    let text = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\ndefaults:\n  ttl: 24x\n";
+    let (line, column, key, message) = invalid(text);
+    assert_eq!((line, column), (4, 8));
+    assert_eq!(key, "defaults.ttl");
+    assert!(message.contains("invalid duration \"24x\""), "{message}");
+}
+
+#[test]
+fn bad_json_pointer_names_its_place() {
+    let text = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: cb\n    match: { path: /cb }\n    key: { fields: [/ok, alipayNo] }\n";
+    let (line, column, key, message) = invalid(text);
+    assert_eq!(line, 6);
+    assert!(column > 1, "column {column}");
+    assert_eq!(key, "routes[0].key.fields[1]");
+    assert!(message.contains("alipayNo"), "{message}");
+}
+
+#[test]
+fn rule_level_mistakes_are_refused() {
+    let two_sources = route_with_key("key: { header: K, fields: [/a] }\n");
+    let (line, _, _, message) = invalid(&two_sources);
+    assert_eq!(line, 6);
+    assert!(message.contains("exactly one source"), "{message}");
+    let (_, _, key, message) = invalid(&route_with_key("match2: 1\n"));
+    assert!(message.contains("unknown field `match2`"), "{key}: {message}");
+    let safe = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: g\n    match: { methods: [GET], path: /g }\n";
+    let (line, _, key, message) = invalid(safe);
+    assert_eq!((line, key.as_str()), (5, "routes[0].match.methods[0]"));
+    assert!(message.contains("safe method"), "{message}");
+    let dup = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: a\n    match: { path: /a }\n  - name: a\n    match: { path: /b }\n";
+    let (line, _, key, message) = invalid(dup);
+    assert_eq!((line, key.as_str()), (4, "routes[1].name"));
+    assert!(message.contains("used twice"), "{message}");
+    let (_, _, key, _) = invalid("listen: 127.0.0.1:8080\nupstream: ftp://x\n");
+    assert_eq!(key, "upstream");
+    let (_, _, key, _) = invalid("listen: 127.0.0.1:8080\nupstream: http://x\ndefaults: { max_body: 1TB }\n");
+    assert_eq!(key, "defaults.max_body");
+}
+
+#[test]
+fn check_command_prints_routes_and_exits_by_validity() {
+    let bin = env!("CARGO_BIN_EXE_idemgate");
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yaml");
+    std::fs::write(&good, SPEC_PROXY).unwrap();
+    let out = Command::new(bin).args(["check", "--config"]).arg(&good).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    for expected in ["create-order", "repayment-callback", "/api/polls/{poll}/votes", "fields", "30d"] {
+        assert!(table.contains(expected), "{expected} missing from\n{table}");
+    }
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "listen: 127.0.0.1:1\nupstream: http://x\ndefaults:\n  lease: soon\n").unwrap();
+    let out = Command::new(bin).args(["check", "--config"]).arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad.yaml:4:10: defaults.lease: invalid duration"), "{stderr}");
+}
+
+#[test]
+fn explain_command_shows_the_key_and_what_was_ignored() {
+    let bin = env!("CARGO_BIN_EXE_idemgate");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(&config, SPEC_PROXY).unwrap();
+    let body = dir.path().join("body.json");
+    std::fs::write(&body, r#"{"choice":"b","timestamp":1700000000,"lat":1.5}"#).unwrap();
+    let run = |body_file: &std::path::Path| {
+        let out = Command::new(bin)
+            .args(["explain", "--config"])
+            .arg(&config)
+            .args(["--method", "POST", "--path", "/api/polls/7/votes", "-H", "X-User-Id: u1", "--body"])
+            .arg(body_file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = run(&body);
+    assert!(text.contains("route:             vote"), "{text}");
+    assert!(text.contains("/timestamp") && text.contains("/lat"), "{text}");
+    assert!(text.contains("header:x-user-id (present)"), "{text}");
+    let digest = |t: &str| t.lines().find(|l| l.starts_with("key digest:")).unwrap().to_owned();
+    std::fs::write(&body, r#"{ "lat": 9, "choice": "b" }"#).unwrap();
+    assert_eq!(digest(&text), digest(&run(&body)), "ignored fields do not change the key");
+}

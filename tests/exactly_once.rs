@@ -1,0 +1,280 @@
+//! Exactly-once, proven by counting upstream executions under concurrent duplicates.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{post, start_proxy, start_upstream};
+use http::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const HEADER_ROUTE: &str = r#"
+routes:
+  - name: create-order
+    match: { methods: [POST], path: /orders }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+async fn fire_concurrently(
+    addr: std::net::SocketAddr,
+    n: usize,
+    headers: Vec<(&'static str, String)>,
+    body: impl Fn(usize) -> String,
+) -> Vec<common::Answer> {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let headers = headers.clone();
+        let body = body(i);
+        tasks.push(tokio::spawn(async move {
+            let refs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            post(addr, "/orders", &refs, &body).await
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_with_one_key_execute_once() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
+    let answers = fire_concurrently(
+        proxy.addr,
+        50,
+        vec![("idempotency-key", "order-42".into()), ("x-test-delay-ms", "100".into())],
+        |_| r#"{"sku":"A1","qty":1}"#.into(),
+    )
+    .await;
+    assert_eq!(upstream.executed(), 1);
+    let first = &answers[0];
+    for a in &answers {
+        assert_eq!(a.status, StatusCode::CREATED);
+        assert_eq!(a.body, first.body, "every duplicate gets the same body");
+        let cookies: Vec<_> = a.headers.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1; Path=/", "b=2; Path=/"]);
+    }
+    let replayed = answers.iter().filter(|a| a.replayed()).count();
+    assert_eq!(replayed, 49);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_on_a_fingerprint_route_execute_once() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        r#"
+routes:
+  - name: vote
+    match: { methods: [POST], path: /orders }
+    key: { fingerprint: { body: true }, scope: [header: X-User-Id] }
+"#,
+    )
+    .await;
+    // Same business request, spelled 50 different ways: key order, spacing, timestamps, GPS.
+    let answers = fire_concurrently(
+        proxy.addr,
+        50,
+        vec![("x-user-id", "u-7".into()), ("x-test-delay-ms", "100".into())],
+        |i| {
+            if i % 2 == 0 {
+                format!(r#"{{"poll":3,"choice":"b","timestamp":{i},"lat":{i}.5,"lng":1}}"#)
+            } else {
+                format!(r#"{{ "choice" : "b", "lng": 2, "poll": 3.0, "timestamp": "{i}" }}"#)
+            }
+        },
+    )
+    .await;
+    assert_eq!(upstream.executed(), 1);
+    assert!(answers.iter().all(|a| a.status == StatusCode::CREATED && a.body == answers[0].body));
+    assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 49);
+
+    // A different amount of the same thing is another request.
+    let other = post(proxy.addr, "/orders", &[("x-user-id", "u-7")], r#"{"poll":3,"choice":"c"}"#).await;
+    assert_eq!(other.status, StatusCode::CREATED);
+    assert!(!other.replayed());
+    assert_eq!(upstream.executed(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_mode_executes_once_and_answers_409_or_replay() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &format!("defaults: {{ in_flight: reject }}\n{HEADER_ROUTE}"),
+    )
+    .await;
+    let answers = fire_concurrently(
+        proxy.addr,
+        50,
+        vec![("idempotency-key", "k-reject".into()), ("x-test-delay-ms", "200".into())],
+        |_| "{}".into(),
+    )
+    .await;
+    assert_eq!(upstream.executed(), 1);
+    let mut executed = 0;
+    for a in &answers {
+        match a.status {
+            StatusCode::CREATED if !a.replayed() => executed += 1,
+            StatusCode::CREATED => {}
+            StatusCode::CONFLICT => {
+                assert_eq!(a.headers["retry-after"], "1");
+                assert_eq!(a.headers["content-type"], "application/problem+json");
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(executed, 1);
+    assert!(answers.iter().any(|a| a.status == StatusCode::CONFLICT));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_with_another_payload_is_422_without_calling_upstream() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
+    let key = [("idempotency-key", "k-422")];
+    assert_eq!(post(proxy.addr, "/orders", &key, r#"{"amount":10}"#).await.status, StatusCode::CREATED);
+    let again = post(proxy.addr, "/orders", &key, r#"{"amount":11}"#).await;
+    assert_eq!(again.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(again.json()["type"], "urn:idemgate:problem:key-reused");
+    assert_eq!(upstream.executed(), 1);
+    // The same payload, respelled, is still a replay.
+    let same = post(proxy.addr, "/orders", &key, r#"{ "amount": 10.0 }"#).await;
+    assert!(same.replayed());
+    assert_eq!(upstream.executed(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_callers_with_the_same_key_execute_separately() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
+    let alice = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "shared"), ("authorization", "Bearer alice")],
+        "{}",
+    )
+    .await;
+    let bob = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "shared"), ("authorization", "Bearer bob")],
+        "{}",
+    )
+    .await;
+    assert_eq!(upstream.executed(), 2);
+    assert!(!bob.replayed());
+    assert_eq!(alice.json()["auth"], "Bearer alice");
+    assert_eq!(bob.json()["auth"], "Bearer bob", "bob never sees alice's answer");
+    let bob_again = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "shared"), ("authorization", "Bearer bob")],
+        "{}",
+    )
+    .await;
+    assert!(bob_again.replayed());
+    assert_eq!(bob_again.json()["auth"], "Bearer bob");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_answers_are_retried_and_successful_ones_are_not() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
+    let failing = [("idempotency-key", "k-500"), ("x-test-status", "500")];
+    assert_eq!(post(proxy.addr, "/orders", &failing, "{}").await.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "k-500")], "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed(), 2, "the 500 released the key");
+    let again = post(proxy.addr, "/orders", &[("idempotency-key", "k-500")], "{}").await;
+    assert!(again.replayed());
+    assert_eq!(upstream.executed(), 2, "the 201 was stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_owner_slower_than_its_lease_keeps_the_key() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &format!("defaults: {{ lease: 200ms, wait_timeout: 30s }}\n{HEADER_ROUTE}"),
+    )
+    .await;
+    let addr = proxy.addr;
+    let slow = tokio::spawn(async move {
+        post(addr, "/orders", &[("idempotency-key", "slow"), ("x-test-delay-ms", "1500")], "{}").await
+    });
+    // Wait until the owner's request is at the upstream, i.e. well into its claim.
+    while upstream.executed() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let duplicate = post(addr, "/orders", &[("idempotency-key", "slow")], "{}").await;
+    let first = slow.await.unwrap();
+    assert_eq!(upstream.executed(), 1, "renewal kept the duplicate out for 7 leases");
+    assert!(duplicate.replayed());
+    assert_eq!(duplicate.body, first.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_still_gets_its_answer_on_retry() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
+    let body = r#"{"sku":"gone"}"#;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nhost: shop\r\nidempotency-key: lost-answer\r\nx-test-delay-ms: 500\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    while upstream.executed() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(stream); // the client times out and goes away mid-request
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "lost-answer")], body).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed(), "the retry got the stored answer");
+    assert_eq!(retry.json()["n"], 1);
+    assert_eq!(upstream.executed(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_distinct_keys_each_execute_once() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let addr = proxy.addr;
+        tasks.push(tokio::spawn(async move {
+            let key = format!("k-{}", i % 40);
+            post(addr, "/orders", &[("idempotency-key", &key)], "{}").await
+        }));
+    }
+    let mut bodies_per_key: std::collections::HashMap<String, HashSet<bytes::Bytes>> = Default::default();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let a = t.await.unwrap();
+        assert_eq!(a.status, StatusCode::CREATED);
+        bodies_per_key.entry(format!("k-{}", i % 40)).or_default().insert(a.body);
+    }
+    assert_eq!(upstream.executed(), 40);
+    assert!(bodies_per_key.values().all(|b| b.len() == 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_http1_duplicate_gets_replay_header() {
+    // Guards the wire format: the replay marker must reach a plain HTTP/1.1 client.
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
+    post(proxy.addr, "/orders", &[("idempotency-key", "wire")], "{}").await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: wire\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
+    assert!(raw.to_ascii_lowercase().contains("idempotent-replayed: true"), "{raw}");
+}

@@ -1,0 +1,208 @@
+//! A correct reverse proxy first: unprotected traffic streams through byte-exact, headers are
+//! cleaned per RFC 9110 §7.6.1, chunked bodies, `Expect: 100-continue`, upgrades and HTTP/2
+//! clients work.
+
+mod common;
+
+use bytes::Bytes;
+use common::{pattern_bytes, send, start_proxy, start_upstream};
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use sha2::{Digest as _, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ROUTES: &str = r#"
+routes:
+  - name: create-order
+    match: { methods: [POST], path: /orders }
+    key: { header: Idempotency-Key, required: true }
+  - name: uploads
+    match: { path: /upload }
+    idempotency: off
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_downloads_arrive_byte_exact() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let n = 8 * 1024 * 1024 + 13;
+    let a = send(proxy.addr, Method::GET, &format!("/download?bytes={n}"), &[], "").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.body.len(), n);
+    assert!(a.body == pattern_bytes(n), "every byte as sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_50_mib_chunked_upload_streams_through_byte_exact() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let data = Bytes::from(pattern_bytes(50 * 1024 * 1024));
+    let expected = format!("{} {}", data.len(), hex::encode(Sha256::digest(&data)));
+    let chunks: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = (0..data.len())
+        .step_by(1 << 20)
+        .map(|at| Ok(Frame::data(data.slice(at..(at + (1 << 20)).min(data.len())))))
+        .collect();
+    let body = StreamBody::new(futures_util::stream::iter(chunks));
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let request = Request::post("/upload")
+        .header("host", "uploads.example")
+        .body(body)
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let answer = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(String::from_utf8_lossy(&answer), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_are_stripped_and_forwarded_headers_added() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let a = send(
+        proxy.addr,
+        Method::GET,
+        "/echo-headers",
+        &[
+            ("host", "shop.example:8443"),
+            ("connection", "x-drop-me, keep-alive"),
+            ("x-drop-me", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("proxy-authorization", "Basic abc"),
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-kept", "yes"),
+        ],
+        "",
+    )
+    .await;
+    let seen = &a.json()["headers"];
+    for gone in ["x-drop-me", "keep-alive", "te", "proxy-authorization", "transfer-encoding"] {
+        assert!(seen.get(gone).is_none(), "{gone} must not reach the upstream: {seen}");
+    }
+    assert_eq!(seen["host"][0], "shop.example:8443", "Host is kept");
+    assert_eq!(seen["x-kept"][0], "yes");
+    assert_eq!(seen["x-forwarded-for"][0], "203.0.113.9, 127.0.0.1");
+    assert_eq!(seen["x-forwarded-proto"][0], "http");
+    assert_eq!(seen["x-forwarded-host"][0], "shop.example:8443");
+}
+
+async fn raw_exchange(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = stream.read(&mut buf).await.unwrap();
+    let interim = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(interim.starts_with("HTTP/1.1 100 Continue"), "expected 100 first, got {interim}");
+    stream.write_all(body).await.unwrap();
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).await.unwrap();
+    String::from_utf8_lossy(&rest).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_100_continue_works_on_both_paths() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let body = b"{\"expect\":true}";
+    let head = |path: &str, extra: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n",
+            body.len()
+        )
+    };
+    let streamed = raw_exchange(proxy.addr, &head("/upload", ""), body).await;
+    assert!(streamed.contains("200 OK"), "{streamed}");
+    assert!(streamed.contains(&format!("{} ", body.len())), "{streamed}");
+    let protected = raw_exchange(proxy.addr, &head("/orders", "idempotency-key: cont\r\n"), body).await;
+    assert!(protected.contains("201 Created"), "{protected}");
+    assert_eq!(upstream.executed(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_request_bodies_reach_protected_routes_whole() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: ch\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
+    assert!(raw.contains(r#"\"a\":1"#), "the upstream got the whole body: {raw}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_upgrades_are_spliced_through() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        stream.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: echo"), "{head}");
+    for message in [&b"ping"[..], b"second frame", &[0u8, 159, 146, 150]] {
+        stream.write_all(message).await.unwrap();
+        let mut back = vec![0u8; message.len()];
+        stream.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, message);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_served_and_protected() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let call = |method: Method, path: &str, key: Option<&str>| {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(format!("http://api.example:9/{}", path.trim_start_matches('/')));
+        if let Some(k) = key {
+            b = b.header("idempotency-key", k);
+        }
+        let request = b.body(Full::new(Bytes::from_static(b"{}"))).unwrap();
+        // Send to the proxy's socket while keeping the client's authority in the URI.
+        let addr = proxy.addr;
+        let client = client.clone();
+        async move {
+            let mut request = request;
+            let original = request.uri().clone();
+            *request.uri_mut() = format!("http://{addr}{}", original.path()).parse().unwrap();
+            request.headers_mut().insert("host", "api.example:9".parse().unwrap());
+            let response = client.request(request).await.unwrap();
+            assert_eq!(response.version(), http::Version::HTTP_2);
+            let status = response.status();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, replayed, body)
+        }
+    };
+    let (status, replayed, _) = call(Method::POST, "/orders", Some("h2-key")).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (status, replayed, _) = call(Method::POST, "/orders", Some("h2-key")).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(upstream.executed(), 1);
+    let (status, _, body) = call(Method::GET, "/echo-headers", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(seen["headers"]["host"][0].as_str().unwrap().starts_with("api.example"));
+}
