@@ -45,7 +45,10 @@ async fn concurrent_duplicates_with_one_key_execute_once() {
     let answers = fire_concurrently(
         proxy.addr,
         50,
-        vec![("idempotency-key", "order-42".into()), ("x-test-delay-ms", "100".into())],
+        vec![
+            ("idempotency-key", "order-42".into()),
+            ("x-test-delay-ms", "100".into()),
+        ],
         |_| r#"{"sku":"A1","qty":1}"#.into(),
     )
     .await;
@@ -78,22 +81,33 @@ routes:
     let answers = fire_concurrently(
         proxy.addr,
         50,
-        vec![("x-user-id", "u-7".into()), ("x-test-delay-ms", "100".into())],
+        vec![
+            ("x-user-id", "u-7".into()),
+            ("x-test-delay-ms", "100".into()),
+        ],
         |i| {
             if i % 2 == 0 {
-                format!(r#"{{"poll":3,"choice":"b","timestamp":{i},"lat":{i}.5,"lng":1}}"#)
+                format!(r#"{{"item":"A1","amount":100,"timestamp":{i},"lat":{i}.5,"lng":1}}"#)
             } else {
-                format!(r#"{{ "choice" : "b", "lng": 2, "poll": 3.0, "timestamp": "{i}" }}"#)
+                format!(r#"{{ "amount" : 1.00e2, "lng": 2, "item": "A1", "timestamp": "{i}" }}"#)
             }
         },
     )
     .await;
     assert_eq!(upstream.executed(), 1);
-    assert!(answers.iter().all(|a| a.status == StatusCode::CREATED && a.body == answers[0].body));
+    assert!(answers
+        .iter()
+        .all(|a| a.status == StatusCode::CREATED && a.body == answers[0].body));
     assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 49);
 
     // A different amount of the same thing is another request.
-    let other = post(proxy.addr, "/orders", &[("x-user-id", "u-7")], r#"{"poll":3,"choice":"c"}"#).await;
+    let other = post(
+        proxy.addr,
+        "/orders",
+        &[("x-user-id", "u-7")],
+        r#"{"item":"A1","amount":101}"#,
+    )
+    .await;
     assert_eq!(other.status, StatusCode::CREATED);
     assert!(!other.replayed());
     assert_eq!(upstream.executed(), 2);
@@ -110,7 +124,10 @@ async fn reject_mode_executes_once_and_answers_409_or_replay() {
     let answers = fire_concurrently(
         proxy.addr,
         50,
-        vec![("idempotency-key", "k-reject".into()), ("x-test-delay-ms", "200".into())],
+        vec![
+            ("idempotency-key", "k-reject".into()),
+            ("x-test-delay-ms", "200".into()),
+        ],
         |_| "{}".into(),
     )
     .await;
@@ -136,7 +153,12 @@ async fn same_key_with_another_payload_is_422_without_calling_upstream() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
     let key = [("idempotency-key", "k-422")];
-    assert_eq!(post(proxy.addr, "/orders", &key, r#"{"amount":10}"#).await.status, StatusCode::CREATED);
+    assert_eq!(
+        post(proxy.addr, "/orders", &key, r#"{"amount":10}"#)
+            .await
+            .status,
+        StatusCode::CREATED
+    );
     let again = post(proxy.addr, "/orders", &key, r#"{"amount":11}"#).await;
     assert_eq!(again.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(again.json()["type"], "urn:idemgate:problem:key-reused");
@@ -154,25 +176,38 @@ async fn two_callers_with_the_same_key_execute_separately() {
     let alice = post(
         proxy.addr,
         "/orders",
-        &[("idempotency-key", "shared"), ("authorization", "Bearer alice")],
+        &[
+            ("idempotency-key", "shared"),
+            ("authorization", "Bearer alice"),
+        ],
         "{}",
     )
     .await;
     let bob = post(
         proxy.addr,
         "/orders",
-        &[("idempotency-key", "shared"), ("authorization", "Bearer bob")],
+        &[
+            ("idempotency-key", "shared"),
+            ("authorization", "Bearer bob"),
+        ],
         "{}",
     )
     .await;
     assert_eq!(upstream.executed(), 2);
     assert!(!bob.replayed());
     assert_eq!(alice.json()["auth"], "Bearer alice");
-    assert_eq!(bob.json()["auth"], "Bearer bob", "bob never sees alice's answer");
+    assert_eq!(
+        bob.json()["auth"],
+        "Bearer bob",
+        "bob never sees alice's answer"
+    );
     let bob_again = post(
         proxy.addr,
         "/orders",
-        &[("idempotency-key", "shared"), ("authorization", "Bearer bob")],
+        &[
+            ("idempotency-key", "shared"),
+            ("authorization", "Bearer bob"),
+        ],
         "{}",
     )
     .await;
@@ -185,7 +220,10 @@ async fn failed_answers_are_retried_and_successful_ones_are_not() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
     let failing = [("idempotency-key", "k-500"), ("x-test-status", "500")];
-    assert_eq!(post(proxy.addr, "/orders", &failing, "{}").await.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        post(proxy.addr, "/orders", &failing, "{}").await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
     let retry = post(proxy.addr, "/orders", &[("idempotency-key", "k-500")], "{}").await;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(!retry.replayed());
@@ -205,7 +243,13 @@ async fn a_live_owner_slower_than_its_lease_keeps_the_key() {
     .await;
     let addr = proxy.addr;
     let slow = tokio::spawn(async move {
-        post(addr, "/orders", &[("idempotency-key", "slow"), ("x-test-delay-ms", "1500")], "{}").await
+        post(
+            addr,
+            "/orders",
+            &[("idempotency-key", "slow"), ("x-test-delay-ms", "1500")],
+            "{}",
+        )
+        .await
     });
     // Wait until the owner's request is at the upstream, i.e. well into its claim.
     while upstream.executed() == 0 {
@@ -213,7 +257,11 @@ async fn a_live_owner_slower_than_its_lease_keeps_the_key() {
     }
     let duplicate = post(addr, "/orders", &[("idempotency-key", "slow")], "{}").await;
     let first = slow.await.unwrap();
-    assert_eq!(upstream.executed(), 1, "renewal kept the duplicate out for 7 leases");
+    assert_eq!(
+        upstream.executed(),
+        1,
+        "renewal kept the duplicate out for 7 leases"
+    );
     assert!(duplicate.replayed());
     assert_eq!(duplicate.body, first.body);
 }
@@ -233,7 +281,13 @@ async fn a_client_that_gives_up_still_gets_its_answer_on_retry() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop(stream); // the client times out and goes away mid-request
-    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "lost-answer")], body).await;
+    let retry = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "lost-answer")],
+        body,
+    )
+    .await;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(retry.replayed(), "the retry got the stored answer");
     assert_eq!(retry.json()["n"], 1);
@@ -252,11 +306,15 @@ async fn many_distinct_keys_each_execute_once() {
             post(addr, "/orders", &[("idempotency-key", &key)], "{}").await
         }));
     }
-    let mut bodies_per_key: std::collections::HashMap<String, HashSet<bytes::Bytes>> = Default::default();
+    let mut bodies_per_key: std::collections::HashMap<String, HashSet<bytes::Bytes>> =
+        Default::default();
     for (i, t) in tasks.into_iter().enumerate() {
         let a = t.await.unwrap();
         assert_eq!(a.status, StatusCode::CREATED);
-        bodies_per_key.entry(format!("k-{}", i % 40)).or_default().insert(a.body);
+        bodies_per_key
+            .entry(format!("k-{}", i % 40))
+            .or_default()
+            .insert(a.body);
     }
     assert_eq!(upstream.executed(), 40);
     assert!(bodies_per_key.values().all(|b| b.len() == 1));
@@ -276,5 +334,9 @@ async fn raw_http1_duplicate_gets_replay_header() {
     let mut raw = String::new();
     stream.read_to_string(&mut raw).await.unwrap();
     assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
-    assert!(raw.to_ascii_lowercase().contains("idempotent-replayed: true"), "{raw}");
+    assert!(
+        raw.to_ascii_lowercase()
+            .contains("idempotent-replayed: true"),
+        "{raw}"
+    );
 }

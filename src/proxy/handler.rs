@@ -47,15 +47,15 @@ impl Proxy {
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
-        let host = request
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| request.uri().host())
-            .map(str::to_owned);
-        let (route, protection) =
+        let (route, protection) = {
+            let host = request
+                .headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .or_else(|| request.uri().host());
             self.config
-                .protection_for(host.as_deref(), request.method(), request.uri().path());
+                .protection_for(host, request.method(), request.uri().path())
+        };
         let span = tracing::debug_span!(
             "request",
             method = %request.method(),

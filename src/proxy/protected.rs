@@ -91,7 +91,10 @@ pub async fn handle(
             .into_response();
         return Ok((response, Outcome::Unkeyed));
     };
-    tracing::Span::current().record("key", tracing::field::display(key.short()));
+    let span = tracing::Span::current();
+    if !span.is_disabled() {
+        span.record("key", tracing::field::display(key.short()));
+    }
 
     // Phase 3: claim; a duplicate in wait mode claims again each time it is woken.
     let deadline = Instant::now() + policy.wait_timeout;

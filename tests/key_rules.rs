@@ -1,0 +1,179 @@
+//! Key rules end to end: what makes two requests "the same" on each kind of route.
+
+mod common;
+
+use std::net::SocketAddr;
+
+use common::{post, send, start_proxy, start_upstream};
+use http::{Method, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ROUTES: &str = r#"
+routes:
+  - name: form
+    match: { methods: [POST], path: /orders/form }
+    key: { fingerprint: { query: true, body: true } }
+  - name: by-ip
+    match: { methods: [POST], path: /orders/ip }
+    key: { fingerprint: { body: true }, scope: [client_ip] }
+  - name: by-cookie
+    match: { methods: [POST], path: /orders/cookie }
+    key: { fingerprint: { body: true }, scope: [cookie: sid] }
+  - name: callback
+    match: { methods: [POST], path: /orders/callback }
+    key: { fields: [/alipayNo, /paymentOrderNo] }
+  - name: ignore-note
+    match: { methods: [POST], path: /orders/note }
+    key: { fingerprint: { body: true, ignore: [Note, /meta/id] } }
+  - name: raw
+    match: { methods: [POST], path: "/orders/raw/*" }
+    idempotency: off
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn form_bodies_and_queries_are_canonicalized() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let form = |path: &'static str, body: &'static str| {
+        send(
+            proxy.addr,
+            Method::POST,
+            path,
+            &[("content-type", "application/x-www-form-urlencoded")],
+            body,
+        )
+    };
+    assert!(!form("/orders/form?b=2&a=1", "qty=1&sku=A%201")
+        .await
+        .replayed());
+    assert!(form("/orders/form?a=1&b=2", "sku=A+1&qty=1&timestamp=99")
+        .await
+        .replayed());
+    assert!(!form("/orders/form?a=1&b=3", "sku=A+1&qty=1")
+        .await
+        .replayed());
+    assert_eq!(upstream.executed(), 2);
+}
+
+async fn post_from(ip: &str, proxy: SocketAddr, path: &str, body: &str) -> String {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+    let mut stream = socket.connect(proxy).await.unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    raw.to_ascii_lowercase()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_ip_scope_separates_callers() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let body = r#"{"vote":"yes"}"#;
+    let first = post_from("127.0.0.1", proxy.addr, "/orders/ip", body).await;
+    assert!(!first.contains("idempotent-replayed"));
+    let other_ip = post_from("127.0.0.2", proxy.addr, "/orders/ip", body).await;
+    assert!(
+        !other_ip.contains("idempotent-replayed"),
+        "another caller executes"
+    );
+    let again = post_from("127.0.0.2", proxy.addr, "/orders/ip", body).await;
+    assert!(again.contains("idempotent-replayed: true"));
+    assert_eq!(upstream.executed(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookie_scope_separates_sessions() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let addr = proxy.addr;
+    let with = |cookie: &'static str| async move {
+        post(addr, "/orders/cookie", &[("cookie", cookie)], "{}").await
+    };
+    assert!(!with("theme=dark; sid=s1").await.replayed());
+    assert!(!with("sid=s2").await.replayed());
+    assert!(with("sid=s1; theme=light").await.replayed());
+    assert_eq!(upstream.executed(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redelivered_callbacks_apply_once_whatever_else_changes() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let mut bodies = Vec::new();
+    for attempt in 0..5 {
+        let notice = format!(
+            r#"{{"alipayNo":"2026112100001","paymentOrderNo":"PO-77","amount":"12.50","timestamp":{},"notifyId":"n{attempt}"}}"#,
+            1_763_700_000 + attempt
+        );
+        let a = post(proxy.addr, "/orders/callback", &[], &notice).await;
+        assert_eq!(a.status, StatusCode::CREATED);
+        assert_eq!(a.replayed(), attempt > 0);
+        bodies.push(a.body);
+    }
+    assert_eq!(upstream.executed(), 1, "the payment is applied once");
+    assert!(
+        bodies.iter().all(|b| *b == bodies[0]),
+        "each redelivery gets the first answer"
+    );
+    let next = post(
+        proxy.addr,
+        "/orders/callback",
+        &[],
+        r#"{"alipayNo":"2026112100001","paymentOrderNo":"PO-78"}"#,
+    )
+    .await;
+    assert!(!next.replayed());
+    assert_eq!(upstream.executed(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_ignore_adds_names_at_any_depth_and_pointers() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let p = |body: &'static str| post(proxy.addr, "/orders/note", &[], body);
+    assert!(
+        !p(r#"{"sku":"A","note":"x","meta":{"id":1,"ts":5,"lot":"L"}}"#)
+            .await
+            .replayed()
+    );
+    assert!(p(r#"{"sku":"A","NOTE":"y","meta":{"id":2,"lot":"L"}}"#)
+        .await
+        .replayed());
+    // `/meta/id` is ignored only at that path; `lot` is not ignored at all.
+    assert!(!p(r#"{"sku":"A","meta":{"lot":"M"}}"#).await.replayed());
+    assert!(!p(r#"{"sku":"A","id":1,"meta":{"lot":"L"}}"#)
+        .await
+        .replayed());
+    assert_eq!(upstream.executed(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unprotected_routes_and_key_off_pass_every_request() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    for _ in 0..3 {
+        let a = post(proxy.addr, "/orders/raw/x", &[], "{}").await;
+        assert!(!a.replayed());
+    }
+    assert_eq!(upstream.executed(), 3);
+
+    let off = start_proxy(upstream.addr, "defaults: { key: off }\n").await;
+    for _ in 0..2 {
+        assert!(!post(off.addr, "/orders/any", &[], "{}").await.replayed());
+    }
+    assert_eq!(upstream.executed(), 5);
+    // With the default key, an unmatched POST is protected by its fingerprint.
+    let on = start_proxy(upstream.addr, "").await;
+    assert!(!post(on.addr, "/orders/any", &[], r#"{"a":1}"#)
+        .await
+        .replayed());
+    assert!(post(on.addr, "/orders/any", &[], r#"{"a":1.0,"ts":3}"#)
+        .await
+        .replayed());
+    assert_eq!(upstream.executed(), 6);
+}
