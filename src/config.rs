@@ -302,7 +302,7 @@ fn compile(raw: RawConfig) -> Result<Config, CompileError> {
     check_policy(&base).map_err(|m| ("defaults".to_owned(), m, "defaults:".to_owned()))?;
     let fallback = match defaults.key {
         Some(RawKeyOrOff::Off) => Protection::Off,
-        Some(RawKeyOrOff::Rule(rule)) => protected(FALLBACK_ROUTE, rule, base.clone()),
+        Some(RawKeyOrOff::Rule(rule)) => protected(FALLBACK_ROUTE, *rule, base.clone()),
         None => protected(FALLBACK_ROUTE, default_key(), base.clone()),
     };
     let default_rule = match &fallback {
@@ -386,7 +386,7 @@ fn compile_route(r: RawRoute, base: &Policy, default_rule: &KeyRule) -> Result<R
     };
     check_policy(&policy)?;
     let key = match r.key {
-        Some(RawKeyOrOff::Rule(rule)) => rule,
+        Some(RawKeyOrOff::Rule(rule)) => *rule,
         _ => default_rule.clone(),
     };
     Ok(Route {

@@ -127,7 +127,7 @@ pub enum RawKeyOrOff {
     /// `key: off` (or `false`).
     Off,
     /// A key rule, already checked (one source, valid options).
-    Rule(crate::key::KeyRule),
+    Rule(Box<crate::key::KeyRule>),
 }
 
 impl<'de> Deserialize<'de> for RawKeyOrOff {
@@ -156,7 +156,7 @@ impl<'de> Deserialize<'de> for RawKeyOrOff {
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
                 let raw = RawKey::deserialize(de::value::MapAccessDeserializer::new(map))?;
                 raw.compile()
-                    .map(RawKeyOrOff::Rule)
+                    .map(|rule| RawKeyOrOff::Rule(Box::new(rule)))
                     .map_err(de::Error::custom)
             }
         }

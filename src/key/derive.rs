@@ -167,7 +167,7 @@ pub fn derive_key(
                 let ignored = trace.as_deref_mut().map(|t| &mut t.ignored);
                 write_canonical_request(req, fp.query, fp.body, &fp.ignore, buf, ignored);
                 hasher.field(buf);
-                if let Some(t) = trace.as_deref_mut() {
+                if let Some(t) = trace {
                     t.material = String::from_utf8_lossy(buf).into_owned();
                 }
             });
