@@ -31,7 +31,11 @@ fn assert_problem(a: &Answer, status: StatusCode, kind: &str) {
 
 async fn still_serving(addr: std::net::SocketAddr, tag: &str) {
     let a = post(addr, "/orders", &[("idempotency-key", tag)], "{}").await;
-    assert_eq!(a.status, StatusCode::CREATED, "the next good request still works");
+    assert_eq!(
+        a.status,
+        StatusCode::CREATED,
+        "the next good request still works"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +102,10 @@ async fn invalid_json_on_a_fields_route_is_400_and_on_a_fingerprint_route_is_has
     assert_problem(&a, StatusCode::BAD_REQUEST, "body-invalid-json");
     let missing = post(proxy.addr, "/orders/callback", &[], r#"{"alipayNo":"A"}"#).await;
     assert_problem(&missing, StatusCode::BAD_REQUEST, "key-field-missing");
-    assert!(missing.json()["detail"].as_str().unwrap().contains("/paymentOrderNo"));
+    assert!(missing.json()["detail"]
+        .as_str()
+        .unwrap()
+        .contains("/paymentOrderNo"));
     assert_eq!(upstream.executed(), 0);
 
     let raw1 = post(proxy.addr, "/orders/7/notes", &[], "{not json").await;
@@ -150,13 +157,21 @@ async fn put_is_protected_only_where_a_route_lists_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_upstream_is_502_and_releases_the_key() {
     // Bind a port, learn it, close it: nothing listens there now.
-    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let proxy = start_proxy(dead, ROUTES).await;
     let a = post(proxy.addr, "/orders", &[("idempotency-key", "k")], "{}").await;
     assert_problem(&a, StatusCode::BAD_GATEWAY, "upstream-unreachable");
     assert!(!String::from_utf8_lossy(&a.body).contains(&dead.port().to_string()));
     let key_state = post(proxy.addr, "/orders", &[("idempotency-key", "k")], "{}").await;
-    assert_eq!(key_state.status, StatusCode::BAD_GATEWAY, "released: tried again, not 409");
+    assert_eq!(
+        key_state.status,
+        StatusCode::BAD_GATEWAY,
+        "released: tried again, not 409"
+    );
     let pass = send(proxy.addr, Method::GET, "/anything", &[], "").await;
     assert_problem(&pass, StatusCode::BAD_GATEWAY, "upstream-unreachable");
 }

@@ -38,7 +38,10 @@ fn the_spec_config_example_parses() {
     let config = Config::parse(SPEC_PROXY, "spec.yaml").expect("SPEC example");
     assert_eq!(config.routes.len(), 4);
     let names: Vec<_> = config.routes.iter().map(|r| r.name.as_str()).collect();
-    assert_eq!(names, ["create-order", "repayment-callback", "vote", "update-user"]);
+    assert_eq!(
+        names,
+        ["create-order", "repayment-callback", "vote", "update-user"]
+    );
     let Protection::On(cb) = &config.routes[1].protection else {
         panic!("callback protected")
     };
@@ -50,7 +53,9 @@ fn the_spec_config_example_parses() {
 #[test]
 fn every_key_rule_form_of_the_spec_parses() {
     let header = Config::parse(&route_with_key(SPEC_KEY_RULE), "k.yaml").expect("header form");
-    let Protection::On(p) = &header.routes[0].protection else { panic!() };
+    let Protection::On(p) = &header.routes[0].protection else {
+        panic!()
+    };
     assert!(p.key.required);
     for alternative in [
         "key:\n  fields: [/alipayNo, /paymentOrderNo]\n",
@@ -66,7 +71,11 @@ fn every_key_rule_form_of_the_spec_parses() {
 
 #[test]
 fn only_listen_and_upstream_are_required() {
-    let c = Config::parse("listen: 0.0.0.0:8080\nupstream: http://127.0.0.1:3000\n", "min.yaml").unwrap();
+    let c = Config::parse(
+        "listen: 0.0.0.0:8080\nupstream: http://127.0.0.1:3000\n",
+        "min.yaml",
+    )
+    .unwrap();
     assert!(c.routes.is_empty() && c.admin.is_none());
     assert!(matches!(c.fallback, Protection::On(_)));
     let (line, _, key, message) = invalid("listen: 0.0.0.0:8080\n");
@@ -82,7 +91,10 @@ fn unknown_key_names_file_line_column_and_key() {
     assert_eq!(key, "routes[0].tll");
     assert!(message.contains("unknown field `tll`"), "{message}");
     let err = Config::parse(text, "proxy.yaml").unwrap_err().to_string();
-    assert!(err.starts_with("proxy.yaml:6:5: routes[0].tll: unknown field `tll`"), "{err}");
+    assert!(
+        err.starts_with("proxy.yaml:6:5: routes[0].tll: unknown field `tll`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -111,7 +123,10 @@ fn rule_level_mistakes_are_refused() {
     assert_eq!(line, 6);
     assert!(message.contains("exactly one source"), "{message}");
     let (_, _, key, message) = invalid(&route_with_key("match2: 1\n"));
-    assert!(message.contains("unknown field `match2`"), "{key}: {message}");
+    assert!(
+        message.contains("unknown field `match2`"),
+        "{key}: {message}"
+    );
     let safe = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: g\n    match: { methods: [GET], path: /g }\n";
     let (line, _, key, message) = invalid(safe);
     assert_eq!((line, key.as_str()), (5, "routes[0].match.methods[0]"));
@@ -122,7 +137,8 @@ fn rule_level_mistakes_are_refused() {
     assert!(message.contains("used twice"), "{message}");
     let (_, _, key, _) = invalid("listen: 127.0.0.1:8080\nupstream: ftp://x\n");
     assert_eq!(key, "upstream");
-    let (_, _, key, _) = invalid("listen: 127.0.0.1:8080\nupstream: http://x\ndefaults: { max_body: 1TB }\n");
+    let (_, _, key, _) =
+        invalid("listen: 127.0.0.1:8080\nupstream: http://x\ndefaults: { max_body: 1TB }\n");
     assert_eq!(key, "defaults.max_body");
 }
 
@@ -132,18 +148,43 @@ fn check_command_prints_routes_and_exits_by_validity() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.yaml");
     std::fs::write(&good, SPEC_PROXY).unwrap();
-    let out = Command::new(bin).args(["check", "--config"]).arg(&good).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(bin)
+        .args(["check", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let table = String::from_utf8_lossy(&out.stdout);
-    for expected in ["create-order", "repayment-callback", "/api/polls/{poll}/votes", "fields", "30d"] {
+    for expected in [
+        "create-order",
+        "repayment-callback",
+        "/api/polls/{poll}/votes",
+        "fields",
+        "30d",
+    ] {
         assert!(table.contains(expected), "{expected} missing from\n{table}");
     }
     let bad = dir.path().join("bad.yaml");
-    std::fs::write(&bad, "listen: 127.0.0.1:1\nupstream: http://x\ndefaults:\n  lease: soon\n").unwrap();
-    let out = Command::new(bin).args(["check", "--config"]).arg(&bad).output().unwrap();
+    std::fs::write(
+        &bad,
+        "listen: 127.0.0.1:1\nupstream: http://x\ndefaults:\n  lease: soon\n",
+    )
+    .unwrap();
+    let out = Command::new(bin)
+        .args(["check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("bad.yaml:4:10: defaults.lease: invalid duration"), "{stderr}");
+    assert!(
+        stderr.contains("bad.yaml:4:10: defaults.lease: invalid duration"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -158,18 +199,42 @@ fn explain_command_shows_the_key_and_what_was_ignored() {
         let out = Command::new(bin)
             .args(["explain", "--config"])
             .arg(&config)
-            .args(["--method", "POST", "--path", "/api/polls/7/votes", "-H", "X-User-Id: u1", "--body"])
+            .args([
+                "--method",
+                "POST",
+                "--path",
+                "/api/polls/7/votes",
+                "-H",
+                "X-User-Id: u1",
+                "--body",
+            ])
             .arg(body_file)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let text = run(&body);
     assert!(text.contains("route:             vote"), "{text}");
-    assert!(text.contains("/timestamp") && text.contains("/lat"), "{text}");
+    assert!(
+        text.contains("/timestamp") && text.contains("/lat"),
+        "{text}"
+    );
     assert!(text.contains("header:x-user-id (present)"), "{text}");
-    let digest = |t: &str| t.lines().find(|l| l.starts_with("key digest:")).unwrap().to_owned();
+    let digest = |t: &str| {
+        t.lines()
+            .find(|l| l.starts_with("key digest:"))
+            .unwrap()
+            .to_owned()
+    };
     std::fs::write(&body, r#"{ "lat": 9, "choice": "b" }"#).unwrap();
-    assert_eq!(digest(&text), digest(&run(&body)), "ignored fields do not change the key");
+    assert_eq!(
+        digest(&text),
+        digest(&run(&body)),
+        "ignored fields do not change the key"
+    );
 }

@@ -28,7 +28,14 @@ async fn get_downloads_arrive_byte_exact() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, ROUTES).await;
     let n = 8 * 1024 * 1024 + 13;
-    let a = send(proxy.addr, Method::GET, &format!("/download?bytes={n}"), &[], "").await;
+    let a = send(
+        proxy.addr,
+        Method::GET,
+        &format!("/download?bytes={n}"),
+        &[],
+        "",
+    )
+    .await;
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(a.body.len(), n);
     assert!(a.body == pattern_bytes(n), "every byte as sent");
@@ -42,7 +49,11 @@ async fn a_50_mib_chunked_upload_streams_through_byte_exact() {
     let expected = format!("{} {}", data.len(), hex::encode(Sha256::digest(&data)));
     let chunks: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = (0..data.len())
         .step_by(1 << 20)
-        .map(|at| Ok(Frame::data(data.slice(at..(at + (1 << 20)).min(data.len())))))
+        .map(|at| {
+            Ok(Frame::data(
+                data.slice(at..(at + (1 << 20)).min(data.len())),
+            ))
+        })
         .collect();
     let body = StreamBody::new(futures_util::stream::iter(chunks));
     let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
@@ -82,8 +93,17 @@ async fn hop_by_hop_headers_are_stripped_and_forwarded_headers_added() {
     )
     .await;
     let seen = &a.json()["headers"];
-    for gone in ["x-drop-me", "keep-alive", "te", "proxy-authorization", "transfer-encoding"] {
-        assert!(seen.get(gone).is_none(), "{gone} must not reach the upstream: {seen}");
+    for gone in [
+        "x-drop-me",
+        "keep-alive",
+        "te",
+        "proxy-authorization",
+        "transfer-encoding",
+    ] {
+        assert!(
+            seen.get(gone).is_none(),
+            "{gone} must not reach the upstream: {seen}"
+        );
     }
     assert_eq!(seen["host"][0], "shop.example:8443", "Host is kept");
     assert_eq!(seen["x-kept"][0], "yes");
@@ -98,7 +118,10 @@ async fn raw_exchange(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> St
     let mut buf = vec![0u8; 4096];
     let n = stream.read(&mut buf).await.unwrap();
     let interim = String::from_utf8_lossy(&buf[..n]).into_owned();
-    assert!(interim.starts_with("HTTP/1.1 100 Continue"), "expected 100 first, got {interim}");
+    assert!(
+        interim.starts_with("HTTP/1.1 100 Continue"),
+        "expected 100 first, got {interim}"
+    );
     stream.write_all(body).await.unwrap();
     let mut rest = Vec::new();
     stream.read_to_end(&mut rest).await.unwrap();
@@ -119,7 +142,12 @@ async fn expect_100_continue_works_on_both_paths() {
     let streamed = raw_exchange(proxy.addr, &head("/upload", ""), body).await;
     assert!(streamed.contains("200 OK"), "{streamed}");
     assert!(streamed.contains(&format!("{} ", body.len())), "{streamed}");
-    let protected = raw_exchange(proxy.addr, &head("/orders", "idempotency-key: cont\r\n"), body).await;
+    let protected = raw_exchange(
+        proxy.addr,
+        &head("/orders", "idempotency-key: cont\r\n"),
+        body,
+    )
+    .await;
     assert!(protected.contains("201 Created"), "{protected}");
     assert_eq!(upstream.executed(), 1);
 }
@@ -136,7 +164,10 @@ async fn chunked_request_bodies_reach_protected_routes_whole() {
     let mut raw = String::new();
     stream.read_to_string(&mut raw).await.unwrap();
     assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
-    assert!(raw.contains(r#"\"a\":1"#), "the upstream got the whole body: {raw}");
+    assert!(
+        raw.contains(r#"\"a\":1"#),
+        "the upstream got the whole body: {raw}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,9 +204,10 @@ async fn http2_clients_are_served_and_protected() {
         .http2_only(true)
         .build_http::<Full<Bytes>>();
     let call = |method: Method, path: &str, key: Option<&str>| {
-        let mut b = Request::builder()
-            .method(method)
-            .uri(format!("http://api.example:9/{}", path.trim_start_matches('/')));
+        let mut b = Request::builder().method(method).uri(format!(
+            "http://api.example:9/{}",
+            path.trim_start_matches('/')
+        ));
         if let Some(k) = key {
             b = b.header("idempotency-key", k);
         }
@@ -187,7 +219,9 @@ async fn http2_clients_are_served_and_protected() {
             let mut request = request;
             let original = request.uri().clone();
             *request.uri_mut() = format!("http://{addr}{}", original.path()).parse().unwrap();
-            request.headers_mut().insert("host", "api.example:9".parse().unwrap());
+            request
+                .headers_mut()
+                .insert("host", "api.example:9".parse().unwrap());
             let response = client.request(request).await.unwrap();
             assert_eq!(response.version(), http::Version::HTTP_2);
             let status = response.status();
@@ -204,5 +238,8 @@ async fn http2_clients_are_served_and_protected() {
     let (status, _, body) = call(Method::GET, "/echo-headers", None).await;
     assert_eq!(status, StatusCode::OK);
     let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert!(seen["headers"]["host"][0].as_str().unwrap().starts_with("api.example"));
+    assert!(seen["headers"]["host"][0]
+        .as_str()
+        .unwrap()
+        .starts_with("api.example"));
 }
