@@ -17,6 +17,7 @@ use crate::canonical::IgnoreSet;
 use crate::key::derive::DEFAULT_IGNORE;
 use crate::key::{default_scope, FingerprintRule, KeyRule, KeySource};
 use crate::route::RouteMatch;
+use crate::store::redis::RedisSettings;
 use crate::store::MemoryLimits;
 pub use raw::{InFlightMode, OnStoreError, StatusPattern};
 use raw::{RawConfig, RawDefaults, RawKeyOrOff, RawRoute};
@@ -82,6 +83,8 @@ pub struct Upstream {
 pub enum StoreConfig {
     /// The embedded memory store.
     Memory(MemoryLimits),
+    /// Redis, shared by several replicas.
+    Redis(RedisSettings),
 }
 
 /// A named route.
@@ -274,28 +277,7 @@ fn compile(raw: RawConfig) -> Result<Config, CompileError> {
     })?;
     let store = match raw.store {
         None => StoreConfig::Memory(MemoryLimits::default()),
-        Some(s) => {
-            let m = s.memory.ok_or_else(|| {
-                (
-                    "store".to_owned(),
-                    "name one backend: `memory`".to_owned(),
-                    "store:".to_owned(),
-                )
-            })?;
-            let defaults = MemoryLimits::default();
-            let limits = MemoryLimits {
-                max_entries: m.max_entries.unwrap_or(defaults.max_entries),
-                max_bytes: m.max_bytes.map_or(defaults.max_bytes, |b| b.0 as usize),
-            };
-            if limits.max_entries == 0 || limits.max_bytes == 0 {
-                return Err((
-                    "store.memory".into(),
-                    "max_entries and max_bytes must be above zero".into(),
-                    "memory".into(),
-                ));
-            }
-            StoreConfig::Memory(limits)
-        }
+        Some(s) => compile_store(s)?,
     };
     let defaults = raw.defaults.unwrap_or_default();
     let base = policy_from_defaults(&defaults);
@@ -340,6 +322,61 @@ fn compile(raw: RawConfig) -> Result<Config, CompileError> {
         fallback,
         routes,
     })
+}
+
+fn compile_store(s: raw::RawStore) -> Result<StoreConfig, CompileError> {
+    let err = |key: &str, message: &str, needle: &str| {
+        (key.to_owned(), message.to_owned(), needle.to_owned())
+    };
+    match (s.memory, s.redis) {
+        (Some(m), None) => {
+            let defaults = MemoryLimits::default();
+            let limits = MemoryLimits {
+                max_entries: m.max_entries.unwrap_or(defaults.max_entries),
+                max_bytes: m.max_bytes.map_or(defaults.max_bytes, |b| b.0 as usize),
+            };
+            if limits.max_entries == 0 || limits.max_bytes == 0 {
+                return Err(err(
+                    "store.memory",
+                    "max_entries and max_bytes must be above zero",
+                    "memory",
+                ));
+            }
+            Ok(StoreConfig::Memory(limits))
+        }
+        (None, Some(r)) => {
+            let cluster: Vec<String> = r
+                .cluster
+                .unwrap_or_default()
+                .into_iter()
+                .map(|u| u.0 .0)
+                .collect();
+            let url = r.url.map(|u| u.0 .0);
+            // Both given, or neither.
+            if url.is_some() != cluster.is_empty() {
+                return Err(err(
+                    "store.redis",
+                    "give either `url` (one server) or `cluster` (seed nodes)",
+                    "redis",
+                ));
+            }
+            let timeout = r.timeout.map_or(Duration::from_secs(1), |d| d.0);
+            if timeout.is_zero() {
+                return Err(err("store.redis.timeout", "must be above zero", "timeout"));
+            }
+            Ok(StoreConfig::Redis(RedisSettings {
+                url,
+                cluster,
+                prefix: r.prefix.unwrap_or_else(|| "idemgate:".to_owned()),
+                timeout,
+            }))
+        }
+        _ => Err(err(
+            "store",
+            "name exactly one backend: `memory` or `redis`",
+            "store:",
+        )),
+    }
 }
 
 fn protected(route: &str, key: KeyRule, policy: Policy) -> Protection {

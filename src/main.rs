@@ -111,7 +111,12 @@ fn init_logs(format: &str) {
 
 async fn run(config: Config) -> anyhow::Result<()> {
     let config = Arc::new(config);
-    let store = idemgate::server::open_store(&config);
+    let store = idemgate::server::open_store(&config).context("opening the store")?;
+    if !store.ready().await {
+        tracing::error!(
+            "the store is not reachable; protected requests fail until it is (see /readyz)"
+        );
+    }
     let proxy = idemgate::proxy::Proxy::new(Arc::clone(&config), store.clone());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -162,6 +167,15 @@ fn route_table(config: &Config) -> String {
             l.max_entries,
             format_size(l.max_bytes as u64)
         ),
+        StoreConfig::Redis(r) => match &r.url {
+            // Only the host part: the URL may carry a password.
+            Some(url) => format!("redis ({}, prefix {:?})", redact(url), r.prefix),
+            None => format!(
+                "redis cluster ({} seeds, prefix {:?})",
+                r.cluster.len(),
+                r.prefix
+            ),
+        },
     };
     out.push_str(&format!(
         "listen {}  upstream {}://{}  store {}\n",
@@ -210,6 +224,14 @@ fn route_table(config: &Config) -> String {
         ));
     }
     out
+}
+
+/// `redis://user:secret@host:6379/0` → `redis://host:6379/0`.
+fn redact(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://{}", &url[at + 1..]),
+        _ => url.to_owned(),
+    }
 }
 
 fn explain_request(

@@ -17,13 +17,15 @@ use tokio::net::TcpListener;
 use crate::config::{Config, StoreConfig};
 use crate::proxy::body::ProxyBody;
 use crate::proxy::Proxy;
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 
-/// Builds the store a config names.
-pub fn open_store(config: &Config) -> Store {
-    match &config.store {
+/// Builds the store a config names. Redis is connected lazily: a server that is down at
+/// start is reported (and `/readyz` fails) but does not stop the proxy.
+pub fn open_store(config: &Config) -> Result<Store, StoreError> {
+    Ok(match &config.store {
         StoreConfig::Memory(limits) => Store::Memory(Arc::new(MemoryStore::new(*limits))),
-    }
+        StoreConfig::Redis(settings) => Store::Redis(Arc::new(RedisStore::connect(settings)?)),
+    })
 }
 
 /// Serves the proxy on `listener` until `shutdown` resolves.

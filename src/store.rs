@@ -8,6 +8,7 @@
 
 pub mod lease;
 pub mod memory;
+pub mod redis;
 pub mod response;
 
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use tokio::sync::watch;
 
 pub use lease::Lease;
 pub use memory::{MemoryLimits, MemoryStore};
+pub use redis::{RedisSettings, RedisStore};
 pub use response::StoredResponse;
 
 use crate::key::Digest;
@@ -64,6 +66,8 @@ impl Claim {
 pub struct Waiter {
     signal: watch::Receiver<()>,
     lease_until: Instant,
+    // Keeps a Redis channel subscribed while someone waits on it.
+    _subscription: Option<redis::Subscription>,
 }
 
 impl Waiter {
@@ -71,6 +75,21 @@ impl Waiter {
         Self {
             signal,
             lease_until,
+            _subscription: None,
+        }
+    }
+
+    /// A waiter woken through a Redis subscription; `recheck_at` bounds how long it trusts
+    /// the channel before looking at the record again.
+    pub(crate) fn with_subscription(
+        signal: watch::Receiver<()>,
+        recheck_at: Instant,
+        subscription: redis::Subscription,
+    ) -> Self {
+        Self {
+            signal,
+            lease_until: recheck_at,
+            _subscription: Some(subscription),
         }
     }
 
@@ -128,6 +147,8 @@ pub enum StoreError {
 pub enum Store {
     /// The embedded in-process store.
     Memory(Arc<MemoryStore>),
+    /// Redis, shared by replicas.
+    Redis(Arc<RedisStore>),
 }
 
 impl Store {
@@ -139,16 +160,18 @@ impl Store {
         fingerprint: Digest,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        match self {
-            Self::Memory(m) => m.claim(key, fingerprint, lease).map(|c| match c {
-                memory::RawClaim::Owner(token) => {
-                    Claim::Owner(Lease::start(self.clone(), key, token, lease))
-                }
-                memory::RawClaim::InFlight(w) => Claim::InFlight(w),
-                memory::RawClaim::Done(r) => Claim::Done(r),
-                memory::RawClaim::Mismatch => Claim::Mismatch,
-            }),
-        }
+        let raw = match self {
+            Self::Memory(m) => m.claim(key, fingerprint, lease)?,
+            Self::Redis(r) => r.claim(key, fingerprint, lease).await?,
+        };
+        Ok(match raw {
+            memory::RawClaim::Owner(token) => {
+                Claim::Owner(Lease::start(self.clone(), key, token, lease))
+            }
+            memory::RawClaim::InFlight(w) => Claim::InFlight(w),
+            memory::RawClaim::Done(r) => Claim::Done(r),
+            memory::RawClaim::Mismatch => Claim::Mismatch,
+        })
     }
 
     /// Extends the lease of a live owner; `false` when `token` no longer owns the key.
@@ -160,6 +183,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.renew(key, token, lease)),
+            Self::Redis(r) => r.renew(key, token, lease).await,
         }
     }
 
@@ -174,6 +198,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.complete(key, token, response, ttl)),
+            Self::Redis(r) => r.complete(key, token, response, ttl).await,
         }
     }
 
@@ -181,6 +206,7 @@ impl Store {
     pub async fn release(&self, key: Digest, token: OwnerToken) -> Result<bool, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.release(key, token)),
+            Self::Redis(r) => r.release(key, token).await,
         }
     }
 
@@ -188,6 +214,7 @@ impl Store {
     pub async fn inspect(&self, key: Digest) -> Result<Option<KeyInfo>, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.inspect(key)),
+            Self::Redis(r) => r.inspect(key).await,
         }
     }
 
@@ -195,6 +222,7 @@ impl Store {
     pub async fn remove(&self, key: Digest) -> Result<bool, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.remove(key)),
+            Self::Redis(r) => r.remove(key).await,
         }
     }
 
@@ -202,13 +230,15 @@ impl Store {
     pub async fn ready(&self) -> bool {
         match self {
             Self::Memory(_) => true,
+            Self::Redis(r) => r.ready().await,
         }
     }
 
-    /// Current gauges.
+    /// Current gauges (the memory store's; Redis keeps its own, see `INFO keyspace`).
     pub fn stats(&self) -> StoreStats {
         match self {
             Self::Memory(m) => m.stats(),
+            Self::Redis(_) => StoreStats::default(),
         }
     }
 }

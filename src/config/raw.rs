@@ -58,16 +58,33 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
     pub memory: Option<RawMemory>,
-    // Present only so `redis:` gets a clear error instead of "unknown field".
-    #[serde(default, deserialize_with = "redis_not_built")]
-    #[allow(dead_code)]
-    pub redis: Option<()>,
+    pub redis: Option<RawRedis>,
 }
 
-fn redis_not_built<'de, D: Deserializer<'de>>(_: D) -> Result<Option<()>, D::Error> {
-    Err(de::Error::custom(
-        "the redis store is not part of this release yet; use `memory`",
-    ))
+/// `store.redis`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedis {
+    pub url: Option<Parsed<RedisUrl>>,
+    pub cluster: Option<Vec<Parsed<RedisUrl>>>,
+    pub prefix: Option<String>,
+    pub timeout: Option<ConfigDuration>,
+}
+
+/// A `redis://` or `rediss://` URL, checked when the config is read.
+#[derive(Debug, Clone)]
+pub struct RedisUrl(pub String);
+
+impl FromStr for RedisUrl {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let scheme = s.split_once("://").map(|(scheme, _)| scheme);
+        if !matches!(scheme, Some("redis" | "rediss")) {
+            return Err("expected a redis:// or rediss:// URL".into());
+        }
+        redis::IntoConnectionInfo::into_connection_info(s).map_err(|e| e.to_string())?;
+        Ok(Self(s.to_owned()))
+    }
 }
 
 /// `store.memory`.

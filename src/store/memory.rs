@@ -116,9 +116,11 @@ impl MemoryStore {
         };
         Self {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            // Round the shares down: rounded up, the shards together could hold up to
+            // `shards - 1` entries and bytes more than the configured totals.
             shard_limits: MemoryLimits {
-                max_entries: limits.max_entries.div_ceil(shards),
-                max_bytes: limits.max_bytes.div_ceil(shards),
+                max_entries: limits.max_entries / shards,
+                max_bytes: limits.max_bytes / shards,
             },
         }
     }
@@ -317,7 +319,8 @@ impl MemoryStore {
     }
 }
 
-fn mismatched(stored: &Digest, offered: &Digest) -> bool {
+/// Whether two payload fingerprints disagree; [`Digest::NONE`] on either side never does.
+pub(crate) fn mismatched(stored: &Digest, offered: &Digest) -> bool {
     stored != offered && *stored != Digest::NONE && *offered != Digest::NONE
 }
 

@@ -2,6 +2,8 @@
 //! idemgate on 127.0.0.1:0, and a small HTTP client. No mocks: everything crosses sockets.
 #![allow(dead_code)]
 
+pub mod redis_server;
+
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -27,12 +29,29 @@ use idemgate::store::Store;
 pub struct Upstream {
     pub addr: SocketAddr,
     executed: Arc<AtomicUsize>,
+    per_key: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
 }
 
 impl Upstream {
     /// How many requests it executed.
     pub fn executed(&self) -> usize {
         self.executed.load(Ordering::SeqCst)
+    }
+
+    /// How many requests carrying this `Idempotency-Key` it executed.
+    pub fn executed_for(&self, key: &str) -> usize {
+        self.per_key.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    /// The largest execution count of any single key.
+    pub fn most_executions_of_one_key(&self) -> usize {
+        self.per_key
+            .lock()
+            .unwrap()
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -47,22 +66,31 @@ pub async fn start_upstream() -> Upstream {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let executed = Arc::new(AtomicUsize::new(0));
+    let per_key: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>> = Arc::default();
     let counter = Arc::clone(&executed);
+    let keys = Arc::clone(&per_key);
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
             let counter = Arc::clone(&counter);
+            let keys = Arc::clone(&keys);
             tokio::spawn(async move {
-                let service = service_fn(move |req| upstream_handle(req, Arc::clone(&counter)));
+                let service = service_fn(move |req| {
+                    upstream_handle(req, Arc::clone(&counter), Arc::clone(&keys))
+                });
                 let _ = auto::Builder::new(TokioExecutor::new())
                     .serve_connection_with_upgrades(TokioIo::new(stream), service)
                     .await;
             });
         }
     });
-    Upstream { addr, executed }
+    Upstream {
+        addr,
+        executed,
+        per_key,
+    }
 }
 
 type TestBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -74,6 +102,7 @@ fn full(data: impl Into<Bytes>) -> TestBody {
 async fn upstream_handle(
     mut req: Request<Incoming>,
     executed: Arc<AtomicUsize>,
+    per_key: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
 ) -> Result<Response<TestBody>, Infallible> {
     if req.headers().get("upgrade").is_some_and(|v| v == "echo") {
         let upgrade = hyper::upgrade::on(&mut req);
@@ -133,6 +162,9 @@ async fn upstream_handle(
     if path.starts_with("/orders") && method != Method::GET {
         let n = executed.fetch_add(1, Ordering::SeqCst) + 1;
         let headers = req.headers().clone();
+        if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+            *per_key.lock().unwrap().entry(key.to_owned()).or_default() += 1;
+        }
         let body = req.into_body().collect().await.unwrap().to_bytes();
         if let Some(ms) = header_u64(&headers, "x-test-delay-ms") {
             tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -182,7 +214,7 @@ pub struct ProxyHandle {
 pub async fn start_proxy(upstream: SocketAddr, rest: &str) -> ProxyHandle {
     let text = format!("listen: 127.0.0.1:0\nupstream: http://{upstream}\n{rest}");
     let config = Arc::new(Config::parse(&text, "test.yaml").expect("test config"));
-    let store = idemgate::server::open_store(&config);
+    let store = idemgate::server::open_store(&config).expect("store");
     let proxy = Proxy::new(Arc::clone(&config), store.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -192,6 +224,62 @@ pub async fn start_proxy(upstream: SocketAddr, rest: &str) -> ProxyHandle {
         std::future::pending(),
     ));
     ProxyHandle { addr, store }
+}
+
+/// A real `idemgate run` process (so it can be SIGKILLed like a crashed replica).
+pub struct ProxyProcess {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl ProxyProcess {
+    /// Starts the binary with `rest` appended to generated listen/upstream/admin lines, and
+    /// waits until it accepts connections.
+    pub fn start(upstream: SocketAddr, rest: &str) -> Self {
+        let port = redis_server::free_port();
+        let admin_port = redis_server::free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("proxy.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen: 127.0.0.1:{port}\nupstream: http://{upstream}\nadmin: 127.0.0.1:{admin_port}\n{rest}"
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("IDEMGATE_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        redis_server::wait_until(
+            || std::net::TcpStream::connect(addr).is_ok(),
+            "the proxy process to listen",
+        );
+        Self {
+            addr,
+            admin: format!("127.0.0.1:{admin_port}").parse().unwrap(),
+            child,
+            _dir: dir,
+        }
+    }
+
+    /// SIGKILL: no cleanup, no release, like a crashed replica.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 /// What a test request got back.

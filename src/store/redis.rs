@@ -1,0 +1,593 @@
+//! The Redis store: one record per key, shared by every replica.
+//!
+//! A record is a single Redis string under `{prefix}{<hex digest>}` (the braces are a
+//! cluster hash tag, so a key's record and everything about it live on one slot). Its value
+//! is binary, never base64 or JSON:
+//!
+//! - in flight: `'I'` · owner token (16 bytes) · payload fingerprint (32) · created ms (8),
+//!   with a `PX` of the lease, renewed by the live owner;
+//! - done: `'D'` · payload fingerprint (32) · [`StoredResponse::encode`] (status, headers,
+//!   body), with a `PX` of the route's `ttl`.
+//!
+//! Redis therefore holds SHA-256 digests and the upstream's response, never a raw client
+//! key, `Authorization` value or request body.
+//!
+//! Every operation is one Lua script (one round trip, atomic): a first-seen request costs
+//! two (claim, complete), a replay one. Completion, release and renewal are fenced by the
+//! owner token, so an owner whose lease lapsed cannot touch its successor's record.
+//! Completion and release `PUBLISH` on `{prefix}done:{<hex>}`; duplicates on any replica
+//! subscribe to that channel (RESP3 push on the shared connection) instead of polling, with
+//! a fallback re-check at most every [`FALLBACK_RECHECK`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Value};
+use tokio::sync::{mpsc, watch, OnceCell};
+
+use super::memory::{mismatched, RawClaim};
+use super::{KeyInfo, OwnerToken, StoreError, StoredResponse, Waiter};
+use crate::key::Digest;
+
+/// How long a waiter trusts the notification channel before looking at the record itself.
+pub const FALLBACK_RECHECK: Duration = Duration::from_secs(1);
+
+/// Where and how to reach Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// One server (`redis://` or `rediss://`, user, password and db in the URL) …
+    pub url: Option<String>,
+    /// … or the seed nodes of a Redis Cluster.
+    pub cluster: Vec<String>,
+    /// Prepended to every record and channel name.
+    pub prefix: String,
+    /// Longest wait for one store operation before it counts as a store error.
+    pub timeout: Duration,
+}
+
+const CLAIM: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 0
+end
+return {v, redis.call('PTTL', KEYS[1])}
+";
+
+const RENEW: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 17) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
+const COMPLETE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 17) == ARGV[1] then
+  if ARGV[3] == '0' then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('SET', KEYS[1], 'D' .. string.sub(v, 18, 49) .. ARGV[2], 'PX', ARGV[3])
+  end
+  redis.call('PUBLISH', ARGV[4], '1')
+  return 1
+end
+return 0
+";
+
+const RELEASE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 17) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '1')
+  return 1
+end
+return 0
+";
+
+const INSPECT: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+return {v, redis.call('PTTL', KEYS[1])}
+";
+
+const REMOVE: &str = r"
+local n = redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], '1')
+return n
+";
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    // Connected on first use, so a cluster that is down at start does not stop the proxy.
+    Cluster(Arc<(ClusterClient, OnceCell<ClusterConnection>)>),
+}
+
+/// Waiters by notification channel, with how many share each subscription.
+type Channels = Mutex<HashMap<Vec<u8>, (watch::Sender<()>, usize)>>;
+
+/// The Redis-backed store.
+pub struct RedisStore {
+    conn: Conn,
+    prefix: String,
+    timeout: Duration,
+    channels: Arc<Channels>,
+    scripts: Scripts,
+}
+
+struct Scripts {
+    claim: Script,
+    renew: Script,
+    complete: Script,
+    release: Script,
+    inspect: Script,
+    remove: Script,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("cluster", &matches!(self.conn, Conn::Cluster(_)))
+            .finish()
+    }
+}
+
+/// What the claim script found.
+enum Found {
+    Claimed,
+    InFlight {
+        fingerprint: Digest,
+        pttl: i64,
+    },
+    Done {
+        fingerprint: Digest,
+        response: StoredResponse,
+    },
+}
+
+impl RedisStore {
+    /// Sets up the connection without waiting for Redis: a server that is down at start
+    /// makes requests fail (and `/readyz` say so) until it is back, but does not stop the
+    /// proxy from starting.
+    pub fn connect(settings: &RedisSettings) -> Result<Self, StoreError> {
+        let bad = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
+        let (push_tx, push_rx) = mpsc::unbounded_channel::<PushInfo>();
+        let conn = if settings.cluster.is_empty() {
+            let url = settings.url.as_deref().unwrap_or("redis://127.0.0.1:6379");
+            let info = url.into_connection_info().map_err(bad)?;
+            let resp3 = info
+                .redis_settings()
+                .clone()
+                .set_protocol(ProtocolVersion::RESP3);
+            let client = redis::Client::open(info.set_redis_settings(resp3)).map_err(bad)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(settings.timeout))
+                .set_response_timeout(Some(settings.timeout))
+                .set_number_of_retries(2)
+                .set_max_delay(Duration::from_millis(500))
+                .set_push_sender(push_tx)
+                .set_automatic_resubscription();
+            Conn::Single(ConnectionManager::new_lazy_with_config(client, config).map_err(bad)?)
+        } else {
+            let client = ClusterClient::builder(settings.cluster.clone())
+                .use_protocol(ProtocolVersion::RESP3)
+                .connection_timeout(settings.timeout)
+                .response_timeout(settings.timeout)
+                .push_sender(push_tx)
+                .build()
+                .map_err(bad)?;
+            Conn::Cluster(Arc::new((client, OnceCell::new())))
+        };
+        let channels: Arc<Channels> = Arc::default();
+        tokio::spawn(dispatch_notifications(push_rx, Arc::downgrade(&channels)));
+        Ok(Self {
+            conn,
+            prefix: settings.prefix.clone(),
+            timeout: settings.timeout,
+            channels,
+            scripts: Scripts {
+                claim: Script::new(CLAIM),
+                renew: Script::new(RENEW),
+                complete: Script::new(COMPLETE),
+                release: Script::new(RELEASE),
+                inspect: Script::new(INSPECT),
+                remove: Script::new(REMOVE),
+            },
+        })
+    }
+
+    fn record(&self, key: &Digest) -> String {
+        format!("{}{{{}}}", self.prefix, key.to_hex())
+    }
+
+    fn channel(&self, key: &Digest) -> String {
+        format!("{}done:{{{}}}", self.prefix, key.to_hex())
+    }
+
+    /// Runs one script invocation under the store timeout.
+    async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
+        let call = async {
+            match &self.conn {
+                Conn::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+                Conn::Cluster(cluster) => {
+                    let (client, cell) = &**cluster;
+                    let conn = cell
+                        .get_or_try_init(|| client.get_async_connection())
+                        .await?;
+                    invocation.invoke_async(&mut conn.clone()).await
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer within {:?}",
+                self.timeout
+            ))),
+        }
+    }
+
+    async fn subscription(&self, channel: &str, subscribe: bool) -> Result<(), StoreError> {
+        let call = async {
+            match &self.conn {
+                Conn::Single(c) => {
+                    let mut c = c.clone();
+                    if subscribe {
+                        c.subscribe(channel).await
+                    } else {
+                        c.unsubscribe(channel).await
+                    }
+                }
+                Conn::Cluster(cluster) => {
+                    let (client, cell) = &**cluster;
+                    let mut c = cell
+                        .get_or_try_init(|| client.get_async_connection())
+                        .await?
+                        .clone();
+                    if subscribe {
+                        c.subscribe(channel).await
+                    } else {
+                        c.unsubscribe(channel).await
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+            Err(_) => Err(StoreError::Unavailable("subscribe timed out".into())),
+        }
+    }
+
+    async fn try_claim(
+        &self,
+        key: &Digest,
+        token: OwnerToken,
+        fingerprint: Digest,
+        lease: Duration,
+    ) -> Result<Found, StoreError> {
+        let mut value = Vec::with_capacity(57);
+        value.push(b'I');
+        value.extend_from_slice(&token.0.to_be_bytes());
+        value.extend_from_slice(&fingerprint.0);
+        value.extend_from_slice(&unix_ms(SystemTime::now()).to_be_bytes());
+        let mut invocation = self.scripts.claim.prepare_invoke();
+        invocation
+            .key(self.record(key))
+            .arg(value)
+            .arg(lease.as_millis().max(1) as u64);
+        match self.run(invocation).await? {
+            Value::Int(0) => Ok(Found::Claimed),
+            Value::Array(items) => {
+                let (data, pttl) = record_and_ttl(items)?;
+                parse_record(data, pttl)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// See [`super::Store::claim`].
+    pub async fn claim(
+        &self,
+        key: Digest,
+        fingerprint: Digest,
+        lease: Duration,
+    ) -> Result<RawClaim, StoreError> {
+        let token = OwnerToken::random();
+        let found = self.try_claim(&key, token, fingerprint, lease).await?;
+        match found {
+            Found::InFlight {
+                fingerprint: stored,
+                ..
+            } if mismatched(&stored, &fingerprint) => return Ok(RawClaim::Mismatch),
+            Found::InFlight { .. } => {}
+            other => return Ok(self.settle(other, token, fingerprint)),
+        }
+        // Subscribe first, then look again: a completion between the two is then either
+        // seen by the second look or delivered on the channel.
+        let (signal, subscription) = self.subscribe(&key).await?;
+        match self.try_claim(&key, token, fingerprint, lease).await? {
+            Found::InFlight { pttl, .. } => {
+                let recheck = Duration::from_millis(pttl.max(1) as u64).min(FALLBACK_RECHECK);
+                Ok(RawClaim::InFlight(Waiter::with_subscription(
+                    signal,
+                    Instant::now() + recheck,
+                    subscription,
+                )))
+            }
+            other => Ok(self.settle(other, token, fingerprint)),
+        }
+    }
+
+    fn settle(&self, found: Found, token: OwnerToken, fingerprint: Digest) -> RawClaim {
+        match found {
+            Found::Claimed => RawClaim::Owner(token),
+            Found::InFlight {
+                fingerprint: stored,
+                ..
+            }
+            | Found::Done {
+                fingerprint: stored,
+                ..
+            } if mismatched(&stored, &fingerprint) => RawClaim::Mismatch,
+            Found::Done { response, .. } => RawClaim::Done(Arc::new(response)),
+            Found::InFlight { .. } => unreachable!("in-flight records are handled by claim"),
+        }
+    }
+
+    async fn subscribe(
+        &self,
+        key: &Digest,
+    ) -> Result<(watch::Receiver<()>, Subscription), StoreError> {
+        let channel = self.channel(key);
+        let (receiver, first) = {
+            let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = channels
+                .entry(channel.as_bytes().to_vec())
+                .or_insert_with(|| (watch::channel(()).0, 0));
+            entry.1 += 1;
+            (entry.0.subscribe(), entry.1 == 1)
+        };
+        let subscription = Subscription {
+            channel: channel.clone(),
+            channels: Arc::clone(&self.channels),
+            conn: self.conn.clone(),
+        };
+        if first {
+            self.subscription(&channel, true).await?;
+        }
+        Ok((receiver, subscription))
+    }
+
+    fn fence(token: OwnerToken) -> Vec<u8> {
+        let mut fence = Vec::with_capacity(17);
+        fence.push(b'I');
+        fence.extend_from_slice(&token.0.to_be_bytes());
+        fence
+    }
+
+    /// See [`super::Store::renew`].
+    pub async fn renew(
+        &self,
+        key: Digest,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut invocation = self.scripts.renew.prepare_invoke();
+        invocation
+            .key(self.record(&key))
+            .arg(Self::fence(token))
+            .arg(lease.as_millis().max(1) as u64);
+        Ok(matches!(self.run(invocation).await?, Value::Int(1)))
+    }
+
+    /// See [`super::Store::complete`].
+    pub async fn complete(
+        &self,
+        key: Digest,
+        token: OwnerToken,
+        response: StoredResponse,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut invocation = self.scripts.complete.prepare_invoke();
+        invocation
+            .key(self.record(&key))
+            .arg(Self::fence(token))
+            .arg(response.encode())
+            .arg(ttl.as_millis() as u64)
+            .arg(self.channel(&key));
+        Ok(matches!(self.run(invocation).await?, Value::Int(1)))
+    }
+
+    /// See [`super::Store::release`].
+    pub async fn release(&self, key: Digest, token: OwnerToken) -> Result<bool, StoreError> {
+        let mut invocation = self.scripts.release.prepare_invoke();
+        invocation
+            .key(self.record(&key))
+            .arg(Self::fence(token))
+            .arg(self.channel(&key));
+        Ok(matches!(self.run(invocation).await?, Value::Int(1)))
+    }
+
+    /// See [`super::Store::inspect`].
+    pub async fn inspect(&self, key: Digest) -> Result<Option<KeyInfo>, StoreError> {
+        let mut invocation = self.scripts.inspect.prepare_invoke();
+        invocation.key(self.record(&key));
+        let items = match self.run(invocation).await? {
+            Value::Int(0) => return Ok(None),
+            Value::Array(items) => items,
+            other => return Err(unexpected(&other)),
+        };
+        let (data, pttl) = record_and_ttl(items)?;
+        let expires = SystemTime::now() + Duration::from_millis(pttl.max(0) as u64);
+        Ok(Some(match data.first() {
+            Some(b'I') if data.len() >= 57 => KeyInfo {
+                state: "in_flight",
+                created: UNIX_EPOCH
+                    + Duration::from_millis(u64::from_be_bytes(
+                        data[49..57].try_into().expect("8 bytes"),
+                    )),
+                expires,
+                response: None,
+            },
+            _ => match parse_record(data, pttl)? {
+                Found::Done { response, .. } => KeyInfo {
+                    state: "done",
+                    created: response.stored_at(),
+                    expires,
+                    response: Some(Arc::new(response)),
+                },
+                _ => return Err(StoreError::Unavailable("malformed record".into())),
+            },
+        }))
+    }
+
+    /// See [`super::Store::remove`].
+    pub async fn remove(&self, key: Digest) -> Result<bool, StoreError> {
+        let mut invocation = self.scripts.remove.prepare_invoke();
+        invocation.key(self.record(&key)).arg(self.channel(&key));
+        Ok(matches!(self.run(invocation).await?, Value::Int(1)))
+    }
+
+    /// Whether Redis answers a PING within the store timeout.
+    pub async fn ready(&self) -> bool {
+        let ping = async {
+            let cmd = redis::cmd("PING");
+            match &self.conn {
+                Conn::Single(c) => cmd.query_async::<String>(&mut c.clone()).await,
+                Conn::Cluster(cluster) => {
+                    let (client, cell) = &**cluster;
+                    let conn = cell
+                        .get_or_try_init(|| client.get_async_connection())
+                        .await?;
+                    cmd.query_async::<String>(&mut conn.clone()).await
+                }
+            }
+        };
+        matches!(tokio::time::timeout(self.timeout, ping).await, Ok(Ok(_)))
+    }
+}
+
+/// A waiter's share of a channel subscription; the last one out unsubscribes.
+pub struct Subscription {
+    channel: String,
+    channels: Arc<Channels>,
+    conn: Conn,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("channel", &self.channel)
+            .finish()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let last = {
+            let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+            match channels.get_mut(self.channel.as_bytes()) {
+                Some(entry) if entry.1 > 1 => {
+                    entry.1 -= 1;
+                    false
+                }
+                Some(_) => {
+                    channels.remove(self.channel.as_bytes());
+                    true
+                }
+                None => false,
+            }
+        };
+        if !last {
+            return;
+        }
+        let (channel, conn) = (self.channel.clone(), self.conn.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = match conn {
+                    Conn::Single(mut c) => c.unsubscribe(&channel).await,
+                    Conn::Cluster(cluster) => match cluster.1.get() {
+                        Some(c) => c.clone().unsubscribe(&channel).await,
+                        None => Ok(()),
+                    },
+                };
+            });
+        }
+    }
+}
+
+/// Wakes the waiters of each channel a completion is published on. A lost connection wakes
+/// everyone, since messages may have been missed while it was down.
+async fn dispatch_notifications(
+    mut pushes: mpsc::UnboundedReceiver<PushInfo>,
+    channels: std::sync::Weak<Channels>,
+) {
+    while let Some(push) = pushes.recv().await {
+        let Some(channels) = channels.upgrade() else {
+            return;
+        };
+        let channels = channels.lock().unwrap_or_else(|p| p.into_inner());
+        match push.kind {
+            PushKind::Message => {
+                if let Some(Value::BulkString(name)) = push.data.first() {
+                    if let Some((sender, _)) = channels.get(name) {
+                        sender.send_replace(());
+                    }
+                }
+            }
+            PushKind::Disconnection => {
+                for (sender, _) in channels.values() {
+                    sender.send_replace(());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn record_and_ttl(items: Vec<Value>) -> Result<(Vec<u8>, i64), StoreError> {
+    let mut items = items.into_iter();
+    match (items.next(), items.next()) {
+        (Some(Value::BulkString(data)), Some(Value::Int(pttl))) => Ok((data, pttl)),
+        (first, _) => Err(unexpected(&first.unwrap_or(Value::Nil))),
+    }
+}
+
+fn parse_record(data: Vec<u8>, pttl: i64) -> Result<Found, StoreError> {
+    let malformed = || StoreError::Unavailable("malformed record in Redis".into());
+    match data.first() {
+        Some(b'I') if data.len() >= 57 => Ok(Found::InFlight {
+            fingerprint: Digest(data[17..49].try_into().map_err(|_| malformed())?),
+            pttl,
+        }),
+        Some(b'D') if data.len() >= 33 => {
+            let fingerprint = Digest(data[1..33].try_into().map_err(|_| malformed())?);
+            let response =
+                StoredResponse::decode(Bytes::from(data).slice(33..)).ok_or_else(malformed)?;
+            Ok(Found::Done {
+                fingerprint,
+                response,
+            })
+        }
+        _ => Err(malformed()),
+    }
+}
+
+fn unexpected(value: &Value) -> StoreError {
+    StoreError::Unavailable(format!("unexpected answer from Redis: {value:?}"))
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+}

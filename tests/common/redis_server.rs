@@ -1,0 +1,179 @@
+//! Real `redis-server` processes for tests: each on a free loopback port, stopped on drop.
+//! Nothing relies on a server left running.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One redis-server process.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+/// A port nothing listens on right now (the OS picks it; we close it at once).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl RedisServer {
+    /// Starts a standalone server.
+    pub fn start() -> Self {
+        Self::start_with(Vec::new())
+    }
+
+    /// Starts a standalone server on a given (free) port.
+    pub fn start_on(port: u16) -> Self {
+        let mut server = Self {
+            port,
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            extra: Vec::new(),
+        };
+        server.spawn();
+        server
+    }
+
+    /// Starts a server with extra command-line options.
+    pub fn start_with(extra: Vec<String>) -> Self {
+        let mut server = Self {
+            port: free_port(),
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            extra,
+        };
+        server.spawn();
+        server
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let mut command = Command::new("redis-server");
+        command
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.child = Some(
+            command
+                .spawn()
+                .expect("redis-server on PATH (scripts/test installs it)"),
+        );
+        wait_until(|| ping(self.port), "redis-server to answer PING");
+    }
+
+    /// Kills the server (SIGKILL): clients see connection errors.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Where its files go.
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+
+    /// Runs `redis-cli -p PORT args…` and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        redis_cli(self.port, args)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs redis-cli against a port.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli on PATH");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn ping(port: u16) -> bool {
+    redis_cli(port, &["PING"]).trim() == "PONG"
+}
+
+/// Polls a condition (a hang guard, never a timing assertion).
+pub fn wait_until(mut condition: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !condition() {
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Three masters joined with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts the nodes and joins them; returns once the cluster reports `ok`.
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(vec![
+                    "--cluster-enabled".into(),
+                    "yes".into(),
+                    "--cluster-node-timeout".into(),
+                    "2000".into(),
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli on PATH");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        for node in &nodes {
+            wait_until(
+                || node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"),
+                "the cluster to report ok",
+            );
+        }
+        Self { nodes }
+    }
+
+    /// Seed URLs for the proxy.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
