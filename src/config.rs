@@ -56,8 +56,10 @@ pub struct Config {
     pub listen: SocketAddr,
     /// The application behind it.
     pub upstream: Upstream,
-    /// Admin listener address, if any.
-    pub admin: Option<SocketAddr>,
+    /// Admin listener, if any.
+    pub admin: Option<Admin>,
+    /// How long a shutdown waits for open requests (`drain_timeout`, default 30s).
+    pub drain_timeout: Duration,
     /// Store backend and bounds.
     pub store: StoreConfig,
     /// What a POST or PATCH matching no route gets.
@@ -67,6 +69,15 @@ pub struct Config {
     pub passthrough_timeout: Duration,
     /// Routes, first match wins.
     pub routes: Vec<Route>,
+}
+
+/// The admin listener.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    /// Address; keep it on loopback or a private interface.
+    pub listen: SocketAddr,
+    /// Bearer token required for everything but `/healthz` and `/readyz`.
+    pub token: Option<String>,
 }
 
 /// The upstream origin.
@@ -316,7 +327,11 @@ fn compile(raw: RawConfig) -> Result<Config, CompileError> {
     Ok(Config {
         listen: raw.listen.0,
         upstream,
-        admin: raw.admin.map(|a| a.0),
+        admin: raw.admin.map(|a| Admin {
+            listen: a.listen,
+            token: a.token,
+        }),
+        drain_timeout: raw.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
         store,
         passthrough_timeout: base.upstream_timeout,
         fallback,

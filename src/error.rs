@@ -6,6 +6,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
 use crate::key::KeyError;
+use crate::metrics::Outcome;
 use crate::proxy::body::ProxyBody;
 use crate::store::StoreError;
 
@@ -75,6 +76,20 @@ impl ProxyError {
             Self::UpstreamUnreachable(_) => "upstream-unreachable",
             Self::UpstreamTimeout => "upstream-timeout",
             Self::BadRequest(_) => "bad-request",
+        }
+    }
+
+    /// The outcome a request ending in this error is counted as.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Self::BadKey(_)
+            | Self::PayloadTooLarge { .. }
+            | Self::BodyRead(_)
+            | Self::BadRequest(_) => Outcome::Rejected,
+            Self::Mismatch => Outcome::Mismatch,
+            Self::InFlight { .. } => Outcome::Conflict,
+            Self::Store(_) => Outcome::StoreError,
+            Self::UpstreamUnreachable(_) | Self::UpstreamTimeout => Outcome::Released,
         }
     }
 

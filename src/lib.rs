@@ -9,11 +9,13 @@
 #![deny(rust_2018_idioms)]
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod canonical;
 pub mod config;
 pub mod error;
 pub mod explain;
 pub mod key;
+pub mod metrics;
 pub mod proxy;
 pub mod route;
 pub mod server;

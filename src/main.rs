@@ -69,12 +69,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run { config, log_format } => {
             init_logs(&log_format);
-            let config = Config::load(&config)?;
+            let loaded = Config::load(&config)?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
                 .context("starting the runtime")?;
-            runtime.block_on(run(config))
+            runtime.block_on(run(loaded, config))
         }
         Command::Check { config } => {
             let loaded = Config::load(&config)?;
@@ -109,7 +109,7 @@ fn init_logs(format: &str) {
     }
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let store = idemgate::server::open_store(&config).context("opening the store")?;
     if !store.ready().await {
@@ -117,25 +117,87 @@ async fn run(config: Config) -> anyhow::Result<()> {
             "the store is not reachable; protected requests fail until it is (see /readyz)"
         );
     }
-    let proxy = idemgate::proxy::Proxy::new(Arc::clone(&config), store.clone());
+    let metrics = Arc::new(idemgate::metrics::Metrics::new());
+    let proxy = idemgate::proxy::Proxy::new(Arc::clone(&config), store.clone(), metrics);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
     tracing::info!(listen = %config.listen, upstream = %config.upstream.authority, routes = config.routes.len(), "idemgate serving");
-    if let Some(admin) = config.admin {
-        let admin_listener = tokio::net::TcpListener::bind(admin)
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    if let Some(admin) = &config.admin {
+        let admin_listener = tokio::net::TcpListener::bind(admin.listen)
             .await
-            .with_context(|| format!("binding admin {admin}"))?;
-        tracing::info!(%admin, "admin serving");
+            .with_context(|| format!("binding admin {}", admin.listen))?;
+        if !admin.listen.ip().is_loopback() && admin.token.is_none() {
+            tracing::warn!(listen = %admin.listen, "admin listener is not on loopback and has no token");
+        }
+        tracing::info!(listen = %admin.listen, "admin serving");
         tokio::spawn(idemgate::server::serve_admin(
             admin_listener,
-            store,
-            std::future::pending(),
+            proxy.clone(),
+            admin.token.clone(),
+            stopped(),
         ));
     }
-    idemgate::server::serve_proxy(listener, proxy, shutdown_signal()).await;
-    tracing::info!("stopped");
+    tokio::spawn(reload_on_sighup(proxy.clone(), path));
+    let drain = config.drain_timeout;
+    let serving = tokio::spawn(idemgate::server::serve_proxy(
+        listener,
+        proxy.clone(),
+        stopped(),
+        drain,
+    ));
+    shutdown_signal().await;
+    let deadline = std::time::Instant::now() + drain;
+    tracing::info!(
+        ?drain,
+        owners = proxy.owners().len(),
+        "stopping: no new connections, draining"
+    );
+    let _ = stop_tx.send(true);
+    let _ = serving.await;
+    // Owners whose clients left keep running detached; give them the rest of the drain.
+    proxy.owners().finished(deadline).await;
+    let released = proxy.owners().release_all(proxy.store()).await;
+    tracing::info!(released, "stopped");
     Ok(())
+}
+
+/// SIGHUP re-reads the config file and swaps it in; a bad file is refused with one log line
+/// and the running config stays.
+async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match Config::load(&path) {
+                Ok(new) => {
+                    let store_changed =
+                        format!("{:?}", new.store) != format!("{:?}", proxy.config().store);
+                    if store_changed {
+                        tracing::warn!(
+                            "store settings changed: they take effect on restart, not on reload"
+                        );
+                    }
+                    let routes = new.routes.len();
+                    proxy.reload(Arc::new(new));
+                    tracing::info!(routes, "config reloaded");
+                }
+                Err(e) => tracing::error!("reload refused, keeping the running config: {e}"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (proxy, path);
 }
 
 async fn shutdown_signal() {

@@ -1,18 +1,20 @@
 //! Listeners: the proxy port (HTTP/1.1 and cleartext HTTP/2, chosen per connection) and the
-//! optional admin port (`/healthz`, `/readyz`).
+//! optional admin port, each with a graceful drain: on shutdown, stop accepting, let open
+//! connections finish their requests, then return.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, StoreConfig};
 use crate::proxy::body::ProxyBody;
@@ -28,8 +30,14 @@ pub fn open_store(config: &Config) -> Result<Store, StoreError> {
     })
 }
 
-/// Serves the proxy on `listener` until `shutdown` resolves.
-pub async fn serve_proxy(listener: TcpListener, proxy: Proxy, shutdown: impl Future<Output = ()>) {
+/// Serves the proxy on `listener` until `shutdown` resolves, then drains for at most
+/// `drain` before returning.
+pub async fn serve_proxy(
+    listener: TcpListener,
+    proxy: Proxy,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) {
     let service = move |peer: SocketAddr| {
         let proxy = proxy.clone();
         service_fn(move |request: Request<Incoming>| {
@@ -37,37 +45,34 @@ pub async fn serve_proxy(listener: TcpListener, proxy: Proxy, shutdown: impl Fut
             async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
         })
     };
-    accept_loop(listener, service, shutdown).await;
+    accept_loop(listener, service, shutdown, drain).await;
 }
 
 /// Serves the admin endpoints on `listener` until `shutdown` resolves.
-pub async fn serve_admin(listener: TcpListener, store: Store, shutdown: impl Future<Output = ()>) {
+pub async fn serve_admin(
+    listener: TcpListener,
+    proxy: Proxy,
+    token: Option<String>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let token: Option<Arc<str>> = token.map(Arc::from);
     let service = move |_peer: SocketAddr| {
-        let store = store.clone();
+        let (proxy, token) = (proxy.clone(), token.clone());
         service_fn(move |request: Request<Incoming>| {
-            let store = store.clone();
-            async move { Ok::<_, Infallible>(admin(request, &store).await) }
+            let (proxy, token) = (proxy.clone(), token.clone());
+            async move {
+                Ok::<_, Infallible>(crate::admin::handle(request, &proxy, token.as_deref()).await)
+            }
         })
     };
-    accept_loop(listener, service, shutdown).await;
-}
-
-async fn admin(request: Request<Incoming>, store: &Store) -> Response<ProxyBody> {
-    let (status, text) = match request.uri().path() {
-        "/healthz" => (StatusCode::OK, "ok\n"),
-        "/readyz" if store.ready().await => (StatusCode::OK, "ready\n"),
-        "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "store unreachable\n"),
-        _ => (StatusCode::NOT_FOUND, "not found\n"),
-    };
-    let mut response = Response::new(ProxyBody::full(Bytes::from_static(text.as_bytes())));
-    *response.status_mut() = status;
-    response
+    accept_loop(listener, service, shutdown, Duration::from_secs(1)).await;
 }
 
 async fn accept_loop<F, S>(
     listener: TcpListener,
     make_service: F,
     shutdown: impl Future<Output = ()>,
+    drain: Duration,
 ) where
     F: Fn(SocketAddr) -> S,
     S: hyper::service::Service<
@@ -79,16 +84,19 @@ async fn accept_loop<F, S>(
     S::Future: Send + 'static,
 {
     let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
+    // Each connection holds a sender; when all are dropped, every connection has closed.
+    let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
+    let (stop_tx, stop_rx) = watch::channel(());
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
-            _ = &mut shutdown => return,
+            _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(e) => {
                     // Typically EMFILE: back off a little instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
@@ -96,13 +104,29 @@ async fn accept_loop<F, S>(
         let _ = stream.set_nodelay(true);
         let service = make_service(peer);
         let builder = Arc::clone(&builder);
+        let open = open_tx.clone();
+        let mut stop = stop_rx.clone();
         tokio::spawn(async move {
-            if let Err(e) = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .await
-            {
+            let _open = open;
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                result = conn.as_mut() => result,
+                _ = stop.changed() => {
+                    // Finish the request in progress, refuse new ones on this connection.
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
                 tracing::debug!(error = %e, %peer, "connection ended with an error");
             }
         });
+    }
+    drop(listener);
+    drop(open_tx);
+    let _ = stop_tx.send(());
+    if tokio::time::timeout(drain, open_rx.recv()).await.is_err() {
+        tracing::warn!(?drain, "drain timeout: closing connections still open");
     }
 }

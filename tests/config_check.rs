@@ -47,7 +47,7 @@ fn the_spec_config_example_parses() {
     };
     assert_eq!(cb.policy.ttl.as_secs(), 30 * 86_400);
     assert!(matches!(&cb.key.source, KeySource::Fields(f) if f.len() == 2));
-    assert_eq!(config.admin.unwrap().port(), 9901);
+    assert_eq!(config.admin.unwrap().listen.port(), 9901);
 }
 
 #[test]

@@ -47,10 +47,54 @@ where
 pub struct RawConfig {
     pub listen: Parsed<std::net::SocketAddr>,
     pub upstream: String,
-    pub admin: Option<Parsed<std::net::SocketAddr>>,
+    pub admin: Option<RawAdmin>,
+    pub drain_timeout: Option<ConfigDuration>,
     pub store: Option<RawStore>,
     pub defaults: Option<RawDefaults>,
     pub routes: Option<Vec<RawRoute>>,
+}
+
+/// `admin:` — an address, or `{ listen, token }`.
+#[derive(Debug)]
+pub struct RawAdmin {
+    pub listen: std::net::SocketAddr,
+    pub token: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawAdmin {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Full {
+            listen: Parsed<std::net::SocketAddr>,
+            token: Option<String>,
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawAdmin;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an address (127.0.0.1:9901) or { listen, token }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                let listen = v.parse().map_err(|e| E::custom(format!("{v:?}: {e}")))?;
+                Ok(RawAdmin {
+                    listen,
+                    token: None,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                let full = Full::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                if full.token.as_deref() == Some("") {
+                    return Err(de::Error::custom("an empty admin token"));
+                }
+                Ok(RawAdmin {
+                    listen: full.listen.0,
+                    token: full.token,
+                })
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
 }
 
 /// `store:` — exactly one backend.

@@ -182,7 +182,7 @@ mod tests {
 
     #[test]
     fn formatting_round_trips_through_parsing() {
-        for d in ["30s", "24h", "1m", "250ms", "30d"] {
+        for d in ["30s", "1d", "1m", "250ms", "30d", "90m"] {
             assert_eq!(format_duration(parse_duration(d).unwrap()), d);
         }
         assert_eq!(format_size(parse_size("256MiB").unwrap()), "256MiB");

@@ -33,7 +33,7 @@ pub enum ClientKeyError {
 /// let name = HeaderName::from_static("idempotency-key");
 /// let mut headers = HeaderMap::new();
 /// headers.insert(&name, HeaderValue::from_static("\"8e03978e-40d5-43e8-bc93-6894a57f9324\""));
-/// assert_eq!(read_client_key(&headers, &name).unwrap(), b"8e03978e-40d5-43e8-bc93-6894a57f9324");
+/// assert_eq!(&*read_client_key(&headers, &name).unwrap(), b"8e03978e-40d5-43e8-bc93-6894a57f9324");
 /// ```
 pub fn read_client_key<'h>(
     headers: &'h HeaderMap,

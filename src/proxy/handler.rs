@@ -1,43 +1,83 @@
-//! The request entry point: match the route, take the passthrough or protected path, and
-//! turn any [`ProxyError`] into its problem+json answer here, once. hyper never sees an error.
+//! The request entry point: match the route, take the passthrough or protected path, count
+//! and log the outcome, and turn any [`crate::error::ProxyError`] into its problem+json answer
+//! here, once.
+//! hyper never sees an error.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
 use http::{header, Request, Response};
 use hyper::body::Incoming;
-use tracing::Instrument;
 
 use super::body::ProxyBody;
 use super::passthrough;
-use super::protected::{self, Outcome};
+use super::protected::{self, Owners, Report};
 use super::upstream::UpstreamClient;
 use crate::config::{Config, Protection};
+use crate::metrics::{Metrics, Outcome};
 use crate::store::Store;
+
+/// The part of the proxy a reload replaces: routes, policies and the upstream pool.
+#[derive(Debug)]
+struct Live {
+    config: Arc<Config>,
+    client: UpstreamClient,
+}
 
 /// Everything a request needs, shared by all connections.
 #[derive(Debug, Clone)]
 pub struct Proxy {
-    config: Arc<Config>,
+    live: Arc<ArcSwap<Live>>,
     store: Store,
-    client: UpstreamClient,
+    metrics: Arc<Metrics>,
+    owners: Arc<Owners>,
 }
 
 impl Proxy {
     /// A proxy serving `config` with `store`.
-    pub fn new(config: Arc<Config>, store: Store) -> Self {
+    pub fn new(config: Arc<Config>, store: Store, metrics: Arc<Metrics>) -> Self {
         let client = UpstreamClient::new(&config.upstream);
         Self {
-            config,
+            live: Arc::new(ArcSwap::from_pointee(Live { config, client })),
             store,
-            client,
+            metrics,
+            owners: Arc::default(),
         }
+    }
+
+    /// The keys this process owns right now.
+    pub fn owners(&self) -> &Arc<Owners> {
+        &self.owners
     }
 
     /// The store in use.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The config requests are served with now.
+    pub fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.live.load().config)
+    }
+
+    /// Swaps in a new config atomically: requests already running finish with the old one,
+    /// new requests see the new one, no connection is dropped. The store is not replaced
+    /// (a different `store:` needs a restart).
+    pub fn reload(&self, config: Arc<Config>) {
+        let current = self.live.load();
+        let client = if current.config.upstream.authority == config.upstream.authority {
+            current.client.clone()
+        } else {
+            UpstreamClient::new(&config.upstream)
+        };
+        self.live.store(Arc::new(Live { config, client }));
     }
 
     /// Answers one request. Never fails: errors become problem+json answers.
@@ -47,66 +87,77 @@ impl Proxy {
         peer: SocketAddr,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
+        let live = self.live.load_full();
         let (route, protection) = {
             let host = request
                 .headers()
                 .get(header::HOST)
                 .and_then(|h| h.to_str().ok())
                 .or_else(|| request.uri().host());
-            self.config
+            live.config
                 .protection_for(host, request.method(), request.uri().path())
         };
-        let span = tracing::debug_span!(
-            "request",
-            method = %request.method(),
-            path = %request.uri().path(),
-            route = route,
-            key = tracing::field::Empty,
-        );
-        let result = async {
-            match protection {
-                Protection::Off => passthrough::forward(
-                    &self.client,
+        let route_metrics = self.metrics.route(route);
+        let method = request.method().clone();
+        let path = tracing::enabled!(target: "access", tracing::Level::INFO)
+            .then(|| request.uri().path().to_owned());
+        let mut report = Report::default();
+        let result = match protection {
+            Protection::Off => {
+                report.outcome = Some(Outcome::Passthrough);
+                let started = Instant::now();
+                let result = passthrough::forward(
+                    &live.client,
                     request,
                     peer,
-                    self.config.passthrough_timeout,
+                    live.config.passthrough_timeout,
                 )
-                .await
-                .map(|r| (r, None)),
-                Protection::On(rule) => {
-                    let cx = protected::Context {
-                        store: &self.store,
-                        client: &self.client,
-                        peer,
-                    };
-                    protected::handle(cx, rule, request)
-                        .await
-                        .map(|(r, outcome)| (r, Some(outcome)))
-                }
+                .await;
+                route_metrics.upstream_latency(started.elapsed());
+                result
             }
-        }
-        .instrument(span.clone())
-        .await;
-        let _entered = span.enter();
-        match result {
-            Ok((response, outcome)) => {
-                tracing::debug!(
-                    status = response.status().as_u16(),
-                    outcome = outcome.map_or("passthrough", Outcome::as_str),
-                    micros = started.elapsed().as_micros() as u64,
-                    "done"
-                );
-                response
+            Protection::On(rule) => {
+                let cx = protected::Context {
+                    store: &self.store,
+                    client: &live.client,
+                    peer,
+                    metrics: &self.metrics,
+                    route_metrics: &route_metrics,
+                    owners: &self.owners,
+                };
+                protected::handle(cx, rule, request, &mut report).await
             }
+        };
+        let (response, problem) = match result {
+            Ok(response) => (response, None),
             Err(error) => {
-                let status = error.status();
-                if status.is_server_error() {
-                    tracing::warn!(%status, problem = error.as_str(), %error, "proxy error");
-                } else {
-                    tracing::debug!(%status, problem = error.as_str(), %error, "refused");
+                let kind = error.as_str();
+                if report.outcome.is_none() {
+                    report.outcome = Some(error.outcome());
                 }
-                error.into_response()
+                if error.status().is_server_error() {
+                    tracing::warn!(route, problem = kind, %error, "proxy error");
+                }
+                (error.into_response(), Some(kind))
             }
+        };
+        let outcome = report.outcome.unwrap_or(Outcome::Passthrough);
+        route_metrics.count(outcome);
+        if let Some(path) = path {
+            let key = report.key.map(|k| k.short());
+            tracing::info!(
+                target: "access",
+                %method,
+                path,
+                route = %if route.is_empty() { "-" } else { route },
+                outcome = %outcome.as_str(),
+                key = %key.as_deref().unwrap_or("-"),
+                status = response.status().as_u16(),
+                problem = %problem.unwrap_or("-"),
+                micros = started.elapsed().as_micros() as u64,
+                "request"
+            );
         }
+        response
     }
 }

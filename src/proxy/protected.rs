@@ -20,38 +20,88 @@ use super::headers::{prepare_request, strip_hop_by_hop};
 use super::upstream::UpstreamClient;
 use crate::config::{InFlightMode, OnStoreError, Protected};
 use crate::error::ProxyError;
-use crate::key::{derive_key, DerivedKey, RequestView};
-use crate::store::{Claim, Lease, Store, StoredResponse};
+use crate::key::{derive_key, DerivedKey, Digest, RequestView};
+use crate::metrics::{Metrics, Outcome, RouteMetrics};
+use crate::store::{Claim, Lease, OwnerToken, Store, StoredResponse};
 
 /// The header added to every replayed response.
 pub static IDEMPOTENT_REPLAYED: http::HeaderName =
     http::HeaderName::from_static("idempotent-replayed");
 
-/// How a protected request ended, for logs and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// This request owned the key and ran upstream.
-    Executed,
-    /// A stored response was replayed at once.
-    Replayed,
-    /// The request waited for an in-flight duplicate, then got its replay.
-    Waited,
-    /// No key material and none required: forwarded unprotected.
-    Unkeyed,
-    /// The store failed and the route fails open: forwarded unprotected.
-    FailOpen,
+/// `Retry-After` for a duplicate of a running request: most owners finish within a second,
+/// and a sooner retry finds the replay; the lease only bounds owners that vanished.
+const RETRY_AFTER_SECS: u64 = 1;
+
+/// The keys this process owns right now, so a shutdown can release the ones whose owners
+/// did not finish within the drain time (retries on other replicas can then run at once
+/// instead of after the lease).
+#[derive(Debug, Default)]
+pub struct Owners {
+    held: std::sync::Mutex<std::collections::HashMap<Digest, OwnerToken>>,
+    changed: tokio::sync::Notify,
 }
 
-impl Outcome {
-    /// Label for logs and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Executed => "executed",
-            Self::Replayed => "replayed",
-            Self::Waited => "waited",
-            Self::Unkeyed => "unkeyed",
-            Self::FailOpen => "fail_open",
+impl Owners {
+    fn hold(self: &Arc<Self>, lease: &Lease) -> OwnedGuard {
+        self.lock().insert(lease.key(), lease.token());
+        OwnedGuard {
+            owners: Arc::clone(self),
+            key: lease.key(),
         }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Digest, OwnerToken>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many keys are owned now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no key is owned.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until every owner has finished, or `deadline`.
+    pub async fn finished(&self, deadline: Instant) {
+        loop {
+            let changed = self.changed.notified();
+            if self.is_empty() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline.into(), changed)
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Releases every key still owned (fenced: a key completed meanwhile is left alone).
+    pub async fn release_all(&self, store: &Store) -> usize {
+        let held: Vec<(Digest, OwnerToken)> = self.lock().drain().collect();
+        let mut released = 0;
+        for (key, token) in held {
+            if matches!(store.release(key, token).await, Ok(true)) {
+                released += 1;
+            }
+        }
+        released
+    }
+}
+
+struct OwnedGuard {
+    owners: Arc<Owners>,
+    key: Digest,
+}
+
+impl Drop for OwnedGuard {
+    fn drop(&mut self) {
+        self.owners.lock().remove(&self.key);
+        self.owners.changed.notify_waiters();
     }
 }
 
@@ -63,6 +113,21 @@ pub struct Context<'a> {
     pub client: &'a UpstreamClient,
     /// The connecting peer.
     pub peer: SocketAddr,
+    /// Process-wide metrics (the in-flight gauge).
+    pub metrics: &'a Arc<Metrics>,
+    /// This route's metric handles.
+    pub route_metrics: &'a Arc<RouteMetrics>,
+    /// The keys this process owns.
+    pub owners: &'a Arc<Owners>,
+}
+
+/// What the access log and metrics learn about a protected request as it runs.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Report {
+    /// How it ended; `None` until decided (errors decide it from the error).
+    pub outcome: Option<Outcome>,
+    /// The derived key, once there is one.
+    pub key: Option<Digest>,
 }
 
 /// Runs the phases for one request on a protected route.
@@ -70,7 +135,8 @@ pub async fn handle(
     cx: Context<'_>,
     rule: &Arc<Protected>,
     request: Request<Incoming>,
-) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
+    report: &mut Report,
+) -> Result<Response<ProxyBody>, ProxyError> {
     let policy = &rule.policy;
     let (parts, body) = request.into_parts();
     // Phase 1: buffer (bounded).
@@ -86,82 +152,107 @@ pub async fn handle(
         body: &body,
     };
     let Some(DerivedKey { key, fingerprint }) = derive_key(&rule.key, &view, None)? else {
-        let response = send_buffered(cx.client, parts, body, cx.peer, policy.upstream_timeout)
-            .await?
-            .into_response();
-        return Ok((response, Outcome::Unkeyed));
+        report.outcome = Some(Outcome::Unkeyed);
+        return forward_unprotected(&cx, parts, body, policy.upstream_timeout).await;
     };
-    let span = tracing::Span::current();
-    if !span.is_disabled() {
-        span.record("key", tracing::field::display(key.short()));
-    }
+    report.key = Some(key);
 
     // Phase 3: claim; a duplicate in wait mode claims again each time it is woken.
     let deadline = Instant::now() + policy.wait_timeout;
-    let mut waited = false;
+    let mut waiting_since: Option<Instant> = None;
+    let waited = |since: Option<Instant>| {
+        if let Some(since) = since {
+            cx.route_metrics.waited(since.elapsed());
+        }
+    };
     loop {
         let claim = match cx.store.claim(key, fingerprint, policy.lease).await {
             Ok(claim) => claim,
             Err(e) => {
                 tracing::warn!(error = %e, "store failed during claim");
+                waited(waiting_since);
                 return match policy.on_store_error {
                     OnStoreError::FailClosed => Err(e.into()),
                     OnStoreError::FailOpen => {
-                        let answer =
-                            send_buffered(cx.client, parts, body, cx.peer, policy.upstream_timeout)
-                                .await?;
-                        Ok((answer.into_response(), Outcome::FailOpen))
+                        report.outcome = Some(Outcome::FailOpen);
+                        forward_unprotected(&cx, parts, body, policy.upstream_timeout).await
                     }
                 };
             }
         };
         match claim {
             Claim::Owner(lease) => {
-                let response = execute(cx, rule, lease, parts, body).await?;
-                return Ok((response, Outcome::Executed));
+                waited(waiting_since);
+                let (response, stored) = execute(&cx, rule, lease, parts, body).await?;
+                report.outcome = Some(if stored {
+                    Outcome::Executed
+                } else {
+                    Outcome::Released
+                });
+                return Ok(response);
             }
             Claim::Done(stored) => {
-                let outcome = if waited {
+                waited(waiting_since);
+                report.outcome = Some(if waiting_since.is_some() {
                     Outcome::Waited
                 } else {
                     Outcome::Replayed
-                };
-                return Ok((replay(&stored), outcome));
+                });
+                return Ok(replay(&stored));
             }
             Claim::Mismatch => return Err(ProxyError::Mismatch),
             Claim::InFlight(waiter) => {
-                let retry_after = RETRY_AFTER_SECS;
+                let in_flight = ProxyError::InFlight {
+                    retry_after: RETRY_AFTER_SECS,
+                };
                 if policy.in_flight == InFlightMode::Reject {
-                    return Err(ProxyError::InFlight { retry_after });
+                    return Err(in_flight);
                 }
-                waited = true;
+                waiting_since.get_or_insert_with(Instant::now);
                 if !waiter.wait(deadline).await {
-                    return Err(ProxyError::InFlight { retry_after });
+                    waited(waiting_since);
+                    return Err(in_flight);
                 }
             }
         }
     }
 }
 
-/// `Retry-After` for a duplicate of a running request: most owners finish within a second,
-/// and a sooner retry finds the replay; the lease only bounds owners that vanished.
-const RETRY_AFTER_SECS: u64 = 1;
+async fn forward_unprotected(
+    cx: &Context<'_>,
+    parts: Parts,
+    body: Bytes,
+    timeout: Duration,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let started = Instant::now();
+    let answer = send_buffered(cx.client, parts, body, cx.peer, timeout).await;
+    cx.route_metrics.upstream_latency(started.elapsed());
+    Ok(answer?.into_response())
+}
 
-/// The owner's phase: forward, then complete or release. Runs detached from the client.
+/// The owner's phase: forward, then complete or release. Runs detached from the client;
+/// returns the answer and whether it was stored.
 async fn execute(
-    cx: Context<'_>,
+    cx: &Context<'_>,
     rule: &Arc<Protected>,
     lease: Lease,
     parts: Parts,
     body: Bytes,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> Result<(Response<ProxyBody>, bool), ProxyError> {
     let client = cx.client.clone();
     let rule = Arc::clone(rule);
     let peer = cx.peer;
+    let running = cx.metrics.owner_running();
+    let owned = cx.owners.hold(&lease);
+    let route_metrics = Arc::clone(cx.route_metrics);
     let task = tokio::spawn(async move {
+        let _running = running;
+        let _owned = owned;
         let policy = &rule.policy;
-        let answer = match send_buffered(&client, parts, body, peer, policy.upstream_timeout).await
-        {
+        let started = Instant::now();
+        let answer = send_buffered(&client, parts, body, peer, policy.upstream_timeout).await;
+        route_metrics.upstream_latency(started.elapsed());
+        let answer = match answer {
             Ok(answer) => answer,
             Err(e) => {
                 release(lease).await;
@@ -170,18 +261,22 @@ async fn execute(
         };
         if !policy.replays(answer.status.as_u16()) {
             release(lease).await;
-            return Ok(answer.into_response());
+            return Ok((answer.into_response(), false));
         }
         let stored = StoredResponse::new(answer.status, &answer.headers, &answer.body);
         let body = stored.body().clone();
-        match lease.complete(stored, policy.ttl).await {
-            Ok(true) => {}
+        let kept = match lease.complete(stored, policy.ttl).await {
+            Ok(true) => true,
             Ok(false) => {
-                tracing::warn!("claim was taken over before completion; answer not stored")
+                tracing::warn!("claim was taken over before completion; answer not stored");
+                false
             }
-            Err(e) => tracing::error!(error = %e, "could not store the answer"),
-        }
-        Ok(BufferedAnswer { body, ..answer }.into_response())
+            Err(e) => {
+                tracing::error!(error = %e, "could not store the answer");
+                false
+            }
+        };
+        Ok((BufferedAnswer { body, ..answer }.into_response(), kept))
     });
     match task.await {
         Ok(result) => result,

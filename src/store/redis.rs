@@ -145,6 +145,7 @@ impl std::fmt::Debug for RedisStore {
 enum Found {
     Claimed,
     InFlight {
+        token: u128,
         fingerprint: Digest,
         pttl: i64,
     },
@@ -213,17 +214,29 @@ impl RedisStore {
         format!("{}done:{{{}}}", self.prefix, key.to_hex())
     }
 
-    /// Runs one script invocation under the store timeout.
+    /// Runs one script invocation under the store timeout. A connection that dropped since
+    /// the last call is retried once on the fresh connection: every script is safe to run
+    /// twice (a repeated claim recognises its own token, the others are fenced).
     async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
         let call = async {
-            match &self.conn {
-                Conn::Single(c) => invocation.invoke_async(&mut c.clone()).await,
-                Conn::Cluster(cluster) => {
-                    let (client, cell) = &**cluster;
-                    let conn = cell
-                        .get_or_try_init(|| client.get_async_connection())
-                        .await?;
-                    invocation.invoke_async(&mut conn.clone()).await
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let result = match &self.conn {
+                    Conn::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+                    Conn::Cluster(cluster) => {
+                        let (client, cell) = &**cluster;
+                        let conn = cell
+                            .get_or_try_init(|| client.get_async_connection())
+                            .await?;
+                        invocation.invoke_async(&mut conn.clone()).await
+                    }
+                };
+                match result {
+                    Err(e) if attempt == 1 && (e.is_connection_dropped() || e.is_io_error()) => {
+                        tracing::debug!(error = %e, "redis connection dropped; retrying once");
+                    }
+                    other => return other,
                 }
             }
         };
@@ -290,7 +303,11 @@ impl RedisStore {
             Value::Int(0) => Ok(Found::Claimed),
             Value::Array(items) => {
                 let (data, pttl) = record_and_ttl(items)?;
-                parse_record(data, pttl)
+                match parse_record(data, pttl)? {
+                    // Our own record: a retried claim whose first reply was lost.
+                    Found::InFlight { token: t, .. } if t == token.0 => Ok(Found::Claimed),
+                    found => Ok(found),
+                }
             }
             other => Err(unexpected(&other)),
         }
@@ -568,6 +585,7 @@ fn parse_record(data: Vec<u8>, pttl: i64) -> Result<Found, StoreError> {
     let malformed = || StoreError::Unavailable("malformed record in Redis".into());
     match data.first() {
         Some(b'I') if data.len() >= 57 => Ok(Found::InFlight {
+            token: u128::from_be_bytes(data[1..17].try_into().map_err(|_| malformed())?),
             fingerprint: Digest(data[17..49].try_into().map_err(|_| malformed())?),
             pttl,
         }),

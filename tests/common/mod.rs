@@ -207,29 +207,54 @@ pub fn pattern_bytes(n: usize) -> Vec<u8> {
 /// An in-process idemgate.
 pub struct ProxyHandle {
     pub addr: SocketAddr,
+    pub admin: SocketAddr,
     pub store: Store,
 }
 
 /// Starts idemgate in front of `upstream`; `rest` is the YAML after `listen`/`upstream`.
 pub async fn start_proxy(upstream: SocketAddr, rest: &str) -> ProxyHandle {
+    start_proxy_with_admin(upstream, rest, None).await
+}
+
+/// Same, with an admin listener (optionally behind a bearer token) on 127.0.0.1:0.
+pub async fn start_proxy_with_admin(
+    upstream: SocketAddr,
+    rest: &str,
+    admin_token: Option<&str>,
+) -> ProxyHandle {
     let text = format!("listen: 127.0.0.1:0\nupstream: http://{upstream}\n{rest}");
     let config = Arc::new(Config::parse(&text, "test.yaml").expect("test config"));
     let store = idemgate::server::open_store(&config).expect("store");
-    let proxy = Proxy::new(Arc::clone(&config), store.clone());
+    let proxy = Proxy::new(
+        Arc::clone(&config),
+        store.clone(),
+        Arc::new(idemgate::metrics::Metrics::new()),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = admin_listener.local_addr().unwrap();
+    tokio::spawn(idemgate::server::serve_admin(
+        admin_listener,
+        proxy.clone(),
+        admin_token.map(str::to_owned),
+        std::future::pending(),
+    ));
     tokio::spawn(idemgate::server::serve_proxy(
         listener,
         proxy,
         std::future::pending(),
+        Duration::from_secs(1),
     ));
-    ProxyHandle { addr, store }
+    ProxyHandle { addr, admin, store }
 }
 
-/// A real `idemgate run` process (so it can be SIGKILLed like a crashed replica).
+/// A real `idemgate run` process (so it can be signalled or SIGKILLed like a replica).
 pub struct ProxyProcess {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    pub config: std::path::PathBuf,
+    log: std::path::PathBuf,
     child: std::process::Child,
     _dir: tempfile::TempDir,
 }
@@ -238,10 +263,16 @@ impl ProxyProcess {
     /// Starts the binary with `rest` appended to generated listen/upstream/admin lines, and
     /// waits until it accepts connections.
     pub fn start(upstream: SocketAddr, rest: &str) -> Self {
+        Self::start_logging(upstream, rest, "warn")
+    }
+
+    /// Same, with `IDEMGATE_LOG=level`; the log goes to a file, see [`ProxyProcess::log`].
+    pub fn start_logging(upstream: SocketAddr, rest: &str, level: &str) -> Self {
         let port = redis_server::free_port();
         let admin_port = redis_server::free_port();
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("proxy.yaml");
+        let log = dir.path().join("idemgate.log");
         std::fs::write(
             &config,
             format!(
@@ -252,8 +283,10 @@ impl ProxyProcess {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
             .args(["run", "--config"])
             .arg(&config)
-            .env("IDEMGATE_LOG", "warn")
-            .stdout(std::process::Stdio::null())
+            .env("IDEMGATE_LOG", level)
+            .env("NO_COLOR", "1")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -264,8 +297,40 @@ impl ProxyProcess {
         Self {
             addr,
             admin: format!("127.0.0.1:{admin_port}").parse().unwrap(),
+            config,
+            log,
             child,
             _dir: dir,
+        }
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends a signal (`HUP`, `TERM`, …) with kill(1).
+    pub fn signal(&self, name: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit by itself (hang guard: 60 s).
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "hang guard: still running"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

@@ -1,0 +1,141 @@
+//! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz`, and key
+//! inspection (`GET /keys/{digest}`, `DELETE /keys/{digest}` so support can let a customer
+//! retry). With a token configured, everything but the probes needs
+//! `Authorization: Bearer <token>`.
+
+use std::time::UNIX_EPOCH;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+
+use crate::key::Digest;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::Proxy;
+
+/// Answers one admin request.
+pub async fn handle<B>(
+    request: Request<B>,
+    proxy: &Proxy,
+    token: Option<&str>,
+) -> Response<ProxyBody> {
+    let path = request.uri().path();
+    let method = request.method();
+    match (method, path) {
+        (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/readyz") => {
+            return if proxy.store().ready().await {
+                text(StatusCode::OK, "ready\n")
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "store unreachable\n")
+            };
+        }
+        _ => {}
+    }
+    if let Some(expected) = token {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
+            let mut r = text(StatusCode::UNAUTHORIZED, "admin token required\n");
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    if (method, path) == (&Method::GET, "/metrics") {
+        let mut r = text(
+            StatusCode::OK,
+            proxy.metrics().render(proxy.store().stats()),
+        );
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        return r;
+    }
+    let Some(hex) = path.strip_prefix("/keys/") else {
+        return text(StatusCode::NOT_FOUND, "not found\n");
+    };
+    let Some(digest) = Digest::from_hex(hex) else {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "a key is 64 hex digits (see idemgate explain)\n",
+        );
+    };
+    let with_body = request
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "body=true" || p == "body=1"));
+    match *method {
+        Method::GET => match proxy.store().inspect(digest).await {
+            Ok(Some(info)) => {
+                let secs = |t: std::time::SystemTime| {
+                    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+                };
+                let mut doc = serde_json::json!({
+                    "key": digest.to_hex(),
+                    "state": info.state,
+                    "created": secs(info.created),
+                    "expires": secs(info.expires),
+                });
+                if let Some(stored) = &info.response {
+                    doc["status"] = stored.status().as_u16().into();
+                    doc["body_bytes"] = stored.body().len().into();
+                    if with_body {
+                        doc["headers"] = stored
+                            .headers()
+                            .iter()
+                            .map(|(n, v)| {
+                                serde_json::json!([
+                                    n.as_str(),
+                                    String::from_utf8_lossy(v.as_bytes())
+                                ])
+                            })
+                            .collect();
+                        doc["body"] = String::from_utf8_lossy(stored.body()).into();
+                    }
+                }
+                json(StatusCode::OK, doc)
+            }
+            Ok(None) => text(StatusCode::NOT_FOUND, "no such key\n"),
+            Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+        },
+        Method::DELETE => match proxy.store().remove(digest).await {
+            Ok(true) => {
+                tracing::info!(key = %digest.short(), "key deleted through the admin API");
+                let mut r = Response::new(ProxyBody::empty());
+                *r.status_mut() = StatusCode::NO_CONTENT;
+                r
+            }
+            Ok(false) => text(StatusCode::NOT_FOUND, "no such key\n"),
+            Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+        },
+        _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE\n"),
+    }
+}
+
+/// Compares without an early exit, so response timing does not reveal the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {
+    let mut r = Response::new(ProxyBody::full(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn json(status: StatusCode, doc: serde_json::Value) -> Response<ProxyBody> {
+    let mut r = text(status, doc.to_string());
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}

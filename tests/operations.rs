@@ -1,0 +1,413 @@
+//! Operating idemgate: metrics move as requests happen, the admin API inspects and deletes
+//! keys, `/readyz` follows the store, `explain` computes the stored digest, SIGHUP reloads
+//! (refusing a broken file), SIGTERM drains and releases, and access logs never carry a
+//! raw key or `Authorization` value.
+
+mod common;
+
+use std::time::Duration;
+
+use common::redis_server::{wait_until, RedisServer};
+use common::{post, send, start_proxy_with_admin, start_upstream, ProxyProcess};
+use http::{Method, StatusCode};
+
+const ROUTES: &str = r#"
+defaults: { max_body: 1KiB }
+routes:
+  - name: orders
+    match: { methods: [POST], path: /orders }
+    key: { header: Idempotency-Key }
+  - name: quick
+    match: { methods: [POST], path: /orders/quick }
+    key: { header: Idempotency-Key }
+    in_flight: reject
+"#;
+
+fn metric(text: &str, route: &str, outcome: &str) -> u64 {
+    let needle = format!("idemgate_requests_total{{route=\"{route}\",outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&needle))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripted_sequence_moves_each_counter() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, Some("s3cret")).await;
+    let k = |key: &'static str| [("idempotency-key", key)];
+    post(proxy.addr, "/orders", &k("a"), "{}").await; // executed
+    post(proxy.addr, "/orders", &k("a"), "{}").await; // replayed
+    post(proxy.addr, "/orders", &k("a"), r#"{"x":1}"#).await; // mismatch
+    post(proxy.addr, "/orders", &k("bad key"), "{}").await; // rejected (400)
+    post(proxy.addr, "/orders", &k("big"), &"x".repeat(2048)).await; // rejected (413)
+    post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "e"), ("x-test-status", "503")],
+        "{}",
+    )
+    .await; // released
+    post(proxy.addr, "/orders", &[], "{}").await; // unkeyed (key optional)
+    send(proxy.addr, Method::GET, "/orders", &[], "").await; // passthrough
+                                                             // waited + conflict: a slow owner, one waiting duplicate, one rejected duplicate.
+    let addr = proxy.addr;
+    let slow = tokio::spawn(async move {
+        post(
+            addr,
+            "/orders/quick",
+            &[("idempotency-key", "w"), ("x-test-delay-ms", "400")],
+            "{}",
+        )
+        .await
+    });
+    let slow2 = tokio::spawn(async move {
+        post(
+            addr,
+            "/orders",
+            &[("idempotency-key", "w2"), ("x-test-delay-ms", "400")],
+            "{}",
+        )
+        .await
+    });
+    while upstream.executed_for("w") == 0 || upstream.executed_for("w2") == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let conflict = post(addr, "/orders/quick", &k("w"), "{}").await;
+    assert_eq!(conflict.status, StatusCode::CONFLICT);
+    let waited = post(addr, "/orders", &k("w2"), "{}").await;
+    assert!(waited.replayed());
+    slow.await.unwrap();
+    slow2.await.unwrap();
+
+    let unauthorized = send(proxy.admin, Method::GET, "/metrics", &[], "").await;
+    assert_eq!(unauthorized.status, StatusCode::UNAUTHORIZED);
+    let m = send(
+        proxy.admin,
+        Method::GET,
+        "/metrics",
+        &[("authorization", "Bearer s3cret")],
+        "",
+    )
+    .await;
+    assert_eq!(m.status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&m.body);
+    for (route, outcome, expected) in [
+        ("orders", "executed", 2),
+        ("orders", "replayed", 1),
+        ("orders", "mismatch", 1),
+        ("orders", "rejected", 2),
+        ("orders", "released", 1),
+        ("orders", "unkeyed", 1),
+        ("orders", "waited", 1),
+        ("quick", "executed", 1),
+        ("quick", "conflict", 1),
+        ("", "passthrough", 1),
+    ] {
+        assert_eq!(
+            metric(&text, route, outcome),
+            expected,
+            "{route}/{outcome} in\n{text}"
+        );
+    }
+    assert!(text.contains("idemgate_upstream_seconds_bucket{"), "{text}");
+    assert!(
+        text.contains(r#"idemgate_wait_seconds_count{route="orders"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("idemgate_in_flight 0"), "{text}");
+    assert!(
+        text.contains("idemgate_store_entries 3"),
+        "a, w and w2; the released e is gone: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_errors_and_fail_open_are_counted_and_readyz_follows_the_store() {
+    let mut redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let config = |mode: &str| {
+        format!(
+            "store:\n  redis: {{ url: \"{}\", timeout: 300ms }}\ndefaults: {{ on_store_error: {mode} }}\n",
+            redis.url()
+        )
+    };
+    let closed = start_proxy_with_admin(upstream.addr, &config("fail_closed"), None).await;
+    let open = start_proxy_with_admin(upstream.addr, &config("fail_open"), None).await;
+    let ready = |admin| async move { send(admin, Method::GET, "/readyz", &[], "").await.status };
+    assert_eq!(ready(closed.admin).await, StatusCode::OK);
+    redis.kill();
+    assert_eq!(ready(closed.admin).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        post(closed.addr, "/x", &[], "{}").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        post(open.addr, "/x", &[], "{}").await.status,
+        StatusCode::OK
+    );
+    let text = |admin| async move {
+        String::from_utf8_lossy(&send(admin, Method::GET, "/metrics", &[], "").await.body)
+            .into_owned()
+    };
+    assert_eq!(
+        metric(&text(closed.admin).await, "default", "store_error"),
+        1
+    );
+    assert_eq!(metric(&text(open.admin).await, "default", "fail_open"), 1);
+    redis.restart();
+    let admin = closed.admin;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while ready(admin).await != StatusCode::OK {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "readyz never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_digest_is_the_stored_key_and_admin_can_inspect_and_delete_it() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let body = r#"{"sku":"A1"}"#;
+    let headers = [
+        ("idempotency-key", "support-1"),
+        ("authorization", "Bearer alice"),
+    ];
+    post(proxy.addr, "/orders", &headers, body).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:1\nupstream: http://{}\n{ROUTES}",
+            upstream.addr
+        ),
+    )
+    .unwrap();
+    let body_file = dir.path().join("body.json");
+    std::fs::write(&body_file, body).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["explain", "--config"])
+        .arg(&config)
+        .args(["--method", "POST", "--path", "/orders"])
+        .args([
+            "-H",
+            "Idempotency-Key: support-1",
+            "-H",
+            "Authorization: Bearer alice",
+            "--body",
+        ])
+        .arg(&body_file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        !text.contains("alice"),
+        "explain never prints scope values: {text}"
+    );
+    let digest = text
+        .lines()
+        .find_map(|l| l.strip_prefix("key digest:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+
+    let found = send(
+        proxy.admin,
+        Method::GET,
+        &format!("/keys/{digest}?body=true"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(
+        found.status,
+        StatusCode::OK,
+        "explain's digest is the stored key"
+    );
+    let info = found.json();
+    assert_eq!(info["state"], "done");
+    assert_eq!(info["status"], 201);
+    assert!(info["body"].as_str().unwrap().contains("A1"));
+    let short = send(
+        proxy.admin,
+        Method::GET,
+        &format!("/keys/{digest}"),
+        &[],
+        "",
+    )
+    .await
+    .json();
+    assert!(short.get("body").is_none(), "the body only when asked");
+
+    let deleted = send(
+        proxy.admin,
+        Method::DELETE,
+        &format!("/keys/{digest}"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    let again = post(proxy.addr, "/orders", &headers, body).await;
+    assert!(!again.replayed(), "support let the customer retry");
+    assert_eq!(upstream.executed(), 2);
+    let bad = send(proxy.admin, Method::GET, "/keys/xyz", &[], "").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_routes_and_a_broken_file_keeps_the_old_ones() {
+    let upstream = start_upstream().await;
+    let original = "routes:\n  - name: keyed\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key, required: true }\n";
+    let proxy = ProxyProcess::start_logging(upstream.addr, original, "info");
+    assert_eq!(
+        post(proxy.addr, "/orders", &[], "{}").await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let text = std::fs::read_to_string(&proxy.config).unwrap();
+    std::fs::write(&proxy.config, format!("{text}    ttl: never\n")).unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().contains("reload refused"),
+        "the refusal log line",
+    );
+    let log = proxy.log();
+    let line = log.lines().find(|l| l.contains("reload refused")).unwrap();
+    assert!(line.contains("proxy.yaml:8:10: routes[0].ttl"), "{line}");
+    assert_eq!(
+        post(proxy.addr, "/orders", &[], "{}").await.status,
+        StatusCode::BAD_REQUEST,
+        "old routes serve"
+    );
+    // A good file takes effect without a restart: the route is now unprotected.
+    std::fs::write(
+        &proxy.config,
+        text.replace(
+            "key: { header: Idempotency-Key, required: true }",
+            "idempotency: off",
+        ),
+    )
+    .unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().contains("config reloaded"),
+        "the reload log line",
+    );
+    assert_eq!(
+        post(proxy.addr, "/orders", &[], "{}").await.status,
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_slow_call_finish_and_stores_its_answer() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  redis: {{ url: \"{}\" }}\ndrain_timeout: 20s\nroutes:\n  - name: o\n    match: {{ path: /orders }}\n    key: {{ header: Idempotency-Key }}\n",
+        redis.url()
+    );
+    let mut a = ProxyProcess::start(upstream.addr, &config);
+    let b = ProxyProcess::start(upstream.addr, &config);
+    let addr = a.addr;
+    let slow = tokio::spawn(async move {
+        post(
+            addr,
+            "/orders",
+            &[("idempotency-key", "drain"), ("x-test-delay-ms", "800")],
+            "{}",
+        )
+        .await
+    });
+    while upstream.executed() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.signal("TERM");
+    let answer = slow.await.unwrap();
+    assert_eq!(
+        answer.status,
+        StatusCode::CREATED,
+        "the call in progress finished"
+    );
+    assert!(a.wait_exit().success());
+    let retry = post(b.addr, "/orders", &[("idempotency-key", "drain")], "{}").await;
+    assert!(retry.replayed(), "its answer was stored before exit");
+    assert_eq!(upstream.executed(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_drain_releases_claims_so_retries_run_elsewhere() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    // A 60 s lease: without the release at exit, the retry below would wait and get 409.
+    let config = format!(
+        "store:\n  redis: {{ url: \"{}\" }}\ndrain_timeout: 300ms\ndefaults: {{ lease: 60s, wait_timeout: 5s }}\nroutes:\n  - name: o\n    match: {{ path: /orders }}\n    key: {{ header: Idempotency-Key }}\n",
+        redis.url()
+    );
+    let mut a = ProxyProcess::start(upstream.addr, &config);
+    let b = ProxyProcess::start(upstream.addr, &config);
+    let addr = a.addr;
+    let stuck = tokio::spawn(async move {
+        let client = common::client();
+        let request = http::Request::post(format!("http://{addr}/orders"))
+            .header("idempotency-key", "stuck")
+            .header("x-test-delay-ms", "30000")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap();
+        client.request(request).await
+    });
+    while upstream.executed() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.signal("TERM");
+    assert!(a.wait_exit().success());
+    let _ = stuck.await;
+    let retry = post(b.addr, "/orders", &[("idempotency-key", "stuck")], "{}").await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(
+        upstream.executed_for("stuck"),
+        2,
+        "released at exit, so B executed it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_has_one_line_per_request_and_no_secrets() {
+    let upstream = start_upstream().await;
+    let routes = "routes:\n  - name: keyed\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key }\n";
+    let proxy = ProxyProcess::start_logging(upstream.addr, routes, "info");
+    let h = [
+        ("idempotency-key", "very-secret-key-42"),
+        ("authorization", "Bearer sk_live_zzz"),
+    ];
+    post(proxy.addr, "/orders", &h, r#"{"card":"4242424242424242"}"#).await;
+    post(proxy.addr, "/orders", &h, r#"{"card":"4242424242424242"}"#).await;
+    wait_until(
+        || proxy.log().matches("outcome=replayed").count() == 1,
+        "two access lines",
+    );
+    let log = proxy.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("access")).collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(
+        lines[0].contains("route=keyed")
+            && lines[0].contains("outcome=executed")
+            && lines[0].contains("status=201"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("key="), "{}", lines[0]);
+    for secret in ["very-secret-key-42", "sk_live_zzz", "4242424242424242"] {
+        assert!(!log.contains(secret), "{secret} leaked into\n{log}");
+    }
+}

@@ -1,0 +1,714 @@
+//! The store contract as one conformance suite, run against every backend.
+//!
+//! Each check in [`checks`] is an `async fn(&Store)` that states one behaviour of the
+//! contract in `src/store.rs` (atomic claims, replay, fingerprint mismatch, fencing, lease
+//! renewal and release on drop, waiters, TTL, inspect and remove). The
+//! [`store_conformance!`] macro turns every check into a `#[tokio::test]` (multi-threaded
+//! runtime, so renewers and claimers really run in parallel) against a store built by a
+//! factory, once per backend module. Test names are the check names, prefixed by the
+//! backend: `memory::a_released_key_is_claimed_afresh`.
+//!
+//! # Plugging in a new backend
+//!
+//! 1. Add the variant to `Store` (for example `Store::Redis(Arc<RedisStore>)`).
+//! 2. Add a module here with an async factory that returns a fresh, empty store and a
+//!    guard that lives as long as the test (the `redis` module returns the redis-server
+//!    process it started on a free port), and invoke the macro:
+//!
+//!    ```ignore
+//!    mod redis {
+//!        use super::*;
+//!        async fn store() -> (Store, RedisServer) { … }
+//!        store_conformance!(store);
+//!    }
+//!    ```
+//!
+//!    Every check in the macro's list runs; a backend cannot skip one by forgetting it.
+//! 3. What the checks assume of a backend: keys come from [`fresh_key`], unique within a
+//!    run and salted per run, so a shared server needs no flushing between tests; a store
+//!    handle is usable from any tokio runtime ([`claim_abandoned`] claims from a private
+//!    runtime that it then shuts down); the real clock is used (no paused time), with
+//!    leases of a few hundred milliseconds where one must lapse.
+//! 4. Limits are backend specific and not part of the contract: the memory store's bounds
+//!    are tested in [`memory_bounds`]. A bounded backend writes its own section, reusing the
+//!    helpers here.
+//!
+//! # Timing
+//!
+//! No check asserts how long anything took. Where a lease or TTL must run out, the check
+//! waits for the condition (claim until `Owner`) under a generous hang guard
+//! ([`HANG_GUARD`]); a broken store fails by tripping the guard, never by being slow.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use http::header::{CONTENT_TYPE, SET_COOKIE};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use idemgate::key::Digest;
+use idemgate::store::{
+    Claim, Lease, MemoryLimits, MemoryStore, OwnerToken, Store, StoreError, StoredResponse,
+};
+use sha2::{Digest as _, Sha256};
+
+// === Backends ===
+
+/// Instantiates every conformance check as a test against the store `$factory().await`
+/// returns, with a guard (e.g. the backend's server process) kept alive for the test. The
+/// list below is the contract: a new check goes here and runs everywhere.
+macro_rules! store_conformance {
+    ($factory:path) => {
+        store_conformance!(@tests $factory;
+            a_free_key_has_exactly_one_owner_among_concurrent_claimers,
+            an_owner_finishing_at_once_leaves_claimers_in_flight_or_done,
+            a_completed_key_replays_status_headers_and_binary_body,
+            another_fingerprint_mismatches_in_flight_and_done,
+            the_none_fingerprint_never_mismatches,
+            a_released_key_is_claimed_afresh,
+            an_owner_whose_lease_lapsed_is_fenced_off,
+            a_live_lease_keeps_its_claim_across_several_lease_periods,
+            dropping_an_unfinished_lease_frees_the_key,
+            a_waiter_resolves_when_the_owner_completes,
+            a_waiter_resolves_when_the_owner_releases,
+            a_waiter_resolves_when_a_vanished_owners_lease_runs_out,
+            a_waiter_gives_up_at_its_deadline_while_the_owner_renews,
+            a_done_key_is_free_again_after_its_ttl,
+            a_zero_ttl_completes_without_storing,
+            inspect_reports_in_flight_and_done_records,
+            remove_frees_a_key_in_any_state,
+        );
+    };
+    (@tests $factory:path; $($check:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let (store, _guard) = $factory().await;
+                let store: Store = store;
+                crate::checks::$check(&store).await;
+            }
+        )+
+    };
+}
+
+mod memory {
+    use super::*;
+
+    /// The memory store with its default bounds (sharded, far above what a check uses).
+    async fn store() -> (Store, ()) {
+        (
+            Store::Memory(Arc::new(MemoryStore::new(MemoryLimits::default()))),
+            (),
+        )
+    }
+
+    store_conformance!(store);
+}
+
+#[path = "common/redis_server.rs"]
+#[allow(dead_code)]
+mod redis_server;
+
+mod redis {
+    use super::*;
+    use idemgate::store::{RedisSettings, RedisStore};
+
+    /// A Redis store on its own redis-server (free port, stopped when the test ends).
+    async fn store() -> (Store, super::redis_server::RedisServer) {
+        let server = super::redis_server::RedisServer::start();
+        let store = RedisStore::connect(&RedisSettings {
+            url: Some(server.url()),
+            cluster: Vec::new(),
+            prefix: "conformance:".into(),
+            timeout: Duration::from_secs(2),
+        })
+        .expect("redis store");
+        (Store::Redis(Arc::new(store)), server)
+    }
+
+    store_conformance!(store);
+}
+
+// === Fixtures and helpers ===
+
+/// How long any awaited condition may take before the check fails as hung.
+const HANG_GUARD: Duration = Duration::from_secs(10);
+/// A lease no check outlives: ownership never lapses by accident.
+const LONG_LEASE: Duration = Duration::from_secs(30);
+/// A lease meant to run out within a check.
+const SHORT_LEASE: Duration = Duration::from_millis(300);
+/// A TTL no check outlives.
+const LONG_TTL: Duration = Duration::from_secs(3600);
+/// Pause between re-claims while waiting for a condition.
+const POLL: Duration = Duration::from_millis(20);
+
+/// A store key: SHA-256 of `n` and a per-run salt, so runs against a shared server do not
+/// collide with leftovers of earlier runs.
+fn key(n: u64) -> Digest {
+    static SALT: OnceLock<u64> = OnceLock::new();
+    let salt = *SALT.get_or_init(rand::random::<u64>);
+    let mut h = Sha256::new();
+    h.update(b"idemgate conformance key");
+    h.update(salt.to_le_bytes());
+    h.update(n.to_le_bytes());
+    Digest(h.finalize().into())
+}
+
+/// A key no other check in this run uses.
+fn fresh_key() -> Digest {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    key(NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A payload fingerprint (never [`Digest::NONE`]).
+fn fingerprint(n: u64) -> Digest {
+    let mut h = Sha256::new();
+    h.update(b"idemgate conformance fingerprint");
+    h.update(n.to_le_bytes());
+    Digest(h.finalize().into())
+}
+
+/// A body with every byte value, NULs and invalid UTF-8 included.
+fn binary_body() -> Vec<u8> {
+    (0..=255u8).chain([0, 0, 0xff, 0xc3, 0x28]).collect()
+}
+
+/// A 201 with two `Set-Cookie` values (order matters) and a content type.
+fn response(body: &[u8]) -> StoredResponse {
+    let mut headers = HeaderMap::new();
+    headers.append(SET_COOKIE, HeaderValue::from_static("session=abc; Path=/"));
+    headers.append(SET_COOKIE, HeaderValue::from_static("theme=dark"));
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    StoredResponse::new(StatusCode::CREATED, &headers, body)
+}
+
+/// Compares what a replay would send. Not `==`: `stored_at` may lose precision in a
+/// backend's encoding.
+fn assert_same_response(got: &StoredResponse, want: &StoredResponse) {
+    assert_eq!(got.status(), want.status());
+    assert_eq!(got.headers(), want.headers());
+    let cookies: Vec<_> = got.headers().get_all(SET_COOKIE).iter().cloned().collect();
+    assert_eq!(cookies, ["session=abc; Path=/", "theme=dark"]);
+    assert_eq!(got.body(), want.body());
+}
+
+async fn claim(store: &Store, key: Digest, fp: Digest, lease: Duration) -> Claim {
+    store.claim(key, fp, lease).await.expect("claim failed")
+}
+
+fn expect_owner(claim: Claim) -> Lease {
+    match claim {
+        Claim::Owner(lease) => lease,
+        other => panic!("expected owner, got {}", other.as_str()),
+    }
+}
+
+fn expect_in_flight(claim: Claim) -> idemgate::store::Waiter {
+    match claim {
+        Claim::InFlight(waiter) => waiter,
+        other => panic!("expected in_flight, got {}", other.as_str()),
+    }
+}
+
+fn expect_done(claim: Claim) -> Arc<StoredResponse> {
+    match claim {
+        Claim::Done(response) => response,
+        other => panic!("expected done, got {}", other.as_str()),
+    }
+}
+
+fn expect_mismatch(claim: Claim) {
+    if !matches!(claim, Claim::Mismatch) {
+        panic!("expected mismatch, got {}", claim.as_str());
+    }
+}
+
+/// Claims a fresh key and completes it with `body`, for tests that need done records.
+async fn complete_fresh(store: &Store, body: &[u8], ttl: Duration) -> Digest {
+    let k = fresh_key();
+    let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert!(lease.complete(response(body), ttl).await.expect("complete"));
+    k
+}
+
+/// Runs `f`, failing the check if it has not finished within [`HANG_GUARD`].
+async fn within<F: Future>(what: &str, f: F) -> F::Output {
+    tokio::time::timeout(HANG_GUARD, f)
+        .await
+        .unwrap_or_else(|_| panic!("hang guard: {what} within {HANG_GUARD:?}"))
+}
+
+/// Claims until this request owns `key`: the key must become free (released, expired,
+/// or its owner's lease run out).
+async fn claim_until_owner(store: &Store, key: Digest, fp: Digest, lease: Duration) -> Lease {
+    within("the key to become free", async {
+        loop {
+            match claim(store, key, fp, lease).await {
+                Claim::Owner(lease) => return lease,
+                Claim::InFlight(waiter) => {
+                    waiter.wait(Instant::now() + POLL).await;
+                }
+                Claim::Done(_) => tokio::time::sleep(POLL).await,
+                Claim::Mismatch => panic!("unexpected mismatch while waiting for {key:?}"),
+            }
+        }
+    })
+    .await
+}
+
+/// Claims `key` as an owner that then vanishes without a trace but its token, like a
+/// process that crashed or froze after claiming: it never renews and never releases.
+///
+/// Why not simply `std::mem::forget` the [`Lease`]: forgetting skips its `Drop` but leaves
+/// its renewal task running, so the claim would be renewed forever; that is a live owner,
+/// not a vanished one. Why not `MemoryStore`'s raw claim: it exists only for the memory
+/// backend. So the claim runs on a private runtime that is shut down right after (which
+/// kills the renewer before its first tick), and the lease is then forgotten so its
+/// `Drop` cannot release either. The token stays valid for checking that the stale owner,
+/// should it wake up, is fenced off.
+async fn claim_abandoned(store: &Store, key: Digest, fp: Digest, lease: Duration) -> OwnerToken {
+    let store = store.clone();
+    let owner = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("private runtime");
+        let claim = rt.block_on(store.claim(key, fp, lease)).expect("claim");
+        drop(rt);
+        let lease = expect_owner(claim);
+        let token = lease.token();
+        std::mem::forget(lease);
+        token
+    });
+    tokio::task::spawn_blocking(move || owner.join())
+        .await
+        .expect("join")
+        .expect("the abandoned owner's thread panicked")
+}
+
+// === The contract ===
+
+/// One function per behaviour of the store contract; see [`store_conformance!`].
+mod checks {
+    use super::*;
+
+    const CLAIMERS: usize = 200;
+
+    /// Of 200 simultaneous claims of a free key exactly one owns it; the owner holds its
+    /// lease until every claim has answered, so all others must see it in flight.
+    pub async fn a_free_key_has_exactly_one_owner_among_concurrent_claimers(store: &Store) {
+        let k = fresh_key();
+        let start = Arc::new(tokio::sync::Barrier::new(CLAIMERS));
+        let tasks: Vec<_> = (0..CLAIMERS)
+            .map(|_| {
+                let (store, start) = (store.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    claim(&store, k, fingerprint(1), LONG_LEASE).await
+                })
+            })
+            .collect();
+        let (mut owners, mut in_flight) = (Vec::new(), 0);
+        for task in tasks {
+            match within("a claim", task).await.expect("claimer panicked") {
+                Claim::Owner(lease) => owners.push(lease),
+                Claim::InFlight(_) => in_flight += 1,
+                other => panic!("unexpected {}", other.as_str()),
+            }
+        }
+        assert_eq!(owners.len(), 1, "owners of one key");
+        assert_eq!(in_flight, CLAIMERS - 1);
+        for lease in owners {
+            assert!(lease.release().await.unwrap());
+        }
+    }
+
+    /// Same race, but the owner completes as soon as it wins: nobody may become a second
+    /// owner of the completed key; the rest see it in flight or done.
+    pub async fn an_owner_finishing_at_once_leaves_claimers_in_flight_or_done(store: &Store) {
+        let k = fresh_key();
+        let start = Arc::new(tokio::sync::Barrier::new(CLAIMERS));
+        let tasks: Vec<_> = (0..CLAIMERS)
+            .map(|_| {
+                let (store, start) = (store.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    match claim(&store, k, fingerprint(1), LONG_LEASE).await {
+                        Claim::Owner(lease) => {
+                            assert!(lease.complete(response(b"once"), LONG_TTL).await.unwrap());
+                            "owner"
+                        }
+                        Claim::Done(stored) => {
+                            assert_same_response(&stored, &response(b"once"));
+                            "done"
+                        }
+                        other => other.as_str(),
+                    }
+                })
+            })
+            .collect();
+        let mut owners = 0;
+        for task in tasks {
+            match within("a claim", task).await.expect("claimer panicked") {
+                "owner" => owners += 1,
+                "done" | "in_flight" => {}
+                other => panic!("unexpected {other}"),
+            }
+        }
+        assert_eq!(owners, 1, "owners of one key");
+        expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    }
+
+    /// Complete stores status, repeated headers in order and a binary body; every later
+    /// claim replays exactly that.
+    pub async fn a_completed_key_replays_status_headers_and_binary_body(store: &Store) {
+        let k = fresh_key();
+        let want = response(&binary_body());
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(lease.complete(want.clone(), LONG_TTL).await.unwrap());
+        for _ in 0..2 {
+            let got = expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await);
+            assert_same_response(&got, &want);
+        }
+    }
+
+    /// A claim with another payload's fingerprint is a mismatch, while the first request
+    /// runs and after it is done; the original fingerprint still gets its answers.
+    pub async fn another_fingerprint_mismatches_in_flight_and_done(store: &Store) {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        expect_mismatch(claim(store, k, fingerprint(2), LONG_LEASE).await);
+        expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(lease.complete(response(b"a"), LONG_TTL).await.unwrap());
+        expect_mismatch(claim(store, k, fingerprint(2), LONG_LEASE).await);
+        expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    }
+
+    /// `Digest::NONE` means "nothing to compare" on either side: no mismatch.
+    pub async fn the_none_fingerprint_never_mismatches(store: &Store) {
+        // Stored with a fingerprint, offered without one.
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        expect_in_flight(claim(store, k, Digest::NONE, LONG_LEASE).await);
+        assert!(lease.complete(response(b"a"), LONG_TTL).await.unwrap());
+        expect_done(claim(store, k, Digest::NONE, LONG_LEASE).await);
+
+        // Stored without a fingerprint, offered with any.
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, Digest::NONE, LONG_LEASE).await);
+        expect_in_flight(claim(store, k, fingerprint(2), LONG_LEASE).await);
+        assert!(lease.complete(response(b"b"), LONG_TTL).await.unwrap());
+        expect_done(claim(store, k, fingerprint(2), LONG_LEASE).await);
+        expect_done(claim(store, k, fingerprint(3), LONG_LEASE).await);
+    }
+
+    /// Release frees the key at once: the next claim executes again.
+    pub async fn a_released_key_is_claimed_afresh(store: &Store) {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(lease.release().await.unwrap());
+        let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(again.release().await.unwrap());
+    }
+
+    /// Owner A vanishes (no renewals); once its lease lapsed B takes over. A, waking up,
+    /// can neither renew, complete nor release: its calls answer `false` and B's record is
+    /// untouched; B completes normally.
+    pub async fn an_owner_whose_lease_lapsed_is_fenced_off(store: &Store) {
+        let k = fresh_key();
+        let a = claim_abandoned(store, k, fingerprint(1), SHORT_LEASE).await;
+        let b = claim_until_owner(store, k, fingerprint(1), LONG_LEASE).await;
+        assert_ne!(a, b.token());
+
+        assert!(!store.renew(k, a, LONG_LEASE).await.unwrap(), "stale renew");
+        let stale = response(b"from the stale owner");
+        assert!(!store.complete(k, a, stale, LONG_TTL).await.unwrap());
+        assert!(!store.release(k, a).await.unwrap(), "stale release");
+
+        // B still owns the key: in flight, nothing stored.
+        expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let info = store.inspect(k).await.unwrap().expect("B's record");
+        assert_eq!(info.state, "in_flight");
+        assert!(info.response.is_none());
+
+        let want = response(b"from the new owner");
+        assert!(b.complete(want.clone(), LONG_TTL).await.unwrap());
+        let got = expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert_same_response(&got, &want);
+    }
+
+    /// A held lease is renewed in the background: after about three lease periods the key
+    /// is still in flight for everyone else, and the owner can still complete.
+    ///
+    /// The lease is long enough (renewal every 300ms) that only a renewer that stopped
+    /// working, not a busy machine, lets it lapse.
+    pub async fn a_live_lease_keeps_its_claim_across_several_lease_periods(store: &Store) {
+        const LEASE: Duration = Duration::from_millis(900);
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LEASE).await);
+        for _ in 0..9 {
+            tokio::time::sleep(LEASE / 3).await;
+            expect_in_flight(claim(store, k, fingerprint(1), LEASE).await);
+        }
+        assert!(lease.complete(response(b"slow"), LONG_TTL).await.unwrap());
+        expect_done(claim(store, k, fingerprint(1), LEASE).await);
+    }
+
+    /// A lease dropped without complete or release (a cancelled or panicking owner) frees
+    /// the key long before its lease would have run out.
+    pub async fn dropping_an_unfinished_lease_frees_the_key(store: &Store) {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        drop(lease);
+        let again = claim_until_owner(store, k, fingerprint(1), LONG_LEASE).await;
+        assert!(again.release().await.unwrap());
+    }
+
+    /// A duplicate waiting on an in-flight key is woken by completion and then finds the
+    /// answer. (The lease outlives the deadline, so only the wake-up can return `true`.)
+    pub async fn a_waiter_resolves_when_the_owner_completes(store: &Store) {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let waiter = expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let waiting = tokio::spawn(waiter.wait(Instant::now() + HANG_GUARD));
+        assert!(lease.complete(response(b"a"), LONG_TTL).await.unwrap());
+        assert!(waiting.await.unwrap(), "the waiter hit its deadline");
+        expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    }
+
+    /// A waiter is woken by release too, and the key is then free.
+    pub async fn a_waiter_resolves_when_the_owner_releases(store: &Store) {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let waiter = expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let waiting = tokio::spawn(waiter.wait(Instant::now() + HANG_GUARD));
+        assert!(lease.release().await.unwrap());
+        assert!(waiting.await.unwrap(), "the waiter hit its deadline");
+        let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(again.release().await.unwrap());
+    }
+
+    /// A waiter does not wait past the lease of an owner that vanished: it resolves before
+    /// its (much later) deadline, and the key can then be taken over.
+    pub async fn a_waiter_resolves_when_a_vanished_owners_lease_runs_out(store: &Store) {
+        let k = fresh_key();
+        claim_abandoned(store, k, fingerprint(1), SHORT_LEASE).await;
+        let waiter = expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(
+            waiter.wait(Instant::now() + HANG_GUARD).await,
+            "the waiter hit its deadline"
+        );
+        let b = claim_until_owner(store, k, fingerprint(1), LONG_LEASE).await;
+        assert!(b.release().await.unwrap());
+    }
+
+    /// With the owner alive and renewing (one renewal falls before the deadline), a
+    /// waiter whose deadline comes first returns `false`; the key is still in flight.
+    pub async fn a_waiter_gives_up_at_its_deadline_while_the_owner_renews(store: &Store) {
+        const LEASE: Duration = Duration::from_millis(600);
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LEASE).await);
+        let waiter = expect_in_flight(claim(store, k, fingerprint(1), LEASE).await);
+        let resolved = within(
+            "the waiter's deadline",
+            waiter.wait(Instant::now() + Duration::from_millis(300)),
+        )
+        .await;
+        assert!(!resolved, "the waiter resolved while the owner was running");
+        expect_in_flight(claim(store, k, fingerprint(1), LEASE).await);
+        assert!(lease.release().await.unwrap());
+    }
+
+    /// A done record expires with its TTL: the key eventually executes again.
+    pub async fn a_done_key_is_free_again_after_its_ttl(store: &Store) {
+        let k = complete_fresh(store, b"short-lived", Duration::from_millis(200)).await;
+        let again = claim_until_owner(store, k, fingerprint(1), LONG_LEASE).await;
+        assert!(again.release().await.unwrap());
+    }
+
+    /// A zero TTL completes (the owner did own the key) but stores nothing.
+    pub async fn a_zero_ttl_completes_without_storing(store: &Store) {
+        let k = complete_fresh(store, b"not kept", Duration::ZERO).await;
+        assert!(store.inspect(k).await.unwrap().is_none());
+        let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(again.release().await.unwrap());
+    }
+
+    /// Inspect shows nothing for an unknown key, an in-flight record without a response,
+    /// and a done record with it; it claims nothing.
+    pub async fn inspect_reports_in_flight_and_done_records(store: &Store) {
+        let k = fresh_key();
+        assert!(store.inspect(k).await.unwrap().is_none());
+
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let info = store.inspect(k).await.unwrap().expect("in-flight record");
+        assert_eq!(info.state, "in_flight");
+        assert!(info.response.is_none());
+
+        let want = response(&binary_body());
+        assert!(lease.complete(want.clone(), LONG_TTL).await.unwrap());
+        let info = store.inspect(k).await.unwrap().expect("done record");
+        assert_eq!(info.state, "done");
+        assert_same_response(&info.response.expect("stored response"), &want);
+        // Inspecting did not consume or change anything.
+        let got = expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert_same_response(&got, &want);
+    }
+
+    /// Remove deletes a done or an in-flight record; the removed owner is fenced off.
+    pub async fn remove_frees_a_key_in_any_state(store: &Store) {
+        let k = fresh_key();
+        assert!(!store.remove(k).await.unwrap(), "removed an unknown key");
+
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(lease.complete(response(b"a"), LONG_TTL).await.unwrap());
+        assert!(store.remove(k).await.unwrap());
+        assert!(store.inspect(k).await.unwrap().is_none());
+
+        let removed = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(store.remove(k).await.unwrap());
+        let current = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(!removed
+            .complete(response(b"stale"), LONG_TTL)
+            .await
+            .unwrap());
+        expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(current.release().await.unwrap());
+    }
+}
+
+// === Memory store bounds (backend specific) ===
+
+/// `max_entries` and `max_bytes` of the memory store. Bounds below 1024 entries use one
+/// shard, so these are exact; [`sharded_bounds_hold_for_the_configured_totals`] covers the
+/// sharded case.
+mod memory_bounds {
+    use super::*;
+
+    fn store(max_entries: usize, max_bytes: usize) -> Store {
+        Store::Memory(Arc::new(MemoryStore::new(MemoryLimits {
+            max_entries,
+            max_bytes,
+        })))
+    }
+
+    /// Filling a store that holds in-flight claims with done records evicts done records
+    /// only: the count stays within `max_entries` and every held key is still in flight.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn eviction_takes_done_records_and_never_in_flight_ones() {
+        const MAX: usize = 64;
+        let store = store(MAX, 1 << 40);
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let k = fresh_key();
+            held.push((
+                k,
+                expect_owner(claim(&store, k, fingerprint(1), LONG_LEASE).await),
+            ));
+        }
+        let mut last = None;
+        for _ in 0..MAX * 4 {
+            last = Some(complete_fresh(&store, b"done", LONG_TTL).await);
+            assert!(store.stats().entries <= MAX, "{:?}", store.stats());
+        }
+        assert_eq!(store.stats().in_flight, held.len());
+        for (k, _) in &held {
+            expect_in_flight(claim(&store, *k, fingerprint(1), LONG_LEASE).await);
+        }
+        expect_done(claim(&store, last.unwrap(), fingerprint(1), LONG_LEASE).await);
+        for (_, lease) in held {
+            assert!(lease.release().await.unwrap());
+        }
+        assert_eq!(store.stats().in_flight, 0);
+    }
+
+    /// When every slot holds an in-flight claim nothing may be evicted: a new key is
+    /// refused with `Full`, held keys still answer in flight, and a release makes room.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_full_of_in_flight_claims_refuses_new_keys() {
+        const MAX: usize = 16;
+        let store = store(MAX, 1 << 40);
+        let mut held = Vec::new();
+        for _ in 0..MAX {
+            let k = fresh_key();
+            held.push((
+                k,
+                expect_owner(claim(&store, k, fingerprint(1), LONG_LEASE).await),
+            ));
+        }
+        let refused = store.claim(fresh_key(), fingerprint(1), LONG_LEASE).await;
+        assert!(
+            matches!(refused, Err(StoreError::Full)),
+            "expected Full, got {:?}",
+            refused.map(|c| c.as_str())
+        );
+        expect_in_flight(claim(&store, held[0].0, fingerprint(1), LONG_LEASE).await);
+
+        let (_, lease) = held.pop().unwrap();
+        assert!(lease.release().await.unwrap());
+        let newcomer = expect_owner(claim(&store, fresh_key(), fingerprint(1), LONG_LEASE).await);
+        assert!(newcomer.release().await.unwrap());
+    }
+
+    /// Done records are evicted to keep their accounted bytes within `max_bytes`, and the
+    /// newest answer is kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn max_bytes_bounds_the_bytes_held() {
+        let cost = response(&[7; 100]).cost();
+        let max_bytes = 10 * cost + cost / 2;
+        let store = store(1000, max_bytes);
+        let mut last = None;
+        for _ in 0..50 {
+            last = Some(complete_fresh(&store, &[7; 100], LONG_TTL).await);
+            assert!(store.stats().bytes <= max_bytes, "{:?}", store.stats());
+        }
+        assert_eq!(store.stats().entries, 10);
+        expect_done(claim(&store, last.unwrap(), fingerprint(1), LONG_LEASE).await);
+    }
+
+    /// An answer larger than the whole byte budget is not stored: completion succeeds, the
+    /// key is free for a retry, and no bytes are accounted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_response_larger_than_the_byte_budget_is_not_stored() {
+        let store = store(1000, 1024);
+        let k = complete_fresh(&store, &[1; 4096], LONG_TTL).await;
+        assert!(store.inspect(k).await.unwrap().is_none());
+        assert_eq!(store.stats().bytes, 0);
+        assert_eq!(store.stats().entries, 0);
+        let again = expect_owner(claim(&store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(again.release().await.unwrap());
+    }
+
+    /// With several shards, the totals still hold: shares of `max_entries` and `max_bytes`
+    /// that do not divide evenly must not add up to more than the configured bound.
+    /// (4097 entries make 4 shards; 40 answers' worth minus 3 bytes, over 4 shards, must
+    /// hold 9 answers per shard, not 10.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sharded_bounds_hold_for_the_configured_totals() {
+        const MAX: usize = 4097;
+        let by_entries = store(MAX, 1 << 40);
+        for _ in 0..MAX * 3 {
+            complete_fresh(&by_entries, b"x", LONG_TTL).await;
+        }
+        assert!(
+            by_entries.stats().entries <= MAX,
+            "{:?}",
+            by_entries.stats()
+        );
+
+        let cost = response(b"x").cost();
+        let max_bytes = 40 * cost - 3;
+        let by_bytes = store(4096, max_bytes);
+        for _ in 0..400 {
+            complete_fresh(&by_bytes, b"x", LONG_TTL).await;
+        }
+        assert!(
+            by_bytes.stats().bytes <= max_bytes,
+            "{:?}",
+            by_bytes.stats()
+        );
+    }
+}
