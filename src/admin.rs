@@ -94,7 +94,7 @@ pub async fn handle<B>(
                                 ])
                             })
                             .collect();
-                        doc["body"] = String::from_utf8_lossy(stored.body()).into();
+                        doc["body"] = String::from_utf8_lossy(&stored.body()).into();
                     }
                 }
                 json(StatusCode::OK, doc)

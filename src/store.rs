@@ -60,8 +60,10 @@ impl Claim {
     }
 }
 
-/// A duplicate's handle on an in-flight key: resolves when the owner finishes, or when the
-/// owner's lease runs out (it may have vanished), whichever comes first. Never polls.
+/// A duplicate's handle on an in-flight key: resolves when the owner finishes (a
+/// notification), or when the owner's lease as seen at claim time runs out (it may have
+/// vanished), whichever comes first; the caller then claims again. A live owner renews, so
+/// that is one look per lease period (Redis: per second at most), never a busy loop.
 #[derive(Debug)]
 pub struct Waiter {
     signal: watch::Receiver<()>,

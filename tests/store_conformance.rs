@@ -653,6 +653,21 @@ mod memory_bounds {
         assert!(newcomer.release().await.unwrap());
     }
 
+    /// The byte budget is a total, not a per-shard share: with 16 shards, an answer larger
+    /// than a sixteenth of `max_bytes` (but within it) is still stored and replayed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_large_answer_may_use_most_of_the_byte_budget() {
+        let store = store(100_000, 1 << 20);
+        let body = vec![9u8; 600 * 1024];
+        for _ in 0..20 {
+            complete_fresh(&store, &[1; 100], LONG_TTL).await;
+        }
+        let big = complete_fresh(&store, &body, LONG_TTL).await;
+        let replay = expect_done(claim(&store, big, fingerprint(1), LONG_LEASE).await);
+        assert_eq!(replay.body().len(), body.len());
+        assert!(store.stats().bytes <= 1 << 20, "{:?}", store.stats());
+    }
+
     /// Done records are evicted to keep their accounted bytes within `max_bytes`, and the
     /// newest answer is kept.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -264,7 +264,7 @@ async fn execute(
             return Ok((answer.into_response(), false));
         }
         let stored = StoredResponse::new(answer.status, &answer.headers, &answer.body);
-        let body = stored.body().clone();
+        let body = stored.body();
         let kept = match lease.complete(stored, policy.ttl).await {
             Ok(true) => true,
             Ok(false) => {
@@ -350,7 +350,7 @@ async fn send_buffered(
 
 /// The stored answer with `Idempotent-Replayed: true`.
 pub fn replay(stored: &StoredResponse) -> Response<ProxyBody> {
-    let mut response = Response::new(ProxyBody::full(stored.body().clone()));
+    let mut response = Response::new(ProxyBody::full(stored.body()));
     *response.status_mut() = stored.status();
     let mut headers = stored.headers();
     headers.insert(

@@ -1,9 +1,11 @@
 //! The embedded store: sharded maps under short mutexes, bounded by entry count and bytes,
 //! expiring by TTL. In-flight claims are never evicted; done records go earliest-expiry
-//! first when a bound is reached.
+//! first when a bound is reached. The bounds are totals over all shards (kept in atomics),
+//! so one large answer can use the whole byte budget, not just its shard's share.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -47,7 +49,15 @@ pub enum RawClaim {
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    shard_limits: MemoryLimits,
+    limits: MemoryLimits,
+    totals: Totals,
+}
+
+/// Records and done-record bytes over all shards.
+#[derive(Debug, Default)]
+struct Totals {
+    entries: AtomicUsize,
+    bytes: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -94,12 +104,12 @@ struct Shard {
     map: DigestMap<Entry>,
     /// Done records by expiry, for sweeping and for choosing what to evict.
     expiry: BTreeMap<(Instant, u64), Digest>,
-    bytes: usize,
     in_flight: usize,
     seq: u64,
 }
 
-/// Below this many entries per shard, sharding would make the bounds too coarse.
+/// Below this many entries per shard, sharding buys nothing: eviction would mostly reach
+/// into other shards.
 const MIN_ENTRIES_PER_SHARD: usize = 1024;
 const MAX_SHARDS: usize = 16;
 /// Expired records swept per write, so expiry costs O(1) amortized and needs no timer.
@@ -116,17 +126,40 @@ impl MemoryStore {
         };
         Self {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
-            // Round the shares down: rounded up, the shards together could hold up to
-            // `shards - 1` entries and bytes more than the configured totals.
-            shard_limits: MemoryLimits {
-                max_entries: limits.max_entries / shards,
-                max_bytes: limits.max_bytes / shards,
-            },
+            limits,
+            totals: Totals::default(),
         }
     }
 
+    fn shard_index(&self, key: &Digest) -> usize {
+        key.0[31] as usize & (self.shards.len() - 1)
+    }
+
+    /// Evicts done records, the caller's shard first (its lock is held), then others it
+    /// can lock without waiting (never blocking on a second lock, so no lock-order
+    /// deadlock), until `over` is false. Returns whether it is.
+    fn make_room(&self, own: &mut Shard, own_index: usize, over: impl Fn(&Totals) -> bool) -> bool {
+        while over(&self.totals) {
+            if !own.evict_one(&self.totals) {
+                break;
+            }
+        }
+        for (i, other) in self.shards.iter().enumerate() {
+            if !over(&self.totals) {
+                return true;
+            }
+            if i == own_index {
+                continue;
+            }
+            if let Ok(mut other) = other.try_lock() {
+                while over(&self.totals) && other.evict_one(&self.totals) {}
+            }
+        }
+        !over(&self.totals)
+    }
+
     fn shard(&self, key: &Digest) -> MutexGuard<'_, Shard> {
-        let index = key.0[31] as usize & (self.shards.len() - 1);
+        let index = self.shard_index(key);
         // A poisoned shard only means another thread panicked mid-operation; every
         // operation leaves the shard consistent before it can panic, so keep serving.
         self.shards[index]
@@ -143,7 +176,7 @@ impl MemoryStore {
     ) -> Result<RawClaim, StoreError> {
         let now = Instant::now();
         let mut shard = self.shard(&key);
-        shard.sweep(now, SWEEP_PER_WRITE);
+        shard.sweep(now, SWEEP_PER_WRITE, &self.totals);
         match shard.map.get(&key) {
             Some(Entry::Done {
                 fingerprint: stored,
@@ -172,16 +205,17 @@ impl MemoryStore {
             // Free, expired, or owned by someone whose lease ran out: take it over.
             _ => {}
         }
-        shard.remove(&key);
-        if shard.map.len() >= self.shard_limits.max_entries
-            && !shard.evict_one()
-            && shard.map.len() >= self.shard_limits.max_entries
-        {
+        shard.remove(&key, &self.totals);
+        let max = self.limits.max_entries;
+        if !self.make_room(&mut shard, self.shard_index(&key), |t| {
+            t.entries.load(Ordering::Relaxed) >= max
+        }) {
             return Err(StoreError::Full);
         }
         let token = OwnerToken::random();
         let (done, signal) = watch::channel(());
         shard.in_flight += 1;
+        self.totals.entries.fetch_add(1, Ordering::Relaxed);
         shard.map.insert(
             key,
             Entry::InFlight {
@@ -230,22 +264,23 @@ impl MemoryStore {
             }) if *owner == token => *fingerprint,
             _ => return false,
         };
-        shard.remove(&key);
-        if ttl.is_zero() {
-            return true;
-        }
+        shard.remove(&key, &self.totals);
         let cost = response.cost();
-        while shard.bytes + cost > self.shard_limits.max_bytes && shard.evict_one() {}
-        if shard.bytes + cost > self.shard_limits.max_bytes {
-            // Larger than the whole budget: the key is released instead, so a retry runs
-            // again rather than finding a half-kept promise.
+        let max = self.limits.max_bytes;
+        if ttl.is_zero() || cost > max {
+            // Nothing to keep, or larger than the whole budget: the key is released, so a
+            // retry runs again rather than finding a half-kept promise.
             return true;
         }
+        self.make_room(&mut shard, self.shard_index(&key), |t| {
+            t.bytes.load(Ordering::Relaxed) + cost > max
+        });
         shard.seq += 1;
         let seq = shard.seq;
         let expires_at = now + ttl;
         shard.expiry.insert((expires_at, seq), key);
-        shard.bytes += cost;
+        self.totals.bytes.fetch_add(cost, Ordering::Relaxed);
+        self.totals.entries.fetch_add(1, Ordering::Relaxed);
         shard.map.insert(
             key,
             Entry::Done {
@@ -255,7 +290,7 @@ impl MemoryStore {
                 seq,
             },
         );
-        shard.sweep(now, SWEEP_PER_WRITE);
+        shard.sweep(now, SWEEP_PER_WRITE, &self.totals);
         true
     }
 
@@ -264,7 +299,7 @@ impl MemoryStore {
         let mut shard = self.shard(&key);
         match shard.map.get(&key) {
             Some(Entry::InFlight { token: owner, .. }) if *owner == token => {
-                shard.remove(&key);
+                shard.remove(&key, &self.totals);
                 true
             }
             _ => false,
@@ -303,19 +338,20 @@ impl MemoryStore {
 
     /// See [`super::Store::remove`].
     pub fn remove(&self, key: Digest) -> bool {
-        self.shard(&key).remove(&key)
+        self.shard(&key).remove(&key, &self.totals)
     }
 
     /// Current gauges, summed over shards.
     pub fn stats(&self) -> StoreStats {
-        self.shards.iter().fold(StoreStats::default(), |acc, s| {
-            let s = s.lock().unwrap_or_else(|p| p.into_inner());
-            StoreStats {
-                entries: acc.entries + s.map.len(),
-                in_flight: acc.in_flight + s.in_flight,
-                bytes: acc.bytes + s.bytes,
-            }
-        })
+        StoreStats {
+            entries: self.totals.entries.load(Ordering::Relaxed),
+            in_flight: self
+                .shards
+                .iter()
+                .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).in_flight)
+                .sum(),
+            bytes: self.totals.bytes.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -326,10 +362,11 @@ pub(crate) fn mismatched(stored: &Digest, offered: &Digest) -> bool {
 
 impl Shard {
     /// Removes a record of any state, keeping the counters and the expiry index right.
-    fn remove(&mut self, key: &Digest) -> bool {
+    fn remove(&mut self, key: &Digest, totals: &Totals) -> bool {
         match self.map.remove(key) {
             Some(Entry::InFlight { .. }) => {
                 self.in_flight -= 1;
+                totals.entries.fetch_sub(1, Ordering::Relaxed);
                 true
             }
             Some(Entry::Done {
@@ -338,7 +375,8 @@ impl Shard {
                 seq,
                 ..
             }) => {
-                self.bytes -= response.cost();
+                totals.bytes.fetch_sub(response.cost(), Ordering::Relaxed);
+                totals.entries.fetch_sub(1, Ordering::Relaxed);
                 self.expiry.remove(&(expires_at, seq));
                 true
             }
@@ -347,19 +385,19 @@ impl Shard {
     }
 
     /// Evicts the done record closest to expiry; `false` when there is none.
-    fn evict_one(&mut self) -> bool {
+    fn evict_one(&mut self, totals: &Totals) -> bool {
         let Some((_, key)) = self.expiry.first_key_value() else {
             return false;
         };
         let key = *key;
-        self.remove(&key)
+        self.remove(&key, totals)
     }
 
-    fn sweep(&mut self, now: Instant, most: usize) {
+    fn sweep(&mut self, now: Instant, most: usize, totals: &Totals) {
         for _ in 0..most {
             match self.expiry.first_key_value() {
                 Some((&(at, _), &key)) if at <= now => {
-                    self.remove(&key);
+                    self.remove(&key, totals);
                 }
                 _ => break,
             }
