@@ -60,6 +60,9 @@ pub struct Config {
     pub admin: Option<Admin>,
     /// How long a shutdown waits for open requests (`drain_timeout`, default 30s).
     pub drain_timeout: Duration,
+    /// TLS termination on the listener (`tls: { cert, key, client_ca }`), read at load so
+    /// a reload picks up renewed certificates.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Store backend and bounds.
     pub store: StoreConfig,
     /// What a POST or PATCH matching no route gets.
@@ -83,10 +86,12 @@ pub struct Admin {
 /// The upstream origin.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    /// `http` (TLS to upstreams is not part of this release).
+    /// `http` or `https`.
     pub scheme: Scheme,
     /// Host and port.
     pub authority: Authority,
+    /// For `https`: roots from `upstream_ca`, or the system's.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Store backend choice.
@@ -189,18 +194,26 @@ pub fn default_key() -> KeyRule {
 pub const FALLBACK_ROUTE: &str = "default";
 
 impl Config {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file; relative paths in it (certificates) are relative
+    /// to the file's directory.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             file: file.clone(),
             source,
         })?;
-        Self::parse(&text, &file)
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::parse_in(&text, &file, base)
     }
 
-    /// Validates config text; `file` is only used in error messages.
+    /// Validates config text; `file` is only used in error messages, relative paths are
+    /// taken from the working directory.
     pub fn parse(text: &str, file: &str) -> Result<Self, ConfigError> {
+        Self::parse_in(text, file, Path::new("."))
+    }
+
+    /// Validates config text whose relative paths are relative to `base`.
+    pub fn parse_in(text: &str, file: &str, base: &Path) -> Result<Self, ConfigError> {
         let deserializer = serde_yaml_ng::Deserializer::from_str(text);
         let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let key = e.path().to_string();
@@ -214,7 +227,7 @@ impl Config {
                 key: if key == "." { "(top)".into() } else { key },
             }
         })?;
-        compile(raw).map_err(|(key, message, needle)| {
+        compile(raw, base).map_err(|(key, message, needle)| {
             let (line, column) = locate(text, &needle);
             ConfigError::Invalid {
                 file: file.to_owned(),
@@ -278,14 +291,43 @@ fn locate(text: &str, needle: &str) -> (usize, usize) {
 /// (key, message, text to locate) of an error found after parsing.
 type CompileError = (String, String, String);
 
-fn compile(raw: RawConfig) -> Result<Config, CompileError> {
-    let upstream = parse_upstream(&raw.upstream).map_err(|m| {
+fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
+    let mut upstream = parse_upstream(&raw.upstream).map_err(|m| {
         (
             "upstream".to_owned(),
             m,
             format!("upstream: {}", raw.upstream),
         )
     })?;
+    let path = |p: &str| base.join(p);
+    if upstream.scheme == Scheme::HTTPS {
+        let ca = raw.upstream_ca.as_deref().map(path);
+        let client = crate::tls::upstream_client_config(ca.as_deref()).map_err(|e| {
+            (
+                "upstream_ca".to_owned(),
+                e.to_string(),
+                "upstream_ca".to_owned(),
+            )
+        })?;
+        upstream.tls = Some(Arc::new(client));
+    } else if raw.upstream_ca.is_some() {
+        return Err((
+            "upstream_ca".into(),
+            "only an https:// upstream uses a CA".into(),
+            "upstream_ca".into(),
+        ));
+    }
+    let tls = match &raw.tls {
+        None => None,
+        Some(t) => Some(
+            crate::tls::server_config(
+                &path(&t.cert),
+                &path(&t.key),
+                t.client_ca.as_deref().map(path).as_deref(),
+            )
+            .map_err(|e| ("tls".to_owned(), e.to_string(), "tls:".to_owned()))?,
+        ),
+    };
     let store = match raw.store {
         None => StoreConfig::Memory(MemoryLimits::default()),
         Some(s) => compile_store(s)?,
@@ -332,6 +374,7 @@ fn compile(raw: RawConfig) -> Result<Config, CompileError> {
             token: a.token,
         }),
         drain_timeout: raw.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
+        tls,
         store,
         passthrough_timeout: base.upstream_timeout,
         fallback,
@@ -488,10 +531,8 @@ fn parse_upstream(text: &str) -> Result<Upstream, String> {
         .scheme()
         .cloned()
         .ok_or("the upstream needs a scheme: http://")?;
-    if scheme != Scheme::HTTP {
-        return Err(format!(
-            "upstream scheme {scheme} is not supported in this release; use http://"
-        ));
+    if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
+        return Err(format!("upstream scheme {scheme}: use http:// or https://"));
     }
     let authority = uri
         .authority()
@@ -500,5 +541,9 @@ fn parse_upstream(text: &str) -> Result<Upstream, String> {
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
         return Err("the upstream is an origin (scheme, host, port), without a path".into());
     }
-    Ok(Upstream { scheme, authority })
+    Ok(Upstream {
+        scheme,
+        authority,
+        tls: None,
+    })
 }

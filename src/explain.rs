@@ -70,6 +70,7 @@ pub fn explain(config: &Config, request: &Request) -> Result<String, KeyError> {
         query: request.uri.query(),
         headers: &request.headers,
         client_ip: request.client_ip,
+        client_cert: None,
         body: &request.body,
     };
     let mut trace = Trace::default();

@@ -68,6 +68,8 @@ pub enum ScopePart {
     Cookie(String),
     /// The connecting peer's IP address.
     ClientIp,
+    /// The SHA-256 of the client's TLS certificate (mutual TLS).
+    ClientCert,
 }
 
 impl fmt::Display for ScopePart {
@@ -76,6 +78,7 @@ impl fmt::Display for ScopePart {
             Self::Header(name) => write!(f, "header:{name}"),
             Self::Cookie(name) => write!(f, "cookie:{name}"),
             Self::ClientIp => f.write_str("client_ip"),
+            Self::ClientCert => f.write_str("client_cert"),
         }
     }
 }

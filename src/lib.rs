@@ -20,3 +20,4 @@ pub mod proxy;
 pub mod route;
 pub mod server;
 pub mod store;
+pub mod tls;

@@ -10,3 +10,34 @@ pub mod protected;
 pub mod upstream;
 
 pub use handler::Proxy;
+
+/// What the proxy knows about the connection a request came on.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// The connecting peer.
+    pub peer: std::net::SocketAddr,
+    /// Whether TLS was terminated here (`X-Forwarded-Proto: https`).
+    pub tls: bool,
+    /// SHA-256 of the client's certificate, on mutual-TLS connections.
+    pub client_cert: Option<crate::key::Digest>,
+}
+
+impl Connection {
+    /// A cleartext connection from `peer`.
+    pub fn plain(peer: std::net::SocketAddr) -> Self {
+        Self {
+            peer,
+            tls: false,
+            client_cert: None,
+        }
+    }
+
+    /// `http` or `https`, for `X-Forwarded-Proto`.
+    pub fn proto(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+}

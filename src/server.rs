@@ -17,9 +17,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, StoreConfig};
+use crate::key::Digest;
 use crate::proxy::body::ProxyBody;
-use crate::proxy::Proxy;
+use crate::proxy::{Connection, Proxy};
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
+use sha2::{Digest as _, Sha256};
 
 /// Builds the store a config names. Redis is connected lazily: a server that is down at
 /// start is reported (and `/readyz` fails) but does not stop the proxy.
@@ -31,21 +33,25 @@ pub fn open_store(config: &Config) -> Result<Store, StoreError> {
 }
 
 /// Serves the proxy on `listener` until `shutdown` resolves, then drains for at most
-/// `drain` before returning.
+/// `drain` before returning. TLS follows the live config, so a reload renews certificates
+/// for new connections.
 pub async fn serve_proxy(
     listener: TcpListener,
     proxy: Proxy,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
-    let service = move |peer: SocketAddr| {
+    let tls_source = proxy.clone();
+    let tls = move || tls_source.config().tls.clone();
+    let service = move |conn: Connection| {
         let proxy = proxy.clone();
+        let conn = Arc::new(conn);
         service_fn(move |request: Request<Incoming>| {
-            let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
+            let (proxy, conn) = (proxy.clone(), Arc::clone(&conn));
+            async move { Ok::<_, Infallible>(proxy.handle(request, &conn).await) }
         })
     };
-    accept_loop(listener, service, shutdown, drain).await;
+    accept_loop(listener, service, tls, shutdown, drain).await;
 }
 
 /// Serves the admin endpoints on `listener` until `shutdown` resolves.
@@ -56,7 +62,7 @@ pub async fn serve_admin(
     shutdown: impl Future<Output = ()>,
 ) {
     let token: Option<Arc<str>> = token.map(Arc::from);
-    let service = move |_peer: SocketAddr| {
+    let service = move |_conn: Connection| {
         let (proxy, token) = (proxy.clone(), token.clone());
         service_fn(move |request: Request<Incoming>| {
             let (proxy, token) = (proxy.clone(), token.clone());
@@ -65,16 +71,17 @@ pub async fn serve_admin(
             }
         })
     };
-    accept_loop(listener, service, shutdown, Duration::from_secs(1)).await;
+    accept_loop(listener, service, || None, shutdown, Duration::from_secs(1)).await;
 }
 
 async fn accept_loop<F, S>(
     listener: TcpListener,
     make_service: F,
+    tls: impl Fn() -> Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) where
-    F: Fn(SocketAddr) -> S,
+    F: Fn(Connection) -> S + Send + Sync + 'static,
     S: hyper::service::Service<
             Request<Incoming>,
             Response = Response<ProxyBody>,
@@ -84,6 +91,7 @@ async fn accept_loop<F, S>(
     S::Future: Send + 'static,
 {
     let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
+    let make_service = Arc::new(make_service);
     // Each connection holds a sender; when all are dropped, every connection has closed.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
     let (stop_tx, stop_rx) = watch::channel(());
@@ -102,24 +110,44 @@ async fn accept_loop<F, S>(
             },
         };
         let _ = stream.set_nodelay(true);
-        let service = make_service(peer);
+        let tls = tls();
+        let make_service = Arc::clone(&make_service);
         let builder = Arc::clone(&builder);
         let open = open_tx.clone();
-        let mut stop = stop_rx.clone();
+        let stop = stop_rx.clone();
         tokio::spawn(async move {
             let _open = open;
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                result = conn.as_mut() => result,
-                _ = stop.changed() => {
-                    // Finish the request in progress, refuse new ones on this connection.
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            match tls {
+                None => {
+                    let service = make_service(Connection::plain(peer));
+                    serve_one(&builder, TokioIo::new(stream), service, stop, peer).await;
                 }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, %peer, "connection ended with an error");
+                Some(config) => {
+                    // The handshake runs here, off the accept loop, bounded so a silent
+                    // client cannot hold a task forever.
+                    let handshake = tokio_rustls::TlsAcceptor::from(config).accept(stream);
+                    let stream =
+                        match tokio::time::timeout(Duration::from_secs(10), handshake).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(e)) => {
+                                tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
+                    let client_cert = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|chain| chain.first())
+                        .map(|leaf| Digest(Sha256::digest(leaf.as_ref()).into()));
+                    let service = make_service(Connection {
+                        peer,
+                        tls: true,
+                        client_cert,
+                    });
+                    serve_one(&builder, TokioIo::new(stream), service, stop, peer).await;
+                }
             }
         });
     }
@@ -128,5 +156,37 @@ async fn accept_loop<F, S>(
     let _ = stop_tx.send(());
     if tokio::time::timeout(drain, open_rx.recv()).await.is_err() {
         tracing::warn!(?drain, "drain timeout: closing connections still open");
+    }
+}
+
+/// Serves one connection (HTTP/1.1 or HTTP/2 by ALPN or preface) until it closes, or until
+/// `stop` fires: then the request in progress finishes and no new one is taken.
+async fn serve_one<I, S>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    service: S,
+    mut stop: watch::Receiver<()>,
+    peer: SocketAddr,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<ProxyBody>,
+            Error = Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        _ = stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, %peer, "connection ended with an error");
     }
 }

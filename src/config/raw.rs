@@ -49,6 +49,8 @@ pub struct RawConfig {
     pub upstream: String,
     pub admin: Option<RawAdmin>,
     pub drain_timeout: Option<ConfigDuration>,
+    pub tls: Option<RawTls>,
+    pub upstream_ca: Option<String>,
     pub store: Option<RawStore>,
     pub defaults: Option<RawDefaults>,
     pub routes: Option<Vec<RawRoute>>,
@@ -95,6 +97,15 @@ impl<'de> Deserialize<'de> for RawAdmin {
         }
         deserializer.deserialize_any(V)
     }
+}
+
+/// `tls:` — terminate TLS on the listener.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert: String,
+    pub key: String,
+    pub client_ca: Option<String>,
 }
 
 /// `store:` — exactly one backend.
@@ -331,8 +342,9 @@ impl<'de> Deserialize<'de> for RawScope {
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 match v {
                     "client_ip" => Ok(RawScope(ScopePart::ClientIp)),
+                    "client_cert" => Ok(RawScope(ScopePart::ClientCert)),
                     _ => Err(E::custom(format!(
-                        "unknown scope {v:?}; expected `client_ip`, `header: NAME` or `cookie: NAME`"
+                        "unknown scope {v:?}; expected `client_ip`, `client_cert`, `header: NAME` or `cookie: NAME`"
                     ))),
                 }
             }

@@ -31,6 +31,8 @@ pub struct RequestView<'a> {
     pub headers: &'a HeaderMap,
     /// The connecting peer.
     pub client_ip: Option<IpAddr>,
+    /// SHA-256 of the client's TLS certificate, on mutual-TLS connections.
+    pub client_cert: Option<&'a [u8]>,
     /// The buffered body.
     pub body: &'a [u8],
 }
@@ -97,7 +99,7 @@ thread_local! {
 /// let headers = HeaderMap::new();
 /// let view = |body: &'static [u8]| RequestView {
 ///     route: "orders", method: &Method::POST, path: "/orders", query: None,
-///     headers: &headers, client_ip: None, body,
+///     headers: &headers, client_ip: None, client_cert: None, body,
 /// };
 /// let a = derive_key(&rule, &view(br#"{"sku":"A1","qty":2,"timestamp":1}"#), None).unwrap();
 /// let b = derive_key(&rule, &view(br#"{ "qty": 2.0, "sku": "A1", "timestamp": 2 }"#), None).unwrap();
@@ -283,6 +285,7 @@ fn scope_value<'r>(part: &ScopePart, req: &RequestView<'r>) -> Option<Cow<'r, [u
         ScopePart::ClientIp => req
             .client_ip
             .map(|ip| Cow::Owned(ip.to_string().into_bytes())),
+        ScopePart::ClientCert => req.client_cert.map(Cow::Borrowed),
     }
 }
 
@@ -336,6 +339,7 @@ mod tests {
             query: None,
             headers,
             client_ip: None,
+            client_cert: None,
             body,
         }
     }

@@ -3,7 +3,6 @@
 //! here, once.
 //! hyper never sees an error.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -84,7 +83,7 @@ impl Proxy {
     pub async fn handle(
         &self,
         request: Request<Incoming>,
-        peer: SocketAddr,
+        conn: &super::Connection,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let live = self.live.load_full();
@@ -109,7 +108,7 @@ impl Proxy {
                 let result = passthrough::forward(
                     &live.client,
                     request,
-                    peer,
+                    conn,
                     live.config.passthrough_timeout,
                 )
                 .await;
@@ -120,7 +119,7 @@ impl Proxy {
                 let cx = protected::Context {
                     store: &self.store,
                     client: &live.client,
-                    peer,
+                    conn,
                     metrics: &self.metrics,
                     route_metrics: &route_metrics,
                     owners: &self.owners,

@@ -1,8 +1,6 @@
 //! Unprotected requests: streamed both ways without buffering, protocol upgrades
 //! (WebSocket) spliced through once both sides agreed to switch.
 
-use std::net::SocketAddr;
-
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -16,7 +14,7 @@ use crate::error::ProxyError;
 pub async fn forward(
     client: &UpstreamClient,
     mut request: Request<Incoming>,
-    peer: SocketAddr,
+    conn: &super::Connection,
     timeout: std::time::Duration,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let upgrade = request.version() <= http::Version::HTTP_11 && wants_upgrade(request.headers());
@@ -26,8 +24,8 @@ pub async fn forward(
     prepare_request(
         &mut parts.headers,
         parts.uri.authority(),
-        peer.ip(),
-        "http",
+        conn.peer.ip(),
+        conn.proto(),
         upgrade,
     );
     parts.version = http::Version::HTTP_11;

@@ -5,7 +5,6 @@
 //! The owner's upstream call runs in its own task: a client that disconnects does not
 //! cancel it, so the answer is still stored for that client's retry.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -111,8 +110,8 @@ pub struct Context<'a> {
     pub store: &'a Store,
     /// The pooled upstream client.
     pub client: &'a UpstreamClient,
-    /// The connecting peer.
-    pub peer: SocketAddr,
+    /// The connection the request came on.
+    pub conn: &'a super::Connection,
     /// Process-wide metrics (the in-flight gauge).
     pub metrics: &'a Arc<Metrics>,
     /// This route's metric handles.
@@ -148,7 +147,8 @@ pub async fn handle(
         path: parts.uri.path(),
         query: parts.uri.query(),
         headers: &parts.headers,
-        client_ip: Some(cx.peer.ip()),
+        client_ip: Some(cx.conn.peer.ip()),
+        client_cert: cx.conn.client_cert.as_ref().map(|d| &d.0[..]),
         body: &body,
     };
     let Some(DerivedKey { key, fingerprint }) = derive_key(&rule.key, &view, None)? else {
@@ -225,7 +225,7 @@ async fn forward_unprotected(
     timeout: Duration,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let started = Instant::now();
-    let answer = send_buffered(cx.client, parts, body, cx.peer, timeout).await;
+    let answer = send_buffered(cx.client, parts, body, cx.conn, timeout).await;
     cx.route_metrics.upstream_latency(started.elapsed());
     Ok(answer?.into_response())
 }
@@ -241,7 +241,7 @@ async fn execute(
 ) -> Result<(Response<ProxyBody>, bool), ProxyError> {
     let client = cx.client.clone();
     let rule = Arc::clone(rule);
-    let peer = cx.peer;
+    let conn = cx.conn.clone();
     let running = cx.metrics.owner_running();
     let owned = cx.owners.hold(&lease);
     let route_metrics = Arc::clone(cx.route_metrics);
@@ -250,7 +250,7 @@ async fn execute(
         let _owned = owned;
         let policy = &rule.policy;
         let started = Instant::now();
-        let answer = send_buffered(&client, parts, body, peer, policy.upstream_timeout).await;
+        let answer = send_buffered(&client, parts, body, &conn, policy.upstream_timeout).await;
         route_metrics.upstream_latency(started.elapsed());
         let answer = match answer {
             Ok(answer) => answer,
@@ -313,7 +313,7 @@ async fn send_buffered(
     client: &UpstreamClient,
     mut parts: Parts,
     body: Bytes,
-    peer: SocketAddr,
+    conn: &super::Connection,
     timeout: Duration,
 ) -> Result<BufferedAnswer, ProxyError> {
     let started = Instant::now();
@@ -323,8 +323,8 @@ async fn send_buffered(
         prepare_request(
             &mut parts.headers,
             original.authority(),
-            peer.ip(),
-            "http",
+            conn.peer.ip(),
+            conn.proto(),
             false,
         );
         parts.uri

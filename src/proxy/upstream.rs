@@ -1,11 +1,12 @@
-//! The connection to the application: a keep-alive pool over HTTP/1.1, with the upstream
-//! URI rewritten in and failures turned into 502/504.
+//! The connection to the application: a keep-alive pool over HTTP/1.1 (TLS for `https://`
+//! upstreams), with the upstream URI rewritten in and failures turned into 502/504.
 
 use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -17,7 +18,7 @@ use crate::error::ProxyError;
 /// A pooled client for one upstream origin.
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
-    client: Client<HttpConnector, ProxyBody>,
+    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
     scheme: Scheme,
     authority: Authority,
 }
@@ -28,6 +29,19 @@ impl UpstreamClient {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        connector.enforce_http(false);
+        // A plain-http upstream never uses the TLS config; an empty root store keeps it
+        // from trusting anything by accident.
+        let tls = upstream.tls.as_deref().cloned().unwrap_or_else(|| {
+            rustls::ClientConfig::builder()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth()
+        });
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(256)

@@ -209,6 +209,7 @@ pub struct ProxyHandle {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
     pub store: Store,
+    pub proxy: Proxy,
 }
 
 /// Starts idemgate in front of `upstream`; `rest` is the YAML after `listen`/`upstream`.
@@ -223,7 +224,12 @@ pub async fn start_proxy_with_admin(
     admin_token: Option<&str>,
 ) -> ProxyHandle {
     let text = format!("listen: 127.0.0.1:0\nupstream: http://{upstream}\n{rest}");
-    let config = Arc::new(Config::parse(&text, "test.yaml").expect("test config"));
+    start_proxy_from(&text, admin_token).await
+}
+
+/// Starts idemgate from a whole config text (its `listen` is ignored: 127.0.0.1:0).
+pub async fn start_proxy_from(text: &str, admin_token: Option<&str>) -> ProxyHandle {
+    let config = Arc::new(Config::parse(text, "test.yaml").expect("test config"));
     let store = idemgate::server::open_store(&config).expect("store");
     let proxy = Proxy::new(
         Arc::clone(&config),
@@ -242,11 +248,16 @@ pub async fn start_proxy_with_admin(
     ));
     tokio::spawn(idemgate::server::serve_proxy(
         listener,
-        proxy,
+        proxy.clone(),
         std::future::pending(),
         Duration::from_secs(1),
     ));
-    ProxyHandle { addr, admin, store }
+    ProxyHandle {
+        addr,
+        admin,
+        store,
+        proxy,
+    }
 }
 
 /// A real `idemgate run` process (so it can be signalled or SIGKILLed like a replica).

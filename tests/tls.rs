@@ -1,0 +1,259 @@
+//! TLS with rustls: termination with ALPN h2 and http/1.1, mutual TLS with `client_cert`
+//! scopes, and `https://` upstreams verified against a given CA. Certificates come from a
+//! test CA generated here with rcgen.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::{start_proxy, start_upstream, Answer};
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+struct Pki {
+    dir: tempfile::TempDir,
+    ca: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        Self { dir, ca }
+    }
+
+    /// Writes `<name>.pem` and `<name>.key` for a certificate with these names.
+    fn issue(&self, name: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        let (cert_path, key_path) = (
+            self.path(&format!("{name}.pem")),
+            self.path(&format!("{name}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    fn client(&self, alpn: &[u8], identity: Option<(&Path, &Path)>) -> tokio_rustls::TlsConnector {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_file(self.path("ca.pem")).unwrap())
+            .unwrap();
+        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+        let mut config = match identity {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from_pem_file(cert).unwrap()],
+                    PrivateKeyDer::from_pem_file(key).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![alpn.to_vec()];
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+    }
+}
+
+const ROUTES: &str = "routes:\n  - name: o\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key, required: true }\n";
+
+/// One POST over a fresh TLS connection speaking `alpn`; `Err` when TLS or HTTP failed.
+async fn post_tls(
+    addr: std::net::SocketAddr,
+    connector: &tokio_rustls::TlsConnector,
+    alpn: &[u8],
+    key: &str,
+) -> Result<Answer, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(alpn), "ALPN agreed");
+    let request = Request::post("https://localhost/orders")
+        .header("host", "localhost")
+        .header("idempotency-key", key)
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let io = TokioIo::new(tls);
+    let response = if alpn == b"h2" {
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        sender.send_request(request).await
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        sender.send_request(request).await
+    }
+    .map_err(|e| e.to_string())?;
+    let (parts, body) = response.into_parts();
+    Ok(Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.map_err(|e| e.to_string())?.to_bytes(),
+    })
+}
+
+fn tls_yaml(cert: &Path, key: &Path, client_ca: Option<&Path>) -> String {
+    let ca = client_ca.map_or(String::new(), |p| {
+        format!(", client_ca: \"{}\"", p.display())
+    });
+    format!(
+        "tls: {{ cert: \"{}\", key: \"{}\"{ca} }}\n{ROUTES}",
+        cert.display(),
+        key.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_clients_complete_requests_over_h2_and_http1() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("server", &["localhost"]);
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &tls_yaml(&cert, &key, None)).await;
+    for alpn in [&b"h2"[..], b"http/1.1"] {
+        let connector = pki.client(alpn, None);
+        let first = post_tls(proxy.addr, &connector, alpn, "tls-key")
+            .await
+            .unwrap();
+        assert_eq!(first.status, StatusCode::CREATED);
+        let again = post_tls(proxy.addr, &connector, alpn, "tls-key")
+            .await
+            .unwrap();
+        assert!(again.replayed());
+    }
+    assert_eq!(upstream.executed(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_refuses_clients_without_a_certificate_and_scopes_by_certificate() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("server", &["localhost"]);
+    let (alice_cert, alice_key) = pki.issue("alice", &["alice"]);
+    let (bob_cert, bob_key) = pki.issue("bob", &["bob"]);
+    let upstream = start_upstream().await;
+    let routes = ROUTES.replace("required: true }", "required: true, scope: [client_cert] }");
+    let yaml = tls_yaml(&cert, &key, Some(&pki.path("ca.pem"))).replace(ROUTES, &routes);
+    let proxy = start_proxy(upstream.addr, &yaml).await;
+
+    let anonymous = pki.client(b"http/1.1", None);
+    assert!(
+        post_tls(proxy.addr, &anonymous, b"http/1.1", "k")
+            .await
+            .is_err(),
+        "no certificate, no service"
+    );
+    assert_eq!(upstream.executed(), 0);
+
+    let alice = pki.client(b"h2", Some((&alice_cert, &alice_key)));
+    let bob = pki.client(b"h2", Some((&bob_cert, &bob_key)));
+    assert!(!post_tls(proxy.addr, &alice, b"h2", "same")
+        .await
+        .unwrap()
+        .replayed());
+    assert!(
+        !post_tls(proxy.addr, &bob, b"h2", "same")
+            .await
+            .unwrap()
+            .replayed(),
+        "another certificate, another caller"
+    );
+    assert!(post_tls(proxy.addr, &alice, b"h2", "same")
+        .await
+        .unwrap()
+        .replayed());
+    assert_eq!(upstream.executed(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_upstreams_are_verified_against_the_given_ca() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("upstream", &["localhost"]);
+    let upstream = start_upstream().await;
+    // A TLS-terminating idemgate stands in for an https application.
+    let https_app = start_proxy(upstream.addr, &tls_yaml(&cert, &key, None)).await;
+    let origin = format!("https://localhost:{}", https_app.addr.port());
+    let ca = pki.path("ca.pem");
+    let trusting = format!(
+        "listen: 127.0.0.1:0\nupstream: {origin}\nupstream_ca: \"{}\"\n{ROUTES}",
+        ca.display()
+    );
+    let front = common::start_proxy_from(&trusting, None).await;
+    let ok = common::post(front.addr, "/orders", &[("idempotency-key", "up")], "{}").await;
+    assert_eq!(
+        ok.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&ok.body)
+    );
+    assert_eq!(upstream.executed(), 1);
+
+    // Without the CA (system roots only), the test certificate is not trusted: 502.
+    let untrusting = format!("listen: 127.0.0.1:0\nupstream: {origin}\n{ROUTES}");
+    let front = common::start_proxy_from(&untrusting, None).await;
+    let refused = common::post(front.addr, "/orders", &[("idempotency-key", "up2")], "{}").await;
+    assert_eq!(refused.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(upstream.executed(), 1);
+}
+
+/// The DER of the certificate the server presents to a new connection.
+async fn presented(addr: std::net::SocketAddr, connector: &tokio_rustls::TlsConnector) -> Vec<u8> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_renews_the_certificate_for_new_connections() {
+    let pki = Pki::new();
+    let (old_cert, old_key) = pki.issue("old", &["localhost"]);
+    let (new_cert, new_key) = pki.issue("new", &["localhost"]);
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &tls_yaml(&old_cert, &old_key, None)).await;
+    let connector = pki.client(b"http/1.1", None);
+    let der = |p: &Path| CertificateDer::from_pem_file(p).unwrap().to_vec();
+    assert_eq!(presented(proxy.addr, &connector).await, der(&old_cert));
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://{}\n{}",
+        upstream.addr,
+        tls_yaml(&new_cert, &new_key, None)
+    );
+    proxy.proxy.reload(Arc::new(
+        idemgate::config::Config::parse(&text, "r.yaml").unwrap(),
+    ));
+    assert_eq!(presented(proxy.addr, &connector).await, der(&new_cert));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_certificates_are_config_errors() {
+    let text = "listen: 127.0.0.1:0\nupstream: http://127.0.0.1:1\ntls: { cert: /nonexistent/cert.pem, key: /nonexistent/key.pem }\n";
+    let err = idemgate::config::Config::parse(text, "proxy.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("proxy.yaml:3:1: tls:"), "{err}");
+    assert!(err.contains("/nonexistent/cert.pem"), "{err}");
+}
