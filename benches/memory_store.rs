@@ -20,7 +20,7 @@ use http::header::{CONTENT_TYPE, LOCATION};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::key::Digest;
 use idemgate::store::memory::RawClaim;
-use idemgate::store::{Claim, MemoryLimits, MemoryStore, Store, StoredResponse};
+use idemgate::store::{Claim, ClaimMode, MemoryLimits, MemoryStore, Store, StoredResponse};
 
 const LEASE: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(24 * 3600);
@@ -58,7 +58,7 @@ fn response(body: &[u8]) -> StoredResponse {
 
 /// Claims `k` (which must be free) and completes it.
 fn store_one(store: &MemoryStore, k: Digest, response: StoredResponse) {
-    match store.claim(k, FINGERPRINT, LEASE) {
+    match store.claim(k, FINGERPRINT, LEASE, ClaimMode::Any) {
         Ok(RawClaim::Owner(token)) => assert!(store.complete(k, token, response, TTL)),
         other => panic!("expected owner, got {other:?}"),
     }
@@ -113,7 +113,7 @@ fn memory_store(c: &mut Criterion) {
         b.iter(|| {
             n += 1;
             let k = key(mix(n) % MILLION);
-            match store.claim(black_box(k), FINGERPRINT, LEASE) {
+            match store.claim(black_box(k), FINGERPRINT, LEASE, ClaimMode::Any) {
                 Ok(RawClaim::Done(stored)) => stored,
                 other => panic!("expected done, got {other:?}"),
             }
@@ -142,7 +142,12 @@ fn memory_store(c: &mut Criterion) {
         let mut n = 0u64;
         b.iter(|| {
             n += 1;
-            match store.claim(black_box(key(mix(n) % KEYS)), FINGERPRINT, LEASE) {
+            match store.claim(
+                black_box(key(mix(n) % KEYS)),
+                FINGERPRINT,
+                LEASE,
+                ClaimMode::Any,
+            ) {
                 Ok(RawClaim::Done(stored)) => stored,
                 other => panic!("expected done, got {other:?}"),
             }

@@ -16,6 +16,7 @@ use http::Method;
 use crate::canonical::IgnoreSet;
 use crate::key::derive::DEFAULT_IGNORE;
 use crate::key::{default_scope, FingerprintRule, KeyRule, KeySource};
+
 use crate::route::RouteMatch;
 use crate::store::redis::RedisSettings;
 use crate::store::MemoryLimits;
@@ -63,6 +64,8 @@ pub struct Config {
     /// TLS termination on the listener (`tls: { cert, key, client_ca }`), read at load so
     /// a reload picks up renewed certificates.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The one-time token endpoint, when `tokens:` is set or a route uses token keys.
+    pub tokens: Option<TokenIssuer>,
     /// Store backend and bounds.
     pub store: StoreConfig,
     /// What a POST or PATCH matching no route gets.
@@ -72,6 +75,44 @@ pub struct Config {
     pub passthrough_timeout: Duration,
     /// Routes, first match wins.
     pub routes: Vec<Route>,
+}
+
+/// `POST {path}` issues one-time tokens bound to the caller's scope.
+#[derive(Debug, Clone)]
+pub struct TokenIssuer {
+    /// Where tokens are issued (`/.idemgate/token`).
+    pub path: String,
+    /// How long an unused token stays valid (5m).
+    pub ttl: Duration,
+    /// Tokens per caller per window before 429 (20).
+    pub rate: u64,
+    /// The rate window (1m).
+    pub window: Duration,
+    /// Whose token it is; token routes must use the same scope.
+    pub scope: Vec<crate::key::ScopePart>,
+    /// The header token routes read it from, for the issue answer.
+    pub header: http::HeaderName,
+}
+
+/// A freshness window: requests whose timestamp is older than `max_age` or more than
+/// `skew` in the future are refused before any store work (replayed captures).
+#[derive(Debug, Clone)]
+pub struct Freshness {
+    /// Where the timestamp is.
+    pub source: FreshSource,
+    /// Oldest accepted age.
+    pub max_age: Duration,
+    /// Clock skew tolerated into the future.
+    pub skew: Duration,
+}
+
+/// Where a freshness timestamp is read from.
+#[derive(Debug, Clone)]
+pub enum FreshSource {
+    /// A request header.
+    Header(http::HeaderName),
+    /// A JSON body field.
+    Field(crate::canonical::JsonPointer),
 }
 
 /// The admin listener.
@@ -124,12 +165,14 @@ pub enum Protection {
 }
 
 /// A protected route's rule and policy, shared by all its requests.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Protected {
     /// The route's name (`default` for the fallback).
     pub route: String,
     /// How the key is derived.
     pub key: KeyRule,
+    /// Optional timestamp window checked before anything else.
+    pub fresh: Option<Freshness>,
     /// Timing and limits.
     pub policy: Policy,
 }
@@ -366,6 +409,7 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
             compile_route(r, &base, &default_rule).map_err(|m| (key.clone(), m, needle.clone()))?;
         routes.push(route);
     }
+    let tokens = compile_tokens(raw.tokens, &mut routes)?;
     Ok(Config {
         listen: raw.listen.0,
         upstream,
@@ -375,11 +419,71 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
         }),
         drain_timeout: raw.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
         tls,
+        tokens,
         store,
         passthrough_timeout: base.upstream_timeout,
         fallback,
         routes,
     })
+}
+
+/// Builds the token endpoint when `tokens:` is set or a route uses token keys, fills in
+/// the routes' reissue window, and checks they bind tokens to the endpoint's scope.
+fn compile_tokens(
+    raw: Option<raw::RawTokens>,
+    routes: &mut [Route],
+) -> Result<Option<TokenIssuer>, CompileError> {
+    let uses_tokens = routes.iter().any(|r| {
+        matches!(&r.protection, Protection::On(p) if matches!(p.key.source, KeySource::Token(_)))
+    });
+    if raw.is_none() && !uses_tokens {
+        return Ok(None);
+    }
+    let raw = raw.unwrap_or_default();
+    let issuer = TokenIssuer {
+        path: raw.path.unwrap_or_else(|| "/.idemgate/token".to_owned()),
+        ttl: raw.ttl.map_or(Duration::from_secs(300), |d| d.0),
+        rate: raw.rate.unwrap_or(20),
+        window: raw.window.map_or(Duration::from_secs(60), |d| d.0),
+        scope: raw.scope.map_or_else(default_scope, |parts| {
+            parts.into_iter().map(|p| p.0).collect()
+        }),
+        header: http::HeaderName::from_static("idempotency-token"),
+    };
+    if !issuer.path.starts_with('/') || issuer.rate == 0 || issuer.ttl.is_zero() {
+        return Err((
+            "tokens".into(),
+            "path must start with '/', rate and ttl must be above zero".into(),
+            "tokens:".into(),
+        ));
+    }
+    let mut header = None;
+    for (i, route) in routes.iter_mut().enumerate() {
+        let Protection::On(p) = &mut route.protection else {
+            continue;
+        };
+        let KeySource::Token(rule) = &p.key.source else {
+            continue;
+        };
+        if p.key.scope != issuer.scope {
+            return Err((
+                format!("routes[{i}].key.scope"),
+                "a token route must use the same scope as `tokens.scope` (whose token it is)"
+                    .into(),
+                format!("name: {}", route.name),
+            ));
+        }
+        header.get_or_insert(rule.header.clone());
+        let mut updated = (**p).clone();
+        if let KeySource::Token(rule) = &mut updated.key.source {
+            rule.reissue_ttl = issuer.ttl;
+        }
+        *p = Arc::new(updated);
+    }
+    Ok(Some(TokenIssuer {
+        header: header.unwrap_or(issuer.header.clone()),
+        ..issuer
+    }))
 }
 
 fn compile_store(s: raw::RawStore) -> Result<StoreConfig, CompileError> {
@@ -438,11 +542,34 @@ fn compile_store(s: raw::RawStore) -> Result<StoreConfig, CompileError> {
 }
 
 fn protected(route: &str, key: KeyRule, policy: Policy) -> Protection {
+    protected_with(route, key, policy, None)
+}
+
+fn protected_with(
+    route: &str,
+    key: KeyRule,
+    policy: Policy,
+    fresh: Option<Freshness>,
+) -> Protection {
     Protection::On(Arc::new(Protected {
         route: route.to_owned(),
         key,
+        fresh,
         policy,
     }))
+}
+
+fn compile_fresh(f: raw::RawFresh) -> Result<Freshness, String> {
+    let source = match (f.header, f.field) {
+        (Some(h), None) => FreshSource::Header(h.0),
+        (None, Some(p)) => FreshSource::Field(p.0),
+        _ => return Err("fresh: give either `header` or `field`".into()),
+    };
+    Ok(Freshness {
+        source,
+        max_age: f.max_age.map_or(Duration::from_secs(300), |d| d.0),
+        skew: f.skew.map_or(Duration::from_secs(30), |d| d.0),
+    })
 }
 
 fn compile_route(r: RawRoute, base: &Policy, default_rule: &KeyRule) -> Result<Route, String> {
@@ -484,8 +611,9 @@ fn compile_route(r: RawRoute, base: &Policy, default_rule: &KeyRule) -> Result<R
         Some(RawKeyOrOff::Rule(rule)) => *rule,
         _ => default_rule.clone(),
     };
+    let fresh = r.fresh.map(compile_fresh).transpose()?;
     Ok(Route {
-        protection: protected(&r.name, key, policy),
+        protection: protected_with(&r.name, key, policy, fresh),
         name: r.name,
         matcher,
     })

@@ -46,13 +46,25 @@ pub enum ProxyError {
     /// The request cannot be forwarded as it is (e.g. no usable path).
     #[error("the request is malformed: {0}")]
     BadRequest(String),
+    /// Too many tokens asked for by one caller.
+    #[error("too many token requests; retry after {retry_after} s")]
+    RateLimited {
+        /// Seconds for `Retry-After`.
+        retry_after: u64,
+    },
+    /// The request's timestamp is outside the route's freshness window, or unreadable.
+    #[error("{0}")]
+    Stale(String),
 }
 
 impl ProxyError {
     /// The one place statuses are decided.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::BadKey(_) | Self::BodyRead(_) | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::BadKey(_) | Self::BodyRead(_) | Self::BadRequest(_) | Self::Stale(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight { .. } => StatusCode::CONFLICT,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -68,6 +80,9 @@ impl ProxyError {
             Self::BadKey(KeyError::ClientKey(_)) => "key-invalid",
             Self::BadKey(KeyError::InvalidJson(_)) => "body-invalid-json",
             Self::BadKey(KeyError::FieldMissing(_)) => "key-field-missing",
+            Self::BadKey(KeyError::TokenInvalid) => "token-invalid",
+            Self::RateLimited { .. } => "rate-limited",
+            Self::Stale(_) => "stale-request",
             Self::Mismatch => "key-reused",
             Self::InFlight { .. } => "in-flight",
             Self::PayloadTooLarge { .. } => "payload-too-large",
@@ -85,7 +100,9 @@ impl ProxyError {
             Self::BadKey(_)
             | Self::PayloadTooLarge { .. }
             | Self::BodyRead(_)
-            | Self::BadRequest(_) => Outcome::Rejected,
+            | Self::BadRequest(_)
+            | Self::RateLimited { .. }
+            | Self::Stale(_) => Outcome::Rejected,
             Self::Mismatch => Outcome::Mismatch,
             Self::InFlight { .. } => Outcome::Conflict,
             Self::Store(_) => Outcome::StoreError,
@@ -98,6 +115,8 @@ impl ProxyError {
         match self {
             Self::BadKey(_) => "Invalid idempotency key",
             Self::Mismatch => "Idempotency key reused with another request",
+            Self::RateLimited { .. } => "Too many requests",
+            Self::Stale(_) => "Request outside its freshness window",
             Self::InFlight { .. } => "Request in progress",
             Self::PayloadTooLarge { .. } => "Payload too large",
             Self::BodyRead(_) | Self::BadRequest(_) => "Bad request",
@@ -135,7 +154,7 @@ impl ProxyError {
             HeaderValue::from_static("application/problem+json"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if let Self::InFlight { retry_after } = self {
+        if let Self::InFlight { retry_after } | Self::RateLimited { retry_after } = self {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
         }
         response

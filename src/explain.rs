@@ -53,6 +53,7 @@ pub fn explain(config: &Config, request: &Request) -> Result<String, KeyError> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        KeySource::Token(t) => format!("one-time token in {}", t.header),
         KeySource::Fingerprint(fp) => {
             format!("fingerprint (query: {}, body: {})", fp.query, fp.body)
         }

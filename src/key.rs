@@ -13,7 +13,7 @@ use http::HeaderName;
 
 use crate::canonical::{IgnoreSet, JsonPointer};
 
-pub use derive::{derive_key, DerivedKey, KeyError, RequestView, Trace};
+pub use derive::{derive_key, token_digest, DerivedKey, KeyError, RequestView, Trace};
 
 /// How a route derives its key: one source, whether it must be present, and whose it is.
 #[derive(Debug, Clone)]
@@ -35,6 +35,17 @@ pub enum KeySource {
     Fields(Vec<JsonPointer>),
     /// The canonical request itself: path, query and body, minus ignored fields.
     Fingerprint(FingerprintRule),
+    /// A one-time token issued by idemgate (`POST /.idemgate/token`), sent in this header.
+    Token(TokenRule),
+}
+
+/// A route that requires one-time tokens.
+#[derive(Debug, Clone)]
+pub struct TokenRule {
+    /// The header the token comes in.
+    pub header: HeaderName,
+    /// How long a token whose attempt failed (released) stays usable again.
+    pub reissue_ttl: std::time::Duration,
 }
 
 impl KeySource {
@@ -44,6 +55,7 @@ impl KeySource {
             Self::Header(_) => "header",
             Self::Fields(_) => "fields",
             Self::Fingerprint(_) => "fingerprint",
+            Self::Token(_) => "token",
         }
     }
 }

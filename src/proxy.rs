@@ -3,10 +3,12 @@
 //! key → claim → forward, wait or replay → complete or release.
 
 pub mod body;
+pub mod fresh;
 pub mod handler;
 pub mod headers;
 pub mod passthrough;
 pub mod protected;
+pub mod tokens;
 pub mod upstream;
 
 pub use handler::Proxy;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 
 pub use lease::Lease;
-pub use memory::{MemoryLimits, MemoryStore};
+pub use memory::{ClaimMode, MemoryLimits, MemoryStore};
 pub use redis::{RedisSettings, RedisStore};
 pub use response::StoredResponse;
 
@@ -46,6 +46,9 @@ pub enum Claim {
     Done(Arc<StoredResponse>),
     /// The key was used with another payload.
     Mismatch,
+    /// A one-time token that was never issued, has expired, or was issued to another
+    /// caller (they all look the same, so nothing is revealed).
+    Unknown,
 }
 
 impl Claim {
@@ -56,6 +59,7 @@ impl Claim {
             Self::InFlight(_) => "in_flight",
             Self::Done(_) => "done",
             Self::Mismatch => "mismatch",
+            Self::Unknown => "unknown",
         }
     }
 }
@@ -162,9 +166,20 @@ impl Store {
         fingerprint: Digest,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
+        self.claim_as(key, fingerprint, lease, ClaimMode::Any).await
+    }
+
+    /// [`Store::claim`], where `mode` says whether only an issued key may be owned.
+    pub async fn claim_as(
+        &self,
+        key: Digest,
+        fingerprint: Digest,
+        lease: Duration,
+        mode: ClaimMode,
+    ) -> Result<Claim, StoreError> {
         let raw = match self {
-            Self::Memory(m) => m.claim(key, fingerprint, lease)?,
-            Self::Redis(r) => r.claim(key, fingerprint, lease).await?,
+            Self::Memory(m) => m.claim(key, fingerprint, lease, mode)?,
+            Self::Redis(r) => r.claim(key, fingerprint, lease, mode).await?,
         };
         Ok(match raw {
             memory::RawClaim::Owner(token) => {
@@ -173,7 +188,26 @@ impl Store {
             memory::RawClaim::InFlight(w) => Claim::InFlight(w),
             memory::RawClaim::Done(r) => Claim::Done(r),
             memory::RawClaim::Mismatch => Claim::Mismatch,
+            memory::RawClaim::Unknown => Claim::Unknown,
         })
+    }
+
+    /// Records `key` as issued (a one-time token) for `ttl`; only then can
+    /// [`ClaimMode::IssuedOnly`] claim it, once.
+    pub async fn issue(&self, key: Digest, ttl: Duration) -> Result<(), StoreError> {
+        match self {
+            Self::Memory(m) => m.issue(key, ttl),
+            Self::Redis(r) => r.issue(key, ttl).await,
+        }
+    }
+
+    /// Counts one hit on `key` in the current fixed window of length `window` and returns
+    /// the count so far (rate limits; shared by replicas on Redis).
+    pub async fn hit(&self, key: Digest, window: Duration) -> Result<u64, StoreError> {
+        match self {
+            Self::Memory(m) => Ok(m.hit(key, window)),
+            Self::Redis(r) => r.hit(key, window).await,
+        }
     }
 
     /// Extends the lease of a live owner; `false` when `token` no longer owns the key.
@@ -206,9 +240,20 @@ impl Store {
 
     /// Frees the key so a retry executes again; `false` when `token` no longer owns it.
     pub async fn release(&self, key: Digest, token: OwnerToken) -> Result<bool, StoreError> {
+        self.release_as(key, token, None).await
+    }
+
+    /// [`Store::release`]; with `reissue`, a one-time token's key goes back to issued for
+    /// that long, so the caller can retry with the same token.
+    pub async fn release_as(
+        &self,
+        key: Digest,
+        token: OwnerToken,
+        reissue: Option<Duration>,
+    ) -> Result<bool, StoreError> {
         match self {
-            Self::Memory(m) => Ok(m.release(key, token)),
-            Self::Redis(r) => r.release(key, token).await,
+            Self::Memory(m) => Ok(m.release(key, token, reissue)),
+            Self::Redis(r) => r.release(key, token, reissue).await,
         }
     }
 

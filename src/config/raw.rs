@@ -51,6 +51,7 @@ pub struct RawConfig {
     pub drain_timeout: Option<ConfigDuration>,
     pub tls: Option<RawTls>,
     pub upstream_ca: Option<String>,
+    pub tokens: Option<RawTokens>,
     pub store: Option<RawStore>,
     pub defaults: Option<RawDefaults>,
     pub routes: Option<Vec<RawRoute>>,
@@ -97,6 +98,27 @@ impl<'de> Deserialize<'de> for RawAdmin {
         }
         deserializer.deserialize_any(V)
     }
+}
+
+/// `tokens:` — the one-time token endpoint.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTokens {
+    pub path: Option<String>,
+    pub ttl: Option<ConfigDuration>,
+    pub rate: Option<u64>,
+    pub window: Option<ConfigDuration>,
+    pub scope: Option<Vec<RawScope>>,
+}
+
+/// `fresh:` — reject requests whose timestamp is outside a window.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFresh {
+    pub header: Option<Parsed<http::HeaderName>>,
+    pub field: Option<Parsed<crate::canonical::JsonPointer>>,
+    pub max_age: Option<ConfigDuration>,
+    pub skew: Option<ConfigDuration>,
 }
 
 /// `tls:` — terminate TLS on the listener.
@@ -174,6 +196,7 @@ pub struct RawRoute {
     pub matcher: RawMatch,
     pub idempotency: Option<OnOff>,
     pub key: Option<RawKeyOrOff>,
+    pub fresh: Option<RawFresh>,
     pub ttl: Option<ConfigDuration>,
     pub lease: Option<ConfigDuration>,
     pub upstream_timeout: Option<ConfigDuration>,
@@ -243,8 +266,16 @@ pub struct RawKey {
     pub header: Option<Parsed<http::HeaderName>>,
     pub fields: Option<Vec<Parsed<crate::canonical::JsonPointer>>>,
     pub fingerprint: Option<RawFingerprint>,
+    pub token: Option<RawTokenRule>,
     pub required: Option<bool>,
     pub scope: Option<Vec<RawScope>>,
+}
+
+/// `token:` in a key rule.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTokenRule {
+    pub header: Option<Parsed<http::HeaderName>>,
 }
 
 impl RawKey {
@@ -256,8 +287,25 @@ impl RawKey {
             self.header.is_some(),
             self.fields.is_some(),
             self.fingerprint.is_some(),
+            self.token.is_some(),
         ];
+        if given.iter().filter(|g| **g).count() > 1 {
+            return Err(
+                "a key rule takes exactly one source: header, fields, fingerprint or token".into(),
+            );
+        }
         let source = match (self.header, self.fields, self.fingerprint) {
+            (None, None, None) if self.token.is_some() => {
+                let header = self
+                    .token
+                    .and_then(|t| t.header)
+                    .map_or(http::HeaderName::from_static("idempotency-token"), |h| h.0);
+                // The reissue window is the token TTL, filled in once `tokens:` is read.
+                KeySource::Token(crate::key::TokenRule {
+                    header,
+                    reissue_ttl: std::time::Duration::ZERO,
+                })
+            }
             (Some(h), None, None) => KeySource::Header(h.0),
             (None, Some(fields), None) => {
                 if fields.is_empty() {
@@ -293,12 +341,9 @@ impl RawKey {
                     ignore: IgnoreSet::new(names, pointers),
                 })
             }
-            _ if given.iter().filter(|g| **g).count() == 0 => {
-                return Err("a key rule needs one source: header, fields or fingerprint".into())
-            }
             _ => {
                 return Err(
-                    "a key rule takes exactly one source: header, fields or fingerprint".into(),
+                    "a key rule needs one source: header, fields, fingerprint or token".into(),
                 )
             }
         };

@@ -59,6 +59,10 @@ pub enum KeyError {
     /// A `fields` route's body lacks a field the key is made of.
     #[error("the body has no field {0}")]
     FieldMissing(String),
+    /// A one-time token that is malformed, unknown, expired, spent or another caller's:
+    /// one answer for all, so nothing is revealed.
+    #[error("the idempotency token is invalid, expired or not yours; request a new one")]
+    TokenInvalid,
 }
 
 /// What `idemgate explain` shows of a derivation; filled only when asked for.
@@ -163,6 +167,27 @@ pub fn derive_key(
             }
             Digest::NONE
         }
+        KeySource::Token(token_rule) => {
+            let token = match read_client_key(req.headers, &token_rule.header) {
+                Ok(t) => t,
+                Err(ClientKeyError::Missing(_)) if !rule.required => return Ok(None),
+                Err(ClientKeyError::Missing(name)) => {
+                    return Err(ClientKeyError::Missing(name).into())
+                }
+                Err(_) => return Err(KeyError::TokenInvalid),
+            };
+            if !is_token(&token) {
+                return Err(KeyError::TokenInvalid);
+            }
+            if let Some(t) = trace.as_deref_mut() {
+                t.material = format!("{}: {}", token_rule.header, String::from_utf8_lossy(&token));
+            }
+            // The token's own digest, not the route-bound one: see `token_digest`.
+            return Ok(Some(DerivedKey {
+                key: token_digest(&rule.scope, req, &token),
+                fingerprint: payload_fingerprint(req, trace),
+            }));
+        }
         KeySource::Fingerprint(fp) => {
             SCRATCH.with_borrow_mut(|buf| {
                 buf.clear();
@@ -180,6 +205,41 @@ pub fn derive_key(
         key: hasher.finish(),
         fingerprint,
     }))
+}
+
+/// Issued tokens are 128 random bits in lower-case hex.
+fn is_token(token: &[u8]) -> bool {
+    token.len() == 32
+        && token
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+}
+
+/// The store key of a one-time token: the token bound to the caller's scope. Route and
+/// method are left out because the token is issued before either is known; the payload
+/// fingerprint (which holds method and path) catches its reuse elsewhere.
+pub fn token_digest(scope: &[ScopePart], req: &RequestView<'_>, token: &[u8]) -> Digest {
+    let mut hasher = KeyHasher::new(b"idemgate:token:v1");
+    hash_scope(&mut hasher, scope, req);
+    hasher.field(token);
+    hasher.finish()
+}
+
+/// The rate-limit bucket of a caller.
+pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
+    let mut hasher = KeyHasher::new(b"idemgate:scope:v1");
+    hash_scope(&mut hasher, scope, req);
+    hasher.finish()
+}
+
+fn hash_scope(hasher: &mut KeyHasher, scope: &[ScopePart], req: &RequestView<'_>) {
+    for part in scope {
+        hasher.field(part.to_string().as_bytes());
+        match scope_value(part, req) {
+            Some(v) => hasher.field(&v),
+            None => hasher.absent(),
+        }
+    }
 }
 
 /// The fingerprint of the whole payload (path, query, body; default time/geo fields left

@@ -96,6 +96,17 @@ impl Proxy {
             live.config
                 .protection_for(host, request.method(), request.uri().path())
         };
+        if let Some(issuer) = &live.config.tokens {
+            if request.method() == http::Method::POST && request.uri().path() == issuer.path {
+                let response = match super::tokens::issue(&self.store, issuer, &request, conn).await
+                {
+                    Ok(response) => response,
+                    Err(error) => error.into_response(),
+                };
+                tracing::info!(target: "access", status = response.status().as_u16(), "token request");
+                return response;
+            }
+        }
         let route_metrics = self.metrics.route(route);
         let method = request.method().clone();
         let path = tracing::enabled!(target: "access", tracing::Level::INFO)

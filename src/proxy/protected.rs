@@ -19,9 +19,9 @@ use super::headers::{prepare_request, strip_hop_by_hop};
 use super::upstream::UpstreamClient;
 use crate::config::{InFlightMode, OnStoreError, Protected};
 use crate::error::ProxyError;
-use crate::key::{derive_key, DerivedKey, Digest, RequestView};
+use crate::key::{derive_key, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
-use crate::store::{Claim, Lease, OwnerToken, Store, StoredResponse};
+use crate::store::{Claim, ClaimMode, Lease, OwnerToken, Store, StoredResponse};
 
 /// The header added to every replayed response.
 pub static IDEMPOTENT_REPLAYED: http::HeaderName =
@@ -138,8 +138,12 @@ pub async fn handle(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let policy = &rule.policy;
     let (parts, body) = request.into_parts();
-    // Phase 1: buffer (bounded).
+    // Phase 1: buffer (bounded), then refuse stale or future timestamps before any store
+    // work.
     let body = read_limited(&parts.headers, body, policy.max_body).await?;
+    if let Some(fresh) = &rule.fresh {
+        super::fresh::check(fresh, &parts.headers, &body, std::time::SystemTime::now())?;
+    }
     // Phase 2: derive the key.
     let view = RequestView {
         route: &rule.route,
@@ -159,6 +163,11 @@ pub async fn handle(
 
     // Phase 3: claim; a duplicate in wait mode claims again each time it is woken.
     let deadline = Instant::now() + policy.wait_timeout;
+    // Token routes only start from an issued token; a failed attempt hands it back.
+    let (mode, reissue) = match &rule.key.source {
+        KeySource::Token(t) => (ClaimMode::IssuedOnly, Some(t.reissue_ttl)),
+        _ => (ClaimMode::Any, None),
+    };
     let mut waiting_since: Option<Instant> = None;
     let waited = |since: Option<Instant>| {
         if let Some(since) = since {
@@ -166,7 +175,11 @@ pub async fn handle(
         }
     };
     loop {
-        let claim = match cx.store.claim(key, fingerprint, policy.lease).await {
+        let claim = match cx
+            .store
+            .claim_as(key, fingerprint, policy.lease, mode)
+            .await
+        {
             Ok(claim) => claim,
             Err(e) => {
                 tracing::warn!(error = %e, "store failed during claim");
@@ -183,7 +196,7 @@ pub async fn handle(
         match claim {
             Claim::Owner(lease) => {
                 waited(waiting_since);
-                let (response, stored) = execute(&cx, rule, lease, parts, body).await?;
+                let (response, stored) = execute(&cx, rule, lease, parts, body, reissue).await?;
                 report.outcome = Some(if stored {
                     Outcome::Executed
                 } else {
@@ -201,6 +214,7 @@ pub async fn handle(
                 return Ok(replay(&stored));
             }
             Claim::Mismatch => return Err(ProxyError::Mismatch),
+            Claim::Unknown => return Err(KeyError::TokenInvalid.into()),
             Claim::InFlight(waiter) => {
                 let in_flight = ProxyError::InFlight {
                     retry_after: RETRY_AFTER_SECS,
@@ -238,6 +252,7 @@ async fn execute(
     lease: Lease,
     parts: Parts,
     body: Bytes,
+    reissue: Option<Duration>,
 ) -> Result<(Response<ProxyBody>, bool), ProxyError> {
     let client = cx.client.clone();
     let rule = Arc::clone(rule);
@@ -255,12 +270,12 @@ async fn execute(
         let answer = match answer {
             Ok(answer) => answer,
             Err(e) => {
-                release(lease).await;
+                release(lease, reissue).await;
                 return Err(e);
             }
         };
         if !policy.replays(answer.status.as_u16()) {
-            release(lease).await;
+            release(lease, reissue).await;
             return Ok((answer.into_response(), false));
         }
         let stored = StoredResponse::new(answer.status, &answer.headers, &answer.body);
@@ -286,8 +301,8 @@ async fn execute(
     }
 }
 
-async fn release(lease: Lease) {
-    if let Err(e) = lease.release().await {
+async fn release(lease: Lease, reissue: Option<Duration>) {
+    if let Err(e) = lease.release_as(reissue).await {
         tracing::warn!(error = %e, "could not release the claim");
     }
 }

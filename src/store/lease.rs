@@ -59,10 +59,15 @@ impl Lease {
     }
 
     /// Frees the key so the next request with it executes.
-    pub async fn release(mut self) -> Result<bool, StoreError> {
+    pub async fn release(self) -> Result<bool, StoreError> {
+        self.release_as(None).await
+    }
+
+    /// Frees the key; with `reissue`, a one-time token's key goes back to issued instead.
+    pub async fn release_as(mut self, reissue: Option<Duration>) -> Result<bool, StoreError> {
         self.stop_renewing();
         self.finished = true;
-        self.store.release(self.key, self.token).await
+        self.store.release_as(self.key, self.token, reissue).await
     }
 
     fn stop_renewing(&mut self) {

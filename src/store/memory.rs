@@ -43,6 +43,18 @@ pub enum RawClaim {
     Done(Arc<StoredResponse>),
     /// Completed or in flight with another payload.
     Mismatch,
+    /// [`ClaimMode::IssuedOnly`] and no issued record: an unknown, expired or foreign token.
+    Unknown,
+}
+
+/// Which records a claim may start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimMode {
+    /// A free key becomes owned (client keys, fields, fingerprints).
+    Any,
+    /// Only a key issued beforehand (a one-time token) becomes owned, consuming the issue
+    /// record in the same atomic step.
+    IssuedOnly,
 }
 
 /// The in-process store.
@@ -51,6 +63,8 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     limits: MemoryLimits,
     totals: Totals,
+    /// Fixed-window counters for rate limits: key → (window end, hits).
+    counters: Mutex<DigestMap<(Instant, u64)>>,
 }
 
 /// Records and done-record bytes over all shards.
@@ -62,6 +76,8 @@ struct Totals {
 
 #[derive(Debug)]
 enum Entry {
+    /// A one-time token issued and not yet used.
+    Issued { expires_at: Instant, seq: u64 },
     InFlight {
         token: OwnerToken,
         fingerprint: Digest,
@@ -114,6 +130,10 @@ const MIN_ENTRIES_PER_SHARD: usize = 1024;
 const MAX_SHARDS: usize = 16;
 /// Expired records swept per write, so expiry costs O(1) amortized and needs no timer.
 const SWEEP_PER_WRITE: usize = 4;
+/// Bytes charged for an issued token: it holds no response, only its slot.
+const ISSUED_COST: usize = super::response::ENTRY_OVERHEAD;
+/// Rate counters are pruned of finished windows once this many exist.
+const COUNTER_SWEEP_AT: usize = 4096;
 
 impl MemoryStore {
     /// An empty store with these bounds.
@@ -128,6 +148,7 @@ impl MemoryStore {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             limits,
             totals: Totals::default(),
+            counters: Mutex::default(),
         }
     }
 
@@ -173,11 +194,16 @@ impl MemoryStore {
         key: Digest,
         fingerprint: Digest,
         lease: Duration,
+        mode: ClaimMode,
     ) -> Result<RawClaim, StoreError> {
         let now = Instant::now();
         let mut shard = self.shard(&key);
         shard.sweep(now, SWEEP_PER_WRITE, &self.totals);
         match shard.map.get(&key) {
+            Some(Entry::Issued { expires_at, .. }) if *expires_at > now => {}
+            None | Some(Entry::Issued { .. }) if mode == ClaimMode::IssuedOnly => {
+                return Ok(RawClaim::Unknown)
+            }
             Some(Entry::Done {
                 fingerprint: stored,
                 response,
@@ -202,7 +228,11 @@ impl MemoryStore {
                     RawClaim::InFlight(Waiter::new(signal.clone(), *lease_until))
                 });
             }
-            // Free, expired, or owned by someone whose lease ran out: take it over.
+            // Only a live issued record starts an issued-only claim: a token whose answer
+            // expired, or whose owner vanished, is spent (as on Redis, where both records
+            // are gone by then); the client asks for a new one.
+            _ if mode == ClaimMode::IssuedOnly => return Ok(RawClaim::Unknown),
+            // Free, expired, issued, or owned by someone whose lease ran out: take it over.
             _ => {}
         }
         shard.remove(&key, &self.totals);
@@ -228,6 +258,45 @@ impl MemoryStore {
             },
         );
         Ok(RawClaim::Owner(token))
+    }
+
+    /// See [`super::Store::issue`].
+    pub fn issue(&self, key: Digest, ttl: Duration) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let mut shard = self.shard(&key);
+        shard.remove(&key, &self.totals);
+        let max_entries = self.limits.max_entries;
+        let max_bytes = self.limits.max_bytes;
+        let index = self.shard_index(&key);
+        if !self.make_room(&mut shard, index, |t| {
+            t.entries.load(Ordering::Relaxed) >= max_entries
+                || t.bytes.load(Ordering::Relaxed) + ISSUED_COST > max_bytes
+        }) {
+            return Err(StoreError::Full);
+        }
+        shard.seq += 1;
+        let seq = shard.seq;
+        let expires_at = now + ttl;
+        shard.expiry.insert((expires_at, seq), key);
+        shard.map.insert(key, Entry::Issued { expires_at, seq });
+        self.totals.entries.fetch_add(1, Ordering::Relaxed);
+        self.totals.bytes.fetch_add(ISSUED_COST, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// See [`super::Store::hit`].
+    pub fn hit(&self, key: Digest, window: Duration) -> u64 {
+        let now = Instant::now();
+        let mut counters = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        if counters.len() >= COUNTER_SWEEP_AT {
+            counters.retain(|_, (end, _)| *end > now);
+        }
+        let slot = counters.entry(key).or_insert((now + window, 0));
+        if slot.0 <= now {
+            *slot = (now + window, 0);
+        }
+        slot.1 += 1;
+        slot.1
     }
 
     /// See [`super::Store::renew`].
@@ -294,12 +363,28 @@ impl MemoryStore {
         true
     }
 
-    /// See [`super::Store::release`].
-    pub fn release(&self, key: Digest, token: OwnerToken) -> bool {
+    /// See [`super::Store::release`]; with `reissue`, the key goes back to issued (a token
+    /// whose attempt failed can be used again) instead of free.
+    pub fn release(&self, key: Digest, token: OwnerToken, reissue: Option<Duration>) -> bool {
         let mut shard = self.shard(&key);
         match shard.map.get(&key) {
             Some(Entry::InFlight { token: owner, .. }) if *owner == token => {
                 shard.remove(&key, &self.totals);
+                if let Some(ttl) = reissue {
+                    let now = Instant::now();
+                    shard.seq += 1;
+                    let seq = shard.seq;
+                    shard.expiry.insert((now + ttl, seq), key);
+                    shard.map.insert(
+                        key,
+                        Entry::Issued {
+                            expires_at: now + ttl,
+                            seq,
+                        },
+                    );
+                    self.totals.entries.fetch_add(1, Ordering::Relaxed);
+                    self.totals.bytes.fetch_add(ISSUED_COST, Ordering::Relaxed);
+                }
                 true
             }
             _ => false,
@@ -333,6 +418,13 @@ impl MemoryStore {
                 response: Some(response.clone()),
             }),
             Entry::Done { .. } => None,
+            Entry::Issued { expires_at, .. } if *expires_at > now => Some(KeyInfo {
+                state: "issued",
+                created: wall,
+                expires: wall + expires_at.saturating_duration_since(now),
+                response: None,
+            }),
+            Entry::Issued { .. } => None,
         }
     }
 
@@ -376,6 +468,12 @@ impl Shard {
                 ..
             }) => {
                 totals.bytes.fetch_sub(response.cost(), Ordering::Relaxed);
+                totals.entries.fetch_sub(1, Ordering::Relaxed);
+                self.expiry.remove(&(expires_at, seq));
+                true
+            }
+            Some(Entry::Issued { expires_at, seq }) => {
+                totals.bytes.fetch_sub(ISSUED_COST, Ordering::Relaxed);
                 totals.entries.fetch_sub(1, Ordering::Relaxed);
                 self.expiry.remove(&(expires_at, seq));
                 true

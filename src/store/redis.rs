@@ -30,7 +30,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Value};
 use tokio::sync::{mpsc, watch, OnceCell};
 
-use super::memory::{mismatched, RawClaim};
+use super::memory::{mismatched, ClaimMode, RawClaim};
 use super::{KeyInfo, OwnerToken, StoreError, StoredResponse, Waiter};
 use crate::key::Digest;
 
@@ -53,10 +53,26 @@ pub struct RedisSettings {
 const CLAIM: &str = r"
 local v = redis.call('GET', KEYS[1])
 if not v then
+  if ARGV[3] == '1' then return 1 end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 0
+end
+if string.sub(v, 1, 1) == 'T' then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 0
 end
 return {v, redis.call('PTTL', KEYS[1])}
+";
+
+const ISSUE: &str = r"
+redis.call('SET', KEYS[1], 'T', 'PX', ARGV[1])
+return 1
+";
+
+const HIT: &str = r"
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return n
 ";
 
 const RENEW: &str = r"
@@ -85,7 +101,11 @@ return 0
 const RELEASE: &str = r"
 local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 17) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  if ARGV[3] == '0' then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('SET', KEYS[1], 'T', 'PX', ARGV[3])
+  end
   redis.call('PUBLISH', ARGV[2], '1')
   return 1
 end
@@ -130,6 +150,8 @@ struct Scripts {
     release: Script,
     inspect: Script,
     remove: Script,
+    issue: Script,
+    hit: Script,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -144,6 +166,8 @@ impl std::fmt::Debug for RedisStore {
 /// What the claim script found.
 enum Found {
     Claimed,
+    /// An issued-only claim found no issued token.
+    Unknown,
     InFlight {
         token: u128,
         fingerprint: Digest,
@@ -202,6 +226,8 @@ impl RedisStore {
                 release: Script::new(RELEASE),
                 inspect: Script::new(INSPECT),
                 remove: Script::new(REMOVE),
+                issue: Script::new(ISSUE),
+                hit: Script::new(HIT),
             },
         })
     }
@@ -288,6 +314,7 @@ impl RedisStore {
         token: OwnerToken,
         fingerprint: Digest,
         lease: Duration,
+        mode: ClaimMode,
     ) -> Result<Found, StoreError> {
         let mut value = Vec::with_capacity(57);
         value.push(b'I');
@@ -298,9 +325,15 @@ impl RedisStore {
         invocation
             .key(self.record(key))
             .arg(value)
-            .arg(lease.as_millis().max(1) as u64);
+            .arg(lease.as_millis().max(1) as u64)
+            .arg(if mode == ClaimMode::IssuedOnly {
+                "1"
+            } else {
+                "0"
+            });
         match self.run(invocation).await? {
             Value::Int(0) => Ok(Found::Claimed),
+            Value::Int(1) => Ok(Found::Unknown),
             Value::Array(items) => {
                 let (data, pttl) = record_and_ttl(items)?;
                 match parse_record(data, pttl)? {
@@ -319,9 +352,12 @@ impl RedisStore {
         key: Digest,
         fingerprint: Digest,
         lease: Duration,
+        mode: ClaimMode,
     ) -> Result<RawClaim, StoreError> {
         let token = OwnerToken::random();
-        let found = self.try_claim(&key, token, fingerprint, lease).await?;
+        let found = self
+            .try_claim(&key, token, fingerprint, lease, mode)
+            .await?;
         match found {
             Found::InFlight {
                 fingerprint: stored,
@@ -333,7 +369,10 @@ impl RedisStore {
         // Subscribe first, then look again: a completion between the two is then either
         // seen by the second look or delivered on the channel.
         let (signal, subscription) = self.subscribe(&key).await?;
-        match self.try_claim(&key, token, fingerprint, lease).await? {
+        match self
+            .try_claim(&key, token, fingerprint, lease, mode)
+            .await?
+        {
             Found::InFlight { pttl, .. } => {
                 let recheck = Duration::from_millis(pttl.max(1) as u64).min(FALLBACK_RECHECK);
                 Ok(RawClaim::InFlight(Waiter::with_subscription(
@@ -349,6 +388,7 @@ impl RedisStore {
     fn settle(&self, found: Found, token: OwnerToken, fingerprint: Digest) -> RawClaim {
         match found {
             Found::Claimed => RawClaim::Owner(token),
+            Found::Unknown => RawClaim::Unknown,
             Found::InFlight {
                 fingerprint: stored,
                 ..
@@ -393,6 +433,27 @@ impl RedisStore {
         fence
     }
 
+    /// See [`super::Store::issue`].
+    pub async fn issue(&self, key: Digest, ttl: Duration) -> Result<(), StoreError> {
+        let mut invocation = self.scripts.issue.prepare_invoke();
+        invocation
+            .key(self.record(&key))
+            .arg(ttl.as_millis().max(1) as u64);
+        self.run(invocation).await.map(|_| ())
+    }
+
+    /// See [`super::Store::hit`].
+    pub async fn hit(&self, key: Digest, window: Duration) -> Result<u64, StoreError> {
+        let mut invocation = self.scripts.hit.prepare_invoke();
+        invocation
+            .key(format!("{}rate:{{{}}}", self.prefix, key.to_hex()))
+            .arg(window.as_millis().max(1) as u64);
+        match self.run(invocation).await? {
+            Value::Int(n) => Ok(n.max(0) as u64),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// See [`super::Store::renew`].
     pub async fn renew(
         &self,
@@ -427,12 +488,18 @@ impl RedisStore {
     }
 
     /// See [`super::Store::release`].
-    pub async fn release(&self, key: Digest, token: OwnerToken) -> Result<bool, StoreError> {
+    pub async fn release(
+        &self,
+        key: Digest,
+        token: OwnerToken,
+        reissue: Option<Duration>,
+    ) -> Result<bool, StoreError> {
         let mut invocation = self.scripts.release.prepare_invoke();
         invocation
             .key(self.record(&key))
             .arg(Self::fence(token))
-            .arg(self.channel(&key));
+            .arg(self.channel(&key))
+            .arg(reissue.map_or(0, |ttl| ttl.as_millis().max(1) as u64));
         Ok(matches!(self.run(invocation).await?, Value::Int(1)))
     }
 
@@ -448,6 +515,12 @@ impl RedisStore {
         let (data, pttl) = record_and_ttl(items)?;
         let expires = SystemTime::now() + Duration::from_millis(pttl.max(0) as u64);
         Ok(Some(match data.first() {
+            Some(b'T') => KeyInfo {
+                state: "issued",
+                created: SystemTime::now(),
+                expires,
+                response: None,
+            },
             Some(b'I') if data.len() >= 57 => KeyInfo {
                 state: "in_flight",
                 created: UNIX_EPOCH
