@@ -76,16 +76,19 @@ struct Totals {
 
 #[derive(Debug)]
 enum Entry {
+    // Variants are kept near the size of `Done` (the common one): the map stores the
+    // largest variant's size for every key.
     /// A one-time token issued and not yet used.
     Issued { expires_at: Instant, seq: u64 },
     InFlight {
         token: OwnerToken,
         fingerprint: Digest,
         lease_until: Instant,
-        created: SystemTime,
-        // Dropped when the record is replaced or removed; waiters wake on that.
-        _done: watch::Sender<()>,
-        signal: watch::Receiver<()>,
+        /// Unix milliseconds, for the admin API (8 bytes instead of a 16-byte SystemTime:
+        /// every byte of a record is paid per key).
+        created_ms: u64,
+        // Dropped when the record is replaced or removed; waiters subscribed to it wake.
+        done: watch::Sender<()>,
     },
     Done {
         fingerprint: Digest,
@@ -94,6 +97,9 @@ enum Entry {
         seq: u64,
     },
 }
+
+// The per-key cost of the map: a record must not grow past this without a reason.
+const _: () = assert!(std::mem::size_of::<Entry>() <= 96);
 
 /// Digests are uniformly random already; hashing them again with SipHash is wasted work.
 #[derive(Default)]
@@ -219,13 +225,13 @@ impl MemoryStore {
             Some(Entry::InFlight {
                 fingerprint: stored,
                 lease_until,
-                signal,
+                done,
                 ..
             }) if *lease_until > now => {
                 return Ok(if mismatched(stored, &fingerprint) {
                     RawClaim::Mismatch
                 } else {
-                    RawClaim::InFlight(Waiter::new(signal.clone(), *lease_until))
+                    RawClaim::InFlight(Waiter::new(done.subscribe(), *lease_until))
                 });
             }
             // Only a live issued record starts an issued-only claim: a token whose answer
@@ -243,7 +249,7 @@ impl MemoryStore {
             return Err(StoreError::Full);
         }
         let token = OwnerToken::random();
-        let (done, signal) = watch::channel(());
+        let (done, _) = watch::channel(());
         shard.in_flight += 1;
         self.totals.entries.fetch_add(1, Ordering::Relaxed);
         shard.map.insert(
@@ -252,9 +258,10 @@ impl MemoryStore {
                 token,
                 fingerprint,
                 lease_until: now + lease,
-                created: SystemTime::now(),
-                _done: done,
-                signal,
+                created_ms: SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                done,
             },
         );
         Ok(RawClaim::Owner(token))
@@ -399,11 +406,11 @@ impl MemoryStore {
         match shard.map.get(&key)? {
             Entry::InFlight {
                 lease_until,
-                created,
+                created_ms,
                 ..
             } => Some(KeyInfo {
                 state: "in_flight",
-                created: *created,
+                created: std::time::UNIX_EPOCH + Duration::from_millis(*created_ms),
                 expires: wall + lease_until.saturating_duration_since(now),
                 response: None,
             }),
