@@ -223,11 +223,11 @@ impl Default for Policy {
 /// The default key for POST/PATCH matching no route: a fingerprint of query and body.
 pub fn default_key() -> KeyRule {
     KeyRule {
-        source: KeySource::Fingerprint(FingerprintRule {
+        source: KeySource::Fingerprint(Box::new(FingerprintRule {
             query: true,
             body: true,
             ignore: IgnoreSet::clone(&DEFAULT_IGNORE),
-        }),
+        })),
         required: true,
         scope: default_scope(),
     }

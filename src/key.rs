@@ -34,7 +34,7 @@ pub enum KeySource {
     /// JSON pointers into the body; their canonical values are the key.
     Fields(Vec<JsonPointer>),
     /// The canonical request itself: path, query and body, minus ignored fields.
-    Fingerprint(FingerprintRule),
+    Fingerprint(Box<FingerprintRule>),
     /// A one-time token issued by idemgate (`POST /.idemgate/token`), sent in this header.
     Token(TokenRule),
 }

@@ -11,7 +11,6 @@
 //!   `100` → `1e2`), and every zero as `0`;
 //! - `true`, `false` and `null` unchanged.
 
-use std::cmp::Ordering;
 use std::fmt::Write as _;
 
 use thiserror::Error;
@@ -64,6 +63,9 @@ pub fn canonical_json(
     ignored: Ignored<'_>,
 ) -> Result<(), JsonError> {
     let mark = out.len();
+    // The canonical form is rarely much longer than the input; reserving once up front spares
+    // the growth steps a fresh buffer would otherwise take.
+    out.reserve(input.len() + WINDOW);
     let mut parser = Parser::new(input, ignore, ignore.pointers(), None, ignored);
     let result = parser.document(out);
     parser.buffers.recycle();
@@ -100,11 +102,31 @@ struct Buffers {
     members: Vec<Member>,
     /// Decoded keys that contained escapes, stacked like `members`.
     keys: Vec<u8>,
-    /// Holds one object's members while they are written back in key order.
+    /// Holds one object's generated values while its members are written out in key order.
     scratch: Vec<u8>,
+    /// One object's member indexes, sorted into key order.
+    order: Vec<u64>,
+    /// Members of objects too large for `order`'s packing, as `prefix << 64 | index`.
+    wide: Vec<u128>,
+    /// The last out-of-order key sequence seen at each nesting level, with its sorted order.
+    /// Arrays of like objects, and successive bodies sent to one endpoint, repeat their key
+    /// sequences, and reusing the order skips the sort. Kept across parses on purpose; its size
+    /// is bounded by `MAX_DEPTH` × `MAX_SHAPE`.
+    shapes: Vec<Shape>,
 }
 
-/// Buffers grown beyond this many bytes by an unusually large body are freed rather than kept.
+/// A key sequence, as key prefixes, and the order that sorts it.
+#[derive(Default)]
+struct Shape {
+    prefixes: Vec<u64>,
+    order: Vec<u64>,
+}
+
+/// Objects with more members than this are not remembered as shapes.
+const MAX_SHAPE: usize = 64;
+
+/// Buffers grown beyond this many bytes by an unusually large body are freed rather than kept
+/// for the next parse.
 const MAX_RETAINED_BYTES: usize = 256 * 1024;
 
 thread_local! {
@@ -120,29 +142,31 @@ impl Buffers {
         buffers.members.clear();
         buffers.keys.clear();
         buffers.scratch.clear();
+        buffers.order.clear();
+        buffers.wide.clear();
         buffers
     }
 
+    /// Hands the buffers back to this thread for the next parse.
     fn recycle(&mut self) {
+        fn bounded<T>(vec: &mut Vec<T>) {
+            if vec.capacity() * std::mem::size_of::<T>() > MAX_RETAINED_BYTES {
+                *vec = Vec::new();
+            }
+        }
         let mut buffers = std::mem::take(self);
-        if buffers.members.capacity() * std::mem::size_of::<Member>() > MAX_RETAINED_BYTES {
-            buffers.members = Vec::new();
-        }
-        if buffers.keys.capacity() > MAX_RETAINED_BYTES {
-            buffers.keys = Vec::new();
-        }
-        if buffers.scratch.capacity() > MAX_RETAINED_BYTES {
-            buffers.scratch = Vec::new();
-        }
-        if buffers.path.capacity() + buffers.live.capacity() > MAX_RETAINED_BYTES / 16 {
-            buffers.path = Vec::new();
-            buffers.live = Vec::new();
-        }
+        bounded(&mut buffers.live);
+        bounded(&mut buffers.path);
+        bounded(&mut buffers.members);
+        bounded(&mut buffers.keys);
+        bounded(&mut buffers.scratch);
+        bounded(&mut buffers.order);
+        bounded(&mut buffers.wide);
         RECYCLED.with(|cell| cell.set(buffers));
     }
 }
 
-/// An object key: either borrowed from the input (no escapes) or decoded into `Parser::keys`.
+/// An object key: either borrowed from the input (no escapes) or decoded into `Buffers::keys`.
 #[derive(Clone, Copy)]
 struct Key {
     /// The first 8 key bytes, big-endian and zero-padded: orders most keys without a memcmp.
@@ -152,12 +176,22 @@ struct Key {
     decoded: bool,
 }
 
-/// One member already written to the output, awaiting reordering by key.
+/// Where a member's canonical value is, until its object is written out in key order.
+#[derive(Clone, Copy)]
+enum Value {
+    /// Spelled canonically in the input already (plain strings, literals): copied from there.
+    Input { start: usize, end: usize },
+    /// Written to the output while parsing (numbers, escaped strings, objects, arrays).
+    Generated { start: usize, end: usize },
+}
+
+/// One parsed member awaiting its object's closing brace.
 #[derive(Clone, Copy)]
 struct Member {
     key: Key,
-    start: usize,
-    end: usize,
+    /// The input spells the key as `"key":` with no escapes or whitespace, ready to copy.
+    compact: bool,
+    value: Value,
 }
 
 /// One step of the current path, kept only when skipped paths are being reported.
@@ -167,7 +201,7 @@ enum Seg {
     Index(usize),
 }
 
-/// A range of `Parser::live`: the pointers still matching the path of the value being parsed.
+/// A range of `Buffers::live`: the pointers still matching the path of the value being parsed.
 #[derive(Clone, Copy)]
 struct Frame {
     start: usize,
@@ -232,12 +266,16 @@ impl<'a, 'r> Parser<'a, 'r> {
         if self.pos != self.input.len() {
             return Err(JsonError::Invalid(self.pos));
         }
-        self.store_extracted(out, start, root, 0);
+        self.store_extracted(&out[start..], root, 0);
         Ok(())
     }
 
     #[inline]
     fn skip_ws(&mut self) {
+        // Bodies are usually compact: the next byte is rarely whitespace, which is all <= ' '.
+        if self.input.get(self.pos).is_some_and(|&b| b > b' ') {
+            return;
+        }
         while let Some(&b) = self.input.get(self.pos) {
             if !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
                 break;
@@ -252,6 +290,10 @@ impl<'a, 'r> Parser<'a, 'r> {
     }
 
     /// Parses the value at `self.pos`, enclosed by `level` objects and arrays.
+    ///
+    /// Inlined into the container loops so that scalars, most values, cost no call; only nested
+    /// containers recurse.
+    #[inline(always)]
     fn value(&mut self, out: &mut Vec<u8>, level: usize, frame: Frame) -> Result<(), JsonError> {
         match self.input.get(self.pos) {
             Some(b'"') => self.string_value(out),
@@ -265,15 +307,21 @@ impl<'a, 'r> Parser<'a, 'r> {
         }
     }
 
-    fn literal(&mut self, out: &mut Vec<u8>, word: &[u8]) -> Result<(), JsonError> {
-        if !self.input[self.pos..].starts_with(word) {
+    #[inline(always)]
+    fn literal<const N: usize>(
+        &mut self,
+        out: &mut Vec<u8>,
+        word: &[u8; N],
+    ) -> Result<(), JsonError> {
+        if self.input[self.pos..].first_chunk() != Some(word) {
             return self.invalid();
         }
-        self.pos += word.len();
+        self.pos += N;
         out.extend_from_slice(word);
         Ok(())
     }
 
+    #[inline(always)]
     fn string_value(&mut self, out: &mut Vec<u8>) -> Result<(), JsonError> {
         let input = self.input;
         let start = self.pos + 1;
@@ -293,6 +341,7 @@ impl<'a, 'r> Parser<'a, 'r> {
     }
 
     /// Parses the key at `self.pos` (an opening quote) without writing it anywhere.
+    #[inline(always)]
     fn key(&mut self) -> Result<Key, JsonError> {
         let input = self.input;
         let start = self.pos + 1;
@@ -300,7 +349,7 @@ impl<'a, 'r> Parser<'a, 'r> {
         if input[stop] == b'"' {
             self.pos = stop + 1;
             return Ok(Key {
-                prefix: key_prefix(&input[start..stop]),
+                prefix: key_prefix(input, start, stop),
                 start,
                 end: stop,
                 decoded: false,
@@ -311,20 +360,22 @@ impl<'a, 'r> Parser<'a, 'r> {
         keys.extend_from_slice(&input[start..stop]);
         self.pos = decode_escaped(input, stop, keys, false)?;
         Ok(Key {
-            prefix: key_prefix(&keys[decoded_start..]),
+            prefix: key_prefix(keys, decoded_start, keys.len()),
             start: decoded_start,
             end: keys.len(),
             decoded: true,
         })
     }
 
-    fn write_key(&self, out: &mut Vec<u8>, key: Key) {
-        if key.decoded {
-            out.push(b'"');
-            push_escaped(out, &self.buffers.keys[key.start..key.end]);
-            out.push(b'"');
+    #[inline]
+    fn ignores_key(&self, key: Key) -> bool {
+        let len = key.end - key.start;
+        if len <= 8 {
+            // The prefix holds the whole key; no need to look at the bytes again.
+            self.ignore.ignores_short(len, key.prefix)
         } else {
-            append(out, self.input, key.start - 1, key.end + 1);
+            self.ignore
+                .ignores_name(key_bytes(self.input, &self.buffers.keys, key))
         }
     }
 
@@ -358,13 +409,12 @@ impl<'a, 'r> Parser<'a, 'r> {
         )
     }
 
-    /// Copies the canonical value just written at `out[start..]` to every pointer of `frame` that
-    /// ends at this path length.
-    fn store_extracted(&mut self, out: &[u8], start: usize, frame: Frame, len: usize) {
+    /// Stores the canonical `value` for every pointer of `frame` that ends at path length `len`.
+    fn store_extracted(&mut self, value: &[u8], frame: Frame, len: usize) {
         if let Some(found) = self.extract.as_deref_mut() {
             for &p in &self.buffers.live[frame.start..frame.end] {
                 if self.pointers[p].tokens().len() == len {
-                    found[p] = Some(out[start..].to_vec());
+                    found[p] = Some(value.to_vec());
                 }
             }
         }
@@ -407,6 +457,7 @@ impl<'a, 'r> Parser<'a, 'r> {
         Ok(())
     }
 
+    #[inline(never)]
     fn object(&mut self, out: &mut Vec<u8>, level: usize, frame: Frame) -> Result<(), JsonError> {
         if level > MAX_DEPTH {
             return Err(JsonError::TooDeep);
@@ -419,18 +470,24 @@ impl<'a, 'r> Parser<'a, 'r> {
             out.push(b'}');
             return Ok(());
         }
+        // Members are only parsed here; `finish_object` writes them in key order. Until then
+        // `out[body_start..]` holds just the values that had to be generated.
         let body_start = out.len();
         let members_base = self.buffers.members.len();
         let keys_base = self.buffers.keys.len();
         let check_names = self.ignore.has_names() && self.skipping == 0;
+        let reporting = self.reporting();
         loop {
             if self.input.get(self.pos) != Some(&b'"') {
                 return self.invalid();
             }
             let key = self.key()?;
-            self.skip_ws();
-            if self.input.get(self.pos) != Some(&b':') {
-                return self.invalid();
+            let compact = !key.decoded && self.input.get(self.pos) == Some(&b':');
+            if !compact {
+                self.skip_ws();
+                if self.input.get(self.pos) != Some(&b':') {
+                    return self.invalid();
+                }
             }
             self.pos += 1;
             self.skip_ws();
@@ -441,39 +498,32 @@ impl<'a, 'r> Parser<'a, 'r> {
             } else {
                 self.narrow(frame, level, Seg::Key(key))
             };
-            let skip = (exact && self.extract.is_none())
-                || (check_names
-                    && self
-                        .ignore
-                        .ignores_name(key_bytes(self.input, &self.buffers.keys, key)));
+            let skip = (exact && self.extract.is_none()) || (check_names && self.ignores_key(key));
             if skip {
-                if self.reporting() {
+                if reporting {
                     self.report(Seg::Key(key));
                 }
                 self.skip_value(out, level)?;
             } else {
-                if self.buffers.members.len() > members_base {
-                    out.push(b',');
-                }
-                let start = out.len();
-                self.write_key(out, key);
-                out.push(b':');
-                let value_start = out.len();
-                let reporting = self.reporting();
                 if reporting {
                     self.buffers.path.push(Seg::Key(key));
                 }
-                self.value(out, level, child)?;
+                let value = self.member_value(out, level, child)?;
                 if reporting {
                     self.buffers.path.pop();
                 }
                 if exact {
-                    self.store_extracted(out, value_start, child, level);
+                    let input = self.input;
+                    let bytes = match value {
+                        Value::Input { start, end } => &input[start..end],
+                        Value::Generated { start, end } => &out[start..end],
+                    };
+                    self.store_extracted(bytes, child, level);
                 }
                 self.buffers.members.push(Member {
                     key,
-                    start,
-                    end: out.len(),
+                    compact,
+                    value,
                 });
             }
             self.buffers.live.truncate(live_mark);
@@ -491,48 +541,102 @@ impl<'a, 'r> Parser<'a, 'r> {
                 _ => return self.invalid(),
             }
         }
-        self.sort_members(out, body_start, members_base);
+        self.finish_object(out, level, body_start, members_base);
         self.buffers.members.truncate(members_base);
         self.buffers.keys.truncate(keys_base);
         out.push(b'}');
         Ok(())
     }
 
-    /// Rewrites `out[body_start..]`, the comma-separated members `members[base..]`, in key order.
-    fn sort_members(&mut self, out: &mut Vec<u8>, body_start: usize, base: usize) {
+    /// Parses a member's value, leaving it in the input when it is canonical there already.
+    #[inline(always)]
+    fn member_value(
+        &mut self,
+        out: &mut Vec<u8>,
+        level: usize,
+        frame: Frame,
+    ) -> Result<Value, JsonError> {
+        let input = self.input;
+        let start = self.pos;
+        let literal = match input.get(start) {
+            Some(b'"') => {
+                let stop = scan_plain(input, start + 1)?;
+                if input[stop] == b'"' {
+                    // Without escapes the input spelling is already canonical: quotes,
+                    // backslashes and control characters cannot appear raw.
+                    self.pos = stop + 1;
+                    return Ok(Value::Input {
+                        start,
+                        end: self.pos,
+                    });
+                }
+                None
+            }
+            // Fixed-length comparisons compile to one load each, unlike `starts_with`.
+            Some(b't') => Some(input[start..].first_chunk() == Some(b"true")),
+            Some(b'f') => Some(input[start..].first_chunk() == Some(b"false")),
+            Some(b'n') => Some(input[start..].first_chunk() == Some(b"null")),
+            _ => None,
+        };
+        if let Some(valid) = literal {
+            if !valid {
+                return self.invalid();
+            }
+            self.pos += if input[start] == b'f' { 5 } else { 4 };
+            return Ok(Value::Input {
+                start,
+                end: self.pos,
+            });
+        }
+        let generated = out.len();
+        self.value(out, level, frame)?;
+        Ok(Value::Generated {
+            start: generated,
+            end: out.len(),
+        })
+    }
+
+    /// Writes the members `members[base..]` to `out` in key order, comma-separated, in place of
+    /// the generated values held at `out[body_start..]`.
+    fn finish_object(&mut self, out: &mut Vec<u8>, level: usize, body_start: usize, base: usize) {
         let Buffers {
             keys,
             members,
             scratch,
+            order,
+            wide,
+            shapes,
             ..
         } = &mut self.buffers;
         let input = self.input;
-        let members = &mut members[base..];
-        let key_order = |a: &Member, b: &Member| {
-            a.key
-                .prefix
-                .cmp(&b.key.prefix)
-                .then_with(|| key_bytes(input, keys, a.key).cmp(key_bytes(input, keys, b.key)))
-        };
-        if members
-            .windows(2)
-            .all(|w| key_order(&w[0], &w[1]) != Ordering::Greater)
-        {
-            return;
+        let members = &members[base..];
+        if shapes.len() <= level {
+            shapes.resize_with(level + 1, Shape::default);
         }
-        // Ties broken by position make the unstable (allocation-free) sort stable.
-        members.sort_unstable_by(|a, b| key_order(a, b).then(a.start.cmp(&b.start)));
+        let in_order = key_order(input, keys, members, order, wide, &mut shapes[level]);
         scratch.clear();
-        scratch.extend_from_slice(&out[body_start..]);
-        out.truncate(body_start);
-        for (i, m) in members.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
+        if out.len() > body_start {
+            scratch.extend_from_slice(&out[body_start..]);
+            // Padding lets `append` copy every short value with a fixed-size window.
+            scratch.extend_from_slice(&[0; WINDOW]);
+            out.truncate(body_start);
+        }
+        let generated = Generated {
+            bytes: scratch,
+            offset: body_start,
+        };
+        if in_order {
+            for (i, m) in members.iter().enumerate() {
+                emit_member(out, input, keys, &generated, i, m);
             }
-            append(out, scratch, m.start - body_start, m.end - body_start);
+        } else {
+            for (i, &m) in order.iter().enumerate() {
+                emit_member(out, input, keys, &generated, i, &members[m as usize]);
+            }
         }
     }
 
+    #[inline(never)]
     fn array(&mut self, out: &mut Vec<u8>, level: usize, frame: Frame) -> Result<(), JsonError> {
         if level > MAX_DEPTH {
             return Err(JsonError::TooDeep);
@@ -574,7 +678,7 @@ impl<'a, 'r> Parser<'a, 'r> {
                     self.buffers.path.pop();
                 }
                 if exact {
-                    self.store_extracted(out, start, child, level);
+                    self.store_extracted(&out[start..], child, level);
                 }
             }
             self.buffers.live.truncate(live_mark);
@@ -610,16 +714,16 @@ impl<'a, 'r> Parser<'a, 'r> {
             Some(b'1'..=b'9') => i = skip_digits(input, i + 1),
             _ => return Err(JsonError::Invalid(i)),
         }
-        let int = &input[int_start..i];
-        let mut frac: &[u8] = &[];
+        let int_end = i;
+        let mut frac_start = i;
         if input.get(i) == Some(&b'.') {
-            let frac_start = i + 1;
+            frac_start = i + 1;
             i = skip_digits(input, frac_start);
             if i == frac_start {
                 return Err(JsonError::Invalid(i));
             }
-            frac = &input[frac_start..i];
         }
+        let frac_end = i;
         let mut exponent: i64 = 0;
         if matches!(input.get(i), Some(b'e' | b'E')) {
             i += 1;
@@ -651,37 +755,46 @@ impl<'a, 'r> Parser<'a, 'r> {
         }
         self.pos = i;
 
-        // value = (int ++ frac) × 10^(exponent - frac.len()). Strict JSON gives `int` a leading
-        // zero only when it is exactly "0", so any further leading zeros sit at the start of `frac`.
-        let int_is_zero = int == b"0";
-        let (head, tail, exponent) = match frac.iter().rposition(|&d| d != b'0') {
-            Some(last) => {
-                let (head, first) = if int_is_zero {
-                    let first = frac.iter().position(|&d| d != b'0').unwrap_or(last);
-                    (&[][..], first)
-                } else {
-                    (int, 0)
-                };
-                (head, &frac[first..=last], exponent - (last as i64 + 1))
-            }
-            None if int_is_zero => {
-                out.push(b'0');
-                return Ok(());
-            }
-            None => {
-                // `int` starts with a non-zero digit, so `rposition` finds one.
-                let last = int.iter().rposition(|&d| d != b'0').unwrap_or(0);
-                let trailing = (int.len() - 1 - last) as i64;
-                (&int[..=last], &[][..], exponent + trailing)
-            }
-        };
-        if negative {
-            out.push(b'-');
+        // value = (int digits ++ frac digits) × 10^(exponent - frac length). Strict JSON gives the
+        // integer part a leading zero only when it is exactly "0", so any further leading zeros
+        // sit at the start of the fraction. Significant digits are copied straight from the input.
+        let int_is_zero = input[int_start] == b'0';
+        let mut frac_last = frac_end;
+        while frac_last > frac_start && input[frac_last - 1] == b'0' {
+            frac_last -= 1;
         }
-        append(out, head, 0, head.len());
-        append(out, tail, 0, tail.len());
+        if frac_last > frac_start {
+            exponent -= (frac_last - frac_start) as i64;
+            if negative {
+                out.push(b'-');
+            }
+            if int_is_zero {
+                let mut first = frac_start;
+                while input[first] == b'0' {
+                    first += 1;
+                }
+                append(out, input, first, frac_last);
+            } else {
+                append(out, input, int_start, int_end);
+                append(out, input, frac_start, frac_last);
+            }
+        } else if int_is_zero {
+            out.push(b'0');
+            return Ok(());
+        } else {
+            // The integer part starts with a non-zero digit, so this stops inside it.
+            let mut int_last = int_end;
+            while input[int_last - 1] == b'0' {
+                int_last -= 1;
+            }
+            exponent += (int_end - int_last) as i64;
+            if negative {
+                out.push(b'-');
+            }
+            append(out, input, int_start, int_last);
+        }
         out.push(b'e');
-        push_i64(out, exponent);
+        push_exponent(out, exponent);
         Ok(())
     }
 }
@@ -690,24 +803,33 @@ impl<'a, 'r> Parser<'a, 'r> {
 /// exactly like comparing the bytes whenever the prefixes differ: a padding zero can only differ
 /// from a real non-zero byte of a longer key, which sorts after it anyway.
 #[inline]
-fn key_prefix(key: &[u8]) -> u64 {
-    if let Some(head) = key.first_chunk::<8>() {
-        return u64::from_be_bytes(*head);
+fn key_prefix(src: &[u8], start: usize, end: usize) -> u64 {
+    let len = end - start;
+    // Keys are almost always followed by at least 8 more bytes (`":` and a value), so one load
+    // and a mask usually do.
+    if let Some(window) = src.get(start..).and_then(<[u8]>::first_chunk::<8>) {
+        let word = u64::from_be_bytes(*window);
+        return if len >= 8 {
+            word
+        } else {
+            word & !(u64::MAX >> (8 * len))
+        };
     }
     let mut prefix = 0;
-    for (i, &b) in key.iter().enumerate() {
+    for (i, &b) in src[start..end].iter().take(8).enumerate() {
         prefix |= u64::from(b) << (56 - 8 * i);
     }
     prefix
 }
 
-/// Appends `src[range]` to `out`. Most copies here are a few bytes long, where a call to `memcpy`
-/// costs more than the copy: those move a fixed 16-byte window instead and drop the excess.
+/// Appends `src[start..end]` to `out`. Most copies here are a few bytes long, where a call to
+/// `memcpy` costs more than the copy: those move a fixed 32-byte window instead and drop the
+/// excess.
 #[inline(always)]
 fn append(out: &mut Vec<u8>, src: &[u8], start: usize, end: usize) {
     let len = end - start;
-    if len <= 16 {
-        if let Some(window) = src.get(start..).and_then(<[u8]>::first_chunk::<16>) {
+    if len <= WINDOW {
+        if let Some(window) = src.get(start..).and_then(<[u8]>::first_chunk::<WINDOW>) {
             let keep = out.len() + len;
             out.extend_from_slice(window);
             out.truncate(keep);
@@ -715,6 +837,151 @@ fn append(out: &mut Vec<u8>, src: &[u8], start: usize, end: usize) {
         }
     }
     out.extend_from_slice(&src[start..end]);
+}
+
+/// Width of the fixed copies made by [`append`].
+const WINDOW: usize = 32;
+
+/// Puts into `order` the indexes of `members` stably sorted by key, unless they are in key
+/// order already, which is reported by returning `true`.
+fn key_order(
+    input: &[u8],
+    keys: &[u8],
+    members: &[Member],
+    order: &mut Vec<u64>,
+    wide: &mut Vec<u128>,
+    shape: &mut Shape,
+) -> bool {
+    let full_order = |a: Key, b: Key| {
+        a.prefix
+            .cmp(&b.prefix)
+            .then_with(|| key_bytes(input, keys, a).cmp(key_bytes(input, keys, b)))
+    };
+    if members
+        .windows(2)
+        .all(|w| full_order(w[0].key, w[1].key).is_le())
+    {
+        return true;
+    }
+    order.clear();
+    // Equal prefixes in the same sequence sort the same way: `shape` only ever holds sequences
+    // whose order the prefixes alone decide (no two sharing their first 7 bytes).
+    if shape.prefixes.len() == members.len()
+        && members
+            .iter()
+            .zip(&shape.prefixes)
+            .all(|(m, &p)| m.key.prefix == p)
+    {
+        order.extend_from_slice(&shape.order);
+        return false;
+    }
+    if members.len() <= 256 {
+        // Sort plain u64s: the first 7 key bytes above the member index, which breaks ties and
+        // so makes the unstable sort stable. (Moving u128s instead stalls on store forwarding.)
+        order.extend(
+            members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.key.prefix & !0xFF) | i as u64),
+        );
+        order.sort_unstable();
+        let shared_prefix = order.windows(2).any(|w| (w[0] ^ w[1]) >> 8 == 0);
+        for o in order.iter_mut() {
+            *o &= 0xFF;
+        }
+        if !shared_prefix {
+            if members.len() <= MAX_SHAPE {
+                shape.prefixes.clear();
+                shape.prefixes.extend(members.iter().map(|m| m.key.prefix));
+                shape.order.clone_from(order);
+            }
+            return false;
+        }
+    } else {
+        wide.clear();
+        wide.extend(
+            members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| u128::from(m.key.prefix) << 64 | i as u128),
+        );
+        wide.sort_unstable();
+        order.extend(wide.iter().map(|&w| w as u64));
+    }
+    // Members sharing their first 7 bytes may still differ further on: order each such run by
+    // full key. Equal keys already sit in input order within a run and the sort is stable, so
+    // duplicates keep their order.
+    let short_prefix = |order: &[u64], k: usize| members[order[k] as usize].key.prefix >> 8;
+    let mut run = 0;
+    while run < order.len() {
+        let prefix = short_prefix(order, run);
+        let mut end = run + 1;
+        while end < order.len() && short_prefix(order, end) == prefix {
+            end += 1;
+        }
+        if end - run > 1 {
+            order[run..end].sort_by(|&a, &b| {
+                let (a, b) = (members[a as usize].key, members[b as usize].key);
+                key_bytes(input, keys, a).cmp(key_bytes(input, keys, b))
+            });
+        }
+        run = end;
+    }
+    false
+}
+
+/// The generated values of one object, moved out of the output while it is rewritten.
+struct Generated<'g> {
+    bytes: &'g [u8],
+    /// Where `bytes` started in the output, which `Value::Generated` offsets count from.
+    offset: usize,
+}
+
+/// Writes member `m`, the `i`th in key order, to `out`.
+#[inline(always)]
+fn emit_member(
+    out: &mut Vec<u8>,
+    input: &[u8],
+    keys: &[u8],
+    generated: &Generated<'_>,
+    i: usize,
+    m: &Member,
+) {
+    if i > 0 {
+        out.push(b',');
+    }
+    if m.compact {
+        if let Value::Input { start, end } = m.value {
+            if start == m.key.end + 2 {
+                // `"key":value` spelled compactly in the input: one copy.
+                append(out, input, m.key.start - 1, end);
+                return;
+            }
+        }
+        append(out, input, m.key.start - 1, m.key.end + 2);
+    } else {
+        write_key(out, input, keys, m.key);
+        out.push(b':');
+    }
+    match m.value {
+        Value::Input { start, end } => append(out, input, start, end),
+        Value::Generated { start, end } => append(
+            out,
+            generated.bytes,
+            start - generated.offset,
+            end - generated.offset,
+        ),
+    }
+}
+
+fn write_key(out: &mut Vec<u8>, input: &[u8], keys: &[u8], key: Key) {
+    if key.decoded {
+        out.push(b'"');
+        push_escaped(out, &keys[key.start..key.end]);
+        out.push(b'"');
+    } else {
+        append(out, input, key.start - 1, key.end + 1);
+    }
 }
 
 fn key_bytes<'k>(input: &'k [u8], keys: &'k [u8], key: Key) -> &'k [u8] {
@@ -746,12 +1013,36 @@ fn token_is_index(token: &[u8], index: usize) -> bool {
     value == index
 }
 
-#[inline]
+/// Returns the offset of the first non-digit at or after `i`.
+#[inline(always)]
 fn skip_digits(input: &[u8], mut i: usize) -> usize {
+    // Eight bytes at a time: the digit count of a typical number is found without a loop whose
+    // exit the branch predictor would have to guess per digit.
+    while let Some(chunk) = input.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+        let word = u64::from_le_bytes(*chunk);
+        let low7 = word & !HIGHS;
+        let at_least_0 = low7.wrapping_add(ONES * (0x80 - b'0' as u64));
+        let past_9 = low7.wrapping_add(ONES * (0x80 - b':' as u64));
+        let non_digit = !(at_least_0 & !past_9 & !word) & HIGHS;
+        if non_digit != 0 {
+            return i + (non_digit.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
     while input.get(i).is_some_and(u8::is_ascii_digit) {
         i += 1;
     }
     i
+}
+
+#[inline]
+fn push_exponent(out: &mut Vec<u8>, value: i64) {
+    // Most exponents are a single digit.
+    match value {
+        0..=9 => out.push(b'0' + value as u8),
+        -9..=-1 => out.extend_from_slice(&[b'-', b'0' + value.unsigned_abs() as u8]),
+        _ => push_i64(out, value),
+    }
 }
 
 fn push_i64(out: &mut Vec<u8>, value: i64) {
@@ -801,8 +1092,27 @@ fn special_lanes(v: u64) -> u64 {
 
 /// Scans string content from `i` to the first `"` or `\`, validating UTF-8 and rejecting raw
 /// control characters; returns that byte's offset.
-#[inline]
+///
+/// The all-ASCII case, nearly every key and most values, runs inline 8 bytes at a time.
+#[inline(always)]
 fn scan_plain(input: &[u8], mut i: usize) -> Result<usize, JsonError> {
+    while let Some(chunk) = input.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+        let lanes = special_lanes(u64::from_le_bytes(*chunk));
+        if lanes != 0 {
+            let stop = i + (lanes.trailing_zeros() / 8) as usize;
+            if matches!(input[stop], b'"' | b'\\') {
+                return Ok(stop);
+            }
+            return scan_plain_long(input, stop);
+        }
+        i += 8;
+    }
+    scan_plain_long(input, i)
+}
+
+/// [`scan_plain`] from a non-ASCII or control byte, or from the last few bytes of the input.
+#[inline(never)]
+fn scan_plain_long(input: &[u8], mut i: usize) -> Result<usize, JsonError> {
     loop {
         let b = loop {
             if let Some(chunk) = input.get(i..).and_then(<[u8]>::first_chunk::<8>) {
@@ -1445,6 +1755,31 @@ mod tests {
     }
 
     #[test]
+    fn max_depth_nesting_fits_in_a_small_thread_stack() {
+        // Recursion is bounded by MAX_DEPTH; this pins down that its frames stay small enough
+        // for worker threads (tokio's default stack is 2 MiB). Unoptimized, as tests run, the
+        // full depth needs about 400 KiB; optimized, under 48 KiB.
+        let mut input = String::new();
+        for i in 0..MAX_DEPTH {
+            input.push_str(if i % 2 == 0 { "{\"k\":" } else { "[" });
+        }
+        input.push('1');
+        for i in (0..MAX_DEPTH).rev() {
+            input.push(if i % 2 == 0 { '}' } else { ']' });
+        }
+        let worker = std::thread::Builder::new()
+            .stack_size(1024 * 1024)
+            .spawn(move || {
+                let deeper = format!("[{input}]");
+                (canon(&input), err(deeper.as_bytes()))
+            })
+            .unwrap();
+        let (ok, too_deep) = worker.join().unwrap();
+        assert!(ok.starts_with(r#"{"k":[{"k":"#) && ok.contains("[1e0]"));
+        assert_eq!(too_deep, JsonError::TooDeep);
+    }
+
+    #[test]
     fn token_index_requires_plain_decimal() {
         assert!(token_is_index(b"0", 0));
         assert!(token_is_index(b"12", 12));
@@ -1453,6 +1788,109 @@ mod tests {
         assert!(!token_is_index(b"-", 0));
         assert!(!token_is_index(b"1a", 1));
         assert!(!token_is_index(b"99999999999999999999999", 0));
+    }
+
+    /// Renders `members` the way the canonical form must: stably sorted by key bytes.
+    fn reference_object(members: &[(String, u32)]) -> String {
+        let mut sorted: Vec<&(String, u32)> = members.iter().collect();
+        sorted.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        let body: Vec<String> = sorted
+            .iter()
+            .map(|(k, v)| format!("\"{k}\":{}", canon(&v.to_string())))
+            .collect();
+        format!("{{{}}}", body.join(","))
+    }
+
+    fn render_object(members: &[(String, u32)]) -> String {
+        let body: Vec<String> = members
+            .iter()
+            .map(|(k, v)| format!("\"{k}\":{v}"))
+            .collect();
+        format!("{{{}}}", body.join(","))
+    }
+
+    #[test]
+    fn member_order_matches_a_reference_stable_sort() {
+        // Keys from a tiny alphabet share long prefixes, collide, repeat and run past 8 bytes,
+        // which exercises the prefix sort, its refinement and the remembered shapes.
+        let mut rng = Rng(7);
+        for round in 0..300 {
+            let size = match round % 4 {
+                0 => rng.below(4) as usize,
+                1 => rng.below(20) as usize,
+                2 => rng.below(70) as usize,
+                _ => 250 + rng.below(60) as usize,
+            };
+            let members: Vec<(String, u32)> = (0..size)
+                .map(|i| {
+                    let len = rng.below(12) as usize;
+                    let key: String = (0..len)
+                        .map(|_| ['a', 'b', '0'][rng.below(3) as usize])
+                        .collect();
+                    (key, i as u32)
+                })
+                .collect();
+            let expected = reference_object(&members);
+            let input = render_object(&members);
+            assert_eq!(canon(&input), expected, "{input}");
+            // Again, and as several like objects in an array: the remembered order must hold.
+            assert_eq!(canon(&input), expected, "{input}");
+            let array = format!("[{input},{input},{input}]");
+            assert_eq!(canon(&array), format!("[{expected},{expected},{expected}]"));
+        }
+    }
+
+    #[test]
+    fn remembered_order_is_not_reused_for_keys_differing_past_eight_bytes() {
+        let first = canon(r#"[{"zzzzzzzzB":1,"zzzzzzzzA":2},{"zzzzzzzzA":3,"zzzzzzzzB":4}]"#);
+        assert_eq!(
+            first,
+            r#"[{"zzzzzzzzA":2e0,"zzzzzzzzB":1e0},{"zzzzzzzzA":3e0,"zzzzzzzzB":4e0}]"#
+        );
+        // Same 8-byte prefixes in the same positions as a remembered shape, other tails.
+        assert_eq!(canon(r#"{"b":1,"a":2}"#), r#"{"a":2e0,"b":1e0}"#);
+        assert_eq!(canon(r#"{"b1":1,"a":2}"#), r#"{"a":2e0,"b1":1e0}"#);
+        assert_eq!(canon(r#"{"b":1,"a1":2}"#), r#"{"a1":2e0,"b":1e0}"#);
+    }
+
+    #[test]
+    fn remembered_order_needs_every_prefix_byte_and_member_count_to_match() {
+        // Keys differing in one late byte: the first object's order is remembered, and the
+        // second, out of order differently, must not borrow it.
+        for (a, b, c) in [
+            ("xxxxxxa", "xxxxxxb", "xxxxxxc"),
+            ("xxxxxxxa", "xxxxxxxb", "xxxxxxxc"),
+            ("a", "b", "c"),
+        ] {
+            let input = format!(r#"[{{"{c}":1,"{a}":2,"{b}":3}},{{"{b}":4,"{c}":5,"{a}":6}}]"#);
+            let expected =
+                format!(r#"[{{"{a}":2e0,"{b}":3e0,"{c}":1e0}},{{"{a}":6e0,"{b}":4e0,"{c}":5e0}}]"#);
+            assert_eq!(canon(&input), expected);
+        }
+        assert_eq!(
+            canon(r#"[{"ab":1,"aa":2},{"aa":3,"ab":4}]"#),
+            r#"[{"aa":2e0,"ab":1e0},{"aa":3e0,"ab":4e0}]"#
+        );
+        assert_eq!(
+            canon(r#"[{"b":1,"a":2,"c":3},{"b":1,"a":2},{"b":1,"a":2,"c":3,"d":4}]"#),
+            r#"[{"a":2e0,"b":1e0,"c":3e0},{"a":2e0,"b":1e0},{"a":2e0,"b":1e0,"c":3e0,"d":4e0}]"#
+        );
+    }
+
+    #[test]
+    fn keys_with_nul_bytes_sort_after_their_prefixes() {
+        assert_eq!(
+            canon(r#"{"a\u0000":1,"a":2,"a\u0000\u0000":3}"#),
+            r#"{"a":2e0,"a\u0000":1e0,"a\u0000\u0000":3e0}"#
+        );
+    }
+
+    #[test]
+    fn fresh_output_buffer_gets_the_same_bytes() {
+        let input = r#"{"b":[1,2,{"d":"x","c":null}],"a":"y"}"#;
+        let mut reused = Vec::with_capacity(4);
+        canonical_json(input.as_bytes(), &IgnoreSet::empty(), &mut reused, None).unwrap();
+        assert_eq!(reused, canon(input).as_bytes());
     }
 
     /// Hand-written documents covering the grammar; none has duplicate keys or numbers beyond f64

@@ -4,17 +4,24 @@
 //!
 //! - [`json`]: canonical JSON, streaming, with fields skipped by name or pointer.
 //! - [`query`]: canonical `application/x-www-form-urlencoded` (URL queries and form bodies).
-//! - [`pointer`]: RFC 6901 pointers and extraction of selected fields.
+//! - [`pointer`](mod@pointer): RFC 6901 pointers and extraction of selected fields.
+//!
+//! Fingerprinting is hashing the canonical form:
 //!
 //! ```rust
 //! use idemgate::canonical::{canonical_json, IgnoreSet};
+//! use sha2::{Digest, Sha256};
 //!
 //! let ignore = IgnoreSet::defaults();
-//! let (mut a, mut b) = (Vec::new(), Vec::new());
-//! canonical_json(br#"{"qty": 1.0, "sku": "A", "ts": 1700000000}"#, &ignore, &mut a, None).unwrap();
-//! canonical_json(br#"{ "sku":"\u0041", "qty":10e-1, "ts":1700000099 }"#, &ignore, &mut b, None).unwrap();
+//! let fingerprint = |body: &[u8]| {
+//!     let mut canonical = Vec::new();
+//!     canonical_json(body, &ignore, &mut canonical, None).expect("valid JSON");
+//!     Sha256::digest(&canonical)
+//! };
+//! let a = fingerprint(br#"{"qty": 1.0, "sku": "A", "ts": 1700000000}"#);
+//! let b = fingerprint(br#"{ "sku":"\u0041", "qty":10e-1, "ts":1700000099 }"#);
 //! assert_eq!(a, b);
-//! assert_eq!(a, br#"{"qty":1e0,"sku":"A"}"#);
+//! assert_ne!(a, fingerprint(br#"{"qty": 2, "sku": "A"}"#));
 //! ```
 
 pub mod json;
@@ -63,7 +70,7 @@ pub struct IgnoreSet {
     /// Lower-cased names, sorted by length so that each length is one contiguous run.
     names: Vec<Box<[u8]>>,
     /// `buckets[len]` is the range of `names` having that length (`LONG_NAME` holds the rest).
-    buckets: [(u16, u16); LONG_NAME + 1],
+    buckets: [(u32, u32); LONG_NAME + 1],
     /// Names of up to 8 bytes packed by `pack_lowercase`, parallel to `names` (0 for longer ones):
     /// short names are then matched by comparing one integer.
     packed: Vec<u64>,
@@ -91,17 +98,16 @@ impl IgnoreSet {
             .collect();
         names.sort_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
         names.dedup();
-        // Bucket indexes are u16; a config with more names than that is not a realistic input,
-        // and keeping the struct small keeps the hot lookup in cache.
-        names.truncate(u16::MAX as usize);
-        let mut buckets = [(0u16, 0u16); LONG_NAME + 1];
+        // A config listing over 4 billion names could not have been loaded in the first place.
+        let index = |i: usize| u32::try_from(i).unwrap_or(u32::MAX);
+        let mut buckets = [(0u32, 0u32); LONG_NAME + 1];
         let mut len_mask = 0u64;
         for (i, name) in names.iter().enumerate() {
             let b = name.len().min(LONG_NAME);
             if buckets[b].1 == 0 {
-                buckets[b].0 = i as u16;
+                buckets[b].0 = index(i);
             }
-            buckets[b].1 = i as u16 + 1;
+            buckets[b].1 = index(i + 1);
             len_mask |= 1 << b;
         }
         let packed = names
@@ -149,6 +155,18 @@ impl IgnoreSet {
             .any(|n| n.len() == name.len() && n.eq_ignore_ascii_case(name))
     }
 
+    /// [`Self::ignores_name`] for a name of `len` ≤ 8 bytes given as its first 8 bytes,
+    /// big-endian and zero-padded (as `u64::from_be_bytes` of the zero-padded name).
+    #[inline]
+    pub(crate) fn ignores_short(&self, len: usize, prefix: u64) -> bool {
+        debug_assert!(len <= 8);
+        if self.len_mask & (1 << len) == 0 {
+            return false;
+        }
+        let (start, end) = (self.buckets[len].0 as usize, self.buckets[len].1 as usize);
+        self.packed[start..end].contains(&ascii_lowercase_lanes(prefix))
+    }
+
     /// Whether any field names are skipped.
     pub fn has_names(&self) -> bool {
         !self.names.is_empty()
@@ -168,7 +186,8 @@ impl IgnoreSet {
     }
 }
 
-/// Packs a name of at most 8 bytes, ASCII-lowercased, into an integer (zero-padded).
+/// Packs a name of at most 8 bytes, ASCII-lowercased, big-endian and zero-padded: the same
+/// layout as the JSON parser's key prefixes, so it can match keys without rereading them.
 #[inline]
 fn pack_lowercase(name: &[u8]) -> Option<u64> {
     if name.len() > 8 {
@@ -176,9 +195,23 @@ fn pack_lowercase(name: &[u8]) -> Option<u64> {
     }
     let mut packed = 0;
     for (i, &b) in name.iter().enumerate() {
-        packed |= u64::from(b.to_ascii_lowercase()) << (8 * i);
+        packed |= u64::from(b) << (56 - 8 * i);
     }
-    Some(packed)
+    Some(ascii_lowercase_lanes(packed))
+}
+
+/// ASCII-lowercases the 8 bytes of `word` at once, leaving other bytes alone.
+#[inline]
+fn ascii_lowercase_lanes(word: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // Adding to the low 7 bits never carries into the next lane; the lane's top bit then says
+    // whether the byte reached 'A' (0x41) and whether it passed 'Z' (0x5A).
+    let low7 = word & !HIGHS;
+    let at_least_a = low7 + ONES * (0x80 - 0x41);
+    let past_z = low7 + ONES * (0x80 - 0x5B);
+    let upper = at_least_a & !past_z & !word & HIGHS;
+    word | (upper >> 2)
 }
 
 /// Where the caller wants to hear what was skipped (for an `explain` command); `None` on the hot
@@ -266,6 +299,20 @@ mod tests {
         );
         assert!(!with_pointer.is_empty());
         assert_eq!(with_pointer.pointers().len(), 1);
+    }
+
+    #[test]
+    fn lowercasing_eight_bytes_at_once_matches_per_byte() {
+        for lane in 0..8 {
+            for b in 0..=255u8 {
+                // Neighbours chosen to provoke carries: 0x5A/0x5B and 0x40/0x41 straddle A-Z.
+                let mut bytes = [0x5A, 0x41, 0xFF, 0x40, 0x5B, 0x80, 0x7F, 0x00];
+                bytes[lane] = b;
+                let expected = bytes.map(|c| c.to_ascii_lowercase());
+                let word = ascii_lowercase_lanes(u64::from_be_bytes(bytes));
+                assert_eq!(word.to_be_bytes(), expected, "lane {lane} byte {b:#04x}");
+            }
+        }
     }
 
     #[test]

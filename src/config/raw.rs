@@ -335,11 +335,11 @@ impl RawKey {
                 if !query && !body {
                     return Err("a fingerprint with neither query nor body would make every request of the route one key".into());
                 }
-                KeySource::Fingerprint(FingerprintRule {
+                KeySource::Fingerprint(Box::new(FingerprintRule {
                     query,
                     body,
                     ignore: IgnoreSet::new(names, pointers),
-                })
+                }))
             }
             _ => {
                 return Err(

@@ -96,7 +96,7 @@ thread_local! {
 /// use idemgate::key::{derive_key, FingerprintRule, KeyRule, KeySource, RequestView};
 /// use idemgate::key::derive::DEFAULT_IGNORE;
 /// let rule = KeyRule {
-///     source: KeySource::Fingerprint(FingerprintRule { query: true, body: true, ignore: DEFAULT_IGNORE.clone() }),
+///     source: KeySource::Fingerprint(Box::new(FingerprintRule { query: true, body: true, ignore: DEFAULT_IGNORE.clone() })),
 ///     required: true,
 ///     scope: idemgate::key::default_scope(),
 /// };
@@ -485,11 +485,11 @@ mod tests {
     #[test]
     fn fingerprint_covers_path_and_query_and_falls_back_to_raw_bytes() {
         let rule = KeyRule {
-            source: KeySource::Fingerprint(FingerprintRule {
+            source: KeySource::Fingerprint(Box::new(FingerprintRule {
                 query: true,
                 body: true,
                 ignore: DEFAULT_IGNORE.clone(),
-            }),
+            })),
             required: true,
             scope: default_scope(),
         };
