@@ -131,7 +131,9 @@ async fn replay(store: &Store, key: Digest) {
 
 fn stores(c: &mut Criterion) {
     let server = start_redis();
-    let rt = tokio::runtime::Builder::new_current_thread()
+    // Two workers, as in the proxy: the Redis connection's driver runs beside the caller.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();

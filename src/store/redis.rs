@@ -186,6 +186,9 @@ impl RedisStore {
     pub fn connect(settings: &RedisSettings) -> Result<Self, StoreError> {
         let bad = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
         let (push_tx, push_rx) = mpsc::unbounded_channel::<PushInfo>();
+        // redis-rs leaves Nagle on; every claim is a small write answered at once, so
+        // delaying it only adds latency (and stalls the multiplexed connection).
+        let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
         let conn = if settings.cluster.is_empty() {
             let url = settings.url.as_deref().unwrap_or("redis://127.0.0.1:6379");
             let info = url.into_connection_info().map_err(bad)?;
@@ -193,7 +196,8 @@ impl RedisStore {
                 .redis_settings()
                 .clone()
                 .set_protocol(ProtocolVersion::RESP3);
-            let client = redis::Client::open(info.set_redis_settings(resp3)).map_err(bad)?;
+            let info = info.set_redis_settings(resp3).set_tcp_settings(tcp);
+            let client = redis::Client::open(info).map_err(bad)?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(settings.timeout))
                 .set_response_timeout(Some(settings.timeout))
@@ -205,6 +209,7 @@ impl RedisStore {
         } else {
             let client = ClusterClient::builder(settings.cluster.clone())
                 .use_protocol(ProtocolVersion::RESP3)
+                .tcp_settings(tcp)
                 .connection_timeout(settings.timeout)
                 .response_timeout(settings.timeout)
                 .push_sender(push_tx)
