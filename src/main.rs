@@ -11,6 +11,11 @@ use idemgate::config::units::{format_duration, format_size};
 use idemgate::config::{Config, Protection, StoreConfig};
 use tracing_subscriber::EnvFilter;
 
+// glibc's per-thread arenas fragment under a store of millions of small records; mimalloc
+// keeps RSS per stored key near the bytes actually held (benches/load/allocators.sh).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "idemgate",

@@ -27,16 +27,19 @@ pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-h
 /// Removes hop-by-hop headers. With `keep_upgrade`, `Upgrade` and `Connection: upgrade`
 /// survive, since forwarding a protocol switch is exactly what they are for.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .filter(|name| !(keep_upgrade && name == header::UPGRADE))
-        .collect();
-    for name in listed {
-        headers.remove(name);
+    // Most requests carry no `Connection` header (HTTP/2 never does): skip the list then.
+    if headers.contains_key(header::CONNECTION) {
+        let listed: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .filter(|name| !(keep_upgrade && name == header::UPGRADE))
+            .collect();
+        for name in listed {
+            headers.remove(name);
+        }
     }
     for name in &HOP_BY_HOP {
         headers.remove(name);
@@ -76,11 +79,25 @@ pub fn prepare_request(
             headers.insert(header::HOST, value);
         }
     }
-    let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(previous) => format!("{previous}, {client_ip}"),
-        None => client_ip.to_string(),
+    // Written into a stack buffer: this runs for every request.
+    let mut buf = [0u8; 64];
+    let len = {
+        let mut cursor = std::io::Cursor::new(&mut buf[..]);
+        let _ = std::io::Write::write_fmt(&mut cursor, format_args!("{client_ip}"));
+        cursor.position() as usize
     };
-    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+    let ip = &buf[..len];
+    let value = match headers.get(&X_FORWARDED_FOR) {
+        Some(previous) => {
+            let mut joined = Vec::with_capacity(previous.len() + 2 + ip.len());
+            joined.extend_from_slice(previous.as_bytes());
+            joined.extend_from_slice(b", ");
+            joined.extend_from_slice(ip);
+            HeaderValue::from_maybe_shared(bytes::Bytes::from(joined))
+        }
+        None => HeaderValue::from_bytes(ip),
+    };
+    if let Ok(value) = value {
         headers.insert(X_FORWARDED_FOR.clone(), value);
     }
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));

@@ -55,14 +55,18 @@ impl UpstreamClient {
         }
     }
 
-    /// The URI of `path_and_query` at the upstream.
+    /// The URI of `path_and_query` at the upstream. Reuses the parsed path (a cheap
+    /// reference-counted clone) instead of formatting and re-parsing it.
     pub fn uri_for(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, ProxyError> {
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path_and_query.map_or("/", PathAndQuery::as_str))
-            .build()
-            .map_err(|e| ProxyError::BadRequest(e.to_string()))
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(
+            path_and_query
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        );
+        Uri::from_parts(parts).map_err(|e| ProxyError::BadRequest(e.to_string()))
     }
 
     /// Sends a request and waits at most `timeout` for the response head.
