@@ -144,6 +144,7 @@ fn stores(c: &mut Criterion) {
             cluster: Vec::new(),
             prefix: "bench:".into(),
             timeout: Duration::from_secs(2),
+            ca: None,
         })
         .unwrap(),
     ));

@@ -373,7 +373,7 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
     };
     let store = match raw.store {
         None => StoreConfig::Memory(MemoryLimits::default()),
-        Some(s) => compile_store(s)?,
+        Some(s) => compile_store(s, base)?,
     };
     let defaults = raw.defaults.unwrap_or_default();
     let base = policy_from_defaults(&defaults);
@@ -486,7 +486,7 @@ fn compile_tokens(
     }))
 }
 
-fn compile_store(s: raw::RawStore) -> Result<StoreConfig, CompileError> {
+fn compile_store(s: raw::RawStore, base: &Path) -> Result<StoreConfig, CompileError> {
     let err = |key: &str, message: &str, needle: &str| {
         (key.to_owned(), message.to_owned(), needle.to_owned())
     };
@@ -526,11 +526,19 @@ fn compile_store(s: raw::RawStore) -> Result<StoreConfig, CompileError> {
             if timeout.is_zero() {
                 return Err(err("store.redis.timeout", "must be above zero", "timeout"));
             }
+            let ca = match &r.ca {
+                Some(path) => Some(
+                    std::fs::read(base.join(path))
+                        .map_err(|e| err("store.redis.ca", &format!("{path}: {e}"), "ca:"))?,
+                ),
+                None => None,
+            };
             Ok(StoreConfig::Redis(RedisSettings {
                 url,
                 cluster,
                 prefix: r.prefix.unwrap_or_else(|| "idemgate:".to_owned()),
                 timeout,
+                ca,
             }))
         }
         _ => Err(err(

@@ -146,6 +146,7 @@ pub struct RawRedis {
     pub cluster: Option<Vec<Parsed<RedisUrl>>>,
     pub prefix: Option<String>,
     pub timeout: Option<ConfigDuration>,
+    pub ca: Option<String>,
 }
 
 /// A `redis://` or `rediss://` URL, checked when the config is read.

@@ -48,6 +48,8 @@ pub struct RedisSettings {
     pub prefix: String,
     /// Longest wait for one store operation before it counts as a store error.
     pub timeout: Duration,
+    /// For `rediss://`: PEM roots to trust instead of the system's.
+    pub ca: Option<Vec<u8>>,
 }
 
 const CLAIM: &str = r"
@@ -197,7 +199,11 @@ impl RedisStore {
                 .clone()
                 .set_protocol(ProtocolVersion::RESP3);
             let info = info.set_redis_settings(resp3).set_tcp_settings(tcp);
-            let client = redis::Client::open(info).map_err(bad)?;
+            let client = match &settings.ca {
+                Some(pem) => redis::Client::build_with_tls(info, tls_roots(pem)),
+                None => redis::Client::open(info),
+            }
+            .map_err(bad)?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(settings.timeout))
                 .set_response_timeout(Some(settings.timeout))
@@ -207,7 +213,11 @@ impl RedisStore {
                 .set_automatic_resubscription();
             Conn::Single(ConnectionManager::new_lazy_with_config(client, config).map_err(bad)?)
         } else {
-            let client = ClusterClient::builder(settings.cluster.clone())
+            let mut builder = ClusterClient::builder(settings.cluster.clone());
+            if let Some(pem) = &settings.ca {
+                builder = builder.certs(tls_roots(pem));
+            }
+            let client = builder
                 .use_protocol(ProtocolVersion::RESP3)
                 .tcp_settings(tcp)
                 .connection_timeout(settings.timeout)
@@ -648,6 +658,13 @@ async fn dispatch_notifications(
             }
             _ => {}
         }
+    }
+}
+
+fn tls_roots(pem: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem.to_vec()),
     }
 }
 
