@@ -411,3 +411,30 @@ async fn access_log_has_one_line_per_request_and_no_secrets() {
         assert!(!log.contains(secret), "{secret} leaked into\n{log}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_access_fields() {
+    let upstream = start_upstream().await;
+    let routes = "routes:\n  - name: keyed\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key }\n";
+    let proxy =
+        ProxyProcess::start_with_args(upstream.addr, routes, "info", &["--log-format", "json"]);
+    post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "json-1")],
+        "{}",
+    )
+    .await;
+    wait_until(|| proxy.log().contains("\"outcome\""), "a JSON access line");
+    let log = proxy.log();
+    let line = log.lines().find(|l| l.contains("\"outcome\"")).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(line).expect("one JSON object per line");
+    assert_eq!(doc["target"], "access");
+    assert_eq!(doc["fields"]["outcome"], "executed");
+    assert_eq!(doc["fields"]["route"], "keyed");
+    assert_eq!(doc["fields"]["status"], 201);
+    assert!(
+        !log.contains("json-1"),
+        "the client key never reaches the log"
+    );
+}

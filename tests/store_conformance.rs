@@ -125,6 +125,7 @@ mod redis {
             cluster: Vec::new(),
             prefix: "conformance:".into(),
             timeout: Duration::from_secs(2),
+            ca: None,
         })
         .expect("redis store");
         (Store::Redis(Arc::new(store)), server)

@@ -279,6 +279,11 @@ impl ProxyProcess {
 
     /// Same, with `IDEMGATE_LOG=level`; the log goes to a file, see [`ProxyProcess::log`].
     pub fn start_logging(upstream: SocketAddr, rest: &str, level: &str) -> Self {
+        Self::start_with_args(upstream, rest, level, &[])
+    }
+
+    /// Same, with extra arguments after `run --config FILE`.
+    pub fn start_with_args(upstream: SocketAddr, rest: &str, level: &str, args: &[&str]) -> Self {
         let port = redis_server::free_port();
         let admin_port = redis_server::free_port();
         let dir = tempfile::tempdir().unwrap();
@@ -294,6 +299,7 @@ impl ProxyProcess {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
             .args(["run", "--config"])
             .arg(&config)
+            .args(args)
             .env("IDEMGATE_LOG", level)
             .env("NO_COLOR", "1")
             .stdout(std::fs::File::create(&log).unwrap())
