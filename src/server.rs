@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
@@ -90,7 +90,15 @@ async fn accept_loop<F, S>(
         + 'static,
     S::Future: Send + 'static,
 {
-    let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client that opens a connection and trickles its request head (slowloris) is cut off
+    // after 30 s, as nginx's client_header_timeout does; HTTP/2 gets the same timer.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
     let make_service = Arc::new(make_service);
     // Each connection holds a sender; when all are dropped, every connection has closed.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
