@@ -133,6 +133,72 @@ enum Conn {
     Cluster(Arc<(ClusterClient, OnceCell<ClusterConnection>)>),
 }
 
+/// A usable connection of either kind (cheap clones of the shared, multiplexed one).
+enum Handle {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// The connection to send on; a cluster connects on first use.
+    async fn handle(&self) -> redis::RedisResult<Handle> {
+        Ok(match self {
+            Self::Single(c) => Handle::Single(c.clone()),
+            Self::Cluster(cluster) => {
+                let (client, cell) = &**cluster;
+                let conn = cell
+                    .get_or_try_init(|| client.get_async_connection())
+                    .await?;
+                Handle::Cluster(conn.clone())
+            }
+        })
+    }
+}
+
+impl Handle {
+    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Self::Single(c) => c.subscribe(channel).await,
+            Self::Cluster(c) => c.subscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Self::Single(c) => c.unsubscribe(channel).await,
+            Self::Cluster(c) => c.unsubscribe(channel).await,
+        }
+    }
+}
+
+impl redis::aio::ConnectionLike for Handle {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// Waiters by notification channel, with how many share each subscription.
 type Channels = Mutex<HashMap<Vec<u8>, (watch::Sender<()>, usize)>>;
 
@@ -259,20 +325,13 @@ impl RedisStore {
     /// the last call is retried once on the fresh connection: every script is safe to run
     /// twice (a repeated claim recognises its own token, the others are fenced).
     async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
-        let call = async {
+        self.bounded(async {
             let mut attempt = 0;
             loop {
                 attempt += 1;
-                let result = match &self.conn {
-                    Conn::Single(c) => invocation.invoke_async(&mut c.clone()).await,
-                    Conn::Cluster(cluster) => {
-                        let (client, cell) = &**cluster;
-                        let conn = cell
-                            .get_or_try_init(|| client.get_async_connection())
-                            .await?;
-                        invocation.invoke_async(&mut conn.clone()).await
-                    }
-                };
+                let result = invocation
+                    .invoke_async(&mut self.conn.handle().await?)
+                    .await;
                 match result {
                     Err(e) if attempt == 1 && (e.is_connection_dropped() || e.is_io_error()) => {
                         tracing::debug!(error = %e, "redis connection dropped; retrying once");
@@ -280,7 +339,15 @@ impl RedisStore {
                     other => return other,
                 }
             }
-        };
+        })
+        .await
+    }
+
+    /// Bounds one store operation by the store timeout; either failure is a store error.
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
@@ -288,38 +355,6 @@ impl RedisStore {
                 "no answer within {:?}",
                 self.timeout
             ))),
-        }
-    }
-
-    async fn subscription(&self, channel: &str, subscribe: bool) -> Result<(), StoreError> {
-        let call = async {
-            match &self.conn {
-                Conn::Single(c) => {
-                    let mut c = c.clone();
-                    if subscribe {
-                        c.subscribe(channel).await
-                    } else {
-                        c.unsubscribe(channel).await
-                    }
-                }
-                Conn::Cluster(cluster) => {
-                    let (client, cell) = &**cluster;
-                    let mut c = cell
-                        .get_or_try_init(|| client.get_async_connection())
-                        .await?
-                        .clone();
-                    if subscribe {
-                        c.subscribe(channel).await
-                    } else {
-                        c.unsubscribe(channel).await
-                    }
-                }
-            }
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
-            Err(_) => Err(StoreError::Unavailable("subscribe timed out".into())),
         }
     }
 
@@ -436,7 +471,8 @@ impl RedisStore {
             conn: self.conn.clone(),
         };
         if first {
-            self.subscription(&channel, true).await?;
+            self.bounded(async { self.conn.handle().await?.subscribe(&channel).await })
+                .await?;
         }
         Ok((receiver, subscription))
     }
@@ -567,19 +603,11 @@ impl RedisStore {
     /// Whether Redis answers a PING within the store timeout.
     pub async fn ready(&self) -> bool {
         let ping = async {
-            let cmd = redis::cmd("PING");
-            match &self.conn {
-                Conn::Single(c) => cmd.query_async::<String>(&mut c.clone()).await,
-                Conn::Cluster(cluster) => {
-                    let (client, cell) = &**cluster;
-                    let conn = cell
-                        .get_or_try_init(|| client.get_async_connection())
-                        .await?;
-                    cmd.query_async::<String>(&mut conn.clone()).await
-                }
-            }
+            redis::cmd("PING")
+                .query_async::<String>(&mut self.conn.handle().await?)
+                .await
         };
-        matches!(tokio::time::timeout(self.timeout, ping).await, Ok(Ok(_)))
+        self.bounded(ping).await.is_ok()
     }
 }
 
@@ -620,13 +648,9 @@ impl Drop for Subscription {
         let (channel, conn) = (self.channel.clone(), self.conn.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = match conn {
-                    Conn::Single(mut c) => c.unsubscribe(&channel).await,
-                    Conn::Cluster(cluster) => match cluster.1.get() {
-                        Some(c) => c.clone().unsubscribe(&channel).await,
-                        None => Ok(()),
-                    },
-                };
+                if let Ok(mut handle) = conn.handle().await {
+                    let _ = handle.unsubscribe(&channel).await;
+                }
             });
         }
     }
