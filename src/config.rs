@@ -136,7 +136,7 @@ pub struct Upstream {
 }
 
 /// Store backend choice.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreConfig {
     /// The embedded memory store.
     Memory(MemoryLimits),
@@ -580,6 +580,29 @@ fn compile_fresh(f: raw::RawFresh) -> Result<Freshness, String> {
     })
 }
 
+/// The policy keys a raw `defaults:` or route sets, laid over `$base`. A macro because the
+/// two raw structs are distinct serde types (`flatten` cannot be combined with
+/// `deny_unknown_fields`) that share these eight fields.
+macro_rules! overlay_policy {
+    ($raw:expr, $base:expr) => {{
+        // Field by field, so a route whose `match` was already moved out still works.
+        let base = &$base;
+        Policy {
+            ttl: $raw.ttl.map_or(base.ttl, |d| d.0),
+            lease: $raw.lease.map_or(base.lease, |d| d.0),
+            upstream_timeout: $raw.upstream_timeout.map_or(base.upstream_timeout, |d| d.0),
+            in_flight: $raw.in_flight.unwrap_or(base.in_flight),
+            wait_timeout: $raw.wait_timeout.map_or(base.wait_timeout, |d| d.0),
+            replay_statuses: $raw
+                .replay_statuses
+                .clone()
+                .unwrap_or_else(|| base.replay_statuses.clone()),
+            max_body: $raw.max_body.map_or(base.max_body, |b| b.0 as usize),
+            on_store_error: $raw.on_store_error.unwrap_or(base.on_store_error),
+        }
+    }};
+}
+
 fn compile_route(r: RawRoute, base: &Policy, default_rule: &KeyRule) -> Result<Route, String> {
     let off =
         matches!(r.idempotency, Some(raw::OnOff(false))) || matches!(r.key, Some(RawKeyOrOff::Off));
@@ -602,18 +625,7 @@ fn compile_route(r: RawRoute, base: &Policy, default_rule: &KeyRule) -> Result<R
             protection: Protection::Off,
         });
     }
-    let policy = Policy {
-        ttl: r.ttl.map_or(base.ttl, |d| d.0),
-        lease: r.lease.map_or(base.lease, |d| d.0),
-        upstream_timeout: r.upstream_timeout.map_or(base.upstream_timeout, |d| d.0),
-        in_flight: r.in_flight.unwrap_or(base.in_flight),
-        wait_timeout: r.wait_timeout.map_or(base.wait_timeout, |d| d.0),
-        replay_statuses: r
-            .replay_statuses
-            .unwrap_or_else(|| base.replay_statuses.clone()),
-        max_body: r.max_body.map_or(base.max_body, |b| b.0 as usize),
-        on_store_error: r.on_store_error.unwrap_or(base.on_store_error),
-    };
+    let policy = overlay_policy!(r, *base);
     check_policy(&policy)?;
     let key = match r.key {
         Some(RawKeyOrOff::Rule(rule)) => *rule,
@@ -628,17 +640,7 @@ fn compile_route(r: RawRoute, base: &Policy, default_rule: &KeyRule) -> Result<R
 }
 
 fn policy_from_defaults(d: &RawDefaults) -> Policy {
-    let p = Policy::default();
-    Policy {
-        ttl: d.ttl.map_or(p.ttl, |d| d.0),
-        lease: d.lease.map_or(p.lease, |d| d.0),
-        upstream_timeout: d.upstream_timeout.map_or(p.upstream_timeout, |d| d.0),
-        in_flight: d.in_flight.unwrap_or(p.in_flight),
-        wait_timeout: d.wait_timeout.map_or(p.wait_timeout, |d| d.0),
-        replay_statuses: d.replay_statuses.clone().unwrap_or(p.replay_statuses),
-        max_body: d.max_body.map_or(p.max_body, |b| b.0 as usize),
-        on_store_error: d.on_store_error.unwrap_or(p.on_store_error),
-    }
+    overlay_policy!(d, Policy::default())
 }
 
 fn check_policy(p: &Policy) -> Result<(), String> {

@@ -186,9 +186,7 @@ async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
         while hup.recv().await.is_some() {
             match Config::load(&path) {
                 Ok(new) => {
-                    let store_changed =
-                        format!("{:?}", new.store) != format!("{:?}", proxy.config().store);
-                    if store_changed {
+                    if new.store != proxy.config().store {
                         tracing::warn!(
                             "store settings changed: they take effect on restart, not on reload"
                         );
