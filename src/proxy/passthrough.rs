@@ -6,7 +6,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::body::ProxyBody;
-use super::headers::{prepare_request, strip_hop_by_hop, wants_upgrade};
+use super::headers::{strip_hop_by_hop, wants_upgrade};
 use super::upstream::UpstreamClient;
 use crate::error::ProxyError;
 
@@ -20,16 +20,7 @@ pub async fn forward(
     let upgrade = request.version() <= http::Version::HTTP_11 && wants_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let (mut parts, body) = request.into_parts();
-    let uri = client.uri_for(parts.uri.path_and_query())?;
-    prepare_request(
-        &mut parts.headers,
-        parts.uri.authority(),
-        conn.peer.ip(),
-        conn.proto(),
-        upgrade,
-    );
-    parts.version = http::Version::HTTP_11;
-    parts.uri = uri;
+    client.prepare(&mut parts, conn, upgrade)?;
     let upstream_request = Request::from_parts(parts, ProxyBody::stream(body));
     let mut response = client.send(upstream_request, timeout).await?;
 

@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::body::{read_limited, ProxyBody};
-use super::headers::{prepare_request, strip_hop_by_hop};
+use super::headers::strip_hop_by_hop;
 use super::upstream::UpstreamClient;
 use crate::config::{InFlightMode, OnStoreError, Protected};
 use crate::error::ProxyError;
@@ -332,19 +332,7 @@ async fn send_buffered(
     timeout: Duration,
 ) -> Result<BufferedAnswer, ProxyError> {
     let started = Instant::now();
-    parts.uri = {
-        let uri = client.uri_for(parts.uri.path_and_query())?;
-        let original = std::mem::replace(&mut parts.uri, uri);
-        prepare_request(
-            &mut parts.headers,
-            original.authority(),
-            conn.peer.ip(),
-            conn.proto(),
-            false,
-        );
-        parts.uri
-    };
-    parts.version = http::Version::HTTP_11;
+    client.prepare(&mut parts, conn, false)?;
     let response = client
         .send(Request::from_parts(parts, ProxyBody::full(body)), timeout)
         .await?;

@@ -69,6 +69,27 @@ impl UpstreamClient {
         Uri::from_parts(parts).map_err(|e| ProxyError::BadRequest(e.to_string()))
     }
 
+    /// Turns a client request head into the upstream's: URI pointed at the upstream,
+    /// headers cleaned and `X-Forwarded-*` added, HTTP/1.1 on the upstream side.
+    pub fn prepare(
+        &self,
+        parts: &mut http::request::Parts,
+        conn: &super::Connection,
+        upgrade: bool,
+    ) -> Result<(), ProxyError> {
+        let uri = self.uri_for(parts.uri.path_and_query())?;
+        super::headers::prepare_request(
+            &mut parts.headers,
+            parts.uri.authority(),
+            conn.peer.ip(),
+            conn.proto(),
+            upgrade,
+        );
+        parts.uri = uri;
+        parts.version = http::Version::HTTP_11;
+        Ok(())
+    }
+
     /// Sends a request and waits at most `timeout` for the response head.
     pub async fn send(
         &self,
