@@ -281,13 +281,7 @@ impl MemoryStore {
         }) {
             return Err(StoreError::Full);
         }
-        shard.seq += 1;
-        let seq = shard.seq;
-        let expires_at = now + ttl;
-        shard.expiry.insert((expires_at, seq), key);
-        shard.map.insert(key, Entry::Issued { expires_at, seq });
-        self.totals.entries.fetch_add(1, Ordering::Relaxed);
-        self.totals.bytes.fetch_add(ISSUED_COST, Ordering::Relaxed);
+        shard.insert_issued(key, now + ttl, &self.totals);
         Ok(())
     }
 
@@ -378,19 +372,7 @@ impl MemoryStore {
             Some(Entry::InFlight { token: owner, .. }) if *owner == token => {
                 shard.remove(&key, &self.totals);
                 if let Some(ttl) = reissue {
-                    let now = Instant::now();
-                    shard.seq += 1;
-                    let seq = shard.seq;
-                    shard.expiry.insert((now + ttl, seq), key);
-                    shard.map.insert(
-                        key,
-                        Entry::Issued {
-                            expires_at: now + ttl,
-                            seq,
-                        },
-                    );
-                    self.totals.entries.fetch_add(1, Ordering::Relaxed);
-                    self.totals.bytes.fetch_add(ISSUED_COST, Ordering::Relaxed);
+                    shard.insert_issued(key, Instant::now() + ttl, &self.totals);
                 }
                 true
             }
@@ -460,6 +442,16 @@ pub(crate) fn mismatched(stored: &Digest, offered: &Digest) -> bool {
 }
 
 impl Shard {
+    /// Records an issued token until `expires_at`, indexed for expiry and counted.
+    fn insert_issued(&mut self, key: Digest, expires_at: Instant, totals: &Totals) {
+        self.seq += 1;
+        let seq = self.seq;
+        self.expiry.insert((expires_at, seq), key);
+        self.map.insert(key, Entry::Issued { expires_at, seq });
+        totals.entries.fetch_add(1, Ordering::Relaxed);
+        totals.bytes.fetch_add(ISSUED_COST, Ordering::Relaxed);
+    }
+
     /// Removes a record of any state, keeping the counters and the expiry index right.
     fn remove(&mut self, key: &Digest, totals: &Totals) -> bool {
         match self.map.remove(key) {
