@@ -10,6 +10,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use super::upstream::UpstreamBody;
 use crate::error::ProxyError;
 
 /// A request or response body.
@@ -20,10 +21,16 @@ pub enum ProxyBody {
         /// The bytes, taken by the first poll.
         data: Option<Bytes>,
     },
-    /// Streamed from the other side as it arrives.
+    /// Streamed from the client as it arrives.
     Stream {
         /// hyper's body of the other connection (`Unpin`, so no pin projection is needed).
         inner: Incoming,
+    },
+    /// Streamed from the upstream as it arrives; its connection goes back to the pool at
+    /// the end.
+    Upstream {
+        /// The upstream connection's body.
+        inner: UpstreamBody,
     },
 }
 
@@ -40,9 +47,14 @@ impl ProxyBody {
         Self::Full { data: None }
     }
 
-    /// A streamed body.
+    /// A streamed request body.
     pub fn stream(inner: Incoming) -> Self {
         Self::Stream { inner }
+    }
+
+    /// A streamed upstream response body.
+    pub fn upstream(inner: UpstreamBody) -> Self {
+        Self::Upstream { inner }
     }
 }
 
@@ -57,6 +69,7 @@ impl Body for ProxyBody {
         match self.get_mut() {
             Self::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Self::Stream { inner } => Pin::new(inner).poll_frame(cx),
+            Self::Upstream { inner } => Pin::new(inner).poll_frame(cx),
         }
     }
 
@@ -64,6 +77,7 @@ impl Body for ProxyBody {
         match self {
             Self::Full { data } => data.is_none(),
             Self::Stream { inner } => inner.is_end_stream(),
+            Self::Upstream { inner } => inner.is_end_stream(),
         }
     }
 
@@ -73,6 +87,7 @@ impl Body for ProxyBody {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Self::Stream { inner } => inner.size_hint(),
+            Self::Upstream { inner } => inner.size_hint(),
         }
     }
 }

@@ -71,7 +71,13 @@ impl Proxy {
     /// (a different `store:` needs a restart).
     pub fn reload(&self, config: Arc<Config>) {
         let current = self.live.load();
-        let client = if current.config.upstream.authority == config.upstream.authority {
+        let (old, new) = (&current.config.upstream, &config.upstream);
+        // A TLS upstream's roots are read again on reload: new connections for it then.
+        let client = if old.scheme == new.scheme
+            && old.authority == new.authority
+            && old.tls.is_none()
+            && new.tls.is_none()
+        {
             current.client.clone()
         } else {
             UpstreamClient::new(&config.upstream)

@@ -46,5 +46,5 @@ pub async fn forward(
     }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    Ok(Response::from_parts(parts, ProxyBody::stream(body)))
+    Ok(Response::from_parts(parts, ProxyBody::upstream(body)))
 }

@@ -1,0 +1,181 @@
+//! The upstream side of the proxy: kept-alive connections are reused, requests go out in
+//! origin form with a `Host`, and a connection the upstream closed while idle is never
+//! used for a request (nor does a request sent on it execute twice).
+//!
+//! The upstream here is a raw TCP server, so the test sees exactly what went over the wire.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use common::{post, start_proxy};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Notify};
+
+const ROUTES: &str = r#"
+routes:
+  - name: orders
+    match: { methods: [POST], path: "/orders/*" }
+    key: { header: Idempotency-Key, required: true }
+  - name: plain
+    match: { path: "/plain/*" }
+    idempotency: off
+"#;
+
+/// What the raw upstream saw.
+#[derive(Default)]
+struct Seen {
+    connections: usize,
+    /// Request line and `Host` of every request, in order.
+    requests: Vec<(String, Option<String>)>,
+}
+
+/// A raw HTTP/1.1 upstream answering `201 {"ok":true}` with keep-alive. With
+/// `close_after_each`, it closes a connection after one answer, once the test notifies
+/// `close`, without having said so in a `Connection` header (as a server whose keep-alive
+/// timeout ran out does), and reports each close on the returned channel.
+async fn raw_upstream(
+    close_after_each: bool,
+    close: Arc<Notify>,
+) -> (SocketAddr, Arc<Mutex<Seen>>, mpsc::UnboundedReceiver<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let (closed_tx, closed_rx) = mpsc::unbounded_channel();
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            record.lock().unwrap().connections += 1;
+            let record = Arc::clone(&record);
+            let closed_tx = closed_tx.clone();
+            let close = Arc::clone(&close);
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut read = BufReader::new(read);
+                loop {
+                    let mut line = String::new();
+                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let (mut length, mut host) = (0usize, None);
+                    loop {
+                        let mut header = String::new();
+                        read.read_line(&mut header).await.unwrap();
+                        let header = header.trim_end();
+                        if header.is_empty() {
+                            break;
+                        }
+                        let (name, value) = header.split_once(':').unwrap();
+                        match name.to_ascii_lowercase().as_str() {
+                            "content-length" => length = value.trim().parse().unwrap(),
+                            "host" => host = Some(value.trim().to_owned()),
+                            _ => {}
+                        }
+                    }
+                    let mut body = vec![0u8; length];
+                    read.read_exact(&mut body).await.unwrap();
+                    record
+                        .lock()
+                        .unwrap()
+                        .requests
+                        .push((line.trim_end().to_owned(), host));
+                    let answer = "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
+                    write.write_all(answer.as_bytes()).await.unwrap();
+                    if close_after_each {
+                        close.notified().await;
+                        let _ = write.shutdown().await;
+                        drop(write);
+                        drop(read);
+                        let _ = closed_tx.send(());
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen, closed_rx)
+}
+
+#[tokio::test]
+async fn sequential_requests_share_one_kept_alive_upstream_connection() {
+    let (upstream, seen, _) = raw_upstream(false, Arc::default()).await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    for i in 0..10 {
+        let key = format!("reuse-{i}");
+        let protected = post(
+            proxy.addr,
+            &format!("/orders/{i}?x=1"),
+            &[("idempotency-key", &key)],
+            "{}",
+        )
+        .await;
+        assert_eq!(protected.status, 201);
+        let plain = post(proxy.addr, &format!("/plain/{i}"), &[], "{}").await;
+        assert_eq!(plain.status, 201);
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.requests.len(), 20);
+    assert_eq!(
+        seen.connections, 1,
+        "every request reused the first connection"
+    );
+    // Origin form, as an HTTP/1.1 origin server expects; never the absolute form.
+    assert_eq!(seen.requests[0].0, "POST /orders/0?x=1 HTTP/1.1");
+    assert_eq!(seen.requests[1].0, "POST /plain/0 HTTP/1.1");
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_while_idle_is_not_used() {
+    let close = Arc::new(Notify::new());
+    let (upstream, seen, mut closed) = raw_upstream(true, Arc::clone(&close)).await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    for i in 0..6 {
+        let answer = if i % 2 == 0 {
+            let key = format!("closed-{i}");
+            post(
+                proxy.addr,
+                &format!("/orders/{i}"),
+                &[("idempotency-key", &key)],
+                "{}",
+            )
+            .await
+        } else {
+            post(proxy.addr, &format!("/plain/{i}"), &[], "{}").await
+        };
+        assert_eq!(answer.status, 201, "request {i}: {:?}", answer.body);
+        // The upstream closes the connection only now, after the proxy took it back into
+        // its pool; the next request goes out once it is closed, so the pool holds a dead
+        // connection when it comes.
+        close.notify_one();
+        closed.recv().await.unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen.requests.len(),
+        6,
+        "each request reached the upstream once"
+    );
+    assert_eq!(seen.connections, 6);
+}
+
+#[tokio::test]
+async fn a_request_without_host_gets_the_upstreams() {
+    let (upstream, seen, _) = raw_upstream(false, Arc::default()).await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"POST /plain/old HTTP/1.0\r\ncontent-length: 2\r\n\r\nhi")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.0 201"), "{answer}");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.requests[0].0, "POST /plain/old HTTP/1.1");
+    assert_eq!(
+        seen.requests[0].1.as_deref(),
+        Some(upstream.to_string().as_str())
+    );
+}
