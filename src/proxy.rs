@@ -22,16 +22,31 @@ pub struct Connection {
     pub tls: bool,
     /// SHA-256 of the client's certificate, on mutual-TLS connections.
     pub client_cert: Option<crate::key::Digest>,
+    /// The peer's IP as `X-Forwarded-For` writes it: formatted once per connection rather
+    /// than once per request.
+    pub forwarded_for: http::HeaderValue,
 }
 
 impl Connection {
-    /// A cleartext connection from `peer`.
-    pub fn plain(peer: std::net::SocketAddr) -> Self {
+    /// A connection from `peer`; `tls` and `client_cert` as the handshake left them.
+    pub fn new(
+        peer: std::net::SocketAddr,
+        tls: bool,
+        client_cert: Option<crate::key::Digest>,
+    ) -> Self {
+        let forwarded_for = http::HeaderValue::try_from(peer.ip().to_string())
+            .unwrap_or_else(|_| http::HeaderValue::from_static("unknown"));
         Self {
             peer,
-            tls: false,
-            client_cert: None,
+            tls,
+            client_cert,
+            forwarded_for,
         }
+    }
+
+    /// A cleartext connection from `peer`.
+    pub fn plain(peer: std::net::SocketAddr) -> Self {
+        Self::new(peer, false, None)
     }
 
     /// `http` or `https`, for `X-Forwarded-Proto`.

@@ -149,11 +149,7 @@ async fn accept_loop<F, S>(
                         .peer_certificates()
                         .and_then(|chain| chain.first())
                         .map(|leaf| Digest(Sha256::digest(leaf.as_ref()).into()));
-                    let service = make_service(Connection {
-                        peer,
-                        tls: true,
-                        client_cert,
-                    });
+                    let service = make_service(Connection::new(peer, true, client_cert));
                     serve_one(&builder, TokioIo::new(stream), service, stop, peer).await;
                 }
             }

@@ -1,12 +1,13 @@
 //! Header hygiene between client and upstream: hop-by-hop headers removed (RFC 9110 §7.6.1,
 //! including every header named in `Connection`), `Host` kept, `X-Forwarded-*` added.
 
-use std::net::IpAddr;
-
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-/// Headers that describe one connection, never forwarded.
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP_COUNT: usize = 8;
+
+/// Headers that describe one connection, never forwarded (in the order of the bits
+/// [`strip_hop_by_hop`] keeps).
+static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_COUNT] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -26,27 +27,66 @@ pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-h
 
 /// Removes hop-by-hop headers. With `keep_upgrade`, `Upgrade` and `Connection: upgrade`
 /// survive, since forwarding a protocol switch is exactly what they are for.
+///
+/// This runs on every request and every answer, so it looks before it removes: one pass
+/// over the few names a message has says which hop-by-hop headers are there (a removal
+/// hashes its name), and the common `Connection` tokens (`keep-alive`, `close`,
+/// `upgrade`) are recognised without building a header name for them.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // Most requests carry no `Connection` header (HTTP/2 never does): skip the list then.
-    if headers.contains_key(header::CONNECTION) {
-        let listed: Vec<HeaderName> = headers
+    // Bit i: HOP_BY_HOP[i] is present; bit UPGRADE_BIT: `Upgrade` is.
+    const UPGRADE_BIT: usize = HOP_BY_HOP_COUNT;
+    let mut present = 0u32;
+    for name in headers.keys() {
+        // A `match` on the (always lowercase) name compiles to a length switch and one
+        // comparison, cheaper than comparing with each name in turn.
+        let bit = match name.as_str() {
+            "connection" => 0,
+            "keep-alive" => 1,
+            "proxy-connection" => 2,
+            "proxy-authenticate" => 3,
+            "proxy-authorization" => 4,
+            "te" => 5,
+            "trailer" => 6,
+            "transfer-encoding" => 7,
+            "upgrade" => UPGRADE_BIT,
+            _ => continue,
+        };
+        present |= 1 << bit;
+    }
+    if present == 0 {
+        return;
+    }
+    // HOP_BY_HOP[0] is `Connection`: the headers it names go too.
+    let mut listed = Vec::new();
+    if present & 1 != 0 {
+        for token in headers
             .get_all(header::CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-            .filter(|name| !(keep_upgrade && name == header::UPGRADE))
-            .collect();
-        for name in listed {
+            .map(str::trim)
+        {
+            let known = ["keep-alive", "close", "upgrade", ""]
+                .iter()
+                .any(|t| token.eq_ignore_ascii_case(t));
+            if !known {
+                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                    listed.push(name);
+                }
+            }
+        }
+    }
+    for name in listed {
+        headers.remove(name);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
             headers.remove(name);
         }
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
-    }
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
+    } else if present & (1 << UPGRADE_BIT) != 0 {
         headers.remove(header::UPGRADE);
     }
 }
@@ -68,7 +108,7 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
 pub fn prepare_request(
     headers: &mut HeaderMap,
     authority: Option<&http::uri::Authority>,
-    client_ip: IpAddr,
+    client_ip: &HeaderValue,
     proto: &'static str,
     upgrade: bool,
 ) {
@@ -79,14 +119,7 @@ pub fn prepare_request(
             headers.insert(header::HOST, value);
         }
     }
-    // Written into a stack buffer: this runs for every request.
-    let mut buf = [0u8; 64];
-    let len = {
-        let mut cursor = std::io::Cursor::new(&mut buf[..]);
-        let _ = std::io::Write::write_fmt(&mut cursor, format_args!("{client_ip}"));
-        cursor.position() as usize
-    };
-    let ip = &buf[..len];
+    let ip = client_ip.as_bytes();
     let value = match headers.get(&X_FORWARDED_FOR) {
         Some(previous) => {
             let mut joined = Vec::with_capacity(previous.len() + 2 + ip.len());
@@ -95,7 +128,7 @@ pub fn prepare_request(
             joined.extend_from_slice(ip);
             HeaderValue::from_maybe_shared(bytes::Bytes::from(joined))
         }
-        None => HeaderValue::from_bytes(ip),
+        None => Ok(client_ip.clone()),
     };
     if let Ok(value) = value {
         headers.insert(X_FORWARDED_FOR.clone(), value);
@@ -127,6 +160,18 @@ mod tests {
     }
 
     #[test]
+    fn a_lone_hop_by_hop_header_is_removed_and_the_rest_kept() {
+        for name in ["te", "proxy-connection", "upgrade", "transfer-encoding"] {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_static("shop.example"));
+            h.insert(name, HeaderValue::from_static("x"));
+            strip_hop_by_hop(&mut h, false);
+            assert_eq!(h.len(), 1, "{name} survived");
+            assert!(h.contains_key(header::HOST));
+        }
+    }
+
+    #[test]
     fn upgrade_survives_only_when_forwarding_an_upgrade() {
         let mut h = HeaderMap::new();
         h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
@@ -144,7 +189,8 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("shop.example"));
         h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.9"));
-        prepare_request(&mut h, None, "127.0.0.1".parse().unwrap(), "http", false);
+        let ip = HeaderValue::from_static("127.0.0.1");
+        prepare_request(&mut h, None, &ip, "http", false);
         assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.9, 127.0.0.1");
         assert_eq!(h[&X_FORWARDED_HOST], "shop.example");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");

@@ -56,7 +56,7 @@ impl UpstreamClient {
         super::headers::prepare_request(
             &mut parts.headers,
             parts.uri.authority(),
-            conn.peer.ip(),
+            &conn.forwarded_for,
             conn.proto(),
             upgrade,
         );
