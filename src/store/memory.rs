@@ -88,7 +88,9 @@ enum Entry {
         /// every byte of a record is paid per key).
         created_ms: u64,
         // Dropped when the record is replaced or removed; waiters subscribed to it wake.
-        done: watch::Sender<()>,
+        // Made by the first duplicate: most claims never see one, and the channel is an
+        // allocation and a notification per claim otherwise.
+        done: Option<watch::Sender<()>>,
     },
     Done {
         fingerprint: Digest,
@@ -205,7 +207,7 @@ impl MemoryStore {
         let now = Instant::now();
         let mut shard = self.shard(&key);
         shard.sweep(now, SWEEP_PER_WRITE, &self.totals);
-        match shard.map.get(&key) {
+        match shard.map.get_mut(&key) {
             Some(Entry::Issued { expires_at, .. }) if *expires_at > now => {}
             None | Some(Entry::Issued { .. }) if mode == ClaimMode::IssuedOnly => {
                 return Ok(RawClaim::Unknown)
@@ -231,6 +233,7 @@ impl MemoryStore {
                 return Ok(if mismatched(stored, &fingerprint) {
                     RawClaim::Mismatch
                 } else {
+                    let done = done.get_or_insert_with(|| watch::channel(()).0);
                     RawClaim::InFlight(Waiter::new(done.subscribe(), *lease_until))
                 });
             }
@@ -249,7 +252,6 @@ impl MemoryStore {
             return Err(StoreError::Full);
         }
         let token = OwnerToken::random();
-        let (done, _) = watch::channel(());
         shard.in_flight += 1;
         self.totals.entries.fetch_add(1, Ordering::Relaxed);
         shard.map.insert(
@@ -261,7 +263,7 @@ impl MemoryStore {
                 created_ms: SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),
-                done,
+                done: None,
             },
         );
         Ok(RawClaim::Owner(token))
