@@ -314,11 +314,11 @@ impl RedisStore {
     }
 
     fn record(&self, key: &Digest) -> String {
-        format!("{}{{{}}}", self.prefix, key.to_hex())
+        redis_name(&self.prefix, "", key)
     }
 
     fn channel(&self, key: &Digest) -> String {
-        format!("{}done:{{{}}}", self.prefix, key.to_hex())
+        redis_name(&self.prefix, "done:", key)
     }
 
     /// Runs one script invocation under the store timeout. A connection that dropped since
@@ -497,7 +497,7 @@ impl RedisStore {
     pub async fn hit(&self, key: Digest, window: Duration) -> Result<u64, StoreError> {
         let mut invocation = self.scripts.hit.prepare_invoke();
         invocation
-            .key(format!("{}rate:{{{}}}", self.prefix, key.to_hex()))
+            .key(redis_name(&self.prefix, "rate:", &key))
             .arg(window.as_millis().max(1) as u64);
         match self.run(invocation).await? {
             Value::Int(n) => Ok(n.max(0) as u64),
@@ -725,6 +725,41 @@ fn unexpected(value: &Value) -> StoreError {
     StoreError::Unavailable(format!("unexpected answer from Redis: {value:?}"))
 }
 
+/// `{prefix}{infix}{<hex digest>}` (the braces make a cluster keep a key's record and
+/// channel in one slot), built without the formatting machinery: it runs twice per
+/// first-seen request.
+fn redis_name(prefix: &str, infix: &str, key: &Digest) -> String {
+    let mut hex = [0u8; 64];
+    // 32 bytes always fit 64 hex digits, which are ASCII.
+    let hex = match hex::encode_to_slice(key.0, &mut hex) {
+        Ok(()) => std::str::from_utf8(&hex).unwrap_or_default(),
+        Err(_) => "",
+    };
+    let mut name = String::with_capacity(prefix.len() + infix.len() + hex.len() + 2);
+    name.push_str(prefix);
+    name.push_str(infix);
+    name.push('{');
+    name.push_str(hex);
+    name.push('}');
+    name
+}
+
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_and_channel_names_share_the_hash_tag() {
+        let key = Digest([0xab; 32]);
+        let hex = "ab".repeat(32);
+        assert_eq!(redis_name("idem:", "", &key), format!("idem:{{{hex}}}"));
+        assert_eq!(
+            redis_name("idem:", "done:", &key),
+            format!("idem:done:{{{hex}}}")
+        );
+    }
 }
