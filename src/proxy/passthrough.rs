@@ -20,7 +20,7 @@ pub async fn forward(
     let upgrade = request.version() <= http::Version::HTTP_11 && wants_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let (mut parts, body) = request.into_parts();
-    client.prepare(&mut parts, conn, upgrade)?;
+    client.prepare(&mut parts, conn, upgrade);
     let upstream_request = Request::from_parts(parts, ProxyBody::stream(body));
     let mut response = client.send(upstream_request, timeout).await?;
 

@@ -332,7 +332,7 @@ async fn send_buffered(
     timeout: Duration,
 ) -> Result<BufferedAnswer, ProxyError> {
     let started = Instant::now();
-    client.prepare(&mut parts, conn, false)?;
+    client.prepare(&mut parts, conn, false);
     let response = client
         .send(Request::from_parts(parts, ProxyBody::full(body)), timeout)
         .await?;

@@ -52,7 +52,7 @@ impl UpstreamClient {
         parts: &mut http::request::Parts,
         conn: &super::Connection,
         upgrade: bool,
-    ) -> Result<(), ProxyError> {
+    ) {
         super::headers::prepare_request(
             &mut parts.headers,
             parts.uri.authority(),
@@ -72,7 +72,6 @@ impl UpstreamClient {
                 .unwrap_or_else(|| PathAndQuery::from_static("/")),
         );
         parts.version = http::Version::HTTP_11;
-        Ok(())
     }
 
     /// Sends a request and waits at most `timeout` for the response head. The body hands

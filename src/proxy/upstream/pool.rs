@@ -221,15 +221,15 @@ impl UpstreamBody {
     ) -> Self {
         let mut body = Self { inner, returning };
         // hyper never polls a body that says it is over (an empty one): hand back now.
-        body.hand_back_if_done();
+        if body.inner.is_end_stream() {
+            body.hand_back();
+        }
         body
     }
 
-    fn hand_back_if_done(&mut self) {
-        if self.inner.is_end_stream() {
-            if let Some((sender, pool)) = self.returning.take() {
-                pool.put(sender);
-            }
+    fn hand_back(&mut self) {
+        if let Some((sender, pool)) = self.returning.take() {
+            pool.put(sender);
         }
     }
 }
@@ -245,12 +245,11 @@ impl Body for UpstreamBody {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(None) => {
-                if let Some((sender, pool)) = this.returning.take() {
-                    pool.put(sender);
-                }
-            }
-            Poll::Ready(Some(Ok(_))) => this.hand_back_if_done(),
+            // A chunked body ends with `None`; a sized one may say so with its last frame,
+            // after which it is not polled again.
+            Poll::Ready(None) => this.hand_back(),
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.hand_back(),
+            Poll::Ready(Some(Ok(_))) => {}
             // A failed body leaves the connection in an unknown state: never reuse it.
             Poll::Ready(Some(Err(_))) => this.returning = None,
             Poll::Pending => {}
