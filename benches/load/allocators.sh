@@ -30,20 +30,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-next_port=${PORT_BASE:-21180}  # below the ephemeral range, see run.sh
-free_port() {
-    while ! port_free "$next_port"; do next_port=$((next_port + 1)); done
-    printf -v "$1" '%s' "$next_port"
-    next_port=$((next_port + 1))
-}
+# shellcheck source=ports.sh
+source "$HERE/ports.sh"
+next_port=${PORT_BASE:-21180}
 free_port UPSTREAM_PORT
 free_port IDEMGATE_PORT
 free_port ADMIN_PORT
-for template in nginx-upstream.conf idemgate-memory.yaml; do
-    sed -e "s/@UPSTREAM_PORT@/$UPSTREAM_PORT/g" -e "s/@IDEMGATE_PORT@/$IDEMGATE_PORT/g" \
-        -e "s/@ADMIN_PORT@/$ADMIN_PORT/g" "$HERE/$template" >"$WORK/$template"
-done
+fill_templates "$WORK" nginx-upstream.conf idemgate-memory.yaml
 mkdir -p "$WORK/nginx/tmp"
 "${PRIO[@]}" taskset -c 0 nginx -p "$WORK/nginx/" -c "$WORK/nginx-upstream.conf" -e "$WORK/nginx/error.log" >/dev/null 2>&1 &
 PIDS+=($!)

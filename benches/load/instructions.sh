@@ -57,23 +57,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=ports.sh
+source "$HERE/ports.sh"
 next_port=${PORT_BASE:-21280}
-free_port() {
-    while ! port_free "$next_port"; do next_port=$((next_port + 1)); done
-    printf -v "$1" '%s' "$next_port"
-    next_port=$((next_port + 1))
-}
 free_port UPSTREAM_PORT
 free_port NGINX_PORT
 free_port IDEMGATE_PORT
 free_port ADMIN_PORT
 mkdir -p "$WORK/tmp"
-for template in nginx-upstream.conf nginx-proxy.conf idemgate-memory.yaml; do
-    sed -e "s/@UPSTREAM_PORT@/$UPSTREAM_PORT/g" -e "s/@NGINX_PORT@/$NGINX_PORT/g" \
-        -e "s/@IDEMGATE_PORT@/$IDEMGATE_PORT/g" -e "s/@ADMIN_PORT@/$ADMIN_PORT/g" \
-        "$HERE/$template" >"$WORK/$template"
-done
+fill_templates "$WORK" nginx-upstream.conf nginx-proxy.conf idemgate-memory.yaml
 # Under valgrind nginx runs as one process (no master), so the worker is what is counted.
 sed -i 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' "$WORK/nginx-proxy.conf"
 

@@ -83,7 +83,8 @@ wait_port() {
     die "nothing listens on 127.0.0.1:$port after 15 s"
 }
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=ports.sh
+source "$HERE/ports.sh"
 
 # ---------------------------------------------------------------------------- tools
 SUDO=""
@@ -137,25 +138,14 @@ fi
 IDEMGATE=$ROOT/target/release/idemgate
 [[ -x $IDEMGATE ]] || die "$IDEMGATE missing"
 
-# Free loopback ports (others' tests may hold fixed ones), filled into the config templates.
-# Below the kernel's ephemeral range (ip_local_port_range, 32768+ by default): a port in it
-# can be free now and taken minutes later as the local port of some outgoing connection.
+# Free loopback ports, filled into the config templates (ports.sh).
 next_port=${PORT_BASE:-21080}
-free_port() { # free_port VAR
-    while ! port_free "$next_port"; do next_port=$((next_port + 1)); done
-    printf -v "$1" '%s' "$next_port"
-    next_port=$((next_port + 1))
-}
 free_port UPSTREAM_PORT
 free_port NGINX_PORT
 free_port IDEMGATE_PORT
 free_port ADMIN_PORT
 free_port REDIS_PORT
-for template in nginx-upstream.conf nginx-proxy.conf idemgate-memory.yaml idemgate-redis.yaml; do
-    sed -e "s/@UPSTREAM_PORT@/$UPSTREAM_PORT/g" -e "s/@NGINX_PORT@/$NGINX_PORT/g" \
-        -e "s/@IDEMGATE_PORT@/$IDEMGATE_PORT/g" -e "s/@ADMIN_PORT@/$ADMIN_PORT/g" \
-        -e "s/@REDIS_PORT@/$REDIS_PORT/g" "$HERE/$template" >"$WORK/$template"
-done
+fill_templates "$WORK" nginx-upstream.conf nginx-proxy.conf idemgate-memory.yaml idemgate-redis.yaml
 
 # ---------------------------------------------------------------------------- measuring
 ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
