@@ -2,8 +2,14 @@
 //! expiring by TTL. In-flight claims are never evicted; done records go earliest-expiry
 //! first when a bound is reached. The bounds are totals over all shards (kept in atomics),
 //! so one large answer can use the whole byte budget, not just its shard's share.
+//!
+//! Every byte of a record is paid a million times in a full store, so the layout is
+//! chosen for size: a done record is a 56-byte map value (an in-flight claim, of which
+//! there are only as many as requests running, is boxed), and the expiry index is one
+//! FIFO per TTL (records written with the same TTL expire in the order they were written),
+//! 40 bytes an entry instead of an ordered tree's node overhead.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -61,6 +67,8 @@ pub enum ClaimMode {
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
+    /// Expiry times are kept as nanoseconds since this instant: 8 bytes instead of 16.
+    epoch: Instant,
     limits: MemoryLimits,
     totals: Totals,
     /// Fixed-window counters for rate limits: key → (window end, hits).
@@ -74,34 +82,49 @@ struct Totals {
     bytes: AtomicUsize,
 }
 
+/// Nanoseconds since [`MemoryStore::epoch`] (584 years fit).
+type Ticks = u64;
+
 #[derive(Debug)]
 enum Entry {
-    // Variants are kept near the size of `Done` (the common one): the map stores the
-    // largest variant's size for every key.
     /// A one-time token issued and not yet used.
-    Issued { expires_at: Instant, seq: u64 },
-    InFlight {
-        token: OwnerToken,
-        fingerprint: Digest,
-        lease_until: Instant,
-        /// Unix milliseconds, for the admin API (8 bytes instead of a 16-byte SystemTime:
-        /// every byte of a record is paid per key).
-        created_ms: u64,
-        // Dropped when the record is replaced or removed; waiters subscribed to it wake.
-        // Made by the first duplicate: most claims never see one, and the channel is an
-        // allocation and a notification per claim otherwise.
-        done: Option<watch::Sender<()>>,
+    Issued {
+        expires_at: Ticks,
     },
+    InFlight(Box<InFlight>),
     Done {
         fingerprint: Digest,
         response: Arc<StoredResponse>,
-        expires_at: Instant,
-        seq: u64,
+        expires_at: Ticks,
     },
 }
 
-// The per-key cost of the map: a record must not grow past this without a reason.
-const _: () = assert!(std::mem::size_of::<Entry>() <= 96);
+// The per-key cost of the map (with the key and the table's slack): a record must not grow
+// past this without a reason.
+const _: () = assert!(std::mem::size_of::<Entry>() <= 56);
+
+#[derive(Debug)]
+struct InFlight {
+    token: OwnerToken,
+    fingerprint: Digest,
+    lease_until: Instant,
+    /// Unix milliseconds, for the admin API.
+    created_ms: u64,
+    // Dropped when the record is replaced or removed; waiters subscribed to it wake.
+    // Made by the first duplicate: most claims never see one, and the channel is an
+    // allocation and a notification per claim otherwise.
+    done: Option<watch::Sender<()>>,
+}
+
+impl Entry {
+    /// When a done or issued record expires; in-flight claims are not in the expiry index.
+    fn expires_at(&self) -> Option<Ticks> {
+        match self {
+            Entry::Issued { expires_at } | Entry::Done { expires_at, .. } => Some(*expires_at),
+            Entry::InFlight(_) => None,
+        }
+    }
+}
 
 /// Digests are uniformly random already; hashing them again with SipHash is wasted work.
 #[derive(Default)]
@@ -126,10 +149,23 @@ type DigestMap<V> = HashMap<Digest, V, BuildHasherDefault<DigestHasher>>;
 #[derive(Debug, Default)]
 struct Shard {
     map: DigestMap<Entry>,
-    /// Done records by expiry, for sweeping and for choosing what to evict.
-    expiry: BTreeMap<(Instant, u64), Digest>,
+    /// Done and issued records by expiry, for sweeping and for choosing what to evict.
+    /// Queue entries are not removed with their record: one whose record is gone or has
+    /// another expiry is stale, skipped when it reaches the front, and dropped in bulk by
+    /// [`Shard::compact`] before stale entries can outnumber live ones.
+    queues: Vec<ExpiryQueue>,
+    /// Entries over all queues, stale ones included.
+    queued: usize,
+    /// Done and issued records in `map` (each has exactly one live queue entry).
+    indexed: usize,
     in_flight: usize,
-    seq: u64,
+}
+
+/// Records written with one TTL, oldest first: their expiry times ascend.
+#[derive(Debug)]
+struct ExpiryQueue {
+    ttl: Duration,
+    entries: VecDeque<(Ticks, Digest)>,
 }
 
 /// Below this many entries per shard, sharding buys nothing: eviction would mostly reach
@@ -142,6 +178,8 @@ const SWEEP_PER_WRITE: usize = 4;
 const ISSUED_COST: usize = super::response::ENTRY_OVERHEAD;
 /// Rate counters are pruned of finished windows once this many exist.
 const COUNTER_SWEEP_AT: usize = 4096;
+/// Stale expiry-queue entries a shard tolerates beyond its live ones before compacting.
+const COMPACT_SLACK: usize = 1024;
 
 impl MemoryStore {
     /// An empty store with these bounds.
@@ -154,10 +192,25 @@ impl MemoryStore {
         };
         Self {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            epoch: Instant::now(),
             limits,
             totals: Totals::default(),
             counters: Mutex::default(),
         }
+    }
+
+    /// Now, and `now` as [`Ticks`].
+    fn now(&self) -> (Instant, Ticks) {
+        let now = Instant::now();
+        (now, self.ticks(now))
+    }
+
+    fn ticks(&self, at: Instant) -> Ticks {
+        at.saturating_duration_since(self.epoch).as_nanos() as Ticks
+    }
+
+    fn instant(&self, ticks: Ticks) -> Instant {
+        self.epoch + Duration::from_nanos(ticks)
     }
 
     fn shard_index(&self, key: &Digest) -> usize {
@@ -204,11 +257,11 @@ impl MemoryStore {
         lease: Duration,
         mode: ClaimMode,
     ) -> Result<RawClaim, StoreError> {
-        let now = Instant::now();
         let mut shard = self.shard(&key);
-        shard.sweep(now, SWEEP_PER_WRITE, &self.totals);
+        let (now, ticks) = self.now();
+        shard.sweep(ticks, SWEEP_PER_WRITE, &self.totals);
         match shard.map.get_mut(&key) {
-            Some(Entry::Issued { expires_at, .. }) if *expires_at > now => {}
+            Some(Entry::Issued { expires_at }) if *expires_at > ticks => {}
             None | Some(Entry::Issued { .. }) if mode == ClaimMode::IssuedOnly => {
                 return Ok(RawClaim::Unknown)
             }
@@ -216,25 +269,19 @@ impl MemoryStore {
                 fingerprint: stored,
                 response,
                 expires_at,
-                ..
-            }) if *expires_at > now => {
+            }) if *expires_at > ticks => {
                 return Ok(if mismatched(stored, &fingerprint) {
                     RawClaim::Mismatch
                 } else {
                     RawClaim::Done(response.clone())
                 });
             }
-            Some(Entry::InFlight {
-                fingerprint: stored,
-                lease_until,
-                done,
-                ..
-            }) if *lease_until > now => {
-                return Ok(if mismatched(stored, &fingerprint) {
+            Some(Entry::InFlight(record)) if record.lease_until > now => {
+                return Ok(if mismatched(&record.fingerprint, &fingerprint) {
                     RawClaim::Mismatch
                 } else {
-                    let done = done.get_or_insert_with(|| watch::channel(()).0);
-                    RawClaim::InFlight(Waiter::new(done.subscribe(), *lease_until))
+                    let done = record.done.get_or_insert_with(|| watch::channel(()).0);
+                    RawClaim::InFlight(Waiter::new(done.subscribe(), record.lease_until))
                 });
             }
             // Only a live issued record starts an issued-only claim: a token whose answer
@@ -256,7 +303,7 @@ impl MemoryStore {
         self.totals.entries.fetch_add(1, Ordering::Relaxed);
         shard.map.insert(
             key,
-            Entry::InFlight {
+            Entry::InFlight(Box::new(InFlight {
                 token,
                 fingerprint,
                 lease_until: now + lease,
@@ -264,15 +311,15 @@ impl MemoryStore {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),
                 done: None,
-            },
+            })),
         );
         Ok(RawClaim::Owner(token))
     }
 
     /// See [`super::Store::issue`].
     pub fn issue(&self, key: Digest, ttl: Duration) -> Result<(), StoreError> {
-        let now = Instant::now();
         let mut shard = self.shard(&key);
+        let (_, now) = self.now();
         shard.remove(&key, &self.totals);
         let max_entries = self.limits.max_entries;
         let max_bytes = self.limits.max_bytes;
@@ -283,7 +330,7 @@ impl MemoryStore {
         }) {
             return Err(StoreError::Full);
         }
-        shard.insert_issued(key, now + ttl, &self.totals);
+        shard.insert_issued(key, now, ttl, &self.totals);
         Ok(())
     }
 
@@ -306,12 +353,8 @@ impl MemoryStore {
     pub fn renew(&self, key: Digest, token: OwnerToken, lease: Duration) -> bool {
         let mut shard = self.shard(&key);
         match shard.map.get_mut(&key) {
-            Some(Entry::InFlight {
-                token: owner,
-                lease_until,
-                ..
-            }) if *owner == token => {
-                *lease_until = Instant::now() + lease;
+            Some(Entry::InFlight(record)) if record.token == token => {
+                record.lease_until = Instant::now() + lease;
                 true
             }
             _ => false,
@@ -326,14 +369,9 @@ impl MemoryStore {
         response: StoredResponse,
         ttl: Duration,
     ) -> bool {
-        let now = Instant::now();
         let mut shard = self.shard(&key);
         let fingerprint = match shard.map.get(&key) {
-            Some(Entry::InFlight {
-                token: owner,
-                fingerprint,
-                ..
-            }) if *owner == token => *fingerprint,
+            Some(Entry::InFlight(record)) if record.token == token => record.fingerprint,
             _ => return false,
         };
         shard.remove(&key, &self.totals);
@@ -347,10 +385,8 @@ impl MemoryStore {
         self.make_room(&mut shard, self.shard_index(&key), |t| {
             t.bytes.load(Ordering::Relaxed) + cost > max
         });
-        shard.seq += 1;
-        let seq = shard.seq;
-        let expires_at = now + ttl;
-        shard.expiry.insert((expires_at, seq), key);
+        let (_, now) = self.now();
+        let expires_at = shard.index(key, now, ttl);
         self.totals.bytes.fetch_add(cost, Ordering::Relaxed);
         self.totals.entries.fetch_add(1, Ordering::Relaxed);
         shard.map.insert(
@@ -359,7 +395,6 @@ impl MemoryStore {
                 fingerprint,
                 response: Arc::new(response),
                 expires_at,
-                seq,
             },
         );
         shard.sweep(now, SWEEP_PER_WRITE, &self.totals);
@@ -371,10 +406,10 @@ impl MemoryStore {
     pub fn release(&self, key: Digest, token: OwnerToken, reissue: Option<Duration>) -> bool {
         let mut shard = self.shard(&key);
         match shard.map.get(&key) {
-            Some(Entry::InFlight { token: owner, .. }) if *owner == token => {
+            Some(Entry::InFlight(record)) if record.token == token => {
                 shard.remove(&key, &self.totals);
                 if let Some(ttl) = reissue {
-                    shard.insert_issued(key, Instant::now() + ttl, &self.totals);
+                    shard.insert_issued(key, self.now().1, ttl, &self.totals);
                 }
                 true
             }
@@ -387,32 +422,29 @@ impl MemoryStore {
         let now = Instant::now();
         let wall = SystemTime::now();
         let shard = self.shard(&key);
+        let until = |at: Ticks| wall + self.instant(at).saturating_duration_since(now);
         match shard.map.get(&key)? {
-            Entry::InFlight {
-                lease_until,
-                created_ms,
-                ..
-            } => Some(KeyInfo {
+            Entry::InFlight(record) => Some(KeyInfo {
                 state: "in_flight",
-                created: std::time::UNIX_EPOCH + Duration::from_millis(*created_ms),
-                expires: wall + lease_until.saturating_duration_since(now),
+                created: std::time::UNIX_EPOCH + Duration::from_millis(record.created_ms),
+                expires: wall + record.lease_until.saturating_duration_since(now),
                 response: None,
             }),
             Entry::Done {
                 response,
                 expires_at,
                 ..
-            } if *expires_at > now => Some(KeyInfo {
+            } if self.instant(*expires_at) > now => Some(KeyInfo {
                 state: "done",
                 created: response.stored_at(),
-                expires: wall + expires_at.saturating_duration_since(now),
+                expires: until(*expires_at),
                 response: Some(response.clone()),
             }),
             Entry::Done { .. } => None,
-            Entry::Issued { expires_at, .. } if *expires_at > now => Some(KeyInfo {
+            Entry::Issued { expires_at } if self.instant(*expires_at) > now => Some(KeyInfo {
                 state: "issued",
                 created: wall,
-                expires: wall + expires_at.saturating_duration_since(now),
+                expires: until(*expires_at),
                 response: None,
             }),
             Entry::Issued { .. } => None,
@@ -444,62 +476,224 @@ pub(crate) fn mismatched(stored: &Digest, offered: &Digest) -> bool {
 }
 
 impl Shard {
-    /// Records an issued token until `expires_at`, indexed for expiry and counted.
-    fn insert_issued(&mut self, key: Digest, expires_at: Instant, totals: &Totals) {
-        self.seq += 1;
-        let seq = self.seq;
-        self.expiry.insert((expires_at, seq), key);
-        self.map.insert(key, Entry::Issued { expires_at, seq });
+    /// Records an issued token for `ttl` from `now`, indexed for expiry and counted.
+    fn insert_issued(&mut self, key: Digest, now: Ticks, ttl: Duration, totals: &Totals) {
+        let expires_at = self.index(key, now, ttl);
+        self.map.insert(key, Entry::Issued { expires_at });
         totals.entries.fetch_add(1, Ordering::Relaxed);
         totals.bytes.fetch_add(ISSUED_COST, Ordering::Relaxed);
     }
 
-    /// Removes a record of any state, keeping the counters and the expiry index right.
+    /// Enters `key` in the expiry queue of `ttl` and returns its expiry; the caller then
+    /// inserts the done or issued record with that expiry.
+    fn index(&mut self, key: Digest, now: Ticks, ttl: Duration) -> Ticks {
+        let expires_at = now.saturating_add(ttl.as_nanos().min(u128::from(u64::MAX)) as Ticks);
+        let queue = match self.queues.iter().position(|q| q.ttl == ttl) {
+            Some(i) => &mut self.queues[i],
+            None => {
+                self.queues.push(ExpiryQueue {
+                    ttl,
+                    entries: VecDeque::new(),
+                });
+                self.queues.last_mut().expect("just pushed")
+            }
+        };
+        queue.entries.push_back((expires_at, key));
+        self.queued += 1;
+        self.indexed += 1;
+        if self.queued > 2 * self.indexed + COMPACT_SLACK {
+            self.compact();
+        }
+        expires_at
+    }
+
+    /// Drops stale queue entries (and queues left empty, such as a TTL no route has any
+    /// more after a reload). Runs after more than half of the entries went stale, so it
+    /// costs O(1) per write amortized.
+    fn compact(&mut self) {
+        let map = &self.map;
+        self.queues.retain_mut(|queue| {
+            queue
+                .entries
+                .retain(|(at, key)| map.get(key).and_then(Entry::expires_at) == Some(*at));
+            queue.entries.shrink_to_fit();
+            !queue.entries.is_empty()
+        });
+        self.queued = self.queues.iter().map(|q| q.entries.len()).sum();
+    }
+
+    /// Removes a record of any state, keeping the counters right (its expiry-queue entry,
+    /// if any, goes stale).
     fn remove(&mut self, key: &Digest, totals: &Totals) -> bool {
-        match self.map.remove(key) {
-            Some(Entry::InFlight { .. }) => {
+        let freed = match self.map.remove(key) {
+            Some(Entry::InFlight(_)) => {
                 self.in_flight -= 1;
                 totals.entries.fetch_sub(1, Ordering::Relaxed);
-                true
+                return true;
             }
-            Some(Entry::Done {
-                response,
-                expires_at,
-                seq,
-                ..
-            }) => {
-                totals.bytes.fetch_sub(response.cost(), Ordering::Relaxed);
-                totals.entries.fetch_sub(1, Ordering::Relaxed);
-                self.expiry.remove(&(expires_at, seq));
-                true
-            }
-            Some(Entry::Issued { expires_at, seq }) => {
-                totals.bytes.fetch_sub(ISSUED_COST, Ordering::Relaxed);
-                totals.entries.fetch_sub(1, Ordering::Relaxed);
-                self.expiry.remove(&(expires_at, seq));
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Evicts the done record closest to expiry; `false` when there is none.
-    fn evict_one(&mut self, totals: &Totals) -> bool {
-        let Some((_, key)) = self.expiry.first_key_value() else {
-            return false;
+            Some(Entry::Done { response, .. }) => response.cost(),
+            Some(Entry::Issued { .. }) => ISSUED_COST,
+            None => return false,
         };
-        let key = *key;
-        self.remove(&key, totals)
+        self.indexed -= 1;
+        totals.bytes.fetch_sub(freed, Ordering::Relaxed);
+        totals.entries.fetch_sub(1, Ordering::Relaxed);
+        true
     }
 
-    fn sweep(&mut self, now: Instant, most: usize, totals: &Totals) {
-        for _ in 0..most {
-            match self.expiry.first_key_value() {
-                Some((&(at, _), &key)) if at <= now => {
-                    self.remove(&key, totals);
-                }
-                _ => break,
+    /// Pops the queue entry that expires first, if it expires no later than `by`.
+    fn pop_earliest(&mut self, by: Ticks) -> Option<(Ticks, Digest)> {
+        let (index, at) = self
+            .queues
+            .iter()
+            .enumerate()
+            .filter_map(|(i, q)| q.entries.front().map(|(at, _)| (i, *at)))
+            .min_by_key(|(_, at)| *at)?;
+        if at > by {
+            return None;
+        }
+        self.queued -= 1;
+        self.queues[index].entries.pop_front()
+    }
+
+    /// Removes the record a popped queue entry stands for, unless the entry is stale.
+    fn remove_indexed(&mut self, at: Ticks, key: &Digest, totals: &Totals) -> bool {
+        if self.map.get(key).and_then(Entry::expires_at) != Some(at) {
+            return false;
+        }
+        self.remove(key, totals)
+    }
+
+    /// Evicts the done or issued record closest to expiry; `false` when there is none.
+    fn evict_one(&mut self, totals: &Totals) -> bool {
+        while let Some((at, key)) = self.pop_earliest(Ticks::MAX) {
+            if self.remove_indexed(at, &key, totals) {
+                return true;
             }
         }
+        false
+    }
+
+    /// Removes up to `most` records that expired by `now` (stale entries count, so a
+    /// write never does more than `most` steps).
+    fn sweep(&mut self, now: Ticks, most: usize, totals: &Totals) {
+        for _ in 0..most {
+            let Some((at, key)) = self.pop_earliest(now) else {
+                break;
+            };
+            self.remove_indexed(at, &key, totals);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(30);
+    const FINGERPRINT: Digest = Digest([7; 32]);
+
+    fn key(n: u8) -> Digest {
+        Digest([n; 32])
+    }
+
+    /// One shard (bounds below 1024 entries), so eviction order is exact.
+    fn store(max_entries: usize) -> MemoryStore {
+        MemoryStore::new(MemoryLimits {
+            max_entries,
+            max_bytes: 1 << 30,
+        })
+    }
+
+    fn store_done(store: &MemoryStore, k: Digest, ttl: Duration) {
+        let RawClaim::Owner(token) = store.claim(k, FINGERPRINT, LEASE, ClaimMode::Any).unwrap()
+        else {
+            panic!("{k:?} was not free");
+        };
+        let response = StoredResponse::new(http::StatusCode::OK, &http::HeaderMap::new(), b"ok");
+        assert!(store.complete(k, token, response, ttl));
+    }
+
+    fn is_done(store: &MemoryStore, k: Digest) -> bool {
+        store.inspect(k).is_some_and(|info| info.state == "done")
+    }
+
+    /// Eviction takes the record that expires first, not the one written first: records
+    /// with different TTLs sit in different queues.
+    #[test]
+    fn eviction_takes_the_earliest_expiry_across_ttls() {
+        let store = store(3);
+        store_done(&store, key(1), Duration::from_secs(100));
+        store_done(&store, key(2), Duration::from_secs(10));
+        store_done(&store, key(3), Duration::from_secs(50));
+        store_done(&store, key(4), Duration::from_secs(100));
+        assert!(!is_done(&store, key(2)));
+        for k in [1, 3, 4] {
+            assert!(is_done(&store, key(k)), "key {k} was evicted");
+        }
+        assert_eq!(store.stats().entries, 3);
+    }
+
+    /// A key stored again with a longer TTL leaves a stale entry in the short queue; that
+    /// entry must not evict the new record before its time.
+    #[test]
+    fn a_stale_queue_entry_does_not_evict_the_key_stored_again() {
+        let store = store(2);
+        store_done(&store, key(1), Duration::from_secs(10));
+        assert!(store.remove(key(1)));
+        store_done(&store, key(1), Duration::from_secs(100));
+        store_done(&store, key(2), Duration::from_secs(50));
+        store_done(&store, key(3), Duration::from_secs(100));
+        assert!(
+            is_done(&store, key(1)),
+            "the stale entry evicted the new record"
+        );
+        assert!(!is_done(&store, key(2)));
+        assert!(is_done(&store, key(3)));
+    }
+
+    /// Records removed long before they expire (admin deletes, tokens spent) leave queue
+    /// entries behind; compaction keeps those from outnumbering the live ones, so the
+    /// index stays bounded by what the store holds.
+    #[test]
+    fn stale_queue_entries_stay_bounded_by_live_records() {
+        let store = store(100);
+        let hour = Duration::from_secs(3600);
+        for round in 0..20_000u32 {
+            let mut k = Digest([0; 32]);
+            k.0[..4].copy_from_slice(&round.to_le_bytes());
+            store_done(&store, k, hour);
+            assert!(store.remove(k));
+        }
+        store_done(&store, key(1), hour);
+        let shard = store.shards[0].lock().unwrap();
+        assert_eq!(shard.indexed, 1);
+        assert!(
+            shard.queued <= 2 * shard.indexed + COMPACT_SLACK + 1,
+            "{}",
+            shard.queued
+        );
+        assert_eq!(
+            shard.queued,
+            shard.queues.iter().map(|q| q.entries.len()).sum::<usize>()
+        );
+    }
+
+    /// Writes sweep expired records without a timer: answers stored with a 1 ns TTL are
+    /// gone (and their bytes returned) after a few more writes.
+    #[test]
+    fn writes_sweep_expired_records() {
+        let store = store(100);
+        for n in 0..8 {
+            store_done(&store, key(n), Duration::from_nanos(1));
+        }
+        for n in 100..104 {
+            store_done(&store, key(n), Duration::from_secs(60));
+        }
+        assert_eq!(store.stats().entries, 4);
+        assert_eq!(
+            store.stats().bytes,
+            4 * StoredResponse::new(http::StatusCode::OK, &http::HeaderMap::new(), b"ok",).cost()
+        );
     }
 }
