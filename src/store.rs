@@ -149,6 +149,11 @@ pub enum StoreError {
 }
 
 /// A store backend.
+///
+/// The Redis arms of its methods box their futures: a Redis call is a future of
+/// kilobytes, and unboxed it would be part of every caller's future on the memory store
+/// too, copied whenever a request's task is spawned. Next to a network round trip the
+/// allocation costs nothing.
 #[derive(Debug, Clone)]
 pub enum Store {
     /// The embedded in-process store.
@@ -179,7 +184,7 @@ impl Store {
     ) -> Result<Claim, StoreError> {
         let raw = match self {
             Self::Memory(m) => m.claim(key, fingerprint, lease, mode)?,
-            Self::Redis(r) => r.claim(key, fingerprint, lease, mode).await?,
+            Self::Redis(r) => Box::pin(r.claim(key, fingerprint, lease, mode)).await?,
         };
         Ok(match raw {
             memory::RawClaim::Owner(token) => {
@@ -197,7 +202,7 @@ impl Store {
     pub async fn issue(&self, key: Digest, ttl: Duration) -> Result<(), StoreError> {
         match self {
             Self::Memory(m) => m.issue(key, ttl),
-            Self::Redis(r) => r.issue(key, ttl).await,
+            Self::Redis(r) => Box::pin(r.issue(key, ttl)).await,
         }
     }
 
@@ -206,7 +211,7 @@ impl Store {
     pub async fn hit(&self, key: Digest, window: Duration) -> Result<u64, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.hit(key, window)),
-            Self::Redis(r) => r.hit(key, window).await,
+            Self::Redis(r) => Box::pin(r.hit(key, window)).await,
         }
     }
 
@@ -219,7 +224,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.renew(key, token, lease)),
-            Self::Redis(r) => r.renew(key, token, lease).await,
+            Self::Redis(r) => Box::pin(r.renew(key, token, lease)).await,
         }
     }
 
@@ -234,7 +239,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.complete(key, token, response, ttl)),
-            Self::Redis(r) => r.complete(key, token, response, ttl).await,
+            Self::Redis(r) => Box::pin(r.complete(key, token, response, ttl)).await,
         }
     }
 
@@ -253,7 +258,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.release(key, token, reissue)),
-            Self::Redis(r) => r.release(key, token, reissue).await,
+            Self::Redis(r) => Box::pin(r.release(key, token, reissue)).await,
         }
     }
 
@@ -261,7 +266,7 @@ impl Store {
     pub async fn inspect(&self, key: Digest) -> Result<Option<KeyInfo>, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.inspect(key)),
-            Self::Redis(r) => r.inspect(key).await,
+            Self::Redis(r) => Box::pin(r.inspect(key)).await,
         }
     }
 
@@ -269,7 +274,7 @@ impl Store {
     pub async fn remove(&self, key: Digest) -> Result<bool, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.remove(key)),
-            Self::Redis(r) => r.remove(key).await,
+            Self::Redis(r) => Box::pin(r.remove(key)).await,
         }
     }
 

@@ -103,8 +103,12 @@ impl Pool {
     pub async fn checkout(&self) -> Result<Checkout, ProxyError> {
         loop {
             let Some(idle) = self.lock().pop() else {
+                // Boxed: dialing (TCP, TLS, HTTP handshake) is a future of kilobytes that
+                // would otherwise be part of every request's future, which is moved
+                // (copied) whenever a task is spawned or its output read, although a
+                // connection is dialed only once per many requests.
                 return Ok(Checkout {
-                    sender: self.dialer.connect().await?,
+                    sender: Box::pin(self.dialer.connect()).await?,
                     reused: false,
                 });
             };
