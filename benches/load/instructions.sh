@@ -16,7 +16,8 @@
 # about twenty times cheaper natively.
 #
 # Prints a table and writes it to benches/load/INSTRUCTIONS.md (RESULTS overrides).
-# Knobs: N (3000 counted requests), SKIP_BUILD=1, PORT_BASE (21280), RESULTS.
+# Knobs: N (3000 counted requests), SKIP_BUILD=1, PORT_BASE (21280), RESULTS, KEEP (a
+# directory to copy the callgrind dumps into, for `callgrind_annotate` or kcachegrind).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -105,6 +106,10 @@ count() {
     wait "$vpid" 2>/dev/null || true
     local dump
     dump=$(ls "$WORK/cg.$name".* | head -1)
+    if [[ -n ${KEEP:-} ]]; then
+        mkdir -p "$KEEP"
+        cp "$dump" "$KEEP/callgrind.$name"
+    fi
     local total sha
     total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
     sha=$(callgrind_annotate --inclusive=yes "$dump" 2>/dev/null |
