@@ -3,6 +3,7 @@
 //! key → claim → forward, wait or replay → complete or release.
 
 pub mod body;
+pub mod detach;
 pub mod fresh;
 pub mod handler;
 pub mod headers;

@@ -2,8 +2,8 @@
 //! claim it, then forward (owner), wait and replay (duplicate), or replay at once (done);
 //! finally complete or release the claim.
 //!
-//! The owner's upstream call runs in its own task: a client that disconnects does not
-//! cancel it, so the answer is still stored for that client's retry.
+//! The owner's upstream call is [`Detachable`]: a client that disconnects does not cancel
+//! it, so the answer is still stored for that client's retry.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::body::{read_limited, ProxyBody};
+use super::detach::Detachable;
 use super::headers::strip_hop_by_hop;
 use super::upstream::UpstreamClient;
 use crate::config::{InFlightMode, OnStoreError, Protected};
@@ -244,8 +245,8 @@ async fn forward_unprotected(
     Ok(answer?.into_response())
 }
 
-/// The owner's phase: forward, then complete or release. Runs detached from the client;
-/// returns the answer and whether it was stored.
+/// The owner's phase: forward, then complete or release. Not cancelled with the client's
+/// request; returns the answer and whether it was stored.
 async fn execute(
     cx: &Context<'_>,
     rule: &Arc<Protected>,
@@ -260,7 +261,7 @@ async fn execute(
     let running = cx.metrics.owner_running();
     let owned = cx.owners.hold(&lease);
     let route_metrics = Arc::clone(cx.route_metrics);
-    let task = tokio::spawn(async move {
+    let owner = Detachable::new(async move {
         let _running = running;
         let _owned = owned;
         let policy = &rule.policy;
@@ -293,11 +294,11 @@ async fn execute(
         };
         Ok((BufferedAnswer { body, ..answer }.into_response(), kept))
     });
-    match task.await {
+    match owner.await {
         Ok(result) => result,
-        Err(e) => Err(ProxyError::UpstreamUnreachable(format!(
-            "owner task failed: {e}"
-        ))),
+        Err(_) => Err(ProxyError::UpstreamUnreachable(
+            "the owner's upstream call panicked".into(),
+        )),
     }
 }
 

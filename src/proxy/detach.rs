@@ -1,0 +1,136 @@
+//! [`Detachable`]: a future that runs in the caller's task but is not cancelled with it.
+//! Dropped before it finished (hyper drops a request's future when its client goes away),
+//! it moves to a task of its own and runs to the end there.
+//!
+//! The owner of a claim must reach the upstream and store the answer even if its client
+//! disconnected, so that client's retry finds the answer. Spawning the owner's work up
+//! front gives that too, but costs every first-seen request a task (its allocation, a
+//! scheduling round and a wake-up of the waiting request) and a copy of its future and
+//! output; a disconnect mid-request is rare, so it pays instead.
+
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// See the [module docs](self).
+pub struct Detachable<F: Future + Send + 'static>
+where
+    F::Output: Send + 'static,
+{
+    // Boxed so it can move to a task after having been polled (pinned) here.
+    running: Option<Pin<Box<F>>>,
+}
+
+/// The detachable future panicked; like a panicking spawned task, the panic was caught
+/// and the future dropped (guards it held, such as a claim, ran their `Drop`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Panicked;
+
+impl<F: Future + Send + 'static> Detachable<F>
+where
+    F::Output: Send + 'static,
+{
+    /// Wraps `future`; it starts when first polled.
+    pub fn new(future: F) -> Self {
+        Self {
+            running: Some(Box::pin(future)),
+        }
+    }
+}
+
+impl<F: Future + Send + 'static> Future for Detachable<F>
+where
+    F::Output: Send + 'static,
+{
+    type Output = Result<F::Output, Panicked>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let running = self
+            .running
+            .as_mut()
+            .expect("Detachable polled after it finished");
+        match catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => {
+                self.running = None;
+                Poll::Ready(Ok(output))
+            }
+            Err(_) => {
+                self.running = None;
+                Poll::Ready(Err(Panicked))
+            }
+        }
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for Detachable<F>
+where
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(running) = self.running.take() else {
+            return;
+        };
+        // Without a runtime (it is shutting down) the future is dropped: its guards still
+        // release what it held.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(running);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use tokio::sync::oneshot;
+
+    /// Dropped mid-way, the future still runs to its end (in a task of its own).
+    #[tokio::test]
+    async fn a_dropped_detachable_runs_to_the_end() {
+        let (go, wait) = oneshot::channel::<()>();
+        let (done, finished) = oneshot::channel::<u32>();
+        let mut detachable = Detachable::new(async move {
+            wait.await.unwrap();
+            done.send(7).unwrap();
+        });
+        // Started here, then abandoned while waiting.
+        assert!(futures_poll_once(&mut detachable).is_pending());
+        drop(detachable);
+        go.send(()).unwrap();
+        assert_eq!(finished.await.unwrap(), 7);
+    }
+
+    /// Awaited to the end, it runs in the caller's task and yields its output.
+    #[tokio::test]
+    async fn an_awaited_detachable_returns_its_output() {
+        assert_eq!(Detachable::new(async { 5 }).await, Ok(5));
+    }
+
+    /// A panic becomes `Err(Panicked)` for the caller, after the future's guards dropped.
+    #[tokio::test]
+    async fn a_panic_is_caught_and_the_future_dropped() {
+        struct Guard(Arc<AtomicBool>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let dropped = Arc::new(AtomicBool::new(false));
+        let guard = Guard(dropped.clone());
+        let result = Detachable::new(async move {
+            let _guard = guard;
+            panic!("owner failed");
+        })
+        .await;
+        assert_eq!(result, Err(Panicked));
+        assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    fn futures_poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+        let waker = std::task::Waker::noop();
+        Pin::new(future).poll(&mut Context::from_waker(waker))
+    }
+}
