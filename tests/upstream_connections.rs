@@ -1,6 +1,7 @@
 //! The upstream side of the proxy: kept-alive connections are reused, requests go out in
 //! origin form with a `Host`, and a connection the upstream closed while idle is never
-//! used for a request (nor does a request sent on it execute twice).
+//! used for a request (nor does a request sent on it execute twice); `upstream_timeout`
+//! covers the body too.
 //!
 //! The upstream here is a raw TCP server, so the test sees exactly what went over the wire.
 
@@ -178,4 +179,72 @@ async fn a_request_without_host_gets_the_upstreams() {
         seen.requests[0].1.as_deref(),
         Some(upstream.to_string().as_str())
     );
+}
+
+/// `upstream_timeout` bounds the whole answer of a protected request, body included: an
+/// upstream that sends its head and then stalls mid-body gets a 504, the key is released
+/// (the retry executes, on a fresh connection), and the stalled connection is not pooled.
+#[tokio::test]
+async fn an_upstream_stalling_mid_body_times_out_and_releases_the_key() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let executed = Arc::new(Mutex::new(0usize));
+    let count = Arc::clone(&executed);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let count = Arc::clone(&count);
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut read = BufReader::new(read);
+                let mut line = String::new();
+                let mut length = 0usize;
+                while read.read_line(&mut line).await.unwrap_or(0) > 0 {
+                    let header = line.trim_end().to_ascii_lowercase();
+                    if header.is_empty() {
+                        break;
+                    }
+                    if let Some(v) = header.strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap();
+                    }
+                    line.clear();
+                }
+                let mut body = vec![0u8; length];
+                read.read_exact(&mut body).await.unwrap();
+                let first = {
+                    let mut n = count.lock().unwrap();
+                    *n += 1;
+                    *n == 1
+                };
+                let head = "HTTP/1.1 201 Created\r\ncontent-length: 11\r\n\r\n";
+                if first {
+                    // Head and half the body, then nothing until the proxy gives up.
+                    write.write_all(head.as_bytes()).await.unwrap();
+                    write.write_all(b"{\"ok\"").await.unwrap();
+                    let mut rest = Vec::new();
+                    let _ = read.read_to_end(&mut rest).await;
+                } else {
+                    write.write_all(head.as_bytes()).await.unwrap();
+                    write.write_all(b"{\"ok\":true}").await.unwrap();
+                    let mut rest = Vec::new();
+                    let _ = read.read_to_end(&mut rest).await;
+                }
+            });
+        }
+    });
+    let routes = format!("defaults: {{ upstream_timeout: 300ms }}\n{ROUTES}");
+    let proxy = start_proxy(upstream, &routes).await;
+    let key = [("idempotency-key", "stall")];
+    // Hang guard only: without a timeout on the body this would never answer.
+    let stalled = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        post(proxy.addr, "/orders/1", &key, "{}"),
+    )
+    .await
+    .expect("the proxy never gave up on the stalled body");
+    assert_eq!(stalled.status, 504, "{:?}", stalled.body);
+    let retry = post(proxy.addr, "/orders/1", &key, "{}").await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(!retry.replayed());
+    assert_eq!(&retry.body[..], b"{\"ok\":true}");
+    assert_eq!(*executed.lock().unwrap(), 2);
 }

@@ -324,7 +324,8 @@ impl BufferedAnswer {
     }
 }
 
-/// Forwards a buffered request and reads the whole answer within `timeout`.
+/// Forwards a buffered request and reads the whole answer within `timeout` (one timer
+/// for head and body: each timer is a registration in tokio's wheel and a removal).
 async fn send_buffered(
     client: &UpstreamClient,
     mut parts: Parts,
@@ -332,24 +333,27 @@ async fn send_buffered(
     conn: &super::Connection,
     timeout: Duration,
 ) -> Result<BufferedAnswer, ProxyError> {
-    let started = Instant::now();
     client.prepare(&mut parts, conn, false);
-    let response = client
-        .send(Request::from_parts(parts, ProxyBody::full(body)), timeout)
-        .await?;
-    let (mut head, incoming) = response.into_parts();
-    let remaining = timeout.saturating_sub(started.elapsed());
-    let body = match tokio::time::timeout(remaining, incoming.collect()).await {
-        Err(_) => return Err(ProxyError::UpstreamTimeout),
-        Ok(Err(e)) => return Err(ProxyError::UpstreamUnreachable(e.to_string())),
-        Ok(Ok(collected)) => collected.to_bytes(),
+    let exchange = async {
+        let response = client
+            .send_untimed(Request::from_parts(parts, ProxyBody::full(body)))
+            .await?;
+        let (mut head, incoming) = response.into_parts();
+        let body = incoming
+            .collect()
+            .await
+            .map_err(|e| ProxyError::UpstreamUnreachable(e.to_string()))?
+            .to_bytes();
+        strip_hop_by_hop(&mut head.headers, false);
+        Ok(BufferedAnswer {
+            status: head.status,
+            headers: head.headers,
+            body,
+        })
     };
-    strip_hop_by_hop(&mut head.headers, false);
-    Ok(BufferedAnswer {
-        status: head.status,
-        headers: head.headers,
-        body,
-    })
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .unwrap_or(Err(ProxyError::UpstreamTimeout))
 }
 
 /// The stored answer with `Idempotent-Replayed: true`.

@@ -81,13 +81,15 @@ impl UpstreamClient {
         request: Request<ProxyBody>,
         timeout: Duration,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
-        match tokio::time::timeout(timeout, self.send_on_pooled(request)).await {
+        match tokio::time::timeout(timeout, self.send_untimed(request)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout),
             Ok(result) => result,
         }
     }
 
-    async fn send_on_pooled(
+    /// [`UpstreamClient::send`] without a timeout, for a caller that bounds a longer
+    /// exchange (head and body) with one timer.
+    pub async fn send_untimed(
         &self,
         mut request: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
