@@ -1,6 +1,6 @@
 //! Memory store benchmarks: the owner's path (claim a fresh key, complete it), the
 //! duplicate's path (claim a done key, get the stored answer) in a small and a 1M-key
-//! store, the same owner's path through `Store` with its self-renewing `Lease`, and
+//! store, the same owner's path through `Store` with its `Lease` guard, and
 //! rebuilding a stored response's headers for a replay.
 //!
 //! Also prints, once, the resident memory each stored key costs (1M keys, 16-byte
@@ -8,7 +8,8 @@
 //!
 //! `MemoryStore`'s methods are synchronous; they are called directly where `Store`'s async
 //! wrapper would only add an `.await`. The `store/` benchmark goes through `Store` to show
-//! what the lease guard (a spawned renewal task, aborted on completion) adds.
+//! what the lease guard adds (on the memory store it holds the claim's liveness; Redis
+//! leases spawn a renewal task instead).
 
 use std::cell::OnceCell;
 use std::hint::black_box;
@@ -59,7 +60,7 @@ fn response(body: &[u8]) -> StoredResponse {
 /// Claims `k` (which must be free) and completes it.
 fn store_one(store: &MemoryStore, k: Digest, response: StoredResponse) {
     match store.claim(k, FINGERPRINT, LEASE, ClaimMode::Any) {
-        Ok(RawClaim::Owner(token)) => assert!(store.complete(k, token, response, TTL)),
+        Ok(RawClaim::Owner { token, .. }) => assert!(store.complete(k, token, response, TTL)),
         other => panic!("expected owner, got {other:?}"),
     }
 }
@@ -156,9 +157,9 @@ fn memory_store(c: &mut Criterion) {
     group.finish();
 }
 
-/// The owner's path as the proxy runs it: `Store::claim` starts a `Lease` (spawning its
-/// renewal task), `Lease::complete` aborts the task and stores the answer. Each iteration
-/// yields once so the runtime also reaps the aborted task, as it would between requests.
+/// The owner's path as the proxy runs it: `Store::claim` starts a `Lease` (holding the
+/// claim's liveness), `Lease::complete` stores the answer. Each iteration yields once, as
+/// a request does between its phases.
 fn store_with_lease(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

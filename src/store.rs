@@ -187,8 +187,8 @@ impl Store {
             Self::Redis(r) => Box::pin(r.claim(key, fingerprint, lease, mode)).await?,
         };
         Ok(match raw {
-            memory::RawClaim::Owner(token) => {
-                Claim::Owner(Lease::start(self.clone(), key, token, lease))
+            memory::RawClaim::Owner { token, liveness } => {
+                Claim::Owner(Lease::start(self.clone(), key, token, lease, liveness))
             }
             memory::RawClaim::InFlight(w) => Claim::InFlight(w),
             memory::RawClaim::Done(r) => Claim::Done(r),

@@ -25,10 +25,9 @@
 //!
 //!    Every check in the macro's list runs; a backend cannot skip one by forgetting it.
 //! 3. What the checks assume of a backend: keys come from [`fresh_key`], unique within a
-//!    run and salted per run, so a shared server needs no flushing between tests; a store
-//!    handle is usable from any tokio runtime ([`claim_abandoned`] claims from a private
-//!    runtime that it then shuts down); the real clock is used (no paused time), with
-//!    leases of a few hundred milliseconds where one must lapse.
+//!    run and salted per run, so a shared server needs no flushing between tests; the
+//!    real clock is used (no paused time), with leases of a few hundred milliseconds
+//!    where one must lapse.
 //! 4. Limits are backend specific and not part of the contract: the memory store's bounds
 //!    are tested in [`memory_bounds`]. A bounded backend writes its own section, reusing the
 //!    helpers here.
@@ -269,31 +268,15 @@ async fn claim_until_owner(store: &Store, key: Digest, fp: Digest, lease: Durati
 /// Claims `key` as an owner that then vanishes without a trace but its token, like a
 /// process that crashed or froze after claiming: it never renews and never releases.
 ///
-/// Why not simply `std::mem::forget` the [`Lease`]: forgetting skips its `Drop` but leaves
-/// its renewal task running, so the claim would be renewed forever; that is a live owner,
-/// not a vanished one. Why not `MemoryStore`'s raw claim: it exists only for the memory
-/// backend. So the claim runs on a private runtime that is shut down right after (which
-/// kills the renewer before its first tick), and the lease is then forgotten so its
-/// `Drop` cannot release either. The token stays valid for checking that the stale owner,
-/// should it wake up, is fenced off.
+/// [`Lease::abandon`] does exactly that (`std::mem::forget` would not: it skips the
+/// release in `Drop`, but a forgotten lease still renews, or on the memory store still
+/// holds its claim's liveness, so it would be a live owner, not a vanished one). The
+/// token stays valid for checking that the stale owner, should it wake up, is fenced off.
 async fn claim_abandoned(store: &Store, key: Digest, fp: Digest, lease: Duration) -> OwnerToken {
-    let store = store.clone();
-    let owner = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("private runtime");
-        let claim = rt.block_on(store.claim(key, fp, lease)).expect("claim");
-        drop(rt);
-        let lease = expect_owner(claim);
-        let token = lease.token();
-        std::mem::forget(lease);
-        token
-    });
-    tokio::task::spawn_blocking(move || owner.join())
-        .await
-        .expect("join")
-        .expect("the abandoned owner's thread panicked")
+    let owner = expect_owner(store.claim(key, fp, lease).await.expect("claim"));
+    let token = owner.token();
+    owner.abandon();
+    token
 }
 
 // === The contract ===
@@ -512,8 +495,9 @@ mod checks {
         assert_same_response(&got, &want);
     }
 
-    /// A held lease is renewed in the background: after about three lease periods the key
-    /// is still in flight for everyone else, and the owner can still complete.
+    /// A held lease keeps its claim (renewed in the background on Redis, held alive by the
+    /// lease on the memory store): after about three lease periods the key is still in
+    /// flight for everyone else, and the owner can still complete.
     ///
     /// The lease is long enough (renewal every 300ms) that only a renewer that stopped
     /// working, not a busy machine, lets it lapse.

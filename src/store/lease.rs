@@ -1,12 +1,14 @@
-//! [`Lease`]: ownership of a claimed key as a value. While it lives, a background task renews
-//! the claim so a slow upstream never lets a duplicate execute; dropping it unfinished
-//! releases the key (pingora's `WritePermit` idea), so a cancelled or panicking owner frees
-//! the key for a retry instead of blocking it until the lease runs out.
+//! [`Lease`]: ownership of a claimed key as a value. While it lives the claim does not
+//! lapse, so a slow upstream never lets a duplicate execute: on Redis a background task
+//! renews it, on the memory store the lease holds the claim's [`Liveness`]. Dropping it
+//! unfinished releases the key (pingora's `WritePermit` idea), so a cancelled or panicking
+//! owner frees the key for a retry instead of blocking it until the lease runs out.
 
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use super::memory::Liveness;
 use super::{OwnerToken, Store, StoreError, StoredResponse};
 use crate::key::Digest;
 
@@ -17,19 +19,31 @@ pub struct Lease {
     key: Digest,
     token: OwnerToken,
     renewer: Option<JoinHandle<()>>,
+    /// Memory store: keeps the claim alive instead of a renewer.
+    liveness: Option<Liveness>,
     finished: bool,
 }
 
 impl Lease {
-    pub(crate) fn start(store: Store, key: Digest, token: OwnerToken, lease: Duration) -> Self {
-        let renewer = tokio::runtime::Handle::try_current()
-            .ok()
-            .map(|rt| rt.spawn(renew_forever(store.clone(), key, token, lease)));
+    pub(crate) fn start(
+        store: Store,
+        key: Digest,
+        token: OwnerToken,
+        lease: Duration,
+        liveness: Option<Liveness>,
+    ) -> Self {
+        let renewer = match liveness {
+            Some(_) => None,
+            None => tokio::runtime::Handle::try_current()
+                .ok()
+                .map(|rt| rt.spawn(renew_forever(store.clone(), key, token, lease))),
+        };
         Self {
             store,
             key,
             token,
             renewer,
+            liveness,
             finished: false,
         }
     }
@@ -68,6 +82,16 @@ impl Lease {
         self.stop_renewing();
         self.finished = true;
         self.store.release_as(self.key, self.token, reissue).await
+    }
+
+    /// Gives the claim up without releasing it, as an owner that crashed would: nothing
+    /// renews it any more, and a retry takes over once the lease has passed. For tests of
+    /// takeover and fencing; a real owner completes or releases.
+    #[doc(hidden)]
+    pub fn abandon(mut self) {
+        self.stop_renewing();
+        self.liveness = None;
+        self.finished = true;
     }
 
     fn stop_renewing(&mut self) {

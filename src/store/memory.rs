@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
@@ -41,8 +41,13 @@ impl Default for MemoryLimits {
 /// What a claim found, before the [`super::Store`] wraps ownership in a lease guard.
 #[derive(Debug)]
 pub enum RawClaim {
-    /// Claimed by this token.
-    Owner(OwnerToken),
+    /// Claimed by this token; on the memory store with the claim's [`Liveness`].
+    Owner {
+        /// The fencing token of this ownership.
+        token: OwnerToken,
+        /// `Some` on the memory store: the claim does not lapse while it lives.
+        liveness: Option<Liveness>,
+    },
     /// Owned by someone else.
     InFlight(Waiter),
     /// Completed.
@@ -51,6 +56,16 @@ pub enum RawClaim {
     Mismatch,
     /// [`ClaimMode::IssuedOnly`] and no issued record: an unknown, expired or foreign token.
     Unknown,
+}
+
+/// Held by the owner of a memory-store claim: while it lives the claim does not lapse, so
+/// an owner in this process needs no renewal timer (a timer registration and a task per
+/// claim). Once it is dropped without the claim being completed or released (an owner
+/// that vanished without its guard running), the claim lapses `lease` after it was last
+/// seen alive, as a Redis claim lapses `lease` after its last renewal.
+#[derive(Debug)]
+pub struct Liveness {
+    _alive: Arc<()>,
 }
 
 /// Which records a claim may start from.
@@ -107,7 +122,9 @@ const _: () = assert!(std::mem::size_of::<Entry>() <= 56);
 struct InFlight {
     token: OwnerToken,
     fingerprint: Digest,
+    /// Renewed lazily: a claim found past it while its owner is alive gets `lease` more.
     lease_until: Instant,
+    alive: Weak<()>,
     /// Unix milliseconds, for the admin API.
     created_ms: u64,
     // Dropped when the record is replaced or removed; waiters subscribed to it wake.
@@ -276,7 +293,12 @@ impl MemoryStore {
                     RawClaim::Done(response.clone())
                 });
             }
-            Some(Entry::InFlight(record)) if record.lease_until > now => {
+            Some(Entry::InFlight(record))
+                if record.lease_until > now || record.alive.strong_count() > 0 =>
+            {
+                if record.lease_until <= now {
+                    record.lease_until = now + lease;
+                }
                 return Ok(if mismatched(&record.fingerprint, &fingerprint) {
                     RawClaim::Mismatch
                 } else {
@@ -299,6 +321,7 @@ impl MemoryStore {
             return Err(StoreError::Full);
         }
         let token = OwnerToken::random();
+        let liveness = Arc::new(());
         shard.in_flight += 1;
         self.totals.entries.fetch_add(1, Ordering::Relaxed);
         shard.map.insert(
@@ -307,13 +330,17 @@ impl MemoryStore {
                 token,
                 fingerprint,
                 lease_until: now + lease,
+                alive: Arc::downgrade(&liveness),
                 created_ms: SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),
                 done: None,
             })),
         );
-        Ok(RawClaim::Owner(token))
+        Ok(RawClaim::Owner {
+            token,
+            liveness: Some(Liveness { _alive: liveness }),
+        })
     }
 
     /// See [`super::Store::issue`].
@@ -606,7 +633,8 @@ mod tests {
     }
 
     fn store_done(store: &MemoryStore, k: Digest, ttl: Duration) {
-        let RawClaim::Owner(token) = store.claim(k, FINGERPRINT, LEASE, ClaimMode::Any).unwrap()
+        let RawClaim::Owner { token, .. } =
+            store.claim(k, FINGERPRINT, LEASE, ClaimMode::Any).unwrap()
         else {
             panic!("{k:?} was not free");
         };

@@ -437,7 +437,10 @@ impl RedisStore {
 
     fn settle(&self, found: Found, token: OwnerToken, fingerprint: Digest) -> RawClaim {
         match found {
-            Found::Claimed => RawClaim::Owner(token),
+            Found::Claimed => RawClaim::Owner {
+                token,
+                liveness: None,
+            },
             Found::Unknown => RawClaim::Unknown,
             Found::InFlight {
                 fingerprint: stored,
