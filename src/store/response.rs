@@ -15,15 +15,25 @@ pub struct StoredResponse {
     /// `[u16 name len][name][u32 value len][value]` per header, in the order received,
     /// then the body.
     data: Bytes,
-    head_len: usize,
-    stored_at: SystemTime,
+    head_len: u32,
+    /// Unix milliseconds (8 bytes where a `SystemTime` takes 16: a store holds millions).
+    stored_ms: u64,
+}
+
+// With the reference count this is a 64-byte allocation per stored answer.
+const _: () = assert!(std::mem::size_of::<StoredResponse>() <= 48);
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
 }
 
 /// Fixed cost charged per stored response beyond its headers and body: the map slot with
 /// the table's slack, the expiry queue entry, the allocations. Measured with `cargo bench
 /// --bench memory_store` (RSS growth over 1M keys, where the tables sit just past a
-/// doubling: about 341 bytes), so `max_bytes` bounds real memory.
-pub const ENTRY_OVERHEAD: usize = 352;
+/// doubling: about 325 bytes), so `max_bytes` bounds real memory.
+pub const ENTRY_OVERHEAD: usize = 336;
 
 impl StoredResponse {
     /// Copies status, headers and body into one compact record.
@@ -43,8 +53,9 @@ impl StoredResponse {
         Self {
             status,
             data: buf.freeze(),
-            head_len,
-            stored_at: SystemTime::now(),
+            // Headers beyond 4 GiB cannot arrive: hyper's header limits are far below.
+            head_len: head_len as u32,
+            stored_ms: unix_ms(SystemTime::now()),
         }
     }
 
@@ -55,18 +66,18 @@ impl StoredResponse {
 
     /// The stored body (cheap: a reference-counted slice).
     pub fn body(&self) -> Bytes {
-        self.data.slice(self.head_len..)
+        self.data.slice(self.head_len as usize..)
     }
 
     /// When the response was stored.
     pub fn stored_at(&self) -> SystemTime {
-        self.stored_at
+        UNIX_EPOCH + Duration::from_millis(self.stored_ms)
     }
 
     /// The stored headers, rebuilt without copying their values.
     pub fn headers(&self) -> HeaderMap {
         let mut map = HeaderMap::with_capacity(8);
-        let mut rest = self.data.slice(..self.head_len);
+        let mut rest = self.data.slice(..self.head_len as usize);
         while rest.len() >= 6 {
             let name_len = u16::from_be_bytes([rest[0], rest[1]]) as usize;
             let value_at = 2 + name_len;
@@ -102,13 +113,8 @@ impl StoredResponse {
         let mut out = Vec::with_capacity(15 + self.data.len());
         out.push(1);
         out.extend_from_slice(&self.status.as_u16().to_be_bytes());
-        let ms = self
-            .stored_at
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64;
-        out.extend_from_slice(&ms.to_be_bytes());
-        out.extend_from_slice(&(self.head_len as u32).to_be_bytes());
+        out.extend_from_slice(&self.stored_ms.to_be_bytes());
+        out.extend_from_slice(&self.head_len.to_be_bytes());
         out.extend_from_slice(&self.data);
         out
     }
@@ -120,15 +126,15 @@ impl StoredResponse {
         }
         let status = StatusCode::from_u16(u16::from_be_bytes([data[1], data[2]])).ok()?;
         let ms = u64::from_be_bytes(data[3..11].try_into().ok()?);
-        let head_len = u32::from_be_bytes(data[11..15].try_into().ok()?) as usize;
-        if data.len() < 15 + head_len {
+        let head_len = u32::from_be_bytes(data[11..15].try_into().ok()?);
+        if data.len() < 15 + head_len as usize {
             return None;
         }
         Some(Self {
             status,
             data: data.slice(15..),
             head_len,
-            stored_at: UNIX_EPOCH + Duration::from_millis(ms),
+            stored_ms: ms,
         })
     }
 }
