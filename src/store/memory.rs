@@ -60,9 +60,11 @@ pub enum RawClaim {
 
 /// Held by the owner of a memory-store claim: while it lives the claim does not lapse, so
 /// an owner in this process needs no renewal timer (a timer registration and a task per
-/// claim). Once it is dropped without the claim being completed or released (an owner
-/// that vanished without its guard running), the claim lapses `lease` after it was last
-/// seen alive, as a Redis claim lapses `lease` after its last renewal.
+/// claim). The claim's `lease_until` is claim time + lease, pushed forward by each claim
+/// that finds it past due while the owner is alive; once the liveness is dropped without
+/// the claim being completed or released (an owner that vanished without its guard
+/// running), the claim lapses at `lease_until`, which may already have passed: the owner
+/// is gone, and fencing keeps it from writing if it ever came back.
 #[derive(Debug)]
 pub struct Liveness {
     _alive: Arc<()>,
@@ -514,6 +516,12 @@ impl Shard {
     /// Enters `key` in the expiry queue of `ttl` and returns its expiry; the caller then
     /// inserts the done or issued record with that expiry.
     fn index(&mut self, key: Digest, now: Ticks, ttl: Duration) -> Ticks {
+        // Before the push: the caller inserts the record only after this returns, so a
+        // compaction after it would find no record for the new entry and drop it, leaving
+        // a record that is never swept nor evicted.
+        if self.queued >= 2 * self.indexed + COMPACT_SLACK {
+            self.compact();
+        }
         let expires_at = now.saturating_add(ttl.as_nanos().min(u128::from(u64::MAX)) as Ticks);
         let queue = match self.queues.iter().position(|q| q.ttl == ttl) {
             Some(i) => &mut self.queues[i],
@@ -528,9 +536,6 @@ impl Shard {
         queue.entries.push_back((expires_at, key));
         self.queued += 1;
         self.indexed += 1;
-        if self.queued > 2 * self.indexed + COMPACT_SLACK {
-            self.compact();
-        }
         expires_at
     }
 
@@ -705,6 +710,47 @@ mod tests {
             shard.queued,
             shard.queues.iter().map(|q| q.entries.len()).sum::<usize>()
         );
+    }
+
+    fn numbered(tag: u8, n: u32) -> Digest {
+        let mut k = Digest([tag; 32]);
+        k.0[..4].copy_from_slice(&n.to_le_bytes());
+        k
+    }
+
+    /// Every done or issued record has a queue entry with its expiry (else it would never
+    /// be swept nor evicted), and `indexed` counts exactly those records.
+    fn assert_every_record_is_indexed(store: &MemoryStore) {
+        let shard = store.shards[0].lock().unwrap();
+        let mut records = 0;
+        for (key, entry) in &shard.map {
+            let Some(at) = entry.expires_at() else {
+                continue;
+            };
+            records += 1;
+            assert!(
+                shard.queues.iter().any(|q| q.entries.contains(&(at, *key))),
+                "a record has no queue entry"
+            );
+        }
+        assert_eq!(shard.indexed, records);
+    }
+
+    /// Compaction runs while a record is being written; it must not drop that record's
+    /// own entry (found in review: compacting after the push, before the record was in
+    /// the map, lost it). Stale entries pile up to the compaction point again and again
+    /// while short-lived records are written between them.
+    #[test]
+    fn a_record_written_at_compaction_time_keeps_its_queue_entry() {
+        let store = store(100);
+        let hour = Duration::from_secs(3600);
+        for round in 0..3 * COMPACT_SLACK as u32 {
+            let gone = numbered(1, round);
+            store_done(&store, gone, hour);
+            assert!(store.remove(gone));
+            store_done(&store, numbered(2, round), Duration::from_nanos(1));
+            assert_every_record_is_indexed(&store);
+        }
     }
 
     /// Writes sweep expired records without a timer: answers stored with a 1 ns TTL are
