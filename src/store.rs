@@ -3,8 +3,9 @@
 //!
 //! Backends form a closed set, so [`Store`] is an enum; every backend passes the same
 //! conformance suite (`tests/store_conformance.rs`). Ownership is a type: a successful claim
-//! yields a [`Lease`] that renews itself while alive and releases the key when dropped
-//! unfinished, so a panicking or cancelled owner can never wedge a key.
+//! yields a [`Lease`] that keeps the claim while alive (renewing it on Redis, holding it
+//! alive on the memory store) and releases the key when dropped unfinished, so a
+//! panicking or cancelled owner can never wedge a key.
 
 pub mod lease;
 pub mod memory;
@@ -66,8 +67,9 @@ impl Claim {
 
 /// A duplicate's handle on an in-flight key: resolves when the owner finishes (a
 /// notification), or when the owner's lease as seen at claim time runs out (it may have
-/// vanished), whichever comes first; the caller then claims again. A live owner renews, so
-/// that is one look per lease period (Redis: per second at most), never a busy loop.
+/// vanished), whichever comes first; the caller then claims again. A live owner's claim
+/// moves its lease on (renewed on Redis; on the memory store the claim that looks extends
+/// it), so that is one look per lease period (Redis: per second at most), never a busy loop.
 #[derive(Debug)]
 pub struct Waiter {
     signal: watch::Receiver<()>,

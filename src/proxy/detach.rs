@@ -13,6 +13,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use tracing::Instrument;
+
 /// See the [module docs](self).
 pub struct Detachable<F: Future + Send + 'static>
 where
@@ -20,6 +22,9 @@ where
 {
     // Boxed so it can move to a task after having been polled (pinned) here.
     running: Option<Pin<Box<F>>>,
+    /// The caller's span: polled here the future runs inside it anyway; moved to a task,
+    /// it takes the span along so its logs still name the request.
+    span: tracing::Span,
 }
 
 /// The detachable future panicked; like a panicking spawned task, the panic was caught
@@ -35,6 +40,7 @@ where
     pub fn new(future: F) -> Self {
         Self {
             running: Some(Box::pin(future)),
+            span: tracing::Span::current(),
         }
     }
 }
@@ -75,7 +81,7 @@ where
         // Without a runtime (it is shutting down) the future is dropped: its guards still
         // release what it held.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(running);
+            runtime.spawn(running.instrument(self.span.clone()));
         }
     }
 }
