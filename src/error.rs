@@ -34,6 +34,10 @@ pub enum ProxyError {
     /// The request body could not be read from the client.
     #[error("the request body could not be read: {0}")]
     BodyRead(String),
+    /// The client stopped sending a protected request's body for longer than the body
+    /// read timeout (seconds).
+    #[error("no part of the request body arrived for {0} s")]
+    BodyTimeout(u64),
     /// The store failed and the route fails closed.
     #[error("the idempotency store is unavailable")]
     Store(#[from] StoreError),
@@ -68,6 +72,7 @@ impl ProxyError {
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight { .. } => StatusCode::CONFLICT,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -87,6 +92,7 @@ impl ProxyError {
             Self::InFlight { .. } => "in-flight",
             Self::PayloadTooLarge { .. } => "payload-too-large",
             Self::BodyRead(_) => "body-unreadable",
+            Self::BodyTimeout(_) => "body-timeout",
             Self::Store(_) => "store-unavailable",
             Self::UpstreamUnreachable(_) => "upstream-unreachable",
             Self::UpstreamTimeout => "upstream-timeout",
@@ -100,6 +106,7 @@ impl ProxyError {
             Self::BadKey(_)
             | Self::PayloadTooLarge { .. }
             | Self::BodyRead(_)
+            | Self::BodyTimeout(_)
             | Self::BadRequest(_)
             | Self::RateLimited { .. }
             | Self::Stale(_) => Outcome::Rejected,
@@ -120,6 +127,7 @@ impl ProxyError {
             Self::InFlight { .. } => "Request in progress",
             Self::PayloadTooLarge { .. } => "Payload too large",
             Self::BodyRead(_) | Self::BadRequest(_) => "Bad request",
+            Self::BodyTimeout(_) => "Request timeout",
             Self::Store(_) => "Idempotency store unavailable",
             Self::UpstreamUnreachable(_) => "Bad gateway",
             Self::UpstreamTimeout => "Gateway timeout",
@@ -171,6 +179,13 @@ mod tests {
             ProxyError::PayloadTooLarge { limit: 1 }.status(),
             StatusCode::PAYLOAD_TOO_LARGE
         );
+    }
+
+    #[test]
+    fn a_stalled_body_maps_to_408() {
+        let e = ProxyError::BodyTimeout(60);
+        assert_eq!(e.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(e.as_str(), "body-timeout");
     }
 
     #[test]

@@ -188,3 +188,52 @@ async fn upstream_timeout_is_504_and_releases_the_key() {
     assert!(!retry.replayed());
     assert_eq!(upstream.executed(), 2);
 }
+
+/// A client that stops sending a protected request's body gets a 408 problem once the
+/// body read timeout passes without a byte, nothing reaches the upstream, the key was
+/// never claimed, and the proxy keeps serving. (Which timeout does not matter to the
+/// result: only that the proxy gives up at all; the hang guard is far beyond it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_body_is_408_and_nothing_executes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = start_upstream().await;
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://{}\n{ROUTES}",
+        upstream.addr
+    );
+    let proxy = common::start_proxy_tuned(&text, None, |p| {
+        p.with_body_read_timeout(std::time::Duration::from_millis(300))
+    })
+    .await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: stalled\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"half\":")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        stream.read_to_end(&mut answer),
+    )
+    .await
+    .expect("hang guard: the proxy never gave up on the body")
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("urn:idemgate:problem:body-timeout"),
+        "{answer}"
+    );
+    assert_eq!(upstream.executed(), 0);
+    // The key is free: the same key with a whole body executes.
+    let a = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "stalled")],
+        "{}",
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    assert!(!a.replayed());
+    still_serving(proxy.addr, "after-408").await;
+}

@@ -1,8 +1,10 @@
 //! [`ProxyBody`], the one body type on both sides of the proxy: a buffered body (protected
 //! requests, replays, problem answers) or a hyper stream passed through without buffering.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -93,11 +95,15 @@ impl Body for ProxyBody {
 }
 
 /// Buffers a request body of at most `limit` bytes. A declared `Content-Length` over the
-/// limit is refused before a byte is read (and before `100 Continue` is sent).
+/// limit is refused before a byte is read (and before `100 Continue` is sent). A client
+/// that sends nothing for `gap` while the body is incomplete gets a 408 (nginx's
+/// `client_body_timeout`): the key is derived from the whole body, so until it is in the
+/// request holds its connection and buffer, and a stalled client would hold them forever.
 pub async fn read_limited(
     headers: &HeaderMap,
     body: Incoming,
     limit: usize,
+    gap: Duration,
 ) -> Result<Bytes, ProxyError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -106,11 +112,40 @@ pub async fn read_limited(
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::PayloadTooLarge { limit });
     }
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::PayloadTooLarge { limit })
+    let mut body = http_body_util::Limited::new(body, limit);
+    let mut chunks: Vec<Bytes> = Vec::new();
+    loop {
+        // A body that has arrived with the head (most do) is read without arming a timer.
+        let mut next = body.frame();
+        let frame = match poll_once(&mut next).await {
+            Poll::Ready(frame) => frame,
+            Poll::Pending => tokio::time::timeout(gap, next)
+                .await
+                .map_err(|_| ProxyError::BodyTimeout(gap.as_secs()))?,
+        };
+        match frame {
+            None => break,
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    if !data.is_empty() {
+                        chunks.push(data);
+                    }
+                }
+            }
+            Some(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(ProxyError::PayloadTooLarge { limit })
+            }
+            Some(Err(e)) => return Err(ProxyError::BodyRead(e.to_string())),
         }
-        Err(e) => Err(ProxyError::BodyRead(e.to_string())),
     }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().expect("one chunk"),
+        _ => Bytes::from(chunks.concat()),
+    })
+}
+
+/// Polls `future` once, without waiting.
+async fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *future).poll(cx))).await
 }

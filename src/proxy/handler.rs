@@ -4,7 +4,7 @@
 //! hyper never sees an error.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use http::{header, Request, Response};
@@ -32,7 +32,12 @@ pub struct Proxy {
     store: Store,
     metrics: Arc<Metrics>,
     owners: Arc<Owners>,
+    body_read_timeout: Duration,
 }
+
+/// How long a client may send nothing while a protected request's body is incomplete
+/// (nginx's `client_body_timeout` default).
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Proxy {
     /// A proxy serving `config` with `store`.
@@ -43,7 +48,14 @@ impl Proxy {
             store,
             metrics,
             owners: Arc::default(),
+            body_read_timeout: BODY_READ_TIMEOUT,
         }
+    }
+
+    /// With another body read timeout than [`BODY_READ_TIMEOUT`] (for embedding and tests).
+    pub fn with_body_read_timeout(mut self, gap: Duration) -> Self {
+        self.body_read_timeout = gap;
+        self
     }
 
     /// The keys this process owns right now.
@@ -140,6 +152,7 @@ impl Proxy {
                     metrics: &self.metrics,
                     route_metrics: &route_metrics,
                     owners: &self.owners,
+                    body_read_timeout: self.body_read_timeout,
                 };
                 protected::handle(cx, rule, request, &mut report).await
             }

@@ -119,6 +119,8 @@ pub struct Context<'a> {
     pub route_metrics: &'a Arc<RouteMetrics>,
     /// The keys this process owns.
     pub owners: &'a Arc<Owners>,
+    /// How long the client may pause while sending the body.
+    pub body_read_timeout: Duration,
 }
 
 /// What the access log and metrics learn about a protected request as it runs.
@@ -141,7 +143,7 @@ pub async fn handle(
     let (parts, body) = request.into_parts();
     // Phase 1: buffer (bounded), then refuse stale or future timestamps before any store
     // work.
-    let body = read_limited(&parts.headers, body, policy.max_body).await?;
+    let body = read_limited(&parts.headers, body, policy.max_body, cx.body_read_timeout).await?;
     if let Some(fresh) = &rule.fresh {
         super::fresh::check(fresh, &parts.headers, &body, std::time::SystemTime::now())?;
     }

@@ -229,13 +229,23 @@ pub async fn start_proxy_with_admin(
 
 /// Starts idemgate from a whole config text (its `listen` is ignored: 127.0.0.1:0).
 pub async fn start_proxy_from(text: &str, admin_token: Option<&str>) -> ProxyHandle {
+    start_proxy_tuned(text, admin_token, |proxy| proxy).await
+}
+
+/// [`start_proxy_from`], with `tune` applied to the `Proxy` before it serves (settings
+/// that are not in the config file, such as the body read timeout).
+pub async fn start_proxy_tuned(
+    text: &str,
+    admin_token: Option<&str>,
+    tune: impl FnOnce(Proxy) -> Proxy,
+) -> ProxyHandle {
     let config = Arc::new(Config::parse(text, "test.yaml").expect("test config"));
     let store = idemgate::server::open_store(&config).expect("store");
-    let proxy = Proxy::new(
+    let proxy = tune(Proxy::new(
         Arc::clone(&config),
         store.clone(),
         Arc::new(idemgate::metrics::Metrics::new()),
-    );
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
