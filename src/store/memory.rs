@@ -126,6 +126,8 @@ struct InFlight {
     fingerprint: Digest,
     /// Renewed lazily: a claim found past it while its owner is alive gets `lease` more.
     lease_until: Instant,
+    /// The owner's lease, for those lazy renewals.
+    lease: Duration,
     alive: Weak<()>,
     /// Unix milliseconds, for the admin API.
     created_ms: u64,
@@ -299,7 +301,7 @@ impl MemoryStore {
                 if record.lease_until > now || record.alive.strong_count() > 0 =>
             {
                 if record.lease_until <= now {
-                    record.lease_until = now + lease;
+                    record.lease_until = now + record.lease;
                 }
                 return Ok(if mismatched(&record.fingerprint, &fingerprint) {
                     RawClaim::Mismatch
@@ -332,6 +334,7 @@ impl MemoryStore {
                 token,
                 fingerprint,
                 lease_until: now + lease,
+                lease,
                 alive: Arc::downgrade(&liveness),
                 created_ms: SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -453,12 +456,21 @@ impl MemoryStore {
         let shard = self.shard(&key);
         let until = |at: Ticks| wall + self.instant(at).saturating_duration_since(now);
         match shard.map.get(&key)? {
-            Entry::InFlight(record) => Some(KeyInfo {
-                state: "in_flight",
-                created: std::time::UNIX_EPOCH + Duration::from_millis(record.created_ms),
-                expires: wall + record.lease_until.saturating_duration_since(now),
-                response: None,
-            }),
+            Entry::InFlight(record) => {
+                // A live owner's claim does not lapse at a lease_until no one has renewed
+                // since: show when it would, were the owner to vanish now.
+                let until = if record.alive.strong_count() > 0 {
+                    record.lease_until.max(now + record.lease)
+                } else {
+                    record.lease_until
+                };
+                Some(KeyInfo {
+                    state: "in_flight",
+                    created: std::time::UNIX_EPOCH + Duration::from_millis(record.created_ms),
+                    expires: wall + until.saturating_duration_since(now),
+                    response: None,
+                })
+            }
             Entry::Done {
                 response,
                 expires_at,
@@ -751,6 +763,27 @@ mod tests {
             store_done(&store, numbered(2, round), Duration::from_nanos(1));
             assert_every_record_is_indexed(&store);
         }
+    }
+
+    /// The admin view of a claim whose live owner outran its lease (no duplicate came to
+    /// extend it) shows when the claim would lapse were the owner to vanish now, not a
+    /// time in the past.
+    #[test]
+    fn inspect_shows_a_live_owners_claim_as_not_lapsed() {
+        let store = store(10);
+        let lease = Duration::from_millis(50);
+        let RawClaim::Owner { liveness, .. } = store
+            .claim(key(1), FINGERPRINT, lease, ClaimMode::Any)
+            .unwrap()
+        else {
+            panic!("expected owner");
+        };
+        std::thread::sleep(lease * 2);
+        let before = SystemTime::now();
+        let info = store.inspect(key(1)).expect("in flight");
+        assert_eq!(info.state, "in_flight");
+        assert!(info.expires >= before + lease, "shown as lapsed");
+        drop(liveness);
     }
 
     /// Writes sweep expired records without a timer: answers stored with a 1 ns TTL are
