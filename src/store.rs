@@ -24,6 +24,14 @@ pub use response::StoredResponse;
 
 use crate::key::Digest;
 
+/// `at` as Unix milliseconds (0 before 1970): how records carry wall-clock times, in 8
+/// bytes and in the Redis encoding alike.
+pub(crate) fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
 /// Identifies one ownership of a key; completion and release must present it (fencing), so
 /// an owner whose lease was taken over cannot touch the new owner's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

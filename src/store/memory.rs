@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
 
-use super::{KeyInfo, OwnerToken, StoreError, StoreStats, StoredResponse, Waiter};
+use super::{unix_ms, KeyInfo, OwnerToken, StoreError, StoreStats, StoredResponse, Waiter};
 use crate::key::Digest;
 
 /// Bounds of the memory store.
@@ -336,9 +336,7 @@ impl MemoryStore {
                 lease_until: now + lease,
                 lease,
                 alive: Arc::downgrade(&liveness),
-                created_ms: SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64),
+                created_ms: unix_ms(SystemTime::now()),
                 done: None,
             })),
         );

@@ -31,7 +31,7 @@ use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Val
 use tokio::sync::{mpsc, watch, OnceCell};
 
 use super::memory::{mismatched, ClaimMode, RawClaim};
-use super::{KeyInfo, OwnerToken, StoreError, StoredResponse, Waiter};
+use super::{unix_ms, KeyInfo, OwnerToken, StoreError, StoredResponse, Waiter};
 use crate::key::Digest;
 
 /// How long a waiter trusts the notification channel before looking at the record itself.
@@ -745,10 +745,6 @@ fn redis_name(prefix: &str, infix: &str, key: &Digest) -> String {
     name.push_str(hex);
     name.push('}');
     name
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+use super::unix_ms;
+
 /// A response to replay: status, every header (repeated ones such as `Set-Cookie` intact and
 /// in order) and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,12 +24,6 @@ pub struct StoredResponse {
 
 // With the reference count this is a 64-byte allocation per stored answer.
 const _: () = assert!(std::mem::size_of::<StoredResponse>() <= 48);
-
-fn unix_ms(at: SystemTime) -> u64 {
-    at.duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
 
 /// Fixed cost charged per stored response beyond its headers and body: the map slot with
 /// the table's slack, the expiry queue entry, the allocations. Measured with `cargo bench
