@@ -177,8 +177,6 @@ struct Shard {
     queues: Vec<ExpiryQueue>,
     /// Entries over all queues, stale ones included.
     queued: usize,
-    /// Done and issued records in `map` (each has exactly one live queue entry).
-    indexed: usize,
     in_flight: usize,
 }
 
@@ -514,6 +512,11 @@ pub(crate) fn mismatched(stored: &Digest, offered: &Digest) -> bool {
     stored != offered && *stored != Digest::NONE && *offered != Digest::NONE
 }
 
+/// Whether the queue entry `(at, key)` stands for a record in `map` (else it is stale).
+fn is_live(map: &DigestMap<Entry>, at: Ticks, key: &Digest) -> bool {
+    map.get(key).and_then(Entry::expires_at) == Some(at)
+}
+
 impl Shard {
     /// Records an issued token for `ttl` from `now`, indexed for expiry and counted.
     fn insert_issued(&mut self, key: Digest, now: Ticks, ttl: Duration, totals: &Totals) {
@@ -529,7 +532,7 @@ impl Shard {
         // Before the push: the caller inserts the record only after this returns, so a
         // compaction after it would find no record for the new entry and drop it, leaving
         // a record that is never swept nor evicted.
-        if self.queued >= 2 * self.indexed + COMPACT_SLACK {
+        if self.queued >= 2 * self.indexed() + COMPACT_SLACK {
             self.compact();
         }
         let expires_at = now.saturating_add(ttl.as_nanos().min(u128::from(u64::MAX)) as Ticks);
@@ -545,7 +548,6 @@ impl Shard {
         };
         queue.entries.push_back((expires_at, key));
         self.queued += 1;
-        self.indexed += 1;
         expires_at
     }
 
@@ -555,9 +557,7 @@ impl Shard {
     fn compact(&mut self) {
         let map = &self.map;
         self.queues.retain_mut(|queue| {
-            queue
-                .entries
-                .retain(|(at, key)| map.get(key).and_then(Entry::expires_at) == Some(*at));
+            queue.entries.retain(|(at, key)| is_live(map, *at, key));
             queue.entries.shrink_to_fit();
             !queue.entries.is_empty()
         });
@@ -577,7 +577,6 @@ impl Shard {
             Some(Entry::Issued { .. }) => ISSUED_COST,
             None => return false,
         };
-        self.indexed -= 1;
         totals.bytes.fetch_sub(freed, Ordering::Relaxed);
         totals.entries.fetch_sub(1, Ordering::Relaxed);
         true
@@ -600,10 +599,13 @@ impl Shard {
 
     /// Removes the record a popped queue entry stands for, unless the entry is stale.
     fn remove_indexed(&mut self, at: Ticks, key: &Digest, totals: &Totals) -> bool {
-        if self.map.get(key).and_then(Entry::expires_at) != Some(at) {
-            return false;
-        }
-        self.remove(key, totals)
+        is_live(&self.map, at, key) && self.remove(key, totals)
+    }
+
+    /// Done and issued records in `map`, each of which has exactly one live queue entry
+    /// (every other record is in flight).
+    fn indexed(&self) -> usize {
+        self.map.len() - self.in_flight
     }
 
     /// Evicts the done or issued record closest to expiry; `false` when there is none.
@@ -710,9 +712,9 @@ mod tests {
         }
         store_done(&store, key(1), hour);
         let shard = store.shards[0].lock().unwrap();
-        assert_eq!(shard.indexed, 1);
+        assert_eq!(shard.indexed(), 1);
         assert!(
-            shard.queued <= 2 * shard.indexed + COMPACT_SLACK + 1,
+            shard.queued <= 2 * shard.indexed() + COMPACT_SLACK + 1,
             "{}",
             shard.queued
         );
@@ -729,7 +731,7 @@ mod tests {
     }
 
     /// Every done or issued record has a queue entry with its expiry (else it would never
-    /// be swept nor evicted), and `indexed` counts exactly those records.
+    /// be swept nor evicted), and `indexed()` counts exactly those records.
     fn assert_every_record_is_indexed(store: &MemoryStore) {
         let shard = store.shards[0].lock().unwrap();
         let mut records = 0;
@@ -743,7 +745,7 @@ mod tests {
                 "a record has no queue entry"
             );
         }
-        assert_eq!(shard.indexed, records);
+        assert_eq!(shard.indexed(), records);
     }
 
     /// Compaction runs while a record is being written; it must not drop that record's
