@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use common::{post, start_proxy};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Notify};
 
@@ -31,6 +32,33 @@ struct Seen {
     connections: usize,
     /// Request line and `Host` of every request, in order.
     requests: Vec<(String, Option<String>)>,
+}
+
+/// Reads one request (line, headers, `Content-Length` body) and returns its request line
+/// and `Host`; `None` once the proxy closed the connection.
+async fn read_request(read: &mut BufReader<OwnedReadHalf>) -> Option<(String, Option<String>)> {
+    let mut line = String::new();
+    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+        return None;
+    }
+    let (mut length, mut host) = (0usize, None);
+    loop {
+        let mut header = String::new();
+        read.read_line(&mut header).await.unwrap();
+        let header = header.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let (name, value) = header.split_once(':').unwrap();
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" => length = value.trim().parse().unwrap(),
+            "host" => host = Some(value.trim().to_owned()),
+            _ => {}
+        }
+    }
+    let mut body = vec![0u8; length];
+    read.read_exact(&mut body).await.unwrap();
+    Some((line.trim_end().to_owned(), host))
 }
 
 /// A raw HTTP/1.1 upstream answering `201 {"ok":true}` with keep-alive. With
@@ -55,33 +83,8 @@ async fn raw_upstream(
             tokio::spawn(async move {
                 let (read, mut write) = stream.into_split();
                 let mut read = BufReader::new(read);
-                loop {
-                    let mut line = String::new();
-                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let (mut length, mut host) = (0usize, None);
-                    loop {
-                        let mut header = String::new();
-                        read.read_line(&mut header).await.unwrap();
-                        let header = header.trim_end();
-                        if header.is_empty() {
-                            break;
-                        }
-                        let (name, value) = header.split_once(':').unwrap();
-                        match name.to_ascii_lowercase().as_str() {
-                            "content-length" => length = value.trim().parse().unwrap(),
-                            "host" => host = Some(value.trim().to_owned()),
-                            _ => {}
-                        }
-                    }
-                    let mut body = vec![0u8; length];
-                    read.read_exact(&mut body).await.unwrap();
-                    record
-                        .lock()
-                        .unwrap()
-                        .requests
-                        .push((line.trim_end().to_owned(), host));
+                while let Some(request) = read_request(&mut read).await {
+                    record.lock().unwrap().requests.push(request);
                     let answer = "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
                     write.write_all(answer.as_bytes()).await.unwrap();
                     if close_after_each {
@@ -196,38 +199,23 @@ async fn an_upstream_stalling_mid_body_times_out_and_releases_the_key() {
             tokio::spawn(async move {
                 let (read, mut write) = stream.into_split();
                 let mut read = BufReader::new(read);
-                let mut line = String::new();
-                let mut length = 0usize;
-                while read.read_line(&mut line).await.unwrap_or(0) > 0 {
-                    let header = line.trim_end().to_ascii_lowercase();
-                    if header.is_empty() {
-                        break;
-                    }
-                    if let Some(v) = header.strip_prefix("content-length:") {
-                        length = v.trim().parse().unwrap();
-                    }
-                    line.clear();
+                if read_request(&mut read).await.is_none() {
+                    return;
                 }
-                let mut body = vec![0u8; length];
-                read.read_exact(&mut body).await.unwrap();
                 let first = {
                     let mut n = count.lock().unwrap();
                     *n += 1;
                     *n == 1
                 };
-                let head = "HTTP/1.1 201 Created\r\ncontent-length: 11\r\n\r\n";
-                if first {
-                    // Head and half the body, then nothing until the proxy gives up.
-                    write.write_all(head.as_bytes()).await.unwrap();
-                    write.write_all(b"{\"ok\"").await.unwrap();
-                    let mut rest = Vec::new();
-                    let _ = read.read_to_end(&mut rest).await;
-                } else {
-                    write.write_all(head.as_bytes()).await.unwrap();
-                    write.write_all(b"{\"ok\":true}").await.unwrap();
-                    let mut rest = Vec::new();
-                    let _ = read.read_to_end(&mut rest).await;
-                }
+                // The first answer stops after half its body, until the proxy gives up.
+                let body: &[u8] = if first { b"{\"ok\"" } else { b"{\"ok\":true}" };
+                write
+                    .write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 11\r\n\r\n")
+                    .await
+                    .unwrap();
+                write.write_all(body).await.unwrap();
+                let mut rest = Vec::new();
+                let _ = read.read_to_end(&mut rest).await;
             });
         }
     });
