@@ -195,7 +195,6 @@ async fn upstream_timeout_is_504_and_releases_the_key() {
 /// result: only that the proxy gives up at all; the hang guard is far beyond it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_request_body_is_408_and_nothing_executes() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = start_upstream().await;
     let text = format!(
         "listen: 127.0.0.1:0\nupstream: http://{}\n{ROUTES}",
@@ -205,20 +204,11 @@ async fn a_stalled_request_body_is_408_and_nothing_executes() {
         p.with_body_read_timeout(std::time::Duration::from_millis(300))
     })
     .await;
-    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    stream
-        .write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: stalled\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"half\":")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        stream.read_to_end(&mut answer),
+    let answer = common::raw_exchange(
+        proxy.addr,
+        b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: stalled\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"half\":",
     )
-    .await
-    .expect("hang guard: the proxy never gave up on the body")
-    .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
+    .await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(
         answer.contains("urn:idemgate:problem:body-timeout"),

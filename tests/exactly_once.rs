@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{post, start_proxy, start_upstream};
 use http::StatusCode;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 const HEADER_ROUTE: &str = r#"
 routes:
@@ -326,13 +326,11 @@ async fn raw_http1_duplicate_gets_replay_header() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
     post(proxy.addr, "/orders", &[("idempotency-key", "wire")], "{}").await;
-    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    stream
-        .write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: wire\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
+    let raw = common::raw_exchange(
+        proxy.addr,
+        b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: wire\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+    )
+    .await;
     assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
     assert!(
         raw.to_ascii_lowercase()

@@ -156,13 +156,11 @@ async fn expect_100_continue_works_on_both_paths() {
 async fn chunked_request_bodies_reach_protected_routes_whole() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, ROUTES).await;
-    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    stream
-        .write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: ch\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n")
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
+    let raw = common::raw_exchange(
+        proxy.addr,
+        b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: ch\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n",
+    )
+    .await;
     assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
     assert!(
         raw.contains(r#"\"a\":1"#),

@@ -168,13 +168,11 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_used() {
 async fn a_request_without_host_gets_the_upstreams() {
     let (upstream, seen, _) = raw_upstream(false, Arc::default()).await;
     let proxy = start_proxy(upstream, ROUTES).await;
-    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    stream
-        .write_all(b"POST /plain/old HTTP/1.0\r\ncontent-length: 2\r\n\r\nhi")
-        .await
-        .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
+    let answer = common::raw_exchange(
+        proxy.addr,
+        b"POST /plain/old HTTP/1.0\r\ncontent-length: 2\r\n\r\nhi",
+    )
+    .await;
     assert!(answer.starts_with("HTTP/1.0 201"), "{answer}");
     let seen = seen.lock().unwrap();
     assert_eq!(seen.requests[0].0, "POST /plain/old HTTP/1.1");

@@ -212,6 +212,21 @@ pub struct ProxyHandle {
     pub proxy: Proxy,
 }
 
+/// Sends `request` as raw bytes on a new connection and returns all the proxy writes back
+/// until it closes the connection: for what a client library would not send (HTTP/1.0,
+/// chunks by hand, a body that stops half-way). The 30 s bound is a hang guard only.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
+        .await
+        .expect("hang guard: the proxy neither answered nor closed the connection")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// Starts idemgate in front of `upstream`; `rest` is the YAML after `listen`/`upstream`.
 pub async fn start_proxy(upstream: SocketAddr, rest: &str) -> ProxyHandle {
     start_proxy_with_admin(upstream, rest, None).await
