@@ -7,11 +7,26 @@ mod common;
 use std::process::{Child, Command, Stdio};
 
 use common::redis_server::{free_port, wait_until, RedisServer};
-use common::{post, start_proxy, start_upstream};
+use common::{post, start_proxy, start_upstream, ProxyHandle};
 use http::StatusCode;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 const ROUTE: &str = "routes:\n  - name: o\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key, required: true }\n";
+
+/// A first request with `key` executes (201), its repeat is replayed: the store works.
+async fn stores_and_replays(proxy: &ProxyHandle, key: &str) {
+    let first = post(proxy.addr, "/orders", &[("idempotency-key", key)], "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let again = post(proxy.addr, "/orders", &[("idempotency-key", key)], "{}").await;
+    assert!(again.replayed());
+}
+
+/// The store is unreachable (not ready) and a protected request fails closed with 503.
+async fn fails_closed(proxy: &ProxyHandle, key: &str) {
+    assert!(!proxy.store.ready().await);
+    let answer = post(proxy.addr, "/orders", &[("idempotency-key", key)], "{}").await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_password_and_db_index_come_from_the_url() {
@@ -43,17 +58,7 @@ async fn an_acl_user_password_and_db_index_come_from_the_url() {
         &format!("store:\n  redis: {{ url: \"{url}\" }}\n{ROUTE}"),
     )
     .await;
-    assert_eq!(
-        post(proxy.addr, "/orders", &[("idempotency-key", "acl")], "{}")
-            .await
-            .status,
-        StatusCode::CREATED
-    );
-    assert!(
-        post(proxy.addr, "/orders", &[("idempotency-key", "acl")], "{}")
-            .await
-            .replayed()
-    );
+    stores_and_replays(&proxy, "acl").await;
     assert_eq!(as_app(&["-n", "3", "DBSIZE"]), "1", "the record is in db 3");
     assert_eq!(as_app(&["-n", "0", "DBSIZE"]), "0");
 
@@ -63,15 +68,7 @@ async fn an_acl_user_password_and_db_index_come_from_the_url() {
         &format!("store:\n  redis: {{ url: \"{wrong}\", timeout: 300ms }}\n{ROUTE}"),
     )
     .await;
-    assert!(!refused.store.ready().await);
-    let answer = post(
-        refused.addr,
-        "/orders",
-        &[("idempotency-key", "acl2")],
-        "{}",
-    )
-    .await;
-    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    fails_closed(&refused, "acl2").await;
     assert_eq!(upstream.executed(), 1);
 }
 
@@ -178,30 +175,12 @@ async fn rediss_is_verified_against_the_configured_ca() {
     );
     let proxy = start_proxy(upstream.addr, &trusting).await;
     assert!(proxy.store.ready().await);
-    assert_eq!(
-        post(proxy.addr, "/orders", &[("idempotency-key", "tls")], "{}")
-            .await
-            .status,
-        StatusCode::CREATED
-    );
-    assert!(
-        post(proxy.addr, "/orders", &[("idempotency-key", "tls")], "{}")
-            .await
-            .replayed()
-    );
+    stores_and_replays(&proxy, "tls").await;
     assert_eq!(upstream.executed(), 1);
 
     // System roots do not know the private CA: the store is unreachable, fail closed.
     let untrusting = format!("store:\n  redis: {{ url: \"{url}\", timeout: 500ms }}\n{ROUTE}");
     let refused = start_proxy(upstream.addr, &untrusting).await;
-    assert!(!refused.store.ready().await);
-    let answer = post(
-        refused.addr,
-        "/orders",
-        &[("idempotency-key", "tls2")],
-        "{}",
-    )
-    .await;
-    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    fails_closed(&refused, "tls2").await;
     assert_eq!(upstream.executed(), 1);
 }
