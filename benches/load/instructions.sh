@@ -70,13 +70,9 @@ fill_templates "$WORK" nginx-upstream.conf nginx-proxy.conf idemgate-memory.yaml
 # Under valgrind nginx runs as one process (no master), so the worker is what is counted.
 sed -i 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' "$WORK/nginx-proxy.conf"
 
-wait_port() {
-    for _ in $(seq 100); do port_free "$1" || return 0; sleep 0.2; done
-    die "nothing listens on $1"
-}
 nginx -p "$WORK" -c "$WORK/nginx-upstream.conf" >"$WORK/upstream.log" 2>&1 &
 PIDS+=($!)
-wait_port "$UPSTREAM_PORT"
+wait_port "$UPSTREAM_PORT" "$!"
 
 BODY="{\"p\":\"$(head -c 1000 /dev/zero | tr '\0' x)\"}"
 fire() { # fire PORT URL-REGEX COUNT [HEADER]
@@ -95,7 +91,7 @@ count() {
         >"$WORK/$name.log" 2>&1 &
     local vpid=$!
     PIDS+=("$vpid")
-    wait_port "$port"
+    wait_port "$port" "$vpid"
     fire "$port" "$url" 200 "$header"
     callgrind_control -i on "$vpid" >/dev/null
     fire "$port" "$url" "$N" "$header"

@@ -73,16 +73,6 @@ stop() {
     PIDS=("${keep[@]}")
 }
 
-wait_port() {
-    local port=$1 pid=$2
-    for _ in $(seq 150); do
-        kill -0 "$pid" 2>/dev/null || die "process $pid (port $port) exited; see $WORK"
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
-        sleep 0.1
-    done
-    die "nothing listens on 127.0.0.1:$port after 15 s"
-}
-
 # shellcheck source=ports.sh
 source "$HERE/ports.sh"
 
