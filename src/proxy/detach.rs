@@ -22,8 +22,10 @@ where
 {
     // Boxed so it can move to a task after having been polled (pinned) here.
     running: Option<Pin<Box<F>>>,
-    /// The caller's span: polled here the future runs inside it anyway; moved to a task,
-    /// it takes the span along so its logs still name the request.
+    /// The caller's span: polled here the future runs inside it anyway; moved to a task
+    /// (which does not inherit it), it takes the span along. The proxy itself logs per
+    /// request through its access log and enters no span, so there this is `Span::none()`
+    /// and costs nothing; an embedder's or a future request span is kept.
     span: tracing::Span,
 }
 
