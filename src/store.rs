@@ -52,7 +52,7 @@ pub enum Claim {
     /// Another request owns the key and is still running.
     InFlight(Waiter),
     /// The key was completed: replay this.
-    Done(Arc<StoredResponse>),
+    Done(StoredResponse),
     /// The key was used with another payload.
     Mismatch,
     /// A one-time token that was never issued, has expired, or was issued to another
@@ -133,7 +133,7 @@ pub struct KeyInfo {
     /// When it expires (done) or its lease runs out (in flight).
     pub expires: SystemTime,
     /// The stored response, when done.
-    pub response: Option<Arc<StoredResponse>>,
+    pub response: Option<StoredResponse>,
 }
 
 /// Gauges for `/metrics`.

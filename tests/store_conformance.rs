@@ -217,7 +217,7 @@ fn expect_in_flight(claim: Claim) -> idemgate::store::Waiter {
     }
 }
 
-fn expect_done(claim: Claim) -> Arc<StoredResponse> {
+fn expect_done(claim: Claim) -> StoredResponse {
     match claim {
         Claim::Done(response) => response,
         other => panic!("expected done, got {}", other.as_str()),

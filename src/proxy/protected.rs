@@ -199,7 +199,8 @@ pub async fn handle(
         match claim {
             Claim::Owner(lease) => {
                 waited(waiting_since);
-                let (response, stored) = execute(&cx, rule, lease, parts, body, reissue).await?;
+                let (response, stored) =
+                    execute(&cx, rule, lease, fingerprint, parts, body, reissue).await?;
                 report.outcome = Some(if stored {
                     Outcome::Executed
                 } else {
@@ -253,6 +254,7 @@ async fn execute(
     cx: &Context<'_>,
     rule: &Arc<Protected>,
     lease: Lease,
+    fingerprint: Digest,
     parts: Parts,
     body: Bytes,
     reissue: Option<Duration>,
@@ -281,7 +283,9 @@ async fn execute(
             release(lease, reissue).await;
             return Ok((answer.into_response(), false));
         }
-        let stored = StoredResponse::new(answer.status, &answer.headers, &answer.body);
+        // Stamped here, while the record is not shared: the store would copy it otherwise.
+        let stored = StoredResponse::new(answer.status, &answer.headers, &answer.body)
+            .with_fingerprint(fingerprint);
         let body = stored.body();
         let kept = match lease.complete(stored, policy.ttl).await {
             Ok(true) => true,
@@ -360,9 +364,9 @@ async fn send_buffered(
 
 /// The stored answer with `Idempotent-Replayed: true`.
 pub fn replay(stored: &StoredResponse) -> Response<ProxyBody> {
-    let mut response = Response::new(ProxyBody::full(stored.body()));
-    *response.status_mut() = stored.status();
-    let mut headers = stored.headers();
+    let (status, mut headers, body) = stored.parts();
+    let mut response = Response::new(ProxyBody::full(body));
+    *response.status_mut() = status;
     headers.insert(
         IDEMPOTENT_REPLAYED.clone(),
         HeaderValue::from_static("true"),

@@ -51,7 +51,7 @@ pub enum RawClaim {
     /// Owned by someone else.
     InFlight(Waiter),
     /// Completed.
-    Done(Arc<StoredResponse>),
+    Done(StoredResponse),
     /// Completed or in flight with another payload.
     Mismatch,
     /// [`ClaimMode::IssuedOnly`] and no issued record: an unknown, expired or foreign token.
@@ -109,16 +109,16 @@ enum Entry {
         expires_at: Ticks,
     },
     InFlight(Box<InFlight>),
+    /// The response carries the claim's payload fingerprint: one allocation to reach.
     Done {
-        fingerprint: Digest,
-        response: Arc<StoredResponse>,
+        response: StoredResponse,
         expires_at: Ticks,
     },
 }
 
 // The per-key cost of the map (with the key and the table's slack): a record must not grow
 // past this without a reason.
-const _: () = assert!(std::mem::size_of::<Entry>() <= 56);
+const _: () = assert!(std::mem::size_of::<Entry>() <= 32);
 
 #[derive(Debug)]
 struct InFlight {
@@ -285,11 +285,10 @@ impl MemoryStore {
                 return Ok(RawClaim::Unknown)
             }
             Some(Entry::Done {
-                fingerprint: stored,
                 response,
                 expires_at,
             }) if *expires_at > ticks => {
-                return Ok(if mismatched(stored, &fingerprint) {
+                return Ok(if mismatched(&response.fingerprint(), &fingerprint) {
                     RawClaim::Mismatch
                 } else {
                     RawClaim::Done(response.clone())
@@ -420,8 +419,7 @@ impl MemoryStore {
         shard.map.insert(
             key,
             Entry::Done {
-                fingerprint,
-                response: Arc::new(response),
+                response: response.with_fingerprint(fingerprint),
                 expires_at,
             },
         );

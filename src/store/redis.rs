@@ -23,7 +23,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -450,7 +449,7 @@ impl RedisStore {
                 fingerprint: stored,
                 ..
             } if mismatched(&stored, &fingerprint) => RawClaim::Mismatch,
-            Found::Done { response, .. } => RawClaim::Done(Arc::new(response)),
+            Found::Done { response, .. } => RawClaim::Done(response),
             Found::InFlight { .. } => unreachable!("in-flight records are handled by claim"),
         }
     }
@@ -589,7 +588,7 @@ impl RedisStore {
                     state: "done",
                     created: response.stored_at(),
                     expires,
-                    response: Some(Arc::new(response)),
+                    response: Some(response),
                 },
                 _ => return Err(StoreError::Unavailable("malformed record".into())),
             },
@@ -714,7 +713,7 @@ fn parse_record(data: Vec<u8>, pttl: i64) -> Result<Found, StoreError> {
         Some(b'D') if data.len() >= 33 => {
             let fingerprint = Digest(data[1..33].try_into().map_err(|_| malformed())?);
             let response =
-                StoredResponse::decode(Bytes::from(data).slice(33..)).ok_or_else(malformed)?;
+                StoredResponse::decode(fingerprint, &data[33..]).ok_or_else(malformed)?;
             Ok(Found::Done {
                 fingerprint,
                 response,

@@ -1,138 +1,218 @@
-//! A stored upstream response, kept compact: status and one buffer holding every header
-//! followed by the body, copied out of the socket buffer so a cached entry never pins a
-//! read buffer, and made with a single allocation.
+//! A stored upstream response, kept compact: one reference-counted allocation holding the
+//! payload fingerprint, status, every header and the body, copied out of the socket buffer
+//! so a cached entry never pins a read buffer.
+//!
+//! One allocation rather than a record pointing at a buffer: a replay of a key among
+//! millions misses the CPU caches on every pointer it follows, and this leaves one.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::unix_ms;
+use crate::key::Digest;
 
 /// A response to replay: status, every header (repeated ones such as `Set-Cookie` intact and
-/// in order) and body.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// in order) and body. Cloning it is a reference count.
+#[derive(Clone, PartialEq, Eq)]
 pub struct StoredResponse {
-    status: StatusCode,
-    /// `[u16 name len][name][u32 value len][value]` per header, in the order received,
-    /// then the body.
-    data: Bytes,
-    head_len: u32,
-    /// Unix milliseconds (8 bytes where a `SystemTime` takes 16: a store holds millions).
-    stored_ms: u64,
+    /// `[fingerprint 32][1][u16 status][u64 stored ms][u32 head len][head][body]`, the head
+    /// being `[u16 name len][name][u32 value len][value]` per header in the order received.
+    /// Everything after the fingerprint is [`StoredResponse::encode`].
+    record: Arc<[u8]>,
 }
 
-// With the reference count this is a 64-byte allocation per stored answer.
-const _: () = assert!(std::mem::size_of::<StoredResponse>() <= 48);
+const FINGERPRINT_LEN: usize = 32;
+const VERSION_AT: usize = FINGERPRINT_LEN;
+const STATUS_AT: usize = VERSION_AT + 1;
+const STORED_AT: usize = STATUS_AT + 2;
+const HEAD_LEN_AT: usize = STORED_AT + 8;
+const HEAD_AT: usize = HEAD_LEN_AT + 4;
+const VERSION: u8 = 1;
+
+// A done record in the memory store holds this, so every byte is paid per stored key.
+const _: () = assert!(std::mem::size_of::<StoredResponse>() == 16);
 
 /// Fixed cost charged per stored response beyond its headers and body: the map slot with
-/// the table's slack, the expiry queue entry, the allocations. Measured with `cargo bench
-/// --bench memory_store` (RSS growth over 1M keys, where the tables sit just past a
-/// doubling: about 325 bytes), so `max_bytes` bounds real memory.
-pub const ENTRY_OVERHEAD: usize = 336;
+/// the table's slack, the expiry queue entry, the record's own fields. Measured with `cargo
+/// bench --bench memory_store` (RSS growth over 1M keys, where the tables sit just past a
+/// doubling: about 260 bytes), so `max_bytes` bounds real memory.
+pub const ENTRY_OVERHEAD: usize = 272;
+
+impl std::fmt::Debug for StoredResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredResponse")
+            .field("status", &self.status())
+            .field("head_bytes", &self.head_len())
+            .field("body_bytes", &(self.record.len() - self.body_at()))
+            .finish()
+    }
+}
 
 impl StoredResponse {
-    /// Copies status, headers and body into one compact record.
+    /// Copies status, headers and body into one compact record, with no payload
+    /// fingerprint (the store adds the one it recorded at the claim).
     pub fn new(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Self {
         let head_len: usize = headers
             .iter()
             .map(|(n, v)| 6 + n.as_str().len() + v.len())
             .sum();
-        let mut buf = BytesMut::with_capacity(head_len + body.len());
+        let mut record = Vec::with_capacity(HEAD_AT + head_len + body.len());
+        record.extend_from_slice(&Digest::NONE.0);
+        record.push(VERSION);
+        record.extend_from_slice(&status.as_u16().to_be_bytes());
+        record.extend_from_slice(&unix_ms(SystemTime::now()).to_be_bytes());
+        // Headers beyond 4 GiB cannot arrive: hyper's header limits are far below.
+        record.extend_from_slice(&(head_len as u32).to_be_bytes());
         for (name, value) in headers {
-            buf.put_u16(name.as_str().len() as u16);
-            buf.put_slice(name.as_str().as_bytes());
-            buf.put_u32(value.len() as u32);
-            buf.put_slice(value.as_bytes());
+            record.extend_from_slice(&(name.as_str().len() as u16).to_be_bytes());
+            record.extend_from_slice(name.as_str().as_bytes());
+            record.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            record.extend_from_slice(value.as_bytes());
         }
-        buf.put_slice(body);
+        record.extend_from_slice(body);
         Self {
-            status,
-            data: buf.freeze(),
-            // Headers beyond 4 GiB cannot arrive: hyper's header limits are far below.
-            head_len: head_len as u32,
-            stored_ms: unix_ms(SystemTime::now()),
+            record: Arc::from(record),
         }
+    }
+
+    /// The payload fingerprint of the request that produced it ([`Digest::NONE`]: none to
+    /// compare).
+    pub fn fingerprint(&self) -> Digest {
+        let mut digest = Digest::NONE;
+        digest.0.copy_from_slice(&self.record[..FINGERPRINT_LEN]);
+        digest
+    }
+
+    /// This response recorded for a request with payload fingerprint `fingerprint`
+    /// (written in place while no one else holds the record, copied otherwise).
+    pub fn with_fingerprint(mut self, fingerprint: Digest) -> Self {
+        if self.record[..FINGERPRINT_LEN] == fingerprint.0 {
+            return self;
+        }
+        match Arc::get_mut(&mut self.record) {
+            Some(record) => record[..FINGERPRINT_LEN].copy_from_slice(&fingerprint.0),
+            None => {
+                let mut record = self.record.to_vec();
+                record[..FINGERPRINT_LEN].copy_from_slice(&fingerprint.0);
+                self.record = Arc::from(record);
+            }
+        }
+        self
     }
 
     /// The stored status.
     pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
-    /// The stored body (cheap: a reference-counted slice).
-    pub fn body(&self) -> Bytes {
-        self.data.slice(self.head_len as usize..)
+        let code = u16::from_be_bytes([self.record[STATUS_AT], self.record[STATUS_AT + 1]]);
+        // Checked when the record was made or decoded.
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     /// When the response was stored.
     pub fn stored_at(&self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_millis(self.stored_ms)
+        let ms = self.record[STORED_AT..HEAD_LEN_AT]
+            .try_into()
+            .map_or(0, u64::from_be_bytes);
+        UNIX_EPOCH + Duration::from_millis(ms)
+    }
+
+    fn head_len(&self) -> usize {
+        self.record[HEAD_LEN_AT..HEAD_AT]
+            .try_into()
+            .map_or(0, u32::from_be_bytes) as usize
+    }
+
+    fn body_at(&self) -> usize {
+        HEAD_AT + self.head_len()
+    }
+
+    /// The stored body (cheap: shares the record).
+    pub fn body(&self) -> Bytes {
+        self.shared().slice(self.body_at()..)
     }
 
     /// The stored headers, rebuilt without copying their values.
     pub fn headers(&self) -> HeaderMap {
-        let mut map = HeaderMap::with_capacity(8);
-        let mut rest = self.data.slice(..self.head_len as usize);
-        while rest.len() >= 6 {
-            let name_len = u16::from_be_bytes([rest[0], rest[1]]) as usize;
-            let value_at = 2 + name_len;
-            let Some(len_bytes) = rest.get(value_at..value_at + 4) else {
-                break;
-            };
-            let value_len = u32::from_be_bytes(len_bytes.try_into().expect("four bytes")) as usize;
-            let end = value_at + 4 + value_len;
-            if end > rest.len() {
-                break;
-            }
-            // Both were valid when stored; a failure here would mean a corrupted record,
-            // and dropping that one header beats failing the replay.
-            if let (Ok(n), Ok(v)) = (
-                HeaderName::from_bytes(&rest[2..value_at]),
-                HeaderValue::from_maybe_shared(rest.slice(value_at + 4..end)),
-            ) {
-                map.append(n, v);
-            }
-            rest = rest.slice(end..);
-        }
-        map
+        headers_of(&self.shared(), self.body_at())
+    }
+
+    /// Status, headers and body for a replay, sharing one handle on the record.
+    pub fn parts(&self) -> (StatusCode, HeaderMap, Bytes) {
+        let shared = self.shared();
+        let body_at = self.body_at();
+        (
+            self.status(),
+            headers_of(&shared, body_at),
+            shared.slice(body_at..),
+        )
+    }
+
+    /// The record as [`Bytes`], for slices that keep it alive.
+    fn shared(&self) -> Bytes {
+        Bytes::from_owner(Arc::clone(&self.record))
     }
 
     /// Bytes charged against `max_bytes`.
     pub fn cost(&self) -> usize {
-        self.data.len() + ENTRY_OVERHEAD
+        self.record.len() - HEAD_AT + ENTRY_OVERHEAD
     }
 
-    /// Binary encoding for stores outside the process: no base64, no JSON.
+    /// Binary encoding for stores outside the process (which keep the fingerprint
+    /// themselves): no base64, no JSON, no copy.
     /// `[1][u16 status][u64 stored_at ms][u32 headers len][headers][body]`.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(15 + self.data.len());
-        out.push(1);
-        out.extend_from_slice(&self.status.as_u16().to_be_bytes());
-        out.extend_from_slice(&self.stored_ms.to_be_bytes());
-        out.extend_from_slice(&self.head_len.to_be_bytes());
-        out.extend_from_slice(&self.data);
-        out
+    pub fn encode(&self) -> &[u8] {
+        &self.record[VERSION_AT..]
     }
 
-    /// Reverses [`StoredResponse::encode`] without copying; `None` for anything malformed.
-    pub fn decode(data: Bytes) -> Option<Self> {
-        if data.len() < 15 || data[0] != 1 {
+    /// Reverses [`StoredResponse::encode`] for a request with payload fingerprint
+    /// `fingerprint`; `None` for anything malformed.
+    pub fn decode(fingerprint: Digest, data: &[u8]) -> Option<Self> {
+        let header = data.get(..HEAD_AT - VERSION_AT)?;
+        if header[0] != VERSION {
             return None;
         }
-        let status = StatusCode::from_u16(u16::from_be_bytes([data[1], data[2]])).ok()?;
-        let ms = u64::from_be_bytes(data[3..11].try_into().ok()?);
-        let head_len = u32::from_be_bytes(data[11..15].try_into().ok()?);
-        if data.len() < 15 + head_len as usize {
+        StatusCode::from_u16(u16::from_be_bytes([header[1], header[2]])).ok()?;
+        let head_len = u32::from_be_bytes(header[11..15].try_into().ok()?) as usize;
+        if data.len() < header.len() + head_len {
             return None;
         }
+        let mut record = Vec::with_capacity(FINGERPRINT_LEN + data.len());
+        record.extend_from_slice(&fingerprint.0);
+        record.extend_from_slice(data);
         Some(Self {
-            status,
-            data: data.slice(15..),
-            head_len,
-            stored_ms: ms,
+            record: Arc::from(record),
         })
     }
+}
+
+/// The headers stored in `record` (from [`HEAD_AT`] to `body_at`).
+fn headers_of(record: &Bytes, body_at: usize) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(8);
+    let mut at = HEAD_AT;
+    while at + 6 <= body_at {
+        let name_len = u16::from_be_bytes([record[at], record[at + 1]]) as usize;
+        let value_at = at + 2 + name_len;
+        let Some(len_bytes) = record.get(value_at..value_at + 4) else {
+            break;
+        };
+        let value_len = u32::from_be_bytes(len_bytes.try_into().expect("four bytes")) as usize;
+        let end = value_at + 4 + value_len;
+        if end > body_at {
+            break;
+        }
+        // Both were valid when stored; a failure here would mean a corrupted record,
+        // and dropping that one header beats failing the replay.
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(&record[at + 2..value_at]),
+            HeaderValue::from_maybe_shared(record.slice(value_at + 4..end)),
+        ) {
+            map.append(n, v);
+        }
+        at = end;
+    }
+    map
 }
 
 #[cfg(test)]
@@ -160,11 +240,30 @@ mod tests {
         h.insert("x-a", HeaderValue::from_static("1"));
         let body: Vec<u8> = (0..=255).collect();
         let r = StoredResponse::new(StatusCode::OK, &h, &body);
-        let back = StoredResponse::decode(Bytes::from(r.encode())).unwrap();
+        let fingerprint = Digest([9; 32]);
+        let back = StoredResponse::decode(fingerprint, r.encode()).unwrap();
         assert_eq!(back.status(), r.status());
         assert_eq!(back.body(), r.body());
         assert_eq!(back.headers(), r.headers());
-        assert!(StoredResponse::decode(Bytes::from_static(b"\x02junk")).is_none());
+        assert_eq!(back.fingerprint(), fingerprint);
+        assert_eq!(r.with_fingerprint(fingerprint), back);
+        assert!(StoredResponse::decode(fingerprint, b"\x02junk").is_none());
+        // A head longer than the record is malformed, not a panic.
+        let mut cut = back.encode().to_vec();
+        cut.truncate(16);
+        assert!(StoredResponse::decode(fingerprint, &cut).is_none());
+    }
+
+    #[test]
+    fn stamping_a_shared_record_leaves_the_other_holders_alone() {
+        let r = StoredResponse::new(StatusCode::OK, &HeaderMap::new(), b"x");
+        let body = r.body();
+        let kept = r.clone();
+        let stamped = r.with_fingerprint(Digest([3; 32]));
+        assert_eq!(stamped.fingerprint(), Digest([3; 32]));
+        assert_eq!(kept.fingerprint(), Digest::NONE);
+        assert_eq!(&body[..], b"x");
+        assert_eq!(stamped.body(), kept.body());
     }
 
     #[test]
