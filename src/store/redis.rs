@@ -12,8 +12,11 @@
 //! Redis therefore holds SHA-256 digests and the upstream's response, never a raw client
 //! key, `Authorization` value or request body.
 //!
-//! Every operation is one Lua script (one round trip, atomic): a first-seen request costs
-//! two (claim, complete), a replay one. Completion, release and renewal are fenced by the
+//! Every operation is one round trip and atomic: a first-seen request costs two (claim,
+//! complete), a replay one. A claim is first tried as a plain `SET … NX PX … GET` (Redis
+//! 7.0+; older servers get the claim script), which costs Redis a quarter of a Lua call:
+//! Redis, not the proxy, is what limits a first-seen load when both share a machine. The
+//! rest are Lua scripts. Completion, release and renewal are fenced by the
 //! owner token, so an owner whose lease lapsed cannot touch its successor's record.
 //! Completion and release `PUBLISH` on `{prefix}done:{<hex>}`; duplicates on any replica
 //! subscribe to that channel (RESP3 push on the shared connection) instead of polling, with
@@ -208,6 +211,8 @@ pub struct RedisStore {
     timeout: Duration,
     channels: Arc<Channels>,
     scripts: Scripts,
+    /// Set once Redis refused `SET … NX … GET` (before 7.0): claims use the script then.
+    no_set_nx_get: std::sync::atomic::AtomicBool,
 }
 
 struct Scripts {
@@ -309,6 +314,7 @@ impl RedisStore {
                 issue: Script::new(ISSUE),
                 hit: Script::new(HIT),
             },
+            no_set_nx_get: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -342,6 +348,29 @@ impl RedisStore {
         .await
     }
 
+    /// Sends one command under the store timeout, retried once on a dropped connection like
+    /// [`RedisStore::run`] (the caller makes sure it is safe to send twice). An error
+    /// answer of the server is left to the caller.
+    async fn query_raw(&self, cmd: &redis::Cmd) -> Result<redis::RedisResult<Value>, StoreError> {
+        let call = async {
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let result = cmd
+                    .query_async::<Value>(&mut self.conn.handle().await?)
+                    .await;
+                match result {
+                    Err(e) if attempt == 1 && (e.is_connection_dropped() || e.is_io_error()) => {
+                        tracing::debug!(error = %e, "redis connection dropped; retrying once");
+                    }
+                    Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => return Ok(Err(e)),
+                    other => return other.map(Ok),
+                }
+            }
+        };
+        self.bounded(call).await
+    }
+
     /// Bounds one store operation by the store timeout; either failure is a store error.
     async fn bounded<T>(
         &self,
@@ -357,6 +386,62 @@ impl RedisStore {
         }
     }
 
+    /// The in-flight record this claim would write.
+    fn claim_value(token: OwnerToken, fingerprint: Digest) -> Vec<u8> {
+        let mut value = Vec::with_capacity(57);
+        value.push(b'I');
+        value.extend_from_slice(&token.0.to_be_bytes());
+        value.extend_from_slice(&fingerprint.0);
+        value.extend_from_slice(&unix_ms(SystemTime::now()).to_be_bytes());
+        value
+    }
+
+    /// A claim's first look: `SET NX GET` where it can be (it writes the claim if the key
+    /// is free and returns what is there otherwise), else the claim script. What it finds
+    /// in flight comes without its remaining lease (`pttl` -1): the caller looks again
+    /// with the script before it waits.
+    async fn first_claim(
+        &self,
+        key: &Digest,
+        token: OwnerToken,
+        fingerprint: Digest,
+        lease: Duration,
+        mode: ClaimMode,
+    ) -> Result<Found, StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if mode == ClaimMode::IssuedOnly || self.no_set_nx_get.load(Relaxed) {
+            return self.try_claim(key, token, fingerprint, lease, mode).await;
+        }
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.record(key))
+            .arg(Self::claim_value(token, fingerprint))
+            .arg("NX")
+            .arg("PX")
+            .arg(lease.as_millis().max(1) as u64)
+            .arg("GET");
+        let data = match self.query_raw(&cmd).await? {
+            Ok(Value::Nil) => return Ok(Found::Claimed),
+            Ok(Value::BulkString(data)) => data,
+            Ok(other) => return Err(unexpected(&other)),
+            // Before 7.0, NX and GET together are a syntax error.
+            Err(e) if e.code() == Some("ERR") => {
+                tracing::info!(error = %e, "redis refuses SET NX GET; claiming by script");
+                self.no_set_nx_get.store(true, Relaxed);
+                return self.try_claim(key, token, fingerprint, lease, mode).await;
+            }
+            Err(e) => return Err(StoreError::Unavailable(e.to_string())),
+        };
+        match data.first() {
+            // An issued token is taken over by a claim: only the script does that atomically.
+            Some(b'T') => self.try_claim(key, token, fingerprint, lease, mode).await,
+            _ => match parse_record(data, -1)? {
+                // Our own record: a retried claim whose first reply was lost.
+                Found::InFlight { token: t, .. } if t == token.0 => Ok(Found::Claimed),
+                found => Ok(found),
+            },
+        }
+    }
+
     async fn try_claim(
         &self,
         key: &Digest,
@@ -365,15 +450,10 @@ impl RedisStore {
         lease: Duration,
         mode: ClaimMode,
     ) -> Result<Found, StoreError> {
-        let mut value = Vec::with_capacity(57);
-        value.push(b'I');
-        value.extend_from_slice(&token.0.to_be_bytes());
-        value.extend_from_slice(&fingerprint.0);
-        value.extend_from_slice(&unix_ms(SystemTime::now()).to_be_bytes());
         let mut invocation = self.scripts.claim.prepare_invoke();
         invocation
             .key(self.record(key))
-            .arg(value)
+            .arg(Self::claim_value(token, fingerprint))
             .arg(lease.as_millis().max(1) as u64)
             .arg(if mode == ClaimMode::IssuedOnly {
                 "1"
@@ -405,7 +485,7 @@ impl RedisStore {
     ) -> Result<RawClaim, StoreError> {
         let token = OwnerToken::random();
         let found = self
-            .try_claim(&key, token, fingerprint, lease, mode)
+            .first_claim(&key, token, fingerprint, lease, mode)
             .await?;
         match found {
             Found::InFlight {
