@@ -70,15 +70,31 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Turns off tokio's LIFO slot, which runs a task woken by another right after it. With
+/// it, redis-rs's connection task ran after each request that queued a command, so every
+/// command went out in a write of its own and Redis did a read and a reply per command;
+/// without it the task runs once the ready requests have queued theirs and writes them in
+/// one go. Measured on the load benchmark's Redis first-seen row: 31.5k → 35.6k req/s,
+/// proxy CPU 30.7 → 24.4 µs and Redis CPU 11.5 → 9.4 µs per request. The memory store's
+/// rows showed no clear change, so they keep tokio's default.
+fn batch_redis_writes(runtime: &mut tokio::runtime::Builder) {
+    #[cfg(tokio_unstable)]
+    runtime.disable_lifo_slot();
+    #[cfg(not(tokio_unstable))]
+    let _ = runtime;
+}
+
 fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run { config, log_format } => {
             init_logs(&log_format);
             let loaded = Config::load(&config)?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the runtime")?;
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            runtime.enable_all();
+            if matches!(loaded.store, StoreConfig::Redis(_)) {
+                batch_redis_writes(&mut runtime);
+            }
+            let runtime = runtime.build().context("starting the runtime")?;
             runtime.block_on(run(loaded, config))
         }
         Command::Check { config } => {
