@@ -235,6 +235,17 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// One claim attempt's inputs: the key, the token it would own it with, the payload
+/// fingerprint, the lease, and whether only an issued token may be claimed.
+#[derive(Clone, Copy)]
+struct ClaimArgs<'a> {
+    key: &'a Digest,
+    token: OwnerToken,
+    fingerprint: Digest,
+    lease: Duration,
+    mode: ClaimMode,
+}
+
 /// What the claim script found.
 enum Found {
     Claimed,
@@ -400,24 +411,17 @@ impl RedisStore {
     /// is free and returns what is there otherwise), else the claim script. What it finds
     /// in flight comes without its remaining lease (`pttl` -1): the caller looks again
     /// with the script before it waits.
-    async fn first_claim(
-        &self,
-        key: &Digest,
-        token: OwnerToken,
-        fingerprint: Digest,
-        lease: Duration,
-        mode: ClaimMode,
-    ) -> Result<Found, StoreError> {
+    async fn first_claim(&self, args: ClaimArgs<'_>) -> Result<Found, StoreError> {
         use std::sync::atomic::Ordering::Relaxed;
-        if mode == ClaimMode::IssuedOnly || self.no_set_nx_get.load(Relaxed) {
-            return self.try_claim(key, token, fingerprint, lease, mode).await;
+        if args.mode == ClaimMode::IssuedOnly || self.no_set_nx_get.load(Relaxed) {
+            return self.try_claim(args).await;
         }
         let mut cmd = redis::cmd("SET");
-        cmd.arg(self.record(key))
-            .arg(Self::claim_value(token, fingerprint))
+        cmd.arg(self.record(args.key))
+            .arg(Self::claim_value(args.token, args.fingerprint))
             .arg("NX")
             .arg("PX")
-            .arg(lease.as_millis().max(1) as u64)
+            .arg(args.lease.as_millis().max(1) as u64)
             .arg("GET");
         let data = match self.query_raw(&cmd).await? {
             Ok(Value::Nil) => return Ok(Found::Claimed),
@@ -427,35 +431,24 @@ impl RedisStore {
             Err(e) if e.code() == Some("ERR") => {
                 tracing::info!(error = %e, "redis refuses SET NX GET; claiming by script");
                 self.no_set_nx_get.store(true, Relaxed);
-                return self.try_claim(key, token, fingerprint, lease, mode).await;
+                return self.try_claim(args).await;
             }
             Err(e) => return Err(StoreError::Unavailable(e.to_string())),
         };
         match data.first() {
             // An issued token is taken over by a claim: only the script does that atomically.
-            Some(b'T') => self.try_claim(key, token, fingerprint, lease, mode).await,
-            _ => match parse_record(data, -1)? {
-                // Our own record: a retried claim whose first reply was lost.
-                Found::InFlight { token: t, .. } if t == token.0 => Ok(Found::Claimed),
-                found => Ok(found),
-            },
+            Some(b'T') => self.try_claim(args).await,
+            _ => found_record(data, -1, args.token),
         }
     }
 
-    async fn try_claim(
-        &self,
-        key: &Digest,
-        token: OwnerToken,
-        fingerprint: Digest,
-        lease: Duration,
-        mode: ClaimMode,
-    ) -> Result<Found, StoreError> {
+    async fn try_claim(&self, args: ClaimArgs<'_>) -> Result<Found, StoreError> {
         let mut invocation = self.scripts.claim.prepare_invoke();
         invocation
-            .key(self.record(key))
-            .arg(Self::claim_value(token, fingerprint))
-            .arg(lease.as_millis().max(1) as u64)
-            .arg(if mode == ClaimMode::IssuedOnly {
+            .key(self.record(args.key))
+            .arg(Self::claim_value(args.token, args.fingerprint))
+            .arg(args.lease.as_millis().max(1) as u64)
+            .arg(if args.mode == ClaimMode::IssuedOnly {
                 "1"
             } else {
                 "0"
@@ -465,11 +458,7 @@ impl RedisStore {
             Value::Int(1) => Ok(Found::Unknown),
             Value::Array(items) => {
                 let (data, pttl) = record_and_ttl(items)?;
-                match parse_record(data, pttl)? {
-                    // Our own record: a retried claim whose first reply was lost.
-                    Found::InFlight { token: t, .. } if t == token.0 => Ok(Found::Claimed),
-                    found => Ok(found),
-                }
+                found_record(data, pttl, args.token)
             }
             other => Err(unexpected(&other)),
         }
@@ -484,9 +473,14 @@ impl RedisStore {
         mode: ClaimMode,
     ) -> Result<RawClaim, StoreError> {
         let token = OwnerToken::random();
-        let found = self
-            .first_claim(&key, token, fingerprint, lease, mode)
-            .await?;
+        let args = ClaimArgs {
+            key: &key,
+            token,
+            fingerprint,
+            lease,
+            mode,
+        };
+        let found = self.first_claim(args).await?;
         match found {
             Found::InFlight {
                 fingerprint: stored,
@@ -498,10 +492,7 @@ impl RedisStore {
         // Subscribe first, then look again: a completion between the two is then either
         // seen by the second look or delivered on the channel.
         let (signal, subscription) = self.subscribe(&key).await?;
-        match self
-            .try_claim(&key, token, fingerprint, lease, mode)
-            .await?
-        {
+        match self.try_claim(args).await? {
             Found::InFlight { pttl, .. } => {
                 let recheck = Duration::from_millis(pttl.max(1) as u64).min(FALLBACK_RECHECK);
                 Ok(RawClaim::InFlight(Waiter::with_subscription(
@@ -779,6 +770,15 @@ fn record_and_ttl(items: Vec<Value>) -> Result<(Vec<u8>, i64), StoreError> {
     match (items.next(), items.next()) {
         (Some(Value::BulkString(data)), Some(Value::Int(pttl))) => Ok((data, pttl)),
         (first, _) => Err(unexpected(&first.unwrap_or(Value::Nil))),
+    }
+}
+
+/// The record a claim found, where `token` is the claim's own: finding its own in-flight
+/// record means a retried claim whose first reply was lost, so the key is ours.
+fn found_record(data: Vec<u8>, pttl: i64, token: OwnerToken) -> Result<Found, StoreError> {
+    match parse_record(data, pttl)? {
+        Found::InFlight { token: t, .. } if t == token.0 => Ok(Found::Claimed),
+        found => Ok(found),
     }
 }
 
