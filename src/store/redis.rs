@@ -341,22 +341,27 @@ impl RedisStore {
     /// the last call is retried once on the fresh connection: every script is safe to run
     /// twice (a repeated claim recognises its own token, the others are fenced).
     async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Value, StoreError> {
-        self.bounded(async {
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                let result = invocation
-                    .invoke_async(&mut self.conn.handle().await?)
-                    .await;
-                match result {
-                    Err(e) if attempt == 1 && (e.is_connection_dropped() || e.is_io_error()) => {
-                        tracing::debug!(error = %e, "redis connection dropped; retrying once");
-                    }
-                    other => return other,
-                }
-            }
-        })
+        self.bounded(self.retried(|| async {
+            invocation
+                .invoke_async(&mut self.conn.handle().await?)
+                .await
+        }))
         .await
+    }
+
+    /// `call`, made again once if the connection dropped under the first attempt.
+    async fn retried<T, F, Fut>(&self, call: F) -> redis::RedisResult<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        match call().await {
+            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
+                tracing::debug!(error = %e, "redis connection dropped; retrying once");
+                call().await
+            }
+            other => other,
+        }
     }
 
     /// Sends one command under the store timeout, retried once on a dropped connection like
@@ -364,19 +369,15 @@ impl RedisStore {
     /// answer of the server is left to the caller.
     async fn query_raw(&self, cmd: &redis::Cmd) -> Result<redis::RedisResult<Value>, StoreError> {
         let call = async {
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                let result = cmd
-                    .query_async::<Value>(&mut self.conn.handle().await?)
-                    .await;
-                match result {
-                    Err(e) if attempt == 1 && (e.is_connection_dropped() || e.is_io_error()) => {
-                        tracing::debug!(error = %e, "redis connection dropped; retrying once");
-                    }
-                    Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => return Ok(Err(e)),
-                    other => return other.map(Ok),
-                }
+            let result = self
+                .retried(|| async {
+                    cmd.query_async::<Value>(&mut self.conn.handle().await?)
+                        .await
+                })
+                .await;
+            match result {
+                Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => Ok(Err(e)),
+                other => other.map(Ok),
             }
         };
         self.bounded(call).await
