@@ -234,3 +234,157 @@ async fn an_upstream_stalling_mid_body_times_out_and_releases_the_key() {
     assert_eq!(&retry.body[..], b"{\"ok\":true}");
     assert_eq!(*executed.lock().unwrap(), 2);
 }
+
+const OK: &[u8] = b"HTTP/1.1 201 Created\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
+
+/// What a scripted upstream sends for one request: the pieces of its answer (written apart,
+/// so the proxy sees them in separate reads) and whether it closes the connection after.
+type Script = fn(usize) -> (Vec<&'static [u8]>, bool);
+
+/// A raw upstream that answers the n-th request it reads (over all its connections) with
+/// `script(n)`.
+async fn scripted_upstream(script: Script) -> (SocketAddr, Arc<Mutex<Seen>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            record.lock().unwrap().connections += 1;
+            let record = Arc::clone(&record);
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut read = BufReader::new(read);
+                while let Some(request) = read_request(&mut read).await {
+                    let n = {
+                        let mut seen = record.lock().unwrap();
+                        seen.requests.push(request);
+                        seen.requests.len() - 1
+                    };
+                    let (pieces, close) = script(n);
+                    for piece in pieces {
+                        write.write_all(piece).await.unwrap();
+                        write.flush().await.unwrap();
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    if close {
+                        let _ = write.shutdown().await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// An upstream that sends more than its answer's framing covers (here a whole second
+/// answer) must not have those bytes read as the answer to the next request, whoever sends
+/// it: the connection is dropped instead of pooled.
+#[tokio::test]
+async fn bytes_past_an_answers_end_never_reach_another_request() {
+    let (upstream, seen) = scripted_upstream(|n| match n {
+        0 => (
+            vec![b"HTTP/1.1 201 Created\r\ncontent-length: 11\r\n\r\n{\"ok\":true}HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nforged!"],
+            false,
+        ),
+        _ => (vec![OK], false),
+    })
+    .await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    let first = post(proxy.addr, "/plain/1", &[], "{}").await;
+    assert_eq!(first.status, 201);
+    assert_eq!(&first.body[..], b"{\"ok\":true}");
+    for i in 0..3 {
+        let key = format!("after-stray-{i}");
+        let next = post(
+            proxy.addr,
+            &format!("/orders/{i}"),
+            &[("idempotency-key", &key)],
+            "{}",
+        )
+        .await;
+        assert_eq!(next.status, 201, "{:?}", next.body);
+        assert_eq!(&next.body[..], b"{\"ok\":true}");
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.requests.len(), 4);
+    assert_eq!(
+        seen.connections, 2,
+        "the connection with stray bytes was not reused, the next one was"
+    );
+}
+
+/// Chunked answers (split mid-size-line and mid-CRLF, with an extension and trailers) and
+/// answers delimited by the upstream closing arrive whole, on both paths; a chunked answer
+/// keeps its connection, a close-delimited one does not.
+#[tokio::test]
+async fn chunked_and_close_delimited_answers_arrive_whole() {
+    let (upstream, seen) = scripted_upstream(|n| match n {
+        0 | 2 => (
+            vec![
+                b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n5;x=y\r\nhel",
+                b"lo\r\n6\r",
+                b"\n world\r\n0\r\nx-sum: 1\r\n\r\n",
+            ],
+            false,
+        ),
+        1 => (
+            vec![
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil ",
+                b"close",
+            ],
+            true,
+        ),
+        _ => (vec![OK], false),
+    })
+    .await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    let chunked = post(proxy.addr, "/plain/a", &[], "{}").await;
+    assert_eq!(chunked.status, 201);
+    assert_eq!(&chunked.body[..], b"hello world");
+    let closed = post(proxy.addr, "/plain/b", &[], "{}").await;
+    assert_eq!(closed.status, 200);
+    assert_eq!(&closed.body[..], b"until close");
+    let key = [("idempotency-key", "chunked-stored")];
+    let stored = post(proxy.addr, "/orders/c", &key, "{}").await;
+    assert_eq!(stored.status, 201);
+    assert_eq!(&stored.body[..], b"hello world");
+    let replay = post(proxy.addr, "/orders/c", &key, "{}").await;
+    assert!(replay.replayed());
+    assert_eq!(&replay.body[..], b"hello world");
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen.requests.len(),
+        3,
+        "the replay did not reach the upstream"
+    );
+    assert_eq!(
+        seen.connections, 2,
+        "the chunked answer kept its connection for the next request; the close-delimited one ended it"
+    );
+}
+
+/// An answer whose framing is ambiguous (two different lengths) is a 502, never a guess;
+/// the key is released, so the client's retry executes on a fresh connection.
+#[tokio::test]
+async fn an_ambiguously_framed_answer_is_a_502_and_releases_the_key() {
+    let (upstream, seen) = scripted_upstream(|n| match n {
+        0 => (
+            vec![b"HTTP/1.1 201 Created\r\ncontent-length: 3\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"],
+            false,
+        ),
+        _ => (vec![OK], false),
+    })
+    .await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    let key = [("idempotency-key", "ambiguous")];
+    let first = post(proxy.addr, "/orders/1", &key, "{}").await;
+    assert_eq!(first.status, 502, "{:?}", first.body);
+    let retry = post(proxy.addr, "/orders/1", &key, "{}").await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(!retry.replayed());
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.requests.len(), 2);
+    assert_eq!(seen.connections, 2);
+}

@@ -1,5 +1,5 @@
 //! [`ProxyBody`], the one body type on both sides of the proxy: a buffered body (protected
-//! requests, replays, problem answers) or a hyper stream passed through without buffering.
+//! requests, replays, problem answers) or a stream passed through without buffering.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,6 +14,17 @@ use hyper::body::Incoming;
 
 use super::upstream::UpstreamBody;
 use crate::error::ProxyError;
+
+/// Why a streamed body stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// Reading the client's request body failed.
+    #[error("client body: {0}")]
+    Client(#[from] hyper::Error),
+    /// Reading the upstream's answer body failed (closed early, or framed wrongly).
+    #[error("upstream body: {0}")]
+    Upstream(#[from] std::io::Error),
+}
 
 /// A request or response body.
 #[derive(Debug)]
@@ -62,15 +73,17 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             Self::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            Self::Stream { inner } => Pin::new(inner).poll_frame(cx),
+            Self::Stream { inner } => Pin::new(inner)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|result| result.map_err(BodyError::Client))),
             Self::Upstream { inner } => Pin::new(inner).poll_frame(cx),
         }
     }

@@ -22,24 +22,22 @@ pub async fn forward(
     let (mut parts, body) = request.into_parts();
     client.prepare(&mut parts, conn, upgrade);
     let upstream_request = Request::from_parts(parts, ProxyBody::stream(body));
-    let mut response = client.send(upstream_request, timeout).await?;
+    let response = client.send(upstream_request, timeout).await?;
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_upgrade) = client_upgrade {
-            let upstream_upgrade = hyper::upgrade::on(&mut response);
-            tokio::spawn(async move {
-                match tokio::try_join!(client_upgrade, upstream_upgrade) {
-                    Ok((down, up)) => {
-                        let _ = tokio::io::copy_bidirectional(
-                            &mut TokioIo::new(down),
-                            &mut TokioIo::new(up),
-                        )
-                        .await;
+            let (mut parts, body) = response.into_parts();
+            if let Some(mut up) = body.into_upgraded() {
+                tokio::spawn(async move {
+                    match client_upgrade.await {
+                        Ok(down) => {
+                            let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(down), &mut up)
+                                .await;
+                        }
+                        Err(e) => tracing::debug!(error = %e, "upgrade failed"),
                     }
-                    Err(e) => tracing::debug!(error = %e, "upgrade failed"),
-                }
-            });
-            let (mut parts, _) = response.into_parts();
+                });
+            }
             strip_hop_by_hop(&mut parts.headers, true);
             return Ok(Response::from_parts(parts, ProxyBody::empty()));
         }

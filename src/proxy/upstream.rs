@@ -1,6 +1,8 @@
 //! The connection to the application: a keep-alive pool over HTTP/1.1 (TLS for `https://`
-//! upstreams), requests rewritten to origin form, and failures turned into 502/504.
+//! upstreams) spoken in the request's own task ([`http1`]), requests rewritten to origin
+//! form, and failures turned into 502/504.
 
+mod http1;
 mod pool;
 
 use std::sync::Arc;
@@ -12,8 +14,9 @@ use http::{header, HeaderValue, Request, Response, Uri};
 use super::body::ProxyBody;
 use crate::config::Upstream;
 use crate::error::ProxyError;
+use http1::{Decoder, Framing, SendError};
 use pool::Pool;
-pub use pool::UpstreamBody;
+pub use pool::{Upgraded, UpstreamBody};
 
 /// A pooled client for one upstream origin.
 #[derive(Debug, Clone)]
@@ -91,32 +94,33 @@ impl UpstreamClient {
     /// exchange (head and body) with one timer.
     pub async fn send_untimed(
         &self,
-        mut request: Request<ProxyBody>,
+        request: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
+        let (parts, mut body) = request.into_parts();
         loop {
             let mut checkout = self.pool.checkout().await?;
-            match checkout.sender.try_send_request(request).await {
-                Ok(response) => {
-                    let (parts, body) = response.into_parts();
-                    // After `101 Switching Protocols` the connection belongs to the upgrade.
-                    let returning = (parts.status != http::StatusCode::SWITCHING_PROTOCOLS)
-                        .then(|| (checkout.sender, self.pool.clone()));
-                    return Ok(Response::from_parts(
-                        parts,
-                        UpstreamBody::new(body, returning),
-                    ));
+            let head = match checkout.conn.write_request(&parts, &mut body).await {
+                Ok(()) => checkout.conn.read_head(&parts.method).await,
+                // Not a byte was written: a kept-alive connection the upstream closed while
+                // it sat idle. Safe to send again, on another connection.
+                Err(SendError::Unsent(_)) if checkout.reused => continue,
+                Err(SendError::Unsent(e) | SendError::Io(e)) => Err(e),
+                Err(SendError::Body(e)) => {
+                    return Err(ProxyError::BodyRead(e.to_string()));
                 }
-                Err(mut e) => match e.take_message() {
-                    // Not a byte was written: a kept-alive connection the upstream closed
-                    // while it sat idle. Safe to send again, on another connection.
-                    Some(unsent) if checkout.reused => request = unsent,
-                    _ => {
-                        let e = e.into_error();
-                        tracing::warn!(error = %e, source = ?std::error::Error::source(&e), "upstream request failed");
-                        return Err(ProxyError::UpstreamUnreachable(e.to_string()));
-                    }
-                },
-            }
+            };
+            let head = head.map_err(|e| {
+                tracing::warn!(error = %e, "upstream request failed");
+                ProxyError::UpstreamUnreachable(e.to_string())
+            })?;
+            let body = if head.framing == Framing::Upgrade {
+                // After `101 Switching Protocols` the connection belongs to the upgrade.
+                UpstreamBody::upgraded(checkout.conn)
+            } else {
+                let pool = head.keep_alive.then(|| Arc::clone(&self.pool));
+                UpstreamBody::new(checkout.conn, Decoder::new(head.framing), pool)
+            };
+            return Ok(Response::from_parts(head.parts, body));
         }
     }
 }

@@ -7,22 +7,22 @@
 //! body as the hand-back point neither is needed, which is about a tenth of the CPU of a
 //! forwarded request.
 
+use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use super::http1::{Connection, Decoder, Io};
 use crate::error::ProxyError;
-use crate::proxy::body::ProxyBody;
+use crate::proxy::body::BodyError;
 
 /// How long establishing a TCP connection (and its TLS handshake) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -43,7 +43,7 @@ struct Dialer {
 
 /// An idle connection.
 struct Idle {
-    sender: SendRequest<ProxyBody>,
+    conn: Connection,
     since: Instant,
 }
 
@@ -74,8 +74,8 @@ impl std::fmt::Debug for Pool {
 
 /// A connection checked out of the pool for one request.
 pub(super) struct Checkout {
-    /// The connection's request half.
-    pub sender: SendRequest<ProxyBody>,
+    /// The connection.
+    pub conn: Connection,
     /// Whether it served an earlier request: only then may a request it failed to send be
     /// retried on another (the upstream may have closed it while it sat idle).
     pub reused: bool,
@@ -102,25 +102,19 @@ impl Pool {
     /// The most recently used idle connection that is still open, or a new one.
     pub async fn checkout(&self) -> Result<Checkout, ProxyError> {
         loop {
-            let Some(idle) = self.lock().pop() else {
-                // Boxed: dialing (TCP, TLS, HTTP handshake) is a future of kilobytes that
-                // would otherwise be part of every request's future, which is moved
-                // (copied) whenever a task is spawned or its output read, although a
-                // connection is dialed only once per many requests.
+            let Some(mut idle) = self.lock().pop() else {
+                // Boxed: dialing (TCP, TLS) is a future of kilobytes that would otherwise be
+                // part of every request's future, which is moved (copied) whenever a task
+                // is spawned or its output read, although a connection is dialed only once
+                // per many requests.
                 return Ok(Checkout {
-                    sender: Box::pin(self.dialer.connect()).await?,
+                    conn: Box::pin(self.dialer.connect()).await?,
                     reused: false,
                 });
             };
-            if idle.sender.is_closed() || idle.since.elapsed() > IDLE_TIMEOUT {
-                continue;
-            }
-            let mut sender = idle.sender;
-            // Handed back at the end of its response body, the connection is normally
-            // ready at once; if its task has not run since, this waits for that.
-            if sender.is_ready() || sender.ready().await.is_ok() {
+            if idle.since.elapsed() <= IDLE_TIMEOUT && idle.conn.is_idle_and_open() {
                 return Ok(Checkout {
-                    sender,
+                    conn: idle.conn,
                     reused: true,
                 });
             }
@@ -128,16 +122,13 @@ impl Pool {
     }
 
     /// Takes a connection back for the next request.
-    fn put(&self, sender: SendRequest<ProxyBody>) {
-        if sender.is_closed() {
-            return;
-        }
+    fn put(&self, conn: Connection) {
         let mut idle = self.lock();
         if idle.len() >= MAX_IDLE {
             idle.remove(0);
         }
         idle.push(Idle {
-            sender,
+            conn,
             since: Instant::now(),
         });
     }
@@ -151,7 +142,7 @@ impl Pool {
 }
 
 impl Dialer {
-    async fn connect(&self) -> Result<SendRequest<ProxyBody>, ProxyError> {
+    async fn connect(&self) -> Result<Connection, ProxyError> {
         let unreachable = |what: &str, e: &dyn std::fmt::Display| {
             ProxyError::UpstreamUnreachable(format!("{what} {}: {e}", self.address))
         };
@@ -161,8 +152,8 @@ impl Dialer {
                 .map_err(|e| unreachable("connect", &e))?;
             tcp.set_nodelay(true)
                 .map_err(|e| unreachable("connect", &e))?;
-            match &self.tls {
-                None => handshake(TokioIo::new(tcp)).await,
+            let io = match &self.tls {
+                None => Io::Plain(tcp),
                 Some((connector, name)) => {
                     let name = ServerName::try_from(name.clone())
                         .map_err(|e| unreachable("TLS server name of", &e))?;
@@ -170,9 +161,10 @@ impl Dialer {
                         .connect(name, tcp)
                         .await
                         .map_err(|e| unreachable("TLS handshake with", &e))?;
-                    handshake(TokioIo::new(tls)).await
+                    Io::Tls(Box::new(tls))
                 }
-            }
+            };
+            Ok(Connection::new(io))
         };
         match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
             Ok(result) => result,
@@ -181,91 +173,147 @@ impl Dialer {
     }
 }
 
-/// Starts HTTP/1.1 on `io`; the connection runs in its own task until either side closes
-/// it (or hands it over after a `101 Switching Protocols`).
-async fn handshake<I>(io: I) -> Result<SendRequest<ProxyBody>, ProxyError>
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (sender, connection) = hyper::client::conn::http1::Builder::new()
-        .handshake(io)
-        .await
-        .map_err(|e| ProxyError::UpstreamUnreachable(e.to_string()))?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.with_upgrades().await {
-            tracing::debug!(error = %e, "upstream connection ended");
-        }
-    });
-    Ok(sender)
-}
-
-/// An upstream response body that hands its connection back to the pool once the
-/// upstream has sent all of it. Dropped earlier, it drops the connection instead (the
-/// rest of the body is still on the wire).
+/// An upstream answer's body, decoded from its connection as the client side reads it.
+/// At its end the connection goes back to the pool if the answer let it; dropped earlier,
+/// it drops the connection (the rest of the body is still on the wire).
 pub struct UpstreamBody {
-    inner: Incoming,
-    returning: Option<(SendRequest<ProxyBody>, Arc<Pool>)>,
+    conn: Option<Connection>,
+    decoder: Decoder,
+    /// Where the connection goes at the end; `None`: it is not reusable.
+    returning: Option<Arc<Pool>>,
 }
 
 impl std::fmt::Debug for UpstreamBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamBody")
-            .field("inner", &self.inner)
+            .field("decoder", &self.decoder)
             .field("pooled", &self.returning.is_some())
             .finish()
     }
 }
 
 impl UpstreamBody {
-    /// `inner`, handing `sender` back to `pool` at its end (`None`: never, e.g. after an
-    /// upgrade took the connection over).
-    pub(super) fn new(
-        inner: Incoming,
-        returning: Option<(SendRequest<ProxyBody>, Arc<Pool>)>,
-    ) -> Self {
-        let mut body = Self { inner, returning };
+    /// The body of an answer read from `conn`, handing `conn` back to `pool` at its end
+    /// (`None`: never, e.g. the upstream said it closes the connection).
+    pub(super) fn new(conn: Connection, decoder: Decoder, pool: Option<Arc<Pool>>) -> Self {
+        let mut body = Self {
+            conn: Some(conn),
+            decoder,
+            returning: pool,
+        };
         // hyper never polls a body that says it is over (an empty one): hand back now.
-        if body.inner.is_end_stream() {
+        if body.decoder.is_done() {
             body.hand_back();
         }
         body
     }
 
+    /// The connection of a `101 Switching Protocols` answer, now carrying the new protocol.
+    pub(super) fn upgraded(conn: Connection) -> Self {
+        Self {
+            conn: Some(conn),
+            decoder: Decoder::new(super::http1::Framing::Upgrade),
+            returning: None,
+        }
+    }
+
+    /// Takes the switched connection out of a `101` answer's body.
+    pub fn into_upgraded(mut self) -> Option<Upgraded> {
+        let (io, read) = self.conn.take()?.into_upgraded();
+        Some(Upgraded { io, read })
+    }
+
     fn hand_back(&mut self) {
-        if let Some((sender, pool)) = self.returning.take() {
-            pool.put(sender);
+        let pool = self.returning.take();
+        let conn = self.conn.take();
+        if let (Some(pool), Some(conn)) = (pool, conn) {
+            // Bytes past the answer's end: the upstream and the framing disagree, and the
+            // next request would read them as its answer.
+            if conn.nothing_unread() {
+                pool.put(conn);
+            }
         }
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let Some(conn) = this.conn.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = conn.poll_body(&mut this.decoder, cx);
         match &polled {
-            // A chunked body ends with `None`; a sized one may say so with its last frame,
-            // after which it is not polled again.
             Poll::Ready(None) => this.hand_back(),
-            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.hand_back(),
-            Poll::Ready(Some(Ok(_))) => {}
+            // A sized body may say it is over with its last frame, after which hyper does
+            // not poll it again.
+            Poll::Ready(Some(Ok(_))) if this.decoder.is_done() => this.hand_back(),
+            Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
             // A failed body leaves the connection in an unknown state: never reuse it.
-            Poll::Ready(Some(Err(_))) => this.returning = None,
-            Poll::Pending => {}
+            Poll::Ready(Some(Err(_))) => {
+                this.returning = None;
+                this.conn = None;
+            }
         }
-        polled
+        polled.map(|frame| frame.map(|result| result.map_err(BodyError::Upstream)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.decoder.is_done()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self.decoder.remaining() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+/// An upstream connection after `101 Switching Protocols`: the bytes of the new protocol
+/// that arrived with the answer head come first, then the stream.
+pub struct Upgraded {
+    io: Io,
+    read: Bytes,
+}
+
+impl AsyncRead for Upgraded {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.read.has_remaining() {
+            let n = this.read.len().min(buf.remaining());
+            buf.put_slice(&this.read[..n]);
+            this.read.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Upgraded {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
