@@ -91,6 +91,35 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// Whether `name` (lowercase, as [`HeaderName`] keeps it) is a hop-by-hop header that
+/// [`strip_hop_by_hop`] removes without `keep_upgrade`, `Connection` and `Upgrade` included.
+pub fn is_hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// Whether every token of a `Connection` value is one that names no other header
+/// (`keep-alive`, `close`, `upgrade`): then dropping the header drops all it governs.
+pub fn connection_names_no_header(value: &[u8]) -> bool {
+    value.split(|&b| b == b',').all(|token| {
+        let token = token.trim_ascii();
+        token.is_empty()
+            || token.eq_ignore_ascii_case(b"keep-alive")
+            || token.eq_ignore_ascii_case(b"close")
+            || token.eq_ignore_ascii_case(b"upgrade")
+    })
+}
+
 /// Whether an HTTP/1.1 request asks to switch protocols (e.g. WebSocket).
 pub fn wants_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
@@ -102,41 +131,83 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
-/// Prepares request headers for the upstream: hop-by-hop removed, `Expect` answered here
-/// rather than forwarded, `Host` kept (filled from the URI for HTTP/2 clients), and
-/// `X-Forwarded-For` appended, `X-Forwarded-Proto`/`-Host` set.
-pub fn prepare_request(
-    headers: &mut HeaderMap,
-    authority: Option<&http::uri::Authority>,
-    client_ip: &HeaderValue,
-    proto: &'static str,
-    upgrade: bool,
+/// What the proxy adds to a request it forwards.
+#[derive(Debug, Clone, Copy)]
+pub struct Forwarding<'a> {
+    /// The client's address, appended to `X-Forwarded-For`.
+    pub client_ip: &'a HeaderValue,
+    /// `http` or `https`, for `X-Forwarded-Proto`.
+    pub proto: &'static str,
+    /// A protocol switch is forwarded: `Upgrade` is kept and `Connection: upgrade` sent.
+    pub upgrade: bool,
+}
+
+/// Writes the header fields of a request forwarded upstream, as HTTP/1.1 field lines: the
+/// client's fields without hop-by-hop ones, `Expect` (answered here, not forwarded) and
+/// the framing fields (the caller writes those for the body it sends); `Host` kept, or
+/// `fallback_host` when the client sent none (HTTP/2's `:authority`, or the upstream's for
+/// HTTP/1.0); `X-Forwarded-For` appended to, `X-Forwarded-Proto` and `X-Forwarded-Host`
+/// set. Fields that the client's `Connection` names must have been removed before
+/// ([`strip_hop_by_hop`], needed only when [`connection_names_no_header`] is false).
+///
+/// Written straight into the request head rather than inserted into the header map and
+/// encoded from there: each insert and removal hashes a name and moves entries, which was
+/// most of what preparing a request cost.
+pub fn write_forwarded_fields(
+    headers: &HeaderMap,
+    forwarding: &Forwarding<'_>,
+    fallback_host: impl FnOnce() -> Option<HeaderValue>,
+    out: &mut Vec<u8>,
 ) {
-    strip_hop_by_hop(headers, upgrade);
-    headers.remove(header::EXPECT);
-    if !headers.contains_key(header::HOST) {
-        if let Some(value) = authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
-            headers.insert(header::HOST, value);
+    let mut host: Option<&HeaderValue> = None;
+    let mut forwarded_for: Vec<&HeaderValue> = Vec::new();
+    for (name, value) in headers {
+        match name.as_str() {
+            "content-length" | "transfer-encoding" | "expect" | "x-forwarded-proto"
+            | "x-forwarded-host" => continue,
+            "upgrade" if forwarding.upgrade => {}
+            "x-forwarded-for" => {
+                forwarded_for.push(value);
+                continue;
+            }
+            "host" => host = Some(value),
+            other if is_hop_by_hop(other) => continue,
+            _ => {}
         }
+        write_field(out, name.as_str(), value.as_bytes());
     }
-    let ip = client_ip.as_bytes();
-    let value = match headers.get(&X_FORWARDED_FOR) {
-        Some(previous) => {
-            let mut joined = Vec::with_capacity(previous.len() + 2 + ip.len());
-            joined.extend_from_slice(previous.as_bytes());
-            joined.extend_from_slice(b", ");
-            joined.extend_from_slice(ip);
-            HeaderValue::from_maybe_shared(bytes::Bytes::from(joined))
-        }
-        None => Ok(client_ip.clone()),
+    let fallback = if host.is_none() {
+        fallback_host()
+    } else {
+        None
     };
-    if let Ok(value) = value {
-        headers.insert(X_FORWARDED_FOR.clone(), value);
+    if let Some(fallback) = &fallback {
+        write_field(out, "host", fallback.as_bytes());
     }
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
-    if let Some(host) = headers.get(header::HOST).cloned() {
-        headers.insert(X_FORWARDED_HOST.clone(), host);
+    let host = host.or(fallback.as_ref());
+    out.extend_from_slice(X_FORWARDED_FOR.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    for previous in forwarded_for {
+        out.extend_from_slice(previous.as_bytes());
+        out.extend_from_slice(b", ");
     }
+    out.extend_from_slice(forwarding.client_ip.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    write_field(out, X_FORWARDED_PROTO.as_str(), forwarding.proto.as_bytes());
+    if let Some(host) = host {
+        write_field(out, X_FORWARDED_HOST.as_str(), host.as_bytes());
+    }
+    if forwarding.upgrade {
+        write_field(out, "connection", b"upgrade");
+    }
+}
+
+/// Appends one `name: value` field line.
+pub fn write_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 #[cfg(test)]
@@ -170,7 +241,14 @@ mod tests {
             strip_hop_by_hop(&mut h, false);
             assert_eq!(h.len(), 1, "{name} survived");
             assert!(h.contains_key(header::HOST));
+            assert!(
+                is_hop_by_hop(name.as_str()),
+                "{name} is not in is_hop_by_hop"
+            );
         }
+        assert!(!is_hop_by_hop("host"));
+        assert!(connection_names_no_header(b"Keep-Alive, close,upgrade"));
+        assert!(!connection_names_no_header(b"keep-alive, X-Secret"));
     }
 
     #[test]
@@ -186,16 +264,53 @@ mod tests {
         assert!(h.is_empty());
     }
 
+    fn forwarded(headers: &HeaderMap, upgrade: bool, fallback: Option<&str>) -> String {
+        let ip = HeaderValue::from_static("127.0.0.1");
+        let forwarding = Forwarding {
+            client_ip: &ip,
+            proto: "http",
+            upgrade,
+        };
+        let mut out = Vec::new();
+        let fallback = fallback.map(HeaderValue::from_str).and_then(Result::ok);
+        write_forwarded_fields(headers, &forwarding, || fallback, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
     #[test]
-    fn forwarded_for_is_appended() {
+    fn forwarded_for_is_appended_and_the_rest_set() {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("shop.example"));
-        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.9"));
-        let ip = HeaderValue::from_static("127.0.0.1");
-        prepare_request(&mut h, None, &ip, "http", false);
-        assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.9, 127.0.0.1");
-        assert_eq!(h[&X_FORWARDED_HOST], "shop.example");
-        assert_eq!(h[&X_FORWARDED_PROTO], "http");
-        assert_eq!(h[header::HOST], "shop.example");
+        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.9"));
+        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.2"));
+        h.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("https"));
+        h.insert(&X_FORWARDED_HOST, HeaderValue::from_static("evil.example"));
+        h.insert(header::EXPECT, HeaderValue::from_static("100-continue"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        assert_eq!(
+            forwarded(&h, false, Some("unused.example")),
+            "host: shop.example\r\nx-kept: 1\r\n\
+             x-forwarded-for: 203.0.113.9, 198.51.100.2, 127.0.0.1\r\n\
+             x-forwarded-proto: http\r\nx-forwarded-host: shop.example\r\n"
+        );
+    }
+
+    #[test]
+    fn host_is_filled_when_missing_and_upgrades_keep_their_fields() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert_eq!(
+            forwarded(&h, true, Some("shop.example:8080")),
+            "upgrade: websocket\r\nhost: shop.example:8080\r\nx-forwarded-for: 127.0.0.1\r\n\
+             x-forwarded-proto: http\r\nx-forwarded-host: shop.example:8080\r\nconnection: upgrade\r\n"
+        );
+        assert_eq!(
+            forwarded(&HeaderMap::new(), false, None),
+            "x-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\n"
+        );
     }
 }

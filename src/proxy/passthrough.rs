@@ -19,10 +19,11 @@ pub async fn forward(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let upgrade = request.version() <= http::Version::HTTP_11 && wants_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
-    let (mut parts, body) = request.into_parts();
-    client.prepare(&mut parts, conn, upgrade);
+    let (parts, body) = request.into_parts();
     let upstream_request = Request::from_parts(parts, ProxyBody::stream(body));
-    let response = client.send(upstream_request, timeout).await?;
+    let response = client
+        .send(upstream_request, conn, upgrade, timeout)
+        .await?;
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_upgrade) = client_upgrade {

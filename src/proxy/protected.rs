@@ -334,15 +334,18 @@ impl BufferedAnswer {
 /// for head and body: each timer is a registration in tokio's wheel and a removal).
 async fn send_buffered(
     client: &UpstreamClient,
-    mut parts: Parts,
+    parts: Parts,
     body: Bytes,
     conn: &super::Connection,
     timeout: Duration,
 ) -> Result<BufferedAnswer, ProxyError> {
-    client.prepare(&mut parts, conn, false);
     let exchange = async {
         let response = client
-            .send_untimed(Request::from_parts(parts, ProxyBody::full(body)))
+            .send_untimed(
+                Request::from_parts(parts, ProxyBody::full(body)),
+                conn,
+                false,
+            )
             .await?;
         let (mut head, incoming) = response.into_parts();
         let body = incoming

@@ -8,10 +8,11 @@ mod pool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::uri::{PathAndQuery, Scheme};
-use http::{header, HeaderValue, Request, Response, Uri};
+use http::uri::Scheme;
+use http::{header, HeaderValue, Request, Response};
 
 use super::body::ProxyBody;
+use super::headers::{connection_names_no_header, strip_hop_by_hop, Forwarding};
 use crate::config::Upstream;
 use crate::error::ProxyError;
 use http1::{Decoder, Framing, SendError};
@@ -48,43 +49,19 @@ impl UpstreamClient {
         }
     }
 
-    /// Turns a client request head into the upstream's: origin-form URI (what an HTTP/1.1
-    /// origin server expects), headers cleaned and `X-Forwarded-*` added, HTTP/1.1.
-    pub fn prepare(
-        &self,
-        parts: &mut http::request::Parts,
-        conn: &super::Connection,
-        upgrade: bool,
-    ) {
-        super::headers::prepare_request(
-            &mut parts.headers,
-            parts.uri.authority(),
-            &conn.forwarded_for,
-            conn.proto(),
-            upgrade,
-        );
-        if let (false, Some(host)) = (parts.headers.contains_key(header::HOST), &self.host) {
-            parts.headers.insert(header::HOST, host.clone());
-        }
-        // Reuses the parsed path (a reference-counted clone) instead of re-parsing it.
-        parts.uri = Uri::from(
-            parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        );
-        parts.version = http::Version::HTTP_11;
-    }
-
-    /// Sends a request and waits at most `timeout` for the response head. The body hands
-    /// the connection back to the pool once it has been read to its end.
+    /// Sends a client's request on to the upstream and waits at most `timeout` for the
+    /// answer head. The request goes out in origin form (what an HTTP/1.1 origin server
+    /// expects) with its fields cleaned and `X-Forwarded-*` added
+    /// ([`super::headers::write_forwarded_fields`]); `upgrade` forwards a protocol switch.
+    /// The answer's body hands the connection back to the pool once read to its end.
     pub async fn send(
         &self,
         request: Request<ProxyBody>,
+        conn: &super::Connection,
+        upgrade: bool,
         timeout: Duration,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
-        match tokio::time::timeout(timeout, self.send_untimed(request)).await {
+        match tokio::time::timeout(timeout, self.send_untimed(request, conn, upgrade)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout),
             Ok(result) => result,
         }
@@ -95,11 +72,36 @@ impl UpstreamClient {
     pub async fn send_untimed(
         &self,
         request: Request<ProxyBody>,
+        conn: &super::Connection,
+        upgrade: bool,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
-        let (parts, mut body) = request.into_parts();
+        let (mut parts, mut body) = request.into_parts();
+        // The rare `Connection` that names other fields: remove those first.
+        if let Some(listed) = parts.headers.get(header::CONNECTION) {
+            if !connection_names_no_header(listed.as_bytes()) {
+                strip_hop_by_hop(&mut parts.headers, upgrade);
+            }
+        }
+        let forwarding = Forwarding {
+            client_ip: &conn.forwarded_for,
+            proto: conn.proto(),
+            upgrade,
+        };
+        // HTTP/2 clients name the host in `:authority`; an HTTP/1.0 client may name none,
+        // and then the upstream's own is sent.
+        let authority = parts.uri.authority();
+        let fallback_host = || {
+            authority
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                .or_else(|| self.host.clone())
+        };
         loop {
             let mut checkout = self.pool.checkout().await?;
-            let head = match checkout.conn.write_request(&parts, &mut body).await {
+            let written = checkout
+                .conn
+                .write_request(&parts, &forwarding, fallback_host, &mut body)
+                .await;
+            let head = match written {
                 Ok(()) => checkout.conn.read_head(&parts.method).await,
                 // Not a byte was written: a kept-alive connection the upstream closed while
                 // it sat idle. Safe to send again, on another connection.

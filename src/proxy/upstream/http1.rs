@@ -25,6 +25,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use crate::proxy::body::{BodyError, ProxyBody};
+use crate::proxy::headers::{
+    connection_names_no_header, is_hop_by_hop, write_field, write_forwarded_fields, Forwarding,
+};
 
 /// Bytes asked of the socket per read (and the least spare room before one).
 const READ_CHUNK: usize = 16 * 1024;
@@ -205,17 +208,19 @@ impl Connection {
         tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
     }
 
-    /// Writes the request: its head (`parts` is in origin form with its headers prepared;
-    /// framing headers are set here from the body) and its body. Body bytes that are
+    /// Writes the request: its head (fields as [`write_forwarded_fields`] forwards them,
+    /// framing fields set here from the body) and its body. Body bytes that are
     /// already there go out in the same write as the head: a small body usually arrives
     /// with its request head, and a write is a syscall and a wake-up of the upstream.
     pub async fn write_request(
         &mut self,
         parts: &http::request::Parts,
+        forwarding: &Forwarding<'_>,
+        fallback_host: impl FnOnce() -> Option<HeaderValue>,
         body: &mut ProxyBody,
     ) -> Result<(), SendError> {
         let framing = RequestFraming::of(parts, body);
-        let mut out = encode_head(parts, framing);
+        let mut out = encode_head(parts, forwarding, fallback_host, framing);
         if let ProxyBody::Full { data } = body {
             // Cloned, not taken: a request that was not sent goes out again with its body.
             let data = data.clone().unwrap_or_default();
@@ -278,7 +283,7 @@ impl Connection {
         if chunked {
             out.extend_from_slice(b"0\r\n");
             for (name, value) in trailers.iter().flatten() {
-                push_field(&mut out, name, value);
+                write_field(&mut out, name.as_str(), value.as_bytes());
             }
             out.extend_from_slice(b"\r\n");
         }
@@ -426,39 +431,31 @@ impl RequestFraming {
     }
 }
 
-/// The request line and header section. The caller's framing headers are replaced by the
-/// ones that describe the body actually sent.
-fn encode_head(parts: &http::request::Parts, framing: RequestFraming) -> Vec<u8> {
+/// The request line and header section: the client's fields as
+/// [`write_forwarded_fields`] forwards them, then the framing fields of the body actually
+/// sent (the client's were for the body it sent, which may have been re-framed).
+fn encode_head(
+    parts: &http::request::Parts,
+    forwarding: &Forwarding<'_>,
+    fallback_host: impl FnOnce() -> Option<HeaderValue>,
+    framing: RequestFraming,
+) -> Vec<u8> {
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut head = Vec::with_capacity(256 + parts.headers.len() * 48);
     head.extend_from_slice(parts.method.as_str().as_bytes());
     head.push(b' ');
     head.extend_from_slice(target.as_bytes());
     head.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in &parts.headers {
-        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
-            continue;
-        }
-        push_field(&mut head, name, value);
-    }
+    write_forwarded_fields(&parts.headers, forwarding, fallback_host, &mut head);
     match framing {
         RequestFraming::None => {}
         RequestFraming::Length(n) => {
-            head.extend_from_slice(b"content-length: ");
-            head.extend_from_slice(n.to_string().as_bytes());
-            head.extend_from_slice(b"\r\n");
+            write_field(&mut head, "content-length", n.to_string().as_bytes());
         }
-        RequestFraming::Chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        RequestFraming::Chunked => write_field(&mut head, "transfer-encoding", b"chunked"),
     }
     head.extend_from_slice(b"\r\n");
     head
-}
-
-fn push_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
-    out.extend_from_slice(name.as_str().as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value.as_bytes());
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Parses one answer head off the front of `read`; `None` if it is not complete yet.
@@ -531,7 +528,17 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
                 keep_alive_token |= token.eq_ignore_ascii_case("keep-alive");
             }
         }
-        headers.append(name, value);
+        // Hop-by-hop fields describe this connection only and would be stripped before the
+        // answer goes on (inserting and then removing one is most of a header's cost), so
+        // they are not kept; except on a protocol switch, whose `Upgrade` is forwarded, and
+        // a `Connection` that names other fields, which strip_hop_by_hop must see to remove
+        // those too.
+        let hop_by_hop = status != StatusCode::SWITCHING_PROTOCOLS
+            && is_hop_by_hop(name.as_str())
+            && (name != CONNECTION || connection_names_no_header(value.as_bytes()));
+        if !hop_by_hop {
+            headers.append(name, value);
+        }
     }
     read.advance(len);
     let framing = if status == StatusCode::SWITCHING_PROTOCOLS {
@@ -859,6 +866,24 @@ mod tests {
     }
 
     #[test]
+    fn hop_by_hop_fields_are_dropped_unless_they_name_others_or_switch_protocols() {
+        let raw = "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\
+                   Transfer-Encoding: chunked\r\nX-App: 1\r\n\r\n";
+        let parsed = head(raw, Method::GET).unwrap().unwrap();
+        assert_eq!(parsed.framing, Framing::Chunked);
+        assert_eq!(parsed.parts.headers.len(), 1);
+        assert_eq!(parsed.parts.headers["x-app"], "1");
+        let naming = "HTTP/1.1 200 OK\r\nConnection: close, X-Secret\r\nX-Secret: s\r\ncontent-length: 0\r\n\r\n";
+        let parsed = head(naming, Method::GET).unwrap().unwrap();
+        assert!(parsed.parts.headers.contains_key("connection"));
+        assert!(!parsed.keep_alive);
+        let switch =
+            "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n";
+        let parsed = head(switch, Method::GET).unwrap().unwrap();
+        assert_eq!(parsed.parts.headers["upgrade"], "echo");
+    }
+
+    #[test]
     fn a_head_leaves_the_body_bytes_behind() {
         let mut read =
             BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: b\r\n\r\nhiHTTP"[..]);
@@ -921,6 +946,12 @@ mod tests {
 
     #[test]
     fn request_heads_carry_the_framing_of_the_body_sent() {
+        let ip = HeaderValue::from_static("10.0.0.1");
+        let forwarding = Forwarding {
+            client_ip: &ip,
+            proto: "http",
+            upgrade: false,
+        };
         let (mut parts, _) = http::Request::post("/orders?x=1")
             .header("host", "shop.example")
             .header("content-length", "999")
@@ -929,17 +960,19 @@ mod tests {
             .unwrap()
             .into_parts();
         let body = ProxyBody::full(Bytes::from_static(b"{}"));
-        let head = encode_head(&parts, RequestFraming::of(&parts, &body));
+        let framing = RequestFraming::of(&parts, &body);
+        let head = encode_head(&parts, &forwarding, || None, framing);
         assert_eq!(
             String::from_utf8(head).unwrap(),
-            "POST /orders?x=1 HTTP/1.1\r\nhost: shop.example\r\ncontent-length: 2\r\n\r\n"
+            "POST /orders?x=1 HTTP/1.1\r\nhost: shop.example\r\nx-forwarded-for: 10.0.0.1\r\n\
+             x-forwarded-proto: http\r\nx-forwarded-host: shop.example\r\ncontent-length: 2\r\n\r\n"
         );
         parts.method = Method::GET;
         parts.headers.remove("content-length");
-        let head = encode_head(&parts, RequestFraming::of(&parts, &ProxyBody::empty()));
-        assert_eq!(
-            String::from_utf8(head).unwrap(),
-            "GET /orders?x=1 HTTP/1.1\r\nhost: shop.example\r\n\r\n"
-        );
+        let framing = RequestFraming::of(&parts, &ProxyBody::empty());
+        let head = encode_head(&parts, &forwarding, || None, framing);
+        assert!(String::from_utf8(head)
+            .unwrap()
+            .ends_with("x-forwarded-host: shop.example\r\n\r\n"));
     }
 }
