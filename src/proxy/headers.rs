@@ -33,25 +33,11 @@ pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-h
 /// hashes its name), and the common `Connection` tokens (`keep-alive`, `close`,
 /// `upgrade`) are recognised without building a header name for them.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // Bit i: HOP_BY_HOP[i] is present; bit UPGRADE_BIT: `Upgrade` is.
-    const UPGRADE_BIT: usize = HOP_BY_HOP_COUNT;
     let mut present = 0u32;
     for name in headers.keys() {
-        // A `match` on the (always lowercase) name compiles to a length switch and one
-        // comparison, cheaper than comparing with each name in turn.
-        let bit = match name.as_str() {
-            "connection" => 0,
-            "keep-alive" => 1,
-            "proxy-connection" => 2,
-            "proxy-authenticate" => 3,
-            "proxy-authorization" => 4,
-            "te" => 5,
-            "trailer" => 6,
-            "transfer-encoding" => 7,
-            "upgrade" => UPGRADE_BIT,
-            _ => continue,
-        };
-        present |= 1 << bit;
+        if let Some(bit) = hop_by_hop_bit(name.as_str()) {
+            present |= 1 << bit;
+        }
     }
     if present == 0 {
         return;
@@ -62,15 +48,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         for token in headers
             .get_all(header::CONNECTION)
             .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
         {
-            let known = ["keep-alive", "close", "upgrade", ""]
-                .iter()
-                .any(|t| token.eq_ignore_ascii_case(t));
-            if !known {
-                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+            if !is_connection_option(token) {
+                if let Ok(name) = HeaderName::from_bytes(token) {
                     listed.push(name);
                 }
             }
@@ -91,33 +73,59 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// The bit of a hop-by-hop header in [`strip_hop_by_hop`]'s scan: `i` for `HOP_BY_HOP[i]`,
+/// [`UPGRADE_BIT`] for `Upgrade`; `None` for every other name (lowercase, as
+/// [`HeaderName`] keeps it). The one list of hop-by-hop names the code matches on.
+fn hop_by_hop_bit(name: &str) -> Option<usize> {
+    // A `match` on the name compiles to a length switch and one comparison, cheaper than
+    // comparing with each name in turn.
+    Some(match name {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "trailer" => 6,
+        "transfer-encoding" => 7,
+        "upgrade" => UPGRADE_BIT,
+        _ => return None,
+    })
+}
+
+/// [`hop_by_hop_bit`] of `Upgrade`, after the bits of [`HOP_BY_HOP`].
+const UPGRADE_BIT: usize = HOP_BY_HOP_COUNT;
+
 /// Whether `name` (lowercase, as [`HeaderName`] keeps it) is a hop-by-hop header that
 /// [`strip_hop_by_hop`] removes without `keep_upgrade`, `Connection` and `Upgrade` included.
 pub fn is_hop_by_hop(name: &str) -> bool {
-    matches!(
-        name,
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
+    hop_by_hop_bit(name).is_some()
 }
 
-/// Whether every token of a `Connection` value is one that names no other header
-/// (`keep-alive`, `close`, `upgrade`): then dropping the header drops all it governs.
+/// Whether a `Connection` token is a connection option rather than the name of a header
+/// to remove (`keep-alive`, `close`, `upgrade`, or empty between commas).
+fn is_connection_option(token: &[u8]) -> bool {
+    token.is_empty()
+        || token.eq_ignore_ascii_case(b"keep-alive")
+        || token.eq_ignore_ascii_case(b"close")
+        || token.eq_ignore_ascii_case(b"upgrade")
+}
+
+/// Whether every token of a `Connection` value is a connection option: then dropping the
+/// field drops all it governs.
 pub fn connection_names_no_header(value: &[u8]) -> bool {
-    value.split(|&b| b == b',').all(|token| {
-        let token = token.trim_ascii();
-        token.is_empty()
-            || token.eq_ignore_ascii_case(b"keep-alive")
-            || token.eq_ignore_ascii_case(b"close")
-            || token.eq_ignore_ascii_case(b"upgrade")
-    })
+    value
+        .split(|&b| b == b',')
+        .all(|token| is_connection_option(token.trim_ascii()))
+}
+
+/// Whether any of a message's `Connection` fields names other headers, which must then be
+/// removed with it ([`strip_hop_by_hop`]); every field counts, not just the first.
+pub fn connection_names_headers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|v| !connection_names_no_header(v.as_bytes()))
 }
 
 /// Whether an HTTP/1.1 request asks to switch protocols (e.g. WebSocket).
@@ -148,7 +156,7 @@ pub struct Forwarding<'a> {
 /// `fallback_host` when the client sent none (HTTP/2's `:authority`, or the upstream's for
 /// HTTP/1.0); `X-Forwarded-For` appended to, `X-Forwarded-Proto` and `X-Forwarded-Host`
 /// set. Fields that the client's `Connection` names must have been removed before
-/// ([`strip_hop_by_hop`], needed only when [`connection_names_no_header`] is false).
+/// ([`strip_hop_by_hop`], needed only when [`connection_names_headers`]).
 ///
 /// Written straight into the request head rather than inserted into the header map and
 /// encoded from there: each insert and removal hashes a name and moves entries, which was
@@ -163,8 +171,7 @@ pub fn write_forwarded_fields(
     let mut forwarded_for: Vec<&HeaderValue> = Vec::new();
     for (name, value) in headers {
         match name.as_str() {
-            "content-length" | "transfer-encoding" | "expect" | "x-forwarded-proto"
-            | "x-forwarded-host" => continue,
+            "content-length" | "expect" | "x-forwarded-proto" | "x-forwarded-host" => continue,
             "upgrade" if forwarding.upgrade => {}
             "x-forwarded-for" => {
                 forwarded_for.push(value);
@@ -249,6 +256,20 @@ mod tests {
         assert!(!is_hop_by_hop("host"));
         assert!(connection_names_no_header(b"Keep-Alive, close,upgrade"));
         assert!(!connection_names_no_header(b"keep-alive, X-Secret"));
+    }
+
+    /// A second `Connection` field counts as much as the first: a check of only the first
+    /// would forward the header the second one names.
+    #[test]
+    fn every_connection_field_is_looked_at() {
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        assert!(!connection_names_headers(&h));
+        h.append(header::CONNECTION, HeaderValue::from_static("X-Secret"));
+        h.insert("x-secret", HeaderValue::from_static("s"));
+        assert!(connection_names_headers(&h));
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty());
     }
 
     #[test]

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::Scheme;
-use http::{header, HeaderValue, Request, Response};
+use http::{HeaderValue, Request, Response};
 
 use super::body::ProxyBody;
-use super::headers::{connection_names_no_header, strip_hop_by_hop, Forwarding};
+use super::headers::{connection_names_headers, strip_hop_by_hop, Forwarding};
 use crate::config::Upstream;
 use crate::error::ProxyError;
 use http1::{Decoder, Framing, SendError};
@@ -77,10 +77,8 @@ impl UpstreamClient {
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let (mut parts, mut body) = request.into_parts();
         // The rare `Connection` that names other fields: remove those first.
-        if let Some(listed) = parts.headers.get(header::CONNECTION) {
-            if !connection_names_no_header(listed.as_bytes()) {
-                strip_hop_by_hop(&mut parts.headers, upgrade);
-            }
+        if connection_names_headers(&parts.headers) {
+            strip_hop_by_hop(&mut parts.headers, upgrade);
         }
         let forwarding = Forwarding {
             client_ip: &conn.forwarded_for,

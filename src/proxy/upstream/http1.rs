@@ -150,7 +150,8 @@ pub enum Framing {
 /// An answer head as read from the upstream.
 #[derive(Debug)]
 pub struct Head {
-    /// Status, version and headers (as the upstream sent them, hop-by-hop ones included).
+    /// Status, version and headers as the upstream sent them, less the hop-by-hop ones
+    /// that name no other header (kept on a `101`, whose `Upgrade` is forwarded).
     pub parts: http::response::Parts,
     /// Where the body ends.
     pub framing: Framing,
@@ -176,10 +177,9 @@ impl Connection {
     /// Whether an idle connection can carry a request: the upstream has neither closed it
     /// nor sent anything unasked. Looks at the readiness the runtime already has and reads
     /// only if the socket was reported readable, so a quiet connection costs no syscall.
+    /// (Bytes read before it went idle are ruled out where it is pooled:
+    /// [`Connection::nothing_unread`].)
     pub fn is_idle_and_open(&mut self) -> bool {
-        if !self.read.is_empty() {
-            return false;
-        }
         let mut cx = Context::from_waker(Waker::noop());
         match self.io.tcp().poll_read_ready(&mut cx) {
             Poll::Pending => return true,
