@@ -1093,21 +1093,41 @@ fn special_lanes(v: u64) -> u64 {
 /// Scans string content from `i` to the first `"` or `\`, validating UTF-8 and rejecting raw
 /// control characters; returns that byte's offset.
 ///
-/// The all-ASCII case, nearly every key and most values, runs inline 8 bytes at a time.
+/// The all-ASCII case, nearly every key and most values, runs inline 8 bytes at a time; a
+/// string longer than that goes to [`scan_plain_ascii_run`].
 #[inline(always)]
-fn scan_plain(input: &[u8], mut i: usize) -> Result<usize, JsonError> {
-    while let Some(chunk) = input.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+fn scan_plain(input: &[u8], i: usize) -> Result<usize, JsonError> {
+    if let Some(chunk) = input.get(i..).and_then(<[u8]>::first_chunk::<8>) {
         let lanes = special_lanes(u64::from_le_bytes(*chunk));
-        if lanes != 0 {
-            let stop = i + (lanes.trailing_zeros() / 8) as usize;
-            if matches!(input[stop], b'"' | b'\\') {
-                return Ok(stop);
-            }
-            return scan_plain_long(input, stop);
+        if lanes == 0 {
+            return scan_plain_ascii_run(input, i + 8);
         }
-        i += 8;
+        let stop = i + (lanes.trailing_zeros() / 8) as usize;
+        if matches!(input[stop], b'"' | b'\\') {
+            return Ok(stop);
+        }
+        return scan_plain_long(input, stop);
     }
     scan_plain_long(input, i)
+}
+
+/// [`scan_plain`] for a long string (a note, a description, base64): finds the end with
+/// memchr's SIMD search, then checks the run before it for control characters and non-ASCII
+/// in passes the compiler vectorizes. About three times fewer instructions per byte than the
+/// 8-byte loop; a run that is not plain ASCII is scanned again by [`scan_plain_long`].
+#[inline(never)]
+fn scan_plain_ascii_run(input: &[u8], i: usize) -> Result<usize, JsonError> {
+    let Some(len) = memchr::memchr2(b'"', b'\\', &input[i..]) else {
+        return scan_plain_long(input, i);
+    };
+    let run = &input[i..i + len];
+    // No early exit, so it vectorizes: any byte below 0x20 sets the flag.
+    let controls = run.iter().fold(0u8, |seen, &b| seen | u8::from(b < 0x20));
+    if controls == 0 && run.is_ascii() {
+        Ok(i + len)
+    } else {
+        scan_plain_long(input, i)
+    }
 }
 
 /// [`scan_plain`] from a non-ASCII or control byte, or from the last few bytes of the input.
@@ -1456,6 +1476,39 @@ mod tests {
     fn strings_without_escapes_are_copied_verbatim() {
         let s = "\"plain ASCII, ünïcødé, 😀 and DEL \u{7f} — long enough to cross several words\"";
         assert_eq!(canon(s), s);
+    }
+
+    /// Long strings take the memchr path: a raw control character, a non-ASCII character,
+    /// bad UTF-8, an escape or a missing quote must be found at every position there as in
+    /// the 8-byte loop.
+    #[test]
+    fn long_strings_are_checked_at_every_position() {
+        let ok =
+            |doc: &[u8]| canonical_json(doc, &IgnoreSet::default(), &mut Vec::new(), None).is_ok();
+        for len in [9, 15, 16, 17, 31, 32, 33, 100] {
+            for at in 0..len {
+                let plain = "a".repeat(len);
+                let quoted = format!("\"{plain}\"");
+                assert_eq!(canon(&quoted), quoted);
+                assert!(!ok(&quoted.as_bytes()[..len + 1]), "unterminated, {len}");
+
+                for control in [0x00, 0x09, 0x0a, 0x1f] {
+                    let mut doc = quoted.clone().into_bytes();
+                    doc[1 + at] = control;
+                    assert!(!ok(&doc), "raw {control:#x} at {at} of {len}");
+                }
+
+                let accented = format!("\"{}é{}\"", &plain[..at], &plain[at + 1..]);
+                assert_eq!(canon(&accented), accented);
+                let mut broken = accented.clone().into_bytes();
+                broken[2 + at] = b'a'; // the lead byte 0xC3 followed by ASCII
+                assert!(!ok(&broken), "bad UTF-8 at {at} of {len}");
+
+                let escaped = format!("\"{}\\u0041{}\"", &plain[..at], &plain[at..]);
+                let expected = format!("\"{}A{}\"", &plain[..at], &plain[at..]);
+                assert_eq!(canon(&escaped), expected);
+            }
+        }
     }
 
     #[test]
