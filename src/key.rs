@@ -126,6 +126,29 @@ impl Digest {
     }
 }
 
+/// Digests are uniformly random already; hashing them again with SipHash is wasted work, so
+/// maps keyed by a digest take its first eight bytes as the hash.
+#[derive(Default)]
+pub struct DigestHasher(u64);
+
+impl std::hash::Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8).take(1) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 ^= u64::from_le_bytes(word);
+        }
+    }
+    fn write_usize(&mut self, _: usize) {}
+}
+
+/// A map keyed by [`Digest`] with [`DigestHasher`].
+pub type DigestMap<V> =
+    std::collections::HashMap<Digest, V, std::hash::BuildHasherDefault<DigestHasher>>;
+
 impl fmt::Debug for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Digest({})", self.short())

@@ -43,11 +43,13 @@ impl Proxy {
     /// A proxy serving `config` with `store`.
     pub fn new(config: Arc<Config>, store: Store, metrics: Arc<Metrics>) -> Self {
         let client = UpstreamClient::new(&config.upstream);
+        // Keys owned at shutdown are released only where they outlive the process.
+        let owners = Arc::new(Owners::new(matches!(store, Store::Redis(_))));
         Self {
             live: Arc::new(ArcSwap::from_pointee(Live { config, client })),
             store,
             metrics,
-            owners: Arc::default(),
+            owners,
             body_read_timeout: BODY_READ_TIMEOUT,
         }
     }
@@ -103,7 +105,10 @@ impl Proxy {
         request: Request<Incoming>,
         conn: &super::Connection,
     ) -> Response<ProxyBody> {
-        let started = Instant::now();
+        // Read here so the access log's duration covers the whole request; without an
+        // access log the clock is not read.
+        let access_log = tracing::enabled!(target: "access", tracing::Level::INFO);
+        let started = access_log.then(Instant::now);
         let live = self.live.load_full();
         let (route, protection) = {
             let host = request
@@ -127,8 +132,7 @@ impl Proxy {
         }
         let route_metrics = self.metrics.route(route);
         let method = request.method().clone();
-        let path = tracing::enabled!(target: "access", tracing::Level::INFO)
-            .then(|| request.uri().path().to_owned());
+        let path = access_log.then(|| request.uri().path().to_owned());
         let mut report = Report::default();
         let result = match protection {
             Protection::Off => {
@@ -172,7 +176,7 @@ impl Proxy {
         };
         let outcome = report.outcome.unwrap_or(Outcome::Passthrough);
         route_metrics.count(outcome);
-        if let Some(path) = path {
+        if let (Some(path), Some(started)) = (path, started) {
             let key = report.key.map(|k| k.short());
             tracing::info!(
                 target: "access",

@@ -5,6 +5,7 @@
 //! The owner's upstream call is [`Detachable`]: a client that disconnects does not cancel
 //! it, so the answer is still stored for that client's retry.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ use super::headers::strip_hop_by_hop;
 use super::upstream::UpstreamClient;
 use crate::config::{InFlightMode, OnStoreError, Protected};
 use crate::error::ProxyError;
-use crate::key::{derive_key, DerivedKey, Digest, KeyError, KeySource, RequestView};
+use crate::key::{derive_key, DerivedKey, Digest, DigestMap, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::store::{Claim, ClaimMode, Lease, OwnerToken, Store, StoredResponse};
 
@@ -32,40 +33,61 @@ pub static IDEMPOTENT_REPLAYED: http::HeaderName =
 /// and a sooner retry finds the replay; the lease only bounds owners that vanished.
 const RETRY_AFTER_SECS: u64 = 1;
 
-/// The keys this process owns right now, so a shutdown can release the ones whose owners
-/// did not finish within the drain time (retries on other replicas can then run at once
-/// instead of after the lease).
+/// The claims this process owns right now, so a shutdown can wait for their owners and
+/// release the keys of those that did not finish within the drain time (retries on other
+/// replicas can then run at once instead of after the lease).
+///
+/// Only a store that outlives the process (Redis) needs the keys: the memory store ends
+/// with it. There, holding a claim is two atomic operations instead of a map insert and
+/// removal under a process-wide lock.
 #[derive(Debug, Default)]
 pub struct Owners {
-    held: std::sync::Mutex<std::collections::HashMap<Digest, OwnerToken>>,
+    /// `Some` when the store is shared: each owned key with its fencing token.
+    held: Option<std::sync::Mutex<DigestMap<OwnerToken>>>,
+    running: AtomicUsize,
+    /// Set once a shutdown waits in [`Owners::finished`]; until then finishing owners
+    /// notify no one (a notification takes a lock).
+    draining: AtomicBool,
     changed: tokio::sync::Notify,
 }
 
 impl Owners {
-    fn hold(self: &Arc<Self>, lease: &Lease) -> OwnedGuard {
-        self.lock().insert(lease.key(), lease.token());
-        OwnedGuard {
-            owners: Arc::clone(self),
-            key: lease.key(),
+    /// Owners for a shared store (`keep_keys`, so they can be released at shutdown) or for
+    /// one that ends with the process.
+    pub fn new(keep_keys: bool) -> Self {
+        Self {
+            held: keep_keys.then(Default::default),
+            ..Self::default()
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Digest, OwnerToken>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    fn hold(self: &Arc<Self>, lease: &Lease) -> OwnedGuard {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        if let Some(held) = &self.held {
+            lock(held).insert(lease.key(), lease.token());
+        }
+        OwnedGuard {
+            owners: Arc::clone(self),
+            key: lease.key(),
+            token: lease.token(),
+        }
     }
 
-    /// How many keys are owned now.
+    /// How many claims are owned now.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.running.load(Ordering::SeqCst)
     }
 
-    /// Whether no key is owned.
+    /// Whether no claim is owned.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Waits until every owner has finished, or `deadline`.
     pub async fn finished(&self, deadline: Instant) {
+        // SeqCst on both sides: an owner finishing now either sees `draining` and notifies,
+        // or finished before the count below is read.
+        self.draining.store(true, Ordering::SeqCst);
         loop {
             let changed = self.changed.notified();
             if self.is_empty() {
@@ -81,8 +103,12 @@ impl Owners {
     }
 
     /// Releases every key still owned (fenced: a key completed meanwhile is left alone).
+    /// Nothing to do on a store that ends with the process.
     pub async fn release_all(&self, store: &Store) -> usize {
-        let held: Vec<(Digest, OwnerToken)> = self.lock().drain().collect();
+        let Some(held) = &self.held else {
+            return 0;
+        };
+        let held: Vec<(Digest, OwnerToken)> = lock(held).drain().collect();
         let mut released = 0;
         for (key, token) in held {
             if matches!(store.release(key, token).await, Ok(true)) {
@@ -93,15 +119,29 @@ impl Owners {
     }
 }
 
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 struct OwnedGuard {
     owners: Arc<Owners>,
     key: Digest,
+    token: OwnerToken,
 }
 
 impl Drop for OwnedGuard {
     fn drop(&mut self) {
-        self.owners.lock().remove(&self.key);
-        self.owners.changed.notify_waiters();
+        if let Some(held) = &self.owners.held {
+            let mut held = lock(held);
+            // A later owner of the same key (this one's lease lapsed) keeps its entry.
+            if held.get(&self.key) == Some(&self.token) {
+                held.remove(&self.key);
+            }
+        }
+        self.owners.running.fetch_sub(1, Ordering::SeqCst);
+        if self.owners.draining.load(Ordering::SeqCst) {
+            self.owners.changed.notify_waiters();
+        }
     }
 }
 
@@ -164,8 +204,8 @@ pub async fn handle(
     };
     report.key = Some(key);
 
-    // Phase 3: claim; a duplicate in wait mode claims again each time it is woken.
-    let deadline = Instant::now() + policy.wait_timeout;
+    // Phase 3: claim; a duplicate in wait mode claims again each time it is woken, until
+    // wait_timeout after it first found the key in flight.
     // Token routes only start from an issued token; a failed attempt hands it back.
     let (mode, reissue) = match &rule.key.source {
         KeySource::Token(t) => (ClaimMode::IssuedOnly, Some(t.reissue_ttl)),
@@ -226,8 +266,8 @@ pub async fn handle(
                 if policy.in_flight == InFlightMode::Reject {
                     return Err(in_flight);
                 }
-                waiting_since.get_or_insert_with(Instant::now);
-                if !waiter.wait(deadline).await {
+                let since = *waiting_since.get_or_insert_with(Instant::now);
+                if !waiter.wait(since + policy.wait_timeout).await {
                     waited(waiting_since);
                     return Err(in_flight);
                 }
@@ -243,7 +283,7 @@ async fn forward_unprotected(
     timeout: Duration,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let started = Instant::now();
-    let answer = send_buffered(cx.client, parts, body, cx.conn, timeout).await;
+    let answer = send_buffered(cx.client, parts, body, cx.conn, started + timeout).await;
     cx.route_metrics.upstream_latency(started.elapsed());
     Ok(answer?.into_response())
 }
@@ -270,7 +310,8 @@ async fn execute(
         let _owned = owned;
         let policy = &rule.policy;
         let started = Instant::now();
-        let answer = send_buffered(&client, parts, body, &conn, policy.upstream_timeout).await;
+        let deadline = started + policy.upstream_timeout;
+        let answer = send_buffered(&client, parts, body, &conn, deadline).await;
         route_metrics.upstream_latency(started.elapsed());
         let answer = match answer {
             Ok(answer) => answer,
@@ -330,14 +371,15 @@ impl BufferedAnswer {
     }
 }
 
-/// Forwards a buffered request and reads the whole answer within `timeout` (one timer
-/// for head and body: each timer is a registration in tokio's wheel and a removal).
+/// Forwards a buffered request and reads the whole answer by `deadline` (one timer for
+/// head and body: each timer is a registration in tokio's wheel and a removal; the caller's
+/// start time is reused, one clock read less).
 async fn send_buffered(
     client: &UpstreamClient,
     parts: Parts,
     body: Bytes,
     conn: &super::Connection,
-    timeout: Duration,
+    deadline: Instant,
 ) -> Result<BufferedAnswer, ProxyError> {
     let exchange = async {
         let response = client
@@ -360,7 +402,7 @@ async fn send_buffered(
             body,
         })
     };
-    tokio::time::timeout(timeout, exchange)
+    tokio::time::timeout_at(deadline.into(), exchange)
         .await
         .unwrap_or(Err(ProxyError::UpstreamTimeout))
 }

@@ -9,16 +9,15 @@
 //! FIFO per TTL (records written with the same TTL expire in the order they were written),
 //! 40 bytes an entry instead of an ordered tree's node overhead.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
 
-use super::{unix_ms, KeyInfo, OwnerToken, StoreError, StoreStats, StoredResponse, Waiter};
-use crate::key::Digest;
+use super::{KeyInfo, OwnerToken, StoreError, StoreStats, StoredResponse, Waiter};
+use crate::key::{Digest, DigestMap};
 
 /// Bounds of the memory store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,8 +128,9 @@ struct InFlight {
     /// The owner's lease, for those lazy renewals.
     lease: Duration,
     alive: Weak<()>,
-    /// Unix milliseconds, for the admin API.
-    created_ms: u64,
+    /// Claim time, for the admin API (converted to wall time only when shown: a wall-clock
+    /// read per claim costs more than the conversion).
+    created: Ticks,
     // Dropped when the record is replaced or removed; waiters subscribed to it wake.
     // Made by the first duplicate: most claims never see one, and the channel is an
     // allocation and a notification per claim otherwise.
@@ -146,26 +146,6 @@ impl Entry {
         }
     }
 }
-
-/// Digests are uniformly random already; hashing them again with SipHash is wasted work.
-#[derive(Default)]
-struct DigestHasher(u64);
-
-impl Hasher for DigestHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8).take(1) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 ^= u64::from_le_bytes(word);
-        }
-    }
-    fn write_usize(&mut self, _: usize) {}
-}
-
-type DigestMap<V> = HashMap<Digest, V, BuildHasherDefault<DigestHasher>>;
 
 #[derive(Debug, Default)]
 struct Shard {
@@ -333,7 +313,7 @@ impl MemoryStore {
                 lease_until: now + lease,
                 lease,
                 alive: Arc::downgrade(&liveness),
-                created_ms: unix_ms(SystemTime::now()),
+                created: ticks,
                 done: None,
             })),
         );
@@ -460,7 +440,9 @@ impl MemoryStore {
                 };
                 Some(KeyInfo {
                     state: "in_flight",
-                    created: std::time::UNIX_EPOCH + Duration::from_millis(record.created_ms),
+                    created: wall
+                        .checked_sub(now.saturating_duration_since(self.instant(record.created)))
+                        .unwrap_or(wall),
                     expires: wall + until.saturating_duration_since(now),
                     response: None,
                 })
