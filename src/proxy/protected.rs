@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::body::{read_limited, ProxyBody};
+use super::body::{collect_bytes, read_limited, ProxyBody};
 use super::detach::Detachable;
 use super::headers::strip_hop_by_hop;
 use super::upstream::UpstreamClient;
@@ -390,11 +389,9 @@ async fn send_buffered(
             )
             .await?;
         let (mut head, incoming) = response.into_parts();
-        let body = incoming
-            .collect()
+        let body = collect_bytes(incoming)
             .await
-            .map_err(|e| ProxyError::UpstreamUnreachable(e.to_string()))?
-            .to_bytes();
+            .map_err(|e| ProxyError::UpstreamUnreachable(e.to_string()))?;
         strip_hop_by_hop(&mut head.headers, false);
         Ok(BufferedAnswer {
             status: head.status,
