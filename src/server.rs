@@ -23,6 +23,9 @@ use crate::proxy::{Connection, Proxy};
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 use sha2::{Digest as _, Sha256};
 
+mod header_timer;
+use header_timer::ConnTimer;
+
 /// Builds the store a config names. Redis is connected lazily: a server that is down at
 /// start is reported (and `/readyz` fails) but does not stop the proxy.
 pub fn open_store(config: &Config) -> Result<Store, StoreError> {
@@ -90,15 +93,15 @@ async fn accept_loop<F, S>(
         + 'static,
     S::Future: Send + 'static,
 {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut template = auto::Builder::new(TokioExecutor::new());
     // A client that opens a connection and trickles its request head (slowloris) is cut off
-    // after 30 s, as nginx's client_header_timeout does; HTTP/2 gets the same timer.
-    builder
+    // after 30 s, as nginx's client_header_timeout does. Each connection gets its own copy
+    // with its own header timer (see `header_timer`); HTTP/2 uses tokio's.
+    template
         .http1()
-        .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30));
-    builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    template.http2().timer(TokioTimer::new());
+    let template = Arc::new(template);
     let make_service = Arc::new(make_service);
     // Each connection holds a sender; when all are dropped, every connection has closed.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
@@ -120,11 +123,13 @@ async fn accept_loop<F, S>(
         let _ = stream.set_nodelay(true);
         let tls = tls();
         let make_service = Arc::clone(&make_service);
-        let builder = Arc::clone(&builder);
+        let template = Arc::clone(&template);
         let open = open_tx.clone();
         let stop = stop_rx.clone();
         tokio::spawn(async move {
             let _open = open;
+            let mut builder = (*template).clone();
+            builder.http1().timer(ConnTimer::default());
             match tls {
                 None => {
                     let service = make_service(Connection::plain(peer));

@@ -227,3 +227,50 @@ async fn a_stalled_request_body_is_408_and_nothing_executes() {
     assert!(!a.replayed());
     still_serving(proxy.addr, "after-408").await;
 }
+
+/// A client that sends part of a request head and then nothing (slowloris) is answered 408
+/// and disconnected after the 30 s header-read timeout, nginx's `client_header_timeout`;
+/// meanwhile other connections are served, and the stalled request never reaches the
+/// upstream. Takes 30 s of real time (the timer is per connection and re-armed lazily:
+/// `src/server/header_timer.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_head_is_cut_off_after_30_seconds() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let mut stalled = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // A first request on the connection, then a second head that stops halfway: the
+    // timer of a kept-alive connection is the one re-armed lazily.
+    stalled
+        .write_all(b"POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: first\r\nContent-Length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    stalled.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head[..9], b"HTTP/1.1 ");
+    let mut rest = [0u8; 4096];
+    let _ = stalled.read(&mut rest).await.unwrap();
+    stalled
+        .write_all(b"POST /orders HTTP/1.1\r\nHost: a\r\nIdempotency-Key: stalled\r\n")
+        .await
+        .unwrap();
+
+    let other = post(proxy.addr, "/orders", &[("idempotency-key", "other")], "{}").await;
+    assert!(other.status.is_success(), "{:?}", other.status);
+
+    let mut answer = Vec::new();
+    let ended = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        stalled.read_to_end(&mut answer),
+    )
+    .await
+    .expect("hang guard: the stalled connection was never closed");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        ended.is_err() || answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
+    assert_eq!(upstream.executed_for("stalled"), 0);
+    assert_eq!(upstream.executed_for("first"), 1);
+    still_serving(proxy.addr, "after-stall").await;
+}
