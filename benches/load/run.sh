@@ -8,7 +8,13 @@
 # bounded in time (3-4 minutes once built). Prints one table and writes it, with the
 # date and the machine, to benches/load/RESULTS.md. See benches/load/README.md.
 #
-# Knobs (environment): DURATION (s per measured row, 10), WARMUP (s, 2), CONNS (64),
+# Rows a-e are measured in ROUNDS interleaved slices (a b c e d d2, a b c e d d2, ...), with
+# nginx and idemgate both running, so a change in the host's speed during the run (a shared
+# VM's speed moves by a third within minutes) reaches every row alike instead of whichever
+# row ran then; each row's figures are over all its slices.
+#
+# Knobs (environment): DURATION (s per measured row, 12, split into ROUNDS slices of
+# DURATION/ROUNDS s; rows fill, e1m, f and fr run in one piece), ROUNDS (3), WARMUP (s, 2), CONNS (64),
 # FILL_KEYS (1000000), LAT_RATE (5000 req/s), LAT_SECS (5), RESULTS (output file),
 # SKIP_BUILD=1 (use the existing target/release/idemgate), PERF_DIR (record each idemgate
 # row with perf into that directory; perf's sampling costs the proxy a few percent).
@@ -16,7 +22,9 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-DURATION=${DURATION:-10}
+DURATION=${DURATION:-12}
+ROUNDS=${ROUNDS:-3}
+SLICE=$(( (DURATION + ROUNDS - 1) / ROUNDS ))
 WARMUP=${WARMUP:-2}
 CONNS=${CONNS:-64}
 FILL_KEYS=${FILL_KEYS:-1000000}
@@ -156,6 +164,8 @@ outcome_diff() {
 }
 
 declare -A RPS CPU_US CPU_LAT WAKE CPU_PCT BUSY OTHER ERRS OUTCOMES DESC P50 P99 NOTE
+# Sums over a row's slices.
+declare -A N_REQ N_US N_TICKS N_BUSY N_WAKE
 ROWS=()
 
 # run_row ID "description" URL PID MODE PREFIX N [warmup-prefix]
@@ -221,22 +231,39 @@ run_row() {
     requests=$(sed -E 's/.* requests=([0-9]+).*/\1/' <<<"$result")
     duration=$(sed -E 's/.* duration_us=([0-9]+).*/\1/' <<<"$result")
     errs=$(awk '{ s = 0; for (i = 4; i <= 8; i++) { split($i, kv, "="); s += kv[2] } print s }' <<<"$result")
-    ROWS+=("$id")
-    DESC[$id]=$desc
-    RPS[$id]=$(awk -v r="$requests" -v d="$duration" 'BEGIN { printf "%.0f", r / (d / 1e6) }')
-    CPU_US[$id]=$(awk -v t=$((t1 - t0)) -v hz="$CLK_TCK" -v r="$requests" 'BEGIN { printf "%.1f", t / hz * 1e6 / r }')
-    CPU_PCT[$id]=$(awk -v t=$((t1 - t0)) -v hz="$CLK_TCK" -v d="$duration" 'BEGIN { printf "%.0f", t / hz / (d / 1e6) * 100 }')
-    BUSY[$id]=$(awk -v a="$c0" -v b="$c1" 'BEGIN { split(a, x, " "); split(b, y, " ");
-        printf "%.0f / %.0f", (y[1] - x[1]) / (y[2] - x[2]) * 100, (y[3] - x[3]) / (y[4] - x[4]) * 100 }')
+    if [[ -z ${N_REQ[$id]:-} ]]; then
+        ROWS+=("$id")
+        DESC[$id]=$desc
+        N_REQ[$id]=0 N_US[$id]=0 N_TICKS[$id]=0 N_BUSY[$id]="0 0 0 0" N_WAKE[$id]=0 ERRS[$id]=0
+        : >"$WORK/outcomes-$id"
+    fi
+    N_REQ[$id]=$((N_REQ[$id] + requests))
+    N_US[$id]=$((N_US[$id] + duration))
+    N_TICKS[$id]=$((N_TICKS[$id] + t1 - t0))
+    N_BUSY[$id]=$(awk -v s="${N_BUSY[$id]}" -v a="$c0" -v b="$c1" 'BEGIN { split(s, n, " ");
+        split(a, x, " "); split(b, y, " "); for (i = 1; i <= 4; i++) printf "%d ", n[i] + y[i] - x[i] }')
+    ERRS[$id]=$((ERRS[$id] + errs))
+    local woke
+    woke=$(awk -F, '$3 == "sched:sched_waking" { print $1 + 0; found = 1 } END { if (!found) print -1 }' \
+        "$WORK/wake-$id" 2>/dev/null || echo -1)
+    if [[ $woke -lt 0 || ${N_WAKE[$id]} -lt 0 ]]; then N_WAKE[$id]=-1; else N_WAKE[$id]=$((N_WAKE[$id] + woke)); fi
+    { outcome_diff "$WORK/m0" "$WORK/m1"; echo; } | tr ' ' '\n' >>"$WORK/outcomes-$id"
+    # The row's figures so far (over all its slices).
+    local t=${N_TICKS[$id]} r=${N_REQ[$id]} d=${N_US[$id]}
+    RPS[$id]=$(awk -v r="$r" -v d="$d" 'BEGIN { printf "%.0f", r / (d / 1e6) }')
+    CPU_US[$id]=$(awk -v t="$t" -v hz="$CLK_TCK" -v r="$r" 'BEGIN { printf "%.1f", t / hz * 1e6 / r }')
+    CPU_PCT[$id]=$(awk -v t="$t" -v hz="$CLK_TCK" -v d="$d" 'BEGIN { printf "%.0f", t / hz / (d / 1e6) * 100 }')
+    BUSY[$id]=$(awk -v s="${N_BUSY[$id]}" 'BEGIN { split(s, n, " ");
+        printf "%.0f / %.0f", n[1] / n[2] * 100, n[3] / n[4] * 100 }')
     # CPU 1 time not spent by the proxy: other work on the machine (and softirq time the
     # kernel did not charge to the proxy). Row a has no proxy on CPU 1.
     OTHER[$id]=$(awk -v b="${BUSY[$id]#*/ }" -v p="${CPU_PCT[$id]}" -v a="$id" 'BEGIN {
         o = (a == "a") ? b : b - p; printf "%.0f", (o < 0 ? 0 : o) }')
-    ERRS[$id]=$errs
-    WAKE[$id]=$(awk -F, -v r="$requests" '$3 == "sched:sched_waking" { printf "%.2f", $1 / r; found = 1 }
-        END { if (!found) print "–" }' "$WORK/wake-$id" 2>/dev/null || echo –)
-    OUTCOMES[$id]=$(outcome_diff "$WORK/m0" "$WORK/m1")
-    log "$id: ${RPS[$id]} req/s, ${CPU_US[$id]} µs CPU/req, errors $errs ${OUTCOMES[$id]}"
+    WAKE[$id]=$(awk -v w="${N_WAKE[$id]}" -v r="$r" 'BEGIN { if (w < 0) print "–"; else printf "%.2f", w / r }')
+    OUTCOMES[$id]=$(awk -F= 'NF == 2 { n[$1] += $2 } END { for (o in n) printf "%s%s=%d", (k++ ? " " : ""), o, n[o] }' \
+        "$WORK/outcomes-$id")
+    log "$id: $((requests * 1000000 / duration)) req/s, $(awk -v t=$((t1 - t0)) -v hz="$CLK_TCK" -v r="$requests" \
+        'BEGIN { printf "%.1f", t / hz * 1e6 / r }') µs CPU/req, errors $errs (row so far: ${RPS[$id]} req/s, ${CPU_US[$id]} µs)"
 }
 
 # latency ID URL [extra oha args...]: open loop at LAT_RATE req/s for LAT_SECS s with
@@ -305,21 +332,11 @@ UPSTREAM_MASTER=$LAST_PID
 wait_port $UPSTREAM_PORT "$UPSTREAM_MASTER"
 UPSTREAM_WORKER=$(pgrep -P "$UPSTREAM_MASTER" | head -1)
 
-log "(a) the upstream directly"
-run_row a "upstream directly (nginx \`return 201\`)" "http://127.0.0.1:$UPSTREAM_PORT/pass/x" "$UPSTREAM_WORKER" unique a 0
-latency a "$UPSTREAM_WORKER" "http://127.0.0.1:$UPSTREAM_PORT/pass/x"
-
-log "(b) nginx proxy_pass on CPU $SUT_CPU"
+log "starting nginx proxy_pass and idemgate (memory store), both on CPU $SUT_CPU"
 spawn "$WORK/nginx-proxy.out" "${PRIO[@]}" taskset -c $SUT_CPU nginx -p "$WORK/nginx/" -c "$WORK/nginx-proxy.conf" -e "$WORK/nginx/proxy-error.log"
 NGINX_MASTER=$LAST_PID
 wait_port $NGINX_PORT "$NGINX_MASTER"
 NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
-run_row b "nginx \`proxy_pass\`, 1 worker, upstream keepalive" "http://127.0.0.1:$NGINX_PORT/pass/x" "$NGINX_WORKER" unique b 0
-latency b "$NGINX_WORKER" "http://127.0.0.1:$NGINX_PORT/pass/x"
-stop "$NGINX_MASTER"
-
-# ---------------------------------------------------------------------------- idemgate, memory
-log "idemgate, memory store, on CPU $SUT_CPU"
 spawn "$WORK/idemgate-memory.log" env IDEMGATE_LOG=warn "${PRIO[@]}" taskset -c $SUT_CPU "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 IDEM=$LAST_PID
 wait_port $IDEMGATE_PORT "$IDEM"
@@ -327,10 +344,24 @@ wait_port $ADMIN_PORT "$IDEM"
 IDEM_URL=http://127.0.0.1:$IDEMGATE_PORT
 RSS_START=$(rss_kib "$IDEM")
 
-run_row c "idemgate, unprotected route (streamed)" "$IDEM_URL/pass/x" "$IDEM" unique c 0
-run_row e "idemgate replays, fresh store (1,000 keys)" "$IDEM_URL/orders" "$IDEM" replay r 1000
-run_row d "idemgate first-seen, \`Idempotency-Key\`, memory" "$IDEM_URL/orders" "$IDEM" unique d 0
-run_row d2 "idemgate first-seen, body fingerprint, memory" "$IDEM_URL/fp/x" "$IDEM" unique p 0
+# Interleaved: each round measures every row for one slice. Unique rows take a new key
+# prefix per round (every request first-seen); replay rows reuse theirs (the first round's
+# warm-up stored the keys). Only each row's first slice is warmed up.
+for ((round = 1; round <= ROUNDS; round++)); do
+    log "round $round of $ROUNDS (slices of ${SLICE}s)"
+    run_row a "upstream directly (nginx \`return 201\`)" "http://127.0.0.1:$UPSTREAM_PORT/pass/x" "$UPSTREAM_WORKER" unique "a$round" 0 "$SLICE"
+    run_row b "nginx \`proxy_pass\`, 1 worker, upstream keepalive" "http://127.0.0.1:$NGINX_PORT/pass/x" "$NGINX_WORKER" unique "b$round" 0 "$SLICE"
+    run_row c "idemgate, unprotected route (streamed)" "$IDEM_URL/pass/x" "$IDEM" unique "c$round" 0 "$SLICE"
+    run_row e "idemgate replays, fresh store (1,000 keys)" "$IDEM_URL/orders" "$IDEM" replay r 1000 "$SLICE"
+    run_row d "idemgate first-seen, \`Idempotency-Key\`, memory" "$IDEM_URL/orders" "$IDEM" unique "d$round" 0 "$SLICE"
+    run_row d2 "idemgate first-seen, body fingerprint, memory" "$IDEM_URL/fp/x" "$IDEM" unique "p$round" 0 "$SLICE"
+    SAVED_WARMUP=${SAVED_WARMUP:-$WARMUP}
+    WARMUP=0
+done
+WARMUP=$SAVED_WARMUP
+latency a "$UPSTREAM_WORKER" "http://127.0.0.1:$UPSTREAM_PORT/pass/x"
+latency b "$NGINX_WORKER" "http://127.0.0.1:$NGINX_PORT/pass/x"
+stop "$NGINX_MASTER"
 latency c "$IDEM" "$IDEM_URL/pass/x"
 latency d "$IDEM" "$IDEM_URL/fp/[a-z0-9]{20}" --rand-regex-url
 latency e "$IDEM" "$IDEM_URL/orders" -H 'Idempotency-Key: latency-replay'
@@ -402,7 +433,7 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo "- machine: $(lscpu | awk -F: '/^Model name/ {gsub(/^[ \t]+/, "", $2); print $2; exit}'), nproc $(nproc), kernel $(uname -r), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
     echo "- tools: $(nginx -v 2>&1 | sed 's/.*version: //'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), $(oha --version), redis $(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/'), $(rustc --version | awk '{print $1, $2}')"
     echo "- CPU $LOAD_CPU: load generator (wrk -t1 -c$CONNS, oha), upstream nginx (1 worker), redis-server; CPU $SUT_CPU: the proxy under test"
-    echo "- every row: wrk -t1 -c$CONNS -d${DURATION}s after a ${WARMUP}s warm-up, POST of a 1 KiB JSON body with an \`Idempotency-Key\`; the upstream answers \`201 {\"id\":1}\`"
+    echo "- rows a-d2: wrk -t1 -c$CONNS in $ROUNDS interleaved rounds of ${SLICE}s per row ($((ROUNDS * SLICE))s per row), after a ${SAVED_WARMUP}s warm-up before each row's first slice; fill, e1m, f, fr: one piece of ${DURATION}s (fill: until its keys are stored); every request a POST of a 1 KiB JSON body with an \`Idempotency-Key\`; the upstream answers \`201 {\"id\":1}\`"
     echo "- latency: oha -c$CONNS -q $LAT_RATE --latency-correction for ${LAT_SECS}s (open loop), µs; \"added\" is against (a)"
     echo "- other load on the machine: $BACKGROUND; scheduling of the benchmark's processes: $SCHED"
     echo "- idemgate: \`target/release/idemgate\` built $(date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC')"
