@@ -29,6 +29,11 @@ impl hyper::rt::Timer for ConnTimer {
         self.sleep_until((tokio::time::Instant::now() + duration).into_std())
     }
 
+    // hyper computes each head's deadline as `now() + timeout`: the same clock as `sleep`.
+    fn now(&self) -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(LazySleep {
             armed: Arc::clone(&self.armed),
@@ -122,6 +127,18 @@ mod tests {
         assert!(poll(&mut second).is_pending());
         advance_past(Duration::from_secs(1)).await; // 40 s
         assert!(poll(&mut second).is_ready());
+    }
+
+    /// The way hyper asks: `sleep_until(now() + timeout)`, on the same clock as the sleep.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_from_now_is_on_the_sleeps_clock() {
+        let timer = ConnTimer::default();
+        let mut sleep = timer.sleep_until(timer.now() + Duration::from_secs(30));
+        assert!(poll(&mut sleep).is_pending());
+        advance(Duration::from_secs(29)).await;
+        assert!(poll(&mut sleep).is_pending());
+        advance_past(Duration::from_secs(1)).await;
+        assert!(poll(&mut sleep).is_ready());
     }
 
     /// A deadline earlier than the armed one re-arms at once.

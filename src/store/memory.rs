@@ -129,7 +129,8 @@ struct InFlight {
     lease: Duration,
     alive: Weak<()>,
     /// Claim time, for the admin API (converted to wall time only when shown: a wall-clock
-    /// read per claim costs more than the conversion).
+    /// read per claim costs more than the conversion; after a wall-clock step the shown
+    /// time is the monotonic age back from the current wall time).
     created: Ticks,
     // Dropped when the record is replaced or removed; waiters subscribed to it wake.
     // Made by the first duplicate: most claims never see one, and the channel is an
