@@ -20,4 +20,5 @@ pub mod proxy;
 pub mod route;
 pub mod server;
 pub mod store;
+mod sync;
 pub mod tls;

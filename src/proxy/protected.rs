@@ -23,6 +23,7 @@ use crate::error::ProxyError;
 use crate::key::{derive_key, DerivedKey, Digest, DigestMap, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::store::{Claim, ClaimMode, Lease, OwnerToken, Store, StoredResponse};
+use crate::sync::lock;
 
 /// The header added to every replayed response.
 pub static IDEMPOTENT_REPLAYED: http::HeaderName =
@@ -116,10 +117,6 @@ impl Owners {
         }
         released
     }
-}
-
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 struct OwnedGuard {

@@ -13,9 +13,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+use crate::sync::lock;
 
 /// A [`hyper::rt::Timer`] for one connection's header reads; see the [module docs](self).
 #[derive(Debug, Clone, Default)]
@@ -72,10 +74,6 @@ impl Future for LazySleep {
             sleep.as_mut().reset(deadline);
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

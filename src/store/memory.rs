@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use super::{KeyInfo, OwnerToken, StoreError, StoreStats, StoredResponse, Waiter};
 use crate::key::{Digest, DigestMap};
+use crate::sync::lock;
 
 /// Bounds of the memory store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,9 +245,7 @@ impl MemoryStore {
         let index = self.shard_index(key);
         // A poisoned shard only means another thread panicked mid-operation; every
         // operation leaves the shard consistent before it can panic, so keep serving.
-        self.shards[index]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.shards[index])
     }
 
     /// See [`super::Store::claim`].
@@ -345,7 +344,7 @@ impl MemoryStore {
     /// See [`super::Store::hit`].
     pub fn hit(&self, key: Digest, window: Duration) -> u64 {
         let now = Instant::now();
-        let mut counters = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counters = lock(&self.counters);
         if counters.len() >= COUNTER_SWEEP_AT {
             counters.retain(|_, (end, _)| *end > now);
         }
@@ -478,11 +477,7 @@ impl MemoryStore {
     pub fn stats(&self) -> StoreStats {
         StoreStats {
             entries: self.totals.entries.load(Ordering::Relaxed),
-            in_flight: self
-                .shards
-                .iter()
-                .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).in_flight)
-                .sum(),
+            in_flight: self.shards.iter().map(|s| lock(s).in_flight).sum(),
             bytes: self.totals.bytes.load(Ordering::Relaxed),
         }
     }

@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, watch, OnceCell};
 use super::memory::{mismatched, ClaimMode, RawClaim};
 use super::{unix_ms, KeyInfo, OwnerToken, StoreError, StoredResponse, Waiter};
 use crate::key::Digest;
+use crate::sync::lock;
 
 /// How long a waiter trusts the notification channel before looking at the record itself.
 pub const FALLBACK_RECHECK: Duration = Duration::from_secs(1);
@@ -532,7 +533,7 @@ impl RedisStore {
     ) -> Result<(watch::Receiver<()>, Subscription), StoreError> {
         let channel = self.channel(key);
         let (receiver, first) = {
-            let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let mut channels = lock(&self.channels);
             let entry = channels
                 .entry(channel.as_bytes().to_vec())
                 .or_insert_with(|| (watch::channel(()).0, 0));
@@ -703,7 +704,7 @@ impl std::fmt::Debug for Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         let last = {
-            let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+            let mut channels = lock(&self.channels);
             match channels.get_mut(self.channel.as_bytes()) {
                 Some(entry) if entry.1 > 1 => {
                     entry.1 -= 1;
@@ -740,7 +741,7 @@ async fn dispatch_notifications(
         let Some(channels) = channels.upgrade() else {
             return;
         };
-        let channels = channels.lock().unwrap_or_else(|p| p.into_inner());
+        let channels = lock(&channels);
         match push.kind {
             PushKind::Message => {
                 if let Some(Value::BulkString(name)) = push.data.first() {

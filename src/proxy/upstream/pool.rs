@@ -135,9 +135,7 @@ impl Pool {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         // The list stays consistent whatever a panicking holder was doing: recover it.
-        self.idle
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.idle)
     }
 }
 
