@@ -105,10 +105,10 @@ impl Proxy {
         request: Request<Incoming>,
         conn: &super::Connection,
     ) -> Response<ProxyBody> {
-        // Read here so the access log's duration covers the whole request; without an
-        // access log the clock is not read.
-        let access_log = tracing::enabled!(target: "access", tracing::Level::INFO);
-        let started = access_log.then(Instant::now);
+        // What the access log needs, taken here so its duration covers the whole request;
+        // without an access log neither the clock nor the path is read.
+        let access = tracing::enabled!(target: "access", tracing::Level::INFO)
+            .then(|| (Instant::now(), request.uri().path().to_owned()));
         let live = self.live.load_full();
         let (route, protection) = {
             let host = request
@@ -132,7 +132,6 @@ impl Proxy {
         }
         let route_metrics = self.metrics.route(route);
         let method = request.method().clone();
-        let path = access_log.then(|| request.uri().path().to_owned());
         let mut report = Report::default();
         let result = match protection {
             Protection::Off => {
@@ -176,7 +175,7 @@ impl Proxy {
         };
         let outcome = report.outcome.unwrap_or(Outcome::Passthrough);
         route_metrics.count(outcome);
-        if let (Some(path), Some(started)) = (path, started) {
+        if let Some((started, path)) = access {
             let key = report.key.map(|k| k.short());
             tracing::info!(
                 target: "access",
