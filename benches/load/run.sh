@@ -347,6 +347,7 @@ RSS_START=$(rss_kib "$IDEM")
 # Interleaved: each round measures every row for one slice. Unique rows take a new key
 # prefix per round (every request first-seen); replay rows reuse theirs (the first round's
 # warm-up stored the keys). Only each row's first slice is warmed up.
+FIRST_WARMUP=$WARMUP
 for ((round = 1; round <= ROUNDS; round++)); do
     log "round $round of $ROUNDS (slices of ${SLICE}s)"
     run_row a "upstream directly (nginx \`return 201\`)" "http://127.0.0.1:$UPSTREAM_PORT/pass/x" "$UPSTREAM_WORKER" unique "a$round" 0 "$SLICE"
@@ -355,10 +356,9 @@ for ((round = 1; round <= ROUNDS; round++)); do
     run_row e "idemgate replays, fresh store (1,000 keys)" "$IDEM_URL/orders" "$IDEM" replay r 1000 "$SLICE"
     run_row d "idemgate first-seen, \`Idempotency-Key\`, memory" "$IDEM_URL/orders" "$IDEM" unique "d$round" 0 "$SLICE"
     run_row d2 "idemgate first-seen, body fingerprint, memory" "$IDEM_URL/fp/x" "$IDEM" unique "p$round" 0 "$SLICE"
-    SAVED_WARMUP=${SAVED_WARMUP:-$WARMUP}
     WARMUP=0
 done
-WARMUP=$SAVED_WARMUP
+WARMUP=$FIRST_WARMUP
 latency a "$UPSTREAM_WORKER" "http://127.0.0.1:$UPSTREAM_PORT/pass/x"
 latency b "$NGINX_WORKER" "http://127.0.0.1:$NGINX_PORT/pass/x"
 stop "$NGINX_MASTER"
@@ -433,7 +433,7 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo "- machine: $(lscpu | awk -F: '/^Model name/ {gsub(/^[ \t]+/, "", $2); print $2; exit}'), nproc $(nproc), kernel $(uname -r), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
     echo "- tools: $(nginx -v 2>&1 | sed 's/.*version: //'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), $(oha --version), redis $(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/'), $(rustc --version | awk '{print $1, $2}')"
     echo "- CPU $LOAD_CPU: load generator (wrk -t1 -c$CONNS, oha), upstream nginx (1 worker), redis-server; CPU $SUT_CPU: the proxy under test"
-    echo "- rows a-d2: wrk -t1 -c$CONNS in $ROUNDS interleaved rounds of ${SLICE}s per row ($((ROUNDS * SLICE))s per row), after a ${SAVED_WARMUP}s warm-up before each row's first slice; fill, e1m, f, fr: one piece of ${DURATION}s (fill: until its keys are stored); every request a POST of a 1 KiB JSON body with an \`Idempotency-Key\`; the upstream answers \`201 {\"id\":1}\`"
+    echo "- rows a-d2: wrk -t1 -c$CONNS in $ROUNDS interleaved rounds of ${SLICE}s per row ($((ROUNDS * SLICE))s per row), after a ${WARMUP}s warm-up before each row's first slice; fill, e1m, f, fr: one piece of ${DURATION}s (fill: until its keys are stored); every request a POST of a 1 KiB JSON body with an \`Idempotency-Key\`; the upstream answers \`201 {\"id\":1}\`"
     echo "- latency: oha -c$CONNS -q $LAT_RATE --latency-correction for ${LAT_SECS}s (open loop), µs; \"added\" is against (a)"
     echo "- other load on the machine: $BACKGROUND; scheduling of the benchmark's processes: $SCHED"
     echo "- idemgate: \`target/release/idemgate\` built $(date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC')"
