@@ -14,7 +14,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::config::{Config, StoreConfig};
 use crate::key::Digest;
@@ -24,7 +24,9 @@ use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 use sha2::{Digest as _, Sha256};
 
 mod header_timer;
+mod stop;
 use header_timer::ConnTimer;
+use stop::StopSignal;
 
 /// Builds the store a config names. Redis is connected lazily: a server that is down at
 /// start is reported (and `/readyz` fails) but does not stop the proxy.
@@ -105,7 +107,7 @@ async fn accept_loop<F, S>(
     let make_service = Arc::new(make_service);
     // Each connection holds a sender; when all are dropped, every connection has closed.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
-    let (stop_tx, stop_rx) = watch::channel(());
+    let stop = StopSignal::default();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -125,7 +127,7 @@ async fn accept_loop<F, S>(
         let make_service = Arc::clone(&make_service);
         let template = Arc::clone(&template);
         let open = open_tx.clone();
-        let stop = stop_rx.clone();
+        let stop = stop.clone();
         tokio::spawn(async move {
             let _open = open;
             let mut builder = (*template).clone();
@@ -162,7 +164,7 @@ async fn accept_loop<F, S>(
     }
     drop(listener);
     drop(open_tx);
-    let _ = stop_tx.send(());
+    stop.stop();
     if tokio::time::timeout(drain, open_rx.recv()).await.is_err() {
         tracing::warn!(?drain, "drain timeout: closing connections still open");
     }
@@ -174,7 +176,7 @@ async fn serve_one<I, S>(
     builder: &auto::Builder<TokioExecutor>,
     io: I,
     service: S,
-    mut stop: watch::Receiver<()>,
+    stop: StopSignal,
     peer: SocketAddr,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
@@ -188,9 +190,11 @@ async fn serve_one<I, S>(
 {
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
+    // Biased: the connection first, and no random pick per poll.
     let result = tokio::select! {
+        biased;
         result = conn.as_mut() => result,
-        _ = stop.changed() => {
+        () = stop.stopped() => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
