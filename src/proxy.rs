@@ -11,6 +11,7 @@ pub mod passthrough;
 pub mod protected;
 pub mod tokens;
 pub mod upstream;
+pub mod upstream_timer;
 
 pub use handler::Proxy;
 
@@ -26,6 +27,8 @@ pub struct Connection {
     /// The peer's IP as `X-Forwarded-For` writes it: formatted once per connection rather
     /// than once per request.
     pub forwarded_for: http::HeaderValue,
+    /// The timer its requests' upstream timeouts take turns with.
+    pub upstream_timer: upstream_timer::UpstreamTimer,
 }
 
 impl Connection {
@@ -42,6 +45,7 @@ impl Connection {
             tls,
             client_cert,
             forwarded_for,
+            upstream_timer: upstream_timer::UpstreamTimer::default(),
         }
     }
 

@@ -367,9 +367,9 @@ impl BufferedAnswer {
     }
 }
 
-/// Forwards a buffered request and reads the whole answer by `deadline` (one timer for
-/// head and body: each timer is a registration in tokio's wheel and a removal; the caller's
-/// start time is reused, one clock read less).
+/// Forwards a buffered request and reads the whole answer by `deadline` (one deadline for
+/// head and body, on the connection's reusable timer; the caller's start time is reused,
+/// one clock read less).
 async fn send_buffered(
     client: &UpstreamClient,
     parts: Parts,
@@ -396,7 +396,8 @@ async fn send_buffered(
             body,
         })
     };
-    tokio::time::timeout_at(deadline.into(), exchange)
+    conn.upstream_timer
+        .timeout_at(deadline, exchange)
         .await
         .unwrap_or(Err(ProxyError::UpstreamTimeout))
 }

@@ -61,10 +61,11 @@ impl UpstreamClient {
         upgrade: bool,
         timeout: Duration,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
-        match tokio::time::timeout(timeout, self.send_untimed(request, conn, upgrade)).await {
-            Err(_) => Err(ProxyError::UpstreamTimeout),
-            Ok(result) => result,
-        }
+        let deadline = tokio::time::Instant::now().into_std() + timeout;
+        conn.upstream_timer
+            .timeout_at(deadline, self.send_untimed(request, conn, upgrade))
+            .await
+            .unwrap_or(Err(ProxyError::UpstreamTimeout))
     }
 
     /// [`UpstreamClient::send`] without a timeout, for a caller that bounds a longer
