@@ -84,14 +84,24 @@ pub enum ScopePart {
     ClientCert,
 }
 
+impl ScopePart {
+    /// The label as a fixed kind and a name (`header:` and `authorization`): what
+    /// `Display` writes and the key derivation hashes, without formatting per request.
+    pub fn label(&self) -> (&'static str, &str) {
+        match self {
+            Self::Header(name) => ("header:", name.as_str()),
+            Self::Cookie(name) => ("cookie:", name),
+            Self::ClientIp => ("client_ip", ""),
+            Self::ClientCert => ("client_cert", ""),
+        }
+    }
+}
+
 impl fmt::Display for ScopePart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Header(name) => write!(f, "header:{name}"),
-            Self::Cookie(name) => write!(f, "cookie:{name}"),
-            Self::ClientIp => f.write_str("client_ip"),
-            Self::ClientCert => f.write_str("client_cert"),
-        }
+        let (kind, name) = self.label();
+        f.write_str(kind)?;
+        f.write_str(name)
     }
 }
 

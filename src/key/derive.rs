@@ -123,7 +123,7 @@ pub fn derive_key(
             let state = if value.is_some() { "present" } else { "absent" };
             t.scope.push(format!("{part} ({state})"));
         }
-        hasher.field(part.to_string().as_bytes());
+        hasher.label(part);
         match value {
             Some(v) => hasher.field(&v),
             // Distinct from every present value, including an empty one.
@@ -234,7 +234,7 @@ pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
 
 fn hash_scope(hasher: &mut KeyHasher, scope: &[ScopePart], req: &RequestView<'_>) {
     for part in scope {
-        hasher.field(part.to_string().as_bytes());
+        hasher.label(part);
         match scope_value(part, req) {
             Some(v) => hasher.field(&v),
             None => hasher.absent(),
@@ -376,6 +376,15 @@ impl KeyHasher {
         self.0.update(bytes);
     }
 
+    /// A scope part's label, as `field` of its `Display` text.
+    fn label(&mut self, part: &ScopePart) {
+        let (kind, name) = part.label();
+        self.0
+            .update(((kind.len() + name.len()) as u64).to_be_bytes());
+        self.0.update(kind);
+        self.0.update(name);
+    }
+
     fn absent(&mut self) {
         self.0.update(u64::MAX.to_be_bytes());
     }
@@ -390,6 +399,28 @@ mod tests {
     use super::*;
     use crate::key::{default_scope, FingerprintRule};
     use http::HeaderValue;
+
+    /// Keys already stored (in Redis, by an earlier version) must still be found: a scope
+    /// label is hashed exactly as the field of its `Display` text always was.
+    #[test]
+    fn scope_labels_hash_as_their_display_text() {
+        let parts = [
+            ScopePart::Header(header::AUTHORIZATION),
+            ScopePart::Cookie("session".into()),
+            ScopePart::ClientIp,
+            ScopePart::ClientCert,
+        ];
+        for part in &parts {
+            let mut by_label = KeyHasher::new(b"t");
+            by_label.label(part);
+            let mut by_text = KeyHasher::new(b"t");
+            by_text.field(part.to_string().as_bytes());
+            assert_eq!(by_label.finish(), by_text.finish(), "{part}");
+        }
+        assert_eq!(parts[0].to_string(), "header:authorization");
+        assert_eq!(parts[1].to_string(), "cookie:session");
+        assert_eq!(parts[2].to_string(), "client_ip");
+    }
 
     fn view<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> RequestView<'a> {
         RequestView {
