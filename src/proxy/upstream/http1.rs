@@ -441,7 +441,12 @@ fn encode_head(
     framing: RequestFraming,
 ) -> Vec<u8> {
     let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut head = Vec::with_capacity(256 + parts.headers.len() * 48);
+    // Room for a body that is coalesced into the head's write, so it needs no regrowth.
+    let body = match framing {
+        RequestFraming::Length(n) if n <= COALESCE_BODY as u64 => n as usize,
+        _ => 0,
+    };
+    let mut head = Vec::with_capacity(256 + parts.headers.len() * 48 + body);
     head.extend_from_slice(parts.method.as_str().as_bytes());
     head.push(b' ');
     head.extend_from_slice(target.as_bytes());
@@ -450,7 +455,11 @@ fn encode_head(
     match framing {
         RequestFraming::None => {}
         RequestFraming::Length(n) => {
-            write_field(&mut head, "content-length", n.to_string().as_bytes());
+            write_field(
+                &mut head,
+                "content-length",
+                itoa::Buffer::new().format(n).as_bytes(),
+            );
         }
         RequestFraming::Chunked => write_field(&mut head, "transfer-encoding", b"chunked"),
     }
