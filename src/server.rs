@@ -18,12 +18,13 @@ use tokio::sync::mpsc;
 
 use crate::config::{Config, StoreConfig};
 use crate::key::Digest;
-use crate::proxy::body::ProxyBody;
+use crate::proxy::body::{ProxyBody, RequestBody};
 use crate::proxy::{Connection, Proxy};
 use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 use sha2::{Digest as _, Sha256};
 
 mod header_timer;
+pub mod http1;
 mod stop;
 use header_timer::ConnTimer;
 use stop::StopSignal;
@@ -47,16 +48,18 @@ pub async fn serve_proxy(
     drain: Duration,
 ) {
     let tls_source = proxy.clone();
+    let fast = proxy.clone();
     let tls = move || tls_source.config().tls.clone();
     let service = move |conn: Connection| {
         let proxy = proxy.clone();
         let conn = Arc::new(conn);
         service_fn(move |request: Request<Incoming>| {
             let (proxy, conn) = (proxy.clone(), Arc::clone(&conn));
+            let request = request.map(RequestBody::Incoming);
             async move { Ok::<_, Infallible>(proxy.handle(request, &conn).await) }
         })
     };
-    accept_loop(listener, service, tls, shutdown, drain).await;
+    accept_loop(listener, service, tls, Some(fast), shutdown, drain).await;
 }
 
 /// Serves the admin endpoints on `listener` until `shutdown` resolves.
@@ -76,13 +79,22 @@ pub async fn serve_admin(
             }
         })
     };
-    accept_loop(listener, service, || None, shutdown, Duration::from_secs(1)).await;
+    accept_loop(
+        listener,
+        service,
+        || None,
+        None,
+        shutdown,
+        Duration::from_secs(1),
+    )
+    .await;
 }
 
 async fn accept_loop<F, S>(
     listener: TcpListener,
     make_service: F,
     tls: impl Fn() -> Option<Arc<rustls::ServerConfig>>,
+    fast: Option<Proxy>,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) where
@@ -128,16 +140,28 @@ async fn accept_loop<F, S>(
         let template = Arc::clone(&template);
         let open = open_tx.clone();
         let stop = stop.clone();
+        let fast = fast.clone();
         tokio::spawn(async move {
             let _open = open;
-            let mut builder = (*template).clone();
-            builder.http1().timer(ConnTimer::default());
-            match tls {
-                None => {
+            match (tls, fast) {
+                (None, Some(proxy)) => {
+                    // Plain HTTP/1.1 requests are served by the fast path; the first one it
+                    // does not take, and everything after, by hyper.
+                    let Some(handoff) = http1::serve(stream, peer, &proxy, &stop).await else {
+                        return;
+                    };
+                    let builder = connection_builder(&template);
+                    let service = make_service(Connection::plain(peer));
+                    let io = http1::Prefixed::from(handoff);
+                    serve_one(&builder, io, service, stop, peer).await;
+                }
+                (None, None) => {
+                    let builder = connection_builder(&template);
                     let service = make_service(Connection::plain(peer));
                     serve_one(&builder, TokioIo::new(stream), service, stop, peer).await;
                 }
-                Some(config) => {
+                (Some(config), _) => {
+                    let builder = connection_builder(&template);
                     // The handshake runs here, off the accept loop, bounded so a silent
                     // client cannot hold a task forever.
                     let handshake = tokio_rustls::TlsAcceptor::from(config).accept(stream);
@@ -168,6 +192,14 @@ async fn accept_loop<F, S>(
     if tokio::time::timeout(drain, open_rx.recv()).await.is_err() {
         tracing::warn!(?drain, "drain timeout: closing connections still open");
     }
+}
+
+/// The server builder for one connection: the template with the connection's own header
+/// timer (see `header_timer`).
+fn connection_builder(template: &auto::Builder<TokioExecutor>) -> auto::Builder<TokioExecutor> {
+    let mut builder = template.clone();
+    builder.http1().timer(ConnTimer::default());
+    builder
 }
 
 /// Serves one connection (HTTP/1.1 or HTTP/2 by ALPN or preface) until it closes, or until

@@ -107,6 +107,26 @@ impl Body for ProxyBody {
     }
 }
 
+/// A client's request body, as the handler gets it.
+#[derive(Debug)]
+pub enum RequestBody {
+    /// Streamed by hyper: HTTP/2, and HTTP/1.1 requests the fast path hands over (see
+    /// `server::http1`).
+    Incoming(Incoming),
+    /// Read whole with its head by the HTTP/1.1 fast path.
+    Buffered(Bytes),
+}
+
+impl RequestBody {
+    /// The body to forward: streamed on, or the buffered bytes.
+    pub fn into_proxy_body(self) -> ProxyBody {
+        match self {
+            Self::Incoming(inner) => ProxyBody::stream(inner),
+            Self::Buffered(data) => ProxyBody::full(data),
+        }
+    }
+}
+
 /// Buffers a request body of at most `limit` bytes. A declared `Content-Length` over the
 /// limit is refused before a byte is read (and before `100 Continue` is sent). A client
 /// that sends nothing for `gap` while the body is incomplete gets a 408 (nginx's
@@ -114,7 +134,7 @@ impl Body for ProxyBody {
 /// request holds its connection and buffer, and a stalled client would hold them forever.
 pub async fn read_limited(
     headers: &HeaderMap,
-    body: Incoming,
+    body: RequestBody,
     limit: usize,
     gap: Duration,
 ) -> Result<Bytes, ProxyError> {
@@ -125,6 +145,13 @@ pub async fn read_limited(
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::PayloadTooLarge { limit });
     }
+    let body = match body {
+        RequestBody::Buffered(data) if data.len() > limit => {
+            return Err(ProxyError::PayloadTooLarge { limit })
+        }
+        RequestBody::Buffered(data) => return Ok(data),
+        RequestBody::Incoming(body) => body,
+    };
     let mut body = http_body_util::Limited::new(body, limit);
     let mut chunks: Vec<Bytes> = Vec::new();
     loop {

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use http::{header, Request, Response};
-use hyper::body::Incoming;
 
 use super::body::ProxyBody;
 use super::passthrough;
@@ -102,7 +101,7 @@ impl Proxy {
     /// Answers one request. Never fails: errors become problem+json answers.
     pub async fn handle(
         &self,
-        request: Request<Incoming>,
+        request: Request<super::body::RequestBody>,
         conn: &super::Connection,
     ) -> Response<ProxyBody> {
         // What the access log needs, taken here so its duration covers the whole request;

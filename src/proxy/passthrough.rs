@@ -2,10 +2,9 @@
 //! (WebSocket) spliced through once both sides agreed to switch.
 
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use super::body::ProxyBody;
+use super::body::{ProxyBody, RequestBody};
 use super::headers::{strip_hop_by_hop, wants_upgrade};
 use super::upstream::UpstreamClient;
 use crate::error::ProxyError;
@@ -13,14 +12,14 @@ use crate::error::ProxyError;
 /// Forwards `request` with its body streaming; the response streams back.
 pub async fn forward(
     client: &UpstreamClient,
-    mut request: Request<Incoming>,
+    mut request: Request<RequestBody>,
     conn: &super::Connection,
     timeout: std::time::Duration,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let upgrade = request.version() <= http::Version::HTTP_11 && wants_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
-    let upstream_request = Request::from_parts(parts, ProxyBody::stream(body));
+    let upstream_request = Request::from_parts(parts, body.into_proxy_body());
     let response = client
         .send(upstream_request, conn, upgrade, timeout)
         .await?;

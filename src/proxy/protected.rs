@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
-use hyper::body::Incoming;
 
-use super::body::{collect_bytes, read_limited, ProxyBody};
+use super::body::{collect_bytes, read_limited, ProxyBody, RequestBody};
 use super::detach::Detachable;
 use super::headers::strip_hop_by_hop;
 use super::upstream::UpstreamClient;
@@ -172,7 +171,7 @@ pub struct Report {
 pub async fn handle(
     cx: Context<'_>,
     rule: &Arc<Protected>,
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
     report: &mut Report,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let policy = &rule.policy;

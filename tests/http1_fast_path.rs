@@ -1,0 +1,186 @@
+//! The HTTP/1.1 fast path (`server::http1`) and its handoff to hyper, over raw TCP: what
+//! it takes, what it gives to hyper mid-connection, and how it frames answers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{start_proxy, start_upstream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ROUTES: &str = r#"
+routes:
+  - name: orders
+    match: { methods: [POST], path: "/orders" }
+    key: { header: Idempotency-Key, required: true }
+  - name: rest
+    match: { path: "/*" }
+    idempotency: off
+"#;
+
+/// Writes `requests` in one go on one connection and reads until the proxy closes it (the
+/// last request says `Connection: close`). The 30 s bound is a hang guard only.
+async fn exchange(addr: std::net::SocketAddr, parts: &[&[u8]]) -> String {
+    String::from_utf8_lossy(&exchange_bytes(addr, parts).await).into_owned()
+}
+
+async fn exchange_bytes(addr: std::net::SocketAddr, parts: &[&[u8]]) -> Vec<u8> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    for part in parts {
+        stream.write_all(part).await.unwrap();
+        // Separate writes arrive as separate reads on loopback once the proxy has read.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
+        .await
+        .expect("hang guard: the proxy neither answered nor closed")
+        .unwrap();
+    answer
+}
+
+fn post(key: &str, body: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: {key}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{extra}\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Status lines of the answers in `raw`, in order.
+fn statuses(raw: &str) -> Vec<&str> {
+    raw.match_indices("HTTP/1.1 ")
+        .map(|(at, _)| &raw[at + 9..at + 12])
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order_across_the_handoff() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    // Two plain requests, then a chunked one (hyper's), then a plain one after it: all in
+    // one write, so the handoff happens with the rest already read.
+    let mut all = post("p1", r#"{"n":1}"#, "");
+    all.extend(post("p2", r#"{"n":2}"#, ""));
+    all.extend_from_slice(
+        b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: p3\r\ntransfer-encoding: chunked\r\n\r\n7\r\n{\"n\":3}\r\n0\r\n\r\n",
+    );
+    all.extend(post("p1", r#"{"n":1}"#, "connection: close\r\n"));
+    let raw = exchange(proxy.addr, &[&all]).await;
+    assert_eq!(statuses(&raw), ["201", "201", "201", "201"], "{raw}");
+    let bodies: Vec<usize> = ["\\\"n\\\":1", "\\\"n\\\":2", "\\\"n\\\":3"]
+        .iter()
+        .map(|b| raw.find(b).unwrap_or_else(|| panic!("{b} missing: {raw}")))
+        .collect();
+    assert!(bodies[0] < bodies[1] && bodies[1] < bodies[2], "{raw}");
+    assert_eq!(upstream.executed(), 3, "p1 twice is one execution");
+    assert!(raw.contains("idempotent-replayed: true"), "{raw}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_or_body_split_over_reads_is_served_whole() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let request = post("split", r#"{"split":true}"#, "connection: close\r\n");
+    let head_end = request.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    // The head in two pieces.
+    let raw = exchange(proxy.addr, &[&request[..20], &request[20..]]).await;
+    assert_eq!(statuses(&raw), ["201"], "{raw}");
+    // The head, then the body later.
+    let again = post("split2", r#"{"split":true}"#, "connection: close\r\n");
+    let raw = exchange(proxy.addr, &[&again[..head_end], &again[head_end..]]).await;
+    assert_eq!(statuses(&raw), ["201"], "{raw}");
+    assert!(
+        raw.contains(r#"{\"split\":true}"#),
+        "the whole body arrived: {raw}"
+    );
+    assert_eq!(upstream.executed(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_framed_and_dated() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    // A streamed answer of unknown length goes out chunked, byte for byte.
+    let n = 200_000;
+    let raw = exchange_bytes(
+        proxy.addr,
+        &[
+            format!("GET /download?bytes={n} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
+        ],
+    )
+    .await;
+    let head_end = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    assert!(head.contains("\r\ndate: "), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    let mut rest = &raw[head_end..];
+    let mut body = Vec::new();
+    loop {
+        let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap(), 16).unwrap();
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            assert_eq!(rest, b"\r\n", "no trailers, then the end");
+            break;
+        }
+        body.extend_from_slice(&rest[..size]);
+        assert_eq!(&rest[size..size + 2], b"\r\n");
+        rest = &rest[size + 2..];
+    }
+    assert_eq!(body, common::pattern_bytes(n));
+
+    // HEAD: the length, no body; the next request on the connection still parses.
+    let raw = exchange(
+        proxy.addr,
+        &[b"HEAD /anything HTTP/1.1\r\nhost: x\r\n\r\nGET /anything HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"],
+    )
+    .await;
+    assert_eq!(statuses(&raw), ["200", "200"], "{raw}");
+    let first = &raw[..raw[9..].find("HTTP/1.1").unwrap() + 9];
+    assert!(
+        first.to_ascii_lowercase().contains("content-length: "),
+        "{first}"
+    );
+    assert!(
+        first.ends_with("\r\n\r\n"),
+        "no body after a HEAD answer: {first}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn problem_answers_keep_the_connection_and_close_closes_it() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // No key on a route that requires one: 400 problem+json, and the connection stays.
+    stream
+        .write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 8192];
+    let n = stream.read(&mut buf).await.unwrap();
+    let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(first.starts_with("HTTP/1.1 400"), "{first}");
+    assert!(first.contains("application/problem+json"), "{first}");
+    stream
+        .write_all(&post("after-problem", "{}", "connection: close\r\n"))
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut rest))
+        .await
+        .expect("hang guard")
+        .unwrap();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.starts_with("HTTP/1.1 201"), "{rest}");
+    assert!(
+        rest.to_ascii_lowercase().contains("connection: close"),
+        "{rest}"
+    );
+    assert_eq!(upstream.executed(), 1);
+}
