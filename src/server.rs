@@ -150,6 +150,10 @@ async fn accept_loop<F, S>(
                     let Some(handoff) = http1::serve(stream, peer, &proxy, &stop).await else {
                         return;
                     };
+                    if stop.is_stopped() {
+                        // hyper would be told to stop before it read the request: close.
+                        return;
+                    }
                     let builder = connection_builder(&template);
                     let service = make_service(Connection::plain(peer));
                     let io = http1::Prefixed::from(handoff);

@@ -184,3 +184,41 @@ async fn problem_answers_keep_the_connection_and_close_closes_it() {
     );
     assert_eq!(upstream.executed(), 1);
 }
+
+/// A client that goes away while its request waits on the upstream cancels it, as hyper
+/// did: the proxy drops the upstream connection at once instead of holding it (and a task)
+/// until `upstream_timeout` (here 300 s; the 30 s bound is a hang guard only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_cancels_its_pass_through_request() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (got_request, request_arrived) = tokio::sync::oneshot::channel();
+    let (saw_close, upstream_closed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request arrives");
+            head.extend_from_slice(&buf[..n]);
+        }
+        got_request.send(()).unwrap();
+        // Never answers; reads until the proxy closes its side.
+        while stream.read(&mut buf).await.unwrap_or(0) > 0 {}
+        saw_close.send(()).unwrap();
+    });
+    let routes = format!("defaults: {{ upstream_timeout: 300s }}\n{ROUTES}");
+    let proxy = start_proxy(upstream, &routes).await;
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    request_arrived.await.unwrap();
+    drop(client);
+    tokio::time::timeout(Duration::from_secs(30), upstream_closed)
+        .await
+        .expect("the upstream call went on after its client left")
+        .unwrap();
+}

@@ -11,17 +11,18 @@
 //! The fast path takes a request only when all of this holds; otherwise it hands the
 //! connection over, with the bytes it has read, to hyper ([`Handoff`]), which serves that
 //! request and every later one on the connection:
-//! - the head is complete in what has been read, HTTP/1.1, at most [`MAX_FIELDS`] fields
-//!   and [`MAX_HEAD`] bytes, an origin-form target;
-//! - no `Transfer-Encoding`, `Expect` or `Upgrade`, at most one valid `Content-Length`,
-//!   and that many body bytes already read (at most [`MAX_BODY`]).
+//! - the head is complete in one read, HTTP/1.1, at most [`MAX_FIELDS`] fields and
+//!   [`MAX_HEAD`] bytes, an origin-form target, not `CONNECT`;
+//! - no `Transfer-Encoding`, `Expect` or `Upgrade`, at most one valid `Content-Length`
+//!   of at most [`MAX_BODY`], and that body complete within [`BODY_GRACE`] of the head.
 //!
-//! So the HTTP/2 cleartext preface (not an HTTP/1.1 head), chunked and streamed uploads, `100-continue`, protocol switches, HTTP/1.0, slow or
-//! malformed heads (with their 400, 408 and 431 answers) are all hyper's, as before. The
-//! fast path itself keeps the connection alive (or closes it on `Connection: close`,
-//! after [`IDLE`] without a request, or once the server stops), frames the answer as hyper
-//! does (`Content-Length` when known, chunked otherwise, none for `HEAD`, 1xx, 204 and
-//! 304) and adds `Date` when the answer has none.
+//! So the HTTP/2 cleartext preface (not an HTTP/1.1 head), chunked and streamed uploads,
+//! `100-continue`, tunnels and protocol switches, HTTP/1.0, slow or malformed heads (with
+//! their 400, 408 and 431 answers) are all hyper's, as before. The fast path itself keeps
+//! the connection alive (or closes it on `Connection: close`, after [`IDLE`] without a
+//! request, or once the server stops), cancels a request whose client goes away (as hyper
+//! does), frames the answer as hyper does (the known length, chunked otherwise, none for
+//! `HEAD`, 1xx, 204 and 304, trailers dropped) and adds `Date` when the answer has none.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -52,6 +53,9 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// A kept-alive connection with no new request for this long is closed (as hyper's header
 /// read timeout did for the fast path's connections).
 pub const IDLE: Duration = Duration::from_secs(30);
+/// How long a complete head waits for the rest of its body before the connection goes to
+/// hyper (whose body timeout then applies).
+pub const BODY_GRACE: Duration = Duration::from_secs(1);
 /// An answer body up to this size goes out in the same write as its head.
 const COALESCE: usize = 16 * 1024;
 
@@ -75,36 +79,88 @@ pub async fn serve(
     let mut stopped = pin!(stop.stopped());
     let mut idle = pin!(tokio::time::sleep(IDLE));
     loop {
+        let mut awaiting_body = false;
         let request = loop {
             match parse(&mut read) {
                 Parsed::Request(request) => break request,
-                // Empty: wait for the next request.
-                Parsed::Partial if read.is_empty() => {}
+                // Nothing read: wait for the next request, at most IDLE.
+                Parsed::Partial if read.is_empty() => {
+                    // A later deadline on the armed sleep only records it (no timer-wheel
+                    // work).
+                    idle.as_mut().reset(tokio::time::Instant::now() + IDLE);
+                }
+                // A complete head whose body is still coming (clients that write them
+                // separately): wait a little for it here rather than give the connection up.
+                Parsed::NeedBody if !awaiting_body => {
+                    awaiting_body = true;
+                    idle.as_mut()
+                        .reset(tokio::time::Instant::now() + BODY_GRACE);
+                }
+                Parsed::NeedBody => {}
                 // A head split over reads (large, slow or malicious) is hyper's, with its
                 // header timeout and limits; so is the HTTP/2 preface.
                 Parsed::Partial | Parsed::Hyper => return Some(Handoff { read, stream }),
             }
-            // A later deadline on the armed sleep only records it (no timer-wheel work).
-            idle.as_mut().reset(tokio::time::Instant::now() + IDLE);
-            if !fill(&mut stream, &mut read, idle.as_mut(), stopped.as_mut()).await {
-                return None;
+            match fill(&mut stream, &mut read, idle.as_mut(), stopped.as_mut()).await {
+                Filled::Read => {}
+                // A body slower than the grace goes to hyper, whose body timeout (408 on a
+                // protected route) then applies.
+                Filled::Elapsed if awaiting_body => return Some(Handoff { read, stream }),
+                Filled::Elapsed | Filled::Closed => return None,
             }
         };
         let head_only = request.method == Method::HEAD;
-        let close = request.close;
-        let mut response = proxy.handle(request.into_http(), &conn).await;
+        let asked_close = request.close;
+        let handling = pin!(proxy.handle(request.into_http(), &conn));
+        let mut response = until_client_leaves(handling, &mut stream, &mut read).await?;
         if response.status().is_informational() {
             // A 1xx cannot be the final answer (only an upgrade, which is hyper's, has one):
             // hyper answers 500 here too.
             response = Response::new(ProxyBody::empty());
             *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
         }
-        let close = close || stop.is_stopped() || asks_to_close(response.headers());
-        let written = write_response(&mut stream, response, head_only, close).await;
+        let announced = asks_to_close(response.headers());
+        let close = asked_close || announced || stop.is_stopped();
+        let written = write_response(&mut stream, response, head_only, close, announced).await;
         if written.is_err() || close {
+            // FIN after the answer, rather than a bare drop, so the client reads it whole.
+            let _ = stream.shutdown().await;
             return None;
         }
     }
+}
+
+/// Runs the handler while watching the client, as hyper does: a client that closes its
+/// side or fails cancels its request (an owner's upstream call still finishes in a task of
+/// its own, see `proxy::detach`; a waiting duplicate or a pass-through call stops). Bytes
+/// a client pipelines meanwhile are kept for after the answer, up to a bound.
+async fn until_client_leaves<F: Future>(
+    mut handling: Pin<&mut F>,
+    stream: &mut TcpStream,
+    read: &mut BytesMut,
+) -> Option<F::Output> {
+    let mut watching = true;
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = handling.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        while watching {
+            if read.len() >= MAX_HEAD + MAX_BODY {
+                watching = false;
+                break;
+            }
+            if read.capacity() - read.len() < 1024 {
+                read.reserve(8 * 1024);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, read) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(None),
+                Poll::Ready(Ok(_)) => {}
+                Poll::Pending => break,
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// Whether `Connection` names `close`.
@@ -120,14 +176,21 @@ fn asks_to_close(headers: &HeaderMap) -> bool {
         })
 }
 
-/// Reads more into `read`; `false` at end of stream, on an error, when `idle` fires or once
-/// the server stops.
+enum Filled {
+    Read,
+    /// End of stream, an error, or the server stopped.
+    Closed,
+    /// The deadline armed in `idle` passed.
+    Elapsed,
+}
+
+/// Reads more into `read`.
 async fn fill(
     stream: &mut TcpStream,
     read: &mut BytesMut,
     mut idle: Pin<&mut tokio::time::Sleep>,
     mut stopped: Pin<&mut impl Future<Output = ()>>,
-) -> bool {
+) -> Filled {
     if read.capacity() - read.len() < 1024 {
         read.reserve(8 * 1024);
     }
@@ -135,12 +198,15 @@ async fn fill(
         // poll_read underneath: tokio clears the socket's readiness after a short read, so
         // the next request's read waits for the poller instead of failing once first.
         match tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, read) {
-            Poll::Ready(Ok(n)) => return Poll::Ready(n > 0),
-            Poll::Ready(Err(_)) => return Poll::Ready(false),
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Filled::Closed),
+            Poll::Ready(Ok(_)) => return Poll::Ready(Filled::Read),
             Poll::Pending => {}
         }
-        if stopped.as_mut().poll(cx).is_ready() || idle.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(false);
+        if stopped.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Filled::Closed);
+        }
+        if idle.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Filled::Elapsed);
         }
         Poll::Pending
     })
@@ -174,16 +240,21 @@ enum Parsed {
     Request(FastRequest),
     /// Not complete yet (or nothing read).
     Partial,
+    /// A head the fast path takes, whose body has not all arrived.
+    NeedBody,
     /// Not one for the fast path.
     Hyper,
 }
 
-/// Byte offsets of one field in the read buffer.
+/// Byte offsets of one field in the read buffer (a head is at most [`MAX_HEAD`] bytes, so
+/// they fit 16 bits: the array zeroed per request stays at 512 bytes).
 #[derive(Clone, Copy, Default)]
 struct Field {
-    name: (usize, usize),
-    value: (usize, usize),
+    name: (u16, u16),
+    value: (u16, u16),
 }
+
+const _: () = assert!(MAX_HEAD <= u16::MAX as usize);
 
 /// Takes one request off the front of `read` if the fast path can serve it.
 fn parse(read: &mut BytesMut) -> Parsed {
@@ -201,13 +272,19 @@ fn parse(read: &mut BytesMut) -> Parsed {
     if !target.starts_with('/') {
         return Parsed::Hyper;
     }
+    // CONNECT turns the connection into a tunnel (hyper treats it as an upgrade): the bytes
+    // after it must never be read as requests here.
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
         return Parsed::Hyper;
     };
+    if method == Method::CONNECT {
+        return Parsed::Hyper;
+    }
     let base = read.as_ptr() as usize;
+    // Within the head, so below MAX_HEAD.
     let at = |s: &[u8]| {
         let start = s.as_ptr() as usize - base;
-        (start, start + s.len())
+        (start as u16, (start + s.len()) as u16)
     };
     let target = at(target.as_bytes());
     let mut fields = [Field::default(); MAX_FIELDS];
@@ -246,7 +323,7 @@ fn parse(read: &mut BytesMut) -> Parsed {
     let count = parsed.headers.len();
     let total = head_len + length.unwrap_or(0);
     if read.len() < total {
-        return Parsed::Hyper;
+        return Parsed::NeedBody;
     }
     // One buffer shared by the target, the values and the body: no copy of any.
     let message = read.split_to(total).freeze();
@@ -267,17 +344,17 @@ fn parse(read: &mut BytesMut) -> Parsed {
 fn build(
     message: &Bytes,
     method: Method,
-    target: (usize, usize),
+    target: (u16, u16),
     fields: &[Field],
     head_len: usize,
     close: bool,
 ) -> Option<FastRequest> {
-    let uri = Uri::from_maybe_shared(message.slice(target.0..target.1)).ok()?;
+    let range = |(start, end): (u16, u16)| usize::from(start)..usize::from(end);
+    let uri = Uri::from_maybe_shared(message.slice(range(target))).ok()?;
     let mut headers = HeaderMap::with_capacity(fields.len());
     for field in fields {
-        let name = HeaderName::from_bytes(&message[field.name.0..field.name.1]).ok()?;
-        let value =
-            HeaderValue::from_maybe_shared(message.slice(field.value.0..field.value.1)).ok()?;
+        let name = HeaderName::from_bytes(&message[range(field.name)]).ok()?;
+        let value = HeaderValue::from_maybe_shared(message.slice(range(field.value))).ok()?;
         headers.append(name, value);
     }
     Some(FastRequest {
@@ -291,26 +368,29 @@ fn build(
 
 /// Writes `response` in HTTP/1.1 framing, then its body. An error (the client went away,
 /// or the body failed or did not match its length) means the connection must close.
+/// `close`: say `connection: close` (unless the answer already does, `announced`).
 async fn write_response(
     stream: &mut TcpStream,
     response: Response<ProxyBody>,
     head_only: bool,
     close: bool,
+    announced: bool,
 ) -> io::Result<()> {
     let (parts, mut body) = response.into_parts();
     let status = parts.status;
     let no_content = status.is_informational() || status == StatusCode::NO_CONTENT;
     let bodiless = head_only || no_content || status == StatusCode::NOT_MODIFIED;
+    let hint = http_body::Body::size_hint(&body).exact();
+    // A length the body knows is the one that goes out (as with hyper); a field that does
+    // not parse counts only when the body knows none.
     let declared = match parts.headers.get(CONTENT_LENGTH) {
-        Some(value) => Some(
-            std::str::from_utf8(value.as_bytes())
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| invalid("the answer has an invalid Content-Length"))?,
-        ),
+        Some(value) => match (content_length(value.as_bytes()), hint) {
+            (Some(n), _) => Some(n),
+            (None, Some(n)) => Some(n),
+            (None, None) => return Err(invalid("the answer has an invalid Content-Length")),
+        },
         None => None,
     };
-    let hint = http_body::Body::size_hint(&body).exact();
     let small = hint.filter(|&n| n <= COALESCE as u64).unwrap_or(0) as usize;
     let mut out = Vec::with_capacity(128 + parts.headers.len() * 48 + small);
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -332,7 +412,10 @@ async fn write_response(
     // keep a declared length (it describes the representation), 1xx and 204 have none.
     let length = if bodiless { None } else { declared.or(hint) };
     let chunked = !bodiless && length.is_none();
-    if let Some(n) = length.or(declared.filter(|_| !no_content)) {
+    // HEAD and 304 announce the representation's length: the declared one, else a known
+    // non-zero one (a problem answer's, for a HEAD).
+    let announce = declared.or(hint.filter(|&n| n > 0 && head_only));
+    if let Some(n) = length.or(announce.filter(|_| !no_content)) {
         field(
             &mut out,
             b"content-length",
@@ -344,7 +427,7 @@ async fn write_response(
     if !has_date {
         DATE_CACHE.with(|cache| field(&mut out, b"date", cache.borrow_mut().now()));
     }
-    if close && !asks_to_close(&parts.headers) {
+    if close && !announced {
         field(&mut out, b"connection", b"close");
     }
     out.extend_from_slice(b"\r\n");
@@ -352,7 +435,6 @@ async fn write_response(
         return stream.write_all(&out).await;
     }
     let mut sent: u64 = 0;
-    let mut trailers = None;
     loop {
         // With the head (or earlier chunks) still unwritten, take only what is ready; the
         // rest waits until they are out.
@@ -374,10 +456,9 @@ async fn write_response(
             Some(Err(e)) => return Err(io::Error::other(e)),
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => data,
-                Err(frame) => {
-                    trailers = frame.into_trailers().ok();
-                    continue;
-                }
+                // Trailers are dropped, as hyper drops them here: it sends only fields the
+                // answer's `Trailer` names, and that field is hop-by-hop, so never present.
+                Err(_trailers) => continue,
             },
         };
         if data.is_empty() {
@@ -402,11 +483,7 @@ async fn write_response(
         }
     }
     if chunked {
-        out.extend_from_slice(b"0\r\n");
-        for (name, value) in trailers.iter().flatten() {
-            field(&mut out, name.as_str().as_bytes(), value.as_bytes());
-        }
-        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(b"0\r\n\r\n");
     } else if length.is_some_and(|n| sent != n) {
         return Err(invalid(
             "the answer body is shorter than its Content-Length",
@@ -416,6 +493,24 @@ async fn write_response(
         stream.write_all(&out).await?;
     }
     Ok(())
+}
+
+/// A `Content-Length` value: digits, or a list of equal ones (`3, 3`, which the upstream
+/// parser accepts as one length).
+fn content_length(value: &[u8]) -> Option<u64> {
+    let mut length = None;
+    for item in value.split(|&b| b == b',') {
+        let item = item.trim_ascii();
+        if item.is_empty() || !item.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let n = std::str::from_utf8(item).ok()?.parse::<u64>().ok()?;
+        if length.is_some_and(|l| l != n) {
+            return None;
+        }
+        length = Some(n);
+    }
+    length
 }
 
 fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -480,6 +575,10 @@ impl hyper::rt::Read for Prefixed {
             let n = self.read.len().min(buf.remaining());
             buf.put_slice(&self.read[..n]);
             bytes::Buf::advance(&mut self.read, n);
+            if self.read.is_empty() {
+                // Not held for the connection's life (a WebSocket can last hours).
+                self.read = BytesMut::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.io).poll_read(cx, buf)
@@ -519,5 +618,80 @@ impl hyper::rt::Write for Prefixed {
         cx: &mut std::task::Context<'_>,
     ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(raw: &[u8]) -> (Parsed, BytesMut) {
+        let mut read = BytesMut::from(raw);
+        (parse(&mut read), read)
+    }
+
+    #[test]
+    fn a_plain_request_is_taken_with_its_body_and_the_rest_is_left() {
+        let (request, rest) = parsed(
+            b"POST /a?b=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabcGET /next",
+        );
+        let Parsed::Request(request) = request else {
+            panic!("not taken");
+        };
+        assert_eq!(request.method, Method::POST);
+        assert_eq!(request.uri, "/a?b=1");
+        assert_eq!(request.headers["host"], "x");
+        assert_eq!(&request.body[..], b"abc");
+        assert!(request.close);
+        assert_eq!(&rest[..], b"GET /next");
+    }
+
+    /// Each of these is hyper's, and the bytes stay where they were.
+    #[test]
+    fn what_the_fast_path_does_not_take_is_left_untouched() {
+        for raw in [
+            &b"CONNECT /x HTTP/1.1\r\nhost: x\r\n\r\nPOST /orders HTTP/1.1\r\n\r\n"[..],
+            b"CONNECT example.com:443 HTTP/1.1\r\nhost: x\r\n\r\n",
+            b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"POST / HTTP/1.1\r\ncontent-length: 1\r\ncontent-length: 1\r\n\r\nab",
+            b"POST / HTTP/1.1\r\ncontent-length: +1\r\n\r\na",
+            b"POST / HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\r\n",
+            b"GET / HTTP/1.0\r\n\r\n",
+            b"GET http://x/ HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nx: a\r\n b\r\n\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            b"GET /\x7f HTTP/1.1\r\n\r\n",
+        ] {
+            let (result, rest) = parsed(raw);
+            assert!(
+                matches!(result, Parsed::Hyper),
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
+            assert_eq!(&rest[..], raw, "{}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn a_head_waits_for_its_body_and_a_partial_head_is_partial() {
+        let raw = b"POST / HTTP/1.1\r\ncontent-length: 5\r\n\r\nab";
+        let (result, rest) = parsed(raw);
+        assert!(matches!(result, Parsed::NeedBody));
+        assert_eq!(&rest[..], raw);
+        assert!(matches!(
+            parsed(b"POST / HTTP/1.1\r\nhos").0,
+            Parsed::Partial
+        ));
+        assert!(matches!(parsed(b"").0, Parsed::Partial));
+    }
+
+    #[test]
+    fn answer_lengths_parse_as_the_upstream_parser_accepts_them() {
+        assert_eq!(content_length(b"3"), Some(3));
+        assert_eq!(content_length(b"3, 3"), Some(3));
+        assert_eq!(content_length(b"3, 4"), None);
+        assert_eq!(content_length(b"+3"), None);
+        assert_eq!(content_length(b""), None);
     }
 }
