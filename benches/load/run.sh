@@ -8,13 +8,14 @@
 # bounded in time (3-4 minutes once built). Prints one table and writes it, with the
 # date and the machine, to benches/load/RESULTS.md. See benches/load/README.md.
 #
-# Rows a-e are measured in ROUNDS interleaved slices (a b c e d d2, a b c e d d2, ...), with
-# nginx and idemgate both running, so a change in the host's speed during the run (a shared
-# VM's speed moves by a third within minutes) reaches every row alike instead of whichever
-# row ran then; each row's figures are over all its slices.
+# Every row but the fill is measured in ROUNDS interleaved slices (a b c e d d2 e1m f fr,
+# a b c e d d2 e1m f fr, ...), with nginx and three idemgates (fresh memory store, the
+# filled one, the Redis one) all running, so a change in the host's speed during the run (a
+# shared VM's speed moves by a third within minutes) reaches every row alike instead of
+# whichever row ran then; each row's figures are over all its slices.
 #
 # Knobs (environment): DURATION (s per measured row, 12, split into ROUNDS slices of
-# DURATION/ROUNDS s; rows fill, e1m, f and fr run in one piece), ROUNDS (3), WARMUP (s, 2), CONNS (64),
+# DURATION/ROUNDS s; the fill runs until its keys are stored), ROUNDS (3), WARMUP (s, 2), CONNS (64),
 # FILL_KEYS (1000000), LAT_RATE (5000 req/s), LAT_SECS (5), RESULTS (output file),
 # SKIP_BUILD=1 (use the existing target/release/idemgate), PERF_DIR (record each idemgate
 # row with perf into that directory; perf's sampling costs the proxy a few percent).
@@ -142,8 +143,18 @@ free_port UPSTREAM_PORT
 free_port NGINX_PORT
 free_port IDEMGATE_PORT
 free_port ADMIN_PORT
+free_port FILL_PORT
+free_port FILL_ADMIN_PORT
+free_port REDIS_IDEM_PORT
+free_port REDIS_ADMIN_PORT
 free_port REDIS_PORT
 fill_templates "$WORK" nginx-upstream.conf nginx-proxy.conf idemgate-memory.yaml idemgate-redis.yaml
+# Three idemgates run side by side (fresh memory store, the filled one, the Redis one), so
+# e1m, f and fr are measured in the same interleaved rounds as nginx: each its own ports.
+sed -e "s/127.0.0.1:$IDEMGATE_PORT\$/127.0.0.1:$FILL_PORT/" -e "s/127.0.0.1:$ADMIN_PORT\$/127.0.0.1:$FILL_ADMIN_PORT/" \
+    "$WORK/idemgate-memory.yaml" >"$WORK/idemgate-fill.yaml"
+sed -i -e "s/127.0.0.1:$IDEMGATE_PORT\$/127.0.0.1:$REDIS_IDEM_PORT/" -e "s/127.0.0.1:$ADMIN_PORT\$/127.0.0.1:$REDIS_ADMIN_PORT/" \
+    "$WORK/idemgate-redis.yaml"
 
 # ---------------------------------------------------------------------------- measuring
 ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
@@ -152,8 +163,17 @@ cpu_busy() { # "busy0 total0 busy1 total1" in jiffies
     awk '$1 == "cpu0" || $1 == "cpu1" { t = 0; for (i = 2; i <= 9; i++) t += $i;
          printf "%d %d ", t - $5 - $6, t }' /proc/stat
 }
-metric_lines() { curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics" | grep -E '^idemgate_(requests_total|store_entries)' || true; }
-store_entries() { metric_lines | awk '$1 == "idemgate_store_entries" {print $2}'; }
+# metric_lines [ADMIN_PORT]: the outcome counters and store size of the idemgate behind it.
+metric_lines() { curl -sf "http://127.0.0.1:${1:-$ADMIN_PORT}/metrics" | grep -E '^idemgate_(requests_total|store_entries)' || true; }
+store_entries() { metric_lines "${1:-}" | awk '$1 == "idemgate_store_entries" {print $2}'; }
+# The admin port of the idemgate with this pid (the three run side by side).
+admin_of() {
+    case $1 in
+        "${FILL_IDEM:-x}") echo "$FILL_ADMIN_PORT" ;;
+        "${REDIS_IDEM:-x}") echo "$REDIS_ADMIN_PORT" ;;
+        *) echo "$ADMIN_PORT" ;;
+    esac
+}
 # Outcome counts that changed between two metric snapshots: "executed=123 replayed=4".
 outcome_diff() {
     awk 'NR == FNR { before[$1] = $2; next }
@@ -180,7 +200,7 @@ run_row() {
         "${PRIO[@]}" taskset -c $LOAD_CPU wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s "$HERE/post.lua" "$url" \
             -- "$mode" "$warm_prefix" "$n" >/dev/null
     fi
-    metric_lines >"$WORK/m0"
+    metric_lines "$(admin_of "$pid")" >"$WORK/m0"
     local perf_pid=""
     if [[ -n ${PERF_DIR:-} && $id != a && $id != b ]]; then
         # Samples the proxy on a software clock (this VM has no hardware counters), with
@@ -216,7 +236,7 @@ run_row() {
     fi
     t1=$(ticks "$pid")
     c1=$(cpu_busy)
-    metric_lines >"$WORK/m1"
+    metric_lines "$(admin_of "$pid")" >"$WORK/m1"
     if [[ -n $wake_pid ]]; then
         kill -INT "$wake_pid" 2>/dev/null || true
         wait "$wake_pid" 2>/dev/null || true
@@ -344,9 +364,50 @@ wait_port $ADMIN_PORT "$IDEM"
 IDEM_URL=http://127.0.0.1:$IDEMGATE_PORT
 RSS_START=$(rss_kib "$IDEM")
 
-# Interleaved: each round measures every row for one slice. Unique rows take a new key
-# prefix per round (every request first-seen); replay rows reuse theirs (the first round's
-# warm-up stored the keys). Only each row's first slice is warmed up.
+# ---------------------------------------------------------------------------- fill
+# The fill runs in a process of its own, so RSS per key does not depend on how many keys
+# the other rows happen to store (hash tables grow by doubling: where the count falls
+# between two powers of two moves the figure by a few hundred bytes). It stays up for e1m.
+spawn "$WORK/idemgate-fill.log" env IDEMGATE_LOG=warn "${PRIO[@]}" taskset -c $SUT_CPU "$IDEMGATE" run --config "$WORK/idemgate-fill.yaml"
+FILL_IDEM=$LAST_PID
+wait_port $FILL_PORT "$FILL_IDEM"
+wait_port $FILL_ADMIN_PORT "$FILL_IDEM"
+FILL_URL=http://127.0.0.1:$FILL_PORT
+# Warm the connections and buffers (1,000 stored keys) before the baseline.
+"${PRIO[@]}" taskset -c $LOAD_CPU wrk -t1 -c"$CONNS" -d1s -s "$HERE/post.lua" "$FILL_URL/orders" -- replay w 1000 >/dev/null
+log "filling $FILL_KEYS keys (a fresh idemgate of its own)"
+ENTRIES0=$(store_entries "$FILL_ADMIN_PORT")
+RSS0=$(rss_kib "$FILL_IDEM")
+run_row fill "idemgate first-seen while filling 0 → $FILL_KEYS keys" "$FILL_URL/orders" "$FILL_IDEM" fill f "$FILL_KEYS" "$FILL_MAX_SECS"
+sleep 1
+ENTRIES1=$(store_entries "$FILL_ADMIN_PORT")
+RSS1=$(rss_kib "$FILL_IDEM")
+# The stored thing is the upstream's answer: status, headers, and its 8-byte body.
+STORED_BODY=8
+FILLED=$((ENTRIES1 - ENTRIES0))
+PER_KEY=$(awk -v a="$RSS0" -v b="$RSS1" -v n="$FILLED" 'BEGIN { printf "%.0f", (b - a) * 1024 / n }')
+STORED_HEADERS=$(curl -s -o /dev/null -D - -X POST "http://127.0.0.1:$UPSTREAM_PORT/x" -d '{}' |
+    grep -viE '^(HTTP|connection|keep-alive|transfer-encoding)' | tr -d '\r' | awk 'NF' |
+    awk -F': ' '{ s += 6 + length($1) + length($2) } END { print s }')
+
+# ---------------------------------------------------------------------------- redis
+log "redis-server on CPU $LOAD_CPU, idemgate with the Redis store on CPU $SUT_CPU"
+spawn "$WORK/redis.log" "${PRIO[@]}" taskset -c $LOAD_CPU redis-server --bind 127.0.0.1 --port $REDIS_PORT \
+    --save "" --appendonly no --protected-mode yes --dir "$WORK"
+REDIS=$LAST_PID
+wait_port $REDIS_PORT "$REDIS"
+spawn "$WORK/idemgate-redis.log" env IDEMGATE_LOG=warn "${PRIO[@]}" taskset -c $SUT_CPU "$IDEMGATE" run --config "$WORK/idemgate-redis.yaml"
+REDIS_IDEM=$LAST_PID
+wait_port $REDIS_IDEM_PORT "$REDIS_IDEM"
+wait_port $REDIS_ADMIN_PORT "$REDIS_IDEM"
+for _ in $(seq 50); do curl -sf "http://127.0.0.1:$REDIS_ADMIN_PORT/readyz" >/dev/null && break; sleep 0.1; done
+REDIS_URL=http://127.0.0.1:$REDIS_IDEM_PORT
+
+# ---------------------------------------------------------------------------- rounds
+# Interleaved: each round measures every row for one slice, with every server up (an idle
+# one costs nothing). Unique rows take a new key prefix per round (every request
+# first-seen); replay rows reuse theirs (the first round's warm-up stored the keys; e1m's
+# are the fill's). Only each row's first slice is warmed up.
 FIRST_WARMUP=$WARMUP
 for ((round = 1; round <= ROUNDS; round++)); do
     log "round $round of $ROUNDS (slices of ${SLICE}s)"
@@ -356,67 +417,32 @@ for ((round = 1; round <= ROUNDS; round++)); do
     run_row e "idemgate replays, fresh store (1,000 keys)" "$IDEM_URL/orders" "$IDEM" replay r 1000 "$SLICE"
     run_row d "idemgate first-seen, \`Idempotency-Key\`, memory" "$IDEM_URL/orders" "$IDEM" unique "d$round" 0 "$SLICE"
     run_row d2 "idemgate first-seen, body fingerprint, memory" "$IDEM_URL/fp/x" "$IDEM" unique "p$round" 0 "$SLICE"
+    run_row e1m "idemgate replays spread over the $FILL_KEYS filled keys" "$FILL_URL/orders" "$FILL_IDEM" replay f "$FILL_KEYS" "$SLICE"
+    run_row f "idemgate first-seen, Redis store" "$REDIS_URL/orders" "$REDIS_IDEM" unique "rf$round" 0 "$SLICE"
+    run_row fr "idemgate replays, Redis store (1,000 keys)" "$REDIS_URL/orders" "$REDIS_IDEM" replay rr 1000 "$SLICE"
     WARMUP=0
 done
 WARMUP=$FIRST_WARMUP
+RSS_END=$(rss_kib "$FILL_IDEM")
+stop "$FILL_IDEM"
 latency a "$UPSTREAM_WORKER" "http://127.0.0.1:$UPSTREAM_PORT/pass/x"
 latency b "$NGINX_WORKER" "http://127.0.0.1:$NGINX_PORT/pass/x"
 stop "$NGINX_MASTER"
 latency c "$IDEM" "$IDEM_URL/pass/x"
 latency d "$IDEM" "$IDEM_URL/fp/[a-z0-9]{20}" --rand-regex-url
 latency e "$IDEM" "$IDEM_URL/orders" -H 'Idempotency-Key: latency-replay'
-
-# The fill runs in a fresh process, so RSS per key does not depend on how many keys the
-# rows above happened to store (hash tables grow by doubling: where the count falls
-# between two powers of two moves the figure by a few hundred bytes).
 stop "$IDEM"
-spawn "$WORK/idemgate-fill.log" env IDEMGATE_LOG=warn "${PRIO[@]}" taskset -c $SUT_CPU "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
-IDEM=$LAST_PID
-wait_port $IDEMGATE_PORT "$IDEM"
-wait_port $ADMIN_PORT "$IDEM"
-# Warm the connections and buffers (1,000 stored keys) before the baseline.
-"${PRIO[@]}" taskset -c $LOAD_CPU wrk -t1 -c"$CONNS" -d1s -s "$HERE/post.lua" "$IDEM_URL/orders" -- replay w 1000 >/dev/null
-log "filling $FILL_KEYS keys (fresh idemgate)"
-ENTRIES0=$(store_entries)
-RSS0=$(rss_kib "$IDEM")
-run_row fill "idemgate first-seen while filling 0 → $FILL_KEYS keys" "$IDEM_URL/orders" "$IDEM" fill f "$FILL_KEYS" "$FILL_MAX_SECS"
-sleep 1
-ENTRIES1=$(store_entries)
-RSS1=$(rss_kib "$IDEM")
-run_row e1m "idemgate replays spread over the $FILL_KEYS filled keys" "$IDEM_URL/orders" "$IDEM" replay f "$FILL_KEYS"
-RSS_END=$(rss_kib "$IDEM")
-# The stored thing is the upstream's answer: status, headers, and its 8-byte body.
-STORED_BODY=8
-FILLED=$((ENTRIES1 - ENTRIES0))
-PER_KEY=$(awk -v a="$RSS0" -v b="$RSS1" -v n="$FILLED" 'BEGIN { printf "%.0f", (b - a) * 1024 / n }')
-STORED_HEADERS=$(curl -s -o /dev/null -D - -X POST "http://127.0.0.1:$UPSTREAM_PORT/x" -d '{}' |
-    grep -viE '^(HTTP|connection|keep-alive|transfer-encoding)' | tr -d '\r' | awk 'NF' |
-    awk -F': ' '{ s += 6 + length($1) + length($2) } END { print s }')
-stop "$IDEM"
-
-# ---------------------------------------------------------------------------- idemgate, redis
-log "redis-server on CPU $LOAD_CPU, idemgate with the Redis store on CPU $SUT_CPU"
-spawn "$WORK/redis.log" "${PRIO[@]}" taskset -c $LOAD_CPU redis-server --bind 127.0.0.1 --port $REDIS_PORT \
-    --save "" --appendonly no --protected-mode yes --dir "$WORK"
-REDIS=$LAST_PID
-wait_port $REDIS_PORT "$REDIS"
-spawn "$WORK/idemgate-redis.log" env IDEMGATE_LOG=warn "${PRIO[@]}" taskset -c $SUT_CPU "$IDEMGATE" run --config "$WORK/idemgate-redis.yaml"
-IDEM=$LAST_PID
-wait_port $IDEMGATE_PORT "$IDEM"
-wait_port $ADMIN_PORT "$IDEM"
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$ADMIN_PORT/readyz" >/dev/null && break; sleep 0.1; done
-run_row f "idemgate first-seen, Redis store" "$IDEM_URL/orders" "$IDEM" unique rf 0
-run_row fr "idemgate replays, Redis store (1,000 keys)" "$IDEM_URL/orders" "$IDEM" replay rr 1000
-latency f "$IDEM" "$IDEM_URL/fp/[a-z0-9]{20}" --rand-regex-url
-latency fr "$IDEM" "$IDEM_URL/orders" -H 'Idempotency-Key: latency-replay'
+latency f "$REDIS_IDEM" "$REDIS_URL/fp/[a-z0-9]{20}" --rand-regex-url
+latency fr "$REDIS_IDEM" "$REDIS_URL/orders" -H 'Idempotency-Key: latency-replay'
 REDIS_KEYS=$(redis-cli -p $REDIS_PORT dbsize)
 REDIS_MEM=$(redis-cli -p $REDIS_PORT info memory | awk -F: '/^used_memory:/ {print $2+0}')
 REDIS_EMPTY=$(redis-cli -p $REDIS_PORT info memory | awk -F: '/^used_memory_startup:/ {print $2+0}')
-stop "$IDEM"
+stop "$REDIS_IDEM"
 stop "$REDIS"
 stop "$UPSTREAM_MASTER"
 
 # ---------------------------------------------------------------------------- report
+ROWS=(a b c e d d2 fill e1m f fr)
 ELAPSED=$(($(date +%s) - STARTED))
 ratio() { awk -v x="${RPS[$1]}" -v y="${RPS[$2]}" 'BEGIN { printf "%.2f", x / y }'; }
 verdict() { awk -v v="$1" -v g="$2" 'BEGIN { print (v >= g ? "met" : "**missed**") }'; }
@@ -433,7 +459,7 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo "- machine: $(lscpu | awk -F: '/^Model name/ {gsub(/^[ \t]+/, "", $2); print $2; exit}'), nproc $(nproc), kernel $(uname -r), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
     echo "- tools: $(nginx -v 2>&1 | sed 's/.*version: //'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), $(oha --version), redis $(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/'), $(rustc --version | awk '{print $1, $2}')"
     echo "- CPU $LOAD_CPU: load generator (wrk -t1 -c$CONNS, oha), upstream nginx (1 worker), redis-server; CPU $SUT_CPU: the proxy under test"
-    echo "- rows a-d2: wrk -t1 -c$CONNS in $ROUNDS interleaved rounds of ${SLICE}s per row ($((ROUNDS * SLICE))s per row), after a ${WARMUP}s warm-up before each row's first slice; fill, e1m, f, fr: one piece of ${DURATION}s (fill: until its keys are stored); every request a POST of a 1 KiB JSON body with an \`Idempotency-Key\`; the upstream answers \`201 {\"id\":1}\`"
+    echo "- rows a-fr: wrk -t1 -c$CONNS in $ROUNDS interleaved rounds of ${SLICE}s per row ($((ROUNDS * SLICE))s per row), after a ${WARMUP}s warm-up before each row's first slice, three idemgates (fresh memory store, filled memory store, Redis store) and nginx up throughout; fill: before the rounds, until its keys are stored; every request a POST of a 1 KiB JSON body with an \`Idempotency-Key\`; the upstream answers \`201 {\"id\":1}\`"
     echo "- latency: oha -c$CONNS -q $LAT_RATE --latency-correction for ${LAT_SECS}s (open loop), µs; \"added\" is against (a)"
     echo "- other load on the machine: $BACKGROUND; scheduling of the benchmark's processes: $SCHED"
     echo "- idemgate: \`target/release/idemgate\` built $(date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC')"
@@ -452,7 +478,7 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo "Memory store: $FILLED keys stored by the fill; RSS $((RSS0 / 1024)) → $((RSS1 / 1024)) MiB,"
     echo "**$PER_KEY B per stored key** (the stored answer: an $STORED_BODY B body and ~$STORED_HEADERS B of headers);"
     echo "$((PER_KEY - STORED_BODY)) B beyond its body. A fresh idemgate (1,000 keys stored to warm it up) filled"
-    echo "with $FILL_KEYS keys: $((ENTRIES1)) keys in all; RSS of an idle idemgate at start $((RSS_START / 1024)) MiB, after e1m $((RSS_END / 1024)) MiB."
+    echo "with $FILL_KEYS keys: $((ENTRIES1)) keys in all; RSS of an idle idemgate at start $((RSS_START / 1024)) MiB, of the filled one after the rounds $((RSS_END / 1024)) MiB."
     echo
     echo "Redis store: $REDIS_KEYS keys, used_memory $((REDIS_MEM / 1048576)) MiB, $(awk -v m="$REDIS_MEM" -v e="$REDIS_EMPTY" -v n="$REDIS_KEYS" 'BEGIN { printf "%.0f", (m - e) / n }') B per key."
     echo
