@@ -222,3 +222,36 @@ async fn a_client_that_leaves_cancels_its_pass_through_request() {
         .expect("the upstream call went on after its client left")
         .unwrap();
 }
+
+/// A kept-alive connection with no new request for the idle timeout is closed, without an
+/// answer (there is no request to answer); a request before that is served. The timeout
+/// is 300 ms here (`Proxy::with_idle_timeout`); the 30 s bound is a hang guard only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_kept_alive_connection_is_closed_quietly() {
+    let upstream = start_upstream().await;
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://{}\n{ROUTES}",
+        upstream.addr
+    );
+    let proxy = common::start_proxy_tuned(&text, None, |proxy| {
+        proxy.with_idle_timeout(Duration::from_millis(300))
+    })
+    .await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream.write_all(&post("idle", "{}", "")).await.unwrap();
+    let mut buf = vec![0u8; 8192];
+    let n = stream.read(&mut buf).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 201"),
+        "served while not idle"
+    );
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut rest))
+        .await
+        .expect("hang guard: an idle connection was never closed")
+        .unwrap();
+    assert!(
+        rest.is_empty(),
+        "nothing is sent on an idle close: {rest:?}"
+    );
+}

@@ -32,11 +32,16 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     owners: Arc<Owners>,
     body_read_timeout: Duration,
+    idle_timeout: Duration,
 }
 
 /// How long a client may send nothing while a protected request's body is incomplete
 /// (nginx's `client_body_timeout` default).
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a kept-alive HTTP/1.1 connection may sit between requests before it is closed
+/// (the time hyper gives a request head; nginx's `keepalive_timeout` is 75 s).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Proxy {
     /// A proxy serving `config` with `store`.
@@ -50,6 +55,7 @@ impl Proxy {
             metrics,
             owners,
             body_read_timeout: BODY_READ_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
         }
     }
 
@@ -57,6 +63,17 @@ impl Proxy {
     pub fn with_body_read_timeout(mut self, gap: Duration) -> Self {
         self.body_read_timeout = gap;
         self
+    }
+
+    /// With another idle timeout than [`IDLE_TIMEOUT`] (for embedding and tests).
+    pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = idle;
+        self
+    }
+
+    /// How long a kept-alive connection may sit between requests.
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
     }
 
     /// The keys this process owns right now.

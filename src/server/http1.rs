@@ -19,8 +19,8 @@
 //! So the HTTP/2 cleartext preface (not an HTTP/1.1 head), chunked and streamed uploads,
 //! `100-continue`, tunnels and protocol switches, HTTP/1.0, slow or malformed heads (with
 //! their 400, 408 and 431 answers) are all hyper's, as before. The fast path itself keeps
-//! the connection alive (or closes it on `Connection: close`, after [`IDLE`] without a
-//! request, or once the server stops), cancels a request whose client goes away (as hyper
+//! the connection alive (or closes it on `Connection: close`, after the proxy's idle
+//! timeout without a request, or once the server stops), cancels a request whose client goes away (as hyper
 //! does), frames the answer as hyper does (the known length, chunked otherwise, none for
 //! `HEAD`, 1xx, 204 and 304, trailers dropped) and adds `Date` when the answer has none.
 
@@ -50,9 +50,6 @@ pub const MAX_FIELDS: usize = 64;
 pub const MAX_HEAD: usize = 16 * 1024;
 /// Largest request body the fast path takes (already read, with its head).
 pub const MAX_BODY: usize = 64 * 1024;
-/// A kept-alive connection with no new request for this long is closed (as hyper's header
-/// read timeout did for the fast path's connections).
-pub const IDLE: Duration = Duration::from_secs(30);
 /// How long a complete head waits for the rest of its body before the connection goes to
 /// hyper (whose body timeout then applies).
 pub const BODY_GRACE: Duration = Duration::from_secs(1);
@@ -77,17 +74,19 @@ pub async fn serve(
     let conn = Connection::plain(peer);
     let mut read = BytesMut::with_capacity(8 * 1024);
     let mut stopped = pin!(stop.stopped());
-    let mut idle = pin!(tokio::time::sleep(IDLE));
+    let idle_timeout = proxy.idle_timeout();
+    let mut idle = pin!(tokio::time::sleep(idle_timeout));
     loop {
         let mut awaiting_body = false;
         let request = loop {
             match parse(&mut read) {
                 Parsed::Request(request) => break request,
-                // Nothing read: wait for the next request, at most IDLE.
+                // Nothing read: wait for the next request, at most the idle timeout.
                 Parsed::Partial if read.is_empty() => {
                     // A later deadline on the armed sleep only records it (no timer-wheel
                     // work).
-                    idle.as_mut().reset(tokio::time::Instant::now() + IDLE);
+                    idle.as_mut()
+                        .reset(tokio::time::Instant::now() + idle_timeout);
                 }
                 // A complete head whose body is still coming (clients that write them
                 // separately): wait a little for it here rather than give the connection up.
