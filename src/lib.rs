@@ -17,6 +17,7 @@ pub mod explain;
 pub mod key;
 pub mod metrics;
 pub mod proxy;
+mod read_buf;
 pub mod route;
 pub mod server;
 pub mod store;

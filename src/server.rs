@@ -24,7 +24,7 @@ use crate::store::{MemoryStore, RedisStore, Store, StoreError};
 use sha2::{Digest as _, Sha256};
 
 mod header_timer;
-pub mod http1;
+mod http1;
 mod stop;
 use header_timer::ConnTimer;
 use stop::StopSignal;
@@ -155,8 +155,9 @@ async fn accept_loop<F, S>(
                         return;
                     }
                     let builder = connection_builder(&template);
-                    let service = make_service(Connection::plain(peer));
-                    let io = http1::Prefixed::from(handoff);
+                    let http1::Handoff { read, stream, conn } = handoff;
+                    let service = make_service(conn);
+                    let io = http1::Prefixed::new(read, stream);
                     serve_one(&builder, io, service, stop, peer).await;
                 }
                 (None, None) => {

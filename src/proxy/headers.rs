@@ -130,13 +130,28 @@ pub fn connection_names_headers(headers: &HeaderMap) -> bool {
 
 /// Whether an HTTP/1.1 request asks to switch protocols (e.g. WebSocket).
 pub fn wants_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+    headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")
+}
+
+/// Whether any `Connection` field lists `option` (`close`, `upgrade`, …).
+pub fn connection_has(headers: &HeaderMap, option: &str) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(option))
+}
+
+/// One element of a `Content-Length` list (`5` of `5, 5`): digits, spaces around them
+/// allowed. The one rule for reading a length, in the answer parser and the answer writer,
+/// so the writer never refuses a length the parser let through.
+pub fn parse_length(item: &[u8]) -> Option<u64> {
+    std::str::from_utf8(item)
+        .ok()
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse::<u64>().ok())
 }
 
 /// What the proxy adds to a request it forwards.

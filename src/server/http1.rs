@@ -42,7 +42,9 @@ use tokio::net::TcpStream;
 
 use super::stop::StopSignal;
 use crate::proxy::body::{ProxyBody, RequestBody};
+use crate::proxy::headers::{connection_has, parse_length, write_field};
 use crate::proxy::{Connection, Proxy};
+use crate::read_buf::poll_read_more;
 
 /// Most header fields of a request the fast path takes.
 pub const MAX_FIELDS: usize = 64;
@@ -53,6 +55,8 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// How long a complete head waits for the rest of its body before the connection goes to
 /// hyper (whose body timeout then applies).
 pub const BODY_GRACE: Duration = Duration::from_secs(1);
+/// Bytes asked of the socket per read (and the least spare room, a quarter, before one).
+const READ_CHUNK: usize = 8 * 1024;
 /// An answer body up to this size goes out in the same write as its head.
 const COALESCE: usize = 16 * 1024;
 
@@ -62,6 +66,8 @@ pub struct Handoff {
     pub read: BytesMut,
     /// The client connection.
     pub stream: TcpStream,
+    /// What the proxy knows about it (formatted once, kept for hyper's requests).
+    pub conn: Connection,
 }
 
 /// Serves `stream` until it closes (`None`) or needs hyper (the [`Handoff`]).
@@ -72,7 +78,7 @@ pub async fn serve(
     stop: &StopSignal,
 ) -> Option<Handoff> {
     let conn = Connection::plain(peer);
-    let mut read = BytesMut::with_capacity(8 * 1024);
+    let mut read = BytesMut::with_capacity(READ_CHUNK);
     let mut stopped = pin!(stop.stopped());
     let idle_timeout = proxy.idle_timeout();
     let mut idle = pin!(tokio::time::sleep(idle_timeout));
@@ -98,13 +104,13 @@ pub async fn serve(
                 Parsed::NeedBody => {}
                 // A head split over reads (large, slow or malicious) is hyper's, with its
                 // header timeout and limits; so is the HTTP/2 preface.
-                Parsed::Partial | Parsed::Hyper => return Some(Handoff { read, stream }),
+                Parsed::Partial | Parsed::Hyper => return Some(Handoff { read, stream, conn }),
             }
             match fill(&mut stream, &mut read, idle.as_mut(), stopped.as_mut()).await {
                 Filled::Read => {}
                 // A body slower than the grace goes to hyper, whose body timeout (408 on a
                 // protected route) then applies.
-                Filled::Elapsed if awaiting_body => return Some(Handoff { read, stream }),
+                Filled::Elapsed if awaiting_body => return Some(Handoff { read, stream, conn }),
                 Filled::Elapsed | Filled::Closed => return None,
             }
         };
@@ -118,7 +124,7 @@ pub async fn serve(
             response = Response::new(ProxyBody::empty());
             *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
         }
-        let announced = asks_to_close(response.headers());
+        let announced = connection_has(response.headers(), "close");
         let close = asked_close || announced || stop.is_stopped();
         let written = write_response(&mut stream, response, head_only, close, announced).await;
         if written.is_err() || close {
@@ -148,10 +154,7 @@ async fn until_client_leaves<F: Future>(
                 watching = false;
                 break;
             }
-            if read.capacity() - read.len() < 1024 {
-                read.reserve(8 * 1024);
-            }
-            match tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, read) {
+            match poll_read_more(Pin::new(&mut *stream), cx, read, READ_CHUNK) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(None),
                 Poll::Ready(Ok(_)) => {}
                 Poll::Pending => break,
@@ -160,19 +163,6 @@ async fn until_client_leaves<F: Future>(
         Poll::Pending
     })
     .await
-}
-
-/// Whether `Connection` names `close`.
-fn asks_to_close(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .any(|value| {
-            value
-                .as_bytes()
-                .split(|&b| b == b',')
-                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"))
-        })
 }
 
 enum Filled {
@@ -190,13 +180,8 @@ async fn fill(
     mut idle: Pin<&mut tokio::time::Sleep>,
     mut stopped: Pin<&mut impl Future<Output = ()>>,
 ) -> Filled {
-    if read.capacity() - read.len() < 1024 {
-        read.reserve(8 * 1024);
-    }
     std::future::poll_fn(|cx| {
-        // poll_read underneath: tokio clears the socket's readiness after a short read, so
-        // the next request's read waits for the poller instead of failing once first.
-        match tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, read) {
+        match poll_read_more(Pin::new(&mut *stream), cx, read, READ_CHUNK) {
             Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Filled::Closed),
             Poll::Ready(Ok(_)) => return Poll::Ready(Filled::Read),
             Poll::Pending => {}
@@ -405,7 +390,7 @@ async fn write_response(
             continue;
         }
         has_date |= name == DATE;
-        field(&mut out, name.as_str().as_bytes(), value.as_bytes());
+        write_field(&mut out, name.as_str(), value.as_bytes());
     }
     // hyper's rules: a length where one can be known, chunked otherwise; HEAD and 304
     // keep a declared length (it describes the representation), 1xx and 204 have none.
@@ -415,19 +400,19 @@ async fn write_response(
     // non-zero one (a problem answer's, for a HEAD).
     let announce = declared.or(hint.filter(|&n| n > 0 && head_only));
     if let Some(n) = length.or(announce.filter(|_| !no_content)) {
-        field(
+        write_field(
             &mut out,
-            b"content-length",
+            "content-length",
             itoa::Buffer::new().format(n).as_bytes(),
         );
     } else if chunked {
-        field(&mut out, b"transfer-encoding", b"chunked");
+        write_field(&mut out, "transfer-encoding", b"chunked");
     }
     if !has_date {
-        DATE_CACHE.with(|cache| field(&mut out, b"date", cache.borrow_mut().now()));
+        DATE_CACHE.with(|cache| write_field(&mut out, "date", cache.borrow_mut().now()));
     }
     if close && !announced {
-        field(&mut out, b"connection", b"close");
+        write_field(&mut out, "connection", b"close");
     }
     out.extend_from_slice(b"\r\n");
     if bodiless {
@@ -494,29 +479,18 @@ async fn write_response(
     Ok(())
 }
 
-/// A `Content-Length` value: digits, or a list of equal ones (`3, 3`, which the upstream
-/// parser accepts as one length).
+/// A `Content-Length` value: a length, or a list of equal ones (`3, 3`), read as the
+/// upstream parser reads them.
 fn content_length(value: &[u8]) -> Option<u64> {
     let mut length = None;
     for item in value.split(|&b| b == b',') {
-        let item = item.trim_ascii();
-        if item.is_empty() || !item.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        let n = std::str::from_utf8(item).ok()?.parse::<u64>().ok()?;
+        let n = parse_length(item)?;
         if length.is_some_and(|l| l != n) {
             return None;
         }
         length = Some(n);
     }
     length
-}
-
-fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 fn invalid(what: &str) -> io::Error {
@@ -555,11 +529,12 @@ pub struct Prefixed {
     io: hyper_util::rt::TokioIo<TcpStream>,
 }
 
-impl From<Handoff> for Prefixed {
-    fn from(handoff: Handoff) -> Self {
+impl Prefixed {
+    /// `stream` as hyper reads it, `read` first.
+    pub fn new(read: BytesMut, stream: TcpStream) -> Self {
         Self {
-            read: handoff.read,
-            io: hyper_util::rt::TokioIo::new(handoff.stream),
+            read,
+            io: hyper_util::rt::TokioIo::new(stream),
         }
     }
 }

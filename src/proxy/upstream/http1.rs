@@ -26,8 +26,10 @@ use tokio_rustls::client::TlsStream;
 
 use crate::proxy::body::{BodyError, ProxyBody};
 use crate::proxy::headers::{
-    connection_names_no_header, is_hop_by_hop, write_field, write_forwarded_fields, Forwarding,
+    connection_names_no_header, is_hop_by_hop, parse_length, write_field, write_forwarded_fields,
+    Forwarding,
 };
+use crate::read_buf::poll_read_more;
 
 /// Bytes asked of the socket per read (and the least spare room before one).
 const READ_CHUNK: usize = 16 * 1024;
@@ -202,10 +204,7 @@ impl Connection {
     }
 
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.read.capacity() - self.read.len() < READ_CHUNK / 4 {
-            self.read.reserve(READ_CHUNK);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
+        poll_read_more(Pin::new(&mut self.io), cx, &mut self.read, READ_CHUNK)
     }
 
     /// Writes the request: its head (fields as [`write_forwarded_fields`] forwards them,
@@ -512,11 +511,7 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
         if name == CONTENT_LENGTH {
             // `5, 5` and repeated equal values are one length; anything else is ambiguous.
             for item in value.as_bytes().split(|&b| b == b',') {
-                let n = std::str::from_utf8(item)
-                    .ok()
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|s| s.parse::<u64>().ok())
+                let n = parse_length(item)
                     .ok_or_else(|| invalid("the upstream sent an invalid Content-Length"))?;
                 if length.is_some_and(|l| l != n) {
                     return Err(invalid("the upstream sent conflicting Content-Lengths"));
