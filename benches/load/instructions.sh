@@ -11,6 +11,10 @@
 # callgrind with counting off, gets 200 warm-up requests, then N counted ones (oha, 16
 # connections, 1 KiB JSON POSTs to random paths); the count is divided by N.
 #
+# Row f runs idemgate with the Redis store against a redis-server that is counted too, so
+# the table shows what a first-seen request costs Redis, and how much of that is the
+# completion script (`EVALSHA`, Lua) against the claim (`SET … NX GET`, native).
+#
 # valgrind hides SHA-NI, so SHA-256 runs in software there: the script reports the
 # first-seen rows also without sha2's compression function, the part that SHA-NI makes
 # about twenty times cheaper natively.
@@ -37,6 +41,7 @@ missing=()
 command -v valgrind >/dev/null || missing+=(valgrind)
 command -v nginx >/dev/null || missing+=(nginx)
 command -v curl >/dev/null || missing+=(curl)
+command -v redis-server >/dev/null || missing+=(redis-server)
 if ((${#missing[@]})); then
     log "installing ${missing[*]} (apt-get)"
     $SUDO apt-get update -qq
@@ -65,8 +70,9 @@ free_port UPSTREAM_PORT
 free_port NGINX_PORT
 free_port IDEMGATE_PORT
 free_port ADMIN_PORT
+free_port REDIS_PORT
 mkdir -p "$WORK/tmp"
-fill_templates "$WORK" nginx-upstream.conf nginx-proxy.conf idemgate-memory.yaml
+fill_templates "$WORK" nginx-upstream.conf nginx-proxy.conf idemgate-memory.yaml idemgate-redis.yaml
 # Under valgrind nginx runs as one process (no master), so the worker is what is counted.
 sed -i 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' "$WORK/nginx-proxy.conf"
 
@@ -83,34 +89,56 @@ fire() { # fire PORT URL-REGEX COUNT [HEADER]
     grep -q 'Success rate:.*100.00%' "$WORK/oha.out" || die "requests failed: $(cat "$WORK/oha.out")"
 }
 
+# under_callgrind NAME PORT COMMAND...: starts COMMAND under callgrind with counting off
+# and waits until it listens on PORT; sets VPID.
+under_callgrind() {
+    local name=$1 port=$2
+    shift 2
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$WORK/cg.$name" "$@" \
+        >"$WORK/$name.log" 2>&1 &
+    VPID=$!
+    PIDS+=("$VPID")
+    wait_port "$port" "$VPID"
+}
+
+# dump NAME PID: stops counting, dumps and kills PID (counted and dumped: no graceful
+# drain needed; idemgate's would wait for idle clients); sets DUMP to the dump's path.
+dump() {
+    local name=$1 pid=$2
+    callgrind_control -i off "$pid" >/dev/null
+    callgrind_control -d "$pid" >/dev/null
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null || true
+    DUMP=$(ls "$WORK/cg.$name".* | head -1)
+    if [[ -n ${KEEP:-} ]]; then
+        mkdir -p "$KEEP"
+        cp "$DUMP" "$KEEP/callgrind.$name"
+    fi
+}
+
+# per_request DUMP [FUNCTION]: the dump's instructions (or FUNCTION's, inclusive) over N.
+per_request() {
+    local n
+    if [[ -z ${2:-} ]]; then
+        n=$(callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
+    else
+        n=$(callgrind_annotate --inclusive=yes "$1" 2>/dev/null |
+            awk -v f="$2 [" 'index($0, f) {gsub(",", "", $1); print $1; exit}')
+    fi
+    echo $((${n:-0} / N))
+}
+
 # count NAME PORT URL-REGEX [HEADER] -- COMMAND...: prints "total sha2" instructions per request.
 count() {
     local name=$1 port=$2 url=$3 header=$4
     shift 5
-    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$WORK/cg.$name" "$@" \
-        >"$WORK/$name.log" 2>&1 &
-    local vpid=$!
-    PIDS+=("$vpid")
-    wait_port "$port" "$vpid"
+    under_callgrind "$name" "$port" "$@"
+    local vpid=$VPID
     fire "$port" "$url" 200 "$header"
     callgrind_control -i on "$vpid" >/dev/null
     fire "$port" "$url" "$N" "$header"
-    callgrind_control -i off "$vpid" >/dev/null
-    callgrind_control -d "$vpid" >/dev/null
-    # Counted and dumped: no graceful drain needed (idemgate's would wait for idle clients).
-    kill -KILL "$vpid" 2>/dev/null
-    wait "$vpid" 2>/dev/null || true
-    local dump
-    dump=$(ls "$WORK/cg.$name".* | head -1)
-    if [[ -n ${KEEP:-} ]]; then
-        mkdir -p "$KEEP"
-        cp "$dump" "$KEEP/callgrind.$name"
-    fi
-    local total sha
-    total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
-    sha=$(callgrind_annotate --inclusive=yes "$dump" 2>/dev/null |
-        awk '/sha2::sha256::compress256 \[/ {gsub(",", "", $1); print $1; exit}')
-    echo "$((total / N)) $((${sha:-0} / N))"
+    dump "$name" "$vpid"
+    echo "$(per_request "$DUMP") $(per_request "$DUMP" sha2::sha256::compress256)"
 }
 
 declare -A TOTAL SHA
@@ -127,6 +155,25 @@ row c "$IDEMGATE_PORT" '/pass/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/i
 row d2 "$IDEMGATE_PORT" '/fp/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 row e "$IDEMGATE_PORT" '/orders' 'Idempotency-Key: replayed-key' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 
+# Row f: idemgate (Redis store) and redis-server both counted over the same requests.
+log "counting f ($N requests; idemgate and redis-server)"
+under_callgrind redis "$REDIS_PORT" redis-server --bind 127.0.0.1 --port "$REDIS_PORT" \
+    --save "" --appendonly no --dir "$WORK"
+REDIS_VPID=$VPID
+under_callgrind f "$IDEMGATE_PORT" "$IDEMGATE" run --config "$WORK/idemgate-redis.yaml"
+IDEM_VPID=$VPID
+fire "$IDEMGATE_PORT" '/fp/[a-z]{12}' 200
+callgrind_control -i on "$REDIS_VPID" >/dev/null
+callgrind_control -i on "$IDEM_VPID" >/dev/null
+fire "$IDEMGATE_PORT" '/fp/[a-z]{12}' "$N"
+dump f "$IDEM_VPID"
+TOTAL[f]=$(per_request "$DUMP")
+SHA[f]=$(per_request "$DUMP" sha2::sha256::compress256)
+dump redis "$REDIS_VPID"
+REDIS_TOTAL=$(per_request "$DUMP")
+REDIS_SCRIPT=$(per_request "$DUMP" evalShaCommand)
+REDIS_VERSION=$(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/')
+
 {
     echo "# Instructions per request (callgrind)"
     echo
@@ -134,17 +181,22 @@ row e "$IDEMGATE_PORT" '/orders' 'Idempotency-Key: replayed-key' -- "$IDEMGATE" 
     echo
     echo "| row | what | instructions / request | without SHA-256 compression | × nginx |"
     echo "|---|---|---:|---:|---:|"
-    for id in b c d2 e; do
+    for id in b c d2 e f; do
         case $id in
             b) what="nginx \`proxy_pass\`, 1 worker, upstream keepalive" ;;
             c) what="idemgate, unprotected route (streamed)" ;;
             d2) what="idemgate first-seen, body fingerprint, memory store" ;;
             e) what="idemgate replays of one stored key (\`Idempotency-Key\`)" ;;
+            f) what="idemgate first-seen, body fingerprint, Redis store (idemgate only)" ;;
         esac
         net=$((TOTAL[$id] - SHA[$id]))
         printf '| %s | %s | %d | %d | %.2f |\n' "$id" "$what" "${TOTAL[$id]}" "$net" \
             "$(awk -v a="$net" -v b="${TOTAL[b]}" 'BEGIN { print a / b }')"
     done
+    echo
+    echo "Redis $REDIS_VERSION (user space) per first-seen request of row f: $REDIS_TOTAL instructions," \
+        "of which the completion script (\`EVALSHA\`, inclusive) $REDIS_SCRIPT and everything else" \
+        "(the \`SET … NX GET\` claim, protocol, event loop) $((REDIS_TOTAL - REDIS_SCRIPT))."
     echo
     echo "$N counted POSTs of 1 KiB JSON, oha -c16, $(date -u '+%Y-%m-%d %H:%M UTC'), $(valgrind --version), idemgate built $(date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC')."
 } | tee "$RESULTS"
