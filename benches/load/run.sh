@@ -183,9 +183,9 @@ outcome_diff() {
          END { for (o in d) printf "%s%s=%d", (n++ ? " " : ""), o, d[o] }' "$1" "$2"
 }
 
-declare -A RPS CPU_US CPU_LAT WAKE CPU_PCT BUSY OTHER ERRS OUTCOMES DESC P50 P99 NOTE
+declare -A RPS CPU_US CPU_LAT WAKE CPU_PCT BUSY OTHER ERRS OUTCOMES DESC P50 P99 NOTE CPU0_US
 # Sums over a row's slices.
-declare -A N_REQ N_US N_TICKS N_BUSY N_WAKE
+declare -A N_REQ N_US N_TICKS N_BUSY N_WAKE N_UP N_RD
 ROWS=()
 
 # run_row ID "description" URL PID MODE PREFIX N [warmup-prefix]
@@ -217,6 +217,11 @@ run_row() {
     fi
     t0=$(ticks "$pid")
     c0=$(cpu_busy)
+    # CPU 0's share per process: the upstream's worker and (once started) redis-server; the
+    # rest of CPU 0's busy time is the load generator and interrupts.
+    local up0 rd0 up1 rd1
+    up0=$(ticks "$UPSTREAM_WORKER")
+    rd0=$( [[ -n ${REDIS:-} ]] && ticks "$REDIS" || echo 0)
     if [[ $mode == fill ]]; then
         # wrk's thread stops itself after N responses, but wrk itself sleeps out -d: watch
         # for the thread to end and interrupt wrk then (it reports on SIGINT).
@@ -236,6 +241,8 @@ run_row() {
     fi
     t1=$(ticks "$pid")
     c1=$(cpu_busy)
+    up1=$(ticks "$UPSTREAM_WORKER")
+    rd1=$( [[ -n ${REDIS:-} ]] && ticks "$REDIS" || echo 0)
     metric_lines "$(admin_of "$pid")" >"$WORK/m1"
     if [[ -n $wake_pid ]]; then
         kill -INT "$wake_pid" 2>/dev/null || true
@@ -254,12 +261,14 @@ run_row() {
     if [[ -z ${N_REQ[$id]:-} ]]; then
         ROWS+=("$id")
         DESC[$id]=$desc
-        N_REQ[$id]=0 N_US[$id]=0 N_TICKS[$id]=0 N_BUSY[$id]="0 0 0 0" N_WAKE[$id]=0 ERRS[$id]=0
+        N_REQ[$id]=0 N_US[$id]=0 N_TICKS[$id]=0 N_BUSY[$id]="0 0 0 0" N_WAKE[$id]=0 ERRS[$id]=0 N_UP[$id]=0 N_RD[$id]=0
         : >"$WORK/outcomes-$id"
     fi
     N_REQ[$id]=$((N_REQ[$id] + requests))
     N_US[$id]=$((N_US[$id] + duration))
     N_TICKS[$id]=$((N_TICKS[$id] + t1 - t0))
+    N_UP[$id]=$((N_UP[$id] + up1 - up0))
+    N_RD[$id]=$((N_RD[$id] + rd1 - rd0))
     N_BUSY[$id]=$(awk -v s="${N_BUSY[$id]}" -v a="$c0" -v b="$c1" 'BEGIN { split(s, n, " ");
         split(a, x, " "); split(b, y, " "); for (i = 1; i <= 4; i++) printf "%d ", n[i] + y[i] - x[i] }')
     ERRS[$id]=$((ERRS[$id] + errs))
@@ -279,6 +288,11 @@ run_row() {
     # kernel did not charge to the proxy). Row a has no proxy on CPU 1.
     OTHER[$id]=$(awk -v b="${BUSY[$id]#*/ }" -v p="${CPU_PCT[$id]}" -v a="$id" 'BEGIN {
         o = (a == "a") ? b : b - p; printf "%.0f", (o < 0 ? 0 : o) }')
+    # CPU 0 µs per request: all of its busy time / the upstream's worker / redis-server.
+    CPU0_US[$id]=$(awk -v s="${N_BUSY[$id]}" -v u="${N_UP[$id]}" -v q="${N_RD[$id]}" -v hz="$CLK_TCK" \
+        -v r="$r" -v a="$id" 'BEGIN { split(s, n, " "); k = 1e6 / hz / r
+        printf "%.1f / %s / %s", n[1] * k, (a == "a") ? "(proxy)" : sprintf("%.1f", u * k),
+            (q > 0) ? sprintf("%.1f", q * k) : "–" }')
     WAKE[$id]=$(awk -v w="${N_WAKE[$id]}" -v r="$r" 'BEGIN { if (w < 0) print "–"; else printf "%.2f", w / r }')
     OUTCOMES[$id]=$(awk -F= 'NF == 2 { n[$1] += $2 } END { for (o in n) printf "%s%s=%d", (k++ ? " " : ""), o, n[o] }' \
         "$WORK/outcomes-$id")
@@ -465,10 +479,10 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo "- idemgate: \`target/release/idemgate\` built $(date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC')"
     echo "- total run time: ${ELAPSED}s"
     echo
-    echo "| row | what | req/s | × (a) | × (b) | proxy CPU µs/req | proxy CPU % | wake-ups /req | CPU0 / CPU1 busy % | CPU1 other % | p50 / p99 µs at ${LAT_RATE}/s | added p50 / p99 µs | proxy CPU µs/req at ${LAT_RATE}/s | errors | idemgate outcomes |"
-    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    echo "| row | what | req/s | × (a) | × (b) | proxy CPU µs/req | proxy CPU % | wake-ups /req | CPU0 / CPU1 busy % | CPU1 other % | CPU0 µs/req: all / upstream / Redis | p50 / p99 µs at ${LAT_RATE}/s | added p50 / p99 µs | proxy CPU µs/req at ${LAT_RATE}/s | errors | idemgate outcomes |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     for id in "${ROWS[@]}"; do
-        echo "| $id | ${DESC[$id]} | ${RPS[$id]} | $(ratio "$id" a) | $(ratio "$id" b) | ${CPU_US[$id]} | ${CPU_PCT[$id]} | ${WAKE[$id]} | ${BUSY[$id]} | ${OTHER[$id]} | $(lat "$id") | $( [[ $id == a ]] && echo – || added "$id") | ${CPU_LAT[$id]:-–} | ${ERRS[$id]} | ${OUTCOMES[$id]:-–} |"
+        echo "| $id | ${DESC[$id]} | ${RPS[$id]} | $(ratio "$id" a) | $(ratio "$id" b) | ${CPU_US[$id]} | ${CPU_PCT[$id]} | ${WAKE[$id]} | ${BUSY[$id]} | ${OTHER[$id]} | ${CPU0_US[$id]} | $(lat "$id") | $( [[ $id == a ]] && echo – || added "$id") | ${CPU_LAT[$id]:-–} | ${ERRS[$id]} | ${OUTCOMES[$id]:-–} |"
     done
     echo
     echo "Rows f and fr measure latency with the same routes (f: first-seen on the fingerprint route"
