@@ -108,6 +108,69 @@ mod memory {
     store_conformance!(store);
 }
 
+/// The same contract on Redis 6.2, where `SET … NX … GET` is a syntax error: every claim
+/// takes the claim script instead (the fallback `RedisStore` switches to on that error).
+/// Debian ships only Redis 7.0; scripts/test builds 6.2 and names it in
+/// `IDEMGATE_TEST_REDIS6`.
+mod redis_6_2 {
+    use super::*;
+
+    fn redis_6_2() -> super::redis_server::RedisServer {
+        let binary = std::env::var_os("IDEMGATE_TEST_REDIS6").expect(
+            "IDEMGATE_TEST_REDIS6 names a Redis 6.2 redis-server (scripts/test builds one \
+             into target/redis-6.2/)",
+        );
+        let server = super::redis_server::RedisServer::start_binary(binary.into(), Vec::new());
+        let info = server.cli(&["INFO", "server"]);
+        assert!(
+            info.contains("redis_version:6."),
+            "IDEMGATE_TEST_REDIS6 must be a Redis 6 server: {info}"
+        );
+        server
+    }
+
+    async fn store() -> (Store, super::redis_server::RedisServer) {
+        super::redis::on(redis_6_2())
+    }
+
+    store_conformance!(store);
+
+    /// The checks above pass only if claims work; this pins down that they went through
+    /// the script, i.e. that the run tested the fallback rather than a server that took
+    /// `SET … NX … GET` after all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_fall_back_to_the_claim_script() {
+        let (store, server) = store().await;
+        // Abandoned rather than released, so the only scripts run are the claims'.
+        for _ in 0..3 {
+            let lease =
+                claim_until_owner(&store, fresh_key(), fresh_key(), Duration::from_secs(30)).await;
+            lease.abandon();
+        }
+        let stats = server.cli(&["INFO", "commandstats"]);
+        // `cmdstat_<name>:calls=N,…,failed_calls=F` → (N, F).
+        let calls = |name: &str| -> (u64, u64) {
+            let line = stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:")))
+                .unwrap_or_default();
+            let field = |key: &str| {
+                line.split(',')
+                    .find_map(|kv| kv.strip_prefix(key))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0)
+            };
+            (field("calls="), field("failed_calls="))
+        };
+        // The first claim's `SET … NX … GET` is refused (a syntax error before 7.0); after
+        // that, one script per claim (EVALSHA, once refused as NOSCRIPT until loaded). On
+        // Redis 7 every claim would be a `SET` and no script would run.
+        let (scripts, refused) = calls("evalsha");
+        assert_eq!(scripts - refused, 3, "{stats}");
+        assert_eq!(calls("set").1, 1, "{stats}");
+    }
+}
+
 #[path = "common/redis_server.rs"]
 #[allow(dead_code)]
 mod redis_server;
@@ -118,7 +181,13 @@ mod redis {
 
     /// A Redis store on its own redis-server (free port, stopped when the test ends).
     async fn store() -> (Store, super::redis_server::RedisServer) {
-        let server = super::redis_server::RedisServer::start();
+        on(super::redis_server::RedisServer::start())
+    }
+
+    /// A Redis store on `server`, returned with it so it lives as long as the test.
+    pub(super) fn on(
+        server: super::redis_server::RedisServer,
+    ) -> (Store, super::redis_server::RedisServer) {
         let store = RedisStore::connect(&RedisSettings {
             url: Some(server.url()),
             cluster: Vec::new(),

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 /// One redis-server process.
 pub struct RedisServer {
     pub port: u16,
+    /// The `redis-server` to run: the one on PATH unless a test names another build.
+    binary: PathBuf,
     child: Option<Child>,
     dir: tempfile::TempDir,
     extra: Vec<String>,
@@ -33,6 +35,7 @@ impl RedisServer {
     pub fn start_on(port: u16) -> Self {
         let mut server = Self {
             port,
+            binary: "redis-server".into(),
             child: None,
             dir: tempfile::tempdir().unwrap(),
             extra: Vec::new(),
@@ -43,8 +46,14 @@ impl RedisServer {
 
     /// Starts a server with extra command-line options.
     pub fn start_with(extra: Vec<String>) -> Self {
+        Self::start_binary("redis-server".into(), extra)
+    }
+
+    /// Starts a standalone server from another `redis-server` build (an older Redis).
+    pub fn start_binary(binary: PathBuf, extra: Vec<String>) -> Self {
         let mut server = Self {
             port: free_port(),
+            binary,
             child: None,
             dir: tempfile::tempdir().unwrap(),
             extra,
@@ -59,7 +68,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let mut command = Command::new("redis-server");
+        let mut command = Command::new(&self.binary);
         command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
@@ -68,11 +77,12 @@ impl RedisServer {
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        self.child = Some(
-            command
-                .spawn()
-                .expect("redis-server on PATH (scripts/test installs it)"),
-        );
+        self.child = Some(command.spawn().unwrap_or_else(|e| {
+            panic!(
+                "{} (scripts/test installs or builds it): {e}",
+                self.binary.display()
+            )
+        }));
         wait_until(|| ping(self.port), "redis-server to answer PING");
     }
 
