@@ -69,7 +69,26 @@ impl ProxyBody {
     pub fn upstream(inner: UpstreamBody) -> Self {
         Self::Upstream { inner }
     }
+
+    /// Reads what is left of a client's streamed body and drops it, for at most
+    /// [`LINGER`], in a task of its own. For an upload the upstream answered before it
+    /// ended: a client still writing it would otherwise have its connection reset under
+    /// it and lose the answer (nginx reads on for the same reason, `lingering_close`).
+    pub fn drain_in_background(self) {
+        let Self::Stream { mut inner } = self else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let drain = async { while let Some(Ok(_)) = inner.frame().await {} };
+                let _ = tokio::time::timeout(LINGER, drain).await;
+            });
+        }
+    }
 }
+
+/// The longest an answered upload is read on (nginx's `lingering_time` default).
+pub const LINGER: Duration = Duration::from_secs(30);
 
 impl Body for ProxyBody {
     type Data = Bytes;

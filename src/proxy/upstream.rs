@@ -15,7 +15,7 @@ use super::body::ProxyBody;
 use super::headers::{connection_names_headers, strip_hop_by_hop, Forwarding};
 use crate::config::Upstream;
 use crate::error::ProxyError;
-use http1::{Decoder, Framing, SendError};
+use http1::{Decoder, Framing, SendError, Written};
 use pool::Pool;
 pub use pool::{Upgraded, UpstreamBody};
 
@@ -101,7 +101,16 @@ impl UpstreamClient {
                 .write_request(&parts, &forwarding, fallback_host, &mut body)
                 .await;
             let head = match written {
-                Ok(()) => checkout.conn.read_head(&parts.method).await,
+                Ok(written) => {
+                    let head = checkout.conn.read_head(&parts.method).await;
+                    if written == Written::Answered {
+                        // The upstream answered before the client finished sending: the
+                        // answer goes out now, and the rest of the upload is read and
+                        // dropped, so the client, still writing, gets to read it.
+                        std::mem::replace(&mut body, ProxyBody::empty()).drain_in_background();
+                    }
+                    head
+                }
                 // Not a byte was written: a kept-alive connection the upstream closed while
                 // it sat idle. Safe to send again, on another connection.
                 Err(SendError::Unsent(_)) if checkout.reused => continue,

@@ -165,6 +165,19 @@ pub struct Head {
 pub struct Connection {
     io: Io,
     read: BytesMut,
+    /// A final answer head that arrived while the request was still being written (see
+    /// [`Connection::poll_answered`]), for [`Connection::read_head`]. Boxed: rare, and
+    /// the connection is moved in and out of the pool on every request.
+    early: Option<Box<Head>>,
+}
+
+/// How far a request (or one write of it) got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Every byte went out.
+    All,
+    /// The upstream answered (or closed) first; the rest was not written.
+    Answered,
 }
 
 impl Connection {
@@ -173,6 +186,7 @@ impl Connection {
         Self {
             io,
             read: BytesMut::new(),
+            early: None,
         }
     }
 
@@ -217,21 +231,26 @@ impl Connection {
         forwarding: &Forwarding<'_>,
         fallback_host: impl FnOnce() -> Option<HeaderValue>,
         body: &mut ProxyBody,
-    ) -> Result<(), SendError> {
+    ) -> Result<Written, SendError> {
         let framing = RequestFraming::of(parts, body);
+        let method = &parts.method;
         let mut out = encode_head(parts, forwarding, fallback_host, framing);
         if let ProxyBody::Full { data } = body {
             // Cloned, not taken: a request that was not sent goes out again with its body.
             let data = data.clone().unwrap_or_default();
-            if data.len() <= COALESCE_BODY {
+            let written = if data.len() <= COALESCE_BODY {
                 out.extend_from_slice(&data);
-                self.write_first(&out).await?;
+                self.write_first(method, &out).await?
             } else {
-                self.write_first(&out).await?;
-                self.write_all(&[&data]).await?;
+                match self.write_first(method, &out).await? {
+                    Written::All => self.write_all(method, &[&data]).await?,
+                    answered => answered,
+                }
+            };
+            if written == Written::All {
+                self.io.flush().await?;
             }
-            self.io.flush().await?;
-            return Ok(());
+            return Ok(written);
         }
         let chunked = framing == RequestFraming::Chunked;
         let mut first = true;
@@ -239,14 +258,31 @@ impl Connection {
         let mut trailers = None;
         loop {
             // Wait for the body only with nothing left to write; otherwise take what is
-            // ready and write the rest first.
+            // ready and write the rest first. An upstream that answers while the client is
+            // still sending ends the request here: its answer is relayed at once.
             let frame = if out.is_empty() {
-                poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+                let next = poll_fn(|cx| {
+                    if self.poll_answered(method, cx)?.is_ready() {
+                        return Poll::Ready(Ok::<_, io::Error>(None));
+                    }
+                    Pin::new(&mut *body)
+                        .poll_frame(cx)
+                        .map(|frame| Ok(Some(frame)))
+                });
+                match next.await? {
+                    Some(frame) => frame,
+                    None => return Ok(Written::Answered),
+                }
             } else {
                 match poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await {
                     Poll::Ready(frame) => frame,
                     Poll::Pending => {
-                        self.write_out(&mut out, &[], &mut first, took_body).await?;
+                        if let Written::Answered = self
+                            .write_out(method, &mut out, &[], &mut first, took_body)
+                            .await?
+                        {
+                            return Ok(Written::Answered);
+                        }
                         continue;
                     }
                 }
@@ -271,9 +307,11 @@ impl Connection {
             }
             if out.len() + data.len() <= COALESCE_BODY {
                 out.extend_from_slice(&data);
-            } else {
-                self.write_out(&mut out, &data, &mut first, took_body)
-                    .await?;
+            } else if let Written::Answered = self
+                .write_out(method, &mut out, &data, &mut first, took_body)
+                .await?
+            {
+                return Ok(Written::Answered);
             }
             if chunked {
                 out.extend_from_slice(b"\r\n");
@@ -286,9 +324,13 @@ impl Connection {
             }
             out.extend_from_slice(b"\r\n");
         }
-        self.write_out(&mut out, &[], &mut first, took_body).await?;
-        self.io.flush().await?;
-        Ok(())
+        let written = self
+            .write_out(method, &mut out, &[], &mut first, took_body)
+            .await?;
+        if written == Written::All {
+            self.io.flush().await?;
+        }
+        Ok(written)
     }
 
     /// Writes `out` then `data`, and empties `out`. Only the request's first write may
@@ -296,36 +338,41 @@ impl Connection {
     /// taken from the client's body cannot be taken again for a retry.
     async fn write_out(
         &mut self,
+        method: &Method,
         out: &mut Vec<u8>,
         data: &[u8],
         first: &mut bool,
         took_body: bool,
-    ) -> Result<(), SendError> {
-        if std::mem::take(first) {
-            match self.write_first(out).await {
+    ) -> Result<Written, SendError> {
+        let written = if std::mem::take(first) {
+            match self.write_first(method, out).await {
                 Err(SendError::Unsent(e)) if took_body => return Err(SendError::Io(e)),
+                Ok(Written::All) => self.write_all(method, &[data]).await?,
                 result => result?,
             }
-            self.write_all(&[data]).await?;
         } else {
-            self.write_all(&[out, data]).await?;
-        }
+            self.write_all(method, &[out, data]).await?
+        };
         out.clear();
-        Ok(())
+        Ok(written)
     }
 
     /// The request's first write: if the connection takes none of it (a kept-alive
     /// connection the upstream has reset), nothing was sent.
-    async fn write_first(&mut self, bytes: &[u8]) -> Result<(), SendError> {
+    async fn write_first(&mut self, method: &Method, bytes: &[u8]) -> Result<Written, SendError> {
         match self.io.write(bytes).await {
             Ok(0) => Err(SendError::Unsent(io::ErrorKind::WriteZero.into())),
-            Ok(n) => Ok(self.write_all(&[&bytes[n..]]).await?),
+            Ok(n) => Ok(self.write_all(method, &[&bytes[n..]]).await?),
             Err(e) => Err(SendError::Unsent(e)),
         }
     }
 
-    /// Writes every byte of `parts`, in as few writes as the socket allows.
-    async fn write_all(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+    /// Writes every byte of `parts`, in as few writes as the socket allows, unless the
+    /// upstream answers to `method` first: an upstream that refuses a large upload
+    /// answers and stops reading, and writing on would wait for the timeout with its
+    /// answer unread (nginx, which buffers uploads by default, never meets this; Envoy
+    /// and hyper relay such an answer as it arrives).
+    async fn write_all(&mut self, method: &Method, parts: &[&[u8]]) -> io::Result<Written> {
         let mut slices: Vec<io::IoSlice<'_>> = parts
             .iter()
             .filter(|p| !p.is_empty())
@@ -333,17 +380,58 @@ impl Connection {
             .collect();
         let mut slices = &mut slices[..];
         while !slices.is_empty() {
-            let n = self.io.write_vectored(slices).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
+            let n = poll_fn(|cx| {
+                if self.poll_answered(method, cx)?.is_ready() {
+                    return Poll::Ready(Ok(None));
+                }
+                Pin::new(&mut self.io)
+                    .poll_write_vectored(cx, slices)
+                    .map_ok(Some)
+            })
+            .await?;
+            match n {
+                None => return Ok(Written::Answered),
+                Some(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Some(n) => io::IoSlice::advance_slices(&mut slices, n),
             }
-            io::IoSlice::advance_slices(&mut slices, n);
         }
-        Ok(())
+        Ok(Written::All)
+    }
+
+    /// Ready once the upstream has answered `method` while the request is still going
+    /// out: a final head, parsed and kept for [`Connection::read_head`] (interim `1xx`
+    /// heads are skipped, as `read_head` skips them: a `100 Continue` asks for the body),
+    /// or the end of the stream or an error, which `read_head` then reports. Either way
+    /// the rest of the request is not sent, and the connection is not reused.
+    fn poll_answered(&mut self, method: &Method, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.early.is_some() {
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if let Some(mut head) = parse_head(&mut self.read, method)? {
+                if head.parts.status.is_informational()
+                    && head.parts.status != StatusCode::SWITCHING_PROTOCOLS
+                {
+                    continue;
+                }
+                head.keep_alive = false;
+                self.early = Some(Box::new(head));
+                return Poll::Ready(Ok(()));
+            }
+            if self.read.len() >= MAX_HEAD {
+                return Poll::Ready(Err(invalid("the upstream's answer head is too large")));
+            }
+            if ready!(self.poll_fill(cx))? == 0 {
+                return Poll::Ready(Ok(()));
+            }
+        }
     }
 
     /// Reads the answer head to `method`, skipping interim (1xx) answers other than `101`.
     pub async fn read_head(&mut self, method: &Method) -> io::Result<Head> {
+        if let Some(head) = self.early.take() {
+            return Ok(*head);
+        }
         loop {
             if let Some(head) = parse_head(&mut self.read, method)? {
                 if head.parts.status.is_informational()
