@@ -238,14 +238,36 @@ impl Connection {
         if let ProxyBody::Full { data } = body {
             // Cloned, not taken: a request that was not sent goes out again with its body.
             let data = data.clone().unwrap_or_default();
-            let written = if data.len() <= COALESCE_BODY {
+            if data.len() <= COALESCE_BODY {
                 out.extend_from_slice(&data);
-                self.write_first(method, &out).await?
-            } else {
-                match self.write_first(method, &out).await? {
-                    Written::All => self.write_all(method, &[&data]).await?,
-                    answered => answered,
+                let written = self.write_first(method, &out).await?;
+                if written == Written::All {
+                    self.io.flush().await?;
                 }
+                return Ok(written);
+            }
+        }
+        // Boxed: what a large or streamed body needs to go out (and to notice an early
+        // answer) stays off the future of every other request, which is copied whole
+        // wherever that future moves.
+        Box::pin(self.write_body(method, out, framing, body)).await
+    }
+
+    /// [`Connection::write_request`] for a body that is streamed or too large to go out
+    /// with the head: `out` (the head) first, then the body, ending early if the
+    /// upstream answers first.
+    async fn write_body(
+        &mut self,
+        method: &Method,
+        mut out: Vec<u8>,
+        framing: RequestFraming,
+        body: &mut ProxyBody,
+    ) -> Result<Written, SendError> {
+        if let ProxyBody::Full { data } = body {
+            let data = data.clone().unwrap_or_default();
+            let written = match self.write_first(method, &out).await? {
+                Written::All => self.write_all(method, &[&data]).await?,
+                answered => answered,
             };
             if written == Written::All {
                 self.io.flush().await?;
