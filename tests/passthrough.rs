@@ -187,13 +187,7 @@ async fn protocol_upgrades_are_spliced_through() {
         .write_all(b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n")
         .await
         .unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        stream.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let head = read_head(&mut stream).await.expect("an answer head");
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: echo"), "{head}");
     for message in [&b"ping"[..], b"second frame", &[0u8, 159, 146, 150]] {
@@ -263,13 +257,8 @@ async fn start_early_answerer(finish: bool) -> std::net::SocketAddr {
         loop {
             let (mut stream, _) = listener.accept().await.unwrap();
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    if stream.read(&mut buf).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    head.push(buf[0]);
+                if read_head(&mut stream).await.is_none() {
+                    return;
                 }
                 let answer = "HTTP/1.1 413 Content Too Large\r\ncontent-length: 9\r\nconnection: close\r\n\r\ntoo large";
                 stream.write_all(answer.as_bytes()).await.unwrap();
@@ -319,13 +308,7 @@ async fn an_interim_answer_during_an_upload_does_not_cut_it_short() {
     let upstream = listener.local_addr().unwrap();
     tokio::spawn(async move {
         let (mut stream, _) = listener.accept().await.unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            stream.read_exact(&mut byte).await.unwrap();
-            head.push(byte[0]);
-        }
-        let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        let head = read_head(&mut stream).await.expect("a request head");
         let length: usize = head
             .lines()
             .find_map(|l| l.strip_prefix("content-length: "))
@@ -351,4 +334,16 @@ async fn an_interim_answer_during_an_upload_does_not_cut_it_short() {
     let a = send(proxy.addr, Method::POST, "/upload", &[], data).await;
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(String::from_utf8_lossy(&a.body), expected);
+}
+
+/// Reads one HTTP/1.1 head (through its blank line) byte by byte, so nothing after it is
+/// consumed, lowercased; `None` if the peer closes or fails first.
+async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).await.ok()?;
+        head.push(byte[0]);
+    }
+    Some(String::from_utf8_lossy(&head).to_ascii_lowercase())
 }

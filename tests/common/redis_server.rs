@@ -33,15 +33,7 @@ impl RedisServer {
 
     /// Starts a standalone server on a given (free) port.
     pub fn start_on(port: u16) -> Self {
-        let mut server = Self {
-            port,
-            binary: "redis-server".into(),
-            child: None,
-            dir: tempfile::tempdir().unwrap(),
-            extra: Vec::new(),
-        };
-        server.spawn();
-        server
+        Self::spawned(port, "redis-server".into(), Vec::new())
     }
 
     /// Starts a server with extra command-line options.
@@ -51,8 +43,12 @@ impl RedisServer {
 
     /// Starts a standalone server from another `redis-server` build (an older Redis).
     pub fn start_binary(binary: PathBuf, extra: Vec<String>) -> Self {
+        Self::spawned(free_port(), binary, extra)
+    }
+
+    fn spawned(port: u16, binary: PathBuf, extra: Vec<String>) -> Self {
         let mut server = Self {
-            port: free_port(),
+            port,
             binary,
             child: None,
             dir: tempfile::tempdir().unwrap(),

@@ -236,10 +236,10 @@ impl Connection {
         let method = &parts.method;
         let mut out = encode_head(parts, forwarding, fallback_host, framing);
         if let ProxyBody::Full { data } = body {
-            // Cloned, not taken: a request that was not sent goes out again with its body.
-            let data = data.clone().unwrap_or_default();
+            // Borrowed, not taken: a request that was not sent goes out again with its body.
+            let data: &[u8] = data.as_deref().unwrap_or_default();
             if data.len() <= COALESCE_BODY {
-                out.extend_from_slice(&data);
+                out.extend_from_slice(data);
                 let written = self.write_first(method, &out).await?;
                 if written == Written::All {
                     self.io.flush().await?;
@@ -264,9 +264,9 @@ impl Connection {
         body: &mut ProxyBody,
     ) -> Result<Written, SendError> {
         if let ProxyBody::Full { data } = body {
-            let data = data.clone().unwrap_or_default();
+            let data: &[u8] = data.as_deref().unwrap_or_default();
             let written = match self.write_first(method, &out).await? {
-                Written::All => self.write_all(method, &[&data]).await?,
+                Written::All => self.write_all(method, &[data]).await?,
                 answered => answered,
             };
             if written == Written::All {
@@ -429,24 +429,11 @@ impl Connection {
         if self.early.is_some() {
             return Poll::Ready(Ok(()));
         }
-        loop {
-            if let Some(mut head) = parse_head(&mut self.read, method)? {
-                if head.parts.status.is_informational()
-                    && head.parts.status != StatusCode::SWITCHING_PROTOCOLS
-                {
-                    continue;
-                }
-                head.keep_alive = false;
-                self.early = Some(Box::new(head));
-                return Poll::Ready(Ok(()));
-            }
-            if self.read.len() >= MAX_HEAD {
-                return Poll::Ready(Err(invalid("the upstream's answer head is too large")));
-            }
-            if ready!(self.poll_fill(cx))? == 0 {
-                return Poll::Ready(Ok(()));
-            }
+        if let Some(mut head) = ready!(self.poll_final_head(method, cx))? {
+            head.keep_alive = false;
+            self.early = Some(Box::new(head));
         }
+        Poll::Ready(Ok(()))
     }
 
     /// Reads the answer head to `method`, skipping interim (1xx) answers other than `101`.
@@ -454,6 +441,22 @@ impl Connection {
         if let Some(head) = self.early.take() {
             return Ok(*head);
         }
+        match poll_fn(|cx| self.poll_final_head(method, cx)).await? {
+            Some(head) => Ok(head),
+            None => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the upstream closed the connection before answering",
+            )),
+        }
+    }
+
+    /// The next final answer head to `method`, reading as needed and skipping interim
+    /// (1xx) answers other than `101`; `None` if the upstream closed first.
+    fn poll_final_head(
+        &mut self,
+        method: &Method,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<Option<Head>>> {
         loop {
             if let Some(head) = parse_head(&mut self.read, method)? {
                 if head.parts.status.is_informational()
@@ -461,16 +464,13 @@ impl Connection {
                 {
                     continue;
                 }
-                return Ok(head);
+                return Poll::Ready(Ok(Some(head)));
             }
             if self.read.len() >= MAX_HEAD {
-                return Err(invalid("the upstream's answer head is too large"));
+                return Poll::Ready(Err(invalid("the upstream's answer head is too large")));
             }
-            if poll_fn(|cx| self.poll_fill(cx)).await? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the upstream closed the connection before answering",
-                ));
+            if ready!(self.poll_fill(cx))? == 0 {
+                return Poll::Ready(Ok(None));
             }
         }
     }
