@@ -18,7 +18,19 @@ fn redis_yaml(url: &str, extra_defaults: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxy_processes_on_one_redis_execute_each_key_once() {
-    let redis = RedisServer::start();
+    two_proxies_execute_each_key_once(&RedisServer::start()).await;
+}
+
+/// The same on Valkey 9, where completions are `SET … IFEQ` and a pipelined `PUBLISH`
+/// instead of the completion script: the waiters on the other replica are woken by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxy_processes_on_one_valkey_execute_each_key_once() {
+    two_proxies_execute_each_key_once(&RedisServer::start_valkey()).await;
+}
+
+/// 200 requests over 10 keys, alternating between two proxy processes on `redis`: each
+/// key executes once and every answer for it is the same.
+async fn two_proxies_execute_each_key_once(redis: &RedisServer) {
     let upstream = start_upstream().await;
     let config = redis_yaml(&redis.url(), "wait_timeout: 30s");
     let a = ProxyProcess::start(upstream.addr, &config);
@@ -254,23 +266,35 @@ fn commands(redis: &RedisServer) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_seen_costs_two_round_trips_and_a_replay_one() {
+    // The claim is one `SET NX GET`; the completion one script (its GET, SET, PUBLISH):
+    // Redis 7.0 refuses `SET … IFEQ` (in the warm-up) and completions take the script.
     let redis = RedisServer::start();
+    round_trips_and_what_redis_holds(&redis, &["evalsha=1", "get=1", "publish=1", "set=2"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_seen_on_valkey_runs_no_script() {
+    // The claim is one `SET NX GET`; the completion `SET … IFEQ` and its `PUBLISH`, sent in
+    // one write: still two round trips, and no Lua.
+    let valkey = RedisServer::start_valkey();
+    round_trips_and_what_redis_holds(&valkey, &["publish=1", "set=2"]).await;
+}
+
+/// A first-seen request runs `first_seen` on `redis` (as `commands` lists them), a replay
+/// one `SET NX GET`, and Redis holds no raw key or caller secret.
+async fn round_trips_and_what_redis_holds(redis: &RedisServer, first_seen: &[&str]) {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, &redis_yaml(&redis.url(), "")).await;
-    // Warm up: connection handshake and script loading are one-time costs.
+    // Warm up: connection handshake, script loading and learning which `SET` options the
+    // server takes are one-time costs.
     post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
     redis.cli(&["CONFIG", "RESETSTAT"]);
     post(proxy.addr, "/orders", &[("idempotency-key", "rt")], "{}").await;
-    // The claim is one `SET NX GET`; the completion one script (its GET, SET, PUBLISH).
-    assert_eq!(
-        commands(&redis),
-        ["evalsha=1", "get=1", "publish=1", "set=2"],
-        "claim + complete"
-    );
+    assert_eq!(commands(redis), first_seen, "claim + complete");
     redis.cli(&["CONFIG", "RESETSTAT"]);
     let replay = post(proxy.addr, "/orders", &[("idempotency-key", "rt")], "{}").await;
     assert!(replay.replayed());
-    assert_eq!(commands(&redis), ["set=1"], "the claim's SET NX GET only");
+    assert_eq!(commands(redis), ["set=1"], "the claim's SET NX GET only");
     // What Redis holds: digests and the response, never the raw key or caller secrets.
     let keys = redis.cli(&["--scan", "--pattern", "t:*"]);
     assert!(

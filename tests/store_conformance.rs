@@ -148,26 +148,43 @@ mod redis_6_2 {
             lease.abandon();
         }
         let stats = server.cli(&["INFO", "commandstats"]);
-        // `cmdstat_<name>:calls=N,…,failed_calls=F` → (N, F).
-        let calls = |name: &str| -> (u64, u64) {
-            let line = stats
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:")))
-                .unwrap_or_default();
-            let field = |key: &str| {
-                line.split(',')
-                    .find_map(|kv| kv.strip_prefix(key))
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0)
-            };
-            (field("calls="), field("failed_calls="))
-        };
+        let calls = |name| command_calls(&stats, name);
         // The first claim's `SET … NX … GET` is refused (a syntax error before 7.0); after
         // that, one script per claim (EVALSHA, once refused as NOSCRIPT until loaded). On
         // Redis 7 every claim would be a `SET` and no script would run.
         let (scripts, refused) = calls("evalsha");
         assert_eq!(scripts - refused, 3, "{stats}");
         assert_eq!(calls("set").1, 1, "{stats}");
+    }
+}
+
+/// The same contract on Valkey 9.1, which has `SET … IFEQ`: completions compare and swap
+/// the record natively instead of running the completion script (Redis 8.4 has the same
+/// option; Debian ships neither). scripts/test unpacks a valkey-server and names it in
+/// `IDEMGATE_TEST_VALKEY`.
+mod valkey_9 {
+    use super::*;
+
+    async fn store() -> (Store, super::redis_server::RedisServer) {
+        super::redis::on(super::redis_server::RedisServer::start_valkey())
+    }
+
+    store_conformance!(store);
+
+    /// The checks above pass with the script too; this pins down that first-seen requests
+    /// ran no script at all here (claims `SET … NX … GET`, completions `SET … IFEQ` and
+    /// their `PUBLISH`), and that what was swapped in replays.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn completions_swap_the_record_without_a_script() {
+        let (store, server) = store().await;
+        let completed = complete_stamped(&store, 3).await;
+        let stats = server.cli(&["INFO", "commandstats"]);
+        let calls = |name| command_calls(&stats, name);
+        assert_eq!(calls("set"), (6, 0), "{stats}");
+        assert_eq!(calls("publish"), (3, 0), "{stats}");
+        assert_eq!(calls("evalsha"), (0, 0), "{stats}");
+        assert_eq!(calls("eval"), (0, 0), "{stats}");
+        replays_each(&store, completed).await;
     }
 }
 
@@ -200,9 +217,64 @@ mod redis {
     }
 
     store_conformance!(store);
+
+    /// Redis 7.0 refuses `SET … IFEQ` once; every completion then, the first included,
+    /// runs the completion script, and what it stored replays.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn completions_fall_back_to_the_completion_script() {
+        let (store, server) = store().await;
+        let completed = complete_stamped(&store, 3).await;
+        let stats = server.cli(&["INFO", "commandstats"]);
+        let calls = |name| command_calls(&stats, name);
+        // Commandstats counts the scripts' own calls too: three claims, the one refused
+        // swap and the three scripts' SETs; the swap's PUBLISH and the scripts' three.
+        assert_eq!(calls("set"), (7, 1), "{stats}");
+        assert_eq!(calls("publish"), (4, 0), "{stats}");
+        let (scripts, refused) = calls("evalsha");
+        assert_eq!(scripts - refused, 3, "{stats}");
+        replays_each(&store, completed).await;
+    }
 }
 
 // === Fixtures and helpers ===
+
+/// `(calls, failed_calls)` of one command in `INFO commandstats` output, whose lines read
+/// `cmdstat_<name>:calls=N,…,failed_calls=F,…`; (0, 0) for a command never called.
+fn command_calls(stats: &str, name: &str) -> (u64, u64) {
+    let line = stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:")))
+        .unwrap_or_default();
+    let field = |key: &str| {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(key))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls="), field("failed_calls="))
+}
+
+/// Claims and completes `n` fresh keys as the proxy does (the response stamped with the
+/// claim's fingerprint); returns each key, its fingerprint and what was stored.
+async fn complete_stamped(store: &Store, n: usize) -> Vec<(Digest, Digest, StoredResponse)> {
+    let mut completed = Vec::new();
+    for i in 0..n {
+        let (k, fp) = (fresh_key(), fresh_key());
+        let lease = expect_owner(claim(store, k, fp, LONG_LEASE).await);
+        let stored = response(format!("answer {i}").as_bytes()).with_fingerprint(fp);
+        assert!(lease.complete(stored.clone(), LONG_TTL).await.unwrap());
+        completed.push((k, fp, stored));
+    }
+    completed
+}
+
+/// Each completed key replays what was stored for it.
+async fn replays_each(store: &Store, completed: Vec<(Digest, Digest, StoredResponse)>) {
+    for (k, fp, stored) in completed {
+        let replay = expect_done(claim(store, k, fp, LONG_LEASE).await);
+        assert_same_response(&replay, &stored);
+    }
+}
 
 /// How long any awaited condition may take before the check fails as hung.
 const HANG_GUARD: Duration = Duration::from_secs(10);
@@ -548,7 +620,9 @@ mod checks {
         assert_ne!(a, b.token());
 
         assert!(!store.renew(k, a, LONG_LEASE).await.unwrap(), "stale renew");
-        let stale = response(b"from the stale owner");
+        // Stamped with the claim's fingerprint as the proxy does, so a store comparing the
+        // whole in-flight record (`SET … IFEQ`) gets as far as comparing the token.
+        let stale = response(b"from the stale owner").with_fingerprint(fingerprint(1));
         assert!(!store.complete(k, a, stale, LONG_TTL).await.unwrap());
         assert!(!store.release(k, a).await.unwrap(), "stale release");
 

@@ -5,7 +5,8 @@
 //! is binary, never base64 or JSON:
 //!
 //! - in flight: `'I'` · owner token (16 bytes) · payload fingerprint (32) · created ms (8),
-//!   with a `PX` of the lease, renewed by the live owner;
+//!   with a `PX` of the lease, renewed by the live owner. The token's low 48 bits are the
+//!   created ms too, so the owner can rebuild its record byte for byte (below);
 //! - done: `'D'` · payload fingerprint (32) · [`StoredResponse::encode`] (status, headers,
 //!   body), with a `PX` of the route's `ttl`.
 //!
@@ -15,14 +16,21 @@
 //! Every operation is one round trip and atomic: a first-seen request costs two (claim,
 //! complete), a replay one. A claim is first tried as a plain `SET … NX PX … GET` (Redis
 //! 7.0+; older servers get the claim script), which costs Redis a quarter of a Lua call:
-//! Redis, not the proxy, is what limits a first-seen load when both share a machine. The
-//! rest are Lua scripts. Completion, release and renewal are fenced by the
-//! owner token, so an owner whose lease lapsed cannot touch its successor's record.
+//! Redis, not the proxy, is what limits a first-seen load when both share a machine. A
+//! completion, likewise, is first tried as `SET … IFEQ <own in-flight record> PX …`
+//! pipelined with its `PUBLISH` (Valkey 8.1+, Redis 8.4+; one server-side compare, where
+//! the script costs Redis as much as the rest of the request), and falls back to the
+//! script when the server refuses `IFEQ` (then for good) or the record was not the one
+//! written (a lapsed lease: the script then says so). The rest are Lua scripts.
+//! Completion, release and renewal are fenced by the owner token, so an owner whose lease
+//! lapsed cannot touch its successor's record.
 //! Completion and release `PUBLISH` on `{prefix}done:{<hex>}`; duplicates on any replica
 //! subscribe to that channel (RESP3 push on the shared connection) instead of polling, with
 //! a fallback re-check at most every [`FALLBACK_RECHECK`].
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -36,6 +44,9 @@ use super::memory::{mismatched, ClaimMode, RawClaim};
 use super::{unix_ms, KeyInfo, OwnerToken, StoreError, StoredResponse, Waiter};
 use crate::key::Digest;
 use crate::sync::lock;
+
+/// The bits of an owner token that hold its claim's created ms.
+const CREATED_MASK: u128 = (1 << 48) - 1;
 
 /// How long a waiter trusts the notification channel before looking at the record itself.
 pub const FALLBACK_RECHECK: Duration = Duration::from_secs(1);
@@ -213,7 +224,10 @@ pub struct RedisStore {
     channels: Arc<Channels>,
     scripts: Scripts,
     /// Set once Redis refused `SET … NX … GET` (before 7.0): claims use the script then.
-    no_set_nx_get: std::sync::atomic::AtomicBool,
+    no_set_nx_get: AtomicBool,
+    /// Set once the server refused `SET … IFEQ` (Redis before 8.4, Valkey before 8.1), or
+    /// at the start on a cluster: completions use the script then.
+    no_set_ifeq: AtomicBool,
 }
 
 struct Scripts {
@@ -326,7 +340,10 @@ impl RedisStore {
                 issue: Script::new(ISSUE),
                 hit: Script::new(HIT),
             },
-            no_set_nx_get: std::sync::atomic::AtomicBool::new(false),
+            no_set_nx_get: AtomicBool::new(false),
+            // A pipeline's two commands would be routed on their own in a cluster, and the
+            // `PUBLISH` has no key to follow the record's slot by.
+            no_set_ifeq: AtomicBool::new(!settings.cluster.is_empty()),
         })
     }
 
@@ -399,13 +416,23 @@ impl RedisStore {
         }
     }
 
-    /// The in-flight record this claim would write.
+    /// A fresh owner token: 80 random bits over the claim's time in ms (48 bits last until
+    /// the year 10889). The in-flight record's created ms is read back from it, so the
+    /// record follows from the token and fingerprint alone and a completion can name it in
+    /// `IFEQ` without the store remembering anything per claim. Fencing needs only that a
+    /// successor's token differs: 80 random bits, and a different millisecond besides.
+    fn stamped_token() -> OwnerToken {
+        let ms = u128::from(unix_ms(SystemTime::now())) & CREATED_MASK;
+        OwnerToken(rand::random::<u128>() << 48 | ms)
+    }
+
+    /// The in-flight record a claim by `token` writes.
     fn claim_value(token: OwnerToken, fingerprint: Digest) -> Vec<u8> {
         let mut value = Vec::with_capacity(57);
         value.push(b'I');
         value.extend_from_slice(&token.0.to_be_bytes());
         value.extend_from_slice(&fingerprint.0);
-        value.extend_from_slice(&unix_ms(SystemTime::now()).to_be_bytes());
+        value.extend_from_slice(&((token.0 & CREATED_MASK) as u64).to_be_bytes());
         value
     }
 
@@ -414,7 +441,6 @@ impl RedisStore {
     /// in flight comes without its remaining lease (`pttl` -1): the caller looks again
     /// with the script before it waits.
     async fn first_claim(&self, args: ClaimArgs<'_>) -> Result<Found, StoreError> {
-        use std::sync::atomic::Ordering::Relaxed;
         if args.mode == ClaimMode::IssuedOnly || self.no_set_nx_get.load(Relaxed) {
             return self.try_claim(args).await;
         }
@@ -474,7 +500,7 @@ impl RedisStore {
         lease: Duration,
         mode: ClaimMode,
     ) -> Result<RawClaim, StoreError> {
-        let token = OwnerToken::random();
+        let token = Self::stamped_token();
         let args = ClaimArgs {
             key: &key,
             token,
@@ -603,6 +629,15 @@ impl RedisStore {
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
+        if !ttl.is_zero() && !self.no_set_ifeq.load(Relaxed) {
+            let record = Self::claim_value(token, response.fingerprint());
+            if self.swap_done(&key, &record, &response, ttl).await? {
+                return Ok(true);
+            }
+            // Not the record a claim by `token` for this fingerprint wrote: the lease lapsed
+            // (or the response was not stamped with the claim's fingerprint, as the proxy
+            // does). The script compares the token alone and answers for either.
+        }
         let mut invocation = self.scripts.complete.prepare_invoke();
         invocation
             .key(self.record(&key))
@@ -611,6 +646,53 @@ impl RedisStore {
             .arg(ttl.as_millis() as u64)
             .arg(self.channel(&key));
         Ok(matches!(self.run(invocation).await?, Value::Int(1)))
+    }
+
+    /// A completion without Lua: `SET <done record> IFEQ <in-flight record> PX <ttl>`, with
+    /// the `PUBLISH` in the same write (it wakes waiters for nothing if the swap missed;
+    /// they look and wait on). `false`: nothing written, because the record was not
+    /// `in_flight` or the server has no `IFEQ`.
+    async fn swap_done(
+        &self,
+        key: &Digest,
+        in_flight: &[u8],
+        response: &StoredResponse,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(self.record(key))
+            .arg(done_value(response))
+            .arg("IFEQ")
+            .arg(in_flight)
+            .arg("PX")
+            .arg(ttl.as_millis().max(1) as u64)
+            .cmd("PUBLISH")
+            .arg(self.channel(key))
+            .arg("1")
+            .ignore()
+            .ignore_errors();
+        let replies = self
+            .bounded(self.retried(|| async {
+                pipe.query_async::<Vec<Value>>(&mut self.conn.handle().await?)
+                    .await
+            }))
+            .await?;
+        match replies.first() {
+            Some(Value::Okay) => Ok(true),
+            Some(Value::Nil) => Ok(false),
+            // An unknown option is a syntax error (`ERR`): the script is the way for this
+            // server from now on. Anything else (`LOADING`, `READONLY`, `OOM`, …) passes and
+            // would fail the script alike.
+            Some(Value::ServerError(e)) if e.code() == "ERR" => {
+                tracing::info!(error = %e, "redis refuses SET IFEQ; completing by script");
+                self.no_set_ifeq.store(true, Relaxed);
+                Ok(false)
+            }
+            Some(Value::ServerError(e)) => Err(StoreError::Unavailable(e.to_string())),
+            Some(other) => Err(unexpected(other)),
+            None => Err(unexpected(&Value::Nil)),
+        }
     }
 
     /// See [`super::Store::release`].
@@ -803,6 +885,17 @@ fn parse_record(data: Vec<u8>, pttl: i64) -> Result<Found, StoreError> {
         }
         _ => Err(malformed()),
     }
+}
+
+/// The done record of `response`, whose fingerprint is the claim's (what the completion
+/// script builds from the in-flight record).
+fn done_value(response: &StoredResponse) -> Vec<u8> {
+    let encoded = response.encode();
+    let mut value = Vec::with_capacity(1 + 32 + encoded.len());
+    value.push(b'D');
+    value.extend_from_slice(&response.fingerprint().0);
+    value.extend_from_slice(encoded);
+    value
 }
 
 fn unexpected(value: &Value) -> StoreError {

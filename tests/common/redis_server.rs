@@ -46,6 +46,22 @@ impl RedisServer {
         Self::spawned(free_port(), binary, extra)
     }
 
+    /// Starts the Valkey 9 server `IDEMGATE_TEST_VALKEY` names (scripts/test unpacks one):
+    /// it takes `SET … IFEQ`, which Debian's Redis 7.0 does not.
+    pub fn start_valkey() -> Self {
+        let binary = std::env::var_os("IDEMGATE_TEST_VALKEY").expect(
+            "IDEMGATE_TEST_VALKEY names a Valkey 9 valkey-server (scripts/test unpacks one \
+             into target/valkey-9.1/)",
+        );
+        let server = Self::start_binary(binary.into(), Vec::new());
+        let info = server.cli(&["INFO", "server"]);
+        assert!(
+            info.contains("valkey_version:9."),
+            "IDEMGATE_TEST_VALKEY must be a Valkey 9 server: {info}"
+        );
+        server
+    }
+
     fn spawned(port: u16, binary: PathBuf, extra: Vec<String>) -> Self {
         let mut server = Self {
             port,
