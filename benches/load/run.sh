@@ -475,20 +475,23 @@ latency c "$IDEM" "$IDEM_URL/pass/x"
 latency d "$IDEM" "$IDEM_URL/fp/[a-z0-9]{20}" --rand-regex-url
 latency e "$IDEM" "$IDEM_URL/orders" -H 'Idempotency-Key: latency-replay'
 stop "$IDEM"
-latency f "$REDIS_IDEM" "$REDIS_URL/fp/[a-z0-9]{20}" --rand-regex-url
-latency fr "$REDIS_IDEM" "$REDIS_URL/orders" -H 'Idempotency-Key: latency-replay'
-REDIS_KEYS=$(redis-cli -p $REDIS_PORT dbsize)
-REDIS_MEM=$(redis-cli -p $REDIS_PORT info memory | awk -F: '/^used_memory:/ {print $2+0}')
-REDIS_EMPTY=$(redis-cli -p $REDIS_PORT info memory | awk -F: '/^used_memory_startup:/ {print $2+0}')
-stop "$REDIS_IDEM"
-stop "$REDIS"
-latency fv "$VALKEY_IDEM" "$VALKEY_URL/fp/[a-z0-9]{20}" --rand-regex-url
-latency fvr "$VALKEY_IDEM" "$VALKEY_URL/orders" -H 'Idempotency-Key: latency-replay'
-VALKEY_KEYS=$(redis-cli -p $VALKEY_PORT dbsize)
-VALKEY_MEM=$(redis-cli -p $VALKEY_PORT info memory | awk -F: '/^used_memory:/ {print $2+0}')
-VALKEY_EMPTY=$(redis-cli -p $VALKEY_PORT info memory | awk -F: '/^used_memory_startup:/ {print $2+0}')
-stop "$VALKEY_IDEM"
-stop "$VALKEY"
+# finish_store FIRST REPLAY IDEM URL SERVER PORT: the latency rows of an idemgate on a
+# store server (first-seen on the fingerprint route, one replayed key), what the server
+# then holds (STORE_MEMORY[FIRST]), and both stopped.
+declare -A STORE_MEMORY
+finish_store() {
+    local first=$1 replay=$2 idem=$3 url=$4 server=$5 port=$6 keys used empty
+    latency "$first" "$idem" "$url/fp/[a-z0-9]{20}" --rand-regex-url
+    latency "$replay" "$idem" "$url/orders" -H 'Idempotency-Key: latency-replay'
+    keys=$(redis-cli -p "$port" dbsize)
+    used=$(redis-cli -p "$port" info memory | awk -F: '/^used_memory:/ {print $2+0}')
+    empty=$(redis-cli -p "$port" info memory | awk -F: '/^used_memory_startup:/ {print $2+0}')
+    STORE_MEMORY[$first]="$keys keys, used_memory $((used / 1048576)) MiB, $(awk -v m="$used" -v e="$empty" -v n="$keys" 'BEGIN { printf "%.0f", (m - e) / n }') B per key"
+    stop "$idem"
+    stop "$server"
+}
+finish_store f fr "$REDIS_IDEM" "$REDIS_URL" "$REDIS" "$REDIS_PORT"
+finish_store fv fvr "$VALKEY_IDEM" "$VALKEY_URL" "$VALKEY" "$VALKEY_PORT"
 stop "$UPSTREAM_MASTER"
 
 # ---------------------------------------------------------------------------- report
@@ -530,8 +533,8 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo "$((PER_KEY - STORED_BODY)) B beyond its body. A fresh idemgate (1,000 keys stored to warm it up) filled"
     echo "with $FILL_KEYS keys: $((ENTRIES1)) keys in all; RSS of an idle idemgate at start $((RSS_START / 1024)) MiB, of the filled one after the rounds $((RSS_END / 1024)) MiB."
     echo
-    echo "Redis store: $REDIS_KEYS keys, used_memory $((REDIS_MEM / 1048576)) MiB, $(awk -v m="$REDIS_MEM" -v e="$REDIS_EMPTY" -v n="$REDIS_KEYS" 'BEGIN { printf "%.0f", (m - e) / n }') B per key."
-    echo "Valkey: $VALKEY_KEYS keys, used_memory $((VALKEY_MEM / 1048576)) MiB, $(awk -v m="$VALKEY_MEM" -v e="$VALKEY_EMPTY" -v n="$VALKEY_KEYS" 'BEGIN { printf "%.0f", (m - e) / n }') B per key."
+    echo "Redis store: ${STORE_MEMORY[f]}."
+    echo "Valkey: ${STORE_MEMORY[fv]}."
     echo
     echo "| goal | measured | |"
     echo "|---|---|---|"
