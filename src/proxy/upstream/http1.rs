@@ -241,10 +241,7 @@ impl Connection {
             if data.len() <= COALESCE_BODY {
                 out.extend_from_slice(data);
                 let written = self.write_first(method, &out).await?;
-                if written == Written::All {
-                    self.io.flush().await?;
-                }
-                return Ok(written);
+                return self.flushed(written).await;
             }
         }
         // Boxed: what a large or streamed body needs to go out (and to notice an early
@@ -269,10 +266,7 @@ impl Connection {
                 Written::All => self.write_all(method, &[data]).await?,
                 answered => answered,
             };
-            if written == Written::All {
-                self.io.flush().await?;
-            }
-            return Ok(written);
+            return self.flushed(written).await;
         }
         let chunked = framing == RequestFraming::Chunked;
         let mut first = true;
@@ -349,6 +343,12 @@ impl Connection {
         let written = self
             .write_out(method, &mut out, &[], &mut first, took_body)
             .await?;
+        self.flushed(written).await
+    }
+
+    /// `written`, after a flush if the whole request went out (an answered one ends
+    /// here: nothing more of it is sent).
+    async fn flushed(&mut self, written: Written) -> Result<Written, SendError> {
         if written == Written::All {
             self.io.flush().await?;
         }
