@@ -115,22 +115,8 @@ mod memory {
 mod redis_6_2 {
     use super::*;
 
-    fn redis_6_2() -> super::redis_server::RedisServer {
-        let binary = std::env::var_os("IDEMGATE_TEST_REDIS6").expect(
-            "IDEMGATE_TEST_REDIS6 names a Redis 6.2 redis-server (scripts/test builds one \
-             into target/redis-6.2/)",
-        );
-        let server = super::redis_server::RedisServer::start_binary(binary.into(), Vec::new());
-        let info = server.cli(&["INFO", "server"]);
-        assert!(
-            info.contains("redis_version:6."),
-            "IDEMGATE_TEST_REDIS6 must be a Redis 6 server: {info}"
-        );
-        server
-    }
-
     async fn store() -> (Store, super::redis_server::RedisServer) {
-        super::redis::on(redis_6_2())
+        super::redis::on(super::redis_server::RedisServer::start_redis_6_2())
     }
 
     store_conformance!(store);

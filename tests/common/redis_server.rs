@@ -42,22 +42,34 @@ impl RedisServer {
     }
 
     /// Starts a standalone server from another `redis-server` build (an older Redis).
-    pub fn start_binary(binary: PathBuf, extra: Vec<String>) -> Self {
+    fn start_binary(binary: PathBuf, extra: Vec<String>) -> Self {
         Self::spawned(free_port(), binary, extra)
     }
 
-    /// Starts the Valkey 9 server `IDEMGATE_TEST_VALKEY` names (scripts/test unpacks one):
-    /// it takes `SET … IFEQ`, which Debian's Redis 7.0 does not.
+    /// Starts the Valkey 9 server `IDEMGATE_TEST_VALKEY` names (scripts/test unpacks one
+    /// into target/valkey-9.1/): it takes `SET … IFEQ`, which Debian's Redis 7.0 does not.
     pub fn start_valkey() -> Self {
-        let binary = std::env::var_os("IDEMGATE_TEST_VALKEY").expect(
-            "IDEMGATE_TEST_VALKEY names a Valkey 9 valkey-server (scripts/test unpacks one \
-             into target/valkey-9.1/)",
-        );
+        Self::start_from_env("IDEMGATE_TEST_VALKEY", "valkey_version:9.")
+    }
+
+    /// Starts the Redis 6.2 server `IDEMGATE_TEST_REDIS6` names (scripts/test builds one
+    /// into target/redis-6.2/): it refuses `SET … NX … GET`, which 7.0 takes.
+    pub fn start_redis_6_2() -> Self {
+        Self::start_from_env("IDEMGATE_TEST_REDIS6", "redis_version:6.")
+    }
+
+    /// Starts the server binary the environment variable `var` names, and checks that it
+    /// is the one meant (`INFO server` shows `version`): a test of another server's
+    /// behaviour must not pass on the default one.
+    fn start_from_env(var: &str, version: &str) -> Self {
+        let binary = std::env::var_os(var).unwrap_or_else(|| {
+            panic!("{var} names the server with {version}… that scripts/test provides")
+        });
         let server = Self::start_binary(binary.into(), Vec::new());
         let info = server.cli(&["INFO", "server"]);
         assert!(
-            info.contains("valkey_version:9."),
-            "IDEMGATE_TEST_VALKEY must be a Valkey 9 server: {info}"
+            info.contains(version),
+            "{var} must name a server with {version}…: {info}"
         );
         server
     }
