@@ -266,8 +266,8 @@ fn commands(redis: &RedisServer) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_seen_costs_two_round_trips_and_a_replay_one() {
-    // The claim is one `SET NX GET`; the completion one script (its GET, SET, PUBLISH):
-    // Redis 7.0 refuses `SET … IFEQ` (in the warm-up) and completions take the script.
+    // The claim is one `SET NX GET`; the completion the swap script (its GET, SET and
+    // PUBLISH): Redis 7.0 refuses `SET … IFEQ` (in the warm-up).
     let redis = RedisServer::start();
     round_trips_and_what_redis_holds(&redis, &["evalsha=1", "get=1", "publish=1", "set=2"]).await;
 }

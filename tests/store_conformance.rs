@@ -205,19 +205,33 @@ mod redis {
     store_conformance!(store);
 
     /// Redis 7.0 refuses `SET … IFEQ` once; every completion then, the first included,
-    /// runs the completion script, and what it stored replays.
+    /// swaps by the swap script (loaded again after the server dropped its scripts), and
+    /// one whose response is not stamped with the claim's fingerprint misses the swap and
+    /// completes by the general script. What each stored replays.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn completions_fall_back_to_the_completion_script() {
+    async fn completions_swap_by_script_where_ifeq_is_refused() {
         let (store, server) = store().await;
-        let completed = complete_stamped(&store, 3).await;
+        let mut completed = complete_stamped(&store, 2).await;
+        server.cli(&["SCRIPT", "FLUSH"]);
+        completed.extend(complete_stamped(&store, 1).await);
+        let (k, fp) = (fresh_key(), fresh_key());
+        let lease = expect_owner(claim(&store, k, fp, LONG_LEASE).await);
+        let unstamped = response(b"unstamped");
+        assert!(lease.complete(unstamped.clone(), LONG_TTL).await.unwrap());
+        completed.push((k, fp, unstamped));
         let stats = server.cli(&["INFO", "commandstats"]);
         let calls = |name| command_calls(&stats, name);
-        // Commandstats counts the scripts' own calls too: three claims, the one refused
-        // swap and the three scripts' SETs; the swap's PUBLISH and the scripts' three.
-        assert_eq!(calls("set"), (7, 1), "{stats}");
-        assert_eq!(calls("publish"), (4, 0), "{stats}");
+        // Commandstats counts the scripts' own calls too. Scripts run: three swaps, then
+        // for the unstamped one a swap that found another record and the general script;
+        // refused as NOSCRIPT three times (the swap script before its first run and after
+        // the flush, the general one before its first). Each script run is one GET.
         let (scripts, refused) = calls("evalsha");
-        assert_eq!(scripts - refused, 3, "{stats}");
+        assert_eq!((scripts - refused, refused), (5, 3), "{stats}");
+        assert_eq!(calls("get"), (5, 0), "{stats}");
+        // SETs: four claims, the one refused `IFEQ`, four scripts' swaps. PUBLISH: the
+        // refused swap's pipelined one and one per completion.
+        assert_eq!(calls("set"), (9, 1), "{stats}");
+        assert_eq!(calls("publish"), (5, 0), "{stats}");
         replays_each(&store, completed).await;
     }
 }

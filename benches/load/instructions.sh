@@ -13,9 +13,10 @@
 #
 # Row f runs idemgate with the Redis store against a redis-server that is counted too, so
 # the table shows what a first-seen request costs Redis, and how much of that is the
-# completion script (`EVALSHA`, Lua) against the claim (`SET … NX GET`, native). Row fv
-# does the same against Valkey 9.1 (scripts/fetch-valkey), where the completion is
-# `SET … IFEQ` and its `PUBLISH` instead of the script.
+# completion's swap script (`EVALSHA`, Lua; Redis 7.0 has no `SET … IFEQ`) against the
+# claim (`SET … NX GET`, native). Row fv does the same against Valkey 9.1
+# (scripts/fetch-valkey), where the completion is `SET … IFEQ` and its `PUBLISH` instead
+# of the script.
 #
 # valgrind hides SHA-NI, so SHA-256 runs in software there: the script reports the
 # first-seen rows also without sha2's compression function, the part that SHA-NI makes
@@ -214,7 +215,7 @@ store_row fv "$VALKEY_SERVER"
     echo "|---|---|---|---:|---:|---:|"
     for id in f fv; do
         printf '| %s | %s | %s | %d | %d | %d |\n' "$id" "${SERVER_VERSION[$id]}" \
-            "$([[ ${SERVER_SCRIPT[$id]} -gt 0 ]] && echo "script" || echo "\`SET … IFEQ\`")" \
+            "$([[ ${SERVER_SCRIPT[$id]} -gt 0 ]] && echo "swap script" || echo "\`SET … IFEQ\`")" \
             "${SERVER_TOTAL[$id]}" "${SERVER_SCRIPT[$id]}" "$((SERVER_TOTAL[$id] - SERVER_SCRIPT[$id]))"
     done
     echo
