@@ -73,6 +73,7 @@ source "$HERE/ports.sh"
 next_port=${PORT_BASE:-21280}
 free_port UPSTREAM_PORT
 free_port NGINX_PORT
+free_port NGINX_FWD_PORT
 free_port IDEMGATE_PORT
 free_port ADMIN_PORT
 free_port REDIS_PORT
@@ -156,6 +157,7 @@ row() { # row ID ...count args
     SHA[$id]=${result#* }
 }
 row b "$NGINX_PORT" '/pass/[a-z]{12}' '' -- nginx -p "$WORK" -c "$WORK/nginx-proxy.conf"
+row bf "$NGINX_FWD_PORT" '/pass/[a-z]{12}' '' -- nginx -p "$WORK" -c "$WORK/nginx-proxy.conf"
 row c "$IDEMGATE_PORT" '/pass/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 row d2 "$IDEMGATE_PORT" '/fp/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 row e "$IDEMGATE_PORT" '/orders' 'Idempotency-Key: replayed-key' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
@@ -195,9 +197,10 @@ store_row fv "$VALKEY_SERVER"
     echo
     echo "| row | what | instructions / request | without SHA-256 compression | × nginx |"
     echo "|---|---|---:|---:|---:|"
-    for id in b c d2 e f fv; do
+    for id in b bf c d2 e f fv; do
         case $id in
             b) what="nginx \`proxy_pass\`, 1 worker, upstream keepalive" ;;
+            bf) what="the same nginx setting idemgate's forwarded headers (\`Host\`, \`X-Forwarded-*\`)" ;;
             c) what="idemgate, unprotected route (streamed)" ;;
             d2) what="idemgate first-seen, body fingerprint, memory store" ;;
             e) what="idemgate replays of one stored key (\`Idempotency-Key\`)" ;;

@@ -28,13 +28,14 @@ free_port() {
 }
 
 # fill_templates DIR TEMPLATE...: copies each template from $HERE into DIR with
-# @UPSTREAM_PORT@, @NGINX_PORT@, @IDEMGATE_PORT@, @ADMIN_PORT@ and @REDIS_PORT@ replaced
-# by the variables of those names (a port the script did not pick is left as it is).
+# @UPSTREAM_PORT@, @NGINX_PORT@, @NGINX_FWD_PORT@, @IDEMGATE_PORT@, @ADMIN_PORT@ and
+# @REDIS_PORT@ replaced by the variables of those names (a port the script did not pick is
+# left as it is).
 fill_templates() {
     local dir=$1 name template
     local edits=(-e '')
     shift
-    for name in UPSTREAM_PORT NGINX_PORT IDEMGATE_PORT ADMIN_PORT REDIS_PORT; do
+    for name in UPSTREAM_PORT NGINX_PORT NGINX_FWD_PORT IDEMGATE_PORT ADMIN_PORT REDIS_PORT; do
         [[ -n ${!name:-} ]] && edits+=(-e "s/@$name@/${!name}/g")
     done
     for template in "$@"; do

@@ -8,12 +8,14 @@
 # bounded in time (3-4 minutes once built). Prints one table and writes it, with the
 # date and the machine, to benches/load/RESULTS.md. See benches/load/README.md.
 #
-# Every row but the fill is measured in ROUNDS interleaved slices (a b c e d d2 e1m f fr
-# fv fvr, a b c ..., ...), with nginx and four idemgates (fresh memory store, the filled
-# one, one on Debian's Redis 7.0, one on Valkey 9.1) all running, so a change in the host's speed during the run (a
-# shared VM's speed moves by a third within minutes) reaches every row alike instead of
-# whichever row ran then; each row's figures are over all its slices. Rows f/fr run on
-# Redis 7.0, whose completions take the Lua script; fv/fvr on Valkey 9.1 (a prebuilt
+# Every row but the fill is measured in ROUNDS interleaved slices (a b bf c e d d2 e1m f
+# fr fv fvr, a b bf c ..., ...), with nginx and four idemgates (fresh memory store, the
+# filled one, one on Debian's Redis 7.0, one on Valkey 9.1) all running, so a change in
+# the host's speed during the run (a shared VM's speed moves by a third within minutes)
+# reaches every row alike instead of whichever row ran then; each row's figures are over
+# all its slices. Row bf is row b's nginx on a second port where it sets the forwarded
+# headers idemgate sets (the goals are against b, nginx's defaults). Rows f/fr run on
+# Redis 7.0, whose completions take a Lua script; fv/fvr on Valkey 9.1 (a prebuilt
 # server from PyPI, scripts/fetch-valkey), whose completions are `SET … IFEQ`.
 #
 # Knobs (environment): DURATION (s per measured row, 12, split into ROUNDS slices of
@@ -145,6 +147,7 @@ IDEMGATE=$ROOT/target/release/idemgate
 next_port=${PORT_BASE:-21080}
 free_port UPSTREAM_PORT
 free_port NGINX_PORT
+free_port NGINX_FWD_PORT
 free_port IDEMGATE_PORT
 free_port ADMIN_PORT
 free_port FILL_PORT
@@ -454,6 +457,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
     log "round $round of $ROUNDS (slices of ${SLICE}s)"
     run_row a "upstream directly (nginx \`return 201\`)" "http://127.0.0.1:$UPSTREAM_PORT/pass/x" "$UPSTREAM_WORKER" unique "a$round" 0 "$SLICE"
     run_row b "nginx \`proxy_pass\`, 1 worker, upstream keepalive" "http://127.0.0.1:$NGINX_PORT/pass/x" "$NGINX_WORKER" unique "b$round" 0 "$SLICE"
+    run_row bf "nginx \`proxy_pass\` setting idemgate's forwarded headers (\`Host\`, \`X-Forwarded-*\`)" "http://127.0.0.1:$NGINX_FWD_PORT/pass/x" "$NGINX_WORKER" unique "bf$round" 0 "$SLICE"
     run_row c "idemgate, unprotected route (streamed)" "$IDEM_URL/pass/x" "$IDEM" unique "c$round" 0 "$SLICE"
     run_row e "idemgate replays, fresh store (1,000 keys)" "$IDEM_URL/orders" "$IDEM" replay r 1000 "$SLICE"
     run_row d "idemgate first-seen, \`Idempotency-Key\`, memory" "$IDEM_URL/orders" "$IDEM" unique "d$round" 0 "$SLICE"
@@ -495,7 +499,7 @@ finish_store fv fvr "$VALKEY_IDEM" "$VALKEY_URL" "$VALKEY" "$VALKEY_PORT"
 stop "$UPSTREAM_MASTER"
 
 # ---------------------------------------------------------------------------- report
-ROWS=(a b c e d d2 fill e1m f fr fv fvr)
+ROWS=(a b bf c e d d2 fill e1m f fr fv fvr)
 ELAPSED=$(($(date +%s) - STARTED))
 ratio() { awk -v x="${RPS[$1]}" -v y="${RPS[$2]}" 'BEGIN { printf "%.2f", x / y }'; }
 verdict() { awk -v v="$1" -v g="$2" 'BEGIN { print (v >= g ? "met" : "**missed**") }'; }
@@ -545,6 +549,9 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo "| (f) Redis first-seen ≥ 0.6× nginx | $(ratio f b)× | $(verdict "$(ratio f b)" 0.6) |"
     echo "| (f) on Valkey 9.1 (\`SET … IFEQ\` completions) ≥ 0.6× nginx | $(ratio fv b)× | $(verdict "$(ratio fv b)" 0.6) |"
     echo "| ≤ 512 B per stored key beyond its body | $((PER_KEY - STORED_BODY)) B | $(awk -v v=$((PER_KEY - STORED_BODY)) 'BEGIN { print (v <= 512 ? "met" : "**missed**") }') |"
+    echo
+    echo "Against nginx doing idemgate's header work (row bf, $(ratio bf b)× of b): (c) $(ratio c bf)×, (d) $(ratio d bf)×,"
+    echo "(e) $(ratio e bf)×, (f) $(ratio f bf)×, (f) on Valkey $(ratio fv bf)×."
     for id in a b c d e f fr fv fvr; do
         [[ -n ${NOTE[$id]:-} ]] && echo && echo "Note ($id): ${NOTE[$id]}"
     done
