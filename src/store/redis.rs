@@ -13,17 +13,19 @@
 //! Redis therefore holds SHA-256 digests and the upstream's response, never a raw client
 //! key, `Authorization` value or request body.
 //!
-//! Every operation is one round trip and atomic: a first-seen request costs two (claim,
-//! complete), a replay one. A claim is first tried as a plain `SET … NX PX … GET` (Redis
-//! 7.0+; older servers get the claim script), which costs Redis a quarter of a Lua call:
-//! Redis, not the proxy, is what limits a first-seen load when both share a machine. A
+//! Every operation is atomic and, in the common case, one round trip: a first-seen request
+//! costs two (claim, complete), a replay one. A claim is first tried as a plain `SET … NX
+//! PX … GET` (Redis 7.0+; older servers get the claim script), which costs Redis a quarter
+//! of a Lua call: Redis, not the proxy, is what limits a first-seen load when both share a
+//! machine. A
 //! completion, likewise, is first tried as a swap: `SET … IFEQ <own in-flight record> PX …`
 //! pipelined with its `PUBLISH` (Valkey 8.1+, Redis 8.4+; one server-side compare, where
 //! a script costs Redis as much as the rest of the request), or, on a server that refuses
-//! `IFEQ` (then for good) and on a cluster, the same compare-and-set as a five-line
+//! `IFEQ` (then for good) and on a cluster, the same compare-and-set as a seven-line
 //! script, cheaper for Redis than the general completion script. A swap that finds
 //! another record than the one written (a lapsed lease) leaves it to the general
-//! completion script, which says so. The rest are Lua scripts.
+//! completion script, which says so (a second round trip, and a second store timeout at
+//! worst). The rest are Lua scripts.
 //! Completion, release and renewal are fenced by the owner token, so an owner whose lease
 //! lapsed cannot touch its successor's record.
 //! Completion and release `PUBLISH` on `{prefix}done:{<hex>}`; duplicates on any replica
@@ -650,9 +652,11 @@ impl RedisStore {
             if self.swap_done(&key, &record, &response, ttl).await? {
                 return Ok(true);
             }
-            // Not the record a claim by `token` for this fingerprint wrote: the lease lapsed
-            // (or the response was not stamped with the claim's fingerprint, as the proxy
-            // does). The general script compares the token alone and answers for either.
+            // Not the record a claim by `token` for this fingerprint wrote: the lease lapsed,
+            // the response was not stamped with the claim's fingerprint (as the proxy
+            // does), or a swap retried after a dropped connection had already been done.
+            // The general script compares the token alone and answers for each; for the
+            // last it says "not completed", as it does when itself retried that way.
         }
         let mut invocation = self.scripts.complete.prepare_invoke();
         invocation
