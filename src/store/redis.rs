@@ -38,10 +38,13 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use bytes::BufMut as _;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Value};
+use redis::{
+    IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisWrite, Script, ToRedisArgs, Value,
+};
 use tokio::sync::{mpsc, watch, OnceCell};
 
 use super::memory::{mismatched, ClaimMode, RawClaim};
@@ -51,6 +54,9 @@ use crate::sync::lock;
 
 /// The bits of an owner token that hold its claim's created ms.
 const CREATED_MASK: u128 = (1 << 48) - 1;
+/// An in-flight record: `'I'`, the owner token (16 bytes), the payload fingerprint (32),
+/// the claim's created ms (8).
+const CLAIM_LEN: usize = 57;
 
 /// How long a waiter trusts the notification channel before looking at the record itself.
 pub const FALLBACK_RECHECK: Duration = Duration::from_secs(1);
@@ -365,12 +371,12 @@ impl RedisStore {
         })
     }
 
-    fn record(&self, key: &Digest) -> String {
-        redis_name(&self.prefix, "", key)
+    fn record<'a>(&'a self, key: &'a Digest) -> Name<'a> {
+        Name::new(&self.prefix, "", key)
     }
 
-    fn channel(&self, key: &Digest) -> String {
-        redis_name(&self.prefix, "done:", key)
+    fn channel<'a>(&'a self, key: &'a Digest) -> Name<'a> {
+        Name::new(&self.prefix, "done:", key)
     }
 
     /// Runs one script invocation under the store timeout. A connection that dropped since
@@ -445,12 +451,12 @@ impl RedisStore {
     }
 
     /// The in-flight record a claim by `token` writes.
-    fn claim_value(token: OwnerToken, fingerprint: Digest) -> Vec<u8> {
-        let mut value = Vec::with_capacity(57);
-        value.push(b'I');
-        value.extend_from_slice(&token.0.to_be_bytes());
-        value.extend_from_slice(&fingerprint.0);
-        value.extend_from_slice(&((token.0 & CREATED_MASK) as u64).to_be_bytes());
+    fn claim_value(token: OwnerToken, fingerprint: Digest) -> [u8; CLAIM_LEN] {
+        let mut value = [0; CLAIM_LEN];
+        value[0] = b'I';
+        value[1..17].copy_from_slice(&token.0.to_be_bytes());
+        value[17..49].copy_from_slice(&fingerprint.0);
+        value[49..].copy_from_slice(&((token.0 & CREATED_MASK) as u64).to_be_bytes());
         value
     }
 
@@ -462,9 +468,12 @@ impl RedisStore {
         if args.mode == ClaimMode::IssuedOnly || self.no_set_nx_get.load(Relaxed) {
             return self.try_claim(args).await;
         }
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(self.record(args.key))
-            .arg(Self::claim_value(args.token, args.fingerprint))
+        let record = self.record(args.key);
+        // Sized up front: grown argument by argument, the command reallocated four times.
+        let mut cmd = redis::Cmd::with_capacity(7, 32 + record.len() + CLAIM_LEN);
+        cmd.arg("SET")
+            .arg(record)
+            .arg(&Self::claim_value(args.token, args.fingerprint)[..])
             .arg("NX")
             .arg("PX")
             .arg(args.lease.as_millis().max(1) as u64)
@@ -492,7 +501,7 @@ impl RedisStore {
         let mut invocation = self.scripts.claim.prepare_invoke();
         invocation
             .key(self.record(args.key))
-            .arg(Self::claim_value(args.token, args.fingerprint))
+            .arg(&Self::claim_value(args.token, args.fingerprint)[..])
             .arg(args.lease.as_millis().max(1) as u64)
             .arg(if args.mode == ClaimMode::IssuedOnly {
                 "1"
@@ -575,7 +584,7 @@ impl RedisStore {
         &self,
         key: &Digest,
     ) -> Result<(watch::Receiver<()>, Subscription), StoreError> {
-        let channel = self.channel(key);
+        let channel = self.channel(key).to_string();
         let (receiver, first) = {
             let mut channels = lock(&self.channels);
             let entry = channels
@@ -616,7 +625,7 @@ impl RedisStore {
     pub async fn hit(&self, key: Digest, window: Duration) -> Result<u64, StoreError> {
         let mut invocation = self.scripts.hit.prepare_invoke();
         invocation
-            .key(redis_name(&self.prefix, "rate:", &key))
+            .key(Name::new(&self.prefix, "rate:", &key))
             .arg(window.as_millis().max(1) as u64);
         match self.run(invocation).await? {
             Value::Int(n) => Ok(n.max(0) as u64),
@@ -649,7 +658,7 @@ impl RedisStore {
     ) -> Result<bool, StoreError> {
         if !ttl.is_zero() {
             let record = Self::claim_value(token, response.fingerprint());
-            if self.swap_done(&key, &record, &response, ttl).await? {
+            if self.swap_done(&key, &record[..], &response, ttl).await? {
                 return Ok(true);
             }
             // Not the record a claim by `token` for this fingerprint wrote: the lease lapsed,
@@ -678,10 +687,10 @@ impl RedisStore {
         response: &StoredResponse,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let done = done_value(response);
+        let done = DoneRecord(response);
         let ttl_ms = ttl.as_millis().max(1) as u64;
         if !self.no_set_ifeq.load(Relaxed) {
-            if let Some(swapped) = self.set_ifeq(key, &done, in_flight, ttl_ms).await? {
+            if let Some(swapped) = self.set_ifeq(key, done, in_flight, ttl_ms).await? {
                 return Ok(swapped);
             }
         }
@@ -703,21 +712,24 @@ impl RedisStore {
     async fn set_ifeq(
         &self,
         key: &Digest,
-        done: &[u8],
+        done: DoneRecord<'_>,
         in_flight: &[u8],
         ttl_ms: u64,
     ) -> Result<Option<bool>, StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(self.record(key))
+        let (record, channel) = (self.record(key), self.channel(key));
+        let mut set = redis::Cmd::with_capacity(7, 32 + record.len() + done.len() + CLAIM_LEN);
+        set.arg("SET")
+            .arg(record)
             .arg(done)
             .arg("IFEQ")
             .arg(in_flight)
             .arg("PX")
-            .arg(ttl_ms)
-            .cmd("PUBLISH")
-            .arg(self.channel(key))
-            .arg("1")
+            .arg(ttl_ms);
+        let mut publish = redis::Cmd::with_capacity(3, 8 + channel.len());
+        publish.arg("PUBLISH").arg(channel).arg("1");
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.add_command(set)
+            .add_command(publish)
             .ignore()
             .ignore_errors();
         let replies = self
@@ -917,7 +929,7 @@ fn found_record(data: Vec<u8>, pttl: i64, token: OwnerToken) -> Result<Found, St
 fn parse_record(data: Vec<u8>, pttl: i64) -> Result<Found, StoreError> {
     let malformed = || StoreError::Unavailable("malformed record in Redis".into());
     match data.first() {
-        Some(b'I') if data.len() >= 57 => Ok(Found::InFlight {
+        Some(b'I') if data.len() >= CLAIM_LEN => Ok(Found::InFlight {
             token: u128::from_be_bytes(data[1..17].try_into().map_err(|_| malformed())?),
             fingerprint: Digest(data[17..49].try_into().map_err(|_| malformed())?),
             pttl,
@@ -935,38 +947,84 @@ fn parse_record(data: Vec<u8>, pttl: i64) -> Result<Found, StoreError> {
     }
 }
 
-/// The done record of `response`, whose fingerprint is the claim's (what the completion
-/// script builds from the in-flight record).
-fn done_value(response: &StoredResponse) -> Vec<u8> {
-    let encoded = response.encode();
-    let mut value = Vec::with_capacity(1 + 32 + encoded.len());
-    value.push(b'D');
-    value.extend_from_slice(&response.fingerprint().0);
-    value.extend_from_slice(encoded);
-    value
+/// The done record of a response, whose fingerprint is the claim's (what the completion
+/// script builds from the in-flight record), written straight into the command that
+/// carries it rather than assembled in a buffer of its own first.
+#[derive(Clone, Copy)]
+struct DoneRecord<'a>(&'a StoredResponse);
+
+impl DoneRecord<'_> {
+    fn len(&self) -> usize {
+        1 + std::mem::size_of::<Digest>() + self.0.encode().len()
+    }
+}
+
+impl ToRedisArgs for DoneRecord<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.bufmut_for_next_arg(self.len());
+        for part in [&b"D"[..], &self.0.fingerprint().0, self.0.encode()] {
+            arg.put_slice(part);
+        }
+    }
 }
 
 fn unexpected(value: &Value) -> StoreError {
     StoreError::Unavailable(format!("unexpected answer from Redis: {value:?}"))
 }
 
-/// `{prefix}{infix}{<hex digest>}` (the braces make a cluster keep a key's record and
-/// channel in one slot), built without the formatting machinery: it runs twice per
-/// first-seen request.
-fn redis_name(prefix: &str, infix: &str, key: &Digest) -> String {
-    let mut hex = [0u8; 64];
-    // 32 bytes always fit 64 hex digits, which are ASCII.
-    let hex = match hex::encode_to_slice(key.0, &mut hex) {
-        Ok(()) => std::str::from_utf8(&hex).unwrap_or_default(),
-        Err(_) => "",
-    };
-    let mut name = String::with_capacity(prefix.len() + infix.len() + hex.len() + 2);
-    name.push_str(prefix);
-    name.push_str(infix);
-    name.push('{');
-    name.push_str(hex);
-    name.push('}');
-    name
+/// A record or channel name, `{prefix}{infix}{<hex digest>}` (the braces make a cluster
+/// keep a key's record and channel in one slot), written straight into the command that
+/// carries it: a `String` per name was an allocation and a copy, three per first-seen
+/// request.
+#[derive(Clone, Copy)]
+struct Name<'a> {
+    prefix: &'a str,
+    infix: &'static str,
+    key: &'a Digest,
+}
+
+impl<'a> Name<'a> {
+    fn new(prefix: &'a str, infix: &'static str, key: &'a Digest) -> Self {
+        Self { prefix, infix, key }
+    }
+
+    fn len(&self) -> usize {
+        self.prefix.len() + self.infix.len() + 2 + 2 * self.key.0.len()
+    }
+
+    /// The name's pieces, in order, given the buffer for its hex digits.
+    fn parts<'b>(&'b self, hex: &'b mut [u8; 64]) -> [&'b [u8]; 5] {
+        // 32 bytes always fit 64 hex digits.
+        let _ = hex::encode_to_slice(self.key.0, hex);
+        [
+            self.prefix.as_bytes(),
+            self.infix.as_bytes(),
+            b"{",
+            &hex[..],
+            b"}",
+        ]
+    }
+}
+
+impl ToRedisArgs for Name<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut hex = [0; 64];
+        let mut arg = out.bufmut_for_next_arg(self.len());
+        for part in self.parts(&mut hex) {
+            arg.put_slice(part);
+        }
+    }
+}
+
+impl std::fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut hex = [0; 64];
+        for part in self.parts(&mut hex) {
+            // Every piece is ASCII (the prefix is a `str`, the rest hex and braces).
+            f.write_str(std::str::from_utf8(part).map_err(|_| std::fmt::Error)?)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -977,10 +1035,16 @@ mod tests {
     fn record_and_channel_names_share_the_hash_tag() {
         let key = Digest([0xab; 32]);
         let hex = "ab".repeat(32);
-        assert_eq!(redis_name("idem:", "", &key), format!("idem:{{{hex}}}"));
-        assert_eq!(
-            redis_name("idem:", "done:", &key),
-            format!("idem:done:{{{hex}}}")
-        );
+        let names = [
+            Name::new("idem:", "", &key),
+            Name::new("idem:", "done:", &key),
+        ];
+        assert_eq!(names[0].to_string(), format!("idem:{{{hex}}}"));
+        assert_eq!(names[1].to_string(), format!("idem:done:{{{hex}}}"));
+        for name in names {
+            // What a command carries is what the name shows, and `len` sizes it.
+            assert_eq!(name.to_redis_args(), vec![name.to_string().into_bytes()]);
+            assert_eq!(name.len(), name.to_string().len());
+        }
     }
 }
