@@ -10,6 +10,7 @@
 pub mod lease;
 pub mod memory;
 pub mod redis;
+mod renewals;
 pub mod response;
 
 use std::sync::Arc;

@@ -67,6 +67,7 @@ macro_rules! store_conformance {
             a_released_key_is_claimed_afresh,
             an_owner_whose_lease_lapsed_is_fenced_off,
             a_live_lease_keeps_its_claim_across_several_lease_periods,
+            leases_of_different_lengths_each_keep_their_claim,
             dropping_an_unfinished_lease_frees_the_key,
             a_waiter_resolves_when_the_owner_completes,
             a_waiter_resolves_when_the_owner_releases,
@@ -654,6 +655,27 @@ mod checks {
         }
         assert!(lease.complete(response(b"slow"), LONG_TTL).await.unwrap());
         expect_done(claim(store, k, fingerprint(1), LEASE).await);
+    }
+
+    /// Leases of different lengths held together each keep their claim: a short lease
+    /// taken while a long one is held is renewed at its own pace. (On Redis one task
+    /// renews every claim of a store and sleeps until the next is due; a claim due before
+    /// that must wake it.)
+    pub async fn leases_of_different_lengths_each_keep_their_claim(store: &Store) {
+        const SHORT: Duration = Duration::from_millis(900);
+        let (long_key, short_key) = (fresh_key(), fresh_key());
+        let long = expect_owner(claim(store, long_key, fingerprint(1), LONG_LEASE).await);
+        // Time for the renewer to plan its next wake-up by the long lease alone.
+        tokio::time::sleep(SHORT / 3).await;
+        let short = expect_owner(claim(store, short_key, fingerprint(1), SHORT).await);
+        for _ in 0..6 {
+            tokio::time::sleep(SHORT / 3).await;
+            expect_in_flight(claim(store, short_key, fingerprint(1), SHORT).await);
+        }
+        assert!(short.complete(response(b"short"), LONG_TTL).await.unwrap());
+        assert!(long.complete(response(b"long"), LONG_TTL).await.unwrap());
+        expect_done(claim(store, short_key, fingerprint(1), SHORT).await);
+        expect_done(claim(store, long_key, fingerprint(1), SHORT).await);
     }
 
     /// A lease dropped without complete or release (a cancelled or panicking owner) frees

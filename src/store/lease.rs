@@ -1,14 +1,14 @@
 //! [`Lease`]: ownership of a claimed key as a value. While it lives the claim does not
-//! lapse, so a slow upstream never lets a duplicate execute: on Redis a background task
-//! renews it, on the memory store the lease holds the claim's [`Liveness`]. Dropping it
-//! unfinished releases the key (pingora's `WritePermit` idea), so a cancelled or panicking
-//! owner frees the key for a retry instead of blocking it until the lease runs out.
+//! lapse, so a slow upstream never lets a duplicate execute: on Redis the store's renewing
+//! task renews it ([`super::renewals`]), on the memory store the lease holds the claim's
+//! [`Liveness`]. Dropping it unfinished releases the key (pingora's `WritePermit` idea), so
+//! a cancelled or panicking owner frees the key for a retry instead of blocking it until
+//! the lease runs out.
 
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
-
 use super::memory::Liveness;
+use super::renewals::Renewal;
 use super::{OwnerToken, Store, StoreError, StoredResponse};
 use crate::key::Digest;
 
@@ -18,7 +18,8 @@ pub struct Lease {
     store: Store,
     key: Digest,
     token: OwnerToken,
-    renewer: Option<JoinHandle<()>>,
+    /// Redis: keeps the claim on the store's renewal list.
+    renewal: Option<Renewal>,
     /// Memory store: keeps the claim alive instead of a renewer.
     liveness: Option<Liveness>,
     finished: bool,
@@ -32,17 +33,15 @@ impl Lease {
         lease: Duration,
         liveness: Option<Liveness>,
     ) -> Self {
-        let renewer = match liveness {
-            Some(_) => None,
-            None => tokio::runtime::Handle::try_current()
-                .ok()
-                .map(|rt| rt.spawn(renew_forever(store.clone(), key, token, lease))),
+        let renewal = match (&store, &liveness) {
+            (Store::Redis(redis), None) => Some(redis.renewals().hold(redis, key, token, lease)),
+            _ => None,
         };
         Self {
             store,
             key,
             token,
-            renewer,
+            renewal,
             liveness,
             finished: false,
         }
@@ -95,9 +94,7 @@ impl Lease {
     }
 
     fn stop_renewing(&mut self) {
-        if let Some(task) = self.renewer.take() {
-            task.abort();
-        }
+        self.renewal = None;
     }
 }
 
@@ -113,23 +110,6 @@ impl Drop for Lease {
             rt.spawn(async move {
                 let _ = store.release(key, token).await;
             });
-        }
-    }
-}
-
-/// Renews at a third of the lease, so two renewals can fail before the claim lapses.
-async fn renew_forever(store: Store, key: Digest, token: OwnerToken, lease: Duration) {
-    let period = (lease / 3).max(Duration::from_millis(10));
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    loop {
-        ticker.tick().await;
-        match store.renew(key, token, lease).await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(key = %key.short(), "lost the claim while still running");
-                return;
-            }
-            Err(e) => tracing::warn!(key = %key.short(), error = %e, "could not renew the claim"),
         }
     }
 }

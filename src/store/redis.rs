@@ -48,6 +48,7 @@ use redis::{
 use tokio::sync::{mpsc, watch, OnceCell};
 
 use super::memory::{mismatched, ClaimMode, RawClaim};
+use super::renewals::Renewals;
 use super::{unix_ms, KeyInfo, OwnerToken, StoreError, StoredResponse, Waiter};
 use crate::key::Digest;
 use crate::sync::lock;
@@ -250,6 +251,7 @@ pub struct RedisStore {
     /// Set once the server refused `SET … IFEQ` (Redis before 8.4, Valkey before 8.1), or
     /// at the start on a cluster: completions swap by the [`SWAP`] script then.
     no_set_ifeq: AtomicBool,
+    renewals: Arc<Renewals>,
 }
 
 struct Scripts {
@@ -368,7 +370,13 @@ impl RedisStore {
             // A pipeline's two commands would be routed on their own in a cluster, and the
             // `PUBLISH` has no key to follow the record's slot by.
             no_set_ifeq: AtomicBool::new(!settings.cluster.is_empty()),
+            renewals: Arc::default(),
         })
+    }
+
+    /// The claims this store keeps renewed for their leases.
+    pub(crate) fn renewals(&self) -> &Arc<Renewals> {
+        &self.renewals
     }
 
     fn record<'a>(&'a self, key: &'a Digest) -> Name<'a> {
