@@ -1,6 +1,6 @@
 //! [`Lease`]: ownership of a claimed key as a value. While it lives the claim does not
 //! lapse, so a slow upstream never lets a duplicate execute: on Redis the store's renewing
-//! task renews it ([`super::renewals`]), on the memory store the lease holds the claim's
+//! task renews it (`store::renewals`), on the memory store the lease holds the claim's
 //! [`Liveness`]. Dropping it unfinished releases the key (pingora's `WritePermit` idea), so
 //! a cancelled or panicking owner frees the key for a retry instead of blocking it until
 //! the lease runs out.

@@ -266,6 +266,13 @@ struct Scripts {
     hit: Script,
 }
 
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        // Its renewing task may be waiting for a claim that will never come.
+        self.renewals.store_dropped();
+    }
+}
+
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")

@@ -4,8 +4,9 @@
 //! renewal that almost no request lives long enough to need.
 //!
 //! Holding a claim here is a map insert and a removal under a short lock. The task sleeps
-//! until the earliest renewal is due; a claim due sooner than that (a shorter lease than
-//! any seen before, or the first claim) wakes it.
+//! until the earliest renewal is due, or with no claim held until one is; a claim due
+//! sooner than the task's planned wake-up (the first, or a shorter lease) wakes it. A
+//! store and its task belong to one runtime, as its Redis connection does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -36,11 +37,8 @@ pub(crate) struct Renewals {
 struct State {
     next_id: u64,
     claims: HashMap<u64, Claim>,
-    /// When the task wakes next; `None` before it runs (a first claim then wakes it).
+    /// When the task wakes next; `None` while it waits for a first claim (or has not run).
     wake_at: Option<Instant>,
-    /// The shortest renewal period seen: with no claim held, the task wakes at this pace,
-    /// so a new claim never waits longer than its own period to be looked at.
-    idle_period: Option<Duration>,
     task_started: bool,
 }
 
@@ -50,6 +48,16 @@ struct Claim {
     token: OwnerToken,
     lease: Duration,
     due: Instant,
+    /// A renewal is out: a slow Redis gets one per claim at a time, not one per period.
+    renewing: bool,
+}
+
+/// A renewal the task is to send.
+struct Due {
+    id: u64,
+    key: Digest,
+    token: OwnerToken,
+    lease: Duration,
 }
 
 /// One claim kept renewed until this is dropped.
@@ -81,7 +89,9 @@ impl Renewals {
     ) -> Renewal {
         let period = period(lease);
         let due = Instant::now() + period;
-        let (id, wake) = {
+        // Outside a runtime nothing renews (as with no task to spawn on).
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let (id, wake, start) = {
             let mut state = lock(&self.state);
             let id = state.next_id;
             state.next_id += 1;
@@ -92,21 +102,21 @@ impl Renewals {
                     token,
                     lease,
                     due,
+                    renewing: false,
                 },
             );
-            if state.idle_period.is_none_or(|idle| period < idle) {
-                state.idle_period = Some(period);
-            }
-            if !state.task_started {
-                // Outside a runtime nothing renews (as with no task to spawn on).
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    state.task_started = true;
-                    let alive = TaskAlive(Arc::clone(self));
-                    rt.spawn(renew_due(alive, Arc::downgrade(store)));
-                }
-            }
-            (id, state.wake_at.is_none_or(|at| due < at))
+            let start = !state.task_started && runtime.is_some();
+            state.task_started |= start;
+            (id, state.wake_at.is_none_or(|at| due < at), start)
         };
+        // Spawned with the lock released: a runtime that is shutting down drops the task
+        // at once, in this thread, and its `TaskAlive` takes the lock.
+        if let (true, Some(rt)) = (start, runtime) {
+            rt.spawn(renew_due(
+                TaskAlive(Arc::clone(self)),
+                Arc::downgrade(store),
+            ));
+        }
         if wake {
             self.sooner.notify_one();
         }
@@ -116,27 +126,49 @@ impl Renewals {
         }
     }
 
-    /// The claims due by `now`, each moved to its next due time, and when the task should
-    /// wake next (which it records).
-    fn take_due(&self, now: Instant) -> (Vec<(u64, Digest, OwnerToken, Duration)>, Instant) {
+    /// The claims due by `now` with no renewal out, each marked and moved to its next due
+    /// time, and when the task should wake next (which it records; `None`: no claim held).
+    fn take_due(&self, now: Instant) -> (Vec<Due>, Option<Instant>) {
         let mut state = lock(&self.state);
         let mut due = Vec::new();
-        let mut next = now + state.idle_period.unwrap_or(MIN_PERIOD);
+        let mut next: Option<Instant> = None;
         for (id, claim) in state.claims.iter_mut() {
-            if claim.due <= now {
-                due.push((*id, claim.key, claim.token, claim.lease));
+            if claim.due <= now && !claim.renewing {
+                due.push(Due {
+                    id: *id,
+                    key: claim.key,
+                    token: claim.token,
+                    lease: claim.lease,
+                });
+                claim.renewing = true;
                 claim.due = now + period(claim.lease);
             }
-            next = next.min(claim.due);
+            next = Some(next.map_or(claim.due, |at| at.min(claim.due)));
         }
-        state.wake_at = Some(next);
+        state.wake_at = next;
         (due, next)
     }
 
-    /// Stops renewing a claim the store says is no longer `token`'s; whether it was still
-    /// held (a lease that finished meanwhile is not news).
-    fn lost(&self, id: u64) -> bool {
-        lock(&self.state).claims.remove(&id).is_some()
+    /// A renewal of claim `id` answered; whether the claim is still held (a lease that
+    /// finished meanwhile makes its renewal's answer no news). With `lost`, the store
+    /// said the claim is no longer its token's, and it is not renewed again.
+    fn answered(&self, id: u64, lost: bool) -> bool {
+        let mut state = lock(&self.state);
+        if lost {
+            return state.claims.remove(&id).is_some();
+        }
+        match state.claims.get_mut(&id) {
+            Some(claim) => {
+                claim.renewing = false;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Lets a task waiting for claims notice that its store is gone.
+    pub(crate) fn store_dropped(&self) {
+        self.sooner.notify_one();
     }
 }
 
@@ -153,7 +185,7 @@ impl Drop for TaskAlive {
 }
 
 /// The renewing task: starts the renewals that are due, then sleeps until the next claim
-/// is due or a sooner one arrives. Ends once the store is gone.
+/// is due or a sooner one arrives. Ends once the store is gone (it wakes the task).
 async fn renew_due(alive: TaskAlive, store: Weak<RedisStore>) {
     let renewals = &alive.0;
     loop {
@@ -163,26 +195,39 @@ async fn renew_due(alive: TaskAlive, store: Weak<RedisStore>) {
         };
         // Each renewal on its own, as each claim's own task did: a slow or dead Redis
         // holds up one renewal per claim, not every claim behind it.
-        for (id, key, token, lease) in due {
+        for Due {
+            id,
+            key,
+            token,
+            lease,
+        } in due
+        {
             let (store, renewals) = (Arc::clone(&strong), Arc::clone(renewals));
             tokio::spawn(async move {
-                match store.renew(key, token, lease).await {
-                    Ok(true) => {}
-                    // Unless the lease finished meanwhile, which is no news.
-                    Ok(false) if renewals.lost(id) => {
+                let result = store.renew(key, token, lease).await;
+                // Unless the lease finished meanwhile, whatever the answer is no news.
+                match result {
+                    Ok(true) => {
+                        renewals.answered(id, false);
+                    }
+                    Ok(false) if renewals.answered(id, true) => {
                         tracing::warn!(key = %key.short(), "lost the claim while still running");
                     }
                     Ok(false) => {}
-                    Err(e) => {
+                    Err(e) if renewals.answered(id, false) => {
                         tracing::warn!(key = %key.short(), error = %e, "could not renew the claim");
                     }
+                    Err(_) => {}
                 }
             });
         }
         drop(strong);
-        tokio::select! {
-            () = tokio::time::sleep_until(next) => {}
-            () = renewals.sooner.notified() => {}
+        match next {
+            Some(next) => tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                () = renewals.sooner.notified() => {}
+            },
+            None => renewals.sooner.notified().await,
         }
     }
 }
