@@ -874,8 +874,8 @@ mod memory_bounds {
         assert!(newcomer.release().await.unwrap());
     }
 
-    /// The byte budget is a total, not a per-shard share: with 16 shards, an answer larger
-    /// than a sixteenth of `max_bytes` (but within it) is still stored and replayed.
+    /// The byte budget is a total, not a per-shard share: with 64 shards, an answer larger
+    /// than a sixty-fourth of `max_bytes` (but within it) is still stored and replayed.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_large_answer_may_use_most_of_the_byte_budget() {
         let store = store(100_000, 1 << 20);

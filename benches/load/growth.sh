@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Tail latency of first-seen requests while the memory store grows through a doubling of
+# its shards' hash tables, against the same load where no table grows.
+#
+#   bash benches/load/growth.sh          # about 3 minutes once built; needs run.sh's tools
+#
+# For each starting size in SIZES a fresh idemgate (memory store, on CPU 1) is filled with
+# that many keys by wrk (on CPU 0), then oha sends first-seen POSTs (1 KiB JSON, random
+# fingerprint-route paths) at 5,000 req/s for LSECS seconds, open loop with latency
+# correction, and the script prints p50, p99, p99.9 and the slowest request. The default
+# sizes put 50,000 new keys just across 1,835,008 keys (where tables of 2^15 or 2^17
+# buckets per shard fill to 7/8 and double, with 64 or 16 shards) and well below it. Each
+# size runs ROUNDS times, alternating. Loopback only.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+SIZES=${SIZES:-"1800000 1700000"}
+ROUNDS=${ROUNDS:-2}
+LSECS=${LSECS:-10}
+IDEMGATE=${IDEMGATE:-$ROOT/target/release/idemgate}
+export PATH="$HOME/.cargo/bin:$PATH:/usr/sbin:/sbin"
+log() { printf '%s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+for tool in wrk nginx oha jq curl; do
+    command -v $tool >/dev/null || die "$tool missing: bash benches/load/run.sh installs it"
+done
+[[ -x $IDEMGATE ]] || die "build first: cargo build --release --bin idemgate"
+PRIO=()
+[[ $(id -u) -eq 0 ]] && PRIO=(chrt -f 10)
+
+WORK=$(mktemp -d /tmp/idemgate-growth.XXXXXX)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# shellcheck source=ports.sh
+source "$HERE/ports.sh"
+next_port=${PORT_BASE:-21380}
+free_port UPSTREAM_PORT
+free_port IDEMGATE_PORT
+free_port ADMIN_PORT
+fill_templates "$WORK" nginx-upstream.conf idemgate-memory.yaml
+mkdir -p "$WORK/nginx/tmp"
+"${PRIO[@]}" taskset -c 0 nginx -p "$WORK/nginx/" -c "$WORK/nginx-upstream.conf" -e "$WORK/nginx/error.log" >/dev/null 2>&1 &
+PIDS+=($!)
+printf '{"a":"%01000d"}' 0 >"$WORK/body.json"
+entries() { curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '$1 == "idemgate_store_entries" {print $2}'; }
+
+printf '| keys before | keys after | p50 µs | p99 µs | p99.9 µs | slowest µs |\n|---:|---:|---:|---:|---:|---:|\n'
+for ((round = 1; round <= ROUNDS; round++)); do
+    for size in $SIZES; do
+        env IDEMGATE_LOG=warn "${PRIO[@]}" taskset -c 1 "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml" >"$WORK/idemgate.log" 2>&1 &
+        id=$!
+        PIDS+=("$id")
+        wait_port "$IDEMGATE_PORT" "$id"
+        # The fill's wrk thread stops itself once its keys are stored.
+        "${PRIO[@]}" taskset -c 0 wrk -t1 -c64 -d600s -s "$HERE/post.lua" "http://127.0.0.1:$IDEMGATE_PORT/orders" -- fill "g$round" "$size" >/dev/null &
+        wrk_pid=$!
+        sleep 0.5
+        while [[ $(ls "/proc/$wrk_pid/task" 2>/dev/null | wc -l) -gt 1 ]]; do sleep 0.05; done
+        kill -INT "$wrk_pid" 2>/dev/null || true
+        wait "$wrk_pid" || true
+        before=$(entries)
+        "${PRIO[@]}" taskset -c 0 oha --no-tui --output-format json -c 64 -q 5000 --latency-correction \
+            --wait-ongoing-requests-after-deadline -z "${LSECS}s" -m POST -H 'Content-Type: application/json' \
+            -D "$WORK/body.json" --rand-regex-url "http://127.0.0.1:$IDEMGATE_PORT/fp/[a-z]{16}" >"$WORK/oha.json"
+        jq -r --arg b "$before" --arg a "$(entries)" \
+            '"| \($b) | \($a) | \(.latencyPercentiles.p50 * 1e6 | round) | \(.latencyPercentiles.p99 * 1e6 | round) | \(.latencyPercentiles["p99.9"] * 1e6 | round) | \(.summary.slowest * 1e6 | round) |"' "$WORK/oha.json"
+        kill -TERM "$id"
+        wait "$id" || true
+    done
+done
