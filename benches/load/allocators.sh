@@ -5,6 +5,10 @@
 # throughput, then RSS per key over a fill of FILL_KEYS (1,000,000) keys and replays spread
 # over them. Same pinning and scheduling as run.sh; loopback only; about 4 minutes.
 #
+# This is how mimalloc was chosen. Since then the binary has linked mimalloc
+# as its global allocator (src/main.rs), so a preloaded malloc reaches only what C code
+# allocates: to compare allocators again, build a binary without `#[global_allocator]`.
+#
 #   bash benches/load/allocators.sh
 set -euo pipefail
 
@@ -17,29 +21,9 @@ LIBDIR=/usr/lib/x86_64-linux-gnu
 if [[ ! -e $LIBDIR/libjemalloc.so.2 || ! -e $LIBDIR/libmimalloc.so.2 ]]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjemalloc2 libmimalloc2.0 >/dev/null
 fi
-PRIO=()
-[[ $(id -u) -eq 0 ]] && PRIO=(chrt -f 10)
-
-WORK=$(mktemp -d /tmp/idemgate-alloc.XXXXXX)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# shellcheck source=ports.sh
-source "$HERE/ports.sh"
-next_port=${PORT_BASE:-21180}
-free_port UPSTREAM_PORT
-free_port IDEMGATE_PORT
-free_port ADMIN_PORT
-fill_templates "$WORK" nginx-upstream.conf idemgate-memory.yaml
-mkdir -p "$WORK/nginx/tmp"
-"${PRIO[@]}" taskset -c 0 nginx -p "$WORK/nginx/" -c "$WORK/nginx-upstream.conf" -e "$WORK/nginx/error.log" >/dev/null 2>&1 &
-PIDS+=($!)
+# shellcheck source=rig.sh
+source "$HERE/rig.sh"
+start_rig alloc 21180
 
 rss() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 entries() { curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '$1 == "idemgate_store_entries" {print $2}'; }

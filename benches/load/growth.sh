@@ -26,29 +26,9 @@ for tool in wrk nginx oha jq curl; do
     command -v $tool >/dev/null || die "$tool missing: bash benches/load/run.sh installs it"
 done
 [[ -x $IDEMGATE ]] || die "build first: cargo build --release --bin idemgate"
-PRIO=()
-[[ $(id -u) -eq 0 ]] && PRIO=(chrt -f 10)
-
-WORK=$(mktemp -d /tmp/idemgate-growth.XXXXXX)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# shellcheck source=ports.sh
-source "$HERE/ports.sh"
-next_port=${PORT_BASE:-21380}
-free_port UPSTREAM_PORT
-free_port IDEMGATE_PORT
-free_port ADMIN_PORT
-fill_templates "$WORK" nginx-upstream.conf idemgate-memory.yaml
-mkdir -p "$WORK/nginx/tmp"
-"${PRIO[@]}" taskset -c 0 nginx -p "$WORK/nginx/" -c "$WORK/nginx-upstream.conf" -e "$WORK/nginx/error.log" >/dev/null 2>&1 &
-PIDS+=($!)
+# shellcheck source=rig.sh
+source "$HERE/rig.sh"
+start_rig growth 21380
 printf '{"a":"%01000d"}' 0 >"$WORK/body.json"
 entries() { curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '$1 == "idemgate_store_entries" {print $2}'; }
 
