@@ -254,6 +254,16 @@ impl Store {
         }
     }
 
+    /// The claims this process holds now that outlive it, each with its owner's token:
+    /// on Redis those whose [`Lease`] lives (the store renews them); none on the memory
+    /// store, which ends with the process.
+    pub fn held_claims(&self) -> Vec<(Digest, OwnerToken)> {
+        match self {
+            Store::Memory(_) => Vec::new(),
+            Store::Redis(redis) => redis.renewals().held(),
+        }
+    }
+
     /// Frees the key so a retry executes again; `false` when `token` no longer owns it.
     pub async fn release(&self, key: Digest, token: OwnerToken) -> Result<bool, StoreError> {
         self.release_as(key, token, None).await

@@ -47,8 +47,7 @@ impl Proxy {
     /// A proxy serving `config` with `store`.
     pub fn new(config: Arc<Config>, store: Store, metrics: Arc<Metrics>) -> Self {
         let client = UpstreamClient::new(&config.upstream);
-        // Keys owned at shutdown are released only where they outlive the process.
-        let owners = Arc::new(Owners::new(matches!(store, Store::Redis(_))));
+        let owners = Arc::new(Owners::default());
         Self {
             live: Arc::new(ArcSwap::from_pointee(Live { config, client })),
             store,

@@ -19,10 +19,9 @@ use super::headers::strip_hop_by_hop;
 use super::upstream::UpstreamClient;
 use crate::config::{InFlightMode, OnStoreError, Protected};
 use crate::error::ProxyError;
-use crate::key::{derive_key, DerivedKey, Digest, DigestMap, KeyError, KeySource, RequestView};
+use crate::key::{derive_key, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
-use crate::store::{Claim, ClaimMode, Lease, OwnerToken, Store, StoredResponse};
-use crate::sync::lock;
+use crate::store::{Claim, ClaimMode, Lease, Store, StoredResponse};
 
 /// The header added to every replayed response.
 pub static IDEMPOTENT_REPLAYED: http::HeaderName =
@@ -32,17 +31,15 @@ pub static IDEMPOTENT_REPLAYED: http::HeaderName =
 /// and a sooner retry finds the replay; the lease only bounds owners that vanished.
 const RETRY_AFTER_SECS: u64 = 1;
 
-/// The claims this process owns right now, so a shutdown can wait for their owners and
-/// release the keys of those that did not finish within the drain time (retries on other
-/// replicas can then run at once instead of after the lease).
+/// The owners running in this process right now, so a shutdown can wait for them and
+/// then release the keys of those that did not finish within the drain time (retries on
+/// other replicas can then run at once instead of after the lease).
 ///
-/// Only a store that outlives the process (Redis) needs the keys: the memory store ends
-/// with it. There, holding a claim is two atomic operations instead of a map insert and
-/// removal under a process-wide lock.
+/// Holding a claim here is two atomic operations. Which keys are still held at shutdown
+/// the store says ([`Store::held_claims`]): only one that outlives the process (Redis)
+/// has any, and it already keeps them, to renew their leases.
 #[derive(Debug, Default)]
 pub struct Owners {
-    /// `Some` when the store is shared: each owned key with its fencing token.
-    held: Option<std::sync::Mutex<DigestMap<OwnerToken>>>,
     running: AtomicUsize,
     /// Set once a shutdown waits in [`Owners::finished`]; until then finishing owners
     /// notify no one (a notification takes a lock).
@@ -51,24 +48,10 @@ pub struct Owners {
 }
 
 impl Owners {
-    /// Owners for a shared store (`keep_keys`, so they can be released at shutdown) or for
-    /// one that ends with the process.
-    pub fn new(keep_keys: bool) -> Self {
-        Self {
-            held: keep_keys.then(Default::default),
-            ..Self::default()
-        }
-    }
-
-    fn hold(self: &Arc<Self>, lease: &Lease) -> OwnedGuard {
+    fn hold(self: &Arc<Self>) -> OwnedGuard {
         self.running.fetch_add(1, Ordering::SeqCst);
-        if let Some(held) = &self.held {
-            lock(held).insert(lease.key(), lease.token());
-        }
         OwnedGuard {
             owners: Arc::clone(self),
-            key: lease.key(),
-            token: lease.token(),
         }
     }
 
@@ -104,12 +87,8 @@ impl Owners {
     /// Releases every key still owned (fenced: a key completed meanwhile is left alone).
     /// Nothing to do on a store that ends with the process.
     pub async fn release_all(&self, store: &Store) -> usize {
-        let Some(held) = &self.held else {
-            return 0;
-        };
-        let held: Vec<(Digest, OwnerToken)> = lock(held).drain().collect();
         let mut released = 0;
-        for (key, token) in held {
+        for (key, token) in store.held_claims() {
             if matches!(store.release(key, token).await, Ok(true)) {
                 released += 1;
             }
@@ -120,19 +99,10 @@ impl Owners {
 
 struct OwnedGuard {
     owners: Arc<Owners>,
-    key: Digest,
-    token: OwnerToken,
 }
 
 impl Drop for OwnedGuard {
     fn drop(&mut self) {
-        if let Some(held) = &self.owners.held {
-            let mut held = lock(held);
-            // A later owner of the same key (this one's lease lapsed) keeps its entry.
-            if held.get(&self.key) == Some(&self.token) {
-                held.remove(&self.key);
-            }
-        }
         self.owners.running.fetch_sub(1, Ordering::SeqCst);
         if self.owners.draining.load(Ordering::SeqCst) {
             self.owners.changed.notify_waiters();
@@ -298,7 +268,7 @@ async fn execute(
     let rule = Arc::clone(rule);
     let conn = cx.conn.clone();
     let running = cx.metrics.owner_running();
-    let owned = cx.owners.hold(&lease);
+    let owned = cx.owners.hold();
     let route_metrics = Arc::clone(cx.route_metrics);
     let owner = Detachable::new(async move {
         let _running = running;

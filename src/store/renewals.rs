@@ -166,6 +166,12 @@ impl Renewals {
         }
     }
 
+    /// Every claim held now, with its owner's token.
+    pub(crate) fn held(&self) -> Vec<(Digest, OwnerToken)> {
+        let state = lock(&self.state);
+        state.claims.values().map(|c| (c.key, c.token)).collect()
+    }
+
     /// Lets a task waiting for claims notice that its store is gone.
     pub(crate) fn store_dropped(&self) {
         self.sooner.notify_one();
