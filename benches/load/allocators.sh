@@ -26,7 +26,6 @@ source "$HERE/rig.sh"
 start_rig alloc 21180
 
 rss() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
-entries() { curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '$1 == "idemgate_store_entries" {print $2}'; }
 # rate MODE PREFIX SECONDS N: requests per second of one wrk run
 rate() {
     "${PRIO[@]}" taskset -c 0 wrk -t1 -c64 -d"$3s" -s "$HERE/post.lua" "http://127.0.0.1:$IDEMGATE_PORT/orders" -- "$1" "$2" "$4" |
@@ -48,12 +47,7 @@ for variant in glibc "jemalloc:LD_PRELOAD=$LIBDIR/libjemalloc.so.2" "mimalloc:LD
     first=$(rate unique d 5 0)
     e0=$(entries)
     m0=$(rss "$id")
-    "${PRIO[@]}" taskset -c 0 wrk -t1 -c64 -d240s -s "$HERE/post.lua" "http://127.0.0.1:$IDEMGATE_PORT/orders" -- fill f "$FILL_KEYS" >"$WORK/fill.out" &
-    wrk_pid=$!
-    sleep 0.5
-    while [[ $(ls "/proc/$wrk_pid/task" 2>/dev/null | wc -l) -gt 1 ]]; do sleep 0.05; done
-    kill -INT "$wrk_pid" 2>/dev/null || true
-    wait "$wrk_pid" || true
+    fill_store f "$FILL_KEYS" 240 >"$WORK/fill.out"
     sleep 1
     e1=$(entries)
     m1=$(rss "$id")

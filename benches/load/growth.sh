@@ -30,7 +30,6 @@ done
 source "$HERE/rig.sh"
 start_rig growth 21380
 printf '{"a":"%01000d"}' 0 >"$WORK/body.json"
-entries() { curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '$1 == "idemgate_store_entries" {print $2}'; }
 
 printf '| keys before | keys after | p50 µs | p99 µs | p99.9 µs | slowest µs |\n|---:|---:|---:|---:|---:|---:|\n'
 for ((round = 1; round <= ROUNDS; round++)); do
@@ -39,13 +38,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
         id=$!
         PIDS+=("$id")
         wait_port "$IDEMGATE_PORT" "$id"
-        # The fill's wrk thread stops itself once its keys are stored.
-        "${PRIO[@]}" taskset -c 0 wrk -t1 -c64 -d600s -s "$HERE/post.lua" "http://127.0.0.1:$IDEMGATE_PORT/orders" -- fill "g$round" "$size" >/dev/null &
-        wrk_pid=$!
-        sleep 0.5
-        while [[ $(ls "/proc/$wrk_pid/task" 2>/dev/null | wc -l) -gt 1 ]]; do sleep 0.05; done
-        kill -INT "$wrk_pid" 2>/dev/null || true
-        wait "$wrk_pid" || true
+        fill_store "g$round" "$size" >/dev/null
         before=$(entries)
         "${PRIO[@]}" taskset -c 0 oha --no-tui --output-format json -c 64 -q 5000 --latency-correction \
             --wait-ongoing-requests-after-deadline -z "${LSECS}s" -m POST -H 'Content-Type: application/json' \

@@ -5,6 +5,8 @@
 # config filled in, and the upstream nginx (`return 201`) running on CPU 0.
 #
 #   start_rig NAME DEFAULT_PORT_BASE
+#   fill_store PREFIX N [MAX_SECS]   # store N first-seen keys; wrk's output on stdout
+#   entries                          # the idemgate's stored keys, from /metrics
 
 start_rig() {
     PRIO=()
@@ -24,6 +26,21 @@ start_rig() {
     "${PRIO[@]}" taskset -c 0 nginx -p "$WORK/nginx/" -c "$WORK/nginx-upstream.conf" -e "$WORK/nginx/error.log" >/dev/null 2>&1 &
     PIDS+=($!)
 }
+
+fill_store() {
+    local out=$WORK/fill-wrk.out wrk_pid
+    "${PRIO[@]}" taskset -c 0 wrk -t1 -c64 -d"${3:-600}s" -s "$HERE/post.lua" "http://127.0.0.1:$IDEMGATE_PORT/orders" -- fill "$1" "$2" >"$out" &
+    wrk_pid=$!
+    # post.lua's fill stops its thread once its keys are stored; wrk then waits for its
+    # duration, so it is interrupted as soon as the thread is gone.
+    sleep 0.5
+    while [[ $(ls "/proc/$wrk_pid/task" 2>/dev/null | wc -l) -gt 1 ]]; do sleep 0.05; done
+    kill -INT "$wrk_pid" 2>/dev/null || true
+    wait "$wrk_pid" || true
+    cat "$out"
+}
+
+entries() { curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '$1 == "idemgate_store_entries" {print $2}'; }
 
 stop_rig() {
     for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done

