@@ -12,6 +12,7 @@ pub mod memory;
 pub mod redis;
 mod renewals;
 pub mod response;
+mod subscriptions;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -84,7 +85,7 @@ pub struct Waiter {
     signal: watch::Receiver<()>,
     lease_until: Instant,
     // Keeps a Redis channel subscribed while someone waits on it.
-    _subscription: Option<redis::Subscription>,
+    _subscription: Option<subscriptions::Subscription>,
 }
 
 impl Waiter {
@@ -96,12 +97,18 @@ impl Waiter {
         }
     }
 
+    /// A waiter for a caller that will not wait: waiting on it returns at once, as if
+    /// woken, so a caller that did would only look again.
+    pub(crate) fn unwatched() -> Self {
+        Self::new(watch::channel(()).1, Instant::now())
+    }
+
     /// A waiter woken through a Redis subscription; `recheck_at` bounds how long it trusts
     /// the channel before looking at the record again.
     pub(crate) fn with_subscription(
         signal: watch::Receiver<()>,
         recheck_at: Instant,
-        subscription: redis::Subscription,
+        subscription: subscriptions::Subscription,
     ) -> Self {
         Self {
             signal,
@@ -182,20 +189,25 @@ impl Store {
         fingerprint: Digest,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        self.claim_as(key, fingerprint, lease, ClaimMode::Any).await
+        self.claim_as(key, fingerprint, lease, ClaimMode::Any, true)
+            .await
     }
 
-    /// [`Store::claim`], where `mode` says whether only an issued key may be owned.
+    /// [`Store::claim`], where `mode` says whether only an issued key may be owned, and
+    /// `waits` whether a duplicate that finds the key in flight will wait for it (on Redis
+    /// a waiter subscribes and marks the record, which costs the owner's completion a
+    /// round trip and a `PUBLISH`; one that will not gets a [`Waiter::unwatched`]).
     pub async fn claim_as(
         &self,
         key: Digest,
         fingerprint: Digest,
         lease: Duration,
         mode: ClaimMode,
+        waits: bool,
     ) -> Result<Claim, StoreError> {
         let raw = match self {
             Self::Memory(m) => m.claim(key, fingerprint, lease, mode)?,
-            Self::Redis(r) => Box::pin(r.claim(key, fingerprint, lease, mode)).await?,
+            Self::Redis(r) => Box::pin(r.claim(key, fingerprint, lease, mode, waits)).await?,
         };
         Ok(match raw {
             memory::RawClaim::Owner { token, liveness } => {

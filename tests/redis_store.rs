@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::redis_server::{RedisCluster, RedisServer};
-use common::{post, send, start_proxy, start_upstream, ProxyProcess};
+use common::{post, send, start_proxy, start_upstream, ProxyHandle, ProxyProcess, Upstream};
 use http::{Method, StatusCode};
 
 fn redis_yaml(url: &str, extra_defaults: &str) -> String {
@@ -21,8 +21,8 @@ async fn two_proxy_processes_on_one_redis_execute_each_key_once() {
     two_proxies_execute_each_key_once(&RedisServer::start()).await;
 }
 
-/// The same on Valkey 9, where completions are `SET … IFEQ` and a pipelined `PUBLISH`
-/// instead of the completion script: the waiters on the other replica are woken by it.
+/// The same on Valkey 9, where completions are `SET … IFEQ` instead of the completion
+/// script: a key the other replica waits on completes by the script, which wakes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxy_processes_on_one_valkey_execute_each_key_once() {
     two_proxies_execute_each_key_once(&RedisServer::start_valkey()).await;
@@ -266,18 +266,17 @@ fn commands(redis: &RedisServer) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_seen_costs_two_round_trips_and_a_replay_one() {
-    // The claim is one `SET NX GET`; the completion the swap script (its GET, SET and
-    // PUBLISH): Redis 7.0 refuses `SET … IFEQ` (in the warm-up).
+    // The claim is one `SET NX GET`; the completion the swap script (its GET and SET; no
+    // PUBLISH, as nobody waits): Redis 7.0 refuses `SET … IFEQ` (in the warm-up).
     let redis = RedisServer::start();
-    round_trips_and_what_redis_holds(&redis, &["evalsha=1", "get=1", "publish=1", "set=2"]).await;
+    round_trips_and_what_redis_holds(&redis, &["evalsha=1", "get=1", "set=2"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_seen_on_valkey_runs_no_script() {
-    // The claim is one `SET NX GET`; the completion `SET … IFEQ` and its `PUBLISH`, sent in
-    // one write: still two round trips, and no Lua.
+    // The claim is one `SET NX GET`; the completion `SET … IFEQ`: two commands, no Lua.
     let valkey = RedisServer::start_valkey();
-    round_trips_and_what_redis_holds(&valkey, &["publish=1", "set=2"]).await;
+    round_trips_and_what_redis_holds(&valkey, &["set=2"]).await;
 }
 
 /// A first-seen request runs `first_seen` on `redis` (as `commands` lists them), a replay
@@ -321,7 +320,30 @@ async fn round_trips_and_what_redis_holds(redis: &RedisServer, first_seen: &[&st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicates_execute_once_on_a_redis_cluster() {
-    let cluster = RedisCluster::start();
+    duplicates_execute_once_on(&RedisCluster::start()).await;
+}
+
+/// The same on Valkey 9 nodes, where completions go through the cluster connection as
+/// `SET … IFEQ` (Redis 7.0 refuses it and swaps by script); then a key nobody waits on
+/// costs the cluster two `SET`s, no script and no `PUBLISH`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_execute_once_on_a_valkey_cluster() {
+    let cluster = RedisCluster::start_valkey();
+    let (proxy, _upstream) = duplicates_execute_once_on(&cluster).await;
+    for node in &cluster.nodes {
+        node.cli(&["CONFIG", "RESETSTAT"]);
+    }
+    let answer = post(proxy.addr, "/orders", &[("idempotency-key", "alone")], "{}").await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    let mut mix: Vec<String> = cluster.nodes.iter().flat_map(commands).collect();
+    mix.sort();
+    assert_eq!(mix, ["set=2"], "claim + complete");
+}
+
+/// 120 requests over 12 keys, alternating between two proxies on `cluster`: each key
+/// executes once, and the records spread over the masters. Returns one proxy and the
+/// upstream, still running.
+async fn duplicates_execute_once_on(cluster: &RedisCluster) -> (ProxyHandle, Upstream) {
     let upstream = start_upstream().await;
     let seeds = cluster
         .urls()
@@ -360,6 +382,7 @@ async fn duplicates_execute_once_on_a_redis_cluster() {
         .filter(|n| n.cli(&["DBSIZE"]).trim() != "0")
         .count();
     assert!(holding >= 2, "keys on {holding} node(s)");
+    (a, upstream)
 }
 
 async fn wait_until_async<F, Fut>(mut condition: F)

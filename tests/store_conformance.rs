@@ -95,6 +95,26 @@ macro_rules! store_conformance {
     };
 }
 
+/// The Redis-only checks of how waiters are woken ([`a_waited_record_completes_with_a_publish`]
+/// and the next), against `$factory().await`'s store and server.
+macro_rules! redis_wake_ups {
+    ($factory:path) => {
+        redis_wake_ups!(@tests $factory;
+            a_waited_record_completes_with_a_publish,
+            a_duplicate_that_will_not_wait_leaves_the_record_unmarked,
+        );
+    };
+    (@tests $factory:path; $($check:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let (store, server) = $factory().await;
+                crate::$check(&store, &server).await;
+            }
+        )+
+    };
+}
+
 mod memory {
     use super::*;
 
@@ -121,6 +141,10 @@ mod redis_6_2 {
     }
 
     store_conformance!(store);
+
+    // The first look, before the subscription, is the claim script here too; it does not
+    // mark: only the look after the subscription does.
+    redis_wake_ups!(store);
 
     /// The checks above pass only if claims work; this pins down that they went through
     /// the script, i.e. that the run tested the fallback rather than a server that took
@@ -159,8 +183,8 @@ mod valkey_9 {
     store_conformance!(store);
 
     /// The checks above pass with the script too; this pins down that first-seen requests
-    /// ran no script at all here (claims `SET … NX … GET`, completions `SET … IFEQ` and
-    /// their `PUBLISH`), and that what was swapped in replays.
+    /// ran no script at all here (claims `SET … NX … GET`, completions `SET … IFEQ`, and no
+    /// `PUBLISH`, since nobody waited), and that what was swapped in replays.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn completions_swap_the_record_without_a_script() {
         let (store, server) = store().await;
@@ -168,11 +192,13 @@ mod valkey_9 {
         let stats = server.cli(&["INFO", "commandstats"]);
         let calls = |name| command_calls(&stats, name);
         assert_eq!(calls("set"), (6, 0), "{stats}");
-        assert_eq!(calls("publish"), (3, 0), "{stats}");
+        assert_eq!(calls("publish"), (0, 0), "{stats}");
         assert_eq!(calls("evalsha"), (0, 0), "{stats}");
         assert_eq!(calls("eval"), (0, 0), "{stats}");
         replays_each(&store, completed).await;
     }
+
+    redis_wake_ups!(store);
 }
 
 #[path = "common/redis_server.rs"]
@@ -192,6 +218,11 @@ mod redis {
     pub(super) fn on(
         server: super::redis_server::RedisServer,
     ) -> (Store, super::redis_server::RedisServer) {
+        (connect(&server), server)
+    }
+
+    /// A store on `server` with a connection of its own, as another replica's.
+    pub(super) fn connect(server: &super::redis_server::RedisServer) -> Store {
         let store = RedisStore::connect(&RedisSettings {
             url: Some(server.url()),
             cluster: Vec::new(),
@@ -200,7 +231,7 @@ mod redis {
             ca: None,
         })
         .expect("redis store");
-        (Store::Redis(Arc::new(store)), server)
+        Store::Redis(Arc::new(store))
     }
 
     store_conformance!(store);
@@ -230,11 +261,88 @@ mod redis {
         assert_eq!((scripts - refused, refused), (5, 3), "{stats}");
         assert_eq!(calls("get"), (5, 0), "{stats}");
         // SETs: four claims, the one refused `IFEQ`, four scripts' swaps. PUBLISH: the
-        // refused swap's pipelined one and one per completion.
+        // general script's alone (a swap matches only a record nobody waits on).
         assert_eq!(calls("set"), (9, 1), "{stats}");
-        assert_eq!(calls("publish"), (5, 0), "{stats}");
+        assert_eq!(calls("publish"), (1, 0), "{stats}");
         replays_each(&store, completed).await;
     }
+
+    redis_wake_ups!(store);
+}
+
+/// Completions publish only for a record a duplicate waits on, so a waiter must subscribe
+/// and then mark the record before it waits. With the owner on one store and two waiters
+/// on another (two replicas): the mark (one byte after the 57 of the in-flight record)
+/// appears once, the channel has its subscriber before the completion, the completion
+/// publishes once, wakes both waiters and stores the answer. Without the mark the swap
+/// would match and publish nothing, and the waiters would sit until their fallback
+/// re-check.
+async fn a_waited_record_completes_with_a_publish(
+    owner: &Store,
+    server: &redis_server::RedisServer,
+) {
+    let replica = redis::connect(server);
+    let (k, fp) = (fresh_key(), fresh_key());
+    let hex = hex::encode(k.0);
+    let (record, channel) = (
+        format!("conformance:{{{hex}}}"),
+        format!("conformance:done:{{{hex}}}"),
+    );
+    let lease = expect_owner(claim(owner, k, fp, LONG_LEASE).await);
+    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "57");
+    let waiter = expect_in_flight(claim(&replica, k, fp, LONG_LEASE).await);
+    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "58", "not marked");
+    // A second duplicate finds the mark and leaves it as it is.
+    let second = expect_in_flight(claim(&replica, k, fp, LONG_LEASE).await);
+    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "58");
+    let subscribers = server.cli(&["PUBSUB", "NUMSUB", &channel]);
+    assert_eq!(
+        subscribers.lines().nth(1).map(str::trim),
+        Some("1"),
+        "{subscribers}"
+    );
+    let waiting = [waiter, second].map(|w| tokio::spawn(w.wait(Instant::now() + HANG_GUARD)));
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let stored = response(b"waited for").with_fingerprint(fp);
+    assert!(lease.complete(stored.clone(), LONG_TTL).await.unwrap());
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert_eq!(command_calls(&stats, "publish"), (1, 0), "{stats}");
+    for w in waiting {
+        assert!(w.await.unwrap(), "a waiter hit its deadline");
+    }
+    replays_each(&replica, vec![(k, fp, stored)]).await;
+}
+
+/// A duplicate that will not wait (`in_flight: reject`) neither subscribes nor marks, so
+/// the owner's completion stays one swap and publishes nothing.
+async fn a_duplicate_that_will_not_wait_leaves_the_record_unmarked(
+    owner: &Store,
+    server: &redis_server::RedisServer,
+) {
+    let (k, fp) = (fresh_key(), fresh_key());
+    let hex = hex::encode(k.0);
+    let lease = expect_owner(claim(owner, k, fp, LONG_LEASE).await);
+    let rejected = owner
+        .claim_as(k, fp, LONG_LEASE, idemgate::store::ClaimMode::Any, false)
+        .await
+        .expect("claim");
+    expect_in_flight(rejected);
+    let record = format!("conformance:{{{hex}}}");
+    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "57", "marked");
+    let channel = format!("conformance:done:{{{hex}}}");
+    let subscribers = server.cli(&["PUBSUB", "NUMSUB", &channel]);
+    assert_eq!(
+        subscribers.lines().nth(1).map(str::trim),
+        Some("0"),
+        "{subscribers}"
+    );
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    assert!(lease
+        .complete(response(b"x").with_fingerprint(fp), LONG_TTL)
+        .await
+        .unwrap());
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert_eq!(command_calls(&stats, "publish"), (0, 0), "{stats}");
 }
 
 // === Fixtures and helpers ===
@@ -430,7 +538,7 @@ mod token_checks {
 
     async fn claim_issued(store: &Store, key: Digest) -> Claim {
         store
-            .claim_as(key, Digest::NONE, LONG_LEASE, ClaimMode::IssuedOnly)
+            .claim_as(key, Digest::NONE, LONG_LEASE, ClaimMode::IssuedOnly, true)
             .await
             .expect("claim")
     }

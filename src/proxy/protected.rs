@@ -185,7 +185,13 @@ pub async fn handle(
     loop {
         let claim = match cx
             .store
-            .claim_as(key, fingerprint, policy.lease, mode)
+            .claim_as(
+                key,
+                fingerprint,
+                policy.lease,
+                mode,
+                policy.in_flight == InFlightMode::Wait,
+            )
             .await
         {
             Ok(claim) => claim,

@@ -5,8 +5,9 @@
 //! is binary, never base64 or JSON:
 //!
 //! - in flight: `'I'` · owner token (16 bytes) · payload fingerprint (32) · created ms (8),
-//!   with a `PX` of the lease, renewed by the live owner. The token's low 48 bits are the
-//!   created ms too, so the owner can rebuild its record byte for byte (below);
+//!   and `'w'` once a duplicate waits on it, with a `PX` of the lease, renewed by the live
+//!   owner. The token's low 48 bits are the created ms too, so the owner can rebuild its
+//!   unmarked record byte for byte (below);
 //! - done: `'D'` · payload fingerprint (32) · [`StoredResponse::encode`] (status, headers,
 //!   body), with a `PX` of the route's `ttl`.
 //!
@@ -17,25 +18,30 @@
 //! costs two (claim, complete), a replay one. A claim is first tried as a plain `SET … NX
 //! PX … GET` (Redis 7.0+; older servers get the claim script), which costs Redis a quarter
 //! of a Lua call: Redis, not the proxy, is what limits a first-seen load when both share a
-//! machine. A
-//! completion, likewise, is first tried as a swap: `SET … IFEQ <own in-flight record> PX …`
-//! pipelined with its `PUBLISH` (Valkey 8.1+, Redis 8.4+; one server-side compare, where
-//! a script costs Redis as much as the rest of the request), or, on a server that refuses
-//! `IFEQ` (then for good) and on a cluster, the same compare-and-set as a seven-line
-//! script, cheaper for Redis than the general completion script. A swap that finds
-//! another record than the one written (a lapsed lease) leaves it to the general
-//! completion script, which says so (a second round trip, and a second store timeout at
-//! worst). The rest are Lua scripts.
+//! machine. A completion, likewise, is first tried as a swap: `SET … IFEQ <own in-flight
+//! record> PX …` (Valkey 8.1+, Redis 8.4+; one server-side compare, where a script costs
+//! Redis as much as the rest of the request), or, on a server that refuses `IFEQ` (then
+//! for good), the same compare-and-set as a five-line script, cheaper for Redis than the
+//! general completion script. A swap that finds another record than the one written (a
+//! lapsed lease, or a waiter's mark, below) leaves it to the general completion script,
+//! which says so (a second round trip, and a second store timeout at worst). The rest are
+//! Lua scripts.
 //! Completion, release and renewal are fenced by the owner token, so an owner whose lease
 //! lapsed cannot touch its successor's record.
-//! Completion and release `PUBLISH` on `{prefix}done:{<hex>}`; duplicates on any replica
-//! subscribe to that channel (RESP3 push on the shared connection) instead of polling, with
-//! a fallback re-check at most every [`FALLBACK_RECHECK`].
+//!
+//! Duplicates on any replica wait on `{prefix}done:{<hex>}` (RESP3 push on the shared
+//! connection) instead of polling, with a fallback re-check at most every
+//! [`FALLBACK_RECHECK`]. A waiter subscribes (see `subscriptions`), then looks at the
+//! record with the claim script, which appends a mark (`'w'`) to another owner's unmarked
+//! in-flight record it finds; a duplicate that will not wait does neither. Only the general
+//! completion script, release and removal `PUBLISH`: a swap matches the unmarked record
+//! alone, so a record someone waits on always completes by the script that publishes, and
+//! the common completion, which nobody waits on, publishes nothing (on Redis 7.0 a
+//! script's `PUBLISH` was a tenth of a first-seen request's Redis instructions).
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BufMut as _;
@@ -43,20 +49,20 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisWrite, Script, ToRedisArgs, Value,
+    IntoConnectionInfo, ProtocolVersion, PushInfo, RedisWrite, Script, ToRedisArgs, Value,
 };
 use tokio::sync::{mpsc, watch, OnceCell};
 
 use super::memory::{mismatched, ClaimMode, RawClaim};
 use super::renewals::Renewals;
+use super::subscriptions::{self, Channels, Subscription};
 use super::{unix_ms, KeyInfo, OwnerToken, StoreError, StoredResponse, Waiter};
 use crate::key::Digest;
-use crate::sync::lock;
 
 /// The bits of an owner token that hold its claim's created ms.
 const CREATED_MASK: u128 = (1 << 48) - 1;
-/// An in-flight record: `'I'`, the owner token (16 bytes), the payload fingerprint (32),
-/// the claim's created ms (8).
+/// An unmarked in-flight record: `'I'`, the owner token (16 bytes), the payload
+/// fingerprint (32), the claim's created ms (8). A waiter's mark may follow.
 const CLAIM_LEN: usize = 57;
 
 /// How long a waiter trusts the notification channel before looking at the record itself.
@@ -87,6 +93,10 @@ end
 if string.sub(v, 1, 1) == 'T' then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 0
+end
+if ARGV[4] == '1' and #v == #ARGV[1] and string.sub(v, 1, 1) == 'I'
+    and string.sub(v, 2, 17) ~= string.sub(ARGV[1], 2, 17) then
+  redis.call('APPEND', KEYS[1], 'w')
 end
 return {v, redis.call('PTTL', KEYS[1])}
 ";
@@ -127,11 +137,11 @@ return 0
 
 /// `SET … IFEQ` for servers without it. The whole in-flight record is compared and the
 /// done record comes ready-made, so the script builds no strings: Redis 7.0 runs it in
-/// 39k instructions against the general completion script's 44k (instructions.sh).
+/// 39k instructions against the general completion script's 44k (instructions.sh). It
+/// publishes nothing: a record it matches carries no waiter's mark, so no one waits on it.
 const SWAP: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  redis.call('PUBLISH', ARGV[4], '1')
   return 1
 end
 return 0
@@ -164,21 +174,21 @@ return n
 ";
 
 #[derive(Clone)]
-enum Conn {
+pub(super) enum Conn {
     Single(ConnectionManager),
     // Connected on first use, so a cluster that is down at start does not stop the proxy.
     Cluster(Arc<(ClusterClient, OnceCell<ClusterConnection>)>),
 }
 
 /// A usable connection of either kind (cheap clones of the shared, multiplexed one).
-enum Handle {
+pub(super) enum Handle {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
 
 impl Conn {
     /// The connection to send on; a cluster connects on first use.
-    async fn handle(&self) -> redis::RedisResult<Handle> {
+    pub(super) async fn handle(&self) -> redis::RedisResult<Handle> {
         Ok(match self {
             Self::Single(c) => Handle::Single(c.clone()),
             Self::Cluster(cluster) => {
@@ -193,14 +203,14 @@ impl Conn {
 }
 
 impl Handle {
-    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+    pub(super) async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
         match self {
             Self::Single(c) => c.subscribe(channel).await,
             Self::Cluster(c) => c.subscribe(channel).await,
         }
     }
 
-    async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+    pub(super) async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
         match self {
             Self::Single(c) => c.unsubscribe(channel).await,
             Self::Cluster(c) => c.unsubscribe(channel).await,
@@ -236,9 +246,6 @@ impl redis::aio::ConnectionLike for Handle {
     }
 }
 
-/// Waiters by notification channel, with how many share each subscription.
-type Channels = Mutex<HashMap<Vec<u8>, (watch::Sender<()>, usize)>>;
-
 /// The Redis-backed store.
 pub struct RedisStore {
     conn: Conn,
@@ -248,8 +255,8 @@ pub struct RedisStore {
     scripts: Scripts,
     /// Set once Redis refused `SET … NX … GET` (before 7.0): claims use the script then.
     no_set_nx_get: AtomicBool,
-    /// Set once the server refused `SET … IFEQ` (Redis before 8.4, Valkey before 8.1), or
-    /// at the start on a cluster: completions swap by the [`SWAP`] script then.
+    /// Set once the server refused `SET … IFEQ` (Redis before 8.4, Valkey before 8.1):
+    /// completions swap by the [`SWAP`] script then.
     no_set_ifeq: AtomicBool,
     renewals: Arc<Renewals>,
 }
@@ -356,7 +363,7 @@ impl RedisStore {
             Conn::Cluster(Arc::new((client, OnceCell::new())))
         };
         let channels: Arc<Channels> = Arc::default();
-        tokio::spawn(dispatch_notifications(push_rx, Arc::downgrade(&channels)));
+        tokio::spawn(subscriptions::dispatch(push_rx, Arc::downgrade(&channels)));
         Ok(Self {
             conn,
             prefix: settings.prefix.clone(),
@@ -374,9 +381,7 @@ impl RedisStore {
                 hit: Script::new(HIT),
             },
             no_set_nx_get: AtomicBool::new(false),
-            // A pipeline's two commands would be routed on their own in a cluster, and the
-            // `PUBLISH` has no key to follow the record's slot by.
-            no_set_ifeq: AtomicBool::new(!settings.cluster.is_empty()),
+            no_set_ifeq: AtomicBool::new(false),
             renewals: Arc::default(),
         })
     }
@@ -481,7 +486,7 @@ impl RedisStore {
     /// with the script before it waits.
     async fn first_claim(&self, args: ClaimArgs<'_>) -> Result<Found, StoreError> {
         if args.mode == ClaimMode::IssuedOnly || self.no_set_nx_get.load(Relaxed) {
-            return self.try_claim(args).await;
+            return self.try_claim(args, false).await;
         }
         let record = self.record(args.key);
         // Sized up front: grown argument by argument, the command reallocated four times.
@@ -498,31 +503,31 @@ impl RedisStore {
             Ok(Value::BulkString(data)) => data,
             Ok(other) => return Err(unexpected(&other)),
             // Before 7.0, NX and GET together are a syntax error.
-            Err(e) if e.code() == Some("ERR") => {
+            Err(e) if refused_as_syntax(&e) => {
                 tracing::info!(error = %e, "redis refuses SET NX GET; claiming by script");
                 self.no_set_nx_get.store(true, Relaxed);
-                return self.try_claim(args).await;
+                return self.try_claim(args, false).await;
             }
             Err(e) => return Err(StoreError::Unavailable(e.to_string())),
         };
         match data.first() {
             // An issued token is taken over by a claim: only the script does that atomically.
-            Some(b'T') => self.try_claim(args).await,
+            Some(b'T') => self.try_claim(args, false).await,
             _ => found_record(data, -1, args.token),
         }
     }
 
-    async fn try_claim(&self, args: ClaimArgs<'_>) -> Result<Found, StoreError> {
+    /// A claim by the claim script. With `mark`, by a waiter that has subscribed, an
+    /// unmarked in-flight record of another owner it finds is marked as waited on.
+    async fn try_claim(&self, args: ClaimArgs<'_>, mark: bool) -> Result<Found, StoreError> {
+        let flag = |on: bool| if on { "1" } else { "0" };
         let mut invocation = self.scripts.claim.prepare_invoke();
         invocation
             .key(self.record(args.key))
             .arg(&Self::claim_value(args.token, args.fingerprint)[..])
             .arg(args.lease.as_millis().max(1) as u64)
-            .arg(if args.mode == ClaimMode::IssuedOnly {
-                "1"
-            } else {
-                "0"
-            });
+            .arg(flag(args.mode == ClaimMode::IssuedOnly))
+            .arg(flag(mark));
         match self.run(invocation).await? {
             Value::Int(0) => Ok(Found::Claimed),
             Value::Int(1) => Ok(Found::Unknown),
@@ -534,13 +539,14 @@ impl RedisStore {
         }
     }
 
-    /// See [`super::Store::claim`].
+    /// See [`super::Store::claim_as`].
     pub async fn claim(
         &self,
         key: Digest,
         fingerprint: Digest,
         lease: Duration,
         mode: ClaimMode,
+        waits: bool,
     ) -> Result<RawClaim, StoreError> {
         let token = Self::stamped_token();
         let args = ClaimArgs {
@@ -559,10 +565,14 @@ impl RedisStore {
             Found::InFlight { .. } => {}
             other => return Ok(self.settle(other, token, fingerprint)),
         }
-        // Subscribe first, then look again: a completion between the two is then either
-        // seen by the second look or delivered on the channel.
+        if !waits {
+            return Ok(RawClaim::InFlight(Waiter::unwatched()));
+        }
+        // Subscribe first, then look again and mark the record: a completion between the
+        // two is then either seen by that look or, the swap refusing a marked record,
+        // published by the completion script to the channel.
         let (signal, subscription) = self.subscribe(&key).await?;
-        match self.try_claim(args).await? {
+        match self.try_claim(args, true).await? {
             Found::InFlight { pttl, .. } => {
                 let recheck = Duration::from_millis(pttl.max(1) as u64).min(FALLBACK_RECHECK);
                 Ok(RawClaim::InFlight(Waiter::with_subscription(
@@ -595,29 +605,16 @@ impl RedisStore {
         }
     }
 
+    /// Joins the waiters on `key`'s channel, once Redis has confirmed its subscription.
     async fn subscribe(
         &self,
         key: &Digest,
     ) -> Result<(watch::Receiver<()>, Subscription), StoreError> {
         let channel = self.channel(key).to_string();
-        let (receiver, first) = {
-            let mut channels = lock(&self.channels);
-            let entry = channels
-                .entry(channel.as_bytes().to_vec())
-                .or_insert_with(|| (watch::channel(()).0, 0));
-            entry.1 += 1;
-            (entry.0.subscribe(), entry.1 == 1)
-        };
-        let subscription = Subscription {
-            channel: channel.clone(),
-            channels: Arc::clone(&self.channels),
-            conn: self.conn.clone(),
-        };
-        if first {
-            self.bounded(async { self.conn.handle().await?.subscribe(&channel).await })
-                .await?;
-        }
-        Ok((receiver, subscription))
+        let (signal, subscription) = self.channels.join(channel, self.conn.clone());
+        // On an error the share is dropped, and with it the count.
+        self.bounded(subscription.subscribed()).await?;
+        Ok((signal, subscription))
     }
 
     fn fence(token: OwnerToken) -> Vec<u8> {
@@ -709,21 +706,17 @@ impl RedisStore {
                 return Ok(swapped);
             }
         }
-        // The script publishes itself: one command, where a pipelined second costs the
-        // proxy about as much as a script's `PUBLISH` costs Redis.
         let mut invocation = self.scripts.swap.prepare_invoke();
         invocation
             .key(self.record(key))
             .arg(in_flight)
             .arg(done)
-            .arg(ttl_ms)
-            .arg(self.channel(key));
+            .arg(ttl_ms);
         Ok(matches!(self.run(invocation).await?, Value::Int(1)))
     }
 
-    /// `SET <done> IFEQ <in-flight record> PX <ttl>`, with the `PUBLISH` in the same write
-    /// (it wakes waiters for nothing if the swap missed; they look and wait on). `None`:
-    /// the server has no `IFEQ`, and is not asked again.
+    /// `SET <done> IFEQ <in-flight record> PX <ttl>`. `None`: the server has no `IFEQ`, and
+    /// is not asked again.
     async fn set_ifeq(
         &self,
         key: &Digest,
@@ -731,7 +724,7 @@ impl RedisStore {
         in_flight: &[u8],
         ttl_ms: u64,
     ) -> Result<Option<bool>, StoreError> {
-        let (record, channel) = (self.record(key), self.channel(key));
+        let record = self.record(key);
         let mut set = redis::Cmd::with_capacity(7, 32 + record.len() + done.len() + CLAIM_LEN);
         set.arg("SET")
             .arg(record)
@@ -740,33 +733,19 @@ impl RedisStore {
             .arg(in_flight)
             .arg("PX")
             .arg(ttl_ms);
-        let mut publish = redis::Cmd::with_capacity(3, 8 + channel.len());
-        publish.arg("PUBLISH").arg(channel).arg("1");
-        let mut pipe = redis::Pipeline::with_capacity(2);
-        pipe.add_command(set)
-            .add_command(publish)
-            .ignore()
-            .ignore_errors();
-        let replies = self
-            .bounded(self.retried(|| async {
-                pipe.query_async::<Vec<Value>>(&mut self.conn.handle().await?)
-                    .await
-            }))
-            .await?;
-        match replies.first() {
-            Some(Value::Okay) => Ok(Some(true)),
-            Some(Value::Nil) => Ok(Some(false)),
-            // An unknown option is a syntax error (`ERR`): the script is the way for this
-            // server from now on. Anything else (`LOADING`, `READONLY`, `OOM`, …) passes and
+        match self.query_raw(&set).await? {
+            Ok(Value::Okay) => Ok(Some(true)),
+            Ok(Value::Nil) => Ok(Some(false)),
+            Ok(other) => Err(unexpected(&other)),
+            // An unknown option is a syntax error: the script is the way for this server
+            // from now on. Anything else (`LOADING`, `READONLY`, `OOM`, …) passes and
             // would fail the script alike.
-            Some(Value::ServerError(e)) if e.code() == "ERR" => {
+            Err(e) if refused_as_syntax(&e) => {
                 tracing::info!(error = %e, "redis refuses SET IFEQ; swapping by script");
                 self.no_set_ifeq.store(true, Relaxed);
                 Ok(None)
             }
-            Some(Value::ServerError(e)) => Err(StoreError::Unavailable(e.to_string())),
-            Some(other) => Err(unexpected(other)),
-            None => Err(unexpected(&Value::Nil)),
+            Err(e) => Err(StoreError::Unavailable(e.to_string())),
         }
     }
 
@@ -843,80 +822,6 @@ impl RedisStore {
     }
 }
 
-/// A waiter's share of a channel subscription; the last one out unsubscribes.
-pub struct Subscription {
-    channel: String,
-    channels: Arc<Channels>,
-    conn: Conn,
-}
-
-impl std::fmt::Debug for Subscription {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Subscription")
-            .field("channel", &self.channel)
-            .finish()
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        let last = {
-            let mut channels = lock(&self.channels);
-            match channels.get_mut(self.channel.as_bytes()) {
-                Some(entry) if entry.1 > 1 => {
-                    entry.1 -= 1;
-                    false
-                }
-                Some(_) => {
-                    channels.remove(self.channel.as_bytes());
-                    true
-                }
-                None => false,
-            }
-        };
-        if !last {
-            return;
-        }
-        let (channel, conn) = (self.channel.clone(), self.conn.clone());
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                if let Ok(mut handle) = conn.handle().await {
-                    let _ = handle.unsubscribe(&channel).await;
-                }
-            });
-        }
-    }
-}
-
-/// Wakes the waiters of each channel a completion is published on. A lost connection wakes
-/// everyone, since messages may have been missed while it was down.
-async fn dispatch_notifications(
-    mut pushes: mpsc::UnboundedReceiver<PushInfo>,
-    channels: std::sync::Weak<Channels>,
-) {
-    while let Some(push) = pushes.recv().await {
-        let Some(channels) = channels.upgrade() else {
-            return;
-        };
-        let channels = lock(&channels);
-        match push.kind {
-            PushKind::Message => {
-                if let Some(Value::BulkString(name)) = push.data.first() {
-                    if let Some((sender, _)) = channels.get(name) {
-                        sender.send_replace(());
-                    }
-                }
-            }
-            PushKind::Disconnection => {
-                for (sender, _) in channels.values() {
-                    sender.send_replace(());
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
 fn tls_roots(pem: &[u8]) -> redis::TlsCertificates {
     redis::TlsCertificates {
         client_tls: None,
@@ -981,6 +886,13 @@ impl ToRedisArgs for DoneRecord<'_> {
             arg.put_slice(part);
         }
     }
+}
+
+/// Whether the server refused a command as a syntax error: the answer of a server that
+/// lacks an option. Only that, not any `ERR` (redis-rs reports some of its own reconnect
+/// failures as `ERR` too), turns the option off for good.
+fn refused_as_syntax(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("syntax"))
 }
 
 fn unexpected(value: &Value) -> StoreError {

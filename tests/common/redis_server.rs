@@ -49,23 +49,28 @@ impl RedisServer {
     /// Starts the Valkey 9 server `IDEMGATE_TEST_VALKEY` names (scripts/test unpacks one
     /// into target/valkey-9.1/): it takes `SET … IFEQ`, which Debian's Redis 7.0 does not.
     pub fn start_valkey() -> Self {
-        Self::start_from_env("IDEMGATE_TEST_VALKEY", "valkey_version:9.")
+        Self::start_valkey_with(Vec::new())
+    }
+
+    /// [`RedisServer::start_valkey`] with extra command-line options.
+    pub fn start_valkey_with(extra: Vec<String>) -> Self {
+        Self::start_from_env("IDEMGATE_TEST_VALKEY", "valkey_version:9.", extra)
     }
 
     /// Starts the Redis 6.2 server `IDEMGATE_TEST_REDIS6` names (scripts/test builds one
     /// into target/redis-6.2/): it refuses `SET … NX … GET`, which 7.0 takes.
     pub fn start_redis_6_2() -> Self {
-        Self::start_from_env("IDEMGATE_TEST_REDIS6", "redis_version:6.")
+        Self::start_from_env("IDEMGATE_TEST_REDIS6", "redis_version:6.", Vec::new())
     }
 
     /// Starts the server binary the environment variable `var` names, and checks that it
     /// is the one meant (`INFO server` shows `version`): a test of another server's
     /// behaviour must not pass on the default one.
-    fn start_from_env(var: &str, version: &str) -> Self {
+    fn start_from_env(var: &str, version: &str, extra: Vec<String>) -> Self {
         let binary = std::env::var_os(var).unwrap_or_else(|| {
             panic!("{var} names the server with {version}… that scripts/test provides")
         });
-        let server = Self::start_binary(binary.into(), Vec::new());
+        let server = Self::start_binary(binary.into(), extra);
         let info = server.cli(&["INFO", "server"]);
         assert!(
             info.contains(version),
@@ -172,9 +177,18 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts the nodes and joins them; returns once the cluster reports `ok`.
     pub fn start() -> Self {
+        Self::of(RedisServer::start_with)
+    }
+
+    /// The same of Valkey 9 nodes ([`RedisServer::start_valkey`]).
+    pub fn start_valkey() -> Self {
+        Self::of(RedisServer::start_valkey_with)
+    }
+
+    fn of(start: impl Fn(Vec<String>) -> RedisServer) -> Self {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
-                RedisServer::start_with(vec![
+                start(vec![
                     "--cluster-enabled".into(),
                     "yes".into(),
                     "--cluster-node-timeout".into(),
