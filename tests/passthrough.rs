@@ -21,6 +21,9 @@ routes:
   - name: uploads
     match: { path: /upload }
     idempotency: off
+  - name: echo
+    match: { path: /echo-headers }
+    idempotency: off
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,6 +163,32 @@ async fn expect_100_continue_works_on_both_paths() {
     .await;
     assert!(protected.contains("201 Created"), "{protected}");
     assert_eq!(upstream.executed(), 1);
+}
+
+/// A request's trailers go on without the fields only a header section may carry: a second
+/// `Host` or a length in the trailers, or a forged client address, would be taken as the
+/// request's own by an upstream that merges trailers into its headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_trailers_lose_framing_routing_and_forwarding_fields() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let raw = common::raw_exchange(
+        proxy.addr,
+        b"POST /echo-headers HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+          3\r\nabc\r\n0\r\ncontent-length: 0\r\nhost: evil.example\r\nconnection: close\r\n\
+          x-forwarded-for: 10.9.9.9\r\nauthorization: Bearer forged\r\nx-checksum: 7\r\n\r\n",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    let json: serde_json::Value = serde_json::from_str(&raw[raw.find("\r\n\r\n").unwrap() + 4..])
+        .unwrap_or_else(|e| panic!("{e}: {raw}"));
+    assert_eq!(json["body_len"], 3);
+    assert_eq!(
+        json["trailers"],
+        serde_json::json!({ "x-checksum": ["7"] }),
+        "{raw}"
+    );
+    assert_eq!(json["headers"]["host"], serde_json::json!(["x"]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

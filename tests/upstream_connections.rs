@@ -388,3 +388,36 @@ async fn an_ambiguously_framed_answer_is_a_502_and_releases_the_key() {
     assert_eq!(seen.requests.len(), 2);
     assert_eq!(seen.connections, 2);
 }
+
+/// An answer with both `Content-Length` and `Transfer-Encoding`, or with a transfer coding
+/// the proxy does not decode, is a 502 (as nginx answers), never forwarded: kept with its
+/// stale length it reached the client truncated or not at all, and a protected key stored
+/// it, so every retry replayed the loss. The key is released and the retry executes.
+#[tokio::test]
+async fn an_answer_framed_both_ways_or_otherwise_coded_is_a_502_and_releases_the_key() {
+    let (upstream, seen) = scripted_upstream(|n| match n {
+        0 | 4 => (
+            vec![b"HTTP/1.1 201 Created\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"],
+            false,
+        ),
+        2 => (
+            vec![b"HTTP/1.1 201 Created\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"],
+            false,
+        ),
+        _ => (vec![OK], false),
+    })
+    .await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    for key in ["both-framings", "gzip-coded"] {
+        let key = [("idempotency-key", key)];
+        let first = post(proxy.addr, "/orders/1", &key, "{}").await;
+        assert_eq!(first.status, 502, "{:?}", first.body);
+        let retry = post(proxy.addr, "/orders/1", &key, "{}").await;
+        assert_eq!(retry.status, 201, "{:?}", retry.body);
+        assert!(!retry.replayed());
+        assert_eq!(&retry.body[..], b"{\"ok\":true}");
+    }
+    let passed = post(proxy.addr, "/plain/1", &[], "{}").await;
+    assert_eq!(passed.status, 502, "{:?}", passed.body);
+    assert_eq!(seen.lock().unwrap().requests.len(), 5);
+}

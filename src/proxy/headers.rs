@@ -224,6 +224,35 @@ pub fn write_forwarded_fields(
     }
 }
 
+/// Whether a trailer field may go on: not a hop-by-hop one (RFC 9110 §7.6.1), nor one only
+/// a header section may carry (§6.5.1: framing, routing, authentication, request
+/// modifiers, what the content is), nor one this proxy sets (`X-Forwarded-*`,
+/// `Forwarded`). A recipient that merges trailers into the header section would otherwise
+/// take them as the message's own: a second `Host`, a length, a client address.
+pub fn is_forwardable_trailer(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    !is_hop_by_hop(name)
+        && !matches!(
+            name,
+            "host"
+                | "content-length"
+                | "content-type"
+                | "content-encoding"
+                | "content-range"
+                | "authorization"
+                | "cookie"
+                | "set-cookie"
+                | "expect"
+                | "max-forwards"
+                | "range"
+                | "cache-control"
+                | "forwarded"
+                | "x-forwarded-for"
+                | "x-forwarded-proto"
+                | "x-forwarded-host"
+        )
+}
+
 /// Appends one `name: value` field line.
 pub fn write_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.extend_from_slice(name.as_bytes());

@@ -58,7 +58,7 @@ impl Upstream {
 /// Starts the test upstream. Behaviour per path:
 /// - non-GET `/orders…`: counts, sleeps `x-test-delay-ms`, answers `x-test-status` (201 by
 ///   default) with JSON `{"n", "body", "auth"}` and two `Set-Cookie` headers;
-/// - `/echo-headers`: answers the received headers as JSON;
+/// - `/echo-headers`: answers the received headers and trailers as JSON;
 /// - `/upload`: hashes the streamed body without buffering it, answers `"<len> <sha256>"`;
 /// - GET `/download?bytes=N`: streams N deterministic bytes;
 /// - `Upgrade: echo` anywhere: switches protocols and echoes bytes.
@@ -155,8 +155,17 @@ async fn upstream_handle(
                 .or_default()
                 .push(value.to_str().unwrap_or("?").to_owned());
         }
-        let body = req.into_body().collect().await.unwrap().to_bytes();
-        let answer = serde_json::json!({ "headers": seen, "body_len": body.len() });
+        let collected = req.into_body().collect().await.unwrap();
+        let mut trailers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (name, value) in collected.trailers().into_iter().flatten() {
+            trailers
+                .entry(name.to_string())
+                .or_default()
+                .push(value.to_str().unwrap_or("?").to_owned());
+        }
+        let body = collected.to_bytes();
+        let answer =
+            serde_json::json!({ "headers": seen, "trailers": trailers, "body_len": body.len() });
         return Ok(Response::new(full(answer.to_string())));
     }
     if path.starts_with("/orders") && method != Method::GET {

@@ -26,8 +26,8 @@ use tokio_rustls::client::TlsStream;
 
 use crate::proxy::body::{BodyError, ProxyBody};
 use crate::proxy::headers::{
-    connection_names_no_header, is_hop_by_hop, parse_length, write_field, write_forwarded_fields,
-    Forwarding,
+    connection_names_no_header, is_forwardable_trailer, is_hop_by_hop, parse_length, write_field,
+    write_forwarded_fields, Forwarding,
 };
 use crate::read_buf::poll_read_more;
 
@@ -336,7 +336,9 @@ impl Connection {
         if chunked {
             out.extend_from_slice(b"0\r\n");
             for (name, value) in trailers.iter().flatten() {
-                write_field(&mut out, name.as_str(), value.as_bytes());
+                if is_forwardable_trailer(name) {
+                    write_field(&mut out, name.as_str(), value.as_bytes());
+                }
             }
             out.extend_from_slice(b"\r\n");
         }
@@ -606,7 +608,6 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
     let mut headers = HeaderMap::with_capacity(response.headers.len());
     let mut length: Option<u64> = None;
     let mut chunked = false;
-    let mut transfer_encoded = false;
     let mut close = false;
     let mut keep_alive_token = false;
     // Values are slices of one copy of the head instead of a copy each.
@@ -629,13 +630,19 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
                 length = Some(n);
             }
         } else if name == TRANSFER_ENCODING {
-            transfer_encoded = true;
-            // Chunked must be the last coding applied; only then does it delimit the body.
-            chunked = value
-                .to_str()
-                .ok()
-                .and_then(|v| v.rsplit(',').next())
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+            // Another coding (gzip under the chunks, say) would reach the client decoded
+            // of its chunks but still coded, with nothing saying so: refused, as nginx does.
+            if chunked
+                || !value
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"chunked")
+            {
+                return Err(invalid(
+                    "the upstream used a transfer coding other than chunked",
+                ));
+            }
+            chunked = true;
         } else if name == CONNECTION {
             for token in value.to_str().unwrap_or("").split(',').map(str::trim) {
                 close |= token.eq_ignore_ascii_case("close");
@@ -654,6 +661,13 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
             headers.append(name, value);
         }
     }
+    // Both framings may be an attempt to desynchronise (RFC 9112 §6.3 says to treat it as
+    // an error): a 502, like two different lengths, never a guess.
+    if chunked && length.is_some() {
+        return Err(invalid(
+            "the upstream sent both Content-Length and Transfer-Encoding",
+        ));
+    }
     read.advance(len);
     let framing = if status == StatusCode::SWITCHING_PROTOCOLS {
         Framing::Upgrade
@@ -663,12 +677,8 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
         || status == StatusCode::NOT_MODIFIED
     {
         Framing::Empty
-    } else if transfer_encoded {
-        if chunked {
-            Framing::Chunked
-        } else {
-            Framing::Close
-        }
+    } else if chunked {
+        Framing::Chunked
     } else {
         match length {
             Some(0) => Framing::Empty,
@@ -676,11 +686,8 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
             None => Framing::Close,
         }
     };
-    // A message with both framings may be an attempt to desynchronise: never reuse.
-    let keep_alive = !close
-        && (version == Version::HTTP_11 || keep_alive_token)
-        && !(transfer_encoded && length.is_some())
-        && framing != Framing::Close;
+    let keep_alive =
+        !close && (version == Version::HTTP_11 || keep_alive_token) && framing != Framing::Close;
     let mut parts = http::Response::new(()).into_parts().0;
     parts.status = status;
     parts.version = version;
@@ -874,7 +881,9 @@ fn parse_trailers(section: &[u8]) -> io::Result<HeaderMap> {
                 let name = HeaderName::from_bytes(field.name.as_bytes());
                 let value = HeaderValue::from_bytes(field.value);
                 if let (Ok(name), Ok(value)) = (name, value) {
-                    trailers.append(name, value);
+                    if is_forwardable_trailer(&name) {
+                        trailers.append(name, value);
+                    }
                 }
             }
             Ok(trailers)
@@ -950,11 +959,6 @@ mod tests {
             "HTTP/1.0 201 Created\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\n"
         ));
         assert!(!keep("HTTP/1.1 200 OK\r\n\r\n"));
-        // Both framings: the body is chunked (RFC 9112 §6.3), but the connection is done.
-        let both = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n";
-        let parsed = head(both, Method::GET).unwrap().unwrap();
-        assert_eq!(parsed.framing, Framing::Chunked);
-        assert!(!parsed.keep_alive);
     }
 
     #[test]
@@ -967,6 +971,29 @@ mod tests {
         assert!(refused("HTTP/1.1 200 OK\r\ncontent-length: 3x\r\n\r\n"));
         assert!(refused("HTTP/1.1 2000 OK\r\n\r\n"));
         assert!(refused("NOTHTTP\r\n\r\n"));
+        // Both framings (RFC 9112 §6.3: "ought to be handled as an error"); forwarding it
+        // with the length kept truncated or lost the answer.
+        assert!(refused(
+            "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n"
+        ));
+        assert!(refused(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n"
+        ));
+        // Codings this proxy does not decode would reach the client unmarked.
+        for coding in ["gzip, chunked", "gzip", "chunked, chunked", "identity"] {
+            assert!(
+                refused(&format!(
+                    "HTTP/1.1 200 OK\r\ntransfer-encoding: {coding}\r\n\r\n"
+                )),
+                "{coding}"
+            );
+        }
+        assert!(refused(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n"
+        ));
+        assert!(refused(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n"
+        ));
         // Repeated equal lengths are one length.
         let same = "HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\ncontent-length: 3\r\n\r\n";
         assert_eq!(
@@ -1011,6 +1038,19 @@ mod tests {
             left, 4,
             "bytes past the body stay unread (and the connection unused)"
         );
+    }
+
+    #[test]
+    fn answer_trailers_lose_the_fields_only_a_header_section_may_carry() {
+        let wire = b"2\r\nhi\r\n0\r\nx-sum: 42\r\ncontent-length: 0\r\nhost: evil\r\n\
+                     connection: close\r\nset-cookie: a=1\r\ngrpc-status: 0\r\n\r\n";
+        let (body, trailers, decoder, _) = decode(Framing::Chunked, wire);
+        assert_eq!(body, b"hi");
+        assert!(decoder.is_done());
+        let trailers = trailers.unwrap();
+        let mut names: Vec<_> = trailers.keys().map(|n| n.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["grpc-status", "x-sum"]);
     }
 
     #[test]
