@@ -59,6 +59,10 @@ pub enum ProxyError {
     /// The request's timestamp is outside the route's freshness window, or unreadable.
     #[error("{0}")]
     Stale(String),
+    /// The request needs something a reverse proxy in front of one application does not
+    /// do: a `CONNECT` tunnel, or a transfer coding other than `chunked`.
+    #[error("{0}")]
+    NotImplemented(&'static str),
 }
 
 impl ProxyError {
@@ -76,7 +80,14 @@ impl ProxyError {
             Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         }
+    }
+
+    /// Whether the proxy or what is behind it failed (worth a warning), rather than the
+    /// client asking for something it should not.
+    pub fn is_fault(&self) -> bool {
+        self.status().is_server_error() && !matches!(self, Self::NotImplemented(_))
     }
 
     /// Stable label for logs, metrics and the problem `type`.
@@ -97,6 +108,7 @@ impl ProxyError {
             Self::UpstreamUnreachable(_) => "upstream-unreachable",
             Self::UpstreamTimeout => "upstream-timeout",
             Self::BadRequest(_) => "bad-request",
+            Self::NotImplemented(_) => "not-implemented",
         }
     }
 
@@ -109,7 +121,8 @@ impl ProxyError {
             | Self::BodyTimeout(_)
             | Self::BadRequest(_)
             | Self::RateLimited { .. }
-            | Self::Stale(_) => Outcome::Rejected,
+            | Self::Stale(_)
+            | Self::NotImplemented(_) => Outcome::Rejected,
             Self::Mismatch => Outcome::Mismatch,
             Self::InFlight { .. } => Outcome::Conflict,
             Self::Store(_) => Outcome::StoreError,
@@ -131,6 +144,7 @@ impl ProxyError {
             Self::Store(_) => "Idempotency store unavailable",
             Self::UpstreamUnreachable(_) => "Bad gateway",
             Self::UpstreamTimeout => "Gateway timeout",
+            Self::NotImplemented(_) => "Not implemented",
         }
     }
 

@@ -1,7 +1,9 @@
-//! The proxy pipeline. [`handler`] matches the route and picks a path: [`passthrough`]
-//! streams unprotected requests untouched; [`protected`] runs the phases buffer → derive
-//! key → claim → forward, wait or replay → complete or release.
+//! The proxy pipeline. [`handler`] refuses what [`admission`] does not admit, matches the
+//! route and picks a path: [`passthrough`] streams unprotected requests untouched;
+//! [`protected`] runs the phases buffer → derive key → claim → forward, wait or replay →
+//! complete or release.
 
+pub mod admission;
 pub mod body;
 pub mod detach;
 pub mod fresh;

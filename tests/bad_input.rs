@@ -274,3 +274,69 @@ async fn a_stalled_request_head_is_cut_off_after_30_seconds() {
     assert_eq!(upstream.executed_for("first"), 1);
     still_serving(proxy.addr, "after-stall").await;
 }
+
+/// RFC 9112 §3.2: an HTTP/1.1 request with two `Host` fields, or none, is a 400. Routing by
+/// one `Host` while the upstream reads the other would let a request past a route scoped
+/// to a host. Both the fast path (a plain request) and hyper (a chunked one) refuse it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_host_fields_or_none_are_400_and_nothing_executes() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        r#"
+routes:
+  - name: pay
+    match: { methods: [POST], path: /orders, host: pay.example }
+    key: { header: Idempotency-Key, required: true }
+"#,
+    )
+    .await;
+    let plain = "content-length: 2\r\nconnection: close\r\n\r\n{}";
+    let chunked = "transfer-encoding: chunked\r\nconnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+    for (hosts, framing) in [
+        ("host: other.example\r\nhost: pay.example\r\n", plain),
+        ("host: other.example\r\nhost: pay.example\r\n", chunked),
+        ("host: pay.example\r\nhost: other.example\r\n", plain),
+        ("", plain),
+        ("", chunked),
+    ] {
+        let request = format!("POST /orders HTTP/1.1\r\n{hosts}{framing}");
+        let answer = common::raw_exchange(proxy.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{request:?}: {answer}");
+        assert!(
+            answer.contains("urn:idemgate:problem:bad-request"),
+            "{answer}"
+        );
+    }
+    assert_eq!(upstream.executed(), 0);
+    // One Host on the scoped route: the key rule applies (here: the key is missing).
+    let one = format!("POST /orders HTTP/1.1\r\nhost: pay.example\r\n{plain}");
+    let answer = common::raw_exchange(proxy.addr, one.as_bytes()).await;
+    assert!(
+        answer.contains("urn:idemgate:problem:key-invalid"),
+        "{answer}"
+    );
+}
+
+/// A transfer coding this proxy does not decode (RFC 9112 §6.1) is a 501: forwarding the
+/// body de-chunked but still gzip-coded, as if it were plain, would hand the upstream (and
+/// a fingerprint) different content from what the client sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_coding_other_than_chunked_is_501_and_nothing_executes() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    for coding in ["gzip, chunked", "deflate,chunked", "chunked, chunked"] {
+        let request = format!(
+            "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: coded\r\n\
+             transfer-encoding: {coding}\r\nconnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        );
+        let answer = common::raw_exchange(proxy.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 501"), "{coding}: {answer}");
+        assert!(
+            answer.contains("urn:idemgate:problem:not-implemented"),
+            "{answer}"
+        );
+    }
+    assert_eq!(upstream.executed(), 0);
+    still_serving(proxy.addr, "after-501").await;
+}

@@ -421,3 +421,31 @@ async fn an_answer_framed_both_ways_or_otherwise_coded_is_a_502_and_releases_the
     assert_eq!(passed.status, 502, "{:?}", passed.body);
     assert_eq!(seen.lock().unwrap().requests.len(), 5);
 }
+
+/// `CONNECT` is a 501 and never reaches the upstream. Forwarded (as `CONNECT /`), a 2xx
+/// made the upstream connection a tunnel that went back to the pool, and the next client's
+/// request was written into the tunnel.
+#[tokio::test]
+async fn connect_is_501_and_never_reaches_the_upstream() {
+    let (upstream, seen) = scripted_upstream(|_| (vec![OK], false)).await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    let answer = common::raw_exchange(
+        proxy.addr,
+        b"CONNECT 10.0.0.1:443 HTTP/1.1\r\nhost: 10.0.0.1:443\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 501"), "{answer}");
+    assert!(
+        answer.contains("urn:idemgate:problem:not-implemented"),
+        "{answer}"
+    );
+    let next = post(proxy.addr, "/plain/after", &[], "{}").await;
+    assert_eq!(next.status, 201);
+    let seen = seen.lock().unwrap();
+    let lines: Vec<_> = seen
+        .requests
+        .iter()
+        .map(|(line, _)| line.as_str())
+        .collect();
+    assert_eq!(lines, ["POST /plain/after HTTP/1.1"]);
+}

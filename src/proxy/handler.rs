@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use http::{header, Request, Response};
+use http::{Request, Response};
 
+use super::admission;
 use super::body::ProxyBody;
 use super::passthrough;
 use super::protected::{self, Owners, Report};
@@ -125,16 +126,17 @@ impl Proxy {
         let access = tracing::enabled!(target: "access", tracing::Level::INFO)
             .then(|| (Instant::now(), request.uri().path().to_owned()));
         let live = self.live.load_full();
-        let (route, protection) = {
-            let host = request
-                .headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .or_else(|| request.uri().host());
-            live.config
-                .protection_for(host, request.method(), request.uri().path())
+        // A refused request is answered below like any other error, counted unrouted.
+        let (route, protection, refused) = match admission::admit(&request) {
+            Ok(host) => {
+                let (route, protection) =
+                    live.config
+                        .protection_for(host, request.method(), request.uri().path());
+                (route, protection, None)
+            }
+            Err(error) => ("", &Protection::Off, Some(error)),
         };
-        if let Some(issuer) = &live.config.tokens {
+        if let (Some(issuer), None) = (&live.config.tokens, &refused) {
             if request.method() == http::Method::POST && request.uri().path() == issuer.path {
                 let response = match super::tokens::issue(&self.store, issuer, &request, conn).await
                 {
@@ -148,8 +150,9 @@ impl Proxy {
         let route_metrics = self.metrics.route(route);
         let method = request.method().clone();
         let mut report = Report::default();
-        let result = match protection {
-            Protection::Off => {
+        let result = match (refused, protection) {
+            (Some(error), _) => Err(error),
+            (None, Protection::Off) => {
                 report.outcome = Some(Outcome::Passthrough);
                 let started = Instant::now();
                 let result = passthrough::forward(
@@ -162,7 +165,7 @@ impl Proxy {
                 route_metrics.upstream_latency(started.elapsed());
                 result
             }
-            Protection::On(rule) => {
+            (None, Protection::On(rule)) => {
                 let cx = protected::Context {
                     store: &self.store,
                     client: &live.client,
@@ -182,7 +185,7 @@ impl Proxy {
                 if report.outcome.is_none() {
                     report.outcome = Some(error.outcome());
                 }
-                if error.status().is_server_error() {
+                if error.is_fault() {
                     tracing::warn!(route, problem = kind, %error, "proxy error");
                 }
                 (error.into_response(), Some(kind))

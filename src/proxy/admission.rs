@@ -1,0 +1,135 @@
+//! Requests refused before routing: what HTTP/1.1 requires a server to refuse (RFC 9112
+//! §3.2: no `Host` field, or more than one) and what this proxy does not forward (a
+//! `CONNECT` tunnel; a transfer coding other than `chunked`, RFC 9112 §6.1). Each of them
+//! would otherwise be routed or framed one way here and another way upstream: the route
+//! chosen by one `Host` while the upstream reads the other, or a gzip-coded body forwarded
+//! as if it were plain.
+
+use http::header::{HOST, TRANSFER_ENCODING};
+use http::{Method, Request, Version};
+
+use crate::error::ProxyError;
+
+/// The host the request is routed by (its `Host` field, else its target's authority), or
+/// why it is refused.
+pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
+    if request.method() == Method::CONNECT {
+        return Err(ProxyError::NotImplemented(
+            "CONNECT is not forwarded: this is a reverse proxy, not a tunnel",
+        ));
+    }
+    let mut hosts = request.headers().get_all(HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err(ProxyError::BadRequest(
+            "the request has more than one Host field".into(),
+        ));
+    }
+    if host.is_none() && request.version() == Version::HTTP_11 {
+        return Err(ProxyError::BadRequest(
+            "an HTTP/1.1 request must have a Host field".into(),
+        ));
+    }
+    if request.headers().contains_key(TRANSFER_ENCODING) && !only_chunked(request) {
+        return Err(ProxyError::NotImplemented(
+            "the only transfer coding forwarded is chunked",
+        ));
+    }
+    Ok(host
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().host()))
+}
+
+/// Whether the request's transfer codings, over all its `Transfer-Encoding` fields, are
+/// `chunked` alone (the body the proxy decoded is then the body that was sent).
+fn only_chunked<B>(request: &Request<B>) -> bool {
+    let mut codings = request
+        .headers()
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|coding| !coding.is_empty());
+    codings
+        .next()
+        .is_some_and(|first| first.eq_ignore_ascii_case(b"chunked"))
+        && codings.next().is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, version: Version, fields: &[(&str, &str)]) -> Request<()> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri("/orders")
+            .version(version);
+        for (name, value) in fields {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap()
+    }
+
+    fn refusal(request: &Request<()>) -> u16 {
+        admit(request).unwrap_err().status().as_u16()
+    }
+
+    #[test]
+    fn one_host_routes_the_request() {
+        let r = request("POST", Version::HTTP_11, &[("host", "pay.example")]);
+        assert_eq!(admit(&r).unwrap(), Some("pay.example"));
+    }
+
+    #[test]
+    fn two_host_fields_are_a_400() {
+        let r = request(
+            "POST",
+            Version::HTTP_11,
+            &[("host", "other.example"), ("host", "pay.example")],
+        );
+        assert_eq!(refusal(&r), 400);
+        let r = request("POST", Version::HTTP_10, &[("host", "a"), ("host", "b")]);
+        assert_eq!(refusal(&r), 400);
+    }
+
+    #[test]
+    fn http_1_1_without_host_is_a_400_and_http_1_0_and_2_are_not() {
+        assert_eq!(refusal(&request("GET", Version::HTTP_11, &[])), 400);
+        assert_eq!(admit(&request("GET", Version::HTTP_10, &[])).unwrap(), None);
+        assert_eq!(admit(&request("GET", Version::HTTP_2, &[])).unwrap(), None);
+    }
+
+    #[test]
+    fn connect_is_a_501() {
+        let r = request("CONNECT", Version::HTTP_11, &[("host", "10.0.0.1:443")]);
+        assert_eq!(refusal(&r), 501);
+    }
+
+    #[test]
+    fn only_chunked_is_forwarded_as_a_transfer_coding() {
+        let host = ("host", "h");
+        for ok in ["chunked", "Chunked", " chunked "] {
+            let r = request("POST", Version::HTTP_11, &[host, ("transfer-encoding", ok)]);
+            assert!(admit(&r).is_ok(), "{ok}");
+        }
+        for coding in ["gzip, chunked", "chunked, chunked", "identity", "gzip", ""] {
+            let r = request(
+                "POST",
+                Version::HTTP_11,
+                &[host, ("transfer-encoding", coding)],
+            );
+            assert_eq!(refusal(&r), 501, "{coding:?}");
+        }
+        let r = request(
+            "POST",
+            Version::HTTP_11,
+            &[
+                host,
+                ("transfer-encoding", "gzip"),
+                ("transfer-encoding", "chunked"),
+            ],
+        );
+        assert_eq!(refusal(&r), 501);
+    }
+}
