@@ -108,12 +108,9 @@ async fn accept_loop<F, S>(
     S::Future: Send + 'static,
 {
     let mut template = auto::Builder::new(TokioExecutor::new());
-    // A client that opens a connection and trickles its request head (slowloris) is cut off
-    // after 30 s, as nginx's client_header_timeout does. Each connection gets its own copy
-    // with its own header timer (see `header_timer`); HTTP/2 uses tokio's.
-    template
-        .http1()
-        .header_read_timeout(Duration::from_secs(30));
+    // Each connection gets its own copy with its own header timer (see `header_timer`);
+    // HTTP/2 uses tokio's.
+    template.http1().header_read_timeout(HEADER_READ_TIMEOUT);
     template.http2().timer(TokioTimer::new());
     let template = Arc::new(template);
     let make_service = Arc::new(make_service);
@@ -154,11 +151,20 @@ async fn accept_loop<F, S>(
                         // hyper would be told to stop before it read the request: close.
                         return;
                     }
-                    let builder = connection_builder(&template);
-                    let http1::Handoff { read, stream, conn } = handoff;
+                    let http1::Handoff {
+                        read,
+                        stream,
+                        conn,
+                        served,
+                    } = handoff;
                     let service = make_service(conn);
                     let io = http1::Prefixed::new(read, stream);
-                    serve_one(&builder, io, service, stop, peer).await;
+                    if served {
+                        serve_http1(io, service, stop, peer).await;
+                    } else {
+                        let builder = connection_builder(&template);
+                        serve_one(&builder, io, service, stop, peer).await;
+                    }
                 }
                 (None, None) => {
                     let builder = connection_builder(&template);
@@ -199,6 +205,10 @@ async fn accept_loop<F, S>(
     }
 }
 
+/// A client that opens a connection and trickles its request head (slowloris) is cut off
+/// after this, as by nginx's client_header_timeout.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The server builder for one connection: the template with the connection's own header
 /// timer (see `header_timer`).
 fn connection_builder(template: &auto::Builder<TokioExecutor>) -> auto::Builder<TokioExecutor> {
@@ -226,13 +236,49 @@ async fn serve_one<I, S>(
     S::Future: Send + 'static,
 {
     let conn = builder.serve_connection_with_upgrades(io, service);
+    until_stopped(conn, |conn| conn.graceful_shutdown(), stop, peer).await;
+}
+
+/// Serves the rest of a connection the fast path has answered requests on, as HTTP/1.1
+/// only: an HTTP/2 preface opens a connection (RFC 9113 §3.3) and is refused after a
+/// request. (hyper-util's `http1_only` does nothing for a connection served with upgrades.)
+async fn serve_http1<I, S>(io: I, service: S, stop: StopSignal, peer: SocketAddr)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<ProxyBody>,
+            Error = Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(ConnTimer::default())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let conn = builder.serve_connection(io, service).with_upgrades();
+    until_stopped(conn, |conn| conn.graceful_shutdown(), stop, peer).await;
+}
+
+/// Drives `conn` until it ends, or until `stop` fires: then `shutdown` lets the request in
+/// progress finish and takes no new one.
+async fn until_stopped<C, E>(
+    conn: C,
+    shutdown: impl FnOnce(std::pin::Pin<&mut C>),
+    stop: StopSignal,
+    peer: SocketAddr,
+) where
+    C: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
     tokio::pin!(conn);
     // Biased: the connection first, and no random pick per poll.
     let result = tokio::select! {
         biased;
         result = conn.as_mut() => result,
         () = stop.stopped() => {
-            conn.as_mut().graceful_shutdown();
+            shutdown(conn.as_mut());
             conn.await
         }
     };

@@ -255,3 +255,38 @@ async fn an_idle_kept_alive_connection_is_closed_quietly() {
         "nothing is sent on an idle close: {rest:?}"
     );
 }
+
+/// An HTTP/2 preface opens a connection (RFC 9113 §3.3) and never follows a request:
+/// after the fast path has answered one, hyper takes the connection as HTTP/1.1 only, so
+/// the preface closes it (hyper answers nothing to it) instead of switching the connection
+/// to HTTP/2, whose SETTINGS frame would follow the first answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_preface_after_a_request_does_not_switch_protocols() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let preface_and_settings: &[u8] =
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    let raw = exchange_bytes(
+        proxy.addr,
+        &[
+            b"GET /first HTTP/1.1\r\nhost: x\r\n\r\n",
+            preface_and_settings,
+        ],
+    )
+    .await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let head_end = text.find("\r\n\r\n").unwrap() + 4;
+    let length: usize = text[..head_end]
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .expect("a length")
+        .trim()
+        .parse()
+        .unwrap();
+    let after = &raw[head_end + length..];
+    assert!(
+        after.is_empty() || after.starts_with(b"HTTP/1.1 4") || after.starts_with(b"HTTP/1.1 5"),
+        "after the first answer: {after:?}"
+    );
+}

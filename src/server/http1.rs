@@ -68,6 +68,9 @@ pub struct Handoff {
     pub stream: TcpStream,
     /// What the proxy knows about it (formatted once, kept for hyper's requests).
     pub conn: Connection,
+    /// Whether the fast path answered a request on it: the connection is HTTP/1.1 then, and
+    /// an HTTP/2 preface only opens a connection (RFC 9113 §3.3), never follows a request.
+    pub served: bool,
 }
 
 /// Serves `stream` until it closes (`None`) or needs hyper (the [`Handoff`]).
@@ -82,6 +85,7 @@ pub async fn serve(
     let mut stopped = pin!(stop.stopped());
     let idle_timeout = proxy.idle_timeout();
     let mut idle = pin!(tokio::time::sleep(idle_timeout));
+    let mut served = false;
     loop {
         let mut awaiting_body = false;
         let request = loop {
@@ -104,13 +108,27 @@ pub async fn serve(
                 Parsed::NeedBody => {}
                 // A head split over reads (large, slow or malicious) is hyper's, with its
                 // header timeout and limits; so is the HTTP/2 preface.
-                Parsed::Partial | Parsed::Hyper => return Some(Handoff { read, stream, conn }),
+                Parsed::Partial | Parsed::Hyper => {
+                    return Some(Handoff {
+                        read,
+                        stream,
+                        conn,
+                        served,
+                    })
+                }
             }
             match fill(&mut stream, &mut read, idle.as_mut(), stopped.as_mut()).await {
                 Filled::Read => {}
                 // A body slower than the grace goes to hyper, whose body timeout (408 on a
                 // protected route) then applies.
-                Filled::Elapsed if awaiting_body => return Some(Handoff { read, stream, conn }),
+                Filled::Elapsed if awaiting_body => {
+                    return Some(Handoff {
+                        read,
+                        stream,
+                        conn,
+                        served,
+                    })
+                }
                 Filled::Elapsed | Filled::Closed => return None,
             }
         };
@@ -132,6 +150,7 @@ pub async fn serve(
             let _ = stream.shutdown().await;
             return None;
         }
+        served = true;
     }
 }
 
