@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -160,7 +161,8 @@ async fn accept_loop<F, S>(
                     let service = make_service(conn);
                     let io = http1::Prefixed::new(read, stream);
                     if served {
-                        serve_http1(io, service, stop, peer).await;
+                        // Boxed: rare, and inline it would grow every connection's task.
+                        Box::pin(serve_http1(io, service, stop, peer)).await;
                     } else {
                         let builder = connection_builder(&template);
                         serve_one(&builder, io, service, stop, peer).await;
@@ -236,6 +238,7 @@ async fn serve_one<I, S>(
     S::Future: Send + 'static,
 {
     let conn = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(conn);
     until_stopped(conn, |conn| conn.graceful_shutdown(), stop, peer).await;
 }
 
@@ -258,21 +261,22 @@ where
         .timer(ConnTimer::default())
         .header_read_timeout(HEADER_READ_TIMEOUT);
     let conn = builder.serve_connection(io, service).with_upgrades();
+    tokio::pin!(conn);
     until_stopped(conn, |conn| conn.graceful_shutdown(), stop, peer).await;
 }
 
 /// Drives `conn` until it ends, or until `stop` fires: then `shutdown` lets the request in
-/// progress finish and takes no new one.
+/// progress finish and takes no new one. (`conn` is pinned by the caller: moved in, it
+/// would take room in both futures' state.)
 async fn until_stopped<C, E>(
-    conn: C,
-    shutdown: impl FnOnce(std::pin::Pin<&mut C>),
+    mut conn: Pin<&mut C>,
+    shutdown: impl FnOnce(Pin<&mut C>),
     stop: StopSignal,
     peer: SocketAddr,
 ) where
     C: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
-    tokio::pin!(conn);
     // Biased: the connection first, and no random pick per poll.
     let result = tokio::select! {
         biased;

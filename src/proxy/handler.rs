@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use http::{Request, Response};
+use http::{Method, Request, Response};
 
 use super::admission;
 use super::body::ProxyBody;
@@ -15,7 +15,8 @@ use super::passthrough;
 use super::protected::{self, Owners, Report};
 use super::upstream::UpstreamClient;
 use crate::config::{Config, Protection};
-use crate::metrics::{Metrics, Outcome};
+use crate::error::ProxyError;
+use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::store::Store;
 
 /// The part of the proxy a reload replaces: routes, policies and the upstream pool.
@@ -126,17 +127,19 @@ impl Proxy {
         let access = tracing::enabled!(target: "access", tracing::Level::INFO)
             .then(|| (Instant::now(), request.uri().path().to_owned()));
         let live = self.live.load_full();
-        // A refused request is answered below like any other error, counted unrouted.
-        let (route, protection, refused) = match admission::admit(&request) {
-            Ok(host) => {
-                let (route, protection) =
-                    live.config
-                        .protection_for(host, request.method(), request.uri().path());
-                (route, protection, None)
+        let (route, protection) = match admission::admit(&request) {
+            Ok(host) => live
+                .config
+                .protection_for(host, request.method(), request.uri().path()),
+            // Answered, counted (unrouted) and logged like any other error, before any
+            // await: an error kept across them would grow every request's future.
+            Err(error) => {
+                let method = request.method().clone();
+                let metrics = self.metrics.route("");
+                return finish("", &metrics, method, Report::default(), access, Err(error));
             }
-            Err(error) => ("", &Protection::Off, Some(error)),
         };
-        if let (Some(issuer), None) = (&live.config.tokens, &refused) {
+        if let Some(issuer) = &live.config.tokens {
             if request.method() == http::Method::POST && request.uri().path() == issuer.path {
                 let response = match super::tokens::issue(&self.store, issuer, &request, conn).await
                 {
@@ -150,9 +153,8 @@ impl Proxy {
         let route_metrics = self.metrics.route(route);
         let method = request.method().clone();
         let mut report = Report::default();
-        let result = match (refused, protection) {
-            (Some(error), _) => Err(error),
-            (None, Protection::Off) => {
+        let result = match protection {
+            Protection::Off => {
                 report.outcome = Some(Outcome::Passthrough);
                 let started = Instant::now();
                 let result = passthrough::forward(
@@ -165,7 +167,7 @@ impl Proxy {
                 route_metrics.upstream_latency(started.elapsed());
                 result
             }
-            (None, Protection::On(rule)) => {
+            Protection::On(rule) => {
                 let cx = protected::Context {
                     store: &self.store,
                     client: &live.client,
@@ -178,36 +180,49 @@ impl Proxy {
                 protected::handle(cx, rule, request, &mut report).await
             }
         };
-        let (response, problem) = match result {
-            Ok(response) => (response, None),
-            Err(error) => {
-                let kind = error.as_str();
-                if report.outcome.is_none() {
-                    report.outcome = Some(error.outcome());
-                }
-                if error.is_fault() {
-                    tracing::warn!(route, problem = kind, %error, "proxy error");
-                }
-                (error.into_response(), Some(kind))
-            }
-        };
-        let outcome = report.outcome.unwrap_or(Outcome::Passthrough);
-        route_metrics.count(outcome);
-        if let Some((started, path)) = access {
-            let key = report.key.map(|k| k.short());
-            tracing::info!(
-                target: "access",
-                %method,
-                path,
-                route = %if route.is_empty() { "-" } else { route },
-                outcome = %outcome.as_str(),
-                key = %key.as_deref().unwrap_or("-"),
-                status = response.status().as_u16(),
-                problem = %problem.unwrap_or("-"),
-                micros = started.elapsed().as_micros() as u64,
-                "request"
-            );
-        }
-        response
+        finish(route, &route_metrics, method, report, access, result)
     }
+}
+
+/// A request's answer: an error turned into its problem+json, the outcome counted, the
+/// access line written (`access`: when it started and its path, if that log is on).
+fn finish(
+    route: &str,
+    route_metrics: &RouteMetrics,
+    method: Method,
+    mut report: Report,
+    access: Option<(Instant, String)>,
+    result: Result<Response<ProxyBody>, ProxyError>,
+) -> Response<ProxyBody> {
+    let (response, problem) = match result {
+        Ok(response) => (response, None),
+        Err(error) => {
+            let kind = error.as_str();
+            if report.outcome.is_none() {
+                report.outcome = Some(error.outcome());
+            }
+            if error.is_fault() {
+                tracing::warn!(route, problem = kind, %error, "proxy error");
+            }
+            (error.into_response(), Some(kind))
+        }
+    };
+    let outcome = report.outcome.unwrap_or(Outcome::Passthrough);
+    route_metrics.count(outcome);
+    if let Some((started, path)) = access {
+        let key = report.key.map(|k| k.short());
+        tracing::info!(
+            target: "access",
+            %method,
+            path,
+            route = %if route.is_empty() { "-" } else { route },
+            outcome = %outcome.as_str(),
+            key = %key.as_deref().unwrap_or("-"),
+            status = response.status().as_u16(),
+            problem = %problem.unwrap_or("-"),
+            micros = started.elapsed().as_micros() as u64,
+            "request"
+        );
+    }
+    response
 }
