@@ -155,8 +155,11 @@ impl HostPattern {
     }
 
     /// Whether the request's host (a `Host` header value or URI authority, port allowed) matches.
+    /// A fully qualified name's trailing dot (`pay.example.`) names the same host, so it
+    /// cannot step around a route scoped to it.
     pub fn matches(&self, host: &str) -> bool {
         let host = strip_port(host);
+        let host = host.strip_suffix('.').unwrap_or(host);
         match &self.suffix {
             Some(suffix) => {
                 host.len() > suffix.len()
@@ -262,5 +265,15 @@ mod tests {
         assert!(!w.matches("example.com"));
         assert!(HostPattern::parse("[::1]").is_err());
         assert_eq!(strip_port("[::1]:80"), "[::1]");
+    }
+
+    #[test]
+    fn a_trailing_dot_names_the_same_host() {
+        let h = HostPattern::parse("pay.example").unwrap();
+        assert!(h.matches("pay.example."));
+        assert!(h.matches("PAY.example.:443"));
+        assert!(!h.matches("pay.example.."));
+        let w = HostPattern::parse("*.example.com").unwrap();
+        assert!(w.matches("a.example.com."));
     }
 }

@@ -109,7 +109,7 @@ async fn accept_loop<F, S>(
     S::Future: Send + 'static,
 {
     let mut template = auto::Builder::new(TokioExecutor::new());
-    // Each connection gets its own copy with its own header timer (see `header_timer`);
+    // (serve_http1 repeats these HTTP/1 settings.) Each connection gets its own copy with its own header timer (see `header_timer`);
     // HTTP/2 uses tokio's.
     template.http1().header_read_timeout(HEADER_READ_TIMEOUT);
     template.http2().timer(TokioTimer::new());
@@ -256,6 +256,8 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
+    // The template's HTTP/1 settings, and connection_builder's timer: a setting added
+    // there belongs here too.
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(ConnTimer::default())

@@ -275,11 +275,12 @@ async fn a_stalled_request_head_is_cut_off_after_30_seconds() {
     still_serving(proxy.addr, "after-stall").await;
 }
 
-/// RFC 9112 §3.2: an HTTP/1.1 request with two `Host` fields, or none, is a 400. Routing by
-/// one `Host` while the upstream reads the other would let a request past a route scoped
-/// to a host. Both the fast path (a plain request) and hyper (a chunked one) refuse it.
+/// RFC 9112 §3.2: an HTTP/1.1 request with two `Host` fields, none, or one that is not a
+/// host, is a 400. Routing by one `Host` while the upstream reads the other would let a
+/// request past a route scoped to a host. Both the fast path (a plain request) and hyper
+/// (a chunked one) refuse it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_host_fields_or_none_are_400_and_nothing_executes() {
+async fn two_host_fields_none_or_a_malformed_one_are_400_and_nothing_executes() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(
         upstream.addr,
@@ -299,6 +300,9 @@ routes:
         ("host: pay.example\r\nhost: other.example\r\n", plain),
         ("", plain),
         ("", chunked),
+        // One field, but not a host: routes would read it differently from the upstream.
+        ("host: pay.example, other.example\r\n", plain),
+        ("host: user@pay.example\r\n", chunked),
     ] {
         let request = format!("POST /orders HTTP/1.1\r\n{hosts}{framing}");
         let answer = common::raw_exchange(proxy.addr, request.as_bytes()).await;
@@ -309,13 +313,16 @@ routes:
         );
     }
     assert_eq!(upstream.executed(), 0);
-    // One Host on the scoped route: the key rule applies (here: the key is missing).
-    let one = format!("POST /orders HTTP/1.1\r\nhost: pay.example\r\n{plain}");
-    let answer = common::raw_exchange(proxy.addr, one.as_bytes()).await;
-    assert!(
-        answer.contains("urn:idemgate:problem:key-invalid"),
-        "{answer}"
-    );
+    // One Host on the scoped route, with or without a fully qualified name's trailing dot:
+    // the key rule applies (here: the key is missing).
+    for host in ["pay.example", "pay.example.", "PAY.example.:80"] {
+        let one = format!("POST /orders HTTP/1.1\r\nhost: {host}\r\n{plain}");
+        let answer = common::raw_exchange(proxy.addr, one.as_bytes()).await;
+        assert!(
+            answer.contains("urn:idemgate:problem:key-invalid"),
+            "{host}: {answer}"
+        );
+    }
 }
 
 /// A transfer coding this proxy does not decode (RFC 9112 §6.1) is a 501: forwarding the

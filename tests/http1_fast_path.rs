@@ -277,14 +277,7 @@ async fn an_http2_preface_after_a_request_does_not_switch_protocols() {
     let text = String::from_utf8_lossy(&raw);
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     let head_end = text.find("\r\n\r\n").unwrap() + 4;
-    let length: usize = text[..head_end]
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length: "))
-        .expect("a length")
-        .trim()
-        .parse()
-        .unwrap();
-    let after = &raw[head_end + length..];
+    let after = &raw[head_end + common::content_length_of(&text[..head_end])..];
     assert!(
         after.is_empty() || after.starts_with(b"HTTP/1.1 4") || after.starts_with(b"HTTP/1.1 5"),
         "after the first answer: {after:?}"

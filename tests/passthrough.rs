@@ -211,19 +211,35 @@ async fn chunked_request_bodies_reach_protected_routes_whole() {
 async fn protocol_upgrades_are_spliced_through() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, ROUTES).await;
-    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    stream
-        .write_all(b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n")
-        .await
-        .unwrap();
-    let head = read_head(&mut stream).await.expect("an answer head");
-    assert!(head.starts_with("http/1.1 101"), "{head}");
-    assert!(head.contains("upgrade: echo"), "{head}");
-    for message in [&b"ping"[..], b"second frame", &[0u8, 159, 146, 150]] {
-        stream.write_all(message).await.unwrap();
-        let mut back = vec![0u8; message.len()];
-        stream.read_exact(&mut back).await.unwrap();
-        assert_eq!(back, message);
+    // On a new connection (hyper's from the start), and after a request the fast path
+    // answered (then hyper's HTTP/1-only server takes the connection over).
+    for after_a_request in [false, true] {
+        let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        if after_a_request {
+            stream
+                .write_all(b"GET /echo-headers HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let head = read_head(&mut stream).await.expect("an answer head");
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+            let mut body = vec![0u8; common::content_length_of(&head)];
+            stream.read_exact(&mut body).await.unwrap();
+        }
+        stream
+            .write_all(
+                b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let head = read_head(&mut stream).await.expect("an answer head");
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        assert!(head.contains("upgrade: echo"), "{head}");
+        for message in [&b"ping"[..], b"second frame", &[0u8, 159, 146, 150]] {
+            stream.write_all(message).await.unwrap();
+            let mut back = vec![0u8; message.len()];
+            stream.read_exact(&mut back).await.unwrap();
+            assert_eq!(back, message);
+        }
     }
 }
 
@@ -273,6 +289,17 @@ async fn http2_clients_are_served_and_protected() {
         .as_str()
         .unwrap()
         .starts_with("api.example"));
+    // No `Host` field, only `:authority`: admitted (the rule is HTTP/1.1's), and the
+    // upstream gets the authority as its `Host`.
+    let bare = Request::get(format!("http://{}/echo-headers", proxy.addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert!(!bare.headers().contains_key("host"));
+    let response = client.request(bare).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(seen["headers"]["host"][0], proxy.addr.to_string());
 }
 
 /// An upstream that answers `413` as soon as it has a request's head, reading none of its

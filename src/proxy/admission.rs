@@ -1,14 +1,16 @@
 //! Requests refused before routing: what HTTP/1.1 requires a server to refuse (RFC 9112
-//! §3.2: no `Host` field, or more than one) and what this proxy does not forward (a
-//! `CONNECT` tunnel; a transfer coding other than `chunked`, RFC 9112 §6.1). Each of them
-//! would otherwise be routed or framed one way here and another way upstream: the route
-//! chosen by one `Host` while the upstream reads the other, or a gzip-coded body forwarded
-//! as if it were plain.
+//! §3.2: no `Host` field, more than one, or one that is not a host) and what this proxy
+//! does not forward (a `CONNECT` tunnel; a transfer coding besides `chunked`, RFC 9112
+//! §6.1: hyper itself answers 400 to codings that do not end in `chunked`, so the ones
+//! seen here are like `gzip, chunked`). Each of them would otherwise be routed or framed
+//! one way here and another way upstream: the route chosen by one `Host` while the
+//! upstream reads the other, or a gzip-coded body forwarded as if it were plain.
 
 use http::header::{HOST, TRANSFER_ENCODING};
 use http::{Method, Request, Version};
 
 use crate::error::ProxyError;
+use crate::proxy::headers::is_chunked_alone;
 
 /// The host the request is routed by (its `Host` field, else its target's authority), or
 /// why it is refused.
@@ -30,30 +32,61 @@ pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
             "an HTTP/1.1 request must have a Host field".into(),
         ));
     }
-    if request.headers().contains_key(TRANSFER_ENCODING) && !only_chunked(request) {
+    let host = match host {
+        Some(value) => Some(host_value(value.as_bytes()).ok_or_else(|| {
+            ProxyError::BadRequest("the request's Host field is not a host".into())
+        })?),
+        None => request.uri().host(),
+    };
+    let headers = request.headers();
+    if headers.contains_key(TRANSFER_ENCODING)
+        && !is_chunked_alone(
+            headers
+                .get_all(TRANSFER_ENCODING)
+                .iter()
+                .map(|v| v.as_bytes()),
+        )
+    {
         return Err(ProxyError::NotImplemented(
             "the only transfer coding forwarded is chunked",
         ));
     }
-    Ok(host
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| request.uri().host()))
+    Ok(host)
 }
 
-/// Whether the request's transfer codings, over all its `Transfer-Encoding` fields, are
-/// `chunked` alone (the body the proxy decoded is then the body that was sent).
-fn only_chunked<B>(request: &Request<B>) -> bool {
-    let mut codings = request
-        .headers()
-        .get_all(TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .filter(|coding| !coding.is_empty());
-    codings
-        .next()
-        .is_some_and(|first| first.eq_ignore_ascii_case(b"chunked"))
-        && codings.next().is_none()
+/// A `Host` value as RFC 9110 §7.2 has it (`uri-host [ ":" port ]`, or empty), checked
+/// byte by byte: anything else (a space, a list, userinfo, a path, non-ASCII) is a 400 by
+/// RFC 9112 §3.2, since routes would match it differently from how the upstream reads it.
+fn host_value(value: &[u8]) -> Option<&str> {
+    let allowed = |b: u8| {
+        b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b':'
+                    | b'['
+                    | b']'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            )
+    };
+    if value.iter().all(|&b| allowed(b)) {
+        std::str::from_utf8(value).ok()
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
@@ -91,6 +124,31 @@ mod tests {
         assert_eq!(refusal(&r), 400);
         let r = request("POST", Version::HTTP_10, &[("host", "a"), ("host", "b")]);
         assert_eq!(refusal(&r), 400);
+    }
+
+    #[test]
+    fn a_host_field_that_is_not_a_host_is_a_400() {
+        for bad in [
+            &b"pay.example, x"[..],
+            b"user@pay.example",
+            b"pay.example/orders",
+            b"pay.example\xe9",
+            b"pay example",
+        ] {
+            let mut r = request("POST", Version::HTTP_11, &[]);
+            r.headers_mut()
+                .insert(HOST, http::HeaderValue::from_bytes(bad).unwrap());
+            assert_eq!(refusal(&r), 400, "{:?}", String::from_utf8_lossy(bad));
+        }
+        for good in [
+            "pay.example:8443",
+            "[::1]:80",
+            "10.0.0.1",
+            "xn--bcher-kva.example",
+        ] {
+            let r = request("POST", Version::HTTP_11, &[("host", good)]);
+            assert_eq!(admit(&r).unwrap(), Some(good));
+        }
     }
 
     #[test]

@@ -226,9 +226,10 @@ pub fn write_forwarded_fields(
 
 /// Whether a trailer field may go on: not a hop-by-hop one (RFC 9110 §7.6.1), nor one only
 /// a header section may carry (§6.5.1: framing, routing, authentication, request
-/// modifiers, what the content is), nor one this proxy sets (`X-Forwarded-*`,
-/// `Forwarded`). A recipient that merges trailers into the header section would otherwise
-/// take them as the message's own: a second `Host`, a length, a client address.
+/// modifiers, what the content is), nor one that says where a request came from
+/// (`X-Forwarded-*`, which this proxy sets, and `Forwarded`). A recipient that merges
+/// trailers into the header section would otherwise take them as the message's own: a
+/// second `Host`, a length, a client address.
 pub fn is_forwardable_trailer(name: &HeaderName) -> bool {
     let name = name.as_str();
     !is_hop_by_hop(name)
@@ -251,6 +252,21 @@ pub fn is_forwardable_trailer(name: &HeaderName) -> bool {
                 | "x-forwarded-proto"
                 | "x-forwarded-host"
         )
+}
+
+/// Whether `Transfer-Encoding` field values (all of a message's, in order) name `chunked`
+/// alone: the one coding this proxy decodes, so the body it passes on is the body that
+/// was sent. Empty list items are skipped, as RFC 9110 §5.6.1 allows.
+pub fn is_chunked_alone<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> bool {
+    let mut codings = values
+        .into_iter()
+        .flat_map(|value| value.split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|coding| !coding.is_empty());
+    codings
+        .next()
+        .is_some_and(|first| first.eq_ignore_ascii_case(b"chunked"))
+        && codings.next().is_none()
 }
 
 /// Appends one `name: value` field line.

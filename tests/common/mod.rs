@@ -213,6 +213,15 @@ pub fn pattern_bytes(n: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The `Content-Length` in an answer head read as text (the field name in any case).
+pub fn content_length_of(head: &str) -> usize {
+    head.lines()
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+        .map(|(_, value)| value.trim().parse().expect("a numeric Content-Length"))
+        .unwrap_or_else(|| panic!("no Content-Length in {head:?}"))
+}
+
 /// An in-process idemgate.
 pub struct ProxyHandle {
     pub addr: SocketAddr,

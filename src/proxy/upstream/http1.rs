@@ -26,8 +26,8 @@ use tokio_rustls::client::TlsStream;
 
 use crate::proxy::body::{BodyError, ProxyBody};
 use crate::proxy::headers::{
-    connection_names_no_header, is_forwardable_trailer, is_hop_by_hop, parse_length, write_field,
-    write_forwarded_fields, Forwarding,
+    connection_names_no_header, is_chunked_alone, is_forwardable_trailer, is_hop_by_hop,
+    parse_length, write_field, write_forwarded_fields, Forwarding,
 };
 use crate::read_buf::poll_read_more;
 
@@ -607,7 +607,7 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
     };
     let mut headers = HeaderMap::with_capacity(response.headers.len());
     let mut length: Option<u64> = None;
-    let mut chunked = false;
+    let mut transfer_encoded = false;
     let mut close = false;
     let mut keep_alive_token = false;
     // Values are slices of one copy of the head instead of a copy each.
@@ -630,19 +630,7 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
                 length = Some(n);
             }
         } else if name == TRANSFER_ENCODING {
-            // Another coding (gzip under the chunks, say) would reach the client decoded
-            // of its chunks but still coded, with nothing saying so: refused, as nginx does.
-            if chunked
-                || !value
-                    .as_bytes()
-                    .trim_ascii()
-                    .eq_ignore_ascii_case(b"chunked")
-            {
-                return Err(invalid(
-                    "the upstream used a transfer coding other than chunked",
-                ));
-            }
-            chunked = true;
+            transfer_encoded = true;
         } else if name == CONNECTION {
             for token in value.to_str().unwrap_or("").split(',').map(str::trim) {
                 close |= token.eq_ignore_ascii_case("close");
@@ -661,21 +649,34 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
             headers.append(name, value);
         }
     }
-    // Both framings may be an attempt to desynchronise (RFC 9112 §6.3 says to treat it as
-    // an error): a 502, like two different lengths, never a guess.
-    if chunked && length.is_some() {
+    let chunked = transfer_encoded
+        && is_chunked_alone(
+            response
+                .headers
+                .iter()
+                .filter(|field| field.name.eq_ignore_ascii_case("transfer-encoding"))
+                .map(|field| field.value),
+        );
+    // Both framings (RFC 9112 §6.3 says to treat it as an error: it may be an attempt to
+    // desynchronise), or a coding besides chunked (gzip under the chunks would reach the
+    // client unmarked).
+    let odd = transfer_encoded && (!chunked || length.is_some());
+    let bodiless = *method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    if odd && !bodiless {
+        // A 502, like two different lengths, never a guess (nginx answers these so too).
         return Err(invalid(
-            "the upstream sent both Content-Length and Transfer-Encoding",
+            "the upstream's answer is framed both ways or coded besides chunked",
         ));
     }
     read.advance(len);
+    // A bodiless answer ends at its head whatever its fields say (§6.3 rule 1), but an
+    // oddly framed one does not leave its connection for reuse.
     let framing = if status == StatusCode::SWITCHING_PROTOCOLS {
         Framing::Upgrade
-    } else if *method == Method::HEAD
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
+    } else if bodiless {
         Framing::Empty
     } else if chunked {
         Framing::Chunked
@@ -686,8 +687,10 @@ fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Option<Head>> 
             None => Framing::Close,
         }
     };
-    let keep_alive =
-        !close && (version == Version::HTTP_11 || keep_alive_token) && framing != Framing::Close;
+    let keep_alive = !close
+        && !odd
+        && (version == Version::HTTP_11 || keep_alive_token)
+        && framing != Framing::Close;
     let mut parts = http::Response::new(()).into_parts().0;
     parts.status = status;
     parts.version = version;
@@ -959,6 +962,24 @@ mod tests {
             "HTTP/1.0 201 Created\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\n"
         ));
         assert!(!keep("HTTP/1.1 200 OK\r\n\r\n"));
+        // Bodiless answers end at their head whatever their framing fields say (RFC 9112
+        // §6.3 rule 1), so they are not refused; oddly framed ones do not keep the
+        // connection.
+        let bodiless = |raw: &str, method: Method| {
+            let head = head(raw, method).unwrap().unwrap();
+            assert_eq!(head.framing, Framing::Empty, "{raw}");
+            head.keep_alive
+        };
+        let both = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n";
+        assert!(!bodiless(both, Method::HEAD));
+        assert!(!bodiless(
+            "HTTP/1.1 304 Not Modified\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            Method::GET
+        ));
+        assert!(bodiless(
+            "HTTP/1.1 304 Not Modified\r\ntransfer-encoding: chunked\r\n\r\n",
+            Method::GET
+        ));
     }
 
     #[test]
