@@ -58,10 +58,25 @@ pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
 /// byte by byte: anything else (a space, a list, userinfo, a path, non-ASCII) is a 400 by
 /// RFC 9112 §3.2, since routes would match it differently from how the upstream reads it.
 fn host_value(value: &[u8]) -> Option<&str> {
-    let allowed = |b: u8| {
-        b.is_ascii_alphanumeric()
+    if value.iter().all(|&b| HOST_BYTES[usize::from(b)]) {
+        // ASCII only, so UTF-8.
+        std::str::from_utf8(value).ok()
+    } else {
+        None
+    }
+}
+
+/// The bytes a `Host` value may hold (reg-name's unreserved, sub-delims and `%`; IP
+/// literals' brackets; the port's colon), looked up rather than compared in turn: this
+/// runs on every request.
+static HOST_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
             || matches!(
-                b,
+                c,
                 b'-' | b'.'
                     | b'_'
                     | b'~'
@@ -80,14 +95,11 @@ fn host_value(value: &[u8]) -> Option<&str> {
                     | b','
                     | b';'
                     | b'='
-            )
-    };
-    if value.iter().all(|&b| allowed(b)) {
-        std::str::from_utf8(value).ok()
-    } else {
-        None
+            );
+        b += 1;
     }
-}
+    table
+};
 
 #[cfg(test)]
 mod tests {
