@@ -91,6 +91,29 @@ pub async fn serve_admin(
     .await;
 }
 
+/// What a connection's requests are served by: the proxy's handler, for hyper.
+trait ConnService:
+    hyper::service::Service<
+        Request<Incoming>,
+        Response = Response<ProxyBody>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Send
+    + 'static
+{
+}
+
+impl<S> ConnService for S where
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<ProxyBody>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Send
+        + 'static
+{
+}
+
 async fn accept_loop<F, S>(
     listener: TcpListener,
     make_service: F,
@@ -100,13 +123,7 @@ async fn accept_loop<F, S>(
     drain: Duration,
 ) where
     F: Fn(Connection) -> S + Send + Sync + 'static,
-    S: hyper::service::Service<
-            Request<Incoming>,
-            Response = Response<ProxyBody>,
-            Error = Infallible,
-        > + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: ConnService,
 {
     let mut template = auto::Builder::new(TokioExecutor::new());
     // (serve_http1 repeats these HTTP/1 settings.) Each connection gets its own copy with its own header timer (see `header_timer`);
@@ -229,13 +246,7 @@ async fn serve_one<I, S>(
     peer: SocketAddr,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: hyper::service::Service<
-            Request<Incoming>,
-            Response = Response<ProxyBody>,
-            Error = Infallible,
-        > + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: ConnService,
 {
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
@@ -248,13 +259,7 @@ async fn serve_one<I, S>(
 async fn serve_http1<I, S>(io: I, service: S, stop: StopSignal, peer: SocketAddr)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: hyper::service::Service<
-            Request<Incoming>,
-            Response = Response<ProxyBody>,
-            Error = Infallible,
-        > + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: ConnService,
 {
     // The template's HTTP/1 settings, and connection_builder's timer: a setting added
     // there belongs here too.
