@@ -126,8 +126,8 @@ async fn accept_loop<F, S>(
     S: ConnService,
 {
     let mut template = auto::Builder::new(TokioExecutor::new());
-    // (serve_http1 repeats these HTTP/1 settings.) Each connection gets its own copy with its own header timer (see `header_timer`);
-    // HTTP/2 uses tokio's.
+    // Each connection gets its own copy with its own header timer (see `header_timer`);
+    // HTTP/2 uses tokio's. serve_http1 repeats these HTTP/1 settings.
     template.http1().header_read_timeout(HEADER_READ_TIMEOUT);
     template.http2().timer(TokioTimer::new());
     let template = Arc::new(template);

@@ -38,15 +38,9 @@ pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
         })?),
         None => request.uri().host(),
     };
-    let headers = request.headers();
-    if headers.contains_key(TRANSFER_ENCODING)
-        && !is_chunked_alone(
-            headers
-                .get_all(TRANSFER_ENCODING)
-                .iter()
-                .map(|v| v.as_bytes()),
-        )
-    {
+    // One look-up, whether the request has the field or not.
+    let codings = request.headers().get_all(TRANSFER_ENCODING);
+    if codings.iter().next().is_some() && !is_chunked_alone(codings.iter().map(|v| v.as_bytes())) {
         return Err(ProxyError::NotImplemented(
             "the only transfer coding forwarded is chunked",
         ));
