@@ -1,5 +1,7 @@
 //! Cost of fingerprinting a JSON body: canonicalization plus SHA-256, on realistic order bodies of
-//! about 1 KiB and 16 KiB, with a serde_json `Value` round trip as a reference point.
+//! about 1 KiB and 16 KiB, with a serde_json `Value` round trip as a reference point; and
+//! the per-request steps before it: path normalisation, the `Host` check, the client address
+//! behind trusted proxies, and what scoping a key by the caller adds to its derivation.
 
 use std::hint::black_box;
 
@@ -116,5 +118,112 @@ fn bench_canonical(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_canonical);
+/// The steps every protected request takes before its body is looked at.
+fn bench_identity(c: &mut Criterion) {
+    use http::{HeaderMap, HeaderValue, Method, Request};
+    use idemgate::key::identity::{Identity, TrustedProxies};
+    use idemgate::key::{derive_key, FingerprintRule, KeyRule, KeySource, RequestView, ScopePart};
+    use idemgate::route::normalize::normalize_path;
+
+    let mut group = c.benchmark_group("normalize_path");
+    for (name, path) in [
+        ("normal", "/api/v1/orders/42/items"),
+        ("dot_segments", "/api//v1/./orders/x/../42/items"),
+        ("escapes", "/api/v1/%6Frders/caf%c3%a9"),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| normalize_path(black_box(path)).map(|p| p.len()))
+        });
+    }
+    group.finish();
+
+    let request = Request::post("/api/v1/orders")
+        .header("host", "shop.example.com:8443")
+        .body(())
+        .expect("a request");
+    c.bench_function("admit_host", |b| {
+        b.iter(|| idemgate::proxy::admission::admit(black_box(&request)).map(|h| h.map(str::len)))
+    });
+
+    let mut group = c.benchmark_group("client_address");
+    let trusted: TrustedProxies = ["10.0.0.0/8", "192.168.0.0/16"]
+        .iter()
+        .map(|c| c.parse().expect("a block"))
+        .collect();
+    let mut xff = HeaderMap::new();
+    xff.insert(
+        "x-forwarded-for",
+        HeaderValue::from_static("198.51.100.7, 203.0.113.9, 10.1.2.3"),
+    );
+    let untrusted_peer = "203.0.113.1".parse().expect("an address");
+    let trusted_peer = "10.0.0.2".parse().expect("an address");
+    group.bench_function("no_trusted_proxies", |b| {
+        b.iter(|| TrustedProxies::default().client_address(black_box(untrusted_peer), &xff))
+    });
+    group.bench_function("untrusted_peer", |b| {
+        b.iter(|| trusted.client_address(black_box(untrusted_peer), &xff))
+    });
+    group.bench_function("trusted_peer_xff", |b| {
+        b.iter(|| trusted.client_address(black_box(trusted_peer), &xff))
+    });
+    group.finish();
+
+    // A small body, so the difference between the rows is the scope.
+    let identity = Identity::default();
+    let rule = |scope: Vec<ScopePart>| KeyRule {
+        source: KeySource::Fingerprint(Box::new(FingerprintRule::standard())),
+        required: true,
+        scope,
+        payload: Box::new(FingerprintRule::standard()),
+    };
+    let unscoped = rule(Vec::new());
+    let caller = rule(vec![ScopePart::Caller]);
+    let mut by_auth = HeaderMap::new();
+    by_auth.insert(
+        "authorization",
+        HeaderValue::from_static("Bearer eyJhbGciOiJIUzI1NiJ9.e30.sig"),
+    );
+    let mut by_session = HeaderMap::new();
+    by_session.insert(
+        "cookie",
+        HeaderValue::from_static(
+            "_ga=GA1.2.3; theme=dark; sessionid=8f14e45fceea167a5a36dedd4bea2543",
+        ),
+    );
+    let mut by_cookies = HeaderMap::new();
+    by_cookies.insert(
+        "cookie",
+        HeaderValue::from_static("_ga=GA1.2.3; theme=dark; app=8f14e45f"),
+    );
+    let anonymous = HeaderMap::new();
+    let body = br#"{"sku":"A1","qty":1}"#;
+    let view = |headers| RequestView {
+        route: "orders",
+        method: &Method::POST,
+        path: "/api/v1/orders",
+        query: None,
+        headers,
+        peer: Some(untrusted_peer),
+        identity: &identity,
+        client_cert: None,
+        body,
+    };
+    let mut group = c.benchmark_group("derive_key");
+    group.bench_function("no_scope", |b| {
+        b.iter(|| derive_key(&unscoped, black_box(&view(&anonymous)), None).map(|k| k.is_some()))
+    });
+    for (name, headers) in [
+        ("caller_authorization", &by_auth),
+        ("caller_session_cookie", &by_session),
+        ("caller_cookie_header", &by_cookies),
+        ("caller_address", &anonymous),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| derive_key(&caller, black_box(&view(headers)), None).map(|k| k.is_some()))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_canonical, bench_identity);
 criterion_main!(benches);

@@ -20,8 +20,10 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::header::{CONTENT_TYPE, LOCATION};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::key::Digest;
-use idemgate::store::memory::RawClaim;
-use idemgate::store::{Claim, ClaimMode, MemoryLimits, MemoryStore, Store, StoredResponse};
+use idemgate::store::{
+    Claim, ClaimArgs, MemoryLimits, MemoryStore, Ownership, RawClaim, Settled, Settlement, Store,
+    StoredResponse,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(24 * 3600);
@@ -59,9 +61,27 @@ fn response(body: &[u8]) -> StoredResponse {
 
 /// Claims `k` (which must be free) and completes it.
 fn store_one(store: &MemoryStore, k: Digest, response: StoredResponse) {
-    match store.claim(k, FINGERPRINT, LEASE, ClaimMode::Any) {
-        Ok(RawClaim::Owner { token, .. }) => assert!(store.complete(k, token, response, TTL)),
+    let args = ClaimArgs::new(k, FINGERPRINT, LEASE);
+    match store.claim(&args) {
+        Ok(RawClaim::Owner { token, .. }) => {
+            let owned = Ownership {
+                key: k,
+                token,
+                fingerprint: FINGERPRINT,
+                lapse: args.lapse,
+            };
+            let done = Settlement::Done { response, ttl: TTL };
+            assert_eq!(store.settle(&owned, done), Settled::Written);
+        }
         other => panic!("expected owner, got {other:?}"),
+    }
+}
+
+/// Claims done key `k` and returns what it replays.
+fn replay(store: &MemoryStore, k: Digest) -> StoredResponse {
+    match store.claim(&ClaimArgs::new(k, FINGERPRINT, LEASE)) {
+        Ok(RawClaim::Other(Claim::Done(stored))) => stored,
+        other => panic!("expected done, got {other:?}"),
     }
 }
 
@@ -84,6 +104,7 @@ fn filled_store() -> MemoryStore {
     let store = MemoryStore::new(MemoryLimits {
         max_entries: 2 * MILLION as usize,
         max_bytes: 8 << 30,
+        ..MemoryLimits::default()
     });
     for n in 0..MILLION {
         store_one(&store, key(n), response(&n.to_le_bytes().repeat(2)));
@@ -113,11 +134,7 @@ fn memory_store(c: &mut Criterion) {
         let mut n = 0u64;
         b.iter(|| {
             n += 1;
-            let k = key(mix(n) % MILLION);
-            match store.claim(black_box(k), FINGERPRINT, LEASE, ClaimMode::Any) {
-                Ok(RawClaim::Done(stored)) => stored,
-                other => panic!("expected done, got {other:?}"),
-            }
+            replay(store, black_box(key(mix(n) % MILLION)))
         });
     });
     drop(million);
@@ -143,15 +160,7 @@ fn memory_store(c: &mut Criterion) {
         let mut n = 0u64;
         b.iter(|| {
             n += 1;
-            match store.claim(
-                black_box(key(mix(n) % KEYS)),
-                FINGERPRINT,
-                LEASE,
-                ClaimMode::Any,
-            ) {
-                Ok(RawClaim::Done(stored)) => stored,
-                other => panic!("expected done, got {other:?}"),
-            }
+            replay(&store, black_box(key(mix(n) % KEYS)))
         });
     });
     group.finish();

@@ -158,6 +158,7 @@ fn stores(c: &mut Criterion) {
     let memory = Store::Memory(Arc::new(MemoryStore::new(MemoryLimits {
         max_entries: 10_000_000,
         max_bytes: 16 << 30,
+        ..MemoryLimits::default()
     })));
     let stored = response();
 

@@ -1,7 +1,9 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz`, and key
 //! inspection (`GET /keys/{digest}`, `DELETE /keys/{digest}` so support can let a customer
 //! retry). With a token configured, everything but the probes needs
-//! `Authorization: Bearer <token>`.
+//! `Authorization: Bearer <token>`. A stored answer's headers and body
+//! (`GET /keys/{digest}?body=true`) are shown only with a token configured and given: they
+//! hold other people's session cookies and personal data.
 
 use std::time::UNIX_EPOCH;
 
@@ -68,6 +70,12 @@ pub async fn handle<B>(
         .uri()
         .query()
         .is_some_and(|q| q.split('&').any(|p| p == "body=true" || p == "body=1"));
+    if with_body && token.is_none() {
+        return text(
+            StatusCode::FORBIDDEN,
+            "stored bodies are shown only behind an admin token: set admin.token or admin.token_file\n",
+        );
+    }
     match *method {
         Method::GET => match proxy.store().inspect(digest).await {
             Ok(Some(info)) => {
@@ -80,7 +88,25 @@ pub async fn handle<B>(
                     "created": secs(info.created),
                     "expires": secs(info.expires),
                 });
-                if let Some(stored) = &info.response {
+                if let Some(status) = info.status {
+                    doc["status"] = status.as_u16().into();
+                }
+                if let Some(waiters) = info.waiters {
+                    doc["waiters"] = waiters.into();
+                }
+                if let Some(seen) = info.seen {
+                    doc["seen"] =
+                        serde_json::json!({ "times": seen.times, "last": secs(seen.last) });
+                }
+                let sealing = proxy.config().encrypt.clone();
+                let opened = info
+                    .response
+                    .clone()
+                    .map(|stored| stored.open(sealing.as_deref(), digest));
+                if let Some(Err(e)) = &opened {
+                    doc["error"] = e.to_string().into();
+                }
+                if let Some(Ok(stored)) = &opened {
                     doc["status"] = stored.status().as_u16().into();
                     doc["body_bytes"] = stored.body().len().into();
                     if with_body {

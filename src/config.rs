@@ -3,6 +3,7 @@
 //! key rules). Every error names the file, line, column and key.
 
 mod raw;
+mod secrets;
 pub mod units;
 
 use std::net::SocketAddr;
@@ -13,14 +14,14 @@ use std::time::Duration;
 use http::uri::{Authority, Scheme};
 use http::Method;
 
-use crate::canonical::IgnoreSet;
-use crate::key::derive::DEFAULT_IGNORE;
+use crate::key::identity::Identity;
 use crate::key::{default_scope, FingerprintRule, KeyRule, KeySource};
+use crate::store::seal::KeyRing;
 
 use crate::route::RouteMatch;
 use crate::store::redis::RedisSettings;
-use crate::store::MemoryLimits;
-pub use raw::{InFlightMode, OnStoreError, StatusPattern};
+use crate::store::{MemoryLimits, SqlSettings};
+pub use raw::{InFlightMode, OnStoreError, OnUnknownOutcome, StatusPattern};
 use raw::{RawConfig, RawDefaults, RawKeyOrOff, RawRoute};
 
 /// A config that cannot be used.
@@ -75,6 +76,13 @@ pub struct Config {
     pub passthrough_timeout: Duration,
     /// Routes, first match wins.
     pub routes: Vec<Route>,
+    /// How callers are told apart (`trusted_proxies`, `session_cookies`).
+    pub identity: Arc<Identity>,
+    /// The keys stored answers are sealed with (`store.encrypt`), if any. Read at load, so
+    /// a reload picks up a rotation.
+    pub encrypt: Option<Arc<KeyRing>>,
+    /// Connection caps, timeouts and lingering close (`connections:`).
+    pub connections: Connections,
 }
 
 /// `POST {path}` issues one-time tokens bound to the caller's scope.
@@ -92,6 +100,8 @@ pub struct TokenIssuer {
     pub scope: Vec<crate::key::ScopePart>,
     /// The header token routes read it from, for the issue answer.
     pub header: http::HeaderName,
+    /// How callers are told apart, for the token's scope.
+    pub identity: Arc<Identity>,
 }
 
 /// A freshness window: requests whose timestamp is older than `max_age` or more than
@@ -120,7 +130,8 @@ pub enum FreshSource {
 pub struct Admin {
     /// Address; keep it on loopback or a private interface.
     pub listen: SocketAddr,
-    /// Bearer token required for everything but `/healthz` and `/readyz`.
+    /// Bearer token required for everything but `/healthz` and `/readyz` (`token`, or
+    /// the contents of `token_file`); stored bodies are shown only with one.
     pub token: Option<String>,
 }
 
@@ -142,6 +153,10 @@ pub enum StoreConfig {
     Memory(MemoryLimits),
     /// Redis, shared by several replicas.
     Redis(RedisSettings),
+    /// A PostgreSQL table, shared by replicas and durable.
+    Postgres(SqlSettings),
+    /// A MySQL or MariaDB table, shared by replicas and durable.
+    Mysql(SqlSettings),
 }
 
 /// A named route.
@@ -175,12 +190,18 @@ pub struct Protected {
     pub fresh: Option<Freshness>,
     /// Timing and limits.
     pub policy: Policy,
+    /// How callers are told apart (shared by all routes).
+    pub identity: Arc<Identity>,
+    /// The keys stored answers are sealed with, if `store.encrypt` is set.
+    pub sealing: Option<Arc<KeyRing>>,
 }
 
 /// Timing and limits of a protected route.
 #[derive(Debug, Clone)]
 pub struct Policy {
-    /// How long a completed response is replayed.
+    /// How long a completed response is replayed: the route's `ttl`, else
+    /// `defaults.fingerprint_ttl` for a key idemgate derives itself (fingerprint) and
+    /// `defaults.ttl` for one the client or the business supplies.
     pub ttl: Duration,
     /// How long a claim outlives a vanished owner.
     pub lease: Duration,
@@ -196,14 +217,51 @@ pub struct Policy {
     pub max_body: usize,
     /// What a store failure means.
     pub on_store_error: OnStoreError,
+    /// What a key whose request may have run, with no known outcome, becomes.
+    pub on_unknown_outcome: OnUnknownOutcome,
+    /// How long an owner keeps waiting for the upstream after its client got a 504, to
+    /// store the answer for retries (at least `upstream_timeout`).
+    pub background_timeout: Duration,
+    /// Largest answer buffered and stored; a larger one streams to its client and the key
+    /// records "executed, answer not stored".
+    pub max_answer: usize,
+    /// `idempotency: observe`: every request is forwarded unchanged, and what enforcing
+    /// would have done (replay, hold, refuse) is only counted and logged.
+    pub observe: bool,
 }
 
 impl Policy {
-    /// Whether a response with `status` is stored for replay.
+    /// Whether a response with `status` is stored for replay. The transient statuses
+    /// ([`TRANSIENT_STATUSES`]) are released like a 5xx unless listed exactly: a class
+    /// such as `4xx` does not cover them.
     pub fn replays(&self, status: u16) -> bool {
+        if TRANSIENT_STATUSES.contains(&status) {
+            return self.replay_statuses.contains(&StatusPattern::Exact(status));
+        }
         self.replay_statuses.iter().any(|p| p.covers(status))
     }
+
+    /// What this route's claim means once its owner stopped renewing it: held as an
+    /// unknown outcome for the route's window, or taken over once the dead owner's call
+    /// cannot still run (its lease plus the background bound after its last renewal).
+    pub fn lapse(&self) -> crate::store::Lapse {
+        match self.on_unknown_outcome {
+            OnUnknownOutcome::Hold => crate::store::Lapse::Hold { ttl: self.ttl },
+            OnUnknownOutcome::Release => crate::store::Lapse::Release {
+                grace: self.background_timeout,
+            },
+        }
+    }
 }
+
+/// Answers that say "not now" rather than "no": request timeout, conflict, too early, too
+/// many requests. Replaying one would refuse the caller's retry forever.
+pub const TRANSIENT_STATUSES: [u16; 4] = [408, 409, 425, 429];
+
+/// How long a key idemgate derives itself (fingerprint) lives by default: long enough for
+/// double clicks and retries after an upstream timeout, short enough that the same user
+/// doing the same thing again later is not swallowed.
+pub const DEFAULT_FINGERPRINT_TTL: Duration = Duration::from_secs(120);
 
 impl Default for Policy {
     fn default() -> Self {
@@ -216,6 +274,10 @@ impl Default for Policy {
             replay_statuses: vec![StatusPattern::Class(2), StatusPattern::Class(4)],
             max_body: 1 << 20,
             on_store_error: OnStoreError::FailClosed,
+            on_unknown_outcome: OnUnknownOutcome::Hold,
+            background_timeout: Duration::from_secs(600),
+            max_answer: 8 << 20,
+            observe: false,
         }
     }
 }
@@ -223,13 +285,10 @@ impl Default for Policy {
 /// The default key for POST/PATCH matching no route: a fingerprint of query and body.
 pub fn default_key() -> KeyRule {
     KeyRule {
-        source: KeySource::Fingerprint(Box::new(FingerprintRule {
-            query: true,
-            body: true,
-            ignore: IgnoreSet::clone(&DEFAULT_IGNORE),
-        })),
+        source: KeySource::Fingerprint(Box::new(FingerprintRule::standard())),
         required: true,
         scope: default_scope(),
+        payload: Box::new(FingerprintRule::standard()),
     }
 }
 
@@ -280,6 +339,38 @@ impl Config {
                 message,
             }
         })
+    }
+
+    /// What `idemgate check` (and `run`, as warnings) points out in a config that loads:
+    /// settings that work but let callers share keys, with what to write instead.
+    pub fn notes(&self) -> Vec<String> {
+        use crate::key::ScopePart;
+        let fallback = std::iter::once((FALLBACK_ROUTE, &self.fallback));
+        let routes = self.routes.iter().map(|r| (r.name.as_str(), &r.protection));
+        let mut notes = Vec::new();
+        for (name, protection) in fallback.chain(routes) {
+            let Protection::On(p) = protection else {
+                continue;
+            };
+            let scope = &p.key.scope;
+            let names_a_caller = scope.iter().any(|part| {
+                matches!(
+                    part,
+                    ScopePart::Caller | ScopePart::ClientIp | ScopePart::ClientCert
+                )
+            });
+            if !names_a_caller {
+                let parts: Vec<String> = scope.iter().map(ToString::to_string).collect();
+                let mut with_caller = parts.clone();
+                with_caller.push("caller".into());
+                notes.push(format!(
+                    "route {name}: scope [{}] has no part every request carries, so requests without it share one key across callers; write `scope: [{}]` (or drop `scope` for the default, `caller`)",
+                    parts.join(", "),
+                    with_caller.join(", ")
+                ));
+            }
+        }
+        notes
     }
 
     /// Which route a request belongs to, and what protection it gets.
@@ -371,17 +462,91 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
             .map_err(|e| ("tls".to_owned(), e.to_string(), "tls:".to_owned()))?,
         ),
     };
-    let store = match raw.store {
-        None => StoreConfig::Memory(MemoryLimits::default()),
-        Some(s) => compile_store(s, base)?,
+    let (store, encrypt) = match raw.store {
+        None => (StoreConfig::Memory(MemoryLimits::default()), None),
+        Some(mut s) => {
+            let encrypt = s
+                .encrypt
+                .take()
+                .map(|e| secrets::compile_encrypt(e, base))
+                .transpose()?;
+            let no_backend = s.memory.is_none()
+                && s.redis.is_none()
+                && s.postgres.is_none()
+                && s.mysql.is_none();
+            let store = if no_backend && encrypt.is_some() {
+                // `store: { encrypt: … }` alone: the default backend, sealed.
+                StoreConfig::Memory(MemoryLimits::default())
+            } else {
+                compile_store(s, base)?
+            };
+            (store, encrypt)
+        }
     };
+    let admin = raw
+        .admin
+        .map(|a| secrets::compile_admin(a, base))
+        .transpose()?;
+    let identity = Arc::new(Identity {
+        trusted_proxies: raw
+            .trusted_proxies
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.0)
+            .collect(),
+        session_cookies: match raw.session_cookies {
+            Some(names) => {
+                if let Some(bad) = names.iter().find(|n| !is_cookie_name(n)) {
+                    return Err((
+                        "session_cookies".into(),
+                        format!("{bad:?} is not a cookie name"),
+                        "session_cookies".into(),
+                    ));
+                }
+                names
+            }
+            None => Identity::default().session_cookies,
+        },
+    });
     let defaults = raw.defaults.unwrap_or_default();
+    if defaults.idempotency == Some(raw::Mode::Off) {
+        return Err((
+            "defaults.idempotency".into(),
+            "`defaults.idempotency` is `on` or `observe`; to let unrouted requests through, write `defaults.key: off`, and a route's own `idempotency: off`".into(),
+            "idempotency".into(),
+        ));
+    }
     let base = policy_from_defaults(&defaults);
     check_policy(&base).map_err(|m| ("defaults".to_owned(), m, "defaults:".to_owned()))?;
+    let shared = Shared {
+        identity: Arc::clone(&identity),
+        sealing: encrypt.clone(),
+        fingerprint_ttl: defaults
+            .fingerprint_ttl
+            .map_or(DEFAULT_FINGERPRINT_TTL, |d| d.0),
+    };
+    if shared.fingerprint_ttl.is_zero() {
+        return Err((
+            "defaults.fingerprint_ttl".into(),
+            "must be above zero".into(),
+            "fingerprint_ttl".into(),
+        ));
+    }
     let fallback = match defaults.key {
         Some(RawKeyOrOff::Off) => Protection::Off,
-        Some(RawKeyOrOff::Rule(rule)) => protected(FALLBACK_ROUTE, *rule, base.clone()),
-        None => protected(FALLBACK_ROUTE, default_key(), base.clone()),
+        // The fallback has no `ttl` of its own: `defaults.ttl` is what client-keyed routes
+        // get, so a fingerprint fallback keeps the short window.
+        Some(RawKeyOrOff::Rule(rule)) => {
+            protected(FALLBACK_ROUTE, *rule, base.clone(), None, false, &shared)
+        }
+        None => protected(
+            FALLBACK_ROUTE,
+            default_key(),
+            base.clone(),
+            None,
+            false,
+            &shared,
+        ),
     };
     let default_rule = match &fallback {
         Protection::On(p) => p.key.clone(),
@@ -405,18 +570,15 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
                 needle,
             ));
         }
-        let route =
-            compile_route(r, &base, &default_rule).map_err(|m| (key.clone(), m, needle.clone()))?;
+        let route = compile_route(r, &base, &default_rule, &shared)
+            .map_err(|m| (key.clone(), m, needle.clone()))?;
         routes.push(route);
     }
-    let tokens = compile_tokens(raw.tokens, &mut routes)?;
+    let tokens = compile_tokens(raw.tokens, &mut routes, &identity)?;
     Ok(Config {
         listen: raw.listen.0,
         upstream,
-        admin: raw.admin.map(|a| Admin {
-            listen: a.listen,
-            token: a.token,
-        }),
+        admin,
         drain_timeout: raw.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
         tls,
         tokens,
@@ -424,7 +586,25 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
         passthrough_timeout: base.upstream_timeout,
         fallback,
         routes,
+        identity,
+        encrypt,
+        connections: compile_connections(raw.connections.unwrap_or_default())?,
     })
+}
+
+/// What every protected route takes from the top of the config.
+struct Shared {
+    identity: Arc<Identity>,
+    sealing: Option<Arc<KeyRing>>,
+    fingerprint_ttl: Duration,
+}
+
+/// RFC 6265 cookie-name: a token (visible ASCII but separators).
+fn is_cookie_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
 }
 
 /// Builds the token endpoint when `tokens:` is set or a route uses token keys, fills in
@@ -432,6 +612,7 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
 fn compile_tokens(
     raw: Option<raw::RawTokens>,
     routes: &mut [Route],
+    identity: &Arc<Identity>,
 ) -> Result<Option<TokenIssuer>, CompileError> {
     let uses_tokens = routes.iter().any(|r| {
         matches!(&r.protection, Protection::On(p) if matches!(p.key.source, KeySource::Token(_)))
@@ -449,6 +630,7 @@ fn compile_tokens(
             parts.into_iter().map(|p| p.0).collect()
         }),
         header: http::HeaderName::from_static("idempotency-token"),
+        identity: Arc::clone(identity),
     };
     if !issuer.path.starts_with('/') || issuer.rate == 0 || issuer.ttl.is_zero() {
         return Err((
@@ -490,12 +672,17 @@ fn compile_store(s: raw::RawStore, base: &Path) -> Result<StoreConfig, CompileEr
     let err = |key: &str, message: &str, needle: &str| {
         (key.to_owned(), message.to_owned(), needle.to_owned())
     };
-    match (s.memory, s.redis) {
-        (Some(m), None) => {
+    match (s.memory, s.redis, s.postgres, s.mysql) {
+        (Some(m), None, None, None) => {
             let defaults = MemoryLimits::default();
             let limits = MemoryLimits {
                 max_entries: m.max_entries.unwrap_or(defaults.max_entries),
                 max_bytes: m.max_bytes.map_or(defaults.max_bytes, |b| b.0 as usize),
+                when_full: match m.when_full {
+                    None | Some(raw::WhenFull::Evict) => crate::store::WhenFull::Evict,
+                    Some(raw::WhenFull::Reject) => crate::store::WhenFull::Reject,
+                },
+                caller_share: m.caller_share.map_or(100, |p| p.0 .0),
             };
             if limits.max_entries == 0 || limits.max_bytes == 0 {
                 return Err(err(
@@ -506,7 +693,7 @@ fn compile_store(s: raw::RawStore, base: &Path) -> Result<StoreConfig, CompileEr
             }
             Ok(StoreConfig::Memory(limits))
         }
-        (None, Some(r)) => {
+        (None, Some(r), None, None) => {
             let cluster: Vec<String> = r
                 .cluster
                 .unwrap_or_default()
@@ -541,29 +728,73 @@ fn compile_store(s: raw::RawStore, base: &Path) -> Result<StoreConfig, CompileEr
                 ca,
             }))
         }
+        (None, None, Some(p), None) => compile_sql(p, "postgres").map(StoreConfig::Postgres),
+        (None, None, None, Some(m)) => compile_sql(m, "mysql").map(StoreConfig::Mysql),
         _ => Err(err(
             "store",
-            "name exactly one backend: `memory` or `redis`",
+            "name exactly one backend: `memory`, `redis`, `postgres` or `mysql`",
             "store:",
         )),
     }
 }
 
-fn protected(route: &str, key: KeyRule, policy: Policy) -> Protection {
-    protected_with(route, key, policy, None)
+/// `store.postgres` or `store.mysql` (`section`).
+fn compile_sql(s: raw::RawSql, section: &str) -> Result<SqlSettings, CompileError> {
+    let err = |key: &str, message: &str, needle: &str| {
+        (
+            format!("store.{section}.{key}"),
+            message.to_owned(),
+            needle.to_owned(),
+        )
+    };
+    let url = s.url.0;
+    if url.is_postgres() != (section == "postgres") {
+        return Err(err(
+            "url",
+            &format!("a {section} store needs a {section}:// URL"),
+            "url",
+        ));
+    }
+    let defaults = SqlSettings::new(url.0);
+    let settings = SqlSettings {
+        table: s.table.map_or(defaults.table.clone(), |t| t.0 .0),
+        timeout: s.timeout.map_or(defaults.timeout, |d| d.0),
+        max_connections: s.max_connections.unwrap_or(defaults.max_connections),
+        ..defaults
+    };
+    if settings.timeout.is_zero() {
+        return Err(err("timeout", "must be above zero", "timeout"));
+    }
+    if settings.max_connections == 0 {
+        return Err(err(
+            "max_connections",
+            "must be above zero",
+            "max_connections",
+        ));
+    }
+    Ok(settings)
 }
 
-fn protected_with(
+/// A protected route. `own_ttl`: whether the route set `ttl` itself; if not, a key
+/// idemgate derives itself gets the short `fingerprint_ttl` instead of `defaults.ttl`.
+fn protected(
     route: &str,
     key: KeyRule,
-    policy: Policy,
+    mut policy: Policy,
     fresh: Option<Freshness>,
+    own_ttl: bool,
+    shared: &Shared,
 ) -> Protection {
+    if matches!(key.source, KeySource::Fingerprint(_)) && !own_ttl {
+        policy.ttl = shared.fingerprint_ttl;
+    }
     Protection::On(Arc::new(Protected {
         route: route.to_owned(),
         key,
         fresh,
         policy,
+        identity: Arc::clone(&shared.identity),
+        sealing: shared.sealing.clone(),
     }))
 }
 
@@ -582,7 +813,7 @@ fn compile_fresh(f: raw::RawFresh) -> Result<Freshness, String> {
 
 /// The policy keys a raw `defaults:` or route sets, laid over `$base`. A macro because the
 /// two raw structs are distinct serde types (`flatten` cannot be combined with
-/// `deny_unknown_fields`) that share these eight fields.
+/// `deny_unknown_fields`) that share these fields.
 macro_rules! overlay_policy {
     ($raw:expr, $base:expr) => {{
         // Field by field, so a route whose `match` was already moved out still works.
@@ -599,13 +830,28 @@ macro_rules! overlay_policy {
                 .unwrap_or_else(|| base.replay_statuses.clone()),
             max_body: $raw.max_body.map_or(base.max_body, |b| b.0 as usize),
             on_store_error: $raw.on_store_error.unwrap_or(base.on_store_error),
+            on_unknown_outcome: $raw.on_unknown_outcome.unwrap_or(base.on_unknown_outcome),
+            background_timeout: $raw
+                .background_timeout
+                .map_or(base.background_timeout, |d| d.0),
+            max_answer: $raw.max_answer.map_or(base.max_answer, |b| b.0 as usize),
+            observe: match $raw.idempotency {
+                Some(raw::Mode::Observe) => true,
+                Some(raw::Mode::On) => false,
+                Some(raw::Mode::Off) | None => base.observe,
+            },
         }
     }};
 }
 
-fn compile_route(r: RawRoute, base: &Policy, default_rule: &KeyRule) -> Result<Route, String> {
+fn compile_route(
+    r: RawRoute,
+    base: &Policy,
+    default_rule: &KeyRule,
+    shared: &Shared,
+) -> Result<Route, String> {
     let off =
-        matches!(r.idempotency, Some(raw::OnOff(false))) || matches!(r.key, Some(RawKeyOrOff::Off));
+        matches!(r.idempotency, Some(raw::Mode::Off)) || matches!(r.key, Some(RawKeyOrOff::Off));
     let methods = match r.matcher.methods {
         Some(m) if m.is_empty() => return Err("match.methods is empty".into()),
         Some(m) => m.into_iter().map(|m| m.0).collect(),
@@ -625,6 +871,7 @@ fn compile_route(r: RawRoute, base: &Policy, default_rule: &KeyRule) -> Result<R
             protection: Protection::Off,
         });
     }
+    let own_ttl = r.ttl.is_some();
     let policy = overlay_policy!(r, *base);
     check_policy(&policy)?;
     let key = match r.key {
@@ -633,7 +880,7 @@ fn compile_route(r: RawRoute, base: &Policy, default_rule: &KeyRule) -> Result<R
     };
     let fresh = r.fresh.map(compile_fresh).transpose()?;
     Ok(Route {
-        protection: protected_with(&r.name, key, policy, fresh),
+        protection: protected(&r.name, key, policy, fresh, own_ttl, shared),
         name: r.name,
         matcher,
     })
@@ -649,6 +896,17 @@ fn check_policy(p: &Policy) -> Result<(), String> {
     }
     if p.upstream_timeout.is_zero() {
         return Err("upstream_timeout must be above zero".into());
+    }
+    if p.background_timeout < p.upstream_timeout {
+        return Err(format!(
+            "background_timeout ({}) must be at least upstream_timeout ({}): it is how long \
+             an owner keeps waiting after its client got the 504",
+            units::format_duration(p.background_timeout),
+            units::format_duration(p.upstream_timeout)
+        ));
+    }
+    if p.max_answer == 0 {
+        return Err("max_answer must be above zero".into());
     }
     if p.replay_statuses
         .iter()
@@ -684,4 +942,79 @@ fn parse_upstream(text: &str) -> Result<Upstream, String> {
         authority,
         tls: None,
     })
+}
+
+// === connections ===
+
+/// Bounds on connections, both sides (`connections:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connections {
+    /// Client connections served at once; more wait in the listen backlog until one
+    /// closes. Read at start.
+    pub max_client: usize,
+    /// Upstream connections open at once; requests beyond it wait for one (within their
+    /// upstream timeout).
+    pub max_upstream: usize,
+    /// Longest gap between two reads of a pass-through answer's body.
+    pub upstream_read_timeout: Duration,
+    /// How a client connection closes (after an answer sent before its request was read
+    /// whole, above all).
+    pub linger: Linger,
+}
+
+/// A lingering close (nginx's `lingering_close`): after the last answer the proxy closes
+/// its sending side and reads and drops what the client still sends, so a client that
+/// writes its whole request before reading gets the answer instead of a reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Linger {
+    /// Longest the reading goes on in all (`lingering_time`).
+    pub time: Duration,
+    /// Longest wait for the next bytes (`lingering_timeout`).
+    pub timeout: Duration,
+    /// Most bytes read and dropped (`lingering_bytes`).
+    pub bytes: u64,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self {
+            max_client: 10_000,
+            max_upstream: 1024,
+            upstream_read_timeout: Duration::from_secs(60),
+            linger: Linger {
+                time: Duration::from_secs(30),
+                timeout: Duration::from_secs(5),
+                bytes: 64 << 20,
+            },
+        }
+    }
+}
+
+fn compile_connections(raw: raw::RawConnections) -> Result<Connections, CompileError> {
+    let d = Connections::default();
+    let c = Connections {
+        max_client: raw.max_client.unwrap_or(d.max_client),
+        max_upstream: raw.max_upstream.unwrap_or(d.max_upstream),
+        upstream_read_timeout: raw
+            .upstream_read_timeout
+            .map_or(d.upstream_read_timeout, |t| t.0),
+        linger: Linger {
+            time: raw.lingering_time.map_or(d.linger.time, |t| t.0),
+            timeout: raw.lingering_timeout.map_or(d.linger.timeout, |t| t.0),
+            bytes: raw.lingering_bytes.map_or(d.linger.bytes, |b| b.0),
+        },
+    };
+    let zero = [
+        ("max_client", c.max_client == 0),
+        ("max_upstream", c.max_upstream == 0),
+        ("upstream_read_timeout", c.upstream_read_timeout.is_zero()),
+    ];
+    if let Some((key, _)) = zero.iter().find(|(_, is_zero)| *is_zero) {
+        return Err((
+            format!("connections.{key}"),
+            "must be above zero".into(),
+            (*key).to_owned(),
+        ));
+    }
+    Ok(c)
 }

@@ -3,11 +3,12 @@
 //! Details never include another caller's data, a key or a body.
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderValue, StatusCode};
 
 use crate::key::KeyError;
 use crate::metrics::Outcome;
-use crate::proxy::body::ProxyBody;
+use crate::route::normalize::PathError;
+use crate::store::seal::SealError;
 use crate::store::StoreError;
 
 /// An answer of the proxy's own.
@@ -25,6 +26,35 @@ pub enum ProxyError {
         /// Seconds for `Retry-After`.
         retry_after: u64,
     },
+    /// An earlier request with this key may have been executed, and its outcome is
+    /// unknown (its upstream call timed out or broke after it went out, or its owner
+    /// vanished): it is not executed again until the state ends or an operator purges it.
+    #[error(
+        "an earlier request with this idempotency key may have been executed, but its \
+         outcome is unknown; it is not executed again until {}, or until an operator \
+         purges the key",
+        httpdate::fmt_http_date(*until)
+    )]
+    OutcomeUnknown {
+        /// When the state ends.
+        until: std::time::SystemTime,
+    },
+    /// An earlier request with this key was executed, but its answer was too large to keep.
+    #[error(
+        "an earlier request with this idempotency key was executed (status {status}), but \
+         its answer was too large to keep; it is not executed again"
+    )]
+    AnswerNotStored {
+        /// The upstream's status.
+        status: StatusCode,
+    },
+    /// This caller's records hold its share of the memory store (`caller_share`); it may
+    /// retry once some have expired.
+    #[error("this caller's idempotency records fill its share of the store; retry later")]
+    CallerOverShare,
+    /// The request this duplicate waited on failed, and its answer is not kept.
+    #[error("the request with this idempotency key that this one waited for failed; retry")]
+    OwnerFailed,
     /// The body exceeds `max_body` on a protected route.
     #[error("the request body is larger than {limit} bytes")]
     PayloadTooLarge {
@@ -41,9 +71,14 @@ pub enum ProxyError {
     /// The store failed and the route fails closed.
     #[error("the idempotency store is unavailable")]
     Store(#[from] StoreError),
-    /// The upstream could not be reached or broke the connection.
+    /// The upstream could not be reached: the request provably never went out (connect
+    /// refused or timed out, TLS handshake failed, not a byte written).
     #[error("the upstream is unreachable")]
     UpstreamUnreachable(String),
+    /// The request went out (or may have) and the exchange broke before a whole answer
+    /// came back (reset, closed early, malformed answer): the upstream may have executed it.
+    #[error("the upstream failed before answering")]
+    UpstreamFailed(String),
     /// The upstream did not answer within `upstream_timeout`.
     #[error("the upstream did not answer in time")]
     UpstreamTimeout,
@@ -59,6 +94,13 @@ pub enum ProxyError {
     /// The request's timestamp is outside the route's freshness window, or unreadable.
     #[error("{0}")]
     Stale(String),
+    /// The path has no one safe normal form (an encoded `/` or `\`, NUL, a bad escape).
+    #[error("{0}: send the path in plain form")]
+    BadPath(PathError),
+    /// A stored answer was found but cannot be decrypted with the configured keys; it is
+    /// not executed again (it ran), nor shown.
+    #[error("{0}")]
+    Unsealable(SealError),
     /// The request needs something a reverse proxy in front of one application does not
     /// do: a `CONNECT` tunnel, or a transfer coding other than `chunked`.
     #[error("{0}")]
@@ -69,16 +111,23 @@ impl ProxyError {
     /// The one place statuses are decided.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::BadKey(_) | Self::BodyRead(_) | Self::BadRequest(_) | Self::Stale(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::BadKey(_)
+            | Self::BodyRead(_)
+            | Self::BadRequest(_)
+            | Self::BadPath(_)
+            | Self::Stale(_) => StatusCode::BAD_REQUEST,
+            Self::Unsealable(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::RateLimited { .. } | Self::CallerOverShare => StatusCode::TOO_MANY_REQUESTS,
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::InFlight { .. } => StatusCode::CONFLICT,
+            Self::InFlight { .. } | Self::OutcomeUnknown { .. } | Self::AnswerNotStored { .. } => {
+                StatusCode::CONFLICT
+            }
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            Self::UpstreamUnreachable(_) | Self::UpstreamFailed(_) | Self::OwnerFailed => {
+                StatusCode::BAD_GATEWAY
+            }
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         }
@@ -98,16 +147,23 @@ impl ProxyError {
             Self::BadKey(KeyError::FieldMissing(_)) => "key-field-missing",
             Self::BadKey(KeyError::TokenInvalid) => "token-invalid",
             Self::RateLimited { .. } => "rate-limited",
+            Self::CallerOverShare => "caller-over-share",
             Self::Stale(_) => "stale-request",
             Self::Mismatch => "key-reused",
             Self::InFlight { .. } => "in-flight",
+            Self::OutcomeUnknown { .. } => "outcome-unknown",
+            Self::AnswerNotStored { .. } => "answer-not-stored",
+            Self::OwnerFailed => "duplicate-of-failed-request",
             Self::PayloadTooLarge { .. } => "payload-too-large",
             Self::BodyRead(_) => "body-unreadable",
             Self::BodyTimeout(_) => "body-timeout",
             Self::Store(_) => "store-unavailable",
             Self::UpstreamUnreachable(_) => "upstream-unreachable",
+            Self::UpstreamFailed(_) => "upstream-failed",
             Self::UpstreamTimeout => "upstream-timeout",
             Self::BadRequest(_) => "bad-request",
+            Self::BadPath(_) => "path-not-normalizable",
+            Self::Unsealable(_) => "stored-answer-unreadable",
             Self::NotImplemented(_) => "not-implemented",
         }
     }
@@ -120,13 +176,19 @@ impl ProxyError {
             | Self::BodyRead(_)
             | Self::BodyTimeout(_)
             | Self::BadRequest(_)
+            | Self::BadPath(_)
             | Self::RateLimited { .. }
+            | Self::CallerOverShare
             | Self::Stale(_)
             | Self::NotImplemented(_) => Outcome::Rejected,
             Self::Mismatch => Outcome::Mismatch,
             Self::InFlight { .. } => Outcome::Conflict,
-            Self::Store(_) => Outcome::StoreError,
-            Self::UpstreamUnreachable(_) | Self::UpstreamTimeout => Outcome::Released,
+            Self::OutcomeUnknown { .. } => Outcome::Held,
+            Self::AnswerNotStored { .. } => Outcome::NotStored,
+            Self::OwnerFailed => Outcome::FailureShared,
+            Self::Store(_) | Self::Unsealable(_) => Outcome::StoreError,
+            Self::UpstreamUnreachable(_) => Outcome::Released,
+            Self::UpstreamFailed(_) | Self::UpstreamTimeout => Outcome::Unknown,
         }
     }
 
@@ -135,32 +197,52 @@ impl ProxyError {
         match self {
             Self::BadKey(_) => "Invalid idempotency key",
             Self::Mismatch => "Idempotency key reused with another request",
-            Self::RateLimited { .. } => "Too many requests",
+            Self::RateLimited { .. } | Self::CallerOverShare => "Too many requests",
             Self::Stale(_) => "Request outside its freshness window",
             Self::InFlight { .. } => "Request in progress",
+            Self::OutcomeUnknown { .. } => "Outcome of an earlier request unknown",
+            Self::AnswerNotStored { .. } => "Already executed, answer not stored",
+            Self::OwnerFailed => "The original request failed",
             Self::PayloadTooLarge { .. } => "Payload too large",
-            Self::BodyRead(_) | Self::BadRequest(_) => "Bad request",
+            Self::BodyRead(_) | Self::BadRequest(_) | Self::BadPath(_) => "Bad request",
+            Self::Unsealable(_) => "Stored answer unreadable",
             Self::BodyTimeout(_) => "Request timeout",
             Self::Store(_) => "Idempotency store unavailable",
-            Self::UpstreamUnreachable(_) => "Bad gateway",
+            Self::UpstreamUnreachable(_) | Self::UpstreamFailed(_) => "Bad gateway",
             Self::UpstreamTimeout => "Gateway timeout",
             Self::NotImplemented(_) => "Not implemented",
         }
     }
 
     /// Whether the detail may say more than the title. Upstream and store errors carry
-    /// internal addresses, so they are logged, not sent.
+    /// internal addresses, so they are logged, not sent; what is sent says what a retry
+    /// with the same key will meet.
     fn public_detail(&self) -> String {
         match self {
-            Self::Store(_) | Self::UpstreamUnreachable(_) | Self::UpstreamTimeout => {
-                format!("{self}; the request was not stored, so it can be retried")
+            Self::Store(_) => {
+                format!("{self}; the request was not executed, so it can be retried")
             }
+            Self::UpstreamUnreachable(_) => {
+                format!("{self}; the request was not sent, so it can be retried")
+            }
+            Self::UpstreamFailed(_) => format!(
+                "{self}; the request may have been executed, so a retry with the same \
+                 idempotency key is not executed blindly"
+            ),
+            Self::UpstreamTimeout => format!(
+                "{self}; the request may still be running: a retry with the same \
+                 idempotency key gets its answer once it is known"
+            ),
+            // Key ids are the operator's business.
+            Self::Unsealable(_) => "the stored answer of this request cannot be read; it was \
+                                    executed and is not executed again"
+                .into(),
             _ => self.to_string(),
         }
     }
 
-    /// The problem+json answer.
-    pub fn into_response(self) -> Response<ProxyBody> {
+    /// The problem+json answer's status, headers and body.
+    pub fn problem_parts(&self) -> (StatusCode, http::HeaderMap, Bytes) {
         let status = self.status();
         let body = serde_json::json!({
             "type": format!("urn:idemgate:problem:{}", self.as_str()),
@@ -168,18 +250,19 @@ impl ProxyError {
             "status": status.as_u16(),
             "detail": self.public_detail(),
         });
-        let mut response = Response::new(ProxyBody::full(Bytes::from(body.to_string())));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
+        let mut headers = http::HeaderMap::with_capacity(3);
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Self::InFlight { retry_after } | Self::RateLimited { retry_after } = self {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
         }
-        response
+        if let Self::CallerOverShare = self {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+        }
+        (status, headers, Bytes::from(body.to_string()))
     }
 }
 

@@ -1,14 +1,18 @@
-//! `idemgate explain`: what the running proxy would do with one request — matched route,
-//! key source, scope parts, the canonical input (and what was left out of it) and the
-//! digest, which is the very key the proxy stores.
+//! `idemgate explain`: what the running proxy would do with one request — the normalised
+//! path it is routed by, matched route, key source, which identity scopes the key (the tier,
+//! never its value), the canonical input (and what was left out of it), how long the key
+//! lives, and the digest, which is the very key the proxy stores.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use http::{HeaderMap, Method, Uri};
 
-use crate::config::{Config, Protection};
-use crate::key::{derive_key, KeyError, KeySource, RequestView, Trace};
+use crate::config::units::format_duration;
+use crate::config::{Admin, Config, Protection};
+use crate::error::ProxyError;
+use crate::key::{derive_key, Digest, KeySource, RequestView, Trace};
+use crate::route::normalize::normalize_path;
 
 /// One request to explain.
 #[derive(Debug, Clone)]
@@ -21,25 +25,47 @@ pub struct Request {
     pub headers: HeaderMap,
     /// Body bytes.
     pub body: Vec<u8>,
-    /// Peer address, for `client_ip` scopes.
+    /// The TCP peer's address (`--client-ip`), for the client address a key is scoped
+    /// by; `trusted_proxies` and `X-Forwarded-For` among `headers` apply as in the proxy.
     pub client_ip: Option<IpAddr>,
 }
 
 /// Renders the explanation as text; `Err` when the proxy would answer 400.
-pub fn explain(config: &Config, request: &Request) -> Result<String, KeyError> {
+pub fn explain(config: &Config, request: &Request) -> Result<String, ProxyError> {
+    explain_key(config, request).map(|(text, _)| text)
+}
+
+/// [`explain`], and the key the proxy would claim, if any (to look it up in the running
+/// proxy with [`look_up`]).
+pub fn explain_key(
+    config: &Config,
+    request: &Request,
+) -> Result<(String, Option<Digest>), ProxyError> {
     let host = request
         .headers
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok());
-    let path = request.uri.path();
+    let raw_path = request.uri.path();
+    let normal = if crate::route::is_safe(&request.method) {
+        std::borrow::Cow::Borrowed(raw_path)
+    } else {
+        normalize_path(raw_path).map_err(ProxyError::BadPath)?
+    };
+    let path = normal.as_ref();
     let (route, protection) = config.protection_for(host, &request.method, path);
     let mut out = String::new();
+    if path != raw_path {
+        let _ = writeln!(
+            out,
+            "path:              {path} (normalised from {raw_path})"
+        );
+    }
     let route_shown = if route.is_empty() { "(none)" } else { route };
     let _ = writeln!(out, "route:             {route_shown}");
     let rule = match protection {
         Protection::Off => {
             let _ = writeln!(out, "protection:        off (streamed through unprotected)");
-            return Ok(out);
+            return Ok((out, None));
         }
         Protection::On(rule) => rule,
     };
@@ -58,7 +84,12 @@ pub fn explain(config: &Config, request: &Request) -> Result<String, KeyError> {
             format!("fingerprint (query: {}, body: {})", fp.query, fp.body)
         }
     };
-    let _ = writeln!(out, "protection:        on");
+    let mode = if rule.policy.observe {
+        "observe (forwarded unchanged; what enforcing would do is counted)"
+    } else {
+        "on"
+    };
+    let _ = writeln!(out, "protection:        {mode}");
     let _ = writeln!(
         out,
         "key source:        {source} (required: {})",
@@ -70,7 +101,8 @@ pub fn explain(config: &Config, request: &Request) -> Result<String, KeyError> {
         path,
         query: request.uri.query(),
         headers: &request.headers,
-        client_ip: request.client_ip,
+        peer: request.client_ip,
+        identity: &rule.identity,
         client_cert: None,
         body: &request.body,
     };
@@ -87,6 +119,15 @@ pub fn explain(config: &Config, request: &Request) -> Result<String, KeyError> {
         trace.ignored.join(", ")
     };
     let _ = writeln!(out, "ignored:           {ignored}");
+    let window = match rule.key.source {
+        KeySource::Fingerprint(_) => " (a fingerprint: a short window against double submits)",
+        _ => "",
+    };
+    let _ = writeln!(
+        out,
+        "ttl:               {}{window}",
+        format_duration(rule.policy.ttl)
+    );
     match derived {
         Some(d) => {
             let _ = writeln!(out, "key digest:        {}", d.key);
@@ -101,5 +142,94 @@ pub fn explain(config: &Config, request: &Request) -> Result<String, KeyError> {
             );
         }
     }
-    Ok(out)
+    Ok((out, derived.map(|d| d.key)))
+}
+
+/// What the running proxy's admin API (`GET /keys/{digest}`) says of `key`, as lines for
+/// `idemgate explain`: its state and, for a key seen on an observed route, how many times
+/// it was seen and when last. An admin that does not answer is said so, not an error.
+pub async fn look_up(admin: &Admin, key: &Digest) -> String {
+    match get_key(admin, key).await {
+        Ok(None) => "in the store:      nothing (not seen, or expired)\n".into(),
+        Ok(Some(doc)) => describe_record(&doc),
+        Err(e) => format!(
+            "in the store:      (the admin API at {} did not answer: {e})\n",
+            admin.listen
+        ),
+    }
+}
+
+/// Lines for a record as the admin API shows it.
+fn describe_record(doc: &serde_json::Value) -> String {
+    let at = |secs: &serde_json::Value| {
+        secs.as_u64()
+            .map(|s| {
+                httpdate::fmt_http_date(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s))
+            })
+            .unwrap_or_else(|| "?".into())
+    };
+    let mut out = String::new();
+    let state = doc["state"].as_str().unwrap_or("?");
+    let _ = writeln!(
+        out,
+        "in the store:      {state} since {}, until {}",
+        at(&doc["created"]),
+        at(&doc["expires"])
+    );
+    if let Some(status) = doc["status"].as_u64() {
+        let _ = writeln!(out, "stored status:     {status}");
+    }
+    let seen = &doc["seen"];
+    if let Some(times) = seen["times"].as_u64() {
+        let _ = writeln!(
+            out,
+            "seen:              {times} times, last at {}",
+            at(&seen["last"])
+        );
+    }
+    out
+}
+
+/// One admin request over HTTP/1.1 (hyper's client), bounded to a few seconds.
+async fn get_key(admin: &Admin, key: &Digest) -> Result<Option<serde_json::Value>, String> {
+    use http_body_util::BodyExt;
+    let exchange = async {
+        let stream = tokio::net::TcpStream::connect(admin.listen)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let mut request = http::Request::get(format!("/keys/{key}"))
+            .header(http::header::HOST, admin.listen.to_string());
+        if let Some(token) = &admin.token {
+            request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let request = request
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        match status {
+            http::StatusCode::NOT_FOUND => Ok(None),
+            http::StatusCode::OK => serde_json::from_slice(&body)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            other => Err(format!("{other}")),
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), exchange)
+        .await
+        .unwrap_or_else(|_| Err("no answer within 5 s".into()))
 }

@@ -6,6 +6,7 @@
 
 pub mod client_key;
 pub mod derive;
+pub mod identity;
 
 use std::fmt;
 
@@ -24,6 +25,10 @@ pub struct KeyRule {
     pub required: bool,
     /// Identity mixed into the key so two callers never share one.
     pub scope: Vec<ScopePart>,
+    /// What the payload check of a `header` or `token` key covers: the fingerprint stored
+    /// beside the client key, whose mismatch on reuse is a 422 (the route's
+    /// `fingerprint:` beside `header:`, else query and body minus the default ignore list).
+    pub payload: Box<FingerprintRule>,
 }
 
 /// The one source of a route's key material.
@@ -74,11 +79,16 @@ pub struct FingerprintRule {
 /// One part of the caller's identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScopePart {
+    /// The default identity: `Authorization`, else the session cookie(s), else the whole
+    /// `Cookie` header with the client address, else the client address
+    /// ([`identity`]); the tier used is hashed with its value.
+    Caller,
     /// A request header's value (e.g. `Authorization`, `X-User-Id`).
     Header(HeaderName),
     /// A cookie's value.
     Cookie(String),
-    /// The connecting peer's IP address.
+    /// The client's address: the TCP peer, or behind a trusted proxy the address its
+    /// `X-Forwarded-For` names.
     ClientIp,
     /// The SHA-256 of the client's TLS certificate (mutual TLS).
     ClientCert,
@@ -91,6 +101,7 @@ impl ScopePart {
         match self {
             Self::Header(name) => ("header:", name.as_str()),
             Self::Cookie(name) => ("cookie:", name),
+            Self::Caller => ("caller", ""),
             Self::ClientIp => ("client_ip", ""),
             Self::ClientCert => ("client_cert", ""),
         }
@@ -105,9 +116,21 @@ impl fmt::Display for ScopePart {
     }
 }
 
-/// The default scope: the `Authorization` header when present.
+/// The default scope: the caller, by the first identity the request has ([`identity`]).
 pub fn default_scope() -> Vec<ScopePart> {
-    vec![ScopePart::Header(http::header::AUTHORIZATION)]
+    vec![ScopePart::Caller]
+}
+
+impl FingerprintRule {
+    /// Query and body, minus the default ignore list: the default fingerprint, and the
+    /// default payload check of header and token keys.
+    pub fn standard() -> Self {
+        Self {
+            query: true,
+            body: true,
+            ignore: IgnoreSet::defaults(),
+        }
+    }
 }
 
 /// A SHA-256 digest: a store key or a request fingerprint.

@@ -17,7 +17,6 @@ pub mod explain;
 pub mod key;
 pub mod metrics;
 pub mod proxy;
-mod read_buf;
 pub mod route;
 pub mod server;
 pub mod store;

@@ -57,6 +57,10 @@ enum Command {
         /// Body file, or `-` for standard input.
         #[arg(long)]
         body: Option<String>,
+        /// The TCP peer's address, for keys scoped by the client address (behind
+        /// `trusted_proxies`, give the proxy's and an `X-Forwarded-For` header).
+        #[arg(long)]
+        client_ip: Option<std::net::IpAddr>,
     },
 }
 
@@ -74,9 +78,9 @@ fn main() -> std::process::ExitCode {
 /// it, redis-rs's connection task ran after each request that queued a command, so every
 /// command went out in a write of its own and Redis did a read and a reply per command;
 /// without it the task runs once the ready requests have queued theirs and writes them in
-/// one go. Measured on the load benchmark's Redis first-seen row: 31.5k → 35.6k req/s,
-/// proxy CPU 30.7 → 24.4 µs and Redis CPU 11.5 → 9.4 µs per request. The memory store's
-/// rows showed no clear change, so they keep tokio's default.
+/// one go, which the load benchmark's Redis first-seen row showed as less CPU per request
+/// for both the proxy and Redis (benches/load). The memory store's rows showed no clear
+/// change, so they keep tokio's default.
 fn batch_redis_writes(runtime: &mut tokio::runtime::Builder) {
     #[cfg(tokio_unstable)]
     runtime.disable_lifo_slot();
@@ -100,6 +104,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Check { config } => {
             let loaded = Config::load(&config)?;
             print!("{}", route_table(&loaded));
+            for note in loaded.notes() {
+                println!("note: {note}");
+            }
             println!("{}: ok", config.display());
             Ok(())
         }
@@ -109,29 +116,53 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             path,
             headers,
             body,
+            client_ip,
         } => {
             let loaded = Config::load(&config)?;
-            let request = explain_request(&method, &path, &headers, body.as_deref())?;
-            let text = idemgate::explain::explain(&loaded, &request)
+            let mut request = explain_request(&method, &path, &headers, body.as_deref())?;
+            request.client_ip = client_ip;
+            let (text, key) = idemgate::explain::explain_key(&loaded, &request)
                 .map_err(|e| anyhow::anyhow!("the proxy would answer 400: {e}"))?;
             print!("{text}");
+            // With an admin listener configured, the running proxy says what it holds for
+            // the key (and, on an observed route, how often it was seen).
+            if let (Some(admin), Some(key)) = (&loaded.admin, key) {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("starting the runtime")?;
+                print!(
+                    "{}",
+                    runtime.block_on(idemgate::explain::look_up(admin, &key))
+                );
+            }
             Ok(())
         }
     }
 }
 
+/// Logs go to standard error, as lines of text (coloured only on a terminal, and never
+/// with `NO_COLOR` set) or, with `--log-format json`, one JSON object per line for log
+/// shippers. `IDEMGATE_LOG` filters them (`info` by default).
 fn init_logs(format: &str) {
+    use std::io::IsTerminal as _;
     let filter = EnvFilter::try_from_env("IDEMGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
-        builder.init();
+        let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+        builder.with_ansi(colour).init();
     }
 }
 
 async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let config = Arc::new(config);
+    for note in config.notes() {
+        tracing::warn!("{note}");
+    }
     let store = idemgate::server::open_store(&config).context("opening the store")?;
     if !store.ready().await {
         tracing::error!(
@@ -185,8 +216,16 @@ async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let _ = serving.await;
     // Owners whose clients left keep running detached; give them the rest of the drain.
     proxy.owners().finished(deadline).await;
-    let released = proxy.owners().release_all(proxy.store()).await;
-    tracing::info!(released, "stopped");
+    // Those still running keep their claims: their requests went out, so no replica may
+    // run them again. On a shared store they lapse after their lease, as a dead owner's.
+    let running = proxy.owners().len();
+    if running > 0 {
+        tracing::warn!(
+            running,
+            "stopped with upstream calls still running; their keys stay claimed"
+        );
+    }
+    tracing::info!("stopped");
     Ok(())
 }
 
@@ -257,6 +296,8 @@ fn route_table(config: &Config) -> String {
                 r.prefix
             ),
         },
+        StoreConfig::Postgres(s) => format!("postgres ({}, table {})", redact(&s.url), s.table),
+        StoreConfig::Mysql(s) => format!("mysql ({}, table {})", redact(&s.url), s.table),
     };
     out.push_str(&format!(
         "listen {}  upstream {}://{}  store {}\n",
@@ -264,7 +305,7 @@ fn route_table(config: &Config) -> String {
     ));
     out.push_str(&format!(
         "{:<22} {:<16} {:<32} {:<12} {:<8} {:<8} {}\n",
-        "ROUTE", "METHODS", "PATH", "KEY", "TTL", "IN_FLT", "MAX_BODY"
+        "ROUTE", "METHODS", "PATH", "KEY", "TTL", "MODE", "MAX_BODY"
     ));
     let mut rows: Vec<(String, String, String, &Protection)> = config
         .routes
@@ -296,7 +337,11 @@ fn route_table(config: &Config) -> String {
             Protection::On(p) => (
                 p.key.source.as_str().to_owned(),
                 format_duration(p.policy.ttl),
-                p.policy.in_flight.as_str().to_owned(),
+                if p.policy.observe {
+                    "observe".to_owned()
+                } else {
+                    p.policy.in_flight.as_str().to_owned()
+                },
                 format_size(p.policy.max_body as u64),
             ),
         };

@@ -14,26 +14,39 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::store::StoreStats;
+use crate::store::{RouteTag, StoreStats};
 
 /// How a request ended, from the proxy's point of view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     /// This request owned its key, ran upstream, and the answer was stored.
     Executed,
+    /// This request owned its key and ran upstream; its answer was too large to keep, so
+    /// the key records "executed, answer not stored".
+    ExecutedNotStored,
     /// A stored answer was replayed at once.
     Replayed,
     /// The request waited for an in-flight duplicate, then got its replay.
     Waited,
+    /// The request waited for a duplicate that failed, and got that failure.
+    FailureShared,
     /// 409: a duplicate was in flight (reject mode, or the wait timed out).
     Conflict,
     /// 422: the key was used with another payload.
     Mismatch,
+    /// 409: a repeat of a key whose outcome is unknown.
+    Held,
+    /// 409: a repeat of a key whose answer was not stored.
+    NotStored,
     /// 400 or 413: bad key, body or request; nothing was claimed.
     Rejected,
-    /// The owner ran upstream but the answer was not stored (status not replayed, upstream
-    /// error or timeout); the key was released so a retry executes.
+    /// The owner's answer is not replayed (a 5xx, a transient 4xx, an upstream never
+    /// reached): the key was released, so a later retry executes.
     Released,
+    /// The owner's request went out and no answer came in time (504) or at all (502): the
+    /// key stays claimed while the proxy waits on, and is held as an unknown outcome if
+    /// nothing comes.
+    Unknown,
     /// 503: the store failed and the route fails closed.
     StoreError,
     /// The store failed and the route fails open: forwarded unprotected.
@@ -42,37 +55,69 @@ pub enum Outcome {
     Unkeyed,
     /// An unprotected route or a safe method: streamed through.
     Passthrough,
+    /// Observe mode, forwarded: enforcement would have replayed the stored answer.
+    WouldReplay,
+    /// Observe mode, forwarded: enforcement would have held it while its first request
+    /// ran (wait or 409).
+    WouldConflict,
+    /// Observe mode, forwarded: enforcement would have answered 422 (another payload).
+    WouldMismatch,
+    /// Observe mode, forwarded: enforcement would have answered 409 (its first request's
+    /// outcome is unknown, or its answer was not stored).
+    WouldHold,
+    /// Observe mode, forwarded: enforcement would have refused it (400, 413: no usable key).
+    WouldReject,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 11] = [
+    const ALL: [Outcome; 21] = [
         Self::Executed,
+        Self::ExecutedNotStored,
         Self::Replayed,
         Self::Waited,
+        Self::FailureShared,
         Self::Conflict,
         Self::Mismatch,
+        Self::Held,
+        Self::NotStored,
         Self::Rejected,
         Self::Released,
+        Self::Unknown,
         Self::StoreError,
         Self::FailOpen,
         Self::Unkeyed,
         Self::Passthrough,
+        Self::WouldReplay,
+        Self::WouldConflict,
+        Self::WouldMismatch,
+        Self::WouldHold,
+        Self::WouldReject,
     ];
 
     /// Label for logs and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Executed => "executed",
+            Self::ExecutedNotStored => "executed_not_stored",
             Self::Replayed => "replayed",
             Self::Waited => "waited",
+            Self::FailureShared => "failure_shared",
             Self::Conflict => "conflict",
             Self::Mismatch => "mismatch",
+            Self::Held => "held",
+            Self::NotStored => "not_stored",
             Self::Rejected => "rejected",
             Self::Released => "released",
+            Self::Unknown => "unknown",
             Self::StoreError => "store_error",
             Self::FailOpen => "fail_open",
             Self::Unkeyed => "unkeyed",
             Self::Passthrough => "passthrough",
+            Self::WouldReplay => "would_replay",
+            Self::WouldConflict => "would_conflict",
+            Self::WouldMismatch => "would_mismatch",
+            Self::WouldHold => "would_hold",
+            Self::WouldReject => "would_reject",
         }
     }
 
@@ -95,12 +140,24 @@ struct RouteLabel {
 /// The handles of one route, cached so the hot path only increments.
 #[derive(Debug)]
 pub struct RouteMetrics {
+    tag: RouteTag,
     outcomes: Vec<Counter>,
     upstream: Histogram,
     wait: Histogram,
+    unknown: Counter,
 }
 
 impl RouteMetrics {
+    /// The route's tag in the store (its records' evictions are counted by it).
+    pub fn tag(&self) -> RouteTag {
+        self.tag
+    }
+
+    /// Counts one key that became an unknown outcome (held).
+    pub fn unknown_outcome(&self) {
+        self.unknown.inc();
+    }
+
     /// Counts one request.
     pub fn count(&self, outcome: Outcome) {
         self.outcomes[outcome.index()].inc();
@@ -125,9 +182,16 @@ pub struct Metrics {
     upstream: Family<RouteLabel, Histogram>,
     wait: Family<RouteLabel, Histogram>,
     in_flight: Gauge,
+    waiting: Gauge,
     store_entries: Gauge,
     store_bytes: Gauge,
+    unknown: Family<RouteLabel, Counter>,
+    evictions: Family<RouteLabel, Counter>,
+    reaped: Counter,
     routes: RwLock<HashMap<String, Arc<RouteMetrics>>>,
+    /// Route names by [`RouteTag`]: tag 0 is "" (no route: issued tokens).
+    tags: RwLock<Vec<String>>,
+    connections: ConnectionMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -151,6 +215,7 @@ impl Metrics {
         let wait: Family<RouteLabel, Histogram> =
             Family::new_with_constructor(latency_histogram as fn() -> Histogram);
         let in_flight = Gauge::default();
+        let waiting = Gauge::default();
         let store_entries = Gauge::default();
         let store_bytes = Gauge::default();
         registry.register(
@@ -174,24 +239,55 @@ impl Metrics {
             in_flight.clone(),
         );
         registry.register(
+            "waiting",
+            "Duplicates currently waiting for an in-flight owner",
+            waiting.clone(),
+        );
+        registry.register(
             "store_entries",
             "Records in the memory store (in flight and done)",
             store_entries.clone(),
         );
         registry.register(
             "store_bytes",
-            "Bytes accounted to done records in the memory store",
+            "Bytes accounted to records in the memory store",
             store_bytes.clone(),
+        );
+        let unknown = Family::<RouteLabel, Counter>::default();
+        registry.register(
+            "unknown_outcomes",
+            "Keys held as outcome unknown (their request may have run, no answer came), by route",
+            unknown.clone(),
+        );
+        let evictions = Family::<RouteLabel, Counter>::default();
+        registry.register(
+            "store_evictions",
+            "Live records the memory store evicted to make room (their repeats execute again), by route",
+            evictions.clone(),
+        );
+        let connections = ConnectionMetrics::default();
+        connections.register(&mut registry);
+        let reaped = Counter::default();
+        registry.register(
+            "store_reaped",
+            "Expired rows the SQL store's reaper deleted",
+            reaped.clone(),
         );
         Self {
             registry,
+            connections,
             requests,
             upstream,
             wait,
             in_flight,
+            waiting,
             store_entries,
             store_bytes,
+            unknown,
+            evictions,
+            reaped,
             routes: RwLock::default(),
+            tags: RwLock::new(vec![String::new()]),
         }
     }
 
@@ -208,7 +304,20 @@ impl Metrics {
         let label = RouteLabel {
             route: route.to_owned(),
         };
+        let tag = {
+            let mut tags = self.tags.write().unwrap_or_else(|p| p.into_inner());
+            match tags.iter().position(|t| t == route) {
+                Some(i) => RouteTag(i as u16),
+                // More routes than tags (65535) after many reloads: the rest share the last.
+                None if tags.len() > usize::from(u16::MAX) => RouteTag(u16::MAX),
+                None => {
+                    tags.push(route.to_owned());
+                    RouteTag((tags.len() - 1) as u16)
+                }
+            }
+        };
         let created = Arc::new(RouteMetrics {
+            tag,
             outcomes: Outcome::ALL
                 .iter()
                 .map(|o| {
@@ -220,7 +329,10 @@ impl Metrics {
                 .collect(),
             upstream: self.upstream.get_or_create_owned(&label),
             wait: self.wait.get_or_create_owned(&label),
+            unknown: self.unknown.get_or_create_owned(&label),
         });
+        // Its evictions series exists from the start, at 0, as its other series do.
+        let _ = self.evictions.get_or_create(&label);
         self.routes
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -229,16 +341,39 @@ impl Metrics {
             .clone()
     }
 
+    /// The connection gauges and counters.
+    pub fn connections(&self) -> &ConnectionMetrics {
+        &self.connections
+    }
+
     /// Marks an owner as running upstream until the guard drops.
     pub fn owner_running(self: &Arc<Self>) -> InFlightGuard {
         self.in_flight.inc();
-        InFlightGuard(Arc::clone(self))
+        InFlightGuard(self.in_flight.clone())
+    }
+
+    /// Marks a duplicate as waiting for its owner until the guard drops.
+    pub fn duplicate_waiting(&self) -> InFlightGuard {
+        self.waiting.inc();
+        InFlightGuard(self.waiting.clone())
     }
 
     /// The Prometheus text exposition, with the store gauges read now.
     pub fn render(&self, stats: StoreStats) -> String {
         self.store_entries.set(stats.entries as i64);
         self.store_bytes.set(stats.bytes as i64);
+        {
+            let tags = self.tags.read().unwrap_or_else(|p| p.into_inner());
+            for (tag, total) in &stats.evictions {
+                let route = tags.get(usize::from(tag.0)).cloned().unwrap_or_default();
+                let counter = self.evictions.get_or_create_owned(&RouteLabel { route });
+                // The store counts totals; the counter follows them.
+                counter.inc_by(total.saturating_sub(counter.get()));
+            }
+        }
+        // The store counts the total; the counter follows it.
+        self.reaped
+            .inc_by(stats.reaped.saturating_sub(self.reaped.get()));
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -246,13 +381,68 @@ impl Metrics {
     }
 }
 
+/// Decrements a gauge (owners running, duplicates waiting) on drop, whichever way the
+/// request ends.
+/// Connections on both sides: how many are open, and how often the caps made one wait
+/// (`connections.max_client`, `connections.max_upstream`); lingering closes.
+#[derive(Debug, Default)]
+pub struct ConnectionMetrics {
+    /// Client connections open now (lingering ones included).
+    pub client_open: Gauge,
+    /// New client connections that waited for a slot under `max_client`.
+    pub client_waited: Counter,
+    /// Client connections in a lingering close now.
+    pub lingering: Gauge,
+    /// Lingering closes ended by their time, gap or byte bound rather than by the client.
+    pub lingering_cut: Counter,
+    /// Upstream connections open now.
+    pub upstream_open: Gauge,
+    /// Requests that waited for an upstream connection under `max_upstream`.
+    pub upstream_waited: Counter,
+}
+
+impl ConnectionMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "client_connections",
+            "Client connections open",
+            self.client_open.clone(),
+        );
+        registry.register(
+            "client_connections_waited",
+            "New client connections that waited for a slot under connections.max_client",
+            self.client_waited.clone(),
+        );
+        registry.register(
+            "lingering_connections",
+            "Client connections in a lingering close (reading and dropping what the client still sends after the answer)",
+            self.lingering.clone(),
+        );
+        registry.register(
+            "lingering_cut",
+            "Lingering closes ended by lingering_time, lingering_timeout or lingering_bytes",
+            self.lingering_cut.clone(),
+        );
+        registry.register(
+            "upstream_connections",
+            "Upstream connections open",
+            self.upstream_open.clone(),
+        );
+        registry.register(
+            "upstream_connections_waited",
+            "Requests that waited for an upstream connection under connections.max_upstream",
+            self.upstream_waited.clone(),
+        );
+    }
+}
+
 /// Decrements the in-flight gauge on drop, whichever way the owner ends.
 #[derive(Debug)]
-pub struct InFlightGuard(Arc<Metrics>);
+pub struct InFlightGuard(Gauge);
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.0.in_flight.dec();
+        self.0.dec();
     }
 }
 
@@ -267,11 +457,18 @@ mod tests {
         m.route("orders").count(Outcome::Replayed);
         m.route("orders").upstream_latency(Duration::from_millis(3));
         let guard = m.owner_running();
+        let orders = m.route("orders").tag();
         let text = m.render(StoreStats {
             entries: 7,
             in_flight: 1,
             bytes: 900,
+            evictions: vec![(orders, 3)],
+            reaped: 0,
         });
+        assert!(
+            text.contains(r#"idemgate_store_evictions_total{route="orders"} 3"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"idemgate_requests_total{route="orders",outcome="replayed"} 2"#),
             "{text}"

@@ -4,12 +4,15 @@
 //! complete or release.
 
 pub mod admission;
+pub mod answer;
 pub mod body;
 pub mod detach;
 pub mod fresh;
 pub mod handler;
 pub mod headers;
+pub mod observe;
 pub mod passthrough;
+mod problem;
 pub mod protected;
 pub mod tokens;
 pub mod upstream;

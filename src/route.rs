@@ -1,5 +1,8 @@
 //! Route matching: which configured route (if any) a request belongs to, by host, method and
 //! path pattern. Patterns are compiled once at config load; matching allocates nothing.
+//! Paths are matched in their [`normalize`]d form.
+
+pub mod normalize;
 
 use std::fmt;
 

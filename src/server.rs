@@ -1,6 +1,8 @@
-//! Listeners: the proxy port (HTTP/1.1 and cleartext HTTP/2, chosen per connection) and the
-//! optional admin port, each with a graceful drain: on shutdown, stop accepting, let open
-//! connections finish their requests, then return.
+//! Listeners: the proxy port (HTTP/1.1 and cleartext HTTP/2, chosen per connection, served
+//! by hyper-util's auto builder) and the optional admin port, each with a graceful drain: on
+//! shutdown, stop accepting, let open connections finish their requests, then return. The
+//! proxy port serves at most `connections.max_client` connections at once and closes each
+//! lingering ([`linger`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -14,42 +16,55 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 
-use crate::config::{Config, StoreConfig};
+use crate::config::{Config, Linger, StoreConfig};
 use crate::key::Digest;
+use crate::metrics::Metrics;
 use crate::proxy::body::{ProxyBody, RequestBody};
 use crate::proxy::{Connection, Proxy};
-use crate::store::{MemoryStore, RedisStore, Store, StoreError};
+use crate::store::{MemoryStore, MysqlStore, PostgresStore, RedisStore, Store, StoreError};
 use sha2::{Digest as _, Sha256};
 
 mod header_timer;
-mod http1;
+pub mod linger;
 mod stop;
 use header_timer::ConnTimer;
 use stop::StopSignal;
 
-/// Builds the store a config names. Redis is connected lazily: a server that is down at
-/// start is reported (and `/readyz` fails) but does not stop the proxy.
+/// Builds the store a config names. Redis and the SQL stores connect lazily: a server that
+/// is down at start is reported (and `/readyz` fails) but does not stop the proxy.
 pub fn open_store(config: &Config) -> Result<Store, StoreError> {
     Ok(match &config.store {
         StoreConfig::Memory(limits) => Store::Memory(Arc::new(MemoryStore::new(*limits))),
         StoreConfig::Redis(settings) => Store::Redis(Arc::new(RedisStore::connect(settings)?)),
+        StoreConfig::Postgres(settings) => Store::Postgres(PostgresStore::connect(settings)?),
+        StoreConfig::Mysql(settings) => Store::Mysql(MysqlStore::connect(settings)?),
     })
 }
 
 /// Serves the proxy on `listener` until `shutdown` resolves, then drains for at most
 /// `drain` before returning. TLS follows the live config, so a reload renews certificates
-/// for new connections.
+/// for new connections. At most `connections.max_client` connections are served at once
+/// (read at start); each closes lingering (see [`linger`]).
 pub async fn serve_proxy(
     listener: TcpListener,
     proxy: Proxy,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
+    let config = proxy.config();
+    let limits = Limits {
+        slots: Some(Arc::new(Semaphore::new(
+            config.connections.max_client.min(Semaphore::MAX_PERMITS),
+        ))),
+        linger: Some(config.connections.linger),
+        idle: proxy.idle_timeout(),
+        metrics: Some(Arc::clone(proxy.metrics())),
+    };
     let tls_source = proxy.clone();
-    let fast = proxy.clone();
     let tls = move || tls_source.config().tls.clone();
     let service = move |conn: Connection| {
         let proxy = proxy.clone();
@@ -60,7 +75,7 @@ pub async fn serve_proxy(
             async move { Ok::<_, Infallible>(proxy.handle(request, &conn).await) }
         })
     };
-    accept_loop(listener, service, tls, Some(fast), shutdown, drain).await;
+    accept_loop(listener, service, tls, limits, shutdown, drain).await;
 }
 
 /// Serves the admin endpoints on `listener` until `shutdown` resolves.
@@ -70,6 +85,12 @@ pub async fn serve_admin(
     token: Option<String>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let limits = Limits {
+        slots: None,
+        linger: None,
+        idle: IDLE_TIMEOUT,
+        metrics: None,
+    };
     let token: Option<Arc<str>> = token.map(Arc::from);
     let service = move |_conn: Connection| {
         let (proxy, token) = (proxy.clone(), token.clone());
@@ -84,11 +105,23 @@ pub async fn serve_admin(
         listener,
         service,
         || None,
-        None,
+        limits,
         shutdown,
         Duration::from_secs(1),
     )
     .await;
+}
+
+/// What bounds a listener's connections.
+struct Limits {
+    /// One permit per connection served (`connections.max_client`); `None`: no cap.
+    slots: Option<Arc<Semaphore>>,
+    /// How connections close; `None`: at once.
+    linger: Option<Linger>,
+    /// How long a kept-alive connection may go without a request head.
+    idle: Duration,
+    /// Where connections are counted; `None`: not at all.
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// What a connection's requests are served by: the proxy's handler, for hyper.
@@ -118,7 +151,7 @@ async fn accept_loop<F, S>(
     listener: TcpListener,
     make_service: F,
     tls: impl Fn() -> Option<Arc<rustls::ServerConfig>>,
-    fast: Option<Proxy>,
+    limits: Limits,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) where
@@ -127,16 +160,35 @@ async fn accept_loop<F, S>(
 {
     let mut template = auto::Builder::new(TokioExecutor::new());
     // Each connection gets its own copy with its own header timer (see `header_timer`);
-    // HTTP/2 uses tokio's. serve_http1 repeats these HTTP/1 settings.
-    template.http1().header_read_timeout(HEADER_READ_TIMEOUT);
+    // HTTP/2 uses tokio's. The header-read timeout also bounds how long a kept-alive
+    // connection waits for its next request.
+    template.http1().header_read_timeout(limits.idle);
     template.http2().timer(TokioTimer::new());
     let template = Arc::new(template);
     let make_service = Arc::new(make_service);
+    let linger = limits.linger;
+    let metrics = limits.metrics;
     // Each connection holds a sender; when all are dropped, every connection has closed.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
     let stop = StopSignal::default();
     tokio::pin!(shutdown);
     loop {
+        // A slot first: over the cap, new connections wait in the listen backlog.
+        let slot = match &limits.slots {
+            None => None,
+            Some(slots) => match Arc::clone(slots).try_acquire_owned() {
+                Ok(slot) => Some(slot),
+                Err(_) => {
+                    if let Some(metrics) = &metrics {
+                        metrics.connections().client_waited.inc();
+                    }
+                    tokio::select! {
+                        _ = &mut shutdown => break,
+                        slot = Arc::clone(slots).acquire_owned() => slot.ok(),
+                    }
+                }
+            },
+        };
         let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
@@ -155,43 +207,21 @@ async fn accept_loop<F, S>(
         let template = Arc::clone(&template);
         let open = open_tx.clone();
         let stop = stop.clone();
-        let fast = fast.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             let _open = open;
-            match (tls, fast) {
-                (None, Some(proxy)) => {
-                    // Plain HTTP/1.1 requests are served by the fast path; the first one it
-                    // does not take, and everything after, by hyper.
-                    let Some(handoff) = http1::serve(stream, peer, &proxy, &stop).await else {
-                        return;
-                    };
-                    if stop.is_stopped() {
-                        // hyper would be told to stop before it read the request: close.
-                        return;
-                    }
-                    let http1::Handoff {
-                        read,
-                        stream,
-                        conn,
-                        served,
-                    } = handoff;
-                    let service = make_service(conn);
-                    let io = http1::Prefixed::new(read, stream);
-                    if served {
-                        // Boxed: rare, and inline it would grow every connection's task.
-                        Box::pin(serve_http1(io, service, stop, peer)).await;
-                    } else {
-                        let builder = connection_builder(&template);
-                        serve_one(&builder, io, service, stop, peer).await;
-                    }
-                }
-                (None, None) => {
-                    let builder = connection_builder(&template);
+            let _slot = slot;
+            let _counted = metrics
+                .as_ref()
+                .map(|m| Counted::new(m.connections().client_open.clone()));
+            let (stream, returned) = linger::Returning::new(stream);
+            let builder = connection_builder(&template);
+            match tls {
+                None => {
                     let service = make_service(Connection::plain(peer));
                     serve_one(&builder, TokioIo::new(stream), service, stop, peer).await;
                 }
-                (Some(config), _) => {
-                    let builder = connection_builder(&template);
+                Some(config) => {
                     // The handshake runs here, off the accept loop, bounded so a silent
                     // client cannot hold a task forever.
                     let handshake = tokio_rustls::TlsAcceptor::from(config).accept(stream);
@@ -214,6 +244,13 @@ async fn accept_loop<F, S>(
                     serve_one(&builder, TokioIo::new(stream), service, stop, peer).await;
                 }
             }
+            // hyper has dropped the socket by now (unless an upgrade took it along).
+            if let (Some(bounds), Some(metrics)) = (linger, &metrics) {
+                if let Ok(stream) = returned.await {
+                    // Boxed: its buffer and timer stay off every connection's task.
+                    Box::pin(linger::close(stream, bounds, metrics.connections())).await;
+                }
+            }
         });
     }
     drop(listener);
@@ -224,9 +261,8 @@ async fn accept_loop<F, S>(
     }
 }
 
-/// A client that opens a connection and trickles its request head (slowloris) is cut off
-/// after this, as by nginx's client_header_timeout.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a kept-alive connection of the admin listener may wait for its next request.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The server builder for one connection: the template with the connection's own header
 /// timer (see `header_timer`).
@@ -234,6 +270,22 @@ fn connection_builder(template: &auto::Builder<TokioExecutor>) -> auto::Builder<
     let mut builder = template.clone();
     builder.http1().timer(ConnTimer::default());
     builder
+}
+
+/// A gauge up while the value lives.
+struct Counted(Gauge);
+
+impl Counted {
+    fn new(gauge: Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Serves one connection (HTTP/1.1 or HTTP/2 by ALPN or preface) until it closes, or until
@@ -249,25 +301,6 @@ async fn serve_one<I, S>(
     S: ConnService,
 {
     let conn = builder.serve_connection_with_upgrades(io, service);
-    tokio::pin!(conn);
-    until_stopped(conn, |conn| conn.graceful_shutdown(), stop, peer).await;
-}
-
-/// Serves the rest of a connection the fast path has answered requests on, as HTTP/1.1
-/// only: an HTTP/2 preface opens a connection (RFC 9113 §3.3) and is refused after a
-/// request. (hyper-util's `http1_only` does nothing for a connection served with upgrades.)
-async fn serve_http1<I, S>(io: I, service: S, stop: StopSignal, peer: SocketAddr)
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: ConnService,
-{
-    // The template's HTTP/1 settings, and connection_builder's timer: a setting added
-    // there belongs here too.
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(ConnTimer::default())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let conn = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(conn);
     until_stopped(conn, |conn| conn.graceful_shutdown(), stop, peer).await;
 }

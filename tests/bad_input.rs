@@ -166,27 +166,11 @@ async fn dead_upstream_is_502_and_releases_the_key() {
     let a = post(proxy.addr, "/orders", &[("idempotency-key", "k")], "{}").await;
     assert_problem(&a, StatusCode::BAD_GATEWAY, "upstream-unreachable");
     assert!(!String::from_utf8_lossy(&a.body).contains(&dead.port().to_string()));
+    // Never sent, so released: the retry is tried again (another 502), not held (409).
     let key_state = post(proxy.addr, "/orders", &[("idempotency-key", "k")], "{}").await;
-    assert_eq!(
-        key_state.status,
-        StatusCode::BAD_GATEWAY,
-        "released: tried again, not 409"
-    );
+    assert_problem(&key_state, StatusCode::BAD_GATEWAY, "upstream-unreachable");
     let pass = send(proxy.addr, Method::GET, "/anything", &[], "").await;
     assert_problem(&pass, StatusCode::BAD_GATEWAY, "upstream-unreachable");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upstream_timeout_is_504_and_releases_the_key() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(upstream.addr, ROUTES).await;
-    let slow = [("idempotency-key", "late"), ("x-test-delay-ms", "3000")];
-    let a = post(proxy.addr, "/orders", &slow, "{}").await;
-    assert_problem(&a, StatusCode::GATEWAY_TIMEOUT, "upstream-timeout");
-    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "late")], "{}").await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert!(!retry.replayed());
-    assert_eq!(upstream.executed(), 2);
 }
 
 /// A client that stops sending a protected request's body gets a 408 problem once the

@@ -1,6 +1,8 @@
 //! Config parsing and `idemgate check`: every SPEC example parses; errors name
 //! file:line:column and the offending key.
 
+mod common;
+
 use std::process::Command;
 
 use idemgate::config::{Config, ConfigError, Protection};
@@ -189,17 +191,16 @@ fn check_command_prints_routes_and_exits_by_validity() {
 
 #[test]
 fn explain_command_shows_the_key_and_what_was_ignored() {
-    let bin = env!("CARGO_BIN_EXE_idemgate");
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("proxy.yaml");
     std::fs::write(&config, SPEC_PROXY).unwrap();
     let body = dir.path().join("body.json");
     std::fs::write(&body, r#"{"choice":"b","timestamp":1700000000,"lat":1.5}"#).unwrap();
     let run = |body_file: &std::path::Path| {
-        let out = Command::new(bin)
-            .args(["explain", "--config"])
-            .arg(&config)
-            .args([
+        let body_file = body_file.to_str().unwrap();
+        common::explain_cli(
+            &config,
+            &[
                 "--method",
                 "POST",
                 "--path",
@@ -207,16 +208,9 @@ fn explain_command_shows_the_key_and_what_was_ignored() {
                 "-H",
                 "X-User-Id: u1",
                 "--body",
-            ])
-            .arg(body_file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+                body_file,
+            ],
+        )
     };
     let text = run(&body);
     assert!(text.contains("route:             vote"), "{text}");
@@ -237,4 +231,129 @@ fn explain_command_shows_the_key_and_what_was_ignored() {
         digest(&run(&body)),
         "ignored fields do not change the key"
     );
+}
+
+fn top(rest: &str) -> String {
+    format!("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n{rest}")
+}
+
+#[test]
+fn identity_settings_parse_and_their_mistakes_name_the_fix() {
+    let config = Config::parse(
+        &top("trusted_proxies: [10.0.0.0/8, 192.168.1.7, \"fd00::/8\"]\nsession_cookies: [my_sess]\n"),
+        "p.yaml",
+    )
+    .unwrap();
+    assert_eq!(config.identity.trusted_proxies.blocks().len(), 3);
+    assert_eq!(config.identity.session_cookies, ["my_sess"]);
+    let (line, _, key, message) = invalid(&top("trusted_proxies: [10.0.0.1/8]\n"));
+    assert_eq!((line, key.as_str()), (3, "trusted_proxies[0]"));
+    assert!(message.contains("write 10.0.0.0/8"), "{message}");
+    let (_, _, key, message) = invalid(&top("session_cookies: [\"a b\"]\n"));
+    assert_eq!(key, "session_cookies");
+    assert!(message.contains("not a cookie name"), "{message}");
+}
+
+#[test]
+fn fingerprint_ttl_applies_to_derived_keys_only() {
+    let text = top(
+        "defaults: { ttl: 1h, fingerprint_ttl: 30s }\nroutes:\n  - name: h\n    match: { path: /h }\n    key: { header: K }\n  - name: f\n    match: { path: /f }\n    key: { fingerprint: { body: true } }\n  - name: own\n    match: { path: /o }\n    key: { fingerprint: { body: true } }\n    ttl: 5m\n",
+    );
+    let config = Config::parse(&text, "p.yaml").unwrap();
+    let ttl = |p: &Protection| match p {
+        Protection::On(p) => p.policy.ttl.as_secs(),
+        Protection::Off => panic!("protected"),
+    };
+    let ttls: Vec<u64> = config.routes.iter().map(|r| ttl(&r.protection)).collect();
+    assert_eq!(ttls, [3600, 30, 300]);
+    assert_eq!(
+        ttl(&config.fallback),
+        30,
+        "the default key is a fingerprint"
+    );
+    let (_, _, key, _) = invalid(&top("defaults: { fingerprint_ttl: 0s }\n"));
+    assert_eq!(key, "defaults.fingerprint_ttl");
+}
+
+#[test]
+fn a_fingerprint_beside_a_client_key_is_its_payload_check_and_nowhere_else() {
+    let config = Config::parse(
+        &route_with_key("key: { header: K, fingerprint: { query: false, ignore: [note] } }\n"),
+        "k.yaml",
+    )
+    .unwrap();
+    let Protection::On(p) = &config.routes[0].protection else {
+        panic!()
+    };
+    assert!(matches!(p.key.source, KeySource::Header(_)));
+    assert!(!p.key.payload.query && p.key.payload.ignore.ignores_name(b"note"));
+    let (_, _, _, message) = invalid(&route_with_key("key: { fields: [/a], fingerprint: {} }\n"));
+    assert!(message.contains("exactly one source"), "{message}");
+}
+
+#[test]
+fn admin_tokens_and_store_keys_come_from_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token"), "s3cret\n").unwrap();
+    std::fs::write(dir.path().join("store.key"), "ab".repeat(32)).unwrap();
+    std::fs::write(dir.path().join("short.key"), "abcd").unwrap();
+    let path = dir.path().join("proxy.yaml");
+    let write = |rest: &str| std::fs::write(&path, top(rest)).unwrap();
+    write("admin: { listen: 127.0.0.1:9901, token_file: token }\nstore: { encrypt: { key_file: store.key } }\n");
+    let config = Config::load(&path).unwrap();
+    assert_eq!(config.admin.unwrap().token.as_deref(), Some("s3cret"));
+    assert_eq!(config.encrypt.unwrap().key_ids().len(), 1);
+    for (rest, key, says) in [
+        (
+            "admin: { listen: 127.0.0.1:9901, token: a, token_file: token }\n",
+            "admin",
+            "not both",
+        ),
+        (
+            "admin: { listen: 127.0.0.1:9901, token_file: missing }\n",
+            "admin.token_file",
+            "missing",
+        ),
+        (
+            "store: { encrypt: { key_file: short.key } }\n",
+            "store.encrypt",
+            "64 hex digits",
+        ),
+        (
+            "store: { encrypt: { keys: [{ file: store.key }, { file: store.key }] } }\n",
+            "store.encrypt",
+            "twice",
+        ),
+        (
+            "store: { encrypt: { key_env: IDEMGATE_TEST_UNSET_KEY } }\n",
+            "store.encrypt",
+            "IDEMGATE_TEST_UNSET_KEY",
+        ),
+    ] {
+        write(rest);
+        match Config::load(&path) {
+            Err(ConfigError::Invalid {
+                key: k, message, ..
+            }) => {
+                assert_eq!(k, key, "{rest}");
+                assert!(message.contains(says), "{rest}: {message}");
+            }
+            other => panic!("{rest}: {other:?}"),
+        }
+    }
+}
+
+/// A scope of only a header lets every request without it share one key: `check` says so,
+/// and what to write instead; the default scope draws no note.
+#[test]
+fn check_notes_scopes_that_let_callers_share_a_key() {
+    let config = Config::parse(SPEC_PROXY, "spec.yaml").unwrap();
+    let notes = config.notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("route vote") && notes[0].contains("`scope: [header:x-user-id, caller]`"),
+        "{notes:?}"
+    );
+    let plain = Config::parse(&top(""), "p.yaml").unwrap();
+    assert!(plain.notes().is_empty());
 }

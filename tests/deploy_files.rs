@@ -108,6 +108,10 @@ fn shipped_configs() -> Vec<(&'static str, String)> {
     vec![
         ("deploy/compose/proxy.yaml", read("compose/proxy.yaml")),
         (
+            "deploy/compose/proxy.postgres.yaml",
+            read("compose/proxy.postgres.yaml"),
+        ),
+        (
             "deploy/kubernetes/configmap.yaml (data.proxy.yaml)",
             configmap_proxy_yaml(),
         ),
@@ -115,8 +119,54 @@ fn shipped_configs() -> Vec<(&'static str, String)> {
     ]
 }
 
+/// Loads a shipped config, its secret files (admin token, store key) stood in for by files
+/// of this test: the shipped paths exist only where the orchestrator mounts them.
 fn parse_config(name: &str, text: &str) -> Config {
-    Config::parse(text, name).unwrap_or_else(|e| panic!("{e}"))
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let text = with_local_secrets(text, dir.path());
+    Config::parse(&text, name).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The token the stand-in admin token files hold.
+const TEST_ADMIN_TOKEN: &str = "deploy-test-token";
+
+/// `text` with `admin.token_file` and `store.encrypt.key_file` pointed at files written in
+/// `dir` (a token, a key), everything else as shipped.
+fn with_local_secrets(text: &str, dir: &Path) -> String {
+    let mut doc: Value = serde_yaml_ng::from_str(text).expect("a YAML mapping");
+    if let Some(file) = doc.get_mut("admin").and_then(|a| a.get_mut("token_file")) {
+        let path = dir.join("admin-token");
+        fs::write(&path, format!("{TEST_ADMIN_TOKEN}\n")).expect("write token");
+        *file = Value::String(path.display().to_string());
+    }
+    let key_file = doc
+        .get_mut("store")
+        .and_then(|s| s.get_mut("encrypt"))
+        .and_then(|e| e.get_mut("key_file"));
+    if let Some(file) = key_file {
+        let path = dir.join("store-key");
+        fs::write(&path, "07".repeat(32)).expect("write key");
+        *file = Value::String(path.display().to_string());
+    }
+    serde_yaml_ng::to_string(&doc).expect("serializable")
+}
+
+/// Where a shipped config reads its admin token: a file, never a token written into a
+/// file of the repository.
+fn admin_token_file(name: &str, text: &str) -> String {
+    let doc: Value = serde_yaml_ng::from_str(text).expect("a YAML mapping");
+    let admin = doc
+        .get("admin")
+        .unwrap_or_else(|| panic!("{name}: no admin"));
+    assert!(
+        admin.get("token").is_none(),
+        "{name}: a literal admin token in the repository is no secret"
+    );
+    admin
+        .get("token_file")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{name}: admin has no token_file"))
+        .to_owned()
 }
 
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -141,7 +191,9 @@ fn every_yaml_file_under_deploy_parses() {
     // The walk must see the files the other tests rely on, or a move would skip them silently.
     for expected in [
         "compose/proxy.yaml",
+        "compose/proxy.postgres.yaml",
         "docker-compose.yml",
+        "docker-compose.postgres.yml",
         "kubernetes/configmap.yaml",
         "kubernetes/deployment.yaml",
         "kubernetes/service.yaml",
@@ -168,8 +220,77 @@ fn every_shipped_config_is_accepted_by_the_config_loader() {
     for (name, text) in shipped_configs() {
         let config = parse_config(name, &text);
         // The orchestrators (compose healthcheck, kubelet probes) need the admin listener.
-        assert!(config.admin.is_some(), "{name}: no admin listener to probe");
+        let admin = config
+            .admin
+            .unwrap_or_else(|| panic!("{name}: no admin listener to probe"));
+        assert_eq!(
+            admin.token.as_deref(),
+            Some(TEST_ADMIN_TOKEN),
+            "{name}: the admin listener has no token"
+        );
     }
+}
+
+/// The admin port shows stored answers and deletes keys: no shipped deployment serves it
+/// without a token, and each hands the token file over the way its orchestrator keeps
+/// secrets (compose secrets, a Kubernetes Secret volume, a systemd credential).
+#[test]
+fn no_deployment_serves_admin_without_a_token_from_a_secret() {
+    // Compose: a secret of the idemgate service, from a file kept out of git.
+    for (file, proxy) in COMPOSE_DEMOS {
+        let token_file = admin_token_file(proxy, &read(proxy));
+        let name = token_file
+            .strip_prefix("/run/secrets/")
+            .expect("compose secrets are mounted under /run/secrets");
+        let compose = compose_file(file);
+        let secrets: Vec<&str> = items(&compose, "services.idemgate.secrets")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            secrets.contains(&name),
+            "{file}: the idemgate service lacks secret {name}"
+        );
+        let source = text_at(at(&compose, "secrets"), &format!("{name}.file"));
+        let ignored = read("compose/secrets/.gitignore");
+        assert!(
+            source.starts_with("./compose/secrets/") && ignored.lines().any(|l| l == "*"),
+            "{file}: {source}: secret files live in a directory git ignores"
+        );
+    }
+
+    // Kubernetes: the token file's directory is a Secret volume of the sidecar.
+    let kube_file = admin_token_file("configmap.yaml", &configmap_proxy_yaml());
+    let dir = Path::new(&kube_file)
+        .parent()
+        .expect("a directory")
+        .to_str()
+        .unwrap();
+    let pod = pod_spec();
+    let mount = items(container(&pod, "idemgate"), "volumeMounts")
+        .iter()
+        .find(|m| m.get("mountPath").and_then(Value::as_str) == Some(dir))
+        .unwrap_or_else(|| panic!("nothing is mounted at {dir}"));
+    let volume = items(&pod, "volumes")
+        .iter()
+        .find(|v| v.get("name") == mount.get("name"))
+        .expect("the mount's volume");
+    assert!(
+        volume.get("secret").is_some(),
+        "{dir} is not a Secret volume"
+    );
+
+    // systemd: a credential of the unit.
+    let unit_file = admin_token_file("systemd/proxy.yaml", &read("systemd/proxy.yaml"));
+    let credential = unit_file
+        .strip_prefix("/run/credentials/idemgate.service/")
+        .expect("a systemd credential path");
+    let unit = unit_settings(&read("systemd/idemgate.service"));
+    assert!(
+        unit.iter().any(|(k, v)| k == "LoadCredential"
+            && v.split_once(':').is_some_and(|(id, _)| id == credential)),
+        "the unit loads no credential {credential}"
+    );
 }
 
 // ---- the real binary with each shipped config ------------------------------------------
@@ -184,9 +305,11 @@ fn free_ports<const N: usize>() -> [u16; N] {
 }
 
 /// The shipped config, made runnable here: listen and admin on loopback ports of this test,
-/// Redis pointed at a port where nothing listens. Everything else is left as shipped.
-fn local_copy(text: &str, proxy: u16, admin: u16, dead_redis: u16) -> String {
-    let mut doc: Value = serde_yaml_ng::from_str(text).expect("a YAML mapping");
+/// Redis or PostgreSQL pointed at a port where nothing listens. Everything else is left as
+/// shipped.
+fn local_copy(text: &str, dir: &Path, proxy: u16, admin: u16, dead_redis: u16) -> String {
+    let text = with_local_secrets(text, dir);
+    let mut doc: Value = serde_yaml_ng::from_str(&text).expect("a YAML mapping");
     doc["listen"] = Value::String(format!("127.0.0.1:{proxy}"));
     let admin_addr = Value::String(format!("127.0.0.1:{admin}"));
     // `{ listen, token }` keeps its token; the address form is replaced.
@@ -204,6 +327,9 @@ fn local_copy(text: &str, proxy: u16, admin: u16, dead_redis: u16) -> String {
         if let Some(Value::Sequence(seeds)) = redis.get_mut("cluster") {
             seeds.iter_mut().for_each(|s| *s = dead.clone());
         }
+    }
+    if let Some(postgres) = doc.get_mut("store").and_then(|s| s.get_mut("postgres")) {
+        postgres["url"] = Value::String(format!("postgres://idemgate@127.0.0.1:{dead_redis}/x"));
     }
     serde_yaml_ng::to_string(&doc).expect("serializable")
 }
@@ -232,9 +358,14 @@ impl Drop for Running {
 /// One HTTP/1.1 GET over a raw socket; the whole response as text, or None if the admin
 /// port does not accept connections (yet).
 fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    http_get_with(addr, path, "")
+}
+
+/// [`http_get`] with extra header lines (each ending in CRLF).
+fn http_get_with(addr: SocketAddr, path: &str, extra: &str) -> Option<String> {
     let mut stream = TcpStream::connect(addr).ok()?;
     stream.set_read_timeout(Some(HANG_GUARD)).ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).ok()?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).ok()?;
@@ -249,7 +380,7 @@ fn start_with(name: &str, text: &str) -> (Running, SocketAddr) {
     let config = dir.path().join("proxy.yaml");
     fs::write(
         &config,
-        local_copy(text, proxy_port, admin_port, dead_redis),
+        local_copy(text, dir.path(), proxy_port, admin_port, dead_redis),
     )
     .expect("write config");
     let log = dir.path().join("idemgate.log");
@@ -293,15 +424,15 @@ fn start_with(name: &str, text: &str) -> (Running, SocketAddr) {
     }
 }
 
-/// Starts the shipped config and checks what its store means for readiness: a Redis that is
-/// down (as here) must not stop the proxy but must fail `/readyz`, so the orchestrator keeps
-/// traffic away until Redis answers; the memory store is ready at once.
+/// Starts the shipped config and checks what its store means for readiness: a Redis or a
+/// database that is down (as here) must not stop the proxy but must fail `/readyz`, so the
+/// orchestrator keeps traffic away until it answers; the memory store is ready at once.
 fn serves_with(name: &str, text: &str) {
     let config = parse_config(name, text);
     let (running, admin) = start_with(name, text);
     let ready = http_get(admin, "/readyz").expect("/readyz answers");
     let expected = match config.store {
-        StoreConfig::Redis(_) => "HTTP/1.1 503",
+        StoreConfig::Redis(_) | StoreConfig::Postgres(_) | StoreConfig::Mysql(_) => "HTTP/1.1 503",
         StoreConfig::Memory(_) => "HTTP/1.1 200",
     };
     assert!(
@@ -309,11 +440,24 @@ fn serves_with(name: &str, text: &str) {
         "{name}: /readyz answered {ready:?}, expected {expected}:\n{}",
         running.log()
     );
+    let anonymous = http_get(admin, "/metrics").expect("/metrics answers");
+    assert!(anonymous.starts_with("HTTP/1.1 401"), "{name}: {anonymous}");
+    let bearer = format!("Authorization: Bearer {TEST_ADMIN_TOKEN}\r\n");
+    let metrics = http_get_with(admin, "/metrics", &bearer).expect("/metrics answers");
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{name}: {metrics}");
 }
 
 #[test]
 fn the_binary_serves_with_the_compose_config_while_redis_is_down() {
     serves_with("deploy/compose/proxy.yaml", &read("compose/proxy.yaml"));
+}
+
+#[test]
+fn the_binary_serves_with_the_postgres_compose_config_while_the_database_is_down() {
+    serves_with(
+        "deploy/compose/proxy.postgres.yaml",
+        &read("compose/proxy.postgres.yaml"),
+    );
 }
 
 #[test]
@@ -630,15 +774,26 @@ fn the_dockerfile_image_runs_idemgate_as_a_non_root_user() {
     }
 }
 
-fn compose() -> Value {
-    documents(&read("docker-compose.yml"), "docker-compose.yml").remove(0)
+/// The compose demos: each file with the idemgate config it mounts.
+const COMPOSE_DEMOS: [(&str, &str); 2] = [
+    ("docker-compose.yml", "compose/proxy.yaml"),
+    ("docker-compose.postgres.yml", "compose/proxy.postgres.yaml"),
+];
+
+fn compose_file(file: &str) -> Value {
+    documents(&read(file), file).remove(0)
 }
 
 #[test]
 fn the_compose_build_targets_are_stages_of_the_dockerfile() {
+    for (file, _) in COMPOSE_DEMOS {
+        build_targets_are_stages(&compose_file(file));
+    }
+}
+
+fn build_targets_are_stages(compose: &Value) {
     let stages: Vec<String> = dockerfile_stages().into_iter().map(|(n, _)| n).collect();
-    let compose = compose();
-    let services = at(&compose, "services").as_mapping().expect("services");
+    let services = at(compose, "services").as_mapping().expect("services");
     for (name, service) in services {
         if let Some(build) = service.get("build") {
             assert_eq!(
@@ -657,11 +812,16 @@ fn the_compose_build_targets_are_stages_of_the_dockerfile() {
 
 #[test]
 fn the_compose_demo_exposes_only_idemgate_and_admin_on_loopback() {
-    let compose = compose();
-    let config = parse_config("deploy/compose/proxy.yaml", &read("compose/proxy.yaml"));
+    for (file, config) in COMPOSE_DEMOS {
+        exposes_only_idemgate_and_admin(&compose_file(file), config);
+    }
+}
+
+fn exposes_only_idemgate_and_admin(compose: &Value, config_file: &str) {
+    let config = parse_config(config_file, &read(config_file));
     // The app must not be published: duplicates sent to it directly would execute.
-    assert!(at(&compose, "services.app").get("ports").is_none());
-    let idemgate = at(&compose, "services.idemgate");
+    assert!(at(compose, "services.app").get("ports").is_none());
+    let idemgate = at(compose, "services.idemgate");
     let ports: Vec<&str> = items(idemgate, "ports")
         .iter()
         .map(|p| p.as_str().expect("short port syntax"))
@@ -686,11 +846,10 @@ fn the_compose_demo_exposes_only_idemgate_and_admin_on_loopback() {
     );
     // The mounted file is the shipped config, where the command reads it.
     let volumes = items(idemgate, "volumes");
+    let mount = format!("./{config_file}:/etc/idemgate/proxy.yaml:ro");
     assert!(
-        volumes
-            .iter()
-            .any(|v| v.as_str() == Some("./compose/proxy.yaml:/etc/idemgate/proxy.yaml:ro")),
-        "compose/proxy.yaml is not mounted at /etc/idemgate/proxy.yaml: {volumes:?}"
+        volumes.iter().any(|v| v.as_str() == Some(mount.as_str())),
+        "{config_file} is not mounted at /etc/idemgate/proxy.yaml: {volumes:?}"
     );
     // Docker's default stop timeout (10s) would SIGKILL idemgate mid-drain.
     let grace = parse_duration(text_at(idemgate, "stop_grace_period")).expect("a duration");
@@ -698,5 +857,52 @@ fn the_compose_demo_exposes_only_idemgate_and_admin_on_loopback() {
         grace > config.drain_timeout,
         "stop_grace_period {grace:?} <= drain_timeout {:?}",
         config.drain_timeout
+    );
+}
+
+/// The PostgreSQL demo: the database idemgate's URL names is the compose service, with the
+/// user, password and database the URL carries, ready before idemgate starts, unpublished,
+/// and with its data in a volume, so the stored answers outlive a restart of the container.
+#[test]
+fn the_postgres_compose_demo_points_idemgate_at_its_own_database() {
+    let compose = compose_file("docker-compose.postgres.yml");
+    let config = parse_config(
+        "deploy/compose/proxy.postgres.yaml",
+        &read("compose/proxy.postgres.yaml"),
+    );
+    let StoreConfig::Postgres(settings) = config.store else {
+        panic!("compose/proxy.postgres.yaml: not a postgres store");
+    };
+    // postgres://USER:PASSWORD@HOST:PORT/DB
+    let rest = settings
+        .url
+        .strip_prefix("postgres://")
+        .expect("postgres://");
+    let (credentials, place) = rest.split_once('@').expect("user@host");
+    let (user, password) = credentials.split_once(':').expect("user:password");
+    let (address, db) = place.split_once('/').expect("host/db");
+    let (host, port) = address.split_once(':').expect("host:port");
+    let postgres = at(&compose, "services.postgres");
+    assert_eq!(host, "postgres", "the URL names the compose service");
+    assert_eq!(text_at(postgres, "environment.POSTGRES_USER"), user);
+    assert_eq!(text_at(postgres, "environment.POSTGRES_PASSWORD"), password);
+    assert_eq!(text_at(postgres, "environment.POSTGRES_DB"), db);
+    assert!(
+        items(postgres, "expose")
+            .iter()
+            .any(|p| p.as_str() == Some(port)),
+        "port {port} not exposed to idemgate"
+    );
+    assert!(postgres.get("ports").is_none(), "the database is published");
+    assert_eq!(
+        text_at(&compose, "services.idemgate.depends_on.postgres.condition"),
+        "service_healthy"
+    );
+    assert!(
+        items(postgres, "volumes")
+            .iter()
+            .filter_map(Value::as_str)
+            .any(|v| v.ends_with(":/var/lib/postgresql/data")),
+        "the database's data is not in a volume"
     );
 }

@@ -113,39 +113,42 @@ routes:
     assert_eq!(upstream.executed(), 2);
 }
 
+/// In reject mode, duplicates of a running request get a 409 with `Retry-After` at once;
+/// once it finished they replay. The owner is held at the upstream until all 49 were
+/// answered, so every one of them meets it in flight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reject_mode_executes_once_and_answers_409_or_replay() {
+async fn reject_mode_answers_409_while_in_flight_and_replays_after() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(
         upstream.addr,
         &format!("defaults: {{ in_flight: reject }}\n{HEADER_ROUTE}"),
     )
     .await;
-    let answers = fire_concurrently(
-        proxy.addr,
-        50,
-        vec![
-            ("idempotency-key", "k-reject".into()),
-            ("x-test-delay-ms", "200".into()),
-        ],
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [("idempotency-key", "k-reject"), ("x-test-gate", "reject")];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("reject", 1).await;
+    let duplicates = fire_concurrently(
+        addr,
+        49,
+        vec![("idempotency-key", "k-reject".into())],
         |_| "{}".into(),
     )
     .await;
-    assert_eq!(upstream.executed(), 1);
-    let mut executed = 0;
-    for a in &answers {
-        match a.status {
-            StatusCode::CREATED if !a.replayed() => executed += 1,
-            StatusCode::CREATED => {}
-            StatusCode::CONFLICT => {
-                assert_eq!(a.headers["retry-after"], "1");
-                assert_eq!(a.headers["content-type"], "application/problem+json");
-            }
-            other => panic!("unexpected {other}"),
-        }
+    for a in &duplicates {
+        assert_eq!(a.status, StatusCode::CONFLICT);
+        assert_eq!(a.headers["retry-after"], "1");
+        assert_eq!(a.headers["content-type"], "application/problem+json");
     }
-    assert_eq!(executed, 1);
-    assert!(answers.iter().any(|a| a.status == StatusCode::CONFLICT));
+    upstream.open("reject");
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.status, StatusCode::CREATED);
+    assert!(!owner.replayed());
+    let after = post(addr, "/orders", &[("idempotency-key", "k-reject")], "{}").await;
+    assert!(after.replayed());
+    assert_eq!(upstream.executed(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,12 +236,14 @@ async fn failed_answers_are_retried_and_successful_ones_are_not() {
     assert_eq!(upstream.executed(), 2, "the 201 was stored");
 }
 
+/// An owner held at the upstream for several of its leases keeps its key: a duplicate
+/// then is answered "in flight" (reject mode), not executed, and replays afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_owner_slower_than_its_lease_keeps_the_key() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(
         upstream.addr,
-        &format!("defaults: {{ lease: 200ms, wait_timeout: 30s }}\n{HEADER_ROUTE}"),
+        &format!("defaults: {{ lease: 200ms, in_flight: reject }}\n{HEADER_ROUTE}"),
     )
     .await;
     let addr = proxy.addr;
@@ -246,24 +251,26 @@ async fn a_live_owner_slower_than_its_lease_keeps_the_key() {
         post(
             addr,
             "/orders",
-            &[("idempotency-key", "slow"), ("x-test-delay-ms", "1500")],
+            &[("idempotency-key", "slow"), ("x-test-gate", "slow")],
             "{}",
         )
         .await
     });
-    // Wait until the owner's request is at the upstream, i.e. well into its claim.
-    while upstream.executed() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    upstream.arrived("slow", 1).await;
+    // Five leases pass while the owner is held: the precondition, not a race.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let duplicate = post(addr, "/orders", &[("idempotency-key", "slow")], "{}").await;
-    let first = slow.await.unwrap();
     assert_eq!(
-        upstream.executed(),
-        1,
-        "renewal kept the duplicate out for 7 leases"
+        duplicate.status,
+        StatusCode::CONFLICT,
+        "the claim did not lapse"
     );
-    assert!(duplicate.replayed());
-    assert_eq!(duplicate.body, first.body);
+    upstream.open("slow");
+    let first = slow.await.unwrap();
+    let again = post(addr, "/orders", &[("idempotency-key", "slow")], "{}").await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(upstream.executed(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -177,3 +177,41 @@ async fn unprotected_routes_and_key_off_pass_every_request() {
         .replayed());
     assert_eq!(upstream.executed(), 6);
 }
+
+/// `idemgate explain` says which identity scopes the key, never its value, and shows the
+/// path routes match.
+#[test]
+fn explain_names_the_caller_tier_and_never_its_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!("listen: 127.0.0.1:1\nupstream: http://127.0.0.1:2\n{ROUTES}"),
+    )
+    .unwrap();
+    let explain = |extra: &[&str]| {
+        let mut args = vec!["--method", "POST", "--path", "/orders//x/../cart"];
+        args.extend_from_slice(extra);
+        common::explain_cli(&config, &args)
+    };
+    let session = explain(&["-H", "Cookie: theme=dark; sessionid=top-secret-session"]);
+    assert!(
+        session.contains("caller by session cookie (sessionid)"),
+        "{session}"
+    );
+    assert!(!session.contains("top-secret"), "{session}");
+    assert!(
+        session.contains("path:              /orders/cart (normalised from /orders//x/../cart)"),
+        "{session}"
+    );
+    assert!(session.contains("ttl:               2m"), "{session}");
+    let bearer = explain(&["-H", "Authorization: Bearer top-secret-token"]);
+    assert!(
+        bearer.contains("caller by Authorization header"),
+        "{bearer}"
+    );
+    assert!(!bearer.contains("top-secret"), "{bearer}");
+    let address = explain(&["--client-ip", "192.0.2.44"]);
+    assert!(address.contains("caller by client address"), "{address}");
+    assert!(!address.contains("192.0.2.44"), "{address}");
+}

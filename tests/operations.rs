@@ -1,7 +1,7 @@
 //! Operating idemgate: metrics move as requests happen, the admin API inspects and deletes
 //! keys, `/readyz` follows the store, `explain` computes the stored digest, SIGHUP reloads
-//! (refusing a broken file), SIGTERM drains and releases, and access logs never carry a
-//! raw key or `Authorization` value.
+//! (refusing a broken file), SIGTERM drains and keeps the claims of calls still running,
+//! and access logs never carry a raw key or `Authorization` value.
 
 mod common;
 
@@ -49,33 +49,28 @@ async fn a_scripted_sequence_moves_each_counter() {
     .await; // released
     post(proxy.addr, "/orders", &[], "{}").await; // unkeyed (key optional)
     send(proxy.addr, Method::GET, "/orders", &[], "").await; // passthrough
-                                                             // waited + conflict: a slow owner, one waiting duplicate, one rejected duplicate.
+                                                             // waited + conflict: two owners held at the upstream, one duplicate parked waiting on
+                                                             // one, one duplicate rejected by the other.
     let addr = proxy.addr;
-    let slow = tokio::spawn(async move {
-        post(
-            addr,
-            "/orders/quick",
-            &[("idempotency-key", "w"), ("x-test-delay-ms", "400")],
-            "{}",
-        )
-        .await
-    });
-    let slow2 = tokio::spawn(async move {
-        post(
-            addr,
-            "/orders",
-            &[("idempotency-key", "w2"), ("x-test-delay-ms", "400")],
-            "{}",
-        )
-        .await
-    });
-    while upstream.executed_for("w") == 0 || upstream.executed_for("w2") == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let held = |path: &'static str, key: &'static str| {
+        tokio::spawn(async move {
+            post(
+                addr,
+                path,
+                &[("idempotency-key", key), ("x-test-gate", "held")],
+                "{}",
+            )
+            .await
+        })
+    };
+    let (slow, slow2) = (held("/orders/quick", "w"), held("/orders", "w2"));
+    upstream.arrived("held", 2).await;
     let conflict = post(addr, "/orders/quick", &k("w"), "{}").await;
     assert_eq!(conflict.status, StatusCode::CONFLICT);
-    let waited = post(addr, "/orders", &k("w2"), "{}").await;
-    assert!(waited.replayed());
+    let waiting = tokio::spawn(async move { post(addr, "/orders", &k("w2"), "{}").await });
+    proxy.metric_reaches("idemgate_waiting", 1.0).await;
+    upstream.open("held");
+    assert!(waiting.await.unwrap().replayed());
     slow.await.unwrap();
     slow2.await.unwrap();
 
@@ -115,10 +110,9 @@ async fn a_scripted_sequence_moves_each_counter() {
         "{text}"
     );
     assert!(text.contains("idemgate_in_flight 0"), "{text}");
-    assert!(
-        text.contains("idemgate_store_entries 3"),
-        "a, w and w2; the released e is gone: {text}"
-    );
+    assert!(text.contains("idemgate_waiting 0"), "{text}");
+    // a, w and w2, and e's failure, kept a few seconds for waiters (it had none).
+    assert!(text.contains("idemgate_store_entries 4"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,7 +163,8 @@ async fn store_errors_and_fail_open_are_counted_and_readyz_follows_the_store() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_digest_is_the_stored_key_and_admin_can_inspect_and_delete_it() {
     let upstream = start_upstream().await;
-    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, Some("support-token")).await;
+    let admin_auth = [("authorization", "Bearer support-token")];
     let body = r#"{"sku":"A1"}"#;
     let headers = [
         ("idempotency-key", "support-1"),
@@ -220,7 +215,7 @@ async fn explain_digest_is_the_stored_key_and_admin_can_inspect_and_delete_it() 
         proxy.admin,
         Method::GET,
         &format!("/keys/{digest}?body=true"),
-        &[],
+        &admin_auth,
         "",
     )
     .await;
@@ -237,7 +232,7 @@ async fn explain_digest_is_the_stored_key_and_admin_can_inspect_and_delete_it() 
         proxy.admin,
         Method::GET,
         &format!("/keys/{digest}"),
-        &[],
+        &admin_auth,
         "",
     )
     .await
@@ -248,7 +243,7 @@ async fn explain_digest_is_the_stored_key_and_admin_can_inspect_and_delete_it() 
         proxy.admin,
         Method::DELETE,
         &format!("/keys/{digest}"),
-        &[],
+        &admin_auth,
         "",
     )
     .await;
@@ -256,7 +251,7 @@ async fn explain_digest_is_the_stored_key_and_admin_can_inspect_and_delete_it() 
     let again = post(proxy.addr, "/orders", &headers, body).await;
     assert!(!again.replayed(), "support let the customer retry");
     assert_eq!(upstream.executed(), 2);
-    let bad = send(proxy.admin, Method::GET, "/keys/xyz", &[], "").await;
+    let bad = send(proxy.admin, Method::GET, "/keys/xyz", &admin_auth, "").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 }
 
@@ -340,13 +335,15 @@ async fn sigterm_lets_a_slow_call_finish_and_stores_its_answer() {
     assert_eq!(upstream.executed(), 1);
 }
 
+/// SIGTERM past the drain: the call still running upstream went out, so its claim is not
+/// released. Another replica's retry is told it is in flight, and once the dead process's
+/// lease lapsed, that its outcome is unknown; it never executes again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_past_the_drain_releases_claims_so_retries_run_elsewhere() {
+async fn sigterm_past_the_drain_keeps_the_claims_of_calls_still_running() {
     let redis = RedisServer::start();
     let upstream = start_upstream().await;
-    // A 60 s lease: without the release at exit, the retry below would wait and get 409.
     let config = format!(
-        "store:\n  redis: {{ url: \"{}\" }}\ndrain_timeout: 300ms\ndefaults: {{ lease: 60s, wait_timeout: 5s }}\nroutes:\n  - name: o\n    match: {{ path: /orders }}\n    key: {{ header: Idempotency-Key }}\n",
+        "store:\n  redis: {{ url: \"{}\" }}\ndrain_timeout: 300ms\ndefaults: {{ lease: 1s, wait_timeout: 200ms }}\nroutes:\n  - name: o\n    match: {{ path: /orders }}\n    key: {{ header: Idempotency-Key }}\n",
         redis.url()
     );
     let mut a = ProxyProcess::start(upstream.addr, &config);
@@ -356,29 +353,38 @@ async fn sigterm_past_the_drain_releases_claims_so_retries_run_elsewhere() {
         let client = common::client();
         let request = http::Request::post(format!("http://{addr}/orders"))
             .header("idempotency-key", "stuck")
-            .header("x-test-delay-ms", "30000")
+            .header("x-test-gate", "stuck")
             .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
             .unwrap();
         client.request(request).await
     });
-    while upstream.executed() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    upstream.arrived("stuck", 1).await;
     a.signal("TERM");
     assert!(a.wait_exit().success());
     let _ = stuck.await;
+    assert!(
+        a.log().contains("their keys stay claimed"),
+        "the exit said so: {}",
+        a.log()
+    );
     let retry = post(b.addr, "/orders", &[("idempotency-key", "stuck")], "{}").await;
-    assert_eq!(
-        retry.status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&retry.body)
-    );
-    assert_eq!(
-        upstream.executed_for("stuck"),
-        2,
-        "released at exit, so B executed it"
-    );
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let held = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: still in flight"
+        );
+        let retry = post(b.addr, "/orders", &[("idempotency-key", "stuck")], "{}").await;
+        assert_eq!(retry.status, StatusCode::CONFLICT);
+        if retry.json()["type"] != "urn:idemgate:problem:in-flight" {
+            break retry;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(held.json()["type"], "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(upstream.executed_for("stuck"), 1, "never run again");
+    upstream.open("stuck");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,5 +442,37 @@ async fn json_logs_carry_the_access_fields() {
     assert!(
         !log.contains("json-1"),
         "the client key never reaches the log"
+    );
+}
+
+/// Every log line a request causes runs in its span, so a warning deep in the protected
+/// path names the request's method, route and key prefix; written to a file, logs carry
+/// no colour codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warning_inside_a_request_names_its_route_and_key() {
+    let upstream = start_upstream().await;
+    let routes = "routes:\n  - name: keyed\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key }\n";
+    let proxy = ProxyProcess::start_logging(upstream.addr, routes, "info");
+    let broken = [("idempotency-key", "broken"), ("x-test-reset", "1")];
+    assert_eq!(
+        post(proxy.addr, "/orders", &broken, "{}").await.status,
+        StatusCode::BAD_GATEWAY
+    );
+    wait_until(
+        || proxy.log().contains("outcome unknown, key held"),
+        "the warning",
+    );
+    let log = proxy.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("outcome unknown, key held"))
+        .unwrap();
+    assert!(line.contains("WARN"), "{line}");
+    for field in ["request{", "method=POST", "route=keyed", "key="] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a log file: {log:?}"
     );
 }

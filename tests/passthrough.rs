@@ -167,14 +167,17 @@ async fn expect_100_continue_works_on_both_paths() {
 
 /// A request's trailers go on without the fields only a header section may carry: a second
 /// `Host` or a length in the trailers, or a forged client address, would be taken as the
-/// request's own by an upstream that merges trailers into its headers.
+/// request's own by an upstream that merges trailers into its headers. (Trailers go on
+/// when the request declares them in `Trailer`, as RFC 9110 §6.6.2 asks of a sender; the
+/// forbidden names are declared here too, and dropped all the same.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_trailers_lose_framing_routing_and_forwarding_fields() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, ROUTES).await;
     let raw = common::raw_exchange(
         proxy.addr,
-        b"POST /echo-headers HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+        b"POST /echo-headers HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\
+          trailer: content-length, host, connection, x-forwarded-for, authorization, x-checksum\r\n\r\n\
           3\r\nabc\r\n0\r\ncontent-length: 0\r\nhost: evil.example\r\nconnection: close\r\n\
           x-forwarded-for: 10.9.9.9\r\nauthorization: Bearer forged\r\nx-checksum: 7\r\n\r\n",
     )
@@ -189,6 +192,11 @@ async fn request_trailers_lose_framing_routing_and_forwarding_fields() {
         "{raw}"
     );
     assert_eq!(json["headers"]["host"], serde_json::json!(["x"]));
+    assert_eq!(
+        json["headers"]["trailer"],
+        serde_json::json!(["x-checksum"]),
+        "{raw}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -402,4 +410,81 @@ async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<String> {
         head.push(byte[0]);
     }
     Some(String::from_utf8_lossy(&head).to_ascii_lowercase())
+}
+
+/// An upstream that sends a pass-through answer's head and part of its body, then stalls,
+/// is cut off after `connections.upstream_read_timeout` without a byte: the client's
+/// connection ends (short of the announced length) instead of hanging, and the proxy
+/// serves the next request. (The gap is 300 ms; the 30 s bound is a hang guard only.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_through_answer_stalled_mid_body_is_cut_off() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if read_head(&mut stream).await.is_none() {
+                    return;
+                }
+                let head = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789";
+                stream.write_all(head).await.unwrap();
+                // Stalls: holds the connection, sends nothing more.
+                tokio::time::sleep(std::time::Duration::from_secs(300)).await;
+            });
+        }
+    });
+    let routes = format!("connections: {{ upstream_read_timeout: 300ms }}\n{ROUTES}");
+    let proxy = start_proxy(upstream, &routes).await;
+    let text = common::raw_exchange(proxy.addr, b"GET /upload HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let body = &text[text.find("\r\n\r\n").unwrap() + 4..];
+    assert_eq!(body, "0123456789", "the part that came, and no more");
+}
+
+/// A client that sends part of a pass-through upload and then nothing is cut off after
+/// the body read timeout (nginx's `client_body_timeout`): it gets a 408 problem, and the
+/// upstream sees the upload end short instead of waiting on it. (The timeout is 300 ms;
+/// the 30 s bounds are hang guards only.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_pass_through_upload_is_cut_off_with_408() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (cut_tx, cut) = tokio::sync::oneshot::channel::<usize>();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        read_head(&mut stream).await.expect("a request head");
+        // Reads the body until the proxy ends it; reports how much came.
+        let mut got = 0;
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        let _ = cut_tx.send(got);
+    });
+    let text = format!("listen: 127.0.0.1:0\nupstream: http://{upstream}\n{ROUTES}");
+    let proxy = common::start_proxy_tuned(&text, None, |p| {
+        p.with_body_read_timeout(std::time::Duration::from_millis(300))
+    })
+    .await;
+    let answer = common::raw_exchange(
+        proxy.addr,
+        b"POST /upload HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("urn:idemgate:problem:body-timeout"),
+        "{answer}"
+    );
+    let got = tokio::time::timeout(std::time::Duration::from_secs(30), cut)
+        .await
+        .expect("hang guard: the upstream was left waiting for the rest")
+        .unwrap();
+    assert!(
+        got < 100,
+        "the upstream never saw a whole body ({got} bytes)"
+    );
 }

@@ -47,7 +47,8 @@ use http::header::{CONTENT_TYPE, SET_COOKIE};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::key::Digest;
 use idemgate::store::{
-    Claim, Lease, MemoryLimits, MemoryStore, OwnerToken, Store, StoreError, StoredResponse,
+    Claim, ClaimArgs, ClaimMode, Lapse, Lease, MemoryLimits, MemoryStore, Ownership, Settled,
+    Settlement, Store, StoreError, StoredResponse,
 };
 use sha2::{Digest as _, Sha256};
 
@@ -68,11 +69,22 @@ macro_rules! store_conformance {
             an_owner_whose_lease_lapsed_is_fenced_off,
             a_live_lease_keeps_its_claim_across_several_lease_periods,
             leases_of_different_lengths_each_keep_their_claim,
-            dropping_an_unfinished_lease_frees_the_key,
+            dropping_an_unsent_lease_frees_the_key,
+            dropping_a_sent_lease_holds_its_key_as_unknown,
             a_waiter_resolves_when_the_owner_completes,
             a_waiter_resolves_when_the_owner_releases,
-            a_waiter_resolves_when_a_vanished_owners_lease_runs_out,
+            a_waiter_of_a_vanished_owner_finds_its_key_held_as_unknown,
+            a_waiter_of_a_vanished_owner_takes_over_after_the_grace_when_released,
             a_waiter_gives_up_at_its_deadline_while_the_owner_renews,
+            a_key_held_as_unknown_is_never_owned_until_purged,
+            a_lapsed_claim_held_as_unknown_is_never_taken_over,
+            a_lapsed_claim_released_is_taken_over_only_after_its_grace,
+            waiters_share_a_failure_and_later_claims_execute,
+            a_waiter_never_owns_a_key_freed_meanwhile,
+            an_answer_not_stored_is_answered_and_never_owned,
+            an_owner_whose_record_vanished_writes_its_outcome_back,
+            a_late_answer_settles_its_own_unknown_outcome,
+            duplicates_seen_in_observe_mode_are_counted_on_their_key,
             a_done_key_is_free_again_after_its_ttl,
             a_zero_ttl_completes_without_storing,
             inspect_reports_in_flight_and_done_records,
@@ -238,8 +250,8 @@ mod redis {
 
     /// Redis 7.0 refuses `SET … IFEQ` once; every completion then, the first included,
     /// swaps by the swap script (loaded again after the server dropped its scripts), and
-    /// one whose response is not stamped with the claim's fingerprint misses the swap and
-    /// completes by the general script. What each stored replays.
+    /// one whose record the server lost misses the swap and is written back by the settle
+    /// script. What each stored replays.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn completions_swap_by_script_where_ifeq_is_refused() {
         let (store, server) = store().await;
@@ -248,31 +260,143 @@ mod redis {
         completed.extend(complete_stamped(&store, 1).await);
         let (k, fp) = (fresh_key(), fresh_key());
         let lease = expect_owner(claim(&store, k, fp, LONG_LEASE).await);
-        let unstamped = response(b"unstamped");
-        assert!(lease.complete(unstamped.clone(), LONG_TTL).await.unwrap());
-        completed.push((k, fp, unstamped));
+        let record = format!("conformance:{{{}}}", hex::encode(k.0));
+        assert_eq!(server.cli(&["DEL", &record]).trim(), "1");
+        let lost = response(b"lost, then written back").with_fingerprint(fp);
+        let done = Settlement::Done {
+            response: lost.clone(),
+            ttl: LONG_TTL,
+        };
+        assert_eq!(lease.settle(done).await.unwrap(), Settled::WrittenBack);
+        completed.push((k, fp, lost));
         let stats = server.cli(&["INFO", "commandstats"]);
         let calls = |name| command_calls(&stats, name);
         // Commandstats counts the scripts' own calls too. Scripts run: three swaps, then
-        // for the unstamped one a swap that found another record and the general script;
-        // refused as NOSCRIPT three times (the swap script before its first run and after
-        // the flush, the general one before its first). Each script run is one GET.
+        // for the lost one a swap that found nothing and the settle script; refused as
+        // NOSCRIPT three times (the swap script before its first run and after the flush,
+        // the settle script before its first). Each script run is one GET.
         let (scripts, refused) = calls("evalsha");
         assert_eq!((scripts - refused, refused), (5, 3), "{stats}");
         assert_eq!(calls("get"), (5, 0), "{stats}");
-        // SETs: four claims, the one refused `IFEQ`, four scripts' swaps. PUBLISH: the
-        // general script's alone (a swap matches only a record nobody waits on).
+        // SETs: four claims, the one refused `IFEQ`, three scripts' swaps, the write-back.
+        // No PUBLISH: a swap matches only a record nobody waits on, and a record written
+        // back had no one waiting on it.
         assert_eq!(calls("set"), (9, 1), "{stats}");
-        assert_eq!(calls("publish"), (1, 0), "{stats}");
+        assert_eq!(calls("publish"), (0, 0), "{stats}");
         replays_each(&store, completed).await;
+    }
+
+    /// A Redis restarted empty under a running owner (no persistence, or a failover to a
+    /// replica that never got the claim) does not leave the key free while the owner runs:
+    /// the owner's next renewal writes the claim back, so another replica finds it in
+    /// flight, and the owner's answer is stored as usual.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_a_restarted_redis_lost_is_restored_by_its_renewal() {
+        let (store, mut server) = store().await;
+        let (k, fp) = (fresh_key(), fresh_key());
+        let lease = expect_owner(claim(&store, k, fp, Duration::from_millis(900)).await);
+        server.restart();
+        within("the renewal to restore the claim", async {
+            while !matches!(store.inspect(k).await, Ok(Some(info)) if info.state == "in_flight") {
+                tokio::time::sleep(POLL).await;
+            }
+        })
+        .await;
+        let replica = connect(&server);
+        expect_in_flight(claim(&replica, k, fp, LONG_LEASE).await);
+        let want = response(b"after the restart").with_fingerprint(fp);
+        assert!(lease.complete(want.clone(), LONG_TTL).await.unwrap());
+        assert_same_response(
+            &expect_done(claim(&replica, k, fp, LONG_LEASE).await),
+            &want,
+        );
+    }
+
+    /// An owner that finishes before any renewal after Redis restarted empty writes its
+    /// answer back, so a retry replays it instead of executing again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_is_written_back_after_redis_forgot_the_claim() {
+        let (store, mut server) = store().await;
+        let (k, fp) = (fresh_key(), fresh_key());
+        let lease = expect_owner(claim(&store, k, fp, LONG_LEASE).await);
+        server.restart();
+        let want = response(b"written back").with_fingerprint(fp);
+        let done = Settlement::Done {
+            response: want.clone(),
+            ttl: LONG_TTL,
+        };
+        let settled = within("the store to come back", async {
+            loop {
+                match store.settle(&own(&lease), done.clone()).await {
+                    Ok(settled) => break settled,
+                    Err(_) => tokio::time::sleep(POLL).await,
+                }
+            }
+        })
+        .await;
+        assert_eq!(settled, Settled::WrittenBack);
+        lease.abandon();
+        assert_same_response(&expect_done(claim(&store, k, fp, LONG_LEASE).await), &want);
+    }
+
+    /// The ownership a lease holds, to settle through the store while the lease lives.
+    fn own(lease: &Lease) -> Ownership {
+        Ownership {
+            key: lease.key(),
+            token: lease.token(),
+            fingerprint: lease.fingerprint(),
+            lapse: ClaimArgs::new(lease.key(), lease.fingerprint(), LONG_LEASE).lapse,
+        }
     }
 
     redis_wake_ups!(store);
 }
 
+#[path = "common/unprivileged.rs"]
+mod unprivileged;
+
+#[path = "common/postgres_server.rs"]
+#[allow(dead_code)]
+mod postgres_server;
+
+#[path = "common/mariadb_server.rs"]
+#[allow(dead_code)]
+mod mariadb_server;
+
+/// The same contract on PostgreSQL 15 (a server shared by the checks running at once,
+/// each on keys of its own): claims, settlements and renewals are PL/pgSQL functions,
+/// waiters are woken by `LISTEN`/`NOTIFY`.
+mod postgres {
+    use super::*;
+    use idemgate::store::{PostgresStore, SqlSettings};
+
+    async fn store() -> (Store, Arc<super::postgres_server::PostgresServer>) {
+        let server = super::postgres_server::shared();
+        let store = PostgresStore::connect(&SqlSettings::new(server.url())).expect("store");
+        (Store::Postgres(store), server)
+    }
+
+    store_conformance!(store);
+}
+
+/// The same contract on MariaDB 10.11 (MySQL's protocol and procedures): waiters in
+/// another process are woken by a bounded re-check, in this one by the settlement.
+mod mariadb {
+    use super::*;
+    use idemgate::store::{MysqlStore, SqlSettings};
+
+    async fn store() -> (Store, Arc<super::mariadb_server::MariadbServer>) {
+        let server = super::mariadb_server::shared();
+        let store = MysqlStore::connect(&SqlSettings::new(server.url())).expect("store");
+        (Store::Mysql(store), server)
+    }
+
+    store_conformance!(store);
+}
+
 /// Completions publish only for a record a duplicate waits on, so a waiter must subscribe
 /// and then mark the record before it waits. With the owner on one store and two waiters
-/// on another (two replicas): the mark (one byte after the 57 of the in-flight record)
+/// on another (two replicas): the mark (one byte after the 66 of the in-flight record)
 /// appears once, the channel has its subscriber before the completion, the completion
 /// publishes once, wakes both waiters and stores the answer. Without the mark the swap
 /// would match and publish nothing, and the waiters would sit until their fallback
@@ -289,12 +413,12 @@ async fn a_waited_record_completes_with_a_publish(
         format!("conformance:done:{{{hex}}}"),
     );
     let lease = expect_owner(claim(owner, k, fp, LONG_LEASE).await);
-    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "57");
+    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "66");
     let waiter = expect_in_flight(claim(&replica, k, fp, LONG_LEASE).await);
-    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "58", "not marked");
+    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "67", "not marked");
     // A second duplicate finds the mark and leaves it as it is.
     let second = expect_in_flight(claim(&replica, k, fp, LONG_LEASE).await);
-    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "58");
+    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "67");
     let subscribers = server.cli(&["PUBSUB", "NUMSUB", &channel]);
     assert_eq!(
         subscribers.lines().nth(1).map(str::trim),
@@ -323,12 +447,15 @@ async fn a_duplicate_that_will_not_wait_leaves_the_record_unmarked(
     let hex = hex::encode(k.0);
     let lease = expect_owner(claim(owner, k, fp, LONG_LEASE).await);
     let rejected = owner
-        .claim_as(k, fp, LONG_LEASE, idemgate::store::ClaimMode::Any, false)
+        .claim_with(ClaimArgs {
+            waits: false,
+            ..ClaimArgs::new(k, fp, LONG_LEASE)
+        })
         .await
         .expect("claim");
     expect_in_flight(rejected);
     let record = format!("conformance:{{{hex}}}");
-    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "57", "marked");
+    assert_eq!(server.cli(&["STRLEN", &record]).trim(), "66", "marked");
     let channel = format!("conformance:done:{{{hex}}}");
     let subscribers = server.cli(&["PUBSUB", "NUMSUB", &channel]);
     assert_eq!(
@@ -498,35 +625,86 @@ async fn within<F: Future>(what: &str, f: F) -> F::Output {
 /// Claims until this request owns `key`: the key must become free (released, expired,
 /// or its owner's lease run out).
 async fn claim_until_owner(store: &Store, key: Digest, fp: Digest, lease: Duration) -> Lease {
+    claim_until_owner_with(store, ClaimArgs::new(key, fp, lease)).await
+}
+
+/// [`claim_until_owner`] with these claim arguments.
+async fn claim_until_owner_with(store: &Store, args: ClaimArgs) -> Lease {
     within("the key to become free", async {
         loop {
-            match claim(store, key, fp, lease).await {
+            match store.claim_with(args).await.expect("claim failed") {
                 Claim::Owner(lease) => return lease,
                 Claim::InFlight(waiter) => {
                     waiter.wait(Instant::now() + POLL).await;
                 }
                 Claim::Done(_) => tokio::time::sleep(POLL).await,
-                Claim::Mismatch | Claim::Unknown => {
-                    panic!("unexpected answer while waiting for {key:?}")
-                }
+                other => panic!(
+                    "unexpected {} while waiting for {:?}",
+                    other.as_str(),
+                    args.key
+                ),
             }
         }
     })
     .await
 }
 
-/// Claims `key` as an owner that then vanishes without a trace but its token, like a
-/// process that crashed or froze after claiming: it never renews and never releases.
+/// Claims until the claim is answered with anything but "in flight", and returns that.
+async fn claim_until_settled(store: &Store, args: ClaimArgs) -> Claim {
+    within("the key to settle", async {
+        loop {
+            match store.claim_with(args).await.expect("claim failed") {
+                Claim::InFlight(waiter) => {
+                    waiter.wait(Instant::now() + POLL).await;
+                }
+                other => return other,
+            }
+        }
+    })
+    .await
+}
+
+/// Claims `args.key` as an owner that then vanishes without a trace but its ownership,
+/// like a process that crashed or froze after claiming: it never renews and never settles.
 ///
 /// [`Lease::abandon`] does exactly that (`std::mem::forget` would not: it skips the
-/// release in `Drop`, but a forgotten lease still renews, or on the memory store still
+/// settlement in `Drop`, but a forgotten lease still renews, or on the memory store still
 /// holds its claim's liveness, so it would be a live owner, not a vanished one). The
-/// token stays valid for checking that the stale owner, should it wake up, is fenced off.
-async fn claim_abandoned(store: &Store, key: Digest, fp: Digest, lease: Duration) -> OwnerToken {
-    let owner = expect_owner(store.claim(key, fp, lease).await.expect("claim"));
-    let token = owner.token();
+/// ownership stays valid for checking that the stale owner, should it wake up, is fenced
+/// off.
+async fn claim_abandoned_with(store: &Store, args: ClaimArgs) -> Ownership {
+    let owner = expect_owner(store.claim_with(args).await.expect("claim"));
+    let owned = Ownership {
+        key: args.key,
+        token: owner.token(),
+        fingerprint: args.fingerprint,
+        lapse: args.lapse,
+    };
     owner.abandon();
-    token
+    owned
+}
+
+/// A claim whose lapse is taken over `grace` after the lease ran out.
+fn releasing(key: Digest, fp: Digest, lease: Duration, grace: Duration) -> ClaimArgs {
+    ClaimArgs {
+        lapse: Lapse::Release { grace },
+        ..ClaimArgs::new(key, fp, lease)
+    }
+}
+
+/// A claim whose lapse is held as unknown for an hour.
+fn holding(key: Digest, fp: Digest, lease: Duration) -> ClaimArgs {
+    ClaimArgs {
+        lapse: Lapse::Hold { ttl: LONG_TTL },
+        ..ClaimArgs::new(key, fp, lease)
+    }
+}
+
+/// A 502 as a failed owner's waiters get it.
+fn failure_response() -> StoredResponse {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    StoredResponse::new(StatusCode::BAD_GATEWAY, &headers, b"the owner failed")
 }
 
 // === The contract ===
@@ -534,11 +712,13 @@ async fn claim_abandoned(store: &Store, key: Digest, fp: Digest, lease: Duration
 /// One-time tokens: issue, then consume atomically (see `Store::issue`, `ClaimMode`).
 mod token_checks {
     use super::*;
-    use idemgate::store::ClaimMode;
 
     async fn claim_issued(store: &Store, key: Digest) -> Claim {
         store
-            .claim_as(key, Digest::NONE, LONG_LEASE, ClaimMode::IssuedOnly, true)
+            .claim_with(ClaimArgs {
+                mode: ClaimMode::IssuedOnly,
+                ..ClaimArgs::new(key, Digest::NONE, LONG_LEASE)
+            })
             .await
             .expect("claim")
     }
@@ -566,7 +746,10 @@ mod token_checks {
     }
 
     pub async fn an_issued_claim_of_a_key_never_issued_is_unknown(store: &Store) {
-        assert_eq!(claim_issued(store, fresh_key()).await.as_str(), "unknown");
+        assert_eq!(
+            claim_issued(store, fresh_key()).await.as_str(),
+            "not_issued"
+        );
         // An ordinary claim of the same kind of key is unaffected.
         let lease = expect_owner(claim(store, fresh_key(), Digest::NONE, LONG_LEASE).await);
         assert!(lease.release().await.unwrap());
@@ -576,12 +759,15 @@ mod token_checks {
         let key = fresh_key();
         store.issue(key, LONG_TTL).await.unwrap();
         let lease = expect_owner(claim_issued(store, key).await);
-        assert!(lease.release_as(Some(LONG_TTL)).await.unwrap());
+        let reissue = Settlement::Release {
+            reissue: Some(LONG_TTL),
+        };
+        assert_eq!(lease.settle(reissue).await.unwrap(), Settled::Written);
         let again = expect_owner(claim_issued(store, key).await);
         assert!(again.release().await.unwrap());
         assert_eq!(
             claim_issued(store, key).await.as_str(),
-            "unknown",
+            "not_issued",
             "spent after a plain release"
         );
     }
@@ -719,21 +905,36 @@ mod checks {
         assert!(again.release().await.unwrap());
     }
 
-    /// Owner A vanishes (no renewals); once its lease lapsed B takes over. A, waking up,
-    /// can neither renew, complete nor release: its calls answer `false` and B's record is
-    /// untouched; B completes normally.
+    /// Owner A vanishes (no renewals); its claim lapses, and, released after a short
+    /// grace, B takes over. A, waking up, can settle nothing: each settlement answers
+    /// `NotWritten` and B's record is untouched; B completes normally.
     pub async fn an_owner_whose_lease_lapsed_is_fenced_off(store: &Store) {
         let k = fresh_key();
-        let a = claim_abandoned(store, k, fingerprint(1), SHORT_LEASE).await;
-        let b = claim_until_owner(store, k, fingerprint(1), LONG_LEASE).await;
-        assert_ne!(a, b.token());
+        let args = releasing(k, fingerprint(1), SHORT_LEASE, SHORT_LEASE);
+        let a = claim_abandoned_with(store, args).await;
+        let b = claim_until_owner_with(store, args).await;
+        assert_ne!(a.token, b.token());
 
-        assert!(!store.renew(k, a, LONG_LEASE).await.unwrap(), "stale renew");
         // Stamped with the claim's fingerprint as the proxy does, so a store comparing the
         // whole in-flight record (`SET … IFEQ`) gets as far as comparing the token.
         let stale = response(b"from the stale owner").with_fingerprint(fingerprint(1));
-        assert!(!store.complete(k, a, stale, LONG_TTL).await.unwrap());
-        assert!(!store.release(k, a).await.unwrap(), "stale release");
+        for settlement in [
+            Settlement::Done {
+                response: stale,
+                ttl: LONG_TTL,
+            },
+            Settlement::Unknown { ttl: LONG_TTL },
+            Settlement::Failed {
+                response: failure_response(),
+                linger: LONG_TTL,
+                reissue: None,
+            },
+            Settlement::Release { reissue: None },
+        ] {
+            let what = settlement.as_str();
+            let settled = store.settle(&a, settlement).await.unwrap();
+            assert_eq!(settled, Settled::NotWritten, "stale {what}");
+        }
 
         // B still owns the key: in flight, nothing stored.
         expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
@@ -786,14 +987,32 @@ mod checks {
         expect_done(claim(store, long_key, fingerprint(1), SHORT).await);
     }
 
-    /// A lease dropped without complete or release (a cancelled or panicking owner) frees
+    /// A lease dropped unsettled before its request went out (a cancelled owner) frees
     /// the key long before its lease would have run out.
-    pub async fn dropping_an_unfinished_lease_frees_the_key(store: &Store) {
+    pub async fn dropping_an_unsent_lease_frees_the_key(store: &Store) {
         let k = fresh_key();
         let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
         drop(lease);
         let again = claim_until_owner(store, k, fingerprint(1), LONG_LEASE).await;
         assert!(again.release().await.unwrap());
+    }
+
+    /// A lease dropped unsettled after its request went out (an owner that panicked, or
+    /// gave up waiting) may have executed it: the key is held as unknown, never freed.
+    pub async fn dropping_a_sent_lease_holds_its_key_as_unknown(store: &Store) {
+        let k = fresh_key();
+        let args = holding(k, fingerprint(1), LONG_LEASE);
+        let mut lease = expect_owner(store.claim_with(args).await.unwrap());
+        lease.mark_sent();
+        drop(lease);
+        match claim_until_settled(store, args).await {
+            Claim::OutcomeUnknown(_) => {}
+            other => panic!("expected outcome_unknown, got {}", other.as_str()),
+        }
+        assert_eq!(
+            store.inspect(k).await.unwrap().expect("a record").state,
+            "outcome_unknown"
+        );
     }
 
     /// A duplicate waiting on an in-flight key is woken by completion and then finds the
@@ -821,16 +1040,42 @@ mod checks {
     }
 
     /// A waiter does not wait past the lease of an owner that vanished: it resolves before
-    /// its (much later) deadline, and the key can then be taken over.
-    pub async fn a_waiter_resolves_when_a_vanished_owners_lease_runs_out(store: &Store) {
+    /// its (much later) deadline, and, the claim being held, finds the key's outcome
+    /// unknown rather than taking a turn of its own.
+    pub async fn a_waiter_of_a_vanished_owner_finds_its_key_held_as_unknown(store: &Store) {
         let k = fresh_key();
-        claim_abandoned(store, k, fingerprint(1), SHORT_LEASE).await;
-        let waiter = expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let args = holding(k, fingerprint(1), SHORT_LEASE);
+        claim_abandoned_with(store, args).await;
+        let waiter = expect_in_flight(store.claim_with(args).await.unwrap());
+        let owner = waiter.owner();
         assert!(
             waiter.wait(Instant::now() + HANG_GUARD).await,
             "the waiter hit its deadline"
         );
-        let b = claim_until_owner(store, k, fingerprint(1), LONG_LEASE).await;
+        let again = ClaimArgs {
+            after: owner,
+            ..args
+        };
+        match claim_until_settled(store, again).await {
+            Claim::OutcomeUnknown(_) => {}
+            other => panic!("expected outcome_unknown, got {}", other.as_str()),
+        }
+    }
+
+    /// Released on lapse, the vanished owner's claim is taken over once its grace has
+    /// passed too.
+    pub async fn a_waiter_of_a_vanished_owner_takes_over_after_the_grace_when_released(
+        store: &Store,
+    ) {
+        let k = fresh_key();
+        let args = releasing(k, fingerprint(1), SHORT_LEASE, SHORT_LEASE);
+        claim_abandoned_with(store, args).await;
+        let waiter = expect_in_flight(store.claim_with(args).await.unwrap());
+        assert!(
+            waiter.wait(Instant::now() + HANG_GUARD).await,
+            "the waiter hit its deadline"
+        );
+        let b = claim_until_owner_with(store, args).await;
         assert!(b.release().await.unwrap());
     }
 
@@ -849,6 +1094,252 @@ mod checks {
         assert!(!resolved, "the waiter resolved while the owner was running");
         expect_in_flight(claim(store, k, fingerprint(1), LEASE).await);
         assert!(lease.release().await.unwrap());
+    }
+
+    /// An unknown outcome answers every claim as such (with its end in the future) and
+    /// is never owned; another payload is still a mismatch; the admin purge frees it.
+    pub async fn a_key_held_as_unknown_is_never_owned_until_purged(store: &Store) {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let settled = lease
+            .settle(Settlement::Unknown { ttl: LONG_TTL })
+            .await
+            .unwrap();
+        assert_eq!(settled, Settled::Written);
+        for _ in 0..3 {
+            match claim(store, k, fingerprint(1), LONG_LEASE).await {
+                Claim::OutcomeUnknown(unknown) => {
+                    assert!(unknown.until > std::time::SystemTime::now())
+                }
+                other => panic!("expected outcome_unknown, got {}", other.as_str()),
+            }
+        }
+        expect_mismatch(claim(store, k, fingerprint(2), LONG_LEASE).await);
+        let info = store.inspect(k).await.unwrap().expect("a record");
+        assert_eq!(info.state, "outcome_unknown");
+        assert!(store.remove(k).await.unwrap());
+        let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(again.release().await.unwrap());
+    }
+
+    /// A claim whose owner vanished, held on lapse, becomes an unknown outcome: many
+    /// claims after the lapse, none owns it.
+    pub async fn a_lapsed_claim_held_as_unknown_is_never_taken_over(store: &Store) {
+        let k = fresh_key();
+        let args = holding(k, fingerprint(1), SHORT_LEASE);
+        claim_abandoned_with(store, args).await;
+        match claim_until_settled(store, args).await {
+            Claim::OutcomeUnknown(_) => {}
+            other => panic!("expected outcome_unknown, got {}", other.as_str()),
+        }
+        for _ in 0..20 {
+            let claim = store.claim_with(args).await.unwrap();
+            assert!(
+                matches!(claim, Claim::OutcomeUnknown(_)),
+                "got {}",
+                claim.as_str()
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Released on lapse, a vanished owner's claim is taken over, but never before its
+    /// lease and its grace have both passed since it was taken (the dead owner's call may
+    /// run until then). Slowness can only delay the takeover, never make this fail.
+    pub async fn a_lapsed_claim_released_is_taken_over_only_after_its_grace(store: &Store) {
+        let k = fresh_key();
+        let grace = Duration::from_millis(600);
+        let args = releasing(k, fingerprint(1), SHORT_LEASE, grace);
+        let taken = Instant::now();
+        claim_abandoned_with(store, args).await;
+        let b = claim_until_owner_with(store, args).await;
+        assert!(
+            taken.elapsed() >= SHORT_LEASE + grace,
+            "taken over after {:?}",
+            taken.elapsed()
+        );
+        assert!(b.release().await.unwrap());
+    }
+
+    /// The waiters of an owner that failed get its failure instead of a turn of their own;
+    /// a request that comes afterwards (no owner waited on) executes.
+    pub async fn waiters_share_a_failure_and_later_claims_execute(store: &Store) {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let waiter =
+                        expect_in_flight(claim(&store, k, fingerprint(1), LONG_LEASE).await);
+                    let owner = waiter.owner();
+                    (owner, waiter)
+                })
+            })
+            .collect();
+        let mut woken = Vec::new();
+        for w in waiters {
+            let (owner, waiter) = w.await.unwrap();
+            assert_eq!(owner, Some(lease.token()));
+            woken.push(tokio::spawn(async move {
+                (owner, waiter.wait(Instant::now() + HANG_GUARD).await)
+            }));
+        }
+        let failed = Settlement::Failed {
+            response: failure_response(),
+            linger: LONG_TTL,
+            reissue: None,
+        };
+        assert_eq!(lease.settle(failed).await.unwrap(), Settled::Written);
+        for w in woken {
+            let (owner, resolved) = w.await.unwrap();
+            assert!(resolved, "a waiter hit its deadline");
+            let after = ClaimArgs {
+                after: owner,
+                ..ClaimArgs::new(k, fingerprint(1), LONG_LEASE)
+            };
+            match store.claim_with(after).await.unwrap() {
+                Claim::Failed(Some(got)) => {
+                    assert_eq!(got.status(), StatusCode::BAD_GATEWAY);
+                    assert_eq!(&got.body()[..], b"the owner failed");
+                }
+                other => panic!("expected the owner's failure, got {}", other.as_str()),
+            }
+        }
+        let inspected = store.inspect(k).await.unwrap().expect("a record");
+        assert_eq!(inspected.state, "failed");
+        let later = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(later.release().await.unwrap());
+    }
+
+    /// A waiter whose owner settled without leaving it anything (a plain release) is told
+    /// so; it never takes the freed key itself.
+    pub async fn a_waiter_never_owns_a_key_freed_meanwhile(store: &Store) {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let waiter = expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let after = ClaimArgs {
+            after: waiter.owner(),
+            ..ClaimArgs::new(k, fingerprint(1), LONG_LEASE)
+        };
+        assert!(lease.release().await.unwrap());
+        match store.claim_with(after).await.unwrap() {
+            Claim::Failed(None) => {}
+            other => panic!("expected failed without an answer, got {}", other.as_str()),
+        }
+        let later = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(later.release().await.unwrap());
+    }
+
+    /// "Executed, answer not stored" answers every claim with the status, never owned.
+    pub async fn an_answer_not_stored_is_answered_and_never_owned(store: &Store) {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let not_stored = Settlement::NotStored {
+            status: StatusCode::OK,
+            ttl: LONG_TTL,
+        };
+        assert_eq!(lease.settle(not_stored).await.unwrap(), Settled::Written);
+        for _ in 0..2 {
+            match claim(store, k, fingerprint(1), LONG_LEASE).await {
+                Claim::NotStored(record) => assert_eq!(record.status, StatusCode::OK),
+                other => panic!("expected not_stored, got {}", other.as_str()),
+            }
+        }
+        expect_mismatch(claim(store, k, fingerprint(2), LONG_LEASE).await);
+        let info = store.inspect(k).await.unwrap().expect("a record");
+        assert_eq!(
+            (info.state, info.status),
+            ("not_stored", Some(StatusCode::OK))
+        );
+    }
+
+    /// A store that lost an owner's record (purged here; a restarted Redis alike) is not a
+    /// licence to re-run: the owner's answer, or its unknown outcome, is written back; a
+    /// release has nothing to write.
+    pub async fn an_owner_whose_record_vanished_writes_its_outcome_back(store: &Store) {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(store.remove(k).await.unwrap());
+        let want = response(b"written back");
+        let done = Settlement::Done {
+            response: want.clone(),
+            ttl: LONG_TTL,
+        };
+        assert_eq!(lease.settle(done).await.unwrap(), Settled::WrittenBack);
+        assert_same_response(
+            &expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await),
+            &want,
+        );
+
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(store.remove(k).await.unwrap());
+        let unknown = Settlement::Unknown { ttl: LONG_TTL };
+        assert_eq!(lease.settle(unknown).await.unwrap(), Settled::WrittenBack);
+        let held = claim(store, k, fingerprint(1), LONG_LEASE).await;
+        assert!(
+            matches!(held, Claim::OutcomeUnknown(_)),
+            "got {}",
+            held.as_str()
+        );
+
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(store.remove(k).await.unwrap());
+        assert!(lease.release().await.unwrap());
+        assert!(store.inspect(k).await.unwrap().is_none());
+    }
+
+    /// The owner of a key it settled as unknown (its answer was late) may still settle it
+    /// with the answer, which every claim then replays.
+    pub async fn a_late_answer_settles_its_own_unknown_outcome(store: &Store) {
+        let k = fresh_key();
+        let owned = claim_abandoned_with(store, holding(k, fingerprint(1), LONG_LEASE)).await;
+        let unknown = Settlement::Unknown { ttl: LONG_TTL };
+        assert_eq!(
+            store.settle(&owned, unknown).await.unwrap(),
+            Settled::Written
+        );
+        let want = response(b"late");
+        let done = Settlement::Done {
+            response: want.clone(),
+            ttl: LONG_TTL,
+        };
+        assert_eq!(store.settle(&owned, done).await.unwrap(), Settled::Written);
+        assert_same_response(
+            &expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await),
+            &want,
+        );
+    }
+
+    /// Observe mode counts the duplicates a key sees while it has a record (the first
+    /// request counts as one), and learns when that record was made; a key with no
+    /// record counts nothing, and a purge forgets the count.
+    pub async fn duplicates_seen_in_observe_mode_are_counted_on_their_key(store: &Store) {
+        let k = fresh_key();
+        assert_eq!(
+            store.saw_duplicate(k).await.unwrap(),
+            None,
+            "no record, no count"
+        );
+        let before = std::time::SystemTime::now() - Duration::from_secs(1);
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        let made = store
+            .saw_duplicate(k)
+            .await
+            .unwrap()
+            .expect("the claim's time");
+        assert!(made >= before, "{made:?}");
+        assert!(lease.complete(response(b"a"), LONG_TTL).await.unwrap());
+        assert!(store.saw_duplicate(k).await.unwrap().is_some());
+        let seen = store.inspect(k).await.unwrap().expect("a record").seen;
+        assert_eq!(seen.map(|s| s.times), Some(3), "{seen:?}");
+        assert!(store.remove(k).await.unwrap());
+        assert!(store.inspect(k).await.unwrap().is_none());
+        let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert_eq!(store.inspect(k).await.unwrap().expect("a claim").seen, None);
+        assert!(again.release().await.unwrap());
     }
 
     /// A done record expires with its TTL: the key eventually executes again.
@@ -921,6 +1412,7 @@ mod memory_bounds {
         Store::Memory(Arc::new(MemoryStore::new(MemoryLimits {
             max_entries,
             max_bytes,
+            ..MemoryLimits::default()
         })))
     }
 
@@ -1013,17 +1505,25 @@ mod memory_bounds {
         expect_done(claim(&store, last.unwrap(), fingerprint(1), LONG_LEASE).await);
     }
 
-    /// An answer larger than the whole byte budget is not stored: completion succeeds, the
-    /// key is free for a retry, and no bytes are accounted.
+    /// An answer larger than the whole byte budget cannot be stored, and nothing says it
+    /// was: the key records "executed, answer not stored" instead (a small record within
+    /// the budget), so a repeat is answered and never executes again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_response_larger_than_the_byte_budget_is_not_stored() {
+    async fn an_answer_larger_than_the_byte_budget_is_recorded_as_not_stored() {
         let store = store(1000, 1024);
-        let k = complete_fresh(&store, &[1; 4096], LONG_TTL).await;
-        assert!(store.inspect(k).await.unwrap().is_none());
-        assert_eq!(store.stats().bytes, 0);
-        assert_eq!(store.stats().entries, 0);
-        let again = expect_owner(claim(&store, k, fingerprint(1), LONG_LEASE).await);
-        assert!(again.release().await.unwrap());
+        let k = fresh_key();
+        let lease = expect_owner(claim(&store, k, fingerprint(1), LONG_LEASE).await);
+        let done = Settlement::Done {
+            response: response(&[1; 4096]),
+            ttl: LONG_TTL,
+        };
+        assert_eq!(lease.settle(done).await.unwrap(), Settled::AnswerNotKept);
+        match claim(&store, k, fingerprint(1), LONG_LEASE).await {
+            Claim::NotStored(record) => assert_eq!(record.status, StatusCode::CREATED),
+            other => panic!("expected not_stored, got {}", other.as_str()),
+        }
+        assert!(store.stats().bytes <= 1024, "{:?}", store.stats());
+        assert_eq!(store.stats().entries, 1);
     }
 
     /// With several shards, the totals still hold: shares of `max_entries` and `max_bytes`

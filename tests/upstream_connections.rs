@@ -182,11 +182,12 @@ async fn a_request_without_host_gets_the_upstreams() {
     );
 }
 
-/// `upstream_timeout` bounds the whole answer of a protected request, body included: an
-/// upstream that sends its head and then stalls mid-body gets a 504, the key is released
-/// (the retry executes, on a fresh connection), and the stalled connection is not pooled.
+/// `upstream_timeout` bounds the whole answer a protected request's client waits for, body
+/// included: an upstream that sends its head and then stalls mid-body gets the client a
+/// 504, and `background_timeout` bounds the owner's wait after it; the key is held, since
+/// the request went out.
 #[tokio::test]
-async fn an_upstream_stalling_mid_body_times_out_and_releases_the_key() {
+async fn an_upstream_stalling_mid_body_times_out_and_holds_the_key() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = listener.local_addr().unwrap();
     let executed = Arc::new(Mutex::new(0usize));
@@ -217,7 +218,9 @@ async fn an_upstream_stalling_mid_body_times_out_and_releases_the_key() {
             });
         }
     });
-    let routes = format!("defaults: {{ upstream_timeout: 300ms }}\n{ROUTES}");
+    let routes = format!(
+        "defaults: {{ upstream_timeout: 300ms, background_timeout: 600ms, wait_timeout: 50ms }}\n{ROUTES}"
+    );
     let proxy = start_proxy(upstream, &routes).await;
     let key = [("idempotency-key", "stall")];
     // Hang guard only: without a timeout on the body this would never answer.
@@ -228,11 +231,24 @@ async fn an_upstream_stalling_mid_body_times_out_and_releases_the_key() {
     .await
     .expect("the proxy never gave up on the stalled body");
     assert_eq!(stalled.status, 504, "{:?}", stalled.body);
-    let retry = post(proxy.addr, "/orders/1", &key, "{}").await;
-    assert_eq!(retry.status, 201, "{:?}", retry.body);
-    assert!(!retry.replayed());
-    assert_eq!(&retry.body[..], b"{\"ok\":true}");
-    assert_eq!(*executed.lock().unwrap(), 2);
+    // The request went out and may have run: retries are never executed again. While the
+    // owner waits on in the background they hear it is in flight; once it gave up, that its
+    // outcome is unknown.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let held = loop {
+        let retry = post(proxy.addr, "/orders/1", &key, "{}").await;
+        assert_eq!(retry.status, 409, "{:?}", retry.body);
+        if retry.json()["type"] != "urn:idemgate:problem:in-flight" {
+            break retry;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: never gave up"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(held.json()["type"], "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(*executed.lock().unwrap(), 1);
 }
 
 const OK: &[u8] = b"HTTP/1.1 201 Created\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
@@ -365,10 +381,11 @@ async fn chunked_and_close_delimited_answers_arrive_whole() {
     );
 }
 
-/// An answer whose framing is ambiguous (two different lengths) is a 502, never a guess;
-/// the key is released, so the client's retry executes on a fresh connection.
+/// An answer whose framing is ambiguous (two different lengths) is a 502, never a guess.
+/// The upstream got the request and may have run it, so the key is held: the retry is
+/// answered "outcome unknown", not executed.
 #[tokio::test]
-async fn an_ambiguously_framed_answer_is_a_502_and_releases_the_key() {
+async fn an_ambiguously_framed_answer_is_a_502_and_holds_the_key() {
     let (upstream, seen) = scripted_upstream(|n| match n {
         0 => (
             vec![b"HTTP/1.1 201 Created\r\ncontent-length: 3\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"],
@@ -382,8 +399,17 @@ async fn an_ambiguously_framed_answer_is_a_502_and_releases_the_key() {
     let first = post(proxy.addr, "/orders/1", &key, "{}").await;
     assert_eq!(first.status, 502, "{:?}", first.body);
     let retry = post(proxy.addr, "/orders/1", &key, "{}").await;
-    assert_eq!(retry.status, 201, "{:?}", retry.body);
-    assert!(!retry.replayed());
+    assert_eq!(retry.status, 409, "{:?}", retry.body);
+    assert_eq!(retry.json()["type"], "urn:idemgate:problem:outcome-unknown");
+    // Another key goes out on a fresh connection: the broken one was not reused.
+    let other = post(
+        proxy.addr,
+        "/orders/1",
+        &[("idempotency-key", "next")],
+        "{}",
+    )
+    .await;
+    assert_eq!(other.status, 201, "{:?}", other.body);
     let seen = seen.lock().unwrap();
     assert_eq!(seen.requests.len(), 2);
     assert_eq!(seen.connections, 2);
@@ -392,9 +418,10 @@ async fn an_ambiguously_framed_answer_is_a_502_and_releases_the_key() {
 /// An answer with both `Content-Length` and `Transfer-Encoding`, or with a transfer coding
 /// the proxy does not decode, is a 502 (as nginx answers), never forwarded: kept with its
 /// stale length it reached the client truncated or not at all, and a protected key stored
-/// it, so every retry replayed the loss. The key is released and the retry executes.
+/// it, so every retry replayed the loss. The upstream did get the request, so the key is
+/// held as an unknown outcome: the retry is told so, not run again.
 #[tokio::test]
-async fn an_answer_framed_both_ways_or_otherwise_coded_is_a_502_and_releases_the_key() {
+async fn an_answer_framed_both_ways_or_otherwise_coded_is_a_502_and_holds_the_key() {
     let (upstream, seen) = scripted_upstream(|n| match n {
         0 | 4 => (
             vec![b"HTTP/1.1 201 Created\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"],
@@ -408,14 +435,21 @@ async fn an_answer_framed_both_ways_or_otherwise_coded_is_a_502_and_releases_the
     })
     .await;
     let proxy = start_proxy(upstream, ROUTES).await;
-    for key in ["both-framings", "gzip-coded"] {
+    for (n, key) in ["both-framings", "gzip-coded"].into_iter().enumerate() {
         let key = [("idempotency-key", key)];
         let first = post(proxy.addr, "/orders/1", &key, "{}").await;
         assert_eq!(first.status, 502, "{:?}", first.body);
         let retry = post(proxy.addr, "/orders/1", &key, "{}").await;
-        assert_eq!(retry.status, 201, "{:?}", retry.body);
-        assert!(!retry.replayed());
-        assert_eq!(&retry.body[..], b"{\"ok\":true}");
+        assert_eq!(retry.status, 409, "{:?}", retry.body);
+        assert_eq!(retry.json()["type"], "urn:idemgate:problem:outcome-unknown");
+        // The next request, on another key, is answered well (upstream answer 1 or 3).
+        let other = [(
+            "idempotency-key",
+            if n == 0 { "after-1" } else { "after-2" },
+        )];
+        let next = post(proxy.addr, "/orders/1", &other, "{}").await;
+        assert_eq!(next.status, 201, "{:?}", next.body);
+        assert_eq!(&next.body[..], b"{\"ok\":true}");
     }
     let passed = post(proxy.addr, "/plain/1", &[], "{}").await;
     assert_eq!(passed.status, 502, "{:?}", passed.body);

@@ -24,12 +24,18 @@
 #
 # Prints a table and writes it to benches/load/INSTRUCTIONS.md (RESULTS overrides).
 # Knobs: N (3000 counted requests), SKIP_BUILD=1, PORT_BASE (21280), RESULTS, KEEP (a
-# directory to copy the callgrind dumps into, for `callgrind_annotate` or kcachegrind).
+# directory to copy the callgrind dumps into, for `callgrind_annotate` or kcachegrind),
+# ROWS (which rows to count, default all: b bf bg c cg d2 e f fv), CONNS (oha's
+# connections, 16), EXTRA_YAML (lines appended to idemgate's configs, e.g. a
+# `connections:` block, to count a setting's cost).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 N=${N:-3000}
+CONNS=${CONNS:-16}
+ROWS=${ROWS:-b bf bg c cg d2 e f fv}
+wants() { [[ " $ROWS " == *" $1 "* ]]; }
 RESULTS=${RESULTS:-$HERE/INSTRUCTIONS.md}
 export PATH="$HOME/.cargo/bin:$PATH:/usr/sbin:/sbin"
 # No access log under test (nginx runs with `access_log off` too).
@@ -51,7 +57,8 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 command -v oha >/dev/null || die "oha missing: run benches/load/run.sh once (it installs it)"
-VALKEY_SERVER=$("$ROOT/scripts/fetch-valkey")
+VALKEY_SERVER=""
+wants fv && VALKEY_SERVER=$("$ROOT/scripts/fetch-valkey")
 
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     (cd "$ROOT" && cargo build --release --bin idemgate --quiet)
@@ -79,6 +86,11 @@ free_port ADMIN_PORT
 free_port REDIS_PORT
 mkdir -p "$WORK/tmp"
 fill_templates "$WORK" nginx-upstream.conf nginx-proxy.conf idemgate-memory.yaml idemgate-redis.yaml
+if [[ -n ${EXTRA_YAML:-} ]]; then
+    for yaml in idemgate-memory.yaml idemgate-redis.yaml; do
+        printf '%s\n' "$EXTRA_YAML" >>"$WORK/$yaml"
+    done
+fi
 # Under valgrind nginx runs as one process (no master), so the worker is what is counted.
 sed -i 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' "$WORK/nginx-proxy.conf"
 
@@ -87,11 +99,15 @@ PIDS+=($!)
 wait_port "$UPSTREAM_PORT" "$!"
 
 BODY="{\"p\":\"$(head -c 1000 /dev/zero | tr '\0' x)\"}"
-fire() { # fire PORT URL-REGEX COUNT [HEADER]
-    local extra=()
-    [[ -n ${4:-} ]] && extra=(-H "$4")
-    oha -n "$3" -c 16 --no-tui -m POST -H 'Content-Type: application/json' "${extra[@]}" \
-        -d "$BODY" --rand-regex-url "http://127.0.0.1:$1$2" >"$WORK/oha.out"
+fire() { # fire PORT URL-REGEX COUNT [HEADER]: POSTs of BODY, or GETs where HEADER is GET
+    local extra=(-m POST -H 'Content-Type: application/json' -d "$BODY")
+    if [[ ${4:-} == GET ]]; then
+        extra=(-m GET)
+    elif [[ -n ${4:-} ]]; then
+        extra+=(-H "$4")
+    fi
+    oha -n "$3" -c "$CONNS" --no-tui "${extra[@]}" \
+        --rand-regex-url "http://127.0.0.1:$1$2" >"$WORK/oha.out"
     grep -q 'Success rate:.*100.00%' "$WORK/oha.out" || die "requests failed: $(cat "$WORK/oha.out")"
 }
 
@@ -151,6 +167,7 @@ declare -A TOTAL SHA
 row() { # row ID ...count args
     local id=$1 result
     shift
+    wants "$id" || return 0
     log "counting $id ($N requests)"
     result=$(count "$id" "$@")
     TOTAL[$id]=${result% *}
@@ -158,7 +175,9 @@ row() { # row ID ...count args
 }
 row b "$NGINX_PORT" '/pass/[a-z]{12}' '' -- nginx -p "$WORK" -c "$WORK/nginx-proxy.conf"
 row bf "$NGINX_FWD_PORT" '/pass/[a-z]{12}' '' -- nginx -p "$WORK" -c "$WORK/nginx-proxy.conf"
+row bg "$NGINX_PORT" '/pass/[a-z]{12}' GET -- nginx -p "$WORK" -c "$WORK/nginx-proxy.conf"
 row c "$IDEMGATE_PORT" '/pass/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
+row cg "$IDEMGATE_PORT" '/pass/[a-z]{12}' GET -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 row d2 "$IDEMGATE_PORT" '/fp/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 row e "$IDEMGATE_PORT" '/orders' 'Idempotency-Key: replayed-key' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 
@@ -169,6 +188,7 @@ row e "$IDEMGATE_PORT" '/orders' 'Idempotency-Key: replayed-key' -- "$IDEMGATE" 
 declare -A SERVER_TOTAL SERVER_SCRIPT SERVER_VERSION
 store_row() {
     local id=$1 server=$2
+    wants "$id" || return 0
     log "counting $id ($N requests; idemgate and $(basename "$server"))"
     under_callgrind "$id-server" "$REDIS_PORT" "$server" --bind 127.0.0.1 --port "$REDIS_PORT" \
         --save "" --appendonly no --dir "$WORK"
@@ -188,7 +208,7 @@ store_row() {
     SERVER_VERSION[$id]="$(basename "$server" | sed 's/-server//') $("$server" --version | sed -E 's/.*v=([^ ]+).*/\1/')"
 }
 store_row f "$(command -v redis-server)"
-store_row fv "$VALKEY_SERVER"
+wants fv && store_row fv "$VALKEY_SERVER"
 
 {
     echo "# Instructions per request (callgrind)"
@@ -197,21 +217,29 @@ store_row fv "$VALKEY_SERVER"
     echo
     echo "| row | what | instructions / request | without SHA-256 compression | × nginx |"
     echo "|---|---|---:|---:|---:|"
-    for id in b bf c d2 e f fv; do
+    for id in b bf bg c cg d2 e f fv; do
+        wants "$id" || continue
         case $id in
             b) what="nginx \`proxy_pass\`, 1 worker, upstream keepalive" ;;
             bf) what="the same nginx setting idemgate's forwarded headers (\`Host\`, \`X-Forwarded-*\`)" ;;
+            bg) what="nginx \`proxy_pass\`, GET (no body)" ;;
             c) what="idemgate, unprotected route (streamed)" ;;
+            cg) what="idemgate, unprotected route, GET (no body)" ;;
             d2) what="idemgate first-seen, body fingerprint, memory store" ;;
             e) what="idemgate replays of one stored key (\`Idempotency-Key\`)" ;;
             f) what="idemgate first-seen, body fingerprint, Redis store on Redis (idemgate only)" ;;
             fv) what="idemgate first-seen, body fingerprint, Redis store on Valkey (idemgate only)" ;;
         esac
         net=$((TOTAL[$id] - SHA[$id]))
-        printf '| %s | %s | %d | %d | %.2f |\n' "$id" "$what" "${TOTAL[$id]}" "$net" \
-            "$(awk -v a="$net" -v b="${TOTAL[b]}" 'BEGIN { print a / b }')"
+        ref=b
+        [[ $id == cg || $id == bg ]] && ref=bg
+        printf '| %s | %s | %d | %d | %s |\n' "$id" "$what" "${TOTAL[$id]}" "$net" \
+            "$([[ -n ${TOTAL[$ref]:-} ]] && awk -v a="$net" -v b="${TOTAL[$ref]}" 'BEGIN { printf "%.2f", a / b }' || echo –)"
     done
     echo
+    echo "× nginx: against row b, GET rows against bg; oha -c$CONNS.${EXTRA_YAML:+ Config added: \`$EXTRA_YAML\`.}"
+    echo
+    if wants f || wants fv; then
     echo "The store server (user space) per first-seen request:"
     echo
     echo "| row | server | completion | instructions / request | in scripts (\`EVALSHA\`, inclusive) | everything else (claim, completion \`SET\`, protocol, event loop) |"
@@ -222,5 +250,6 @@ store_row fv "$VALKEY_SERVER"
             "${SERVER_TOTAL[$id]}" "${SERVER_SCRIPT[$id]}" "$((SERVER_TOTAL[$id] - SERVER_SCRIPT[$id]))"
     done
     echo
-    echo "$N counted POSTs of 1 KiB JSON, oha -c16, $(date -u '+%Y-%m-%d %H:%M UTC'), $(valgrind --version), idemgate built $(date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC')."
+    fi
+    echo "$N counted requests (POSTs of 1 KiB JSON; GET rows without a body), oha -c$CONNS, $(date -u '+%Y-%m-%d %H:%M UTC'), $(valgrind --version), idemgate built $(date -u -r "$IDEMGATE" '+%Y-%m-%d %H:%M UTC')."
 } | tee "$RESULTS"

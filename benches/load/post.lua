@@ -9,6 +9,7 @@
 --               stride spreads the reads over all N keys.
 -- MODE fill   : request i < N has key PREFIX-i (first-seen); the thread stops
 --               after N responses (requests sent past N replay key 0). One thread only.
+-- MODE get    : a GET without a body (pass-through rows bg, cg).
 -- The body is a function of the key alone, so a fill's keys replay cleanly (the same key
 -- with another body would be a 422).
 -- done() prints one machine-readable RESULT line that run.sh parses.
@@ -34,6 +35,9 @@ end
 
 function request()
   local key, b
+  if mode == "get" then
+    return wrk.format("GET", path)
+  end
   if mode == "unique" then
     key = string.format("%s-%d-%d", prefix, tid or 0, counter)
     b = body(key)

@@ -33,6 +33,7 @@ ROUNDS=${ROUNDS:-6}
 SLICE=$(( (DURATION + ROUNDS - 1) / ROUNDS ))
 WARMUP=${WARMUP:-2}
 CONNS=${CONNS:-64}
+LOW_CONNS=${LOW_CONNS:-8}
 FILL_KEYS=${FILL_KEYS:-1000000}
 FILL_MAX_SECS=${FILL_MAX_SECS:-240}
 LAT_RATE=${LAT_RATE:-5000}
@@ -223,6 +224,9 @@ ROWS=()
 run_row() {
     local id=$1 desc=$2 url=$3 pid=$4 mode=$5 prefix=$6 n=$7 secs=${8:-$DURATION}
     local warm_prefix=$prefix out t0 t1 c0 c1 m0 m1
+    # Rows named …8 run at LOW_CONNS connections instead of CONNS.
+    local CONNS=$CONNS
+    [[ $id == *8 ]] && CONNS=$LOW_CONNS
     [[ $mode == unique ]] && warm_prefix=${prefix}w
     if [[ $WARMUP -gt 0 && $mode != fill ]]; then
         "${PRIO[@]}" taskset -c $LOAD_CPU wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s "$HERE/post.lua" "$url" \
@@ -469,6 +473,13 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
     run_row b "nginx \`proxy_pass\`, 1 worker, upstream keepalive" "http://127.0.0.1:$NGINX_PORT/pass/x" "$NGINX_WORKER" unique "b$ROUND" 0 "$SLICE"
     run_row bf "nginx \`proxy_pass\` setting idemgate's forwarded headers (\`Host\`, \`X-Forwarded-*\`)" "http://127.0.0.1:$NGINX_FWD_PORT/pass/x" "$NGINX_WORKER" unique "bf$ROUND" 0 "$SLICE"
     run_row c "idemgate, unprotected route (streamed)" "$IDEM_URL/pass/x" "$IDEM" unique "c$ROUND" 0 "$SLICE"
+    run_row bg "nginx \`proxy_pass\`, GET (no body)" "http://127.0.0.1:$NGINX_PORT/pass/x" "$NGINX_WORKER" get "bg$ROUND" 0 "$SLICE"
+    run_row cg "idemgate, unprotected route, GET (no body)" "$IDEM_URL/pass/x" "$IDEM" get "cg$ROUND" 0 "$SLICE"
+    run_row b8 "nginx \`proxy_pass\`, $LOW_CONNS connections" "http://127.0.0.1:$NGINX_PORT/pass/x" "$NGINX_WORKER" unique "b8$ROUND" 0 "$SLICE"
+    run_row c8 "idemgate, unprotected route, $LOW_CONNS connections" "$IDEM_URL/pass/x" "$IDEM" unique "c8$ROUND" 0 "$SLICE"
+    run_row bg8 "nginx \`proxy_pass\`, GET, $LOW_CONNS connections" "http://127.0.0.1:$NGINX_PORT/pass/x" "$NGINX_WORKER" get "bg8$ROUND" 0 "$SLICE"
+    run_row cg8 "idemgate, unprotected route, GET, $LOW_CONNS connections" "$IDEM_URL/pass/x" "$IDEM" get "cg8$ROUND" 0 "$SLICE"
+    run_row d8 "idemgate first-seen, \`Idempotency-Key\`, memory, $LOW_CONNS connections" "$IDEM_URL/orders" "$IDEM" unique "d8$ROUND" 0 "$SLICE"
     run_row e "idemgate replays, fresh store (1,000 keys)" "$IDEM_URL/orders" "$IDEM" replay r 1000 "$SLICE"
     run_row d "idemgate first-seen, \`Idempotency-Key\`, memory" "$IDEM_URL/orders" "$IDEM" unique "d$ROUND" 0 "$SLICE"
     run_row d2 "idemgate first-seen, body fingerprint, memory" "$IDEM_URL/fp/x" "$IDEM" unique "p$ROUND" 0 "$SLICE"
@@ -510,7 +521,7 @@ finish_store fv fvr "$VALKEY_IDEM" "$VALKEY_URL" "$VALKEY" "$VALKEY_PORT"
 stop "$UPSTREAM_MASTER"
 
 # ---------------------------------------------------------------------------- report
-ROWS=(a b bf c e d d2 fill e1m f fr fv fvr)
+ROWS=(a b bf c bg cg b8 c8 bg8 cg8 d8 e d d2 fill e1m f fr fv fvr)
 ELAPSED=$(($(date +%s) - STARTED))
 ratio() { awk -v x="${RPS[$1]}" -v y="${RPS[$2]}" 'BEGIN { printf "%.2f", x / y }'; }
 verdict() { awk -v v="$1" -v g="$2" 'BEGIN { print (v >= g ? "met" : "**missed**") }'; }
@@ -564,6 +575,10 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
     echo "| goal | measured | | per round (the same ratio in each of the $ROUNDS rounds) |"
     echo "|---|---|---|---|"
     echo "| (c) unprotected ≥ 1.0× nginx | $(ratio c b)× | $(verdict "$(ratio c b)" 1.0) | $(per_round c b 1.0) |"
+    echo "| (cg) unprotected GET ≥ 1.0× nginx GET (bg) | $(ratio cg bg)× | $(verdict "$(ratio cg bg)" 1.0) | $(per_round cg bg 1.0) |"
+    echo "| (c8) unprotected at $LOW_CONNS connections ≥ 1.0× nginx (b8) | $(ratio c8 b8)× | $(verdict "$(ratio c8 b8)" 1.0) | $(per_round c8 b8 1.0) |"
+    echo "| (cg8) unprotected GET at $LOW_CONNS connections ≥ 1.0× nginx (bg8) | $(ratio cg8 bg8)× | $(verdict "$(ratio cg8 bg8)" 1.0) | $(per_round cg8 bg8 1.0) |"
+    echo "| (d8) first-seen at $LOW_CONNS connections ≥ 0.9× nginx (b8) | $(ratio d8 b8)× | $(verdict "$(ratio d8 b8)" 0.9) | $(per_round d8 b8 0.9) |"
     echo "| (d) first-seen ≥ 0.9× nginx | $(ratio d b)× | $(verdict "$(ratio d b)" 0.9) | $(per_round d b 0.9) |"
     echo "| (e) replays ≥ 1.3× nginx | $(ratio e b)× | $(verdict "$(ratio e b)" 1.3) | $(per_round e b 1.3) |"
     echo "| (e) replays after $FILL_KEYS keys ≥ 0.9× fresh | $(ratio e1m e)× | $(verdict "$(ratio e1m e)" 0.9) | $(per_round e1m e 0.9) |"
@@ -584,3 +599,10 @@ lat() { [[ -n ${P50[$1]:-} ]] && echo "${P50[$1]} / ${P99[$1]}" || echo "–"; }
 mv "$RESULTS.tmp" "$RESULTS"
 cat "$RESULTS"
 log "done in ${ELAPSED}s; written to $RESULTS"
+
+# ---------------------------------------------------------------------------- SQL stores
+# The PostgreSQL and MariaDB rows, beside a Redis row of their own: sql.sh, on a rig of its
+# own once everything above has stopped, writes RESULTS-sql.md. SQL=0 skips it.
+if [[ ${SQL:-1} != 0 ]]; then
+    SKIP_BUILD=1 bash "$HERE/sql.sh"
+fi

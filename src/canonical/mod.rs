@@ -1,6 +1,6 @@
 //! Canonical forms of request bodies and queries: the byte strings idemgate fingerprints, so that
 //! requests differing only in spelling (key order, whitespace, number notation, escapes,
-//! percent-encoding) or in volatile fields (timestamps, geolocation) get the same fingerprint.
+//! percent-encoding) or in volatile fields (send timestamps, the sender's coordinates) get the same fingerprint.
 //!
 //! - [`json`]: canonical JSON, streaming, with fields skipped by name or pointer.
 //! - [`query`]: canonical `application/x-www-form-urlencoded` (URL queries and form bodies).
@@ -28,32 +28,30 @@ pub mod json;
 pub mod pointer;
 pub mod query;
 
-pub use json::{canonical_json, JsonError, MAX_DEPTH};
-pub use pointer::{extract_fields, JsonPointer, PointerError};
+pub use json::{canonical_json, extract_fields, JsonError, MAX_DEPTH};
+pub use pointer::{JsonPointer, PointerError};
 pub use query::{canonical_form, canonical_query};
 
-/// Fields skipped by default: time and geo fields (lower-case).
+/// Fields skipped by default (lower-case): names that can only say when or where a request
+/// was sent, which a retry or double submit changes while the business request stays the
+/// same. Words a business payload uses for its own data (`date`, `time`, `datetime`,
+/// `location`, `long`, `nonce`, `geo`, `accuracy`) are deliberately absent: two bookings
+/// for different dates are two bookings.
 pub const DEFAULT_IGNORED_FIELDS: &[&str] = &[
     "timestamp",
     "ts",
-    "time",
-    "datetime",
-    "date",
-    "nonce",
-    "requested_at",
     "request_time",
+    "request_timestamp",
+    "requested_at",
     "client_time",
+    "client_timestamp",
+    "sent_at",
+    "send_time",
     "lat",
     "lng",
     "lon",
-    "long",
     "latitude",
     "longitude",
-    "altitude",
-    "accuracy",
-    "geo",
-    "location",
-    "gps",
 ];
 
 /// Names of this many bytes or more share the last length bucket.
@@ -237,6 +235,19 @@ mod tests {
         }
         assert!(set.ignores_name(b"TimeStamp"));
         assert!(set.ignores_name(b"Requested_At"));
+    }
+
+    /// Business words that happen to be about time or place are data: ignoring them would
+    /// merge two bookings for different dates, or two shipments to different places.
+    #[test]
+    fn default_set_keeps_business_time_and_place_words() {
+        let set = IgnoreSet::defaults();
+        for name in [
+            "date", "time", "datetime", "location", "long", "nonce", "geo", "accuracy", "altitude",
+            "gps",
+        ] {
+            assert!(!set.ignores_name(name.as_bytes()), "{name}");
+        }
     }
 
     #[test]

@@ -55,13 +55,17 @@ pub struct RawConfig {
     pub store: Option<RawStore>,
     pub defaults: Option<RawDefaults>,
     pub routes: Option<Vec<RawRoute>>,
+    pub trusted_proxies: Option<Vec<Parsed<crate::key::identity::Cidr>>>,
+    pub session_cookies: Option<Vec<String>>,
+    pub connections: Option<RawConnections>,
 }
 
-/// `admin:` — an address, or `{ listen, token }`.
+/// `admin:` — an address, or `{ listen, token }`, or `{ listen, token_file }`.
 #[derive(Debug)]
 pub struct RawAdmin {
     pub listen: std::net::SocketAddr,
     pub token: Option<String>,
+    pub token_file: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for RawAdmin {
@@ -71,18 +75,20 @@ impl<'de> Deserialize<'de> for RawAdmin {
         struct Full {
             listen: Parsed<std::net::SocketAddr>,
             token: Option<String>,
+            token_file: Option<String>,
         }
         struct V;
         impl<'de> Visitor<'de> for V {
             type Value = RawAdmin;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an address (127.0.0.1:9901) or { listen, token }")
+                f.write_str("an address (127.0.0.1:9901) or { listen, token | token_file }")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 let listen = v.parse().map_err(|e| E::custom(format!("{v:?}: {e}")))?;
                 Ok(RawAdmin {
                     listen,
                     token: None,
+                    token_file: None,
                 })
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
@@ -93,6 +99,7 @@ impl<'de> Deserialize<'de> for RawAdmin {
                 Ok(RawAdmin {
                     listen: full.listen.0,
                     token: full.token,
+                    token_file: full.token_file,
                 })
             }
         }
@@ -136,6 +143,73 @@ pub struct RawTls {
 pub struct RawStore {
     pub memory: Option<RawMemory>,
     pub redis: Option<RawRedis>,
+    pub encrypt: Option<RawEncrypt>,
+    pub postgres: Option<RawSql>,
+    pub mysql: Option<RawSql>,
+}
+
+/// `store.encrypt` — keys that seal stored answers: `key_file` or `key_env` for one, or
+/// `keys: [{file} | {env}, …]` for a rotation (the first key written seals).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEncrypt {
+    pub key_file: Option<String>,
+    pub key_env: Option<String>,
+    pub keys: Option<Vec<RawKeySource>>,
+}
+
+/// One key of `store.encrypt.keys`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKeySource {
+    pub file: Option<String>,
+    pub env: Option<String>,
+}
+
+/// `store.postgres` and `store.mysql`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSql {
+    pub url: Parsed<SqlUrl>,
+    pub table: Option<Parsed<TableName>>,
+    pub timeout: Option<ConfigDuration>,
+    pub max_connections: Option<u32>,
+}
+
+/// A `postgres://` or `mysql://` URL, checked when the config is read (which section it
+/// belongs in is checked after).
+#[derive(Debug, Clone)]
+pub struct SqlUrl(pub String);
+
+impl SqlUrl {
+    /// Whether it names PostgreSQL (else MySQL).
+    pub fn is_postgres(&self) -> bool {
+        self.0.starts_with("postgres")
+    }
+}
+
+impl FromStr for SqlUrl {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once("://").map(|(scheme, _)| scheme) {
+            Some("postgres" | "postgresql") => crate::store::sql::postgres::check_url(s)?,
+            Some("mysql" | "mariadb") => crate::store::sql::mysql::check_url(s)?,
+            _ => return Err("expected a postgres:// or mysql:// URL".into()),
+        }
+        Ok(Self(s.to_owned()))
+    }
+}
+
+/// A table name idemgate can write into its SQL as it is.
+#[derive(Debug, Clone)]
+pub struct TableName(pub String);
+
+impl FromStr for TableName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        crate::store::sql::valid_table(s)?;
+        Ok(Self(s.to_owned()))
+    }
 }
 
 /// `store.redis`.
@@ -171,14 +245,51 @@ impl FromStr for RedisUrl {
 pub struct RawMemory {
     pub max_entries: Option<usize>,
     pub max_bytes: Option<ByteSize>,
+    pub when_full: Option<WhenFull>,
+    pub caller_share: Option<Parsed<Percent>>,
+}
+
+/// A share written as a percentage: `25%`.
+#[derive(Debug, Clone, Copy)]
+pub struct Percent(pub u8);
+
+impl FromStr for Percent {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?}: expected a percentage from 1% to 100%");
+        let n: u8 = s
+            .trim()
+            .strip_suffix('%')
+            .ok_or_else(bad)?
+            .trim()
+            .parse()
+            .map_err(|_| bad())?;
+        if (1..=100).contains(&n) {
+            Ok(Self(n))
+        } else {
+            Err(bad())
+        }
+    }
+}
+
+/// `store.memory.when_full`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFull {
+    /// Evict the live record closest to expiry (counted).
+    Evict,
+    /// Refuse new claims with 503.
+    Reject,
 }
 
 /// `defaults:` — the policy of every protected route that does not override it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawDefaults {
+    pub idempotency: Option<Mode>,
     pub key: Option<RawKeyOrOff>,
     pub ttl: Option<ConfigDuration>,
+    pub fingerprint_ttl: Option<ConfigDuration>,
     pub lease: Option<ConfigDuration>,
     pub upstream_timeout: Option<ConfigDuration>,
     pub in_flight: Option<InFlightMode>,
@@ -186,6 +297,9 @@ pub struct RawDefaults {
     pub replay_statuses: Option<Vec<StatusPattern>>,
     pub max_body: Option<ByteSize>,
     pub on_store_error: Option<OnStoreError>,
+    pub on_unknown_outcome: Option<OnUnknownOutcome>,
+    pub background_timeout: Option<ConfigDuration>,
+    pub max_answer: Option<ByteSize>,
 }
 
 /// One entry of `routes:`; policy keys override `defaults`.
@@ -195,7 +309,7 @@ pub struct RawRoute {
     pub name: String,
     #[serde(rename = "match")]
     pub matcher: RawMatch,
-    pub idempotency: Option<OnOff>,
+    pub idempotency: Option<Mode>,
     pub key: Option<RawKeyOrOff>,
     pub fresh: Option<RawFresh>,
     pub ttl: Option<ConfigDuration>,
@@ -206,6 +320,9 @@ pub struct RawRoute {
     pub replay_statuses: Option<Vec<StatusPattern>>,
     pub max_body: Option<ByteSize>,
     pub on_store_error: Option<OnStoreError>,
+    pub on_unknown_outcome: Option<OnUnknownOutcome>,
+    pub background_timeout: Option<ConfigDuration>,
+    pub max_answer: Option<ByteSize>,
 }
 
 /// `match:` of a route.
@@ -282,20 +399,28 @@ pub struct RawTokenRule {
 impl RawKey {
     /// Checks that exactly one source is given and builds the runtime rule.
     fn compile(self) -> Result<crate::key::KeyRule, String> {
-        use crate::canonical::{IgnoreSet, JsonPointer, DEFAULT_IGNORED_FIELDS};
         use crate::key::{FingerprintRule, KeySource};
-        let given = [
+        let sources = [
             self.header.is_some(),
             self.fields.is_some(),
-            self.fingerprint.is_some(),
             self.token.is_some(),
         ];
-        if given.iter().filter(|g| **g).count() > 1 {
+        let client_keyed = self.header.is_some() || self.token.is_some();
+        let given = sources.iter().filter(|g| **g).count();
+        if given > 1 || (given == 1 && !client_keyed && self.fingerprint.is_some()) {
             return Err(
-                "a key rule takes exactly one source: header, fields, fingerprint or token".into(),
+                "a key rule takes exactly one source: header, fields, fingerprint or token (`fingerprint` beside `header` or `token` sets their payload check)".into(),
             );
         }
-        let source = match (self.header, self.fields, self.fingerprint) {
+        // Beside a client key, `fingerprint` is the payload check behind the 422; alone, it
+        // is the key itself.
+        let fingerprint = self.fingerprint.map(compile_fingerprint).transpose()?;
+        let (fingerprint, payload) = if client_keyed {
+            (None, fingerprint)
+        } else {
+            (fingerprint, None)
+        };
+        let source = match (self.header, self.fields, fingerprint) {
             (None, None, None) if self.token.is_some() => {
                 let header = self
                     .token
@@ -314,34 +439,7 @@ impl RawKey {
                 }
                 KeySource::Fields(fields.into_iter().map(|p| p.0).collect())
             }
-            (None, None, Some(fp)) => {
-                let mut names: Vec<String> = Vec::new();
-                let mut pointers = Vec::new();
-                if fp.ignore_defaults.unwrap_or(true) {
-                    names.extend(DEFAULT_IGNORED_FIELDS.iter().map(|s| (*s).to_owned()));
-                }
-                for entry in fp.ignore.unwrap_or_default() {
-                    if entry.starts_with('/') {
-                        let pointer: JsonPointer = entry
-                            .parse()
-                            .map_err(|e| format!("ignore entry {entry:?}: {e}"))?;
-                        pointers.push(pointer);
-                    } else if entry.is_empty() {
-                        return Err("an empty name in `ignore`".into());
-                    } else {
-                        names.push(entry);
-                    }
-                }
-                let (query, body) = (fp.query.unwrap_or(true), fp.body.unwrap_or(true));
-                if !query && !body {
-                    return Err("a fingerprint with neither query nor body would make every request of the route one key".into());
-                }
-                KeySource::Fingerprint(Box::new(FingerprintRule {
-                    query,
-                    body,
-                    ignore: IgnoreSet::new(names, pointers),
-                }))
-            }
+            (None, None, Some(fp)) => KeySource::Fingerprint(Box::new(fp)),
             _ => {
                 return Err(
                     "a key rule needs one source: header, fields, fingerprint or token".into(),
@@ -359,8 +457,41 @@ impl RawKey {
             source,
             required,
             scope,
+            payload: Box::new(payload.unwrap_or_else(FingerprintRule::standard)),
         })
     }
+}
+
+/// A `fingerprint:` block as the runtime rule: the default ignore list (unless
+/// `ignore_defaults: false`) plus the route's names and pointers.
+fn compile_fingerprint(fp: RawFingerprint) -> Result<crate::key::FingerprintRule, String> {
+    use crate::canonical::{IgnoreSet, JsonPointer, DEFAULT_IGNORED_FIELDS};
+    let mut names: Vec<String> = Vec::new();
+    let mut pointers = Vec::new();
+    if fp.ignore_defaults.unwrap_or(true) {
+        names.extend(DEFAULT_IGNORED_FIELDS.iter().map(|s| (*s).to_owned()));
+    }
+    for entry in fp.ignore.unwrap_or_default() {
+        if entry.starts_with('/') {
+            let pointer: JsonPointer = entry
+                .parse()
+                .map_err(|e| format!("ignore entry {entry:?}: {e}"))?;
+            pointers.push(pointer);
+        } else if entry.is_empty() {
+            return Err("an empty name in `ignore`".into());
+        } else {
+            names.push(entry);
+        }
+    }
+    let (query, body) = (fp.query.unwrap_or(true), fp.body.unwrap_or(true));
+    if !query && !body {
+        return Err("a fingerprint with neither query nor body would make every request of the route one key".into());
+    }
+    Ok(crate::key::FingerprintRule {
+        query,
+        body,
+        ignore: IgnoreSet::new(names, pointers),
+    })
 }
 
 /// `fingerprint:` options.
@@ -373,7 +504,7 @@ pub struct RawFingerprint {
     pub ignore_defaults: Option<bool>,
 }
 
-/// One `scope:` entry: `client_ip`, `{header: X}` or `{cookie: X}`.
+/// One `scope:` entry: `caller`, `client_ip`, `client_cert`, `{header: X}` or `{cookie: X}`.
 #[derive(Debug)]
 pub struct RawScope(pub ScopePart);
 
@@ -383,14 +514,15 @@ impl<'de> Deserialize<'de> for RawScope {
         impl<'de> Visitor<'de> for V {
             type Value = RawScope;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("`client_ip`, `header: NAME` or `cookie: NAME`")
+                f.write_str("`caller`, `client_ip`, `header: NAME` or `cookie: NAME`")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 match v {
+                    "caller" => Ok(RawScope(ScopePart::Caller)),
                     "client_ip" => Ok(RawScope(ScopePart::ClientIp)),
                     "client_cert" => Ok(RawScope(ScopePart::ClientCert)),
                     _ => Err(E::custom(format!(
-                        "unknown scope {v:?}; expected `client_ip`, `client_cert`, `header: NAME` or `cookie: NAME`"
+                        "unknown scope {v:?}; expected `caller`, `client_ip`, `client_cert`, `header: NAME` or `cookie: NAME`"
                     ))),
                 }
             }
@@ -554,29 +686,76 @@ impl OnStoreError {
     }
 }
 
-/// `idempotency: off` (YAML 1.2 reads `off` as a string; `false` works too).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OnOff(pub bool);
+/// `on_unknown_outcome:` — what a key whose request may have run, with no known outcome,
+/// becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnknownOutcome {
+    /// Held: its repeats get an "outcome unknown" problem until the window ends or an
+    /// operator purges the key. Never executed twice.
+    Hold,
+    /// Released: a repeat executes again (for upstreams that are idempotent themselves).
+    Release,
+}
 
-impl<'de> Deserialize<'de> for OnOff {
+impl OnUnknownOutcome {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hold => "hold",
+            Self::Release => "release",
+        }
+    }
+}
+
+/// `idempotency:` — `on` (enforce), `observe` (forward every request unchanged and count
+/// what enforcing would have done) or `off` (YAML 1.2 reads `off` as a string; `false`
+/// and `true` work too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Enforce: hold, replay, refuse.
+    On,
+    /// Forward everything, count would-be duplicates.
+    Observe,
+    /// Unprotected.
+    Off,
+}
+
+impl<'de> Deserialize<'de> for Mode {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct V;
         impl Visitor<'_> for V {
-            type Value = OnOff;
+            type Value = Mode;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("`on` or `off`")
+                f.write_str("`on`, `observe` or `off`")
             }
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
-                Ok(OnOff(v))
+                Ok(if v { Mode::On } else { Mode::Off })
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 match v {
-                    "on" => Ok(OnOff(true)),
-                    "off" => Ok(OnOff(false)),
-                    _ => Err(E::custom(format!("expected `on` or `off`, found {v:?}"))),
+                    "on" => Ok(Mode::On),
+                    "observe" => Ok(Mode::Observe),
+                    "off" => Ok(Mode::Off),
+                    _ => Err(E::custom(format!(
+                        "expected `on`, `observe` or `off`, found {v:?}"
+                    ))),
                 }
             }
         }
         deserializer.deserialize_any(V)
     }
+}
+
+/// `connections:` — caps on client and upstream connections, the read timeout of
+/// pass-through answers, and the lingering close after an early answer.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConnections {
+    pub max_client: Option<usize>,
+    pub max_upstream: Option<usize>,
+    pub upstream_read_timeout: Option<ConfigDuration>,
+    pub lingering_time: Option<ConfigDuration>,
+    pub lingering_timeout: Option<ConfigDuration>,
+    pub lingering_bytes: Option<ByteSize>,
 }

@@ -4,17 +4,15 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::net::IpAddr;
-use std::sync::LazyLock;
 
 use http::{header, HeaderMap, Method};
 use sha2::{Digest as _, Sha256};
 
 use super::client_key::{read_client_key, ClientKeyError};
-use super::{Digest, KeyRule, KeySource, ScopePart};
+use super::identity::{cookies, find_cookie, Identity, Tier};
+use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::query::canonical_form;
-use crate::canonical::{
-    canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError, DEFAULT_IGNORED_FIELDS,
-};
+use crate::canonical::{canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError};
 
 /// The parts of a request a key can depend on; the body is already buffered.
 #[derive(Debug, Clone, Copy)]
@@ -29,12 +27,26 @@ pub struct RequestView<'a> {
     pub query: Option<&'a str>,
     /// Request headers.
     pub headers: &'a HeaderMap,
-    /// The connecting peer.
-    pub client_ip: Option<IpAddr>,
+    /// The connecting peer (the TCP peer, before `trusted_proxies` are applied).
+    pub peer: Option<IpAddr>,
+    /// How callers are told apart: trusted proxies and session cookie names.
+    pub identity: &'a Identity,
     /// SHA-256 of the client's TLS certificate, on mutual-TLS connections.
     pub client_cert: Option<&'a [u8]>,
     /// The buffered body.
     pub body: &'a [u8],
+}
+
+impl RequestView<'_> {
+    /// The client's address: the peer, or behind a trusted proxy the address its
+    /// `X-Forwarded-For` names.
+    pub fn client_address(&self) -> Option<IpAddr> {
+        self.peer.map(|peer| {
+            self.identity
+                .trusted_proxies
+                .client_address(peer, self.headers)
+        })
+    }
 }
 
 /// The outcome of derivation for a request that is to be protected.
@@ -68,7 +80,8 @@ pub enum KeyError {
 /// What `idemgate explain` shows of a derivation; filled only when asked for.
 #[derive(Debug, Default, Clone)]
 pub struct Trace {
-    /// Scope parts and whether each was present (never their values).
+    /// Scope parts and whether each was present, or which tier named the caller (never
+    /// their values).
     pub scope: Vec<String>,
     /// Human-readable key material (client key, field values or canonical request).
     pub material: String,
@@ -77,10 +90,6 @@ pub struct Trace {
     /// The canonical request the payload fingerprint was computed from.
     pub fingerprint_input: String,
 }
-
-/// The time and geo fields skipped by default, for fingerprints of client-keyed requests.
-pub static DEFAULT_IGNORE: LazyLock<IgnoreSet> =
-    LazyLock::new(|| IgnoreSet::new(DEFAULT_IGNORED_FIELDS.iter().copied(), Vec::new()));
 
 thread_local! {
     // One canonicalization buffer per worker thread: the hot path reuses its capacity
@@ -93,17 +102,19 @@ thread_local! {
 ///
 /// ```
 /// use http::{HeaderMap, Method};
+/// use idemgate::key::identity::Identity;
 /// use idemgate::key::{derive_key, FingerprintRule, KeyRule, KeySource, RequestView};
-/// use idemgate::key::derive::DEFAULT_IGNORE;
 /// let rule = KeyRule {
-///     source: KeySource::Fingerprint(Box::new(FingerprintRule { query: true, body: true, ignore: DEFAULT_IGNORE.clone() })),
+///     source: KeySource::Fingerprint(Box::new(FingerprintRule::standard())),
 ///     required: true,
 ///     scope: idemgate::key::default_scope(),
+///     payload: Box::new(FingerprintRule::standard()),
 /// };
-/// let headers = HeaderMap::new();
+/// let (headers, identity) = (HeaderMap::new(), Identity::default());
 /// let view = |body: &'static [u8]| RequestView {
 ///     route: "orders", method: &Method::POST, path: "/orders", query: None,
-///     headers: &headers, client_ip: None, client_cert: None, body,
+///     headers: &headers, peer: Some([192, 0, 2, 7].into()), identity: &identity,
+///     client_cert: None, body,
 /// };
 /// let a = derive_key(&rule, &view(br#"{"sku":"A1","qty":2,"timestamp":1}"#), None).unwrap();
 /// let b = derive_key(&rule, &view(br#"{ "qty": 2.0, "sku": "A1", "timestamp": 2 }"#), None).unwrap();
@@ -117,19 +128,12 @@ pub fn derive_key(
     let mut hasher = KeyHasher::new(b"idemgate:key:v1");
     hasher.field(req.route.as_bytes());
     hasher.field(req.method.as_str().as_bytes());
-    for part in &rule.scope {
-        let value = scope_value(part, req);
-        if let Some(t) = trace.as_deref_mut() {
-            let state = if value.is_some() { "present" } else { "absent" };
-            t.scope.push(format!("{part} ({state})"));
-        }
-        hasher.label(part);
-        match value {
-            Some(v) => hasher.field(&v),
-            // Distinct from every present value, including an empty one.
-            None => hasher.absent(),
-        }
-    }
+    hash_scope(
+        &mut hasher,
+        &rule.scope,
+        req,
+        trace.as_deref_mut().map(|t| &mut t.scope),
+    );
     hasher.field(rule.source.as_str().as_bytes());
 
     let fingerprint = match &rule.source {
@@ -143,7 +147,7 @@ pub fn derive_key(
                 t.material = format!("{name}: {}", String::from_utf8_lossy(&client_key));
             }
             hasher.field(&client_key);
-            payload_fingerprint(req, trace.as_deref_mut())
+            payload_fingerprint(req, &rule.payload, trace.as_deref_mut())
         }
         KeySource::Fields(pointers) => {
             let values = extract_fields(req.body, pointers)?;
@@ -185,7 +189,7 @@ pub fn derive_key(
             // The token's own digest, not the route-bound one: see `token_digest`.
             return Ok(Some(DerivedKey {
                 key: token_digest(&rule.scope, req, &token),
-                fingerprint: payload_fingerprint(req, trace),
+                fingerprint: payload_fingerprint(req, &rule.payload, trace),
             }));
         }
         KeySource::Fingerprint(fp) => {
@@ -220,7 +224,7 @@ fn is_token(token: &[u8]) -> bool {
 /// fingerprint (which holds method and path) catches its reuse elsewhere.
 pub fn token_digest(scope: &[ScopePart], req: &RequestView<'_>, token: &[u8]) -> Digest {
     let mut hasher = KeyHasher::new(b"idemgate:token:v1");
-    hash_scope(&mut hasher, scope, req);
+    hash_scope(&mut hasher, scope, req, None);
     hasher.field(token);
     hasher.finish()
 }
@@ -228,32 +232,159 @@ pub fn token_digest(scope: &[ScopePart], req: &RequestView<'_>, token: &[u8]) ->
 /// The rate-limit bucket of a caller.
 pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
     let mut hasher = KeyHasher::new(b"idemgate:scope:v1");
-    hash_scope(&mut hasher, scope, req);
+    hash_scope(&mut hasher, scope, req, None);
     hasher.finish()
 }
 
-fn hash_scope(hasher: &mut KeyHasher, scope: &[ScopePart], req: &RequestView<'_>) {
+/// Hashes each scope part's label and value; `trace` hears which were present, or which
+/// tier named the caller, never a value.
+fn hash_scope(
+    hasher: &mut KeyHasher,
+    scope: &[ScopePart],
+    req: &RequestView<'_>,
+    mut trace: Option<&mut Vec<String>>,
+) {
     for part in scope {
         hasher.label(part);
-        match scope_value(part, req) {
+        let value = match part {
+            ScopePart::Caller => {
+                let tier = hash_caller(hasher, req);
+                if let Some(t) = trace.as_deref_mut() {
+                    t.push(describe_tier(tier, req));
+                }
+                continue;
+            }
+            ScopePart::ClientIp => {
+                let ip = req.client_address();
+                if let Some(t) = trace.as_deref_mut() {
+                    let state = if ip.is_some() { "present" } else { "absent" };
+                    t.push(format!("{part} ({state})"));
+                }
+                hash_ip(hasher, ip);
+                continue;
+            }
+            ScopePart::Header(name) => header_value(req.headers, name),
+            ScopePart::Cookie(name) => find_cookie(req.headers, name).map(Cow::Borrowed),
+            ScopePart::ClientCert => req.client_cert.map(Cow::Borrowed),
+        };
+        if let Some(t) = trace.as_deref_mut() {
+            let state = if value.is_some() { "present" } else { "absent" };
+            t.push(format!("{part} ({state})"));
+        }
+        match value {
             Some(v) => hasher.field(&v),
+            // Distinct from every present value, including an empty one.
             None => hasher.absent(),
         }
     }
 }
 
-/// The fingerprint of the whole payload (path, query, body; default time/geo fields left
-/// out), stored beside a client key so its reuse with another payload is caught.
-fn payload_fingerprint(req: &RequestView<'_>, trace: Option<&mut Trace>) -> Digest {
+/// The default identity ([`ScopePart::Caller`]): the first tier the request has, its name
+/// hashed before its value so tiers never collide. See [`super::identity`].
+fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Tier {
+    let headers = req.headers;
+    if let Some(auth) = header_value(headers, &header::AUTHORIZATION) {
+        hasher.field(Tier::Authorization.as_str().as_bytes());
+        hasher.field(&auth);
+        return Tier::Authorization;
+    }
+    // One pass over the cookies, in the order sent (a browser sends its jar in one order).
+    let mut sessions = false;
+    for (name, value) in cookies(headers) {
+        // An empty value is a cleared session, shared by every logged-out browser.
+        if value.is_empty() || !req.identity.is_session_cookie(name) {
+            continue;
+        }
+        if !sessions {
+            hasher.field(Tier::SessionCookie.as_str().as_bytes());
+            sessions = true;
+        }
+        hasher.field(name);
+        hasher.field(value);
+    }
+    if sessions {
+        return Tier::SessionCookie;
+    }
+    if let Some(all) = header_value(headers, &header::COOKIE) {
+        // Cookies of no listed name may be a session under another name, or may be the
+        // same consent or theme cookie many people send: with the address, a session
+        // keeps two browsers apart and a shared cookie cannot merge two people.
+        hasher.field(Tier::CookieHeader.as_str().as_bytes());
+        hasher.field(&all);
+        hash_ip(hasher, req.client_address());
+        return Tier::CookieHeader;
+    }
+    hasher.field(Tier::ClientAddress.as_str().as_bytes());
+    hash_ip(hasher, req.client_address());
+    Tier::ClientAddress
+}
+
+/// An address as its octets (no formatting per request), or the absent marker.
+fn hash_ip(hasher: &mut KeyHasher, ip: Option<IpAddr>) {
+    match ip.map(|ip| ip.to_canonical()) {
+        Some(IpAddr::V4(v4)) => hasher.field(&v4.octets()),
+        Some(IpAddr::V6(v6)) => hasher.field(&v6.octets()),
+        None => hasher.absent(),
+    }
+}
+
+/// What `idemgate explain` says of the caller tier used, without its value.
+fn describe_tier(tier: Tier, req: &RequestView<'_>) -> String {
+    let address = if req.peer.is_none() {
+        "client address (not known here: give --client-ip)"
+    } else {
+        "client address"
+    };
+    match tier {
+        Tier::Authorization => "caller by Authorization header".to_owned(),
+        Tier::SessionCookie => {
+            let names: Vec<String> = cookies(req.headers)
+                .filter(|(n, v)| !v.is_empty() && req.identity.is_session_cookie(n))
+                .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
+                .collect();
+            format!("caller by session cookie ({})", names.join(", "))
+        }
+        Tier::CookieHeader => {
+            format!("caller by whole Cookie header and {address} (no listed session cookie)")
+        }
+        Tier::ClientAddress => format!("caller by {address}"),
+    }
+}
+
+/// All values of a header, joined by newlines when repeated.
+fn header_value<'r>(headers: &'r HeaderMap, name: &http::HeaderName) -> Option<Cow<'r, [u8]>> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next()?;
+    match values.next() {
+        None => Some(Cow::Borrowed(first.as_bytes())),
+        Some(second) => {
+            let mut all = first.as_bytes().to_vec();
+            for v in std::iter::once(second).chain(values) {
+                all.push(b'\n');
+                all.extend_from_slice(v.as_bytes());
+            }
+            Some(Cow::Owned(all))
+        }
+    }
+}
+
+/// The fingerprint of the payload as the route's payload check has it (by default path,
+/// query and body, the default send-time and send-place fields left out), stored beside a
+/// client key so its reuse with another payload is caught.
+fn payload_fingerprint(
+    req: &RequestView<'_>,
+    rule: &FingerprintRule,
+    trace: Option<&mut Trace>,
+) -> Digest {
     SCRATCH.with_borrow_mut(|buf| {
         buf.clear();
         let mut ignored = Vec::new();
         let want_trace = trace.is_some();
         write_canonical_request(
             req,
-            true,
-            true,
-            &DEFAULT_IGNORE,
+            rule.query,
+            rule.body,
+            &rule.ignore,
             buf,
             want_trace.then_some(&mut ignored),
         );
@@ -324,43 +455,6 @@ fn is_form(headers: &HeaderMap) -> bool {
         })
 }
 
-fn scope_value<'r>(part: &ScopePart, req: &RequestView<'r>) -> Option<Cow<'r, [u8]>> {
-    match part {
-        ScopePart::Header(name) => {
-            let mut values = req.headers.get_all(name).iter();
-            let first = values.next()?;
-            match values.next() {
-                None => Some(Cow::Borrowed(first.as_bytes())),
-                Some(second) => {
-                    let mut all = first.as_bytes().to_vec();
-                    for v in std::iter::once(second).chain(values) {
-                        all.push(b'\n');
-                        all.extend_from_slice(v.as_bytes());
-                    }
-                    Some(Cow::Owned(all))
-                }
-            }
-        }
-        ScopePart::Cookie(name) => find_cookie(req.headers, name).map(Cow::Borrowed),
-        ScopePart::ClientIp => req
-            .client_ip
-            .map(|ip| Cow::Owned(ip.to_string().into_bytes())),
-        ScopePart::ClientCert => req.client_cert.map(Cow::Borrowed),
-    }
-}
-
-fn find_cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b';'))
-        .find_map(|pair| {
-            let pair = pair.trim_ascii();
-            let eq = pair.iter().position(|&b| b == b'=')?;
-            (&pair[..eq] == name.as_bytes()).then(|| &pair[eq + 1..])
-        })
-}
-
 /// SHA-256 over length-prefixed fields, so no two field lists hash the same input.
 struct KeyHasher(Sha256);
 
@@ -395,180 +489,4 @@ impl KeyHasher {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::key::{default_scope, FingerprintRule};
-    use http::HeaderValue;
-
-    /// Keys already stored (in Redis, by an earlier version) must still be found: a scope
-    /// label is hashed exactly as the field of its `Display` text always was.
-    #[test]
-    fn scope_labels_hash_as_their_display_text() {
-        let parts = [
-            ScopePart::Header(header::AUTHORIZATION),
-            ScopePart::Cookie("session".into()),
-            ScopePart::ClientIp,
-            ScopePart::ClientCert,
-        ];
-        for part in &parts {
-            let mut by_label = KeyHasher::new(b"t");
-            by_label.label(part);
-            let mut by_text = KeyHasher::new(b"t");
-            by_text.field(part.to_string().as_bytes());
-            assert_eq!(by_label.finish(), by_text.finish(), "{part}");
-        }
-        assert_eq!(parts[0].to_string(), "header:authorization");
-        assert_eq!(parts[1].to_string(), "cookie:session");
-        assert_eq!(parts[2].to_string(), "client_ip");
-    }
-
-    fn view<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> RequestView<'a> {
-        RequestView {
-            route: "r",
-            method: &Method::POST,
-            path: "/orders",
-            query: None,
-            headers,
-            client_ip: None,
-            client_cert: None,
-            body,
-        }
-    }
-
-    fn header_rule(required: bool) -> KeyRule {
-        KeyRule {
-            source: KeySource::Header(http::HeaderName::from_static("idempotency-key")),
-            required,
-            scope: default_scope(),
-        }
-    }
-
-    fn keyed(key: &str, auth: Option<&str>) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert("idempotency-key", HeaderValue::from_str(key).unwrap());
-        if let Some(a) = auth {
-            h.insert(header::AUTHORIZATION, HeaderValue::from_str(a).unwrap());
-        }
-        h
-    }
-
-    #[test]
-    fn same_client_key_with_other_payload_keeps_key_but_changes_fingerprint() {
-        let h = keyed("k1", None);
-        let a = derive_key(&header_rule(true), &view(&h, b"{\"amount\":1}"), None).unwrap();
-        let b = derive_key(&header_rule(true), &view(&h, b"{\"amount\":2}"), None).unwrap();
-        let (a, b) = (a.unwrap(), b.unwrap());
-        assert_eq!(a.key, b.key);
-        assert_ne!(a.fingerprint, b.fingerprint);
-    }
-
-    #[test]
-    fn different_callers_never_share_a_key() {
-        let a = keyed("k1", Some("Bearer alice"));
-        let b = keyed("k1", Some("Bearer bob"));
-        let anon = keyed("k1", None);
-        let ka = derive_key(&header_rule(true), &view(&a, b""), None)
-            .unwrap()
-            .unwrap();
-        let kb = derive_key(&header_rule(true), &view(&b, b""), None)
-            .unwrap()
-            .unwrap();
-        let kn = derive_key(&header_rule(true), &view(&anon, b""), None)
-            .unwrap()
-            .unwrap();
-        assert_ne!(ka.key, kb.key);
-        assert_ne!(ka.key, kn.key);
-    }
-
-    #[test]
-    fn missing_key_passes_unless_required() {
-        let h = HeaderMap::new();
-        assert!(derive_key(&header_rule(false), &view(&h, b""), None)
-            .unwrap()
-            .is_none());
-        assert!(matches!(
-            derive_key(&header_rule(true), &view(&h, b""), None),
-            Err(KeyError::ClientKey(ClientKeyError::Missing(_)))
-        ));
-    }
-
-    #[test]
-    fn fields_key_ignores_everything_but_the_fields() {
-        let rule = KeyRule {
-            source: KeySource::Fields(vec!["/a".parse().unwrap(), "/b".parse().unwrap()]),
-            required: true,
-            scope: default_scope(),
-        };
-        let h = HeaderMap::new();
-        let one = derive_key(&rule, &view(&h, br#"{"a":1,"b":"x","ts":1}"#), None);
-        let two = derive_key(&rule, &view(&h, br#"{"b":"x","note":"y","a":1.0}"#), None);
-        assert_eq!(one.unwrap(), two.unwrap());
-        assert!(matches!(
-            derive_key(&rule, &view(&h, br#"{"a":1}"#), None),
-            Err(KeyError::FieldMissing(p)) if p == "/b"
-        ));
-        assert!(matches!(
-            derive_key(&rule, &view(&h, b"{oops"), None),
-            Err(KeyError::InvalidJson(_))
-        ));
-    }
-
-    #[test]
-    fn fingerprint_covers_path_and_query_and_falls_back_to_raw_bytes() {
-        let rule = KeyRule {
-            source: KeySource::Fingerprint(Box::new(FingerprintRule {
-                query: true,
-                body: true,
-                ignore: DEFAULT_IGNORE.clone(),
-            })),
-            required: true,
-            scope: default_scope(),
-        };
-        let h = HeaderMap::new();
-        let base = view(&h, b"not json");
-        let k = |v: RequestView<'_>| derive_key(&rule, &v, None).unwrap().unwrap().key;
-        assert_eq!(k(base), k(base));
-        assert_ne!(
-            k(base),
-            k(RequestView {
-                path: "/other",
-                ..base
-            })
-        );
-        assert_ne!(
-            k(base),
-            k(RequestView {
-                query: Some("a=1"),
-                ..base
-            })
-        );
-        assert_eq!(
-            k(RequestView {
-                query: Some("b=2&a=1&ts=5"),
-                ..base
-            }),
-            k(RequestView {
-                query: Some("a=1&b=2"),
-                ..base
-            })
-        );
-        assert_ne!(
-            k(base),
-            k(RequestView {
-                body: b"not json!",
-                ..base
-            })
-        );
-    }
-
-    #[test]
-    fn cookie_scope_reads_the_named_cookie() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::COOKIE,
-            HeaderValue::from_static("a=1; sid=xyz; b=2"),
-        );
-        assert_eq!(find_cookie(&h, "sid"), Some(&b"xyz"[..]));
-        assert_eq!(find_cookie(&h, "id"), None);
-    }
-}
+mod tests;

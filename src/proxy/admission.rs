@@ -1,16 +1,21 @@
 //! Requests refused before routing: what HTTP/1.1 requires a server to refuse (RFC 9112
-//! §3.2: no `Host` field, more than one, or one that is not a host) and what this proxy
+//! §3.2: no `Host` field, more than one, or one that is not one host), a path that has no
+//! one safe normal form ([`normalize_target`]), and what this proxy
 //! does not forward (a `CONNECT` tunnel; a transfer coding besides `chunked`, RFC 9112
 //! §6.1: hyper itself answers 400 to codings that do not end in `chunked`, so the ones
 //! seen here are like `gzip, chunked`). Each of them would otherwise be routed or framed
 //! one way here and another way upstream: the route chosen by one `Host` while the
 //! upstream reads the other, or a gzip-coded body forwarded as if it were plain.
 
+use std::borrow::Cow;
+
 use http::header::{HOST, TRANSFER_ENCODING};
-use http::{Method, Request, Version};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Uri, Version};
 
 use crate::error::ProxyError;
 use crate::proxy::headers::is_chunked_alone;
+use crate::route::normalize::normalize_path;
 
 /// The host the request is routed by (its `Host` field, else its target's authority), or
 /// why it is refused.
@@ -32,11 +37,17 @@ pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
             "an HTTP/1.1 request must have a Host field".into(),
         ));
     }
+    let not_a_host = || ProxyError::BadRequest("the request's Host is not one host[:port]".into());
     let host = match host {
-        Some(value) => Some(host_value(value.as_bytes()).ok_or_else(|| {
-            ProxyError::BadRequest("the request's Host field is not a host".into())
-        })?),
-        None => request.uri().host(),
+        Some(value) => Some(host_value(value.as_bytes()).ok_or_else(not_a_host)?),
+        // HTTP/2's `:authority` (or an absolute-form target): the same rule.
+        None => match request.uri().authority() {
+            Some(authority) => {
+                host_value(authority.as_str().as_bytes()).ok_or_else(not_a_host)?;
+                request.uri().host()
+            }
+            None => None,
+        },
     };
     // One look-up, whether the request has the field or not.
     let codings = request.headers().get_all(TRANSFER_ENCODING);
@@ -48,52 +59,86 @@ pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
     Ok(host)
 }
 
-/// A `Host` value as RFC 9110 §7.2 has it (`uri-host [ ":" port ]`, or empty), checked
-/// byte by byte: anything else (a space, a list, userinfo, a path, non-ASCII) is a 400 by
-/// RFC 9112 §3.2, since routes would match it differently from how the upstream reads it.
+/// A `Host` value that is one host and an optional port (RFC 9110 §7.2 `uri-host [ ":"
+/// port ]`, or empty): a name of letters, digits, `-`, `.`, `_`, `~`, or a bracketed IPv6
+/// literal, then at most `:` and a port number. Anything else (a list, a space, userinfo, a
+/// path, sub-delimiters, percent-escapes, non-ASCII) is a 400 by RFC 9112 §3.2, since
+/// routes would match it differently from how the upstream reads it.
 fn host_value(value: &[u8]) -> Option<&str> {
-    if value.iter().all(|&b| HOST_BYTES[usize::from(b)]) {
-        // ASCII only, so UTF-8.
-        std::str::from_utf8(value).ok()
-    } else {
-        None
+    if value.is_empty() {
+        // RFC 9112 §3.2: the empty Host of a target without an authority.
+        return Some("");
     }
+    let port = if value[0] == b'[' {
+        let end = value.iter().position(|&b| b == b']')?;
+        std::str::from_utf8(&value[1..end])
+            .ok()?
+            .parse::<std::net::Ipv6Addr>()
+            .ok()?;
+        match &value[end + 1..] {
+            [] => None,
+            [b':', port @ ..] => Some(port),
+            _ => return None,
+        }
+    } else {
+        let end = value.iter().position(|&b| b == b':').unwrap_or(value.len());
+        let name = &value[..end];
+        if name.is_empty() || !name.iter().all(|&b| NAME_BYTES[usize::from(b)]) {
+            return None;
+        }
+        value.get(end + 1..)
+    };
+    if let Some(port) = port {
+        let valid = !port.is_empty()
+            && port.len() <= 5
+            && port.iter().all(u8::is_ascii_digit)
+            && std::str::from_utf8(port).ok()?.parse::<u16>().is_ok();
+        if !valid {
+            return None;
+        }
+    }
+    // ASCII only, so UTF-8.
+    std::str::from_utf8(value).ok()
 }
 
-/// The bytes a `Host` value may hold (reg-name's unreserved, sub-delims and `%`; IP
-/// literals' brackets; the port's colon), looked up rather than compared in turn: this
-/// runs on every request.
-static HOST_BYTES: [bool; 256] = {
+/// The bytes of a host name (reg-name's unreserved characters), looked up rather than
+/// compared in turn: this runs on every request.
+static NAME_BYTES: [bool; 256] = {
     let mut table = [false; 256];
     let mut b = 0;
     while b < 256 {
         let c = b as u8;
-        table[b] = c.is_ascii_alphanumeric()
-            || matches!(
-                c,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'%'
-                    | b':'
-                    | b'['
-                    | b']'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-            );
+        table[b] = c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~');
         b += 1;
     }
     table
 };
+
+/// Puts the request's path in its one normal form ([`normalize_path`]) before it is
+/// routed and forwarded, so what the upstream reads is what was matched; the query is
+/// left alone. Only methods that routes can apply to are touched: safe methods always
+/// pass through, so theirs reach the upstream as sent.
+pub fn normalize_target<B>(request: &mut Request<B>) -> Result<(), ProxyError> {
+    if crate::route::is_safe(request.method()) {
+        return Ok(());
+    }
+    let normal = match normalize_path(request.uri().path()).map_err(ProxyError::BadPath)? {
+        Cow::Borrowed(_) => return Ok(()),
+        Cow::Owned(normal) => normal,
+    };
+    let target = match request.uri().query() {
+        Some(query) => format!("{normal}?{query}"),
+        None => normal,
+    };
+    let mut parts = request.uri().clone().into_parts();
+    parts.path_and_query = Some(
+        PathAndQuery::try_from(target)
+            .map_err(|e| ProxyError::BadRequest(format!("the normalised path: {e}")))?,
+    );
+    *request.uri_mut() = Uri::from_parts(parts)
+        .map_err(|e| ProxyError::BadRequest(format!("the normalised path: {e}")))?;
+    Ok(())
+}
 
 #[cfg(test)]
 mod tests {
@@ -136,10 +181,22 @@ mod tests {
     fn a_host_field_that_is_not_a_host_is_a_400() {
         for bad in [
             &b"pay.example, x"[..],
+            b"pay.example,evil.example",
+            b"pay.example;evil.example",
+            b"pay.example:443,evil.example",
             b"user@pay.example",
             b"pay.example/orders",
             b"pay.example\xe9",
             b"pay example",
+            b"pay.example:",
+            b"pay.example:65536",
+            b"pay.example:8a",
+            b"pay%2eexample",
+            b"pay!example",
+            b"[::1",
+            b"[::1]x",
+            b"[zz]",
+            b":80",
         ] {
             let mut r = request("POST", Version::HTTP_11, &[]);
             r.headers_mut()
@@ -149,8 +206,10 @@ mod tests {
         for good in [
             "pay.example:8443",
             "[::1]:80",
+            "[::1]",
             "10.0.0.1",
             "xn--bcher-kva.example",
+            "",
         ] {
             let r = request("POST", Version::HTTP_11, &[("host", good)]);
             assert_eq!(admit(&r).unwrap(), Some(good));
@@ -195,5 +254,25 @@ mod tests {
             ],
         );
         assert_eq!(refusal(&r), 501);
+    }
+
+    #[test]
+    fn a_path_is_forwarded_in_its_normal_form_with_its_query() {
+        let mut r = Request::post("/api//x/../orders?b=%2F&a=1")
+            .body(())
+            .unwrap();
+        normalize_target(&mut r).unwrap();
+        assert_eq!(r.uri(), "/api/orders?b=%2F&a=1");
+        let mut r = Request::post("http://pay.example/api/%6Frders")
+            .body(())
+            .unwrap();
+        normalize_target(&mut r).unwrap();
+        assert_eq!(r.uri(), "http://pay.example/api/orders");
+        let mut r = Request::post("/api%2Forders").body(()).unwrap();
+        assert_eq!(normalize_target(&mut r).unwrap_err().status().as_u16(), 400);
+        // Safe methods always pass through, as sent.
+        let mut r = Request::get("/files/a%2Fb/./c").body(()).unwrap();
+        normalize_target(&mut r).unwrap();
+        assert_eq!(r.uri(), "/files/a%2Fb/./c");
     }
 }

@@ -21,13 +21,18 @@ pub enum BodyError {
     /// Reading the client's request body failed.
     #[error("client body: {0}")]
     Client(#[from] hyper::Error),
+    /// The client sent no part of its body for this long.
+    #[error("the client sent no part of its body for {0:?}")]
+    ClientStalled(Duration),
     /// Reading the upstream's answer body failed (closed early, or framed wrongly).
     #[error("upstream body: {0}")]
-    Upstream(#[from] std::io::Error),
+    Upstream(hyper::Error),
+    /// The upstream sent no part of its answer's body for this long.
+    #[error("the upstream sent no part of its answer's body for {0:?}")]
+    UpstreamStalled(Duration),
 }
 
 /// A request or response body.
-#[derive(Debug)]
 pub enum ProxyBody {
     /// Whole in memory; yields one frame.
     Full {
@@ -38,13 +43,37 @@ pub enum ProxyBody {
     Stream {
         /// hyper's body of the other connection (`Unpin`, so no pin projection is needed).
         inner: Incoming,
+        /// How long the client may send nothing (nginx's `client_body_timeout`).
+        gap: Gap,
     },
     /// Streamed from the upstream as it arrives; its connection goes back to the pool at
     /// the end.
     Upstream {
         /// The upstream connection's body.
         inner: UpstreamBody,
+        /// How long the upstream may send nothing after the head (nginx's
+        /// `proxy_read_timeout`).
+        gap: Gap,
     },
+    /// Any other body (rare paths, such as an answer too large to store that streams on
+    /// after the part already read).
+    Boxed {
+        /// The body.
+        inner: Pin<Box<dyn Body<Data = Bytes, Error = BodyError> + Send>>,
+    },
+}
+
+impl std::fmt::Debug for ProxyBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Full { data } => f.debug_struct("Full").field("data", data).finish(),
+            Self::Stream { inner, .. } => f.debug_struct("Stream").field("inner", inner).finish(),
+            Self::Upstream { inner, .. } => {
+                f.debug_struct("Upstream").field("inner", inner).finish()
+            }
+            Self::Boxed { .. } => f.write_str("Boxed"),
+        }
+    }
 }
 
 impl ProxyBody {
@@ -60,35 +89,72 @@ impl ProxyBody {
         Self::Full { data: None }
     }
 
-    /// A streamed request body.
-    pub fn stream(inner: Incoming) -> Self {
-        Self::Stream { inner }
+    /// A streamed request body, cut off with [`BodyError::ClientStalled`] when the client
+    /// sends nothing for `gap` (never, if `None`).
+    pub fn stream(inner: Incoming, gap: Option<Duration>) -> Self {
+        Self::Stream {
+            inner,
+            gap: Gap::new(gap),
+        }
     }
 
-    /// A streamed upstream response body.
-    pub fn upstream(inner: UpstreamBody) -> Self {
-        Self::Upstream { inner }
+    /// Any body.
+    pub fn boxed(inner: impl Body<Data = Bytes, Error = BodyError> + Send + 'static) -> Self {
+        Self::Boxed {
+            inner: Box::pin(inner),
+        }
     }
 
-    /// Reads what is left of a client's streamed body and drops it, for at most
-    /// [`LINGER`], in a task of its own. For an upload the upstream answered before it
-    /// ended: a client still writing it would otherwise have its connection reset under
-    /// it and lose the answer (nginx reads on for the same reason, `lingering_close`).
-    pub fn drain_in_background(self) {
-        let Self::Stream { mut inner } = self else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let drain = async { while let Some(Ok(_)) = inner.frame().await {} };
-                let _ = tokio::time::timeout(LINGER, drain).await;
-            });
+    /// A streamed upstream answer body, cut off with [`BodyError::UpstreamStalled`] when
+    /// the upstream sends nothing for `gap` (never, if `None`).
+    pub fn upstream(inner: UpstreamBody, gap: Option<Duration>) -> Self {
+        Self::Upstream {
+            inner,
+            gap: Gap::new(gap),
         }
     }
 }
 
-/// The longest an answered upload is read on (nginx's `lingering_time` default).
-pub const LINGER: Duration = Duration::from_secs(30);
+/// The longest a streamed body may go without a frame; see [`ProxyBody::stream`]. Its
+/// timer is made the first time the body has to wait, and re-armed only after a frame
+/// came: a body that is always ready (most are) never touches the timer wheel.
+#[derive(Debug, Default)]
+pub struct Gap {
+    limit: Option<Duration>,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The sleep runs for the current wait.
+    armed: bool,
+}
+
+impl Gap {
+    fn new(limit: Option<Duration>) -> Self {
+        Self {
+            limit,
+            sleep: None,
+            armed: false,
+        }
+    }
+
+    /// After the body returned `Pending`: the limit if it has passed since the last frame.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Option<Duration> {
+        let limit = self.limit?;
+        if !self.armed {
+            let deadline = tokio::time::Instant::now() + limit;
+            match &mut self.sleep {
+                Some(sleep) => sleep.as_mut().reset(deadline),
+                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            self.armed = true;
+        }
+        let sleep = self.sleep.as_mut()?;
+        sleep.as_mut().poll(cx).is_ready().then_some(limit)
+    }
+
+    /// A frame came: the next wait starts a new gap.
+    fn progressed(&mut self) {
+        self.armed = false;
+    }
+}
 
 impl Body for ProxyBody {
     type Data = Bytes;
@@ -100,18 +166,36 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             Self::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            Self::Stream { inner } => Pin::new(inner)
-                .poll_frame(cx)
-                .map(|frame| frame.map(|result| result.map_err(BodyError::Client))),
-            Self::Upstream { inner } => Pin::new(inner).poll_frame(cx),
+            Self::Stream { inner, gap } => match Pin::new(inner).poll_frame(cx) {
+                Poll::Pending => match gap.poll_expired(cx) {
+                    Some(limit) => Poll::Ready(Some(Err(BodyError::ClientStalled(limit)))),
+                    None => Poll::Pending,
+                },
+                Poll::Ready(frame) => {
+                    gap.progressed();
+                    Poll::Ready(frame.map(|result| result.map_err(BodyError::Client)))
+                }
+            },
+            Self::Upstream { inner, gap } => match Pin::new(inner).poll_frame(cx) {
+                Poll::Pending => match gap.poll_expired(cx) {
+                    Some(limit) => Poll::Ready(Some(Err(BodyError::UpstreamStalled(limit)))),
+                    None => Poll::Pending,
+                },
+                Poll::Ready(frame) => {
+                    gap.progressed();
+                    Poll::Ready(frame)
+                }
+            },
+            Self::Boxed { inner } => inner.as_mut().poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             Self::Full { data } => data.is_none(),
-            Self::Stream { inner } => inner.is_end_stream(),
-            Self::Upstream { inner } => inner.is_end_stream(),
+            Self::Stream { inner, .. } => inner.is_end_stream(),
+            Self::Upstream { inner, .. } => inner.is_end_stream(),
+            Self::Boxed { inner } => inner.is_end_stream(),
         }
     }
 
@@ -120,28 +204,25 @@ impl Body for ProxyBody {
             Self::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Self::Stream { inner } => inner.size_hint(),
-            Self::Upstream { inner } => inner.size_hint(),
+            Self::Stream { inner, .. } => inner.size_hint(),
+            Self::Upstream { inner, .. } => inner.size_hint(),
+            Self::Boxed { inner } => inner.size_hint(),
         }
     }
 }
 
-/// A client's request body, as the handler gets it.
+/// A client's request body, as the handler gets it: streamed by hyper.
 #[derive(Debug)]
 pub enum RequestBody {
-    /// Streamed by hyper: HTTP/2, and HTTP/1.1 requests the fast path hands over (see
-    /// `server::http1`).
+    /// As hyper's connection delivers it (HTTP/1.1 or HTTP/2).
     Incoming(Incoming),
-    /// Read whole with its head by the HTTP/1.1 fast path.
-    Buffered(Bytes),
 }
 
 impl RequestBody {
-    /// The body to forward: streamed on, or the buffered bytes.
-    pub fn into_proxy_body(self) -> ProxyBody {
+    /// The body to forward: streamed on, cut off once the client sends nothing for `gap`.
+    pub fn into_proxy_body(self, gap: Option<Duration>) -> ProxyBody {
         match self {
-            Self::Incoming(inner) => ProxyBody::stream(inner),
-            Self::Buffered(data) => ProxyBody::full(data),
+            Self::Incoming(inner) => ProxyBody::stream(inner, gap),
         }
     }
 }
@@ -164,13 +245,7 @@ pub async fn read_limited(
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::PayloadTooLarge { limit });
     }
-    let body = match body {
-        RequestBody::Buffered(data) if data.len() > limit => {
-            return Err(ProxyError::PayloadTooLarge { limit })
-        }
-        RequestBody::Buffered(data) => return Ok(data),
-        RequestBody::Incoming(body) => body,
-    };
+    let RequestBody::Incoming(body) = body;
     let mut body = http_body_util::Limited::new(body, limit);
     let mut chunks: Vec<Bytes> = Vec::new();
     loop {

@@ -3,7 +3,9 @@
 //! it moves to a task of its own and runs to the end there.
 //!
 //! The owner of a claim must reach the upstream and store the answer even if its client
-//! disconnected, so that client's retry finds the answer. Spawning the owner's work up
+//! disconnected, or stopped waiting at its own deadline, so that client's retry finds the
+//! answer. Detached, it runs at most until its bound ([`Detachable::bounded`]); past it the
+//! future is dropped, and the guards it holds (the claim's lease) settle what it leaves. Spawning the owner's work up
 //! front gives that too, but costs every first-seen request a task (its allocation, a
 //! scheduling round and a wake-up of the waiting request) and a copy of its future and
 //! output; a disconnect mid-request is rare, so it pays instead.
@@ -27,6 +29,8 @@ where
     /// request through its access log and enters no span, so there this is `Span::none()`
     /// and costs nothing; an embedder's or a future request span is kept.
     span: tracing::Span,
+    /// Once detached, how long it may run on: no timer is armed unless it is detached.
+    bound: Option<std::time::Instant>,
 }
 
 /// The detachable future panicked; like a panicking spawned task, the panic was caught
@@ -43,7 +47,19 @@ where
         Self {
             running: Some(Box::pin(future)),
             span: tracing::Span::current(),
+            bound: None,
         }
+    }
+
+    /// Drops the future where it is, without detaching it: its guards run now.
+    pub fn cancel(mut self) {
+        self.running = None;
+    }
+
+    /// Once detached, it is dropped at `deadline` if it has not finished by then.
+    pub fn bounded(mut self, deadline: std::time::Instant) -> Self {
+        self.bound = Some(deadline);
+        self
     }
 }
 
@@ -83,7 +99,18 @@ where
         // Without a runtime (it is shutting down) the future is dropped: its guards still
         // release what it held.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(running.instrument(self.span.clone()));
+            let span = self.span.clone();
+            match self.bound {
+                Some(deadline) => {
+                    let bounded = async move {
+                        let _ = tokio::time::timeout_at(deadline.into(), running).await;
+                    };
+                    runtime.spawn(bounded.instrument(span));
+                }
+                None => {
+                    runtime.spawn(running.instrument(span));
+                }
+            }
         }
     }
 }
@@ -135,6 +162,31 @@ mod tests {
         .await;
         assert_eq!(result, Err(Panicked));
         assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    /// Detached with a bound, the future is dropped at it, and its guards run.
+    #[tokio::test]
+    async fn a_detached_future_is_dropped_at_its_bound() {
+        struct Guard(Option<oneshot::Sender<()>>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                let _ = self.0.take().unwrap().send(());
+            }
+        }
+        let (dropped, was_dropped) = oneshot::channel::<()>();
+        let guard = Guard(Some(dropped));
+        let mut detachable = Detachable::new(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        })
+        .bounded(std::time::Instant::now() + std::time::Duration::from_millis(50));
+        assert!(futures_poll_once(&mut detachable).is_pending());
+        drop(detachable);
+        // The hang guard only: the bound, not this timeout, ends the future.
+        tokio::time::timeout(std::time::Duration::from_secs(30), was_dropped)
+            .await
+            .expect("the future outlived its bound")
+            .unwrap();
     }
 
     fn futures_poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {

@@ -1,4 +1,5 @@
-//! The request entry point: match the route, take the passthrough or protected path, count
+//! The request entry point: normalise the path, match the route, take the passthrough or
+//! protected path, count
 //! and log the outcome, and turn any [`crate::error::ProxyError`] into its problem+json answer
 //! here, once.
 //! hyper never sees an error.
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use http::{Method, Request, Response};
+use tracing::Instrument;
 
 use super::admission;
 use super::body::ProxyBody;
@@ -48,7 +50,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 impl Proxy {
     /// A proxy serving `config` with `store`.
     pub fn new(config: Arc<Config>, store: Store, metrics: Arc<Metrics>) -> Self {
-        let client = UpstreamClient::new(&config.upstream);
+        let client = UpstreamClient::new(&config.upstream, &config.connections, &metrics);
         let owners = Arc::new(Owners::default());
         Self {
             live: Arc::new(ArcSwap::from_pointee(Live { config, client })),
@@ -108,16 +110,35 @@ impl Proxy {
             && old.authority == new.authority
             && old.tls.is_none()
             && new.tls.is_none()
+            && current.config.connections == config.connections
         {
             current.client.clone()
         } else {
-            UpstreamClient::new(&config.upstream)
+            UpstreamClient::new(&config.upstream, &config.connections, &self.metrics)
         };
         self.live.store(Arc::new(Live { config, client }));
     }
 
     /// Answers one request. Never fails: errors become problem+json answers.
+    ///
+    /// It runs in a `request` span with its method, and once known its route and its key's
+    /// prefix, so every log line it causes carries them (an owner that runs on detached
+    /// keeps the span).
     pub async fn handle(
+        &self,
+        request: Request<super::body::RequestBody>,
+        conn: &super::Connection,
+    ) -> Response<ProxyBody> {
+        let span = tracing::info_span!(
+            "request",
+            method = %request.method(),
+            route = tracing::field::Empty,
+            key = tracing::field::Empty,
+        );
+        self.handle_in_span(request, conn).instrument(span).await
+    }
+
+    async fn handle_in_span(
         &self,
         request: Request<super::body::RequestBody>,
         conn: &super::Connection,
@@ -127,6 +148,14 @@ impl Proxy {
         let access = tracing::enabled!(target: "access", tracing::Level::INFO)
             .then(|| (Instant::now(), request.uri().path().to_owned()));
         let live = self.live.load_full();
+        let mut request = request;
+        // Routed and forwarded in its one normal form: no spelling of a path steps around
+        // a route.
+        if let Err(error) = admission::normalize_target(&mut request) {
+            let method = request.method().clone();
+            let metrics = self.metrics.route("");
+            return finish("", &metrics, method, Report::default(), access, Err(error));
+        }
         let (route, protection) = match admission::admit(&request) {
             Ok(host) => live
                 .config
@@ -150,6 +179,8 @@ impl Proxy {
                 return response;
             }
         }
+        let shown = if route.is_empty() { "-" } else { route };
+        tracing::Span::current().record("route", tracing::field::display(shown));
         let route_metrics = self.metrics.route(route);
         let method = request.method().clone();
         let mut report = Report::default();
@@ -157,13 +188,12 @@ impl Proxy {
             Protection::Off => {
                 report.outcome = Some(Outcome::Passthrough);
                 let started = Instant::now();
-                let result = passthrough::forward(
-                    &live.client,
-                    request,
-                    conn,
-                    live.config.passthrough_timeout,
-                )
-                .await;
+                let timeouts = passthrough::Timeouts {
+                    head: live.config.passthrough_timeout,
+                    client_gap: self.body_read_timeout,
+                    upstream_gap: live.config.connections.upstream_read_timeout,
+                };
+                let result = passthrough::forward(&live.client, request, conn, timeouts).await;
                 route_metrics.upstream_latency(started.elapsed());
                 result
             }

@@ -157,7 +157,9 @@ pub fn parse_length(item: &[u8]) -> Option<u64> {
 /// What the proxy adds to a request it forwards.
 #[derive(Debug, Clone, Copy)]
 pub struct Forwarding<'a> {
-    /// The client's address, appended to `X-Forwarded-For`.
+    /// The TCP peer's address, appended to the `X-Forwarded-For` received (as nginx's
+    /// `$proxy_add_x_forwarded_for`): the right-most entry is always one this proxy saw,
+    /// and an upstream reads the client as idemgate does, right to left past its proxies.
     pub client_ip: &'a HeaderValue,
     /// `http` or `https`, for `X-Forwarded-Proto`.
     pub proto: &'static str,

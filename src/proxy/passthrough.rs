@@ -1,48 +1,72 @@
 //! Unprotected requests: streamed both ways without buffering, protocol upgrades
-//! (WebSocket) spliced through once both sides agreed to switch.
+//! (WebSocket) spliced through once both sides agreed to switch. A client that stops
+//! sending its body, or an upstream that stops sending its answer's, is cut off after a
+//! bounded gap ([`Timeouts`]).
+
+use std::time::{Duration, Instant};
 
 use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
 use super::body::{ProxyBody, RequestBody};
 use super::headers::{strip_hop_by_hop, wants_upgrade};
-use super::upstream::UpstreamClient;
+use super::upstream::{UpstreamBody, UpstreamClient};
 use crate::error::ProxyError;
+
+/// The bounds on one pass-through exchange.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// Until the answer's head (`upstream_timeout`).
+    pub head: Duration,
+    /// Between two parts of the client's body (the body read timeout).
+    pub client_gap: Duration,
+    /// Between two parts of the answer's body (`connections.upstream_read_timeout`).
+    pub upstream_gap: Duration,
+}
 
 /// Forwards `request` with its body streaming; the response streams back.
 pub async fn forward(
     client: &UpstreamClient,
     mut request: Request<RequestBody>,
     conn: &super::Connection,
-    timeout: std::time::Duration,
+    timeouts: Timeouts,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let upgrade = request.version() <= http::Version::HTTP_11 && wants_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let (parts, body) = request.into_parts();
-    let upstream_request = Request::from_parts(parts, body.into_proxy_body());
-    let response = client
-        .send(upstream_request, conn, upgrade, timeout)
+    let upstream_request =
+        Request::from_parts(parts, body.into_proxy_body(Some(timeouts.client_gap)));
+    let deadline = Instant::now() + timeouts.head;
+    let mut response = client
+        .send(upstream_request, conn, upgrade, deadline)
         .await?;
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(client_upgrade) = client_upgrade {
-            let (mut parts, body) = response.into_parts();
-            if let Some(mut up) = body.into_upgraded() {
-                tokio::spawn(async move {
-                    match client_upgrade.await {
-                        Ok(down) => {
-                            let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(down), &mut up)
-                                .await;
-                        }
-                        Err(e) => tracing::debug!(error = %e, "upgrade failed"),
+            // The answer's fields go to the client; the rest of it (hyper's upgrade in its
+            // extensions, the body holding the connection) to the splicing task.
+            let mut answer = Response::new(ProxyBody::empty());
+            *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            *answer.headers_mut() = std::mem::take(response.headers_mut());
+            tokio::spawn(async move {
+                let (down, up) = tokio::join!(client_upgrade, UpstreamBody::upgraded(response));
+                match (down, up) {
+                    (Ok(down), Some(mut up)) => {
+                        let _ =
+                            tokio::io::copy_bidirectional(&mut TokioIo::new(down), &mut up).await;
                     }
-                });
-            }
-            strip_hop_by_hop(&mut parts.headers, true);
-            return Ok(Response::from_parts(parts, ProxyBody::empty()));
+                    (Err(e), _) => tracing::debug!(error = %e, "upgrade failed"),
+                    (_, None) => tracing::debug!("the upstream's upgrade failed"),
+                }
+            });
+            strip_hop_by_hop(answer.headers_mut(), true);
+            return Ok(answer);
         }
     }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    Ok(Response::from_parts(parts, ProxyBody::upstream(body)))
+    Ok(Response::from_parts(
+        parts,
+        ProxyBody::upstream(body, Some(timeouts.upstream_gap)),
+    ))
 }

@@ -1,9 +1,13 @@
 //! Protected requests, as a fixed sequence of phases: buffer the body, derive the key,
-//! claim it, then forward (owner), wait and replay (duplicate), or replay at once (done);
-//! finally complete or release the claim.
+//! claim it, then forward (owner), wait and share the outcome (duplicate), or answer from
+//! the store at once; finally the owner settles the key.
 //!
-//! The owner's upstream call is [`Detachable`]: a client that disconnects does not cancel
-//! it, so the answer is still stored for that client's retry.
+//! Sent means possibly executed. Only a request that provably never reached the upstream
+//! frees its key plainly. Once it went out, the owner's call is [`Detachable`]: a client
+//! that disconnects, or whose `upstream_timeout` passes (it gets a 504), does not cancel
+//! it; the owner waits on in the background up to `background_timeout` and stores the
+//! answer for the retries. An exchange that ends with no answer leaves the key as an
+//! unknown outcome (`on_unknown_outcome: hold`), never free for a blind re-run.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -13,15 +17,20 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 
-use super::body::{collect_bytes, read_limited, ProxyBody, RequestBody};
+use super::answer::{self, Answer, AnswerBody};
+use super::body::{read_limited, ProxyBody, RequestBody};
 use super::detach::Detachable;
-use super::headers::strip_hop_by_hop;
-use super::upstream::UpstreamClient;
-use crate::config::{InFlightMode, OnStoreError, Protected};
+use super::upstream::{timed_out, UpstreamClient};
+use crate::config::{InFlightMode, OnStoreError, OnUnknownOutcome, Protected};
 use crate::error::ProxyError;
+use crate::key::derive::scope_digest;
 use crate::key::{derive_key, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
-use crate::store::{Claim, ClaimMode, Lease, Store, StoredResponse};
+use crate::store::seal::KeyRing;
+use crate::store::{
+    CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Settled, Settlement, Store, StoreError,
+    StoredResponse,
+};
 
 /// The header added to every replayed response.
 pub static IDEMPOTENT_REPLAYED: http::HeaderName =
@@ -31,13 +40,17 @@ pub static IDEMPOTENT_REPLAYED: http::HeaderName =
 /// and a sooner retry finds the replay; the lease only bounds owners that vanished.
 const RETRY_AFTER_SECS: u64 = 1;
 
-/// The owners running in this process right now, so a shutdown can wait for them and
-/// then release the keys of those that did not finish within the drain time (retries on
-/// other replicas can then run at once instead of after the lease).
+/// How long the duplicates that waited on a failed owner have to collect its failure
+/// before the key is free for anyone: they are woken at once, or within a second on Redis
+/// when a notification was missed.
+const FAILURE_LINGER: Duration = Duration::from_secs(5);
+
+/// The owners running in this process right now, so a shutdown can wait for them. Those
+/// still running when the drain ends keep their claims: their requests went out, so no
+/// other replica may run them again (it treats them as dead owners once their leases
+/// lapse).
 ///
-/// Holding a claim here is two atomic operations. Which keys are still held at shutdown
-/// the store says ([`Store::held_claims`]): only one that outlives the process (Redis)
-/// has any, and it already keeps them, to renew their leases.
+/// Holding a claim here is two atomic operations.
 #[derive(Debug, Default)]
 pub struct Owners {
     running: AtomicUsize,
@@ -82,18 +95,6 @@ impl Owners {
                 return;
             }
         }
-    }
-
-    /// Releases every key still owned (fenced: a key completed meanwhile is left alone).
-    /// Nothing to do on a store that ends with the process.
-    pub async fn release_all(&self, store: &Store) -> usize {
-        let mut released = 0;
-        for (key, token) in store.held_claims() {
-            if matches!(store.release(key, token).await, Ok(true)) {
-                released += 1;
-            }
-        }
-        released
     }
 }
 
@@ -145,6 +146,9 @@ pub async fn handle(
     report: &mut Report,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let policy = &rule.policy;
+    if policy.observe {
+        return super::observe::handle(cx, rule, request, report).await;
+    }
     let (parts, body) = request.into_parts();
     // Phase 1: buffer (bounded), then refuse stale or future timestamps before any store
     // work.
@@ -159,23 +163,25 @@ pub async fn handle(
         path: parts.uri.path(),
         query: parts.uri.query(),
         headers: &parts.headers,
-        client_ip: Some(cx.conn.peer.ip()),
+        peer: Some(cx.conn.peer.ip()),
+        identity: &rule.identity,
         client_cert: cx.conn.client_cert.as_ref().map(|d| &d.0[..]),
         body: &body,
     };
     let Some(DerivedKey { key, fingerprint }) = derive_key(&rule.key, &view, None)? else {
         report.outcome = Some(Outcome::Unkeyed);
-        return forward_unprotected(&cx, parts, body, policy.upstream_timeout).await;
+        return forward_unprotected(&cx, parts, body, policy).await;
     };
     report.key = Some(key);
+    let span = tracing::Span::current();
+    if !span.is_disabled() {
+        span.record("key", tracing::field::display(key.short()));
+    }
 
-    // Phase 3: claim; a duplicate in wait mode claims again each time it is woken, until
-    // wait_timeout after it first found the key in flight.
+    // Phase 3: claim; a duplicate in wait mode claims again each time it is woken, naming
+    // the owner it waited on, until wait_timeout after it first found the key in flight.
     // Token routes only start from an issued token; a failed attempt hands it back.
-    let (mode, reissue) = match &rule.key.source {
-        KeySource::Token(t) => (ClaimMode::IssuedOnly, Some(t.reissue_ttl)),
-        _ => (ClaimMode::Any, None),
-    };
+    let (mut args, reissue) = claim_args(&cx, rule, &view, key, fingerprint);
     let mut waiting_since: Option<Instant> = None;
     let waited = |since: Option<Instant>| {
         if let Some(since) = since {
@@ -183,18 +189,10 @@ pub async fn handle(
         }
     };
     loop {
-        let claim = match cx
-            .store
-            .claim_as(
-                key,
-                fingerprint,
-                policy.lease,
-                mode,
-                policy.in_flight == InFlightMode::Wait,
-            )
-            .await
-        {
+        let claim = match cx.store.claim_with(args).await {
             Ok(claim) => claim,
+            // Not an outage: this caller holds its share, and waits until it has room.
+            Err(StoreError::CallerFull) => return Err(ProxyError::CallerOverShare),
             Err(e) => {
                 tracing::warn!(error = %e, "store failed during claim");
                 waited(waiting_since);
@@ -202,34 +200,51 @@ pub async fn handle(
                     OnStoreError::FailClosed => Err(e.into()),
                     OnStoreError::FailOpen => {
                         report.outcome = Some(Outcome::FailOpen);
-                        forward_unprotected(&cx, parts, body, policy.upstream_timeout).await
+                        forward_unprotected(&cx, parts, body, policy).await
                     }
                 };
             }
         };
+        if !matches!(claim, Claim::InFlight(_)) {
+            waited(waiting_since);
+        }
         match claim {
             Claim::Owner(lease) => {
-                waited(waiting_since);
-                let (response, stored) =
-                    execute(&cx, rule, lease, fingerprint, parts, body, reissue).await?;
-                report.outcome = Some(if stored {
-                    Outcome::Executed
-                } else {
-                    Outcome::Released
-                });
+                let (response, outcome) = execute(&cx, rule, lease, parts, body, reissue).await?;
+                report.outcome = Some(outcome);
                 return Ok(response);
             }
             Claim::Done(stored) => {
-                waited(waiting_since);
                 report.outcome = Some(if waiting_since.is_some() {
                     Outcome::Waited
                 } else {
                     Outcome::Replayed
                 });
+                let stored = stored
+                    .open(rule.sealing.as_deref(), key)
+                    .map_err(ProxyError::Unsealable)?;
                 return Ok(replay(&stored));
             }
+            Claim::Failed(Some(stored)) => {
+                report.outcome = Some(Outcome::FailureShared);
+                let stored = stored
+                    .open(rule.sealing.as_deref(), key)
+                    .map_err(ProxyError::Unsealable)?;
+                return Ok(replay(&stored));
+            }
+            Claim::Failed(None) => return Err(ProxyError::OwnerFailed),
+            Claim::NotStored(record) => {
+                return Err(ProxyError::AnswerNotStored {
+                    status: record.status,
+                })
+            }
+            Claim::OutcomeUnknown(unknown) => {
+                return Err(ProxyError::OutcomeUnknown {
+                    until: unknown.until,
+                })
+            }
             Claim::Mismatch => return Err(ProxyError::Mismatch),
-            Claim::Unknown => return Err(KeyError::TokenInvalid.into()),
+            Claim::NotIssued => return Err(KeyError::TokenInvalid.into()),
             Claim::InFlight(waiter) => {
                 let in_flight = ProxyError::InFlight {
                     retry_after: RETRY_AFTER_SECS,
@@ -238,6 +253,8 @@ pub async fn handle(
                     return Err(in_flight);
                 }
                 let since = *waiting_since.get_or_insert_with(Instant::now);
+                args.after = waiter.owner();
+                let _waiting = cx.metrics.duplicate_waiting();
                 if !waiter.wait(since + policy.wait_timeout).await {
                     waited(waiting_since);
                     return Err(in_flight);
@@ -247,134 +264,275 @@ pub async fn handle(
     }
 }
 
-async fn forward_unprotected(
+/// How a request on `rule` with `key` claims it, and for how long a one-time token whose
+/// attempt failed is handed back (token routes only start from an issued token).
+pub(super) fn claim_args(
+    cx: &Context<'_>,
+    rule: &Protected,
+    view: &RequestView<'_>,
+    key: Digest,
+    fingerprint: Digest,
+) -> (ClaimArgs, Option<Duration>) {
+    let policy = &rule.policy;
+    let (mode, reissue) = match &rule.key.source {
+        KeySource::Token(t) => (ClaimMode::IssuedOnly, Some(t.reissue_ttl)),
+        _ => (ClaimMode::Any, None),
+    };
+    let args = ClaimArgs {
+        key,
+        fingerprint,
+        lease: policy.lease,
+        lapse: policy.lapse(),
+        mode,
+        waits: policy.in_flight == InFlightMode::Wait,
+        after: None,
+        route: cx.route_metrics.tag(),
+        // Counted only where the store limits each caller's share: a second digest.
+        caller: if cx.store.counts_callers() {
+            CallerTag::of(&scope_digest(&rule.key.scope, view))
+        } else {
+            CallerTag::NONE
+        },
+    };
+    (args, reissue)
+}
+
+/// Forwards a buffered request with no claim (no key material, or a store that failed
+/// with `fail_open`); its answer is buffered up to `max_answer`, as an owner's, and streams
+/// past that.
+pub(super) async fn forward_unprotected(
     cx: &Context<'_>,
     parts: Parts,
     body: Bytes,
-    timeout: Duration,
+    policy: &crate::config::Policy,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let started = Instant::now();
-    let answer = send_buffered(cx.client, parts, body, cx.conn, started + timeout).await;
+    let sending = AtomicBool::new(false);
+    let exchange = async {
+        let request = Request::from_parts(parts, ProxyBody::full(body));
+        let response = cx
+            .client
+            .send_untimed(request, cx.conn, false, &sending)
+            .await?;
+        Ok(answer::read(response, policy.max_answer)
+            .await?
+            .into_response())
+    };
+    let answer = cx
+        .conn
+        .upstream_timer
+        .timeout_at(started + policy.upstream_timeout, exchange)
+        .await
+        .unwrap_or_else(|| Err(timed_out(&sending)));
     cx.route_metrics.upstream_latency(started.elapsed());
-    Ok(answer?.into_response())
+    answer
 }
 
-/// The owner's phase: forward, then complete or release. Not cancelled with the client's
-/// request; returns the answer and whether it was stored.
-async fn execute(
+/// The owner's phase: forward, then settle. Its client waits at most `upstream_timeout`
+/// (then gets a 504) while the owner, detached, waits on up to `background_timeout`.
+/// Returns the answer and how the request ended.
+pub(super) async fn execute(
     cx: &Context<'_>,
     rule: &Arc<Protected>,
     lease: Lease,
-    fingerprint: Digest,
     parts: Parts,
     body: Bytes,
     reissue: Option<Duration>,
-) -> Result<(Response<ProxyBody>, bool), ProxyError> {
+) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
     let client = cx.client.clone();
-    let rule = Arc::clone(rule);
+    let owner_rule = Arc::clone(rule);
     let conn = cx.conn.clone();
     let running = cx.metrics.owner_running();
     let owned = cx.owners.hold();
     let route_metrics = Arc::clone(cx.route_metrics);
+    let started = Instant::now();
+    let policy = &rule.policy;
+    // Set once a connection took the request: from then on it may have run.
+    let sending = lease.sending();
     let owner = Detachable::new(async move {
         let _running = running;
         let _owned = owned;
-        let policy = &rule.policy;
-        let started = Instant::now();
-        let deadline = started + policy.upstream_timeout;
-        let answer = send_buffered(&client, parts, body, &conn, deadline).await;
+        let policy = &owner_rule.policy;
+        // Dropped at the background bound with the lease unsettled, it counts and logs the
+        // unknown outcome the lease's drop then records.
+        let guard = UnknownOnDrop {
+            lease: Some(lease),
+            metrics: Arc::clone(&route_metrics),
+            holds: policy.on_unknown_outcome == OnUnknownOutcome::Hold,
+        };
+        let request = Request::from_parts(parts, ProxyBody::full(body));
+        let sending = guard.lease.as_ref().expect("held").sending();
+        let answer = match client.send_untimed(request, &conn, false, &sending).await {
+            Ok(response) => answer::read(response, policy.max_answer).await,
+            Err(e) => Err(e),
+        };
         route_metrics.upstream_latency(started.elapsed());
-        let answer = match answer {
-            Ok(answer) => answer,
-            Err(e) => {
-                release(lease, reissue).await;
-                return Err(e);
-            }
-        };
-        if !policy.replays(answer.status.as_u16()) {
-            release(lease, reissue).await;
-            return Ok((answer.into_response(), false));
-        }
-        // Stamped here, while the record is not shared: the store would copy it otherwise.
-        let stored = StoredResponse::new(answer.status, &answer.headers, &answer.body)
-            .with_fingerprint(fingerprint);
-        let body = stored.body();
-        let kept = match lease.complete(stored, policy.ttl).await {
-            Ok(true) => true,
-            Ok(false) => {
-                tracing::warn!("claim was taken over before completion; answer not stored");
-                false
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "could not store the answer");
-                false
-            }
-        };
-        Ok((BufferedAnswer { body, ..answer }.into_response(), kept))
-    });
-    match owner.await {
-        Ok(result) => result,
-        Err(_) => Err(ProxyError::UpstreamUnreachable(
+        let mut guard = guard;
+        let lease = guard.lease.take().expect("settled once");
+        let sealing = owner_rule.sealing.as_deref();
+        settle(lease, policy, sealing, &route_metrics, answer, reissue).await
+    })
+    .bounded(started + policy.background_timeout);
+    let mut owner = owner;
+    match cx
+        .conn
+        .upstream_timer
+        .timeout_at(started + policy.upstream_timeout, &mut owner)
+        .await
+    {
+        Some(Ok(result)) => result,
+        Some(Err(_panicked)) => Err(ProxyError::UpstreamFailed(
             "the owner's upstream call panicked".into(),
         )),
+        // No connection took the request in time: nothing went out, so the owner stops
+        // here and its lease frees the key.
+        None if !sending.load(Ordering::SeqCst) => {
+            owner.cancel();
+            Err(timed_out(&sending))
+        }
+        // The owner runs on, detached; the retries of this client get its answer.
+        None => Err(ProxyError::UpstreamTimeout),
     }
 }
 
-async fn release(lease: Lease, reissue: Option<Duration>) {
-    if let Err(e) = lease.release_as(reissue).await {
-        tracing::warn!(error = %e, "could not release the claim");
+/// Counts and logs an unknown outcome if the owner is dropped with its request out and
+/// unsettled (its background bound passed, or it panicked): the lease's own drop then
+/// records it in the store.
+struct UnknownOnDrop {
+    lease: Option<Lease>,
+    metrics: Arc<RouteMetrics>,
+    holds: bool,
+}
+
+impl Drop for UnknownOnDrop {
+    fn drop(&mut self) {
+        if self.lease.is_some() && self.holds {
+            self.metrics.unknown_outcome();
+            tracing::warn!(
+                "no answer from the upstream within background_timeout: outcome unknown, key held"
+            );
+        }
     }
 }
 
-/// A fully read upstream answer.
-struct BufferedAnswer {
-    status: http::StatusCode,
-    headers: http::HeaderMap,
-    body: Bytes,
-}
-
-impl BufferedAnswer {
-    fn into_response(self) -> Response<ProxyBody> {
-        let mut response = Response::new(ProxyBody::full(self.body));
-        *response.status_mut() = self.status;
-        *response.headers_mut() = self.headers;
-        response
-    }
-}
-
-/// Forwards a buffered request and reads the whole answer by `deadline` (one deadline for
-/// head and body, on the connection's reusable timer; the caller's start time is reused,
-/// one clock read less).
-async fn send_buffered(
-    client: &UpstreamClient,
-    parts: Parts,
-    body: Bytes,
-    conn: &super::Connection,
-    deadline: Instant,
-) -> Result<BufferedAnswer, ProxyError> {
-    let exchange = async {
-        let response = client
-            .send_untimed(
-                Request::from_parts(parts, ProxyBody::full(body)),
-                conn,
-                false,
-            )
-            .await?;
-        let (mut head, incoming) = response.into_parts();
-        let body = collect_bytes(incoming)
-            .await
-            .map_err(|e| ProxyError::UpstreamUnreachable(e.to_string()))?;
-        strip_hop_by_hop(&mut head.headers, false);
-        Ok(BufferedAnswer {
-            status: head.status,
-            headers: head.headers,
-            body,
-        })
+/// Settles the owner's key with what the upstream answered, and returns the client's
+/// answer with the request's outcome.
+async fn settle(
+    lease: Lease,
+    policy: &crate::config::Policy,
+    sealing: Option<&KeyRing>,
+    route_metrics: &RouteMetrics,
+    answer: Result<Answer, ProxyError>,
+    reissue: Option<Duration>,
+) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
+    let key = lease.key();
+    let answer = match answer {
+        Ok(answer) => answer,
+        // Never sent: free for a retry; waiters share the 502.
+        Err(e @ ProxyError::UpstreamUnreachable(_)) => {
+            let failed = failure(stored_problem(&e), reissue);
+            write(lease, failed).await;
+            return Err(e);
+        }
+        // Sent, and no answer: the request may have run.
+        Err(e) => {
+            let settlement = match policy.on_unknown_outcome {
+                OnUnknownOutcome::Hold => {
+                    route_metrics.unknown_outcome();
+                    tracing::warn!(error = %e, "upstream failed after the request went out: outcome unknown, key held");
+                    Settlement::Unknown { ttl: policy.ttl }
+                }
+                OnUnknownOutcome::Release => failure(stored_problem(&e), reissue),
+            };
+            write(lease, settlement).await;
+            return Err(e);
+        }
     };
-    conn.upstream_timer
-        .timeout_at(deadline, exchange)
-        .await
-        .unwrap_or(Err(ProxyError::UpstreamTimeout))
+    let status = answer.status;
+    let body = match answer.body {
+        AnswerBody::TooLarge(_) => {
+            let settlement = Settlement::NotStored {
+                status,
+                ttl: policy.ttl,
+            };
+            write(lease, settlement).await;
+            return Ok((answer.into_response(), Outcome::ExecutedNotStored));
+        }
+        AnswerBody::Whole(ref body) => body.clone(),
+    };
+    let stored = StoredResponse::new(status, &answer.headers, &body);
+    // The response the client gets shares the stored record's bytes (unless sealed).
+    let body = stored.body();
+    let stored = match sealing {
+        Some(ring) => stored.seal(ring, key),
+        None => stored,
+    };
+    if !policy.replays(status.as_u16()) {
+        write(lease, failure(stored, reissue)).await;
+        return Ok((answer.into_response(), Outcome::Released));
+    }
+    let outcome = match write(
+        lease,
+        Settlement::Done {
+            response: stored,
+            ttl: policy.ttl,
+        },
+    )
+    .await
+    {
+        Some(Settled::Written | Settled::WrittenBack) => Outcome::Executed,
+        Some(Settled::AnswerNotKept | Settled::NotWritten) => Outcome::ExecutedNotStored,
+        // Not settled: the claim lapses by its lease, as an unknown outcome when held.
+        None => Outcome::Unknown,
+    };
+    Ok((
+        Answer {
+            body: AnswerBody::Whole(body),
+            ..answer
+        }
+        .into_response(),
+        outcome,
+    ))
+}
+
+/// What the owner's waiters get when it failed; a one-time token goes back to issued.
+fn failure(response: StoredResponse, reissue: Option<Duration>) -> Settlement {
+    Settlement::Failed {
+        response,
+        linger: FAILURE_LINGER,
+        reissue,
+    }
+}
+
+/// The proxy's own problem answer for `error`, as a record waiters can be answered from.
+fn stored_problem(error: &ProxyError) -> StoredResponse {
+    let (status, headers, body) = error.problem_parts();
+    StoredResponse::new(status, &headers, &body)
+}
+
+/// Settles the lease; a store failure is logged (the claim lapses by its lease then).
+async fn write(lease: Lease, settlement: Settlement) -> Option<Settled> {
+    let what = settlement.as_str();
+    match lease.settle(settlement).await {
+        Ok(Settled::NotWritten) => {
+            tracing::warn!(
+                settled = what,
+                "another owner holds the key; outcome not written"
+            );
+            Some(Settled::NotWritten)
+        }
+        Ok(Settled::AnswerNotKept) => {
+            tracing::warn!(
+                "answer too large for the store: recorded as executed, answer not stored"
+            );
+            Some(Settled::AnswerNotKept)
+        }
+        Ok(settled) => Some(settled),
+        Err(e) => {
+            tracing::error!(settled = what, error = %e, "could not settle the claim");
+            None
+        }
+    }
 }
 
 /// The stored answer with `Idempotent-Replayed: true`.

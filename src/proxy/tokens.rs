@@ -27,7 +27,8 @@ pub async fn issue<B>(
         path: request.uri().path(),
         query: None,
         headers: request.headers(),
-        client_ip: Some(conn.peer.ip()),
+        peer: Some(conn.peer.ip()),
+        identity: &issuer.identity,
         client_cert: conn.client_cert.as_ref().map(|d| &d.0[..]),
         body: &[],
     };

@@ -1,35 +1,43 @@
-//! The connection to the application: a keep-alive pool over HTTP/1.1 (TLS for `https://`
-//! upstreams) spoken in the request's own task ([`http1`]), requests rewritten to origin
-//! form, and failures turned into 502/504.
+//! The connection to the application: a keep-alive [`pool`] of hyper's HTTP/1.1 client
+//! connections (TLS for `https://` upstreams), requests rewritten to origin form
+//! ([`request`]), and failures classified by whether the request may have reached the
+//! upstream: only one that provably never went out is [`ProxyError::UpstreamUnreachable`]
+//! (its key may be released); anything after that is [`ProxyError::UpstreamFailed`] or
+//! [`ProxyError::UpstreamTimeout`].
 
-mod http1;
+mod connector;
 mod pool;
+mod request;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::Instant;
 
+use bytes::Bytes;
 use http::uri::Scheme;
 use http::{HeaderValue, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use std::pin::Pin;
 
-use super::body::ProxyBody;
-use super::headers::{connection_names_headers, strip_hop_by_hop, Forwarding};
-use crate::config::Upstream;
+use super::body::{collect_bytes, BodyError, ProxyBody};
+use super::headers::{strip_hop_by_hop, Forwarding};
+use crate::config::{Connections, Upstream};
 use crate::error::ProxyError;
-use http1::{Decoder, Framing, SendError, Written};
-use pool::Pool;
-pub use pool::{Upgraded, UpstreamBody};
+use crate::metrics::Metrics;
 
 /// A pooled client for one upstream origin.
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
-    pool: Arc<Pool>,
+    pool: Arc<pool::Pool>,
     /// `host[:port]`, the `Host` of requests that arrive without one (HTTP/1.0).
     host: Option<HeaderValue>,
 }
 
 impl UpstreamClient {
-    /// A client with a keep-alive pool to `upstream`.
-    pub fn new(upstream: &Upstream) -> Self {
+    /// A client with a keep-alive pool of at most `connections.max_upstream` connections
+    /// to `upstream`.
+    pub fn new(upstream: &Upstream, connections: &Connections, metrics: &Arc<Metrics>) -> Self {
         let authority = &upstream.authority;
         let https = upstream.scheme == Scheme::HTTPS;
         let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
@@ -43,94 +51,209 @@ impl UpstreamClient {
                 )
             })
         });
+        let pool = pool::Pool::new(
+            connector::Connector::new(authority.host(), port, tls),
+            connections.max_upstream,
+            Arc::clone(metrics),
+        );
         Self {
-            pool: Arc::new(Pool::new(authority.host(), port, tls)),
+            pool: Arc::new(pool),
             host: HeaderValue::from_str(authority.as_str()).ok(),
         }
     }
 
-    /// Sends a client's request on to the upstream and waits at most `timeout` for the
-    /// answer head. The request goes out in origin form (what an HTTP/1.1 origin server
-    /// expects) with its fields cleaned and `X-Forwarded-*` added
-    /// ([`super::headers::write_forwarded_fields`]); `upgrade` forwards a protocol switch.
+    /// Sends a client's request on to the upstream and waits until `deadline` for the
+    /// answer head. The request goes out in origin form with its fields cleaned and
+    /// `X-Forwarded-*` added ([`request::prepare`]); `upgrade` forwards a protocol switch.
     /// The answer's body hands the connection back to the pool once read to its end.
+    ///
+    /// A deadline that passes before the request was handed to a connection (still
+    /// waiting for one, or connecting) is [`ProxyError::UpstreamUnreachable`]: nothing was
+    /// sent. After that it is [`ProxyError::UpstreamTimeout`].
     pub async fn send(
         &self,
         request: Request<ProxyBody>,
         conn: &super::Connection,
         upgrade: bool,
-        timeout: Duration,
+        deadline: Instant,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
-        let deadline = tokio::time::Instant::now().into_std() + timeout;
+        let sending = AtomicBool::new(false);
         conn.upstream_timer
-            .timeout_at(deadline, self.send_untimed(request, conn, upgrade))
+            .timeout_at(
+                deadline,
+                self.send_untimed(request, conn, upgrade, &sending),
+            )
             .await
-            .unwrap_or(Err(ProxyError::UpstreamTimeout))
+            .unwrap_or_else(|| Err(timed_out(&sending)))
     }
 
-    /// [`UpstreamClient::send`] without a timeout, for a caller that bounds a longer
-    /// exchange (head and body) with one timer.
+    /// Forwards a buffered request and reads the whole answer by `deadline` (one deadline
+    /// for head and body); its hop-by-hop fields are removed.
+    pub async fn send_buffered(
+        &self,
+        parts: http::request::Parts,
+        body: Bytes,
+        conn: &super::Connection,
+        deadline: Instant,
+    ) -> Result<Response<Bytes>, ProxyError> {
+        let sending = AtomicBool::new(false);
+        let exchange = async {
+            let request = Request::from_parts(parts, ProxyBody::full(body));
+            let response = self.send_untimed(request, conn, false, &sending).await?;
+            let (mut head, incoming) = response.into_parts();
+            let body = collect_bytes(incoming)
+                .await
+                .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
+            strip_hop_by_hop(&mut head.headers, false);
+            Ok(Response::from_parts(head, body))
+        };
+        conn.upstream_timer
+            .timeout_at(deadline, exchange)
+            .await
+            .unwrap_or_else(|| Err(timed_out(&sending)))
+    }
+
+    /// [`UpstreamClient::send`] without a deadline; sets `sending` once the request was
+    /// handed to a connection (from then on it may have gone out).
     pub async fn send_untimed(
         &self,
         request: Request<ProxyBody>,
         conn: &super::Connection,
         upgrade: bool,
+        sending: &AtomicBool,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
-        let (mut parts, mut body) = request.into_parts();
-        // The rare `Connection` that names other fields: remove those first.
-        if connection_names_headers(&parts.headers) {
-            strip_hop_by_hop(&mut parts.headers, upgrade);
-        }
         let forwarding = Forwarding {
             client_ip: &conn.forwarded_for,
             proto: conn.proto(),
             upgrade,
         };
+        let (mut parts, body) = request.into_parts();
+        let method = parts.method.clone();
         // HTTP/2 clients name the host in `:authority`; an HTTP/1.0 client may name none,
         // and then the upstream's own is sent.
-        let authority = parts.uri.authority();
-        let fallback_host = || {
+        let authority = parts.uri.authority().cloned();
+        request::prepare(&mut parts, &body, &forwarding, || {
             authority
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
                 .or_else(|| self.host.clone())
-        };
+        });
+        let mut request = Request::from_parts(parts, body);
         loop {
             let mut checkout = self.pool.checkout().await?;
-            let written = checkout
-                .conn
-                .write_request(&parts, &forwarding, fallback_host, &mut body)
-                .await;
-            let head = match written {
-                Ok(written) => {
-                    let head = checkout.conn.read_head(&parts.method).await;
-                    if written == Written::Answered {
-                        // The upstream answered before the client finished sending: the
-                        // answer goes out now, and the rest of the upload is read and
-                        // dropped, so the client, still writing, gets to read it.
-                        std::mem::replace(&mut body, ProxyBody::empty()).drain_in_background();
+            if checkout.conn.sender().ready().await.is_err() {
+                // Closed before it took the request: nothing was sent on it.
+                if checkout.reused {
+                    continue;
+                }
+                return Err(ProxyError::UpstreamUnreachable(
+                    "the upstream closed a new connection".into(),
+                ));
+            }
+            sending.store(true, Ordering::Relaxed);
+            let sent = checkout.conn.sender().try_send_request(request).await;
+            let response = match sent {
+                Ok(response) => response,
+                Err(mut e) => match e.take_message() {
+                    // hyper gave the request back untouched: not a byte of it went out, so
+                    // it may go out on another connection (this one the upstream closed
+                    // while it sat idle).
+                    Some(unsent) if checkout.reused => {
+                        sending.store(false, Ordering::Relaxed);
+                        request = unsent;
+                        continue;
                     }
-                    head
-                }
-                // Not a byte was written: a kept-alive connection the upstream closed while
-                // it sat idle. Safe to send again, on another connection.
-                Err(SendError::Unsent(_)) if checkout.reused => continue,
-                Err(SendError::Unsent(e) | SendError::Io(e)) => Err(e),
-                Err(SendError::Body(e)) => {
-                    return Err(ProxyError::BodyRead(e.to_string()));
-                }
+                    Some(_) => {
+                        tracing::warn!(error = %e.error(), "upstream request not sent");
+                        return Err(ProxyError::UpstreamUnreachable(e.error().to_string()));
+                    }
+                    None => return Err(failed(e.into_error())),
+                },
             };
-            let head = head.map_err(|e| {
-                tracing::warn!(error = %e, "upstream request failed");
-                ProxyError::UpstreamUnreachable(e.to_string())
-            })?;
-            let body = if head.framing == Framing::Upgrade {
-                // After `101 Switching Protocols` the connection belongs to the upgrade.
-                UpstreamBody::upgraded(checkout.conn)
-            } else {
-                let pool = head.keep_alive.then(|| Arc::clone(&self.pool));
-                UpstreamBody::new(checkout.conn, Decoder::new(head.framing), pool)
-            };
-            return Ok(Response::from_parts(head.parts, body));
+            let (head, incoming) = response.into_parts();
+            if let Some(why) = request::refused(&method, head.status, &head.headers) {
+                tracing::warn!(error = why, "upstream answer refused");
+                return Err(ProxyError::UpstreamFailed(why.into()));
+            }
+            let keep = request::keeps_alive(head.version, &head.headers);
+            let body = pool::PooledBody::new(
+                incoming,
+                checkout.conn,
+                keep.then(|| Arc::clone(&self.pool)),
+            );
+            return Ok(Response::from_parts(head, UpstreamBody(body)));
         }
+    }
+}
+
+/// The error of a deadline that passed: see [`UpstreamClient::send`].
+pub fn timed_out(sending: &AtomicBool) -> ProxyError {
+    if sending.load(Ordering::Relaxed) {
+        ProxyError::UpstreamTimeout
+    } else {
+        ProxyError::UpstreamUnreachable("timed out before a connection took the request".into())
+    }
+}
+
+/// A failed exchange after the request may have gone out: the client's body failed
+/// (unreadable, or stalled), or else the upstream side did.
+fn failed(e: hyper::Error) -> ProxyError {
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        if let Some(body) = cause.downcast_ref::<BodyError>() {
+            return body_failed(body);
+        }
+        source = cause.source();
+    }
+    tracing::warn!(error = %e, "upstream request failed");
+    ProxyError::UpstreamFailed(e.to_string())
+}
+
+fn body_failed(e: &BodyError) -> ProxyError {
+    match e {
+        BodyError::ClientStalled(gap) => ProxyError::BodyTimeout(gap.as_secs()),
+        BodyError::Client(_) => ProxyError::BodyRead(e.to_string()),
+        _ => ProxyError::UpstreamFailed(e.to_string()),
+    }
+}
+
+/// An upstream answer's body; at its end the connection goes back to the pool.
+#[derive(Debug)]
+pub struct UpstreamBody(pool::PooledBody);
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        Pin::new(&mut self.get_mut().0)
+            .poll_frame(cx)
+            .map(|frame| frame.map(|r| r.map_err(BodyError::Upstream)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0.size_hint()
+    }
+}
+
+/// The upstream connection after `101 Switching Protocols`.
+pub type Upgraded = hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>;
+
+impl UpstreamBody {
+    /// The upstream side of a `101` answer, once its connection hands it over. The body of
+    /// `response` (whose head said `101`) is held until then: dropping it ends the
+    /// connection.
+    pub async fn upgraded(mut response: Response<UpstreamBody>) -> Option<Upgraded> {
+        let upgrade = hyper::upgrade::on(&mut response);
+        let body = response.into_body();
+        let upgraded = upgrade.await;
+        drop(body);
+        upgraded.ok().map(hyper_util::rt::TokioIo::new)
     }
 }

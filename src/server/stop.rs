@@ -35,11 +35,6 @@ impl StopSignal {
         self.inner.notify.notify_waiters();
     }
 
-    /// Whether [`StopSignal::stop`] has been called.
-    pub fn is_stopped(&self) -> bool {
-        self.inner.stopped.load(Ordering::SeqCst)
-    }
-
     /// Resolves once [`StopSignal::stop`] has been called.
     pub async fn stopped(&self) {
         let inner = &*self.inner;

@@ -1,114 +1,175 @@
 //! [`Lease`]: ownership of a claimed key as a value. While it lives the claim does not
-//! lapse, so a slow upstream never lets a duplicate execute: on Redis the store's renewing
-//! task renews it (`store::renewals`), on the memory store the lease holds the claim's
-//! [`Liveness`]. Dropping it unfinished releases the key (pingora's `WritePermit` idea), so
-//! a cancelled or panicking owner frees the key for a retry instead of blocking it until
-//! the lease runs out.
+//! lapse, so a slow upstream never lets a duplicate execute: on the shared stores (Redis,
+//! PostgreSQL, MySQL) the store's renewing task renews it (`store::renewals`), on the
+//! memory store the lease holds the claim's [`Liveness`].
+//!
+//! A lease knows whether its request may have gone out ([`Lease::mark_sent`]). Dropped
+//! unsettled (a cancelled or panicking owner, or one whose background wait ran out), it
+//! settles the key from what it knows, pingora's `WritePermit` idea: a request that never
+//! went out frees the key for a retry; one that may have reached the upstream follows the
+//! route's [`Lapse`] (held as outcome unknown, or released), never plainly freed.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::memory::Liveness;
-use super::renewals::Renewal;
-use super::{OwnerToken, Store, StoreError, StoredResponse};
+use super::renewals::{HeldClaim, Renewal};
+use super::{
+    ClaimArgs, Lapse, Liveness, OwnerToken, Ownership, Settled, Settlement, Store, StoreError,
+    StoredResponse,
+};
 use crate::key::Digest;
 
-/// Ownership of one key. Finish it with [`Lease::complete`] or [`Lease::release`].
+/// Ownership of one key. End it with [`Lease::settle`] (or its shorthands).
 #[derive(Debug)]
 pub struct Lease {
     store: Store,
-    key: Digest,
-    token: OwnerToken,
-    /// Redis: keeps the claim on the store's renewal list.
+    owned: Ownership,
+    /// Shared stores: keeps the claim on the store's renewal list.
     renewal: Option<Renewal>,
     /// Memory store: keeps the claim alive instead of a renewer.
     liveness: Option<Liveness>,
+    /// The request may have reached the upstream: set by whoever hands it to a connection
+    /// (see [`Lease::sending`]).
+    sent: Arc<AtomicBool>,
     finished: bool,
 }
 
 impl Lease {
     pub(crate) fn start(
         store: Store,
-        key: Digest,
+        args: &ClaimArgs,
         token: OwnerToken,
-        lease: Duration,
         liveness: Option<Liveness>,
     ) -> Self {
+        let held = HeldClaim {
+            key: args.key,
+            token,
+            fingerprint: args.fingerprint,
+            lease: args.lease,
+            lapse: args.lapse,
+        };
         let renewal = match (&store, &liveness) {
-            (Store::Redis(redis), None) => Some(redis.renewals().hold(redis, key, token, lease)),
+            (Store::Redis(redis), None) => Some(redis.renewals().hold(redis, held)),
+            (Store::Postgres(pg), None) => Some(pg.renewals().hold(pg, held)),
+            (Store::Mysql(my), None) => Some(my.renewals().hold(my, held)),
             _ => None,
         };
         Self {
             store,
-            key,
-            token,
+            owned: Ownership {
+                key: args.key,
+                token,
+                fingerprint: args.fingerprint,
+                lapse: args.lapse,
+            },
             renewal,
             liveness,
+            sent: Arc::default(),
             finished: false,
         }
     }
 
     /// The owned key.
     pub fn key(&self) -> Digest {
-        self.key
+        self.owned.key
     }
 
     /// The fencing token of this ownership.
     pub fn token(&self) -> OwnerToken {
-        self.token
+        self.owned.token
     }
 
-    /// Stores the response for `ttl`. `Ok(false)`: the lease had been taken over, nothing
-    /// was written.
+    /// The claim's payload fingerprint.
+    pub fn fingerprint(&self) -> Digest {
+        self.owned.fingerprint
+    }
+
+    /// Records that the request is about to go out: from now on, dropping the lease
+    /// unsettled cannot free the key plainly.
+    pub fn mark_sent(&mut self) {
+        self.sent.store(true, Ordering::SeqCst);
+    }
+
+    /// The flag [`Lease::mark_sent`] sets, for the code that hands the request to a
+    /// connection (and for its caller, to learn whether it did).
+    pub fn sending(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.sent)
+    }
+
+    /// Ends the claim with `settlement` (see [`Store::settle`]).
+    pub async fn settle(mut self, settlement: Settlement) -> Result<Settled, StoreError> {
+        self.finished = true;
+        // A renewal still out must land before the settlement: one that landed after a
+        // release would find the record gone and write the claim back.
+        if let Some(renewal) = self.renewal.take() {
+            renewal.finish().await;
+        }
+        self.store.settle(&self.owned, settlement).await
+    }
+
+    /// Stores the response for `ttl`. `Ok(false)`: it was not kept as asked (another
+    /// owner holds the key, or the store could not keep the answer).
     pub async fn complete(
-        mut self,
+        self,
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        self.stop_renewing();
-        self.finished = true;
-        self.store
-            .complete(self.key, self.token, response, ttl)
-            .await
+        let response = response.with_fingerprint(self.owned.fingerprint);
+        let settled = self.settle(Settlement::Done { response, ttl }).await?;
+        Ok(settled.kept())
     }
 
-    /// Frees the key so the next request with it executes.
+    /// Frees the key so the next request with it executes. `Ok(false)`: another owner
+    /// holds it.
     pub async fn release(self) -> Result<bool, StoreError> {
-        self.release_as(None).await
+        let settled = self.settle(Settlement::Release { reissue: None }).await?;
+        Ok(settled != Settled::NotWritten)
     }
 
-    /// Frees the key; with `reissue`, a one-time token's key goes back to issued instead.
-    pub async fn release_as(mut self, reissue: Option<Duration>) -> Result<bool, StoreError> {
-        self.stop_renewing();
-        self.finished = true;
-        self.store.release_as(self.key, self.token, reissue).await
-    }
-
-    /// Gives the claim up without releasing it, as an owner that crashed would: nothing
-    /// renews it any more, and a retry takes over once the lease has passed. For tests of
-    /// takeover and fencing; a real owner completes or releases.
+    /// Gives the claim up without settling it, as an owner that crashed would: nothing
+    /// renews it any more, and it lapses once the lease has passed. For tests of lapses
+    /// and fencing; a real owner settles.
     #[doc(hidden)]
     pub fn abandon(mut self) {
-        self.stop_renewing();
+        self.renewal = None;
         self.liveness = None;
         self.finished = true;
     }
 
-    fn stop_renewing(&mut self) {
-        self.renewal = None;
+    /// What an unsettled lease's drop writes: a request that never went out frees the key;
+    /// one that may have follows the lapse rule.
+    fn settlement_on_drop(&self) -> Settlement {
+        match (self.sent.load(Ordering::SeqCst), self.owned.lapse) {
+            (true, Lapse::Hold { ttl }) => Settlement::Unknown { ttl },
+            _ => Settlement::Release { reissue: None },
+        }
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.stop_renewing();
+        let renewal = self.renewal.take();
         if self.finished {
             return;
         }
-        tracing::warn!(key = %self.key.short(), "claim dropped unfinished; releasing it");
-        let (store, key, token) = (self.store.clone(), self.key, self.token);
+        let settlement = self.settlement_on_drop();
+        let key = self.owned.key.short();
+        tracing::warn!(
+            %key,
+            sent = self.sent.load(Ordering::SeqCst),
+            settled = settlement.as_str(),
+            "claim dropped unsettled"
+        );
+        let (store, owned) = (self.store.clone(), self.owned);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = store.release(key, token).await;
+                if let Some(renewal) = renewal {
+                    renewal.finish().await;
+                }
+                if let Err(e) = store.settle(&owned, settlement).await {
+                    tracing::warn!(%key, error = %e, "could not settle a dropped claim");
+                }
             });
         }
     }

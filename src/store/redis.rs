@@ -1,69 +1,60 @@
-//! The Redis store: one record per key, shared by every replica.
-//!
-//! A record is a single Redis string under `{prefix}{<hex digest>}` (the braces are a
-//! cluster hash tag, so a key's record and everything about it live on one slot). Its value
-//! is binary, never base64 or JSON:
-//!
-//! - in flight: `'I'` · owner token (16 bytes) · payload fingerprint (32) · created ms (8),
-//!   and `'w'` once a duplicate waits on it, with a `PX` of the lease, renewed by the live
-//!   owner. The token's low 48 bits are the created ms too, so the owner can rebuild its
-//!   unmarked record byte for byte (below);
-//! - done: `'D'` · payload fingerprint (32) · [`StoredResponse::encode`] (status, headers,
-//!   body), with a `PX` of the route's `ttl`.
-//!
-//! Redis therefore holds SHA-256 digests and the upstream's response, never a raw client
-//! key, `Authorization` value or request body.
+//! The Redis store: one record per key, shared by every replica ([`records`] has the
+//! layouts).
 //!
 //! Every operation is atomic and, in the common case, one round trip: a first-seen request
 //! costs two (claim, complete), a replay one. A claim is first tried as a plain `SET … NX
 //! PX … GET` (Redis 7.0+; older servers get the claim script), which costs Redis a quarter
 //! of a Lua call: Redis, not the proxy, is what limits a first-seen load when both share a
 //! machine. A completion, likewise, is first tried as a swap: `SET … IFEQ <own in-flight
-//! record> PX …` (Valkey 8.1+, Redis 8.4+; one server-side compare, where a script costs
-//! Redis as much as the rest of the request), or, on a server that refuses `IFEQ` (then
-//! for good), the same compare-and-set as a five-line script, cheaper for Redis than the
-//! general completion script. A swap that finds another record than the one written (a
-//! lapsed lease, or a waiter's mark, below) leaves it to the general completion script,
-//! which says so (a second round trip, and a second store timeout at worst). The rest are
-//! Lua scripts.
-//! Completion, release and renewal are fenced by the owner token, so an owner whose lease
-//! lapsed cannot touch its successor's record.
+//! record> PX …` (Valkey 8.1+, Redis 8.4+; one server-side compare), or, on a server that
+//! refuses `IFEQ` (then for good), the same compare-and-set as a five-line script. A swap
+//! that finds another record than the one written (a waiter's mark, below, or a record the
+//! store lost) leaves it to the general settle script. Everything else is a Lua script
+//! ([`scripts`]), fenced by the owner token, so an owner whose claim lapsed cannot touch
+//! its successor's record; one whose record is gone writes its outcome back.
+//!
+//! An in-flight record's TTL is the lease plus the lapse span: a live owner renews it
+//! ([`renewals`]); once it went a whole lease without renewal its remaining TTL is at most
+//! the span, and the claim has lapsed (held as an unknown outcome, or taken over once the
+//! record expires, by the route's [`Lapse`]).
 //!
 //! Duplicates on any replica wait on `{prefix}done:{<hex>}` (RESP3 push on the shared
 //! connection) instead of polling, with a fallback re-check at most every
-//! [`FALLBACK_RECHECK`]. A waiter subscribes (see `subscriptions`), then looks at the
-//! record with the claim script, which appends a mark (`'w'`) to another owner's unmarked
-//! in-flight record it finds; a duplicate that will not wait does neither. Only the general
-//! completion script, release and removal `PUBLISH`: a swap matches the unmarked record
-//! alone, so a record someone waits on always completes by the script that publishes, and
-//! the common completion, which nobody waits on, publishes nothing (on Redis 7.0 a
-//! script's `PUBLISH` was a tenth of a first-seen request's Redis instructions).
+//! [`FALLBACK_RECHECK`]. A waiter subscribes ([`subscriptions`]), then looks at the record
+//! with the claim script, which appends a mark (`w`) to another owner's unmarked in-flight
+//! record it finds; a duplicate that will not wait does neither. Only the settle script
+//! and removal `PUBLISH`: a swap matches the unmarked record alone, so a record someone
+//! waits on always settles by the script that publishes, and the common completion, which
+//! nobody waits on, publishes nothing.
+
+mod conn;
+mod records;
+mod scripts;
+mod subscriptions;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
-use bytes::BufMut as _;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{
-    IntoConnectionInfo, ProtocolVersion, PushInfo, RedisWrite, Script, ToRedisArgs, Value,
-};
+use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, Value};
 use tokio::sync::{mpsc, watch, OnceCell};
 
-use super::memory::{mismatched, ClaimMode, RawClaim};
-use super::renewals::Renewals;
-use super::subscriptions::{self, Channels, Subscription};
-use super::{unix_ms, KeyInfo, OwnerToken, StoreError, StoredResponse, Waiter};
+use self::conn::Conn;
+use self::records::{
+    claim_value, settled_value, DoneRecord, Name, Record, CLAIM_LEN, CREATED_MASK,
+};
+use self::scripts::Scripts;
+use self::subscriptions::Channels;
+use super::renewals::{self, HeldClaim, Renewals};
+use super::{
+    mismatched, unix_ms, Claim, ClaimArgs, ClaimMode, KeyInfo, Lapse, NotStored, OwnerToken,
+    Ownership, RawClaim, Settled, Settlement, StoreError, Unknown, Waiter,
+};
 use crate::key::Digest;
-
-/// The bits of an owner token that hold its claim's created ms.
-const CREATED_MASK: u128 = (1 << 48) - 1;
-/// An unmarked in-flight record: `'I'`, the owner token (16 bytes), the payload
-/// fingerprint (32), the claim's created ms (8). A waiter's mark may follow.
-const CLAIM_LEN: usize = 57;
+pub use subscriptions::Subscription;
 
 /// How long a waiter trusts the notification channel before looking at the record itself.
 pub const FALLBACK_RECHECK: Duration = Duration::from_secs(1);
@@ -83,169 +74,6 @@ pub struct RedisSettings {
     pub ca: Option<Vec<u8>>,
 }
 
-const CLAIM: &str = r"
-local v = redis.call('GET', KEYS[1])
-if not v then
-  if ARGV[3] == '1' then return 1 end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 0
-end
-if string.sub(v, 1, 1) == 'T' then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 0
-end
-if ARGV[4] == '1' and #v == #ARGV[1] and string.sub(v, 1, 1) == 'I'
-    and string.sub(v, 2, 17) ~= string.sub(ARGV[1], 2, 17) then
-  redis.call('APPEND', KEYS[1], 'w')
-end
-return {v, redis.call('PTTL', KEYS[1])}
-";
-
-const ISSUE: &str = r"
-redis.call('SET', KEYS[1], 'T', 'PX', ARGV[1])
-return 1
-";
-
-const HIT: &str = r"
-local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return n
-";
-
-const RENEW: &str = r"
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 17) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-";
-
-const COMPLETE: &str = r"
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 17) == ARGV[1] then
-  if ARGV[3] == '0' then
-    redis.call('DEL', KEYS[1])
-  else
-    redis.call('SET', KEYS[1], 'D' .. string.sub(v, 18, 49) .. ARGV[2], 'PX', ARGV[3])
-  end
-  redis.call('PUBLISH', ARGV[4], '1')
-  return 1
-end
-return 0
-";
-
-/// `SET … IFEQ` for servers without it. The whole in-flight record is compared and the
-/// done record comes ready-made, so the script builds no strings: Redis 7.0 runs it in
-/// 39k instructions against the general completion script's 44k (instructions.sh). It
-/// publishes nothing: a record it matches carries no waiter's mark, so no one waits on it.
-const SWAP: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
-end
-return 0
-";
-
-const RELEASE: &str = r"
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 17) == ARGV[1] then
-  if ARGV[3] == '0' then
-    redis.call('DEL', KEYS[1])
-  else
-    redis.call('SET', KEYS[1], 'T', 'PX', ARGV[3])
-  end
-  redis.call('PUBLISH', ARGV[2], '1')
-  return 1
-end
-return 0
-";
-
-const INSPECT: &str = r"
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-return {v, redis.call('PTTL', KEYS[1])}
-";
-
-const REMOVE: &str = r"
-local n = redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[1], '1')
-return n
-";
-
-#[derive(Clone)]
-pub(super) enum Conn {
-    Single(ConnectionManager),
-    // Connected on first use, so a cluster that is down at start does not stop the proxy.
-    Cluster(Arc<(ClusterClient, OnceCell<ClusterConnection>)>),
-}
-
-/// A usable connection of either kind (cheap clones of the shared, multiplexed one).
-pub(super) enum Handle {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl Conn {
-    /// The connection to send on; a cluster connects on first use.
-    pub(super) async fn handle(&self) -> redis::RedisResult<Handle> {
-        Ok(match self {
-            Self::Single(c) => Handle::Single(c.clone()),
-            Self::Cluster(cluster) => {
-                let (client, cell) = &**cluster;
-                let conn = cell
-                    .get_or_try_init(|| client.get_async_connection())
-                    .await?;
-                Handle::Cluster(conn.clone())
-            }
-        })
-    }
-}
-
-impl Handle {
-    pub(super) async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
-        match self {
-            Self::Single(c) => c.subscribe(channel).await,
-            Self::Cluster(c) => c.subscribe(channel).await,
-        }
-    }
-
-    pub(super) async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
-        match self {
-            Self::Single(c) => c.unsubscribe(channel).await,
-            Self::Cluster(c) => c.unsubscribe(channel).await,
-        }
-    }
-}
-
-impl redis::aio::ConnectionLike for Handle {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
-        match self {
-            Self::Single(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Self::Single(c) => c.get_db(),
-            Self::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
 /// The Redis-backed store.
 pub struct RedisStore {
     conn: Conn,
@@ -256,21 +84,9 @@ pub struct RedisStore {
     /// Set once Redis refused `SET … NX … GET` (before 7.0): claims use the script then.
     no_set_nx_get: AtomicBool,
     /// Set once the server refused `SET … IFEQ` (Redis before 8.4, Valkey before 8.1):
-    /// completions swap by the [`SWAP`] script then.
+    /// completions swap by the swap script then.
     no_set_ifeq: AtomicBool,
     renewals: Arc<Renewals>,
-}
-
-struct Scripts {
-    claim: Script,
-    renew: Script,
-    complete: Script,
-    swap: Script,
-    release: Script,
-    inspect: Script,
-    remove: Script,
-    issue: Script,
-    hit: Script,
 }
 
 impl Drop for RedisStore {
@@ -289,31 +105,33 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// One claim attempt's inputs: the key, the token it would own it with, the payload
-/// fingerprint, the lease, and whether only an issued token may be claimed.
-#[derive(Clone, Copy)]
-struct ClaimArgs<'a> {
-    key: &'a Digest,
-    token: OwnerToken,
-    fingerprint: Digest,
-    lease: Duration,
-    mode: ClaimMode,
+/// What a look at a key found.
+enum Look {
+    /// This claim took the key.
+    Claimed,
+    /// Nothing, and the claim may not take it (issued-only, or a waiter).
+    Free,
+    /// A record, with its remaining TTL when the look could read it (the script can,
+    /// `SET … GET` cannot).
+    Found { data: Vec<u8>, pttl: Option<i64> },
 }
 
-/// What the claim script found.
-enum Found {
-    Claimed,
-    /// An issued-only claim found no issued token.
-    Unknown,
+/// What a look means for the claim.
+enum Decided {
+    Claim(RawClaim),
+    /// Another owner's claim, alive or lapsed but possibly still running: `owner` runs it,
+    /// and a waiter looks again after `recheck` at the latest.
     InFlight {
-        token: u128,
-        fingerprint: Digest,
-        pttl: i64,
+        owner: OwnerToken,
+        recheck: Duration,
     },
-    Done {
-        fingerprint: Digest,
-        response: StoredResponse,
-    },
+}
+
+/// Whether a record `SET … GET` returned needs the claim script: to be taken over
+/// atomically (an issued token, a failure left for waiters), or for its remaining TTL (a
+/// claim or an unknown outcome, whose meaning depends on it).
+fn needs_script(data: &[u8]) -> bool {
+    !matches!(data.first(), Some(b'D' | b'N'))
 }
 
 impl RedisStore {
@@ -369,17 +187,7 @@ impl RedisStore {
             prefix: settings.prefix.clone(),
             timeout: settings.timeout,
             channels,
-            scripts: Scripts {
-                claim: Script::new(CLAIM),
-                renew: Script::new(RENEW),
-                complete: Script::new(COMPLETE),
-                swap: Script::new(SWAP),
-                release: Script::new(RELEASE),
-                inspect: Script::new(INSPECT),
-                remove: Script::new(REMOVE),
-                issue: Script::new(ISSUE),
-                hit: Script::new(HIT),
-            },
+            scripts: Scripts::default(),
             no_set_nx_get: AtomicBool::new(false),
             no_set_ifeq: AtomicBool::new(false),
             renewals: Arc::default(),
@@ -470,138 +278,120 @@ impl RedisStore {
         OwnerToken(rand::random::<u128>() << 48 | ms)
     }
 
-    /// The in-flight record a claim by `token` writes.
-    fn claim_value(token: OwnerToken, fingerprint: Digest) -> [u8; CLAIM_LEN] {
-        let mut value = [0; CLAIM_LEN];
-        value[0] = b'I';
-        value[1..17].copy_from_slice(&token.0.to_be_bytes());
-        value[17..49].copy_from_slice(&fingerprint.0);
-        value[49..].copy_from_slice(&((token.0 & CREATED_MASK) as u64).to_be_bytes());
-        value
+    /// `I` and the owner token: what fences a renewal.
+    fn fence(token: OwnerToken) -> [u8; 17] {
+        let mut fence = [0; 17];
+        fence[0] = b'I';
+        fence[1..].copy_from_slice(&token.0.to_be_bytes());
+        fence
     }
 
     /// A claim's first look: `SET NX GET` where it can be (it writes the claim if the key
-    /// is free and returns what is there otherwise), else the claim script. What it finds
-    /// in flight comes without its remaining lease (`pttl` -1): the caller looks again
-    /// with the script before it waits.
-    async fn first_claim(&self, args: ClaimArgs<'_>) -> Result<Found, StoreError> {
-        if args.mode == ClaimMode::IssuedOnly || self.no_set_nx_get.load(Relaxed) {
-            return self.try_claim(args, false).await;
+    /// is free and returns what is there otherwise), else the claim script. A waiter
+    /// coming back (`after`) always takes the script: it must not take a free key.
+    async fn first_look(
+        &self,
+        args: &ClaimArgs,
+        value: &[u8],
+        px: u64,
+    ) -> Result<Look, StoreError> {
+        if args.mode == ClaimMode::IssuedOnly
+            || args.after.is_some()
+            || self.no_set_nx_get.load(Relaxed)
+        {
+            return self.look(args, value, px, false).await;
         }
-        let record = self.record(args.key);
+        let record = self.record(&args.key);
         // Sized up front: grown argument by argument, the command reallocated four times.
         let mut cmd = redis::Cmd::with_capacity(7, 32 + record.len() + CLAIM_LEN);
         cmd.arg("SET")
             .arg(record)
-            .arg(&Self::claim_value(args.token, args.fingerprint)[..])
+            .arg(value)
             .arg("NX")
             .arg("PX")
-            .arg(args.lease.as_millis().max(1) as u64)
+            .arg(px)
             .arg("GET");
-        let data = match self.query_raw(&cmd).await? {
-            Ok(Value::Nil) => return Ok(Found::Claimed),
-            Ok(Value::BulkString(data)) => data,
-            Ok(other) => return Err(unexpected(&other)),
+        match self.query_raw(&cmd).await? {
+            Ok(Value::Nil) => Ok(Look::Claimed),
+            Ok(Value::BulkString(data)) => Ok(Look::Found { data, pttl: None }),
+            Ok(other) => Err(unexpected(&other)),
             // Before 7.0, NX and GET together are a syntax error.
             Err(e) if refused_as_syntax(&e) => {
                 tracing::info!(error = %e, "redis refuses SET NX GET; claiming by script");
                 self.no_set_nx_get.store(true, Relaxed);
-                return self.try_claim(args, false).await;
+                self.look(args, value, px, false).await
             }
-            Err(e) => return Err(StoreError::Unavailable(e.to_string())),
-        };
-        match data.first() {
-            // An issued token is taken over by a claim: only the script does that atomically.
-            Some(b'T') => self.try_claim(args, false).await,
-            _ => found_record(data, -1, args.token),
+            Err(e) => Err(StoreError::Unavailable(e.to_string())),
         }
     }
 
-    /// A claim by the claim script. With `mark`, by a waiter that has subscribed, an
+    /// A look by the claim script. With `mark`, by a waiter that has subscribed, an
     /// unmarked in-flight record of another owner it finds is marked as waited on.
-    async fn try_claim(&self, args: ClaimArgs<'_>, mark: bool) -> Result<Found, StoreError> {
+    async fn look(
+        &self,
+        args: &ClaimArgs,
+        value: &[u8],
+        px: u64,
+        mark: bool,
+    ) -> Result<Look, StoreError> {
         let flag = |on: bool| if on { "1" } else { "0" };
+        let after = args.after.map(|t| t.0.to_be_bytes());
         let mut invocation = self.scripts.claim.prepare_invoke();
         invocation
-            .key(self.record(args.key))
-            .arg(&Self::claim_value(args.token, args.fingerprint)[..])
-            .arg(args.lease.as_millis().max(1) as u64)
+            .key(self.record(&args.key))
+            .arg(value)
+            .arg(px)
             .arg(flag(args.mode == ClaimMode::IssuedOnly))
-            .arg(flag(mark));
+            .arg(flag(mark))
+            .arg(after.as_ref().map_or(&[][..], |a| &a[..]))
+            .arg(flag(matches!(args.lapse, Lapse::Release { .. })));
         match self.run(invocation).await? {
-            Value::Int(0) => Ok(Found::Claimed),
-            Value::Int(1) => Ok(Found::Unknown),
+            Value::Int(0) => Ok(Look::Claimed),
+            Value::Int(1) => Ok(Look::Free),
             Value::Array(items) => {
-                let (data, pttl) = record_and_ttl(items)?;
-                found_record(data, pttl, args.token)
+                let mut items = items.into_iter();
+                match (items.next(), items.next()) {
+                    (Some(Value::BulkString(data)), Some(Value::Int(pttl))) => Ok(Look::Found {
+                        data,
+                        pttl: Some(pttl),
+                    }),
+                    (first, _) => Err(unexpected(&first.unwrap_or(Value::Nil))),
+                }
             }
             other => Err(unexpected(&other)),
         }
     }
 
-    /// See [`super::Store::claim_as`].
-    pub async fn claim(
-        &self,
-        key: Digest,
-        fingerprint: Digest,
-        lease: Duration,
-        mode: ClaimMode,
-        waits: bool,
-    ) -> Result<RawClaim, StoreError> {
+    /// See [`super::Store::claim_with`].
+    pub(crate) async fn claim(&self, args: &ClaimArgs) -> Result<RawClaim, StoreError> {
         let token = Self::stamped_token();
-        let args = ClaimArgs {
-            key: &key,
-            token,
-            fingerprint,
-            lease,
-            mode,
+        let value = claim_value(token, args.fingerprint, args.lapse);
+        let px = (args.lease + args.lapse.span()).as_millis().max(1) as u64;
+        let look = match self.first_look(args, &value, px).await? {
+            // A waiter subscribes before it looks again; the others look again now.
+            Look::Found { data, pttl: None }
+                if needs_script(&data) && !(args.waits && data.first() == Some(&b'I')) =>
+            {
+                self.look(args, &value, px, false).await?
+            }
+            look => look,
         };
-        let found = self.first_claim(args).await?;
-        match found {
-            Found::InFlight {
-                fingerprint: stored,
-                ..
-            } if mismatched(&stored, &fingerprint) => return Ok(RawClaim::Mismatch),
-            Found::InFlight { .. } => {}
-            other => return Ok(self.settle(other, token, fingerprint)),
+        match decide(args, token, look)? {
+            Decided::Claim(claim) => return Ok(claim),
+            Decided::InFlight { .. } if !args.waits => {
+                return Ok(RawClaim::Other(Claim::InFlight(Waiter::unwatched())))
+            }
+            Decided::InFlight { .. } => {}
         }
-        if !waits {
-            return Ok(RawClaim::InFlight(Waiter::unwatched()));
-        }
-        // Subscribe first, then look again and mark the record: a completion between the
+        // Subscribe first, then look again and mark the record: a settlement between the
         // two is then either seen by that look or, the swap refusing a marked record,
-        // published by the completion script to the channel.
-        let (signal, subscription) = self.subscribe(&key).await?;
-        match self.try_claim(args, true).await? {
-            Found::InFlight { pttl, .. } => {
-                let recheck = Duration::from_millis(pttl.max(1) as u64).min(FALLBACK_RECHECK);
-                Ok(RawClaim::InFlight(Waiter::with_subscription(
-                    signal,
-                    Instant::now() + recheck,
-                    subscription,
-                )))
-            }
-            other => Ok(self.settle(other, token, fingerprint)),
-        }
-    }
-
-    fn settle(&self, found: Found, token: OwnerToken, fingerprint: Digest) -> RawClaim {
-        match found {
-            Found::Claimed => RawClaim::Owner {
-                token,
-                liveness: None,
-            },
-            Found::Unknown => RawClaim::Unknown,
-            Found::InFlight {
-                fingerprint: stored,
-                ..
-            }
-            | Found::Done {
-                fingerprint: stored,
-                ..
-            } if mismatched(&stored, &fingerprint) => RawClaim::Mismatch,
-            Found::Done { response, .. } => RawClaim::Done(response),
-            Found::InFlight { .. } => unreachable!("in-flight records are handled by claim"),
+        // published by the settle script to the channel.
+        let (signal, subscription) = self.subscribe(&args.key).await?;
+        match decide(args, token, self.look(args, &value, px, true).await?)? {
+            Decided::Claim(claim) => Ok(claim),
+            Decided::InFlight { owner, recheck } => Ok(RawClaim::Other(Claim::InFlight(
+                Waiter::with_subscription(signal, Instant::now() + recheck, owner, subscription),
+            ))),
         }
     }
 
@@ -615,13 +405,6 @@ impl RedisStore {
         // On an error the share is dropped, and with it the count.
         self.bounded(subscription.subscribed()).await?;
         Ok((signal, subscription))
-    }
-
-    fn fence(token: OwnerToken) -> Vec<u8> {
-        let mut fence = Vec::with_capacity(17);
-        fence.push(b'I');
-        fence.extend_from_slice(&token.0.to_be_bytes());
-        fence
     }
 
     /// See [`super::Store::issue`].
@@ -645,58 +428,74 @@ impl RedisStore {
         }
     }
 
-    /// See [`super::Store::renew`].
-    pub async fn renew(
-        &self,
-        key: Digest,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
+    /// Renews (or restores, see [`renewals`]) a claim for `px` ms from now.
+    async fn renew_claim(&self, claim: &HeldClaim) -> Result<renewals::Renewed, StoreError> {
+        let px = (claim.lease + claim.lapse.span()).as_millis().max(1) as u64;
         let mut invocation = self.scripts.renew.prepare_invoke();
         invocation
-            .key(self.record(&key))
-            .arg(Self::fence(token))
-            .arg(lease.as_millis().max(1) as u64);
-        Ok(matches!(self.run(invocation).await?, Value::Int(1)))
+            .key(self.record(&claim.key))
+            .arg(&Self::fence(claim.token)[..])
+            .arg(px)
+            .arg(&claim_value(claim.token, claim.fingerprint, claim.lapse)[..]);
+        match self.run(invocation).await? {
+            Value::Int(1) => Ok(renewals::Renewed::Extended),
+            Value::Int(2) => Ok(renewals::Renewed::Restored),
+            Value::Int(0) => Ok(renewals::Renewed::Lost),
+            other => Err(unexpected(&other)),
+        }
     }
 
-    /// See [`super::Store::complete`].
-    pub async fn complete(
+    /// See [`super::Store::settle`].
+    pub(crate) async fn settle(
         &self,
-        key: Digest,
-        token: OwnerToken,
-        response: StoredResponse,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        if !ttl.is_zero() {
-            let record = Self::claim_value(token, response.fingerprint());
-            if self.swap_done(&key, &record[..], &response, ttl).await? {
-                return Ok(true);
+        owned: &Ownership,
+        settlement: Settlement,
+    ) -> Result<Settled, StoreError> {
+        let key = &owned.key;
+        if let Settlement::Done { response, ttl } = &settlement {
+            if !ttl.is_zero() {
+                let response = response.clone().with_fingerprint(owned.fingerprint);
+                let in_flight = claim_value(owned.token, owned.fingerprint, owned.lapse);
+                if self.swap_done(key, &in_flight, &response, *ttl).await? {
+                    return Ok(Settled::Written);
+                }
+                // Not the record this claim wrote: a waiter marked it, the store lost it,
+                // or a swap retried after a dropped connection had already been done. The
+                // settle script compares the token alone and answers for each.
             }
-            // Not the record a claim by `token` for this fingerprint wrote: the lease lapsed,
-            // the response was not stamped with the claim's fingerprint (as the proxy
-            // does), or a swap retried after a dropped connection had already been done.
-            // The general script compares the token alone and answers for each; for the
-            // last it says "not completed", as it does when itself retried that way.
         }
-        let mut invocation = self.scripts.complete.prepare_invoke();
+        let (value, px) = settled_value(owned.token, owned.fingerprint, &settlement);
+        let mut invocation = self.scripts.settle.prepare_invoke();
         invocation
-            .key(self.record(&key))
-            .arg(Self::fence(token))
-            .arg(response.encode())
-            .arg(ttl.as_millis() as u64)
-            .arg(self.channel(&key));
-        Ok(matches!(self.run(invocation).await?, Value::Int(1)))
+            .key(self.record(key))
+            .arg(&owned.token.0.to_be_bytes()[..])
+            .arg(value.as_deref().unwrap_or_default())
+            .arg(px)
+            .arg(self.channel(key))
+            .arg(if settlement.writes_back() { "1" } else { "0" });
+        match self.run(invocation).await? {
+            Value::Int(1) => Ok(Settled::Written),
+            Value::Int(2) => {
+                tracing::warn!(
+                    key = %key.short(),
+                    settled = settlement.as_str(),
+                    "the store had lost the claim; wrote the outcome back"
+                );
+                Ok(Settled::WrittenBack)
+            }
+            Value::Int(0) => Ok(Settled::NotWritten),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// A completion by swap: the done record written where the in-flight record
     /// `in_flight` is, else nothing (`false`). `SET … IFEQ` where the server has it, else
-    /// the [`SWAP`] script.
+    /// the swap script.
     async fn swap_done(
         &self,
         key: &Digest,
         in_flight: &[u8],
-        response: &StoredResponse,
+        response: &super::StoredResponse,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let done = DoneRecord(response);
@@ -749,65 +548,101 @@ impl RedisStore {
         }
     }
 
-    /// See [`super::Store::release`].
-    pub async fn release(
-        &self,
-        key: Digest,
-        token: OwnerToken,
-        reissue: Option<Duration>,
-    ) -> Result<bool, StoreError> {
-        let mut invocation = self.scripts.release.prepare_invoke();
+    fn seen_counter<'a>(&'a self, key: &'a Digest) -> Name<'a> {
+        Name::new(&self.prefix, "seen:", key)
+    }
+
+    /// See [`super::Store::saw_duplicate`].
+    pub async fn saw_duplicate(&self, key: Digest) -> Result<Option<SystemTime>, StoreError> {
+        let mut invocation = self.scripts.seen.prepare_invoke();
         invocation
             .key(self.record(&key))
-            .arg(Self::fence(token))
-            .arg(self.channel(&key))
-            .arg(reissue.map_or(0, |ttl| ttl.as_millis().max(1) as u64));
-        Ok(matches!(self.run(invocation).await?, Value::Int(1)))
+            .key(self.seen_counter(&key))
+            .arg(unix_ms(SystemTime::now()));
+        Ok(match self.run(invocation).await? {
+            Value::BulkString(head) => records::made_at(&head),
+            _ => None,
+        })
     }
 
     /// See [`super::Store::inspect`].
     pub async fn inspect(&self, key: Digest) -> Result<Option<KeyInfo>, StoreError> {
         let mut invocation = self.scripts.inspect.prepare_invoke();
-        invocation.key(self.record(&key));
-        let items = match self.run(invocation).await? {
+        invocation
+            .key(self.record(&key))
+            .key(self.seen_counter(&key));
+        let (data, pttl, seen) = match self.run(invocation).await? {
             Value::Int(0) => return Ok(None),
-            Value::Array(items) => items,
+            Value::Array(items) => {
+                let mut items = items.into_iter();
+                match (items.next(), items.next(), items.next()) {
+                    (Some(Value::BulkString(data)), Some(Value::Int(pttl)), seen) => {
+                        (data, pttl, seen_of(seen))
+                    }
+                    (first, _, _) => return Err(unexpected(&first.unwrap_or(Value::Nil))),
+                }
+            }
             other => return Err(unexpected(&other)),
         };
-        let (data, pttl) = record_and_ttl(items)?;
-        let expires = SystemTime::now() + Duration::from_millis(pttl.max(0) as u64);
-        Ok(Some(match data.first() {
-            Some(b'T') => KeyInfo {
-                state: "issued",
-                created: SystemTime::now(),
-                expires,
-                response: None,
-            },
-            Some(b'I') if data.len() >= 57 => KeyInfo {
-                state: "in_flight",
-                created: UNIX_EPOCH
-                    + Duration::from_millis(u64::from_be_bytes(
-                        data[49..57].try_into().expect("8 bytes"),
-                    )),
-                expires,
-                response: None,
-            },
-            _ => match parse_record(data, pttl)? {
-                Found::Done { response, .. } => KeyInfo {
-                    state: "done",
-                    created: response.stored_at(),
-                    expires,
-                    response: Some(response),
-                },
-                _ => return Err(StoreError::Unavailable("malformed record".into())),
-            },
+        let now = SystemTime::now();
+        let ms = |ms: i64| Duration::from_millis(ms.max(0) as u64);
+        let info = |state, created, expires, response, status| KeyInfo {
+            state,
+            created,
+            expires,
+            response,
+            status,
+            waiters: None,
+            seen,
+        };
+        Ok(Some(match Record::parse(&data)? {
+            Record::Issued => info("issued", now, now + ms(pttl), None, None),
+            Record::InFlight { created, lapse, .. } => {
+                let span = lapse.span().as_millis() as i64;
+                match lapse {
+                    _ if pttl > span => {
+                        info("in_flight", created, now + ms(pttl - span), None, None)
+                    }
+                    Lapse::Hold { .. } => {
+                        info("outcome_unknown", created, now + ms(pttl), None, None)
+                    }
+                    Lapse::Release { .. } => info("in_flight", created, now + ms(pttl), None, None),
+                }
+            }
+            Record::Done(response) => {
+                let status = Some(response.status());
+                info(
+                    "done",
+                    response.stored_at(),
+                    now + ms(pttl),
+                    Some(response),
+                    status,
+                )
+            }
+            Record::NotStored { status, at, .. } => {
+                info("not_stored", at, now + ms(pttl), None, Some(status))
+            }
+            Record::Unknown { at, .. } => info("outcome_unknown", at, now + ms(pttl), None, None),
+            Record::Failed { response, .. } => {
+                let status = Some(response.status());
+                info(
+                    "failed",
+                    response.stored_at(),
+                    now + ms(pttl),
+                    Some(response),
+                    status,
+                )
+            }
         }))
     }
 
     /// See [`super::Store::remove`].
     pub async fn remove(&self, key: Digest) -> Result<bool, StoreError> {
         let mut invocation = self.scripts.remove.prepare_invoke();
-        invocation.key(self.record(&key)).arg(self.channel(&key));
+        invocation
+            .key(self.record(&key))
+            .key(self.seen_counter(&key))
+            .arg(self.channel(&key));
         Ok(matches!(self.run(invocation).await?, Value::Int(1)))
     }
 
@@ -822,69 +657,103 @@ impl RedisStore {
     }
 }
 
+impl renewals::Renew for RedisStore {
+    async fn renew(&self, claim: &HeldClaim) -> Result<renewals::Renewed, StoreError> {
+        self.renew_claim(claim).await
+    }
+}
+
+/// What `look` means for a claim by `token`.
+fn decide(args: &ClaimArgs, token: OwnerToken, look: Look) -> Result<Decided, StoreError> {
+    let answer = |claim| Ok(Decided::Claim(RawClaim::Other(claim)));
+    let unless_mismatched = |stored: &Digest, claim| {
+        if mismatched(stored, &args.fingerprint) {
+            answer(Claim::Mismatch)
+        } else {
+            answer(claim)
+        }
+    };
+    let (data, pttl) = match look {
+        Look::Claimed => {
+            return Ok(Decided::Claim(RawClaim::Owner {
+                token,
+                liveness: None,
+            }))
+        }
+        // A waiter never takes a turn of its own from a key settled meanwhile.
+        Look::Free if args.after.is_some() => return answer(Claim::Failed(None)),
+        Look::Free => return answer(Claim::NotIssued),
+        Look::Found { data, pttl } => (data, pttl),
+    };
+    let until = |pttl: Option<i64>| {
+        SystemTime::now() + Duration::from_millis(pttl.unwrap_or(0).max(0) as u64)
+    };
+    match Record::parse(&data)? {
+        // A retried claim whose first reply was lost: the key is ours.
+        Record::InFlight { token: t, .. } if t == token => Ok(Decided::Claim(RawClaim::Owner {
+            token,
+            liveness: None,
+        })),
+        Record::InFlight { fingerprint, .. } if mismatched(&fingerprint, &args.fingerprint) => {
+            answer(Claim::Mismatch)
+        }
+        Record::InFlight {
+            token: owner,
+            lapse,
+            ..
+        } => {
+            let span = lapse.span().as_millis() as i64;
+            match (pttl, lapse) {
+                // Alive (or not known yet): look again when the lease would run out.
+                (None, _) => Ok(Decided::InFlight {
+                    owner,
+                    recheck: FALLBACK_RECHECK,
+                }),
+                (Some(p), _) if p > span || p < 0 => Ok(Decided::InFlight {
+                    owner,
+                    recheck: Duration::from_millis((p - span).max(1) as u64).min(FALLBACK_RECHECK),
+                }),
+                (Some(_), Lapse::Hold { .. }) => {
+                    answer(Claim::OutcomeUnknown(Unknown { until: until(pttl) }))
+                }
+                // Lapsed, but the dead owner's call may still run until the record expires.
+                (Some(p), Lapse::Release { .. }) => Ok(Decided::InFlight {
+                    owner,
+                    recheck: Duration::from_millis(p.max(1) as u64).min(FALLBACK_RECHECK),
+                }),
+            }
+        }
+        Record::Done(response) => unless_mismatched(&response.fingerprint(), Claim::Done(response)),
+        Record::NotStored {
+            fingerprint,
+            status,
+            at,
+        } => unless_mismatched(&fingerprint, Claim::NotStored(NotStored { status, at })),
+        Record::Unknown { fingerprint, .. } => unless_mismatched(
+            &fingerprint,
+            Claim::OutcomeUnknown(Unknown { until: until(pttl) }),
+        ),
+        Record::Failed {
+            token: owner,
+            fingerprint,
+            response,
+            ..
+        } if args.after == Some(owner) => {
+            unless_mismatched(&fingerprint, Claim::Failed(Some(response)))
+        }
+        Record::Failed { .. } | Record::Issued if args.after.is_some() => {
+            answer(Claim::Failed(None))
+        }
+        // The script takes a failure record or an issued token unless only an issued
+        // token may be owned and this is no longer one.
+        Record::Failed { .. } | Record::Issued => answer(Claim::NotIssued),
+    }
+}
+
 fn tls_roots(pem: &[u8]) -> redis::TlsCertificates {
     redis::TlsCertificates {
         client_tls: None,
         root_cert: Some(pem.to_vec()),
-    }
-}
-
-fn record_and_ttl(items: Vec<Value>) -> Result<(Vec<u8>, i64), StoreError> {
-    let mut items = items.into_iter();
-    match (items.next(), items.next()) {
-        (Some(Value::BulkString(data)), Some(Value::Int(pttl))) => Ok((data, pttl)),
-        (first, _) => Err(unexpected(&first.unwrap_or(Value::Nil))),
-    }
-}
-
-/// The record a claim found, where `token` is the claim's own: finding its own in-flight
-/// record means a retried claim whose first reply was lost, so the key is ours.
-fn found_record(data: Vec<u8>, pttl: i64, token: OwnerToken) -> Result<Found, StoreError> {
-    match parse_record(data, pttl)? {
-        Found::InFlight { token: t, .. } if t == token.0 => Ok(Found::Claimed),
-        found => Ok(found),
-    }
-}
-
-fn parse_record(data: Vec<u8>, pttl: i64) -> Result<Found, StoreError> {
-    let malformed = || StoreError::Unavailable("malformed record in Redis".into());
-    match data.first() {
-        Some(b'I') if data.len() >= CLAIM_LEN => Ok(Found::InFlight {
-            token: u128::from_be_bytes(data[1..17].try_into().map_err(|_| malformed())?),
-            fingerprint: Digest(data[17..49].try_into().map_err(|_| malformed())?),
-            pttl,
-        }),
-        Some(b'D') if data.len() >= 33 => {
-            let fingerprint = Digest(data[1..33].try_into().map_err(|_| malformed())?);
-            let response =
-                StoredResponse::decode(fingerprint, &data[33..]).ok_or_else(malformed)?;
-            Ok(Found::Done {
-                fingerprint,
-                response,
-            })
-        }
-        _ => Err(malformed()),
-    }
-}
-
-/// The done record of a response, whose fingerprint is the claim's (what the completion
-/// script builds from the in-flight record), written straight into the command that
-/// carries it rather than assembled in a buffer of its own first.
-#[derive(Clone, Copy)]
-struct DoneRecord<'a>(&'a StoredResponse);
-
-impl DoneRecord<'_> {
-    fn len(&self) -> usize {
-        1 + std::mem::size_of::<Digest>() + self.0.encode().len()
-    }
-}
-
-impl ToRedisArgs for DoneRecord<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut arg = out.bufmut_for_next_arg(self.len());
-        for part in [&b"D"[..], &self.0.fingerprint().0, self.0.encode()] {
-            arg.put_slice(part);
-        }
     }
 }
 
@@ -895,83 +764,24 @@ fn refused_as_syntax(e: &redis::RedisError) -> bool {
     e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("syntax"))
 }
 
+/// The observe-mode counter `HMGET n last` returned, if the key was seen more than once.
+fn seen_of(value: Option<Value>) -> Option<super::Seen> {
+    let Some(Value::Array(fields)) = value else {
+        return None;
+    };
+    let number = |v: Option<&Value>| -> Option<u64> {
+        match v? {
+            Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+            Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        }
+    };
+    Some(super::Seen {
+        times: number(fields.first())?,
+        last: std::time::UNIX_EPOCH + Duration::from_millis(number(fields.get(1))?),
+    })
+}
+
 fn unexpected(value: &Value) -> StoreError {
     StoreError::Unavailable(format!("unexpected answer from Redis: {value:?}"))
-}
-
-/// A record or channel name, `{prefix}{infix}{<hex digest>}` (the braces make a cluster
-/// keep a key's record and channel in one slot), written straight into the command that
-/// carries it: a `String` per name was an allocation and a copy, three per first-seen
-/// request.
-#[derive(Clone, Copy)]
-struct Name<'a> {
-    prefix: &'a str,
-    infix: &'static str,
-    key: &'a Digest,
-}
-
-impl<'a> Name<'a> {
-    fn new(prefix: &'a str, infix: &'static str, key: &'a Digest) -> Self {
-        Self { prefix, infix, key }
-    }
-
-    fn len(&self) -> usize {
-        self.prefix.len() + self.infix.len() + 2 + 2 * self.key.0.len()
-    }
-
-    /// The name's pieces, in order, given the buffer for its hex digits.
-    fn parts<'b>(&'b self, hex: &'b mut [u8; 64]) -> [&'b [u8]; 5] {
-        // 32 bytes always fit 64 hex digits.
-        let _ = hex::encode_to_slice(self.key.0, hex);
-        [
-            self.prefix.as_bytes(),
-            self.infix.as_bytes(),
-            b"{",
-            &hex[..],
-            b"}",
-        ]
-    }
-}
-
-impl ToRedisArgs for Name<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut hex = [0; 64];
-        let mut arg = out.bufmut_for_next_arg(self.len());
-        for part in self.parts(&mut hex) {
-            arg.put_slice(part);
-        }
-    }
-}
-
-impl std::fmt::Display for Name<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut hex = [0; 64];
-        for part in self.parts(&mut hex) {
-            // Every piece is ASCII (the prefix is a `str`, the rest hex and braces).
-            f.write_str(std::str::from_utf8(part).map_err(|_| std::fmt::Error)?)?;
-        }
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_and_channel_names_share_the_hash_tag() {
-        let key = Digest([0xab; 32]);
-        let hex = "ab".repeat(32);
-        let names = [
-            Name::new("idem:", "", &key),
-            Name::new("idem:", "done:", &key),
-        ];
-        assert_eq!(names[0].to_string(), format!("idem:{{{hex}}}"));
-        assert_eq!(names[1].to_string(), format!("idem:done:{{{hex}}}"));
-        for name in names {
-            // What a command carries is what the name shows, and `len` sizes it.
-            assert_eq!(name.to_redis_args(), vec![name.to_string().into_bytes()]);
-            assert_eq!(name.len(), name.to_string().len());
-        }
-    }
 }

@@ -1,36 +1,70 @@
-//! Renewal of live Redis claims: one task per store renews every claim a [`super::Lease`]
-//! holds, each at a third of its lease. A task spawned per claim cost every first-seen
-//! request a spawn, a timer armed and an abort (~2k instructions, callgrind), for a
-//! renewal that almost no request lives long enough to need.
+//! Renewal of live claims on the shared stores (Redis, PostgreSQL, MySQL): one task per
+//! store renews every claim a [`crate::store::Lease`] holds, each at a third of its lease.
+//! A task spawned per claim would cost every first-seen request a spawn, a timer armed and
+//! an abort, for a renewal that almost no request lives long enough to need. The task talks
+//! to its store through [`Renew`], so this module imports no backend.
+//!
+//! A renewal that finds its record gone (Redis restarted empty, or failed over to a
+//! replica that never got it; an operator's purge) writes the claim back, so duplicates
+//! keep finding it in flight instead of executing while the owner still runs.
 //!
 //! Holding a claim here is a map insert and a removal under a short lock. The task sleeps
 //! until the earliest renewal is due, or with no claim held until one is; a claim due
 //! sooner than the task's planned wake-up (the first, or a shorter lease) wakes it. A
-//! store and its task belong to one runtime, as its Redis connection does.
+//! store and its task belong to one runtime, as its connection does.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::redis::RedisStore;
-use super::OwnerToken;
 use crate::key::Digest;
+use crate::store::{Lapse, OwnerToken, StoreError};
 use crate::sync::lock;
+
+/// One claim to keep alive, with what rebuilds its record.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeldClaim {
+    pub key: Digest,
+    pub token: OwnerToken,
+    pub fingerprint: Digest,
+    pub lease: Duration,
+    pub lapse: Lapse,
+}
+
+/// What a renewal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewed {
+    /// The claim was there and is extended.
+    Extended,
+    /// The record was gone and the claim is written back.
+    Restored,
+    /// Another owner's record is there: the claim is lost.
+    Lost,
+}
+
+/// The store a renewing task sends renewals to.
+pub(crate) trait Renew: Send + Sync + 'static {
+    /// Extends (or restores) `claim` to its lease plus lapse span from now.
+    fn renew(&self, claim: &HeldClaim) -> impl Future<Output = Result<Renewed, StoreError>> + Send;
+}
 
 /// Renews at a third of the lease, so two renewals can fail before the claim lapses.
 const RENEWALS_PER_LEASE: u32 = 3;
 /// Floor of the renewal period, so a tiny lease cannot make the task spin.
 const MIN_PERIOD: Duration = Duration::from_millis(10);
 
-/// The claims one Redis store renews, shared by the leases and the renewing task.
+/// The claims one store renews, shared by the leases and the renewing task.
 #[derive(Debug, Default)]
 pub(crate) struct Renewals {
     state: Mutex<State>,
     /// Wakes the task for a claim due before the task's planned wake-up.
     sooner: Notify,
+    /// Wakes leases waiting in [`Renewal::finish`] for their renewal to be answered.
+    settled: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -44,32 +78,62 @@ struct State {
 
 #[derive(Debug)]
 struct Claim {
-    key: Digest,
-    token: OwnerToken,
-    lease: Duration,
+    claim: HeldClaim,
     due: Instant,
-    /// A renewal is out: a slow Redis gets one per claim at a time, not one per period.
+    /// A renewal is out: a slow store gets one per claim at a time, not one per period.
     renewing: bool,
+    /// Its lease is settling and waits for the renewal that is out; none is sent again.
+    finishing: bool,
 }
 
 /// A renewal the task is to send.
 struct Due {
     id: u64,
-    key: Digest,
-    token: OwnerToken,
-    lease: Duration,
+    claim: HeldClaim,
 }
 
 /// One claim kept renewed until this is dropped.
 #[derive(Debug)]
 pub(crate) struct Renewal {
-    renewals: Arc<Renewals>,
+    /// `None` once [`Renewal::finish`] took over.
+    renewals: Option<Arc<Renewals>>,
     id: u64,
+}
+
+impl Renewal {
+    /// Stops renewing, once no renewal of this claim is out any more: a settlement sent
+    /// after this lands after every renewal.
+    pub(crate) async fn finish(mut self) {
+        let Some(renewals) = self.renewals.take() else {
+            return;
+        };
+        let id = self.id;
+        {
+            let mut state = lock(&renewals.state);
+            match state.claims.get_mut(&id) {
+                Some(claim) if claim.renewing => claim.finishing = true,
+                _ => {
+                    state.claims.remove(&id);
+                    return;
+                }
+            }
+        }
+        // The renewal's answer removes the claim now (`self` is disarmed).
+        loop {
+            let settled = renewals.settled.notified();
+            if !lock(&renewals.state).claims.contains_key(&id) {
+                return;
+            }
+            settled.await;
+        }
+    }
 }
 
 impl Drop for Renewal {
     fn drop(&mut self) {
-        lock(&self.renewals.state).claims.remove(&self.id);
+        if let Some(renewals) = &self.renewals {
+            lock(&renewals.state).claims.remove(&self.id);
+        }
     }
 }
 
@@ -78,16 +142,10 @@ fn period(lease: Duration) -> Duration {
 }
 
 impl Renewals {
-    /// Keeps `key`'s claim by `token` renewed on `store` until the returned guard drops.
-    /// Starts the store's renewing task on first use (inside a tokio runtime).
-    pub(crate) fn hold(
-        self: &Arc<Self>,
-        store: &Arc<RedisStore>,
-        key: Digest,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Renewal {
-        let period = period(lease);
+    /// Keeps `claim` renewed on `store` until the returned guard drops. Starts the store's
+    /// renewing task on first use (inside a tokio runtime).
+    pub(crate) fn hold<S: Renew>(self: &Arc<Self>, store: &Arc<S>, claim: HeldClaim) -> Renewal {
+        let period = period(claim.lease);
         let due = Instant::now() + period;
         // Outside a runtime nothing renews (as with no task to spawn on).
         let runtime = tokio::runtime::Handle::try_current().ok();
@@ -98,11 +156,10 @@ impl Renewals {
             state.claims.insert(
                 id,
                 Claim {
-                    key,
-                    token,
-                    lease,
+                    claim,
                     due,
                     renewing: false,
+                    finishing: false,
                 },
             );
             let start = !state.task_started && runtime.is_some();
@@ -121,7 +178,7 @@ impl Renewals {
             self.sooner.notify_one();
         }
         Renewal {
-            renewals: Arc::clone(self),
+            renewals: Some(Arc::clone(self)),
             id,
         }
     }
@@ -132,18 +189,19 @@ impl Renewals {
         let mut state = lock(&self.state);
         let mut due = Vec::new();
         let mut next: Option<Instant> = None;
-        for (id, claim) in state.claims.iter_mut() {
-            if claim.due <= now && !claim.renewing {
+        for (id, held) in state.claims.iter_mut() {
+            if held.finishing {
+                continue;
+            }
+            if held.due <= now && !held.renewing {
                 due.push(Due {
                     id: *id,
-                    key: claim.key,
-                    token: claim.token,
-                    lease: claim.lease,
+                    claim: held.claim,
                 });
-                claim.renewing = true;
-                claim.due = now + period(claim.lease);
+                held.renewing = true;
+                held.due = now + period(held.claim.lease);
             }
-            next = Some(next.map_or(claim.due, |at| at.min(claim.due)));
+            next = Some(next.map_or(held.due, |at| at.min(held.due)));
         }
         state.wake_at = next;
         (due, next)
@@ -154,22 +212,21 @@ impl Renewals {
     /// said the claim is no longer its token's, and it is not renewed again.
     fn answered(&self, id: u64, lost: bool) -> bool {
         let mut state = lock(&self.state);
+        let Some(claim) = state.claims.get_mut(&id) else {
+            return false;
+        };
+        if claim.finishing {
+            state.claims.remove(&id);
+            drop(state);
+            self.settled.notify_waiters();
+            return false;
+        }
         if lost {
-            return state.claims.remove(&id).is_some();
+            state.claims.remove(&id);
+        } else {
+            claim.renewing = false;
         }
-        match state.claims.get_mut(&id) {
-            Some(claim) => {
-                claim.renewing = false;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Every claim held now, with its owner's token.
-    pub(crate) fn held(&self) -> Vec<(Digest, OwnerToken)> {
-        let state = lock(&self.state);
-        state.claims.values().map(|c| (c.key, c.token)).collect()
+        true
     }
 
     /// Lets a task waiting for claims notice that its store is gone.
@@ -192,36 +249,35 @@ impl Drop for TaskAlive {
 
 /// The renewing task: starts the renewals that are due, then sleeps until the next claim
 /// is due or a sooner one arrives. Ends once the store is gone (it wakes the task).
-async fn renew_due(alive: TaskAlive, store: Weak<RedisStore>) {
+async fn renew_due<S: Renew>(alive: TaskAlive, store: Weak<S>) {
     let renewals = &alive.0;
     loop {
         let (due, next) = renewals.take_due(Instant::now());
         let Some(strong) = store.upgrade() else {
             return;
         };
-        // Each renewal on its own, as each claim's own task did: a slow or dead Redis
+        // Each renewal on its own, as each claim's own task did: a slow or dead store
         // holds up one renewal per claim, not every claim behind it.
-        for Due {
-            id,
-            key,
-            token,
-            lease,
-        } in due
-        {
+        for Due { id, claim } in due {
             let (store, renewals) = (Arc::clone(&strong), Arc::clone(renewals));
             tokio::spawn(async move {
-                let result = store.renew(key, token, lease).await;
+                let result = store.renew(&claim).await;
+                let key = claim.key.short();
                 // Unless the lease finished meanwhile, whatever the answer is no news.
                 match result {
-                    Ok(true) => {
+                    Ok(Renewed::Extended) => {
                         renewals.answered(id, false);
                     }
-                    Ok(false) if renewals.answered(id, true) => {
-                        tracing::warn!(key = %key.short(), "lost the claim while still running");
+                    Ok(Renewed::Restored) if renewals.answered(id, false) => {
+                        tracing::warn!(%key, "the store had lost a running claim; wrote it back");
                     }
-                    Ok(false) => {}
+                    Ok(Renewed::Restored) => {}
+                    Ok(Renewed::Lost) if renewals.answered(id, true) => {
+                        tracing::warn!(%key, "lost the claim while still running");
+                    }
+                    Ok(Renewed::Lost) => {}
                     Err(e) if renewals.answered(id, false) => {
-                        tracing::warn!(key = %key.short(), error = %e, "could not renew the claim");
+                        tracing::warn!(%key, error = %e, "could not renew the claim");
                     }
                     Err(_) => {}
                 }

@@ -4,6 +4,11 @@
 //!
 //! One allocation rather than a record pointing at a buffer: a replay of a key among
 //! millions misses the CPU caches on every pointer it follows, and this leaves one.
+//!
+//! With `store.encrypt`, the record the store keeps is sealed ([`StoredResponse::seal`]):
+//! the payload fingerprint (which the store compares) and the time it was stored stay in
+//! clear; status, headers and body are AES-256-GCM ciphertext until
+//! [`StoredResponse::open`].
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+use super::seal::{self, KeyRing, SealError};
 use super::unix_ms;
 use crate::key::Digest;
 
@@ -19,7 +25,9 @@ use crate::key::Digest;
 #[derive(Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     /// `[fingerprint 32][1][u16 status][u64 stored ms][u32 head len][head][body]`, the head
-    /// being `[u16 name len][name][u32 value len][value]` per header in the order received.
+    /// being `[u16 name len][name][u32 value len][value]` per header in the order received;
+    /// sealed, `[fingerprint 32][2][u16 0][u64 stored ms][key id 4][nonce 12][ciphertext of
+    /// status, head len, head and body][tag 16]`.
     /// Everything after the fingerprint is [`StoredResponse::encode`].
     record: Arc<[u8]>,
 }
@@ -31,6 +39,8 @@ const STORED_AT: usize = STATUS_AT + 2;
 const HEAD_LEN_AT: usize = STORED_AT + 8;
 const HEAD_AT: usize = HEAD_LEN_AT + 4;
 const VERSION: u8 = 1;
+/// The version byte of a sealed record.
+const SEALED: u8 = 2;
 
 // A done record in the memory store holds this, so every byte is paid per stored key.
 const _: () = assert!(std::mem::size_of::<StoredResponse>() == 16);
@@ -169,22 +179,91 @@ impl StoredResponse {
     /// Reverses [`StoredResponse::encode`] for a request with payload fingerprint
     /// `fingerprint`; `None` for anything malformed.
     pub fn decode(fingerprint: Digest, data: &[u8]) -> Option<Self> {
-        let header = data.get(..HEAD_AT - VERSION_AT)?;
-        if header[0] != VERSION {
-            return None;
-        }
-        StatusCode::from_u16(u16::from_be_bytes([header[1], header[2]])).ok()?;
-        let head_len = u32::from_be_bytes(header[11..15].try_into().ok()?) as usize;
-        if data.len() < header.len() + head_len {
-            return None;
-        }
         let mut record = Vec::with_capacity(FINGERPRINT_LEN + data.len());
         record.extend_from_slice(&fingerprint.0);
         record.extend_from_slice(data);
+        Self::checked(record)
+    }
+
+    /// A whole record (fingerprint first), if its version and lengths hold together.
+    fn checked(record: Vec<u8>) -> Option<Self> {
+        let header = record.get(VERSION_AT..HEAD_AT)?;
+        match header[0] {
+            VERSION => {
+                StatusCode::from_u16(u16::from_be_bytes([header[1], header[2]])).ok()?;
+                let head_len = u32::from_be_bytes(header[11..15].try_into().ok()?) as usize;
+                if record.len() < HEAD_AT + head_len {
+                    return None;
+                }
+            }
+            SEALED if record.len() >= HEAD_LEN_AT + seal::SEAL_OVERHEAD => {}
+            _ => return None,
+        }
         Some(Self {
             record: Arc::from(record),
         })
     }
+
+    /// Whether status, headers and body are sealed (see [`StoredResponse::open`]).
+    pub fn is_sealed(&self) -> bool {
+        self.record[VERSION_AT] == SEALED
+    }
+
+    /// This response sealed under `ring` for the store key `key` (the fingerprint and
+    /// the time stored left in clear). The record is bound to `key`: it opens under no
+    /// other.
+    pub fn seal(&self, ring: &KeyRing, key: Digest) -> Self {
+        if self.is_sealed() {
+            return self.clone();
+        }
+        let mut record = Vec::with_capacity(self.record.len() + seal::SEAL_OVERHEAD);
+        record.extend_from_slice(&self.record[..VERSION_AT]);
+        record.push(SEALED);
+        // The status stays readable outside the seal (for "executed, answer not stored"
+        // and the admin view); the one a replay uses is the sealed copy.
+        record.extend_from_slice(&self.record[STATUS_AT..STORED_AT]);
+        record.extend_from_slice(&self.record[STORED_AT..HEAD_LEN_AT]);
+        let aad = sealed_aad(key, &self.record[STORED_AT..HEAD_LEN_AT]);
+        // Status, head length, head and body: what follows the stored time, and the status.
+        let mut plaintext = Vec::with_capacity(self.record.len() - STORED_AT);
+        plaintext.extend_from_slice(&self.record[STATUS_AT..STORED_AT]);
+        plaintext.extend_from_slice(&self.record[HEAD_LEN_AT..]);
+        ring.seal(&aad, &plaintext, &mut record);
+        Self {
+            record: Arc::from(record),
+        }
+    }
+
+    /// The response with status, headers and body readable: itself when it was never
+    /// sealed (records from before `store.encrypt` was turned on stay readable), else
+    /// opened with the key its record names, for the store key `key`.
+    pub fn open(self, ring: Option<&KeyRing>, key: Digest) -> Result<Self, SealError> {
+        if !self.is_sealed() {
+            return Ok(self);
+        }
+        let ring = ring.ok_or(SealError::NoKeys)?;
+        let aad = sealed_aad(key, &self.record[STORED_AT..HEAD_LEN_AT]);
+        let plaintext = ring.open(&aad, &self.record[HEAD_LEN_AT..])?;
+        if plaintext.len() < 6 {
+            return Err(SealError::Corrupt);
+        }
+        let mut record = Vec::with_capacity(STORED_AT + plaintext.len() + 8);
+        record.extend_from_slice(&self.record[..VERSION_AT]);
+        record.push(VERSION);
+        record.extend_from_slice(&plaintext[..2]);
+        record.extend_from_slice(&self.record[STORED_AT..HEAD_LEN_AT]);
+        record.extend_from_slice(&plaintext[2..]);
+        Self::checked(record).ok_or(SealError::Corrupt)
+    }
+}
+
+/// What a sealed record is bound to: its store key and the time it was stored.
+fn sealed_aad(key: Digest, stored_ms: &[u8]) -> [u8; 48] {
+    let mut aad = [0u8; 48];
+    aad[..8].copy_from_slice(b"idemgate");
+    aad[8..40].copy_from_slice(&key.0);
+    aad[40..].copy_from_slice(stored_ms);
+    aad
 }
 
 /// The headers stored in `record` (from [`HEAD_AT`] to `body_at`).
@@ -264,6 +343,40 @@ mod tests {
         assert_eq!(kept.fingerprint(), Digest::NONE);
         assert_eq!(&body[..], b"x");
         assert_eq!(stamped.body(), kept.body());
+    }
+
+    #[test]
+    fn sealed_records_hide_status_headers_and_body_and_open_for_their_key_only() {
+        let mut h = HeaderMap::new();
+        h.append(
+            "set-cookie",
+            HeaderValue::from_static("session=s3cr3t-cookie"),
+        );
+        let plain = StoredResponse::new(StatusCode::CREATED, &h, b"{\"token\":\"s3cr3t-body\"}")
+            .with_fingerprint(Digest([5; 32]));
+        let ring = KeyRing::new(vec![[9; 32]]).unwrap();
+        let key = Digest([1; 32]);
+        let sealed = plain.seal(&ring, key);
+        assert!(sealed.is_sealed() && !plain.is_sealed());
+        let bytes = sealed.encode();
+        for secret in [&b"s3cr3t"[..], b"set-cookie"] {
+            assert!(!bytes.windows(secret.len()).any(|w| w == secret));
+        }
+        assert_eq!(sealed.fingerprint(), Digest([5; 32]));
+        assert_eq!(sealed.stored_at(), plain.stored_at());
+        assert!(sealed.cost() > plain.cost(), "the sealed size is charged");
+        // Through a store's encoding and back, then opened.
+        let back = StoredResponse::decode(sealed.fingerprint(), sealed.encode()).unwrap();
+        let opened = back.open(Some(&ring), key).unwrap();
+        assert_eq!(opened, plain);
+        assert_eq!(opened.headers()["set-cookie"], "session=s3cr3t-cookie");
+        // Another store key, no ring, or a plain record.
+        assert_eq!(
+            sealed.clone().open(Some(&ring), Digest([2; 32])),
+            Err(SealError::Corrupt)
+        );
+        assert_eq!(sealed.clone().open(None, key), Err(SealError::NoKeys));
+        assert_eq!(plain.clone().open(Some(&ring), key).unwrap(), plain);
     }
 
     #[test]

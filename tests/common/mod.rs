@@ -2,7 +2,10 @@
 //! idemgate on 127.0.0.1:0, and a small HTTP client. No mocks: everything crosses sockets.
 #![allow(dead_code)]
 
+pub mod mariadb_server;
+pub mod postgres_server;
 pub mod redis_server;
+pub mod unprivileged;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -30,9 +33,74 @@ pub struct Upstream {
     pub addr: SocketAddr,
     executed: Arc<AtomicUsize>,
     per_key: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    gates: Arc<Gates>,
+}
+
+/// Named gates: a request carrying `x-test-gate: NAME` is counted as arrived at NAME (and
+/// executed), then held until the test opens NAME. Tests wait for arrivals instead of
+/// sleeping, so no race is won by a sleep.
+#[derive(Default)]
+pub struct Gates {
+    state: std::sync::Mutex<std::collections::HashMap<String, (usize, bool)>>,
+    changed: tokio::sync::Notify,
+}
+
+impl Gates {
+    async fn pass(&self, name: &str) {
+        loop {
+            let changed = self.changed.notified();
+            {
+                let mut state = self.state.lock().unwrap();
+                let entry = state.entry(name.to_owned()).or_default();
+                if entry.1 {
+                    return;
+                }
+            }
+            changed.await;
+        }
+    }
+
+    fn arrive(&self, name: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .entry(name.to_owned())
+            .or_default()
+            .0 += 1;
+        self.changed.notify_waiters();
+    }
 }
 
 impl Upstream {
+    /// Waits until `n` requests have arrived at gate `name` (hang guard: 30 s).
+    pub async fn arrived(&self, name: &str, n: usize) {
+        let gates = &self.gates;
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let changed = gates.changed.notified();
+                let count = gates.state.lock().unwrap().get(name).map_or(0, |e| e.0);
+                if count >= n {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("hang guard: {n} requests never arrived at gate {name}"));
+    }
+
+    /// Lets every request held at gate `name` go on, and every later one through.
+    pub fn open(&self, name: &str) {
+        self.gates
+            .state
+            .lock()
+            .unwrap()
+            .entry(name.to_owned())
+            .or_default()
+            .1 = true;
+        self.gates.changed.notify_waiters();
+    }
+
     /// How many requests it executed.
     pub fn executed(&self) -> usize {
         self.executed.load(Ordering::SeqCst)
@@ -69,6 +137,8 @@ pub async fn start_upstream() -> Upstream {
     let per_key: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>> = Arc::default();
     let counter = Arc::clone(&executed);
     let keys = Arc::clone(&per_key);
+    let gates: Arc<Gates> = Arc::default();
+    let held = Arc::clone(&gates);
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -76,9 +146,15 @@ pub async fn start_upstream() -> Upstream {
             };
             let counter = Arc::clone(&counter);
             let keys = Arc::clone(&keys);
+            let gates = Arc::clone(&held);
             tokio::spawn(async move {
                 let service = service_fn(move |req| {
-                    upstream_handle(req, Arc::clone(&counter), Arc::clone(&keys))
+                    upstream_handle(
+                        req,
+                        Arc::clone(&counter),
+                        Arc::clone(&keys),
+                        Arc::clone(&gates),
+                    )
                 });
                 let _ = auto::Builder::new(TokioExecutor::new())
                     .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -90,6 +166,7 @@ pub async fn start_upstream() -> Upstream {
         addr,
         executed,
         per_key,
+        gates,
     }
 }
 
@@ -99,11 +176,24 @@ fn full(data: impl Into<Bytes>) -> TestBody {
     Full::new(data.into()).boxed()
 }
 
+/// Why the test upstream broke a connection instead of answering (`x-test-reset`).
+#[derive(Debug)]
+struct Reset;
+
+impl std::fmt::Display for Reset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("x-test-reset: connection closed without an answer")
+    }
+}
+
+impl std::error::Error for Reset {}
+
 async fn upstream_handle(
     mut req: Request<Incoming>,
     executed: Arc<AtomicUsize>,
     per_key: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
-) -> Result<Response<TestBody>, Infallible> {
+    gates: Arc<Gates>,
+) -> Result<Response<TestBody>, Reset> {
     if req.headers().get("upgrade").is_some_and(|v| v == "echo") {
         let upgrade = hyper::upgrade::on(&mut req);
         tokio::spawn(async move {
@@ -175,10 +265,31 @@ async fn upstream_handle(
             *per_key.lock().unwrap().entry(key.to_owned()).or_default() += 1;
         }
         let body = req.into_body().collect().await.unwrap().to_bytes();
+        if let Some(gate) = headers.get("x-test-gate").and_then(|v| v.to_str().ok()) {
+            gates.arrive(gate);
+            gates.pass(gate).await;
+        }
         if let Some(ms) = header_u64(&headers, "x-test-delay-ms") {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
+        if headers.contains_key("x-test-reset") {
+            // hyper closes a connection whose service failed, without an answer.
+            return Err(Reset);
+        }
         let status = header_u64(&headers, "x-test-status").unwrap_or(201) as u16;
+        if let Some(n) = header_u64(&headers, "x-test-bytes") {
+            // A large answer, streamed in 64 KiB chunks without being held whole.
+            let n = n as usize;
+            let stream = futures_util::stream::iter((0..n.div_ceil(CHUNK)).map(move |i| {
+                let len = CHUNK.min(n - i * CHUNK);
+                Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'x'; len])))
+            }));
+            return Ok(Response::builder()
+                .status(status)
+                .header("content-type", "application/octet-stream")
+                .body(StreamBody::new(stream).boxed())
+                .unwrap());
+        }
         let answer = serde_json::json!({
             "n": n,
             "body": String::from_utf8_lossy(&body),
@@ -192,9 +303,16 @@ async fn upstream_handle(
             .body(full(answer.to_string()))
             .unwrap());
     }
+    // Read to its end before answering, as an app does: a server that answers without
+    // reading the body closes the connection, and a request the proxy sent on it meanwhile
+    // would be lost in flight.
+    let _ = req.into_body().collect().await;
     let answer = serde_json::json!({ "executed": executed.load(Ordering::SeqCst) });
     Ok(Response::new(full(answer.to_string())))
 }
+
+/// Chunk size of the large answers `x-test-bytes` asks for.
+const CHUNK: usize = 64 * 1024;
 
 fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
     headers.get(name)?.to_str().ok()?.parse().ok()
@@ -228,6 +346,36 @@ pub struct ProxyHandle {
     pub admin: SocketAddr,
     pub store: Store,
     pub proxy: Proxy,
+}
+
+impl ProxyHandle {
+    /// The value of one metric series (`name{labels}` as `/metrics` writes it; 0 when
+    /// absent).
+    pub fn metric(&self, series: &str) -> f64 {
+        let text = self.proxy.metrics().render(self.store.stats());
+        metric_in(&text, series)
+    }
+
+    /// Waits until the series reaches `n` (hang guard: 30 s): the proxy's own signal that
+    /// something happened, such as duplicates parked waiting (`idemgate_waiting`).
+    pub async fn metric_reaches(&self, series: &str, n: f64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.metric(series) < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "hang guard: {series} never reached {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// The value of `series` in a `/metrics` text (0 when absent).
+pub fn metric_in(text: &str, series: &str) -> f64 {
+    let prefix = format!("{series} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
 /// Sends `request` as raw bytes on a new connection and returns all the proxy writes back
@@ -345,8 +493,8 @@ impl ProxyProcess {
             .args(args)
             .env("IDEMGATE_LOG", level)
             .env("NO_COLOR", "1")
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -392,6 +540,11 @@ impl ProxyProcess {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// SIGKILL: no cleanup, no release, like a crashed replica.
@@ -477,4 +630,189 @@ pub async fn post(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: 
     let mut all = vec![("content-type", "application/json")];
     all.extend_from_slice(headers);
     send(addr, Method::POST, path, &all, body.to_owned()).await
+}
+
+/// The store key the proxy derives for a request from 127.0.0.1 (hex), as
+/// `idemgate explain` shows it: what the admin API takes.
+pub fn stored_key(
+    proxy: &ProxyHandle,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> String {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        map.append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            http::HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    let request = idemgate::explain::Request {
+        method: Method::POST,
+        uri: path.parse().unwrap(),
+        headers: map,
+        body: body.to_vec(),
+        client_ip: Some(std::net::Ipv4Addr::LOCALHOST.into()),
+    };
+    let text = idemgate::explain::explain(&proxy.proxy.config(), &request).expect("a key");
+    text.lines()
+        .find_map(|l| l.strip_prefix("key digest:"))
+        .map(|d| d.trim().to_owned())
+        .unwrap_or_else(|| panic!("no key digest in {text}"))
+}
+
+/// One request a [`Recorder`] received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: Method,
+    /// The request target as it arrived: path and query.
+    pub target: String,
+    pub headers: HeaderMap,
+}
+
+/// A real upstream that records every request it gets (method, target, headers) and
+/// answers each with `201`, `x-test-status` if given, a JSON body `{"n", "path",
+/// "session"}` and `Set-Cookie: session=<the caller's sessionid cookie>-renewed`: an
+/// answer that belongs to one caller, as a login or cart answer does.
+pub struct Recorder {
+    pub addr: SocketAddr,
+    seen: Arc<std::sync::Mutex<Vec<Seen>>>,
+}
+
+impl Recorder {
+    /// Everything received so far, in order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// How many requests it executed.
+    pub fn executed(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+}
+
+/// Starts a [`Recorder`] on 127.0.0.1:0.
+pub async fn start_recorder() -> Recorder {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<std::sync::Mutex<Vec<Seen>>> = Arc::default();
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let log = Arc::clone(&log);
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let _ = body.collect().await;
+                        let target = parts
+                            .uri
+                            .path_and_query()
+                            .map_or("/", |p| p.as_str())
+                            .to_owned();
+                        let session = parts
+                            .headers
+                            .get_all("cookie")
+                            .iter()
+                            .filter_map(|v| v.to_str().ok())
+                            .flat_map(|v| v.split(';'))
+                            .find_map(|c| c.trim().strip_prefix("sessionid="))
+                            .unwrap_or("none")
+                            .to_owned();
+                        let status = header_u64(&parts.headers, "x-test-status").unwrap_or(201);
+                        let n = {
+                            let mut seen = log.lock().unwrap();
+                            seen.push(Seen {
+                                method: parts.method.clone(),
+                                target: target.clone(),
+                                headers: parts.headers.clone(),
+                            });
+                            seen.len()
+                        };
+                        let path = target.split('?').next().unwrap_or("").to_owned();
+                        let answer =
+                            serde_json::json!({ "n": n, "path": path, "session": session });
+                        Ok::<_, Infallible>(
+                            Response::builder()
+                                .status(status as u16)
+                                .header("content-type", "application/json")
+                                .header("set-cookie", format!("session={session}-renewed"))
+                                .body(full(answer.to_string()))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Recorder { addr, seen }
+}
+
+/// Sends raw request bytes from a socket bound to `source` (another loopback address acts
+/// as another caller) and returns the whole answer (the request should ask
+/// `connection: close`). The 30 s bound is a hang guard only.
+pub async fn raw_exchange_from(source: &str, addr: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
+        .await
+        .expect("hang guard: the proxy neither answered nor closed the connection")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A JSON POST of `body` to `path` as raw HTTP/1.1 with `extra` header lines
+/// (`"name: value"`), closing the connection after the answer.
+pub fn raw_post(path: &str, extra: &[&str], body: &str) -> Vec<u8> {
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nhost: app.example\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    for line in extra {
+        head.push_str(line);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    head.push_str(body);
+    head.into_bytes()
+}
+
+/// Runs `idemgate explain --config CONFIG ARGS…` and returns what it printed; fails the
+/// test if it does not succeed.
+pub fn explain_cli(config: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["explain", "--config"])
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The admin listener's `/metrics` text (an admin without a token).
+pub async fn metrics_text(admin: SocketAddr) -> String {
+    let answer = send(admin, Method::GET, "/metrics", &[], "").await;
+    assert_eq!(answer.status, StatusCode::OK);
+    String::from_utf8_lossy(&answer.body).into_owned()
+}
+
+/// The value of one sample line of `/metrics` (`name` with its labels, if any), 0 if absent.
+pub async fn metric(admin: SocketAddr, name: &str) -> f64 {
+    metric_in(&metrics_text(admin).await, name)
 }

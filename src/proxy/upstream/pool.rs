@@ -1,317 +1,292 @@
-//! Keep-alive connections to the upstream: HTTP/1.1 over TCP (TLS for `https://`), handed
-//! out most-recently-used first, and handed back by the response body once the upstream
-//! has sent all of it.
+//! Keep-alive connections to the upstream, each one of hyper's HTTP/1.1 client connections
+//! (`hyper::client::conn::http1`) driven by a task of its own, handed out most recently
+//! used first and handed back by the answer's body once the upstream has sent all of it.
 //!
-//! hyper-util's general-purpose pool spawned a task per request to notice a connection
-//! becoming idle and hashed a pool key per checkout; with one origin and the end of the
-//! body as the hand-back point neither is needed, which is about a tenth of the CPU of a
-//! forwarded request.
+//! A pool of the project's own rather than hyper-util's `legacy::Client`, for three things
+//! that client does not offer: a cap on open connections that makes requests wait for a
+//! free or returned one ([`Pool::checkout`]); the rule that a request is sent again only if
+//! hyper gave it back unsent (`try_send_request`), so the proxy can tell a request that
+//! provably never went out from one that may have; and a connection whose life is tied to
+//! its handle ([`Conn`]): dropping the handle ends the connection's task and closes the
+//! socket at once, e.g. after an answer that arrived while the upload was still going out.
+//! With one origin there is no pool key to hash, and the end of the body is the hand-back
+//! point, so no task per request watches for the connection to become idle.
 
-use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 
-use super::http1::{Connection, Decoder, Io};
+use super::connector::Connector;
 use crate::error::ProxyError;
-use crate::proxy::body::BodyError;
+use crate::metrics::Metrics;
+use crate::proxy::body::ProxyBody;
 
-/// How long establishing a TCP connection (and its TLS handshake) may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle connections older than this are closed rather than reused: under the keep-alive
-/// timeouts of common servers (nginx 75 s, Node 5 s is the exception and shows up as a
-/// closed connection, which checkout skips).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Idle connections kept at most; the oldest go first.
-const MAX_IDLE: usize = 1024;
+/// timeouts of common servers (nginx 75 s; Node's 5 s shows up as a closed connection,
+/// which checkout skips).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How to reach the upstream.
-struct Dialer {
-    /// `host:port` as `TcpStream::connect` resolves it (IPv6 hosts keep their brackets).
-    address: String,
-    /// For `https://`: the connector and the name the certificate must carry.
-    tls: Option<(TlsConnector, String)>,
+/// One upstream connection: the sending half of hyper's connection. Dropping it ends the
+/// connection's task, which closes the socket and only then frees its slot under the cap.
+pub struct Conn {
+    sender: SendRequest<ProxyBody>,
+    /// Dropped with the handle: the task sees its receiver resolve and stops.
+    _stop: oneshot::Sender<()>,
 }
 
-/// An idle connection.
+impl Conn {
+    /// hyper's sending half.
+    pub fn sender(&mut self) -> &mut SendRequest<ProxyBody> {
+        &mut self.sender
+    }
+}
+
+/// A connection checked out for one request.
+pub struct Checkout {
+    /// The connection.
+    pub conn: Conn,
+    /// Whether it served an earlier request: only then is a request it gave back unsent
+    /// sent again on another (the upstream may have closed it while it sat idle).
+    pub reused: bool,
+}
+
 struct Idle {
-    conn: Connection,
+    conn: Conn,
     since: Instant,
 }
 
-/// The pool of one upstream origin.
-pub(super) struct Pool {
-    dialer: Dialer,
+/// The connections to one upstream origin.
+pub struct Pool {
+    connector: Connector,
+    builder: http1::Builder,
     idle: Mutex<Vec<Idle>>,
-}
-
-impl std::fmt::Debug for Dialer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Dialer")
-            .field("address", &self.address)
-            .field("tls", &self.tls.as_ref().map(|(_, name)| name))
-            .finish()
-    }
+    /// One permit per open connection (`connections.max_upstream`).
+    slots: Arc<Semaphore>,
+    /// Wakes a request waiting for a slot when a connection comes back idle.
+    returned: Notify,
+    metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let idle = self.idle.lock().map_or(0, |idle| idle.len());
         f.debug_struct("Pool")
-            .field("dialer", &self.dialer)
-            .field("idle", &idle)
+            .field("connector", &self.connector)
+            .field("idle", &crate::sync::lock(&self.idle).len())
+            .field("free_slots", &self.slots.available_permits())
             .finish()
     }
 }
 
-/// A connection checked out of the pool for one request.
-pub(super) struct Checkout {
-    /// The connection.
-    pub conn: Connection,
-    /// Whether it served an earlier request: only then may a request it failed to send be
-    /// retried on another (the upstream may have closed it while it sat idle).
-    pub reused: bool,
-}
-
 impl Pool {
-    /// A pool for `host:port`; `tls` is `Some` for `https://` upstreams.
-    pub fn new(host: &str, port: u16, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
-        let tls = tls.map(|config| {
-            let mut config = (*config).clone();
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
-            let name = host.trim_start_matches('[').trim_end_matches(']');
-            (TlsConnector::from(Arc::new(config)), name.to_owned())
-        });
+    /// A pool of at most `max` connections made by `connector`.
+    pub fn new(connector: Connector, max: usize, metrics: Arc<Metrics>) -> Self {
+        let builder = http1::Builder::new();
         Self {
-            dialer: Dialer {
-                address: format!("{host}:{port}"),
-                tls,
-            },
+            connector,
+            builder,
             idle: Mutex::new(Vec::new()),
+            slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            returned: Notify::new(),
+            metrics,
         }
     }
 
-    /// The most recently used idle connection that is still open, or a new one.
+    /// The most recently used idle connection that is still open, else a new one if the
+    /// cap allows, else the first of the two to come free. Unbounded in time: the caller
+    /// bounds it (waiting here is waiting before anything was sent).
     pub async fn checkout(&self) -> Result<Checkout, ProxyError> {
+        let mut counted = false;
         loop {
-            let Some(mut idle) = self.lock().pop() else {
-                // Boxed: dialing (TCP, TLS) is a future of kilobytes that would otherwise be
-                // part of every request's future, which is moved (copied) whenever a task
-                // is spawned or its output read, although a connection is dialed only once
-                // per many requests.
-                return Ok(Checkout {
-                    conn: Box::pin(self.dialer.connect()).await?,
-                    reused: false,
-                });
+            if let Some(conn) = self.take_idle() {
+                return Ok(Checkout { conn, reused: true });
+            }
+            let slot = match Arc::clone(&self.slots).try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(_) => {
+                    if !std::mem::replace(&mut counted, true) {
+                        self.metrics.connections().upstream_waited.inc();
+                    }
+                    match self.wait_for_slot().await {
+                        Some(slot) => slot,
+                        None => continue,
+                    }
+                }
             };
-            if idle.since.elapsed() <= IDLE_TIMEOUT && idle.conn.is_idle_and_open() {
-                return Ok(Checkout {
-                    conn: idle.conn,
-                    reused: true,
-                });
+            // Boxed: dialing (TCP, TLS, handshake) is a future of kilobytes that would
+            // otherwise be part of every request's future, which is moved (copied) whenever
+            // a task is spawned or its output read, though a connection is dialed only once
+            // per many requests.
+            let conn = Box::pin(self.dial(slot)).await?;
+            return Ok(Checkout {
+                conn,
+                reused: false,
+            });
+        }
+    }
+
+    /// A free slot, or `None` once a connection came back idle (take that instead).
+    async fn wait_for_slot(&self) -> Option<OwnedSemaphorePermit> {
+        let returned = self.returned.notified();
+        tokio::pin!(returned);
+        // Registered before the look at the idle list, so a return in between wakes it.
+        returned.as_mut().enable();
+        if !crate::sync::lock(&self.idle).is_empty() {
+            return None;
+        }
+        tokio::select! {
+            slot = Arc::clone(&self.slots).acquire_owned() => slot.ok(),
+            () = returned => None,
+        }
+    }
+
+    fn take_idle(&self) -> Option<Conn> {
+        let mut idle = crate::sync::lock(&self.idle);
+        while let Some(Idle { conn, since }) = idle.pop() {
+            // Closed: the upstream closed it while it sat idle (hyper's task noticed).
+            if since.elapsed() <= IDLE_TIMEOUT && !conn.sender.is_closed() {
+                return Some(conn);
             }
         }
+        None
     }
 
     /// Takes a connection back for the next request.
-    fn put(&self, conn: Connection) {
-        let mut idle = self.lock();
-        if idle.len() >= MAX_IDLE {
-            idle.remove(0);
+    pub fn put(&self, conn: Conn) {
+        if conn.sender.is_closed() {
+            return;
         }
-        idle.push(Idle {
+        crate::sync::lock(&self.idle).push(Idle {
             conn,
             since: Instant::now(),
         });
+        self.returned.notify_one();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
-        // The list stays consistent whatever a panicking holder was doing: recover it.
-        crate::sync::lock(&self.idle)
-    }
-}
-
-impl Dialer {
-    async fn connect(&self) -> Result<Connection, ProxyError> {
-        let unreachable = |what: &str, e: &dyn std::fmt::Display| {
-            ProxyError::UpstreamUnreachable(format!("{what} {}: {e}", self.address))
-        };
-        let dial = async {
-            let tcp = TcpStream::connect(&self.address)
-                .await
-                .map_err(|e| unreachable("connect", &e))?;
-            tcp.set_nodelay(true)
-                .map_err(|e| unreachable("connect", &e))?;
-            let io = match &self.tls {
-                None => Io::Plain(tcp),
-                Some((connector, name)) => {
-                    let name = ServerName::try_from(name.clone())
-                        .map_err(|e| unreachable("TLS server name of", &e))?;
-                    let tls = connector
-                        .connect(name, tcp)
-                        .await
-                        .map_err(|e| unreachable("TLS handshake with", &e))?;
-                    Io::Tls(Box::new(tls))
+    /// Opens a connection in `slot` and starts its task.
+    async fn dial(&self, slot: OwnedSemaphorePermit) -> Result<Conn, ProxyError> {
+        let io = self.connector.connect().await?;
+        let (sender, conn) = self
+            .builder
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| ProxyError::UpstreamUnreachable(format!("HTTP/1.1 handshake: {e}")))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let open = self.metrics.connections().upstream_open.clone();
+        open.inc();
+        tokio::spawn(async move {
+            // Dropped in reverse order: the connection (and its socket) first, then the
+            // slot, so the cap holds for sockets, not only for handles.
+            let _slot = slot;
+            let _open = OpenGuard(open);
+            tokio::select! {
+                biased;
+                _ = stopped => {}
+                result = conn.with_upgrades() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "upstream connection ended with an error");
+                    }
                 }
-            };
-            Ok(Connection::new(io))
-        };
-        match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
-            Ok(result) => result,
-            Err(_) => Err(unreachable("connect", &"timed out")),
-        }
+            }
+        });
+        Ok(Conn {
+            sender,
+            _stop: stop,
+        })
     }
 }
 
-/// An upstream answer's body, decoded from its connection as the client side reads it.
-/// At its end the connection goes back to the pool if the answer let it; dropped earlier,
-/// it drops the connection (the rest of the body is still on the wire).
-pub struct UpstreamBody {
-    conn: Option<Connection>,
-    decoder: Decoder,
-    /// Where the connection goes at the end; `None`: it is not reusable.
+/// Decrements the open-connections gauge when the connection's task ends.
+struct OpenGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// An upstream answer's body as hyper's connection delivers it. At its end the connection
+/// goes back to the pool if the answer let it keep the connection; dropped earlier, or
+/// after an answer that closes the connection, it ends the connection (whose task may
+/// still be sending an upload the upstream no longer reads).
+pub struct PooledBody {
+    inner: Incoming,
+    conn: Option<Conn>,
+    /// Where the connection goes at the end; `None`: it is not reused.
     returning: Option<Arc<Pool>>,
 }
 
-impl std::fmt::Debug for UpstreamBody {
+impl std::fmt::Debug for PooledBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamBody")
-            .field("decoder", &self.decoder)
+        f.debug_struct("PooledBody")
+            .field("inner", &self.inner)
             .field("pooled", &self.returning.is_some())
             .finish()
     }
 }
 
-impl UpstreamBody {
-    /// The body of an answer read from `conn`, handing `conn` back to `pool` at its end
-    /// (`None`: never, e.g. the upstream said it closes the connection).
-    pub(super) fn new(conn: Connection, decoder: Decoder, pool: Option<Arc<Pool>>) -> Self {
+impl PooledBody {
+    /// The body of an answer that came on `conn`, handing it back to `pool` at its end
+    /// (`None`: never).
+    pub fn new(inner: Incoming, conn: Conn, pool: Option<Arc<Pool>>) -> Self {
         let mut body = Self {
+            inner,
             conn: Some(conn),
-            decoder,
             returning: pool,
         };
         // hyper never polls a body that says it is over (an empty one): hand back now.
-        if body.decoder.is_done() {
-            body.hand_back();
+        if body.inner.is_end_stream() {
+            body.finish();
         }
         body
     }
 
-    /// The connection of a `101 Switching Protocols` answer, now carrying the new protocol.
-    pub(super) fn upgraded(conn: Connection) -> Self {
-        Self {
-            conn: Some(conn),
-            decoder: Decoder::new(super::http1::Framing::Upgrade),
-            returning: None,
-        }
-    }
-
-    /// Takes the switched connection out of a `101` answer's body.
-    pub fn into_upgraded(mut self) -> Option<Upgraded> {
-        let (io, read) = self.conn.take()?.into_upgraded();
-        Some(Upgraded { io, read })
-    }
-
-    fn hand_back(&mut self) {
-        let pool = self.returning.take();
+    fn finish(&mut self) {
         let conn = self.conn.take();
-        if let (Some(pool), Some(conn)) = (pool, conn) {
-            // Bytes past the answer's end: the upstream and the framing disagree, and the
-            // next request would read them as its answer.
-            if conn.nothing_unread() {
-                pool.put(conn);
-            }
+        if let (Some(pool), Some(conn)) = (self.returning.take(), conn) {
+            pool.put(conn);
         }
     }
 }
 
-impl Body for UpstreamBody {
+impl Body for PooledBody {
     type Data = Bytes;
-    type Error = BodyError;
+    type Error = hyper::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        let Some(conn) = this.conn.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let polled = conn.poll_body(&mut this.decoder, cx);
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(None) => this.hand_back(),
-            // A sized body may say it is over with its last frame, after which hyper does
-            // not poll it again.
-            Poll::Ready(Some(Ok(_))) if this.decoder.is_done() => this.hand_back(),
+            Poll::Ready(None) => this.finish(),
+            // A sized body may say it is over with its last frame, and trailers end a
+            // chunked one: hyper's server polls neither again.
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() || this.inner.is_end_stream() => {
+                this.finish()
+            }
             Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
-            // A failed body leaves the connection in an unknown state: never reuse it.
             Poll::Ready(Some(Err(_))) => {
                 this.returning = None;
                 this.conn = None;
             }
         }
-        polled.map(|frame| frame.map(|result| result.map_err(BodyError::Upstream)))
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.decoder.is_done()
+        self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.decoder.remaining() {
-            Some(n) => SizeHint::with_exact(n),
-            None => SizeHint::default(),
-        }
-    }
-}
-
-/// An upstream connection after `101 Switching Protocols`: the bytes of the new protocol
-/// that arrived with the answer head come first, then the stream.
-pub struct Upgraded {
-    io: Io,
-    read: Bytes,
-}
-
-impl AsyncRead for Upgraded {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.read.has_remaining() {
-            let n = this.read.len().min(buf.remaining());
-            buf.put_slice(&this.read[..n]);
-            this.read.advance(n);
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Upgraded {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+        self.inner.size_hint()
     }
 }

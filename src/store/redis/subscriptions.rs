@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, Weak};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, watch, OnceCell};
 
-use super::redis::Conn;
+use super::conn::Conn;
 use crate::sync::lock;
 
 /// Waiters by notification channel, and the order of what is sent about them.

@@ -1,0 +1,75 @@
+//! The secrets a config names by file or variable rather than holding: the admin token
+//! (`admin.token_file`) and the keys stored answers are sealed with (`store.encrypt`),
+//! read when the config is loaded (and again on every reload).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{raw, Admin, CompileError};
+use crate::store::seal::KeyRing;
+
+/// `admin:` with its token read from `token_file` (relative to the config) when given.
+pub(super) fn compile_admin(a: raw::RawAdmin, base: &Path) -> Result<Admin, CompileError> {
+    let err = |m: String| ("admin.token_file".to_owned(), m, "token_file".to_owned());
+    let token = match (a.token, a.token_file) {
+        (Some(_), Some(_)) => {
+            return Err((
+                "admin".into(),
+                "give `token` or `token_file`, not both".into(),
+                "admin:".into(),
+            ))
+        }
+        (token, None) => token,
+        (None, Some(file)) => {
+            let text = std::fs::read_to_string(base.join(&file))
+                .map_err(|e| err(format!("{file}: {e}")))?;
+            let token = text.trim();
+            if token.is_empty() {
+                return Err(err(format!("{file} is empty")));
+            }
+            Some(token.to_owned())
+        }
+    };
+    Ok(Admin {
+        listen: a.listen,
+        token,
+    })
+}
+
+/// `store.encrypt`: the keys read from their files and variables, the first sealing.
+pub(super) fn compile_encrypt(
+    e: raw::RawEncrypt,
+    base: &Path,
+) -> Result<Arc<KeyRing>, CompileError> {
+    let err = |m: String| ("store.encrypt".to_owned(), m, "encrypt".to_owned());
+    let mut sources = Vec::new();
+    if e.key_file.is_some() || e.key_env.is_some() {
+        sources.push(raw::RawKeySource {
+            file: e.key_file,
+            env: e.key_env,
+        });
+    }
+    sources.extend(e.keys.unwrap_or_default());
+    let mut keys = Vec::with_capacity(sources.len());
+    for source in sources {
+        let (what, data) = match (source.file, source.env) {
+            (Some(file), None) => {
+                let data =
+                    std::fs::read(base.join(&file)).map_err(|e| err(format!("{file}: {e}")))?;
+                (file, data)
+            }
+            (None, Some(var)) => {
+                let data = std::env::var(&var)
+                    .map_err(|_| err(format!("environment variable {var} is not set")))?;
+                (format!("${var}"), data.into_bytes())
+            }
+            _ => {
+                return Err(err(
+                    "each key is `file: PATH` or `env: VARIABLE`, one of them".into(),
+                ))
+            }
+        };
+        keys.push(crate::store::seal::parse_key(&data).map_err(|m| err(format!("{what}: {m}")))?);
+    }
+    KeyRing::new(keys).map(Arc::new).map_err(err)
+}

@@ -1,0 +1,255 @@
+//! Key derivation: scopes, caller tiers, client keys, fields and fingerprints.
+use super::*;
+use crate::key::default_scope;
+use http::HeaderValue;
+
+static IDENTITY: std::sync::LazyLock<Identity> = std::sync::LazyLock::new(Identity::default);
+
+/// Keys already stored (in Redis, by an earlier version) must still be found: a scope
+/// label is hashed exactly as the field of its `Display` text always was.
+#[test]
+fn scope_labels_hash_as_their_display_text() {
+    let parts = [
+        ScopePart::Header(header::AUTHORIZATION),
+        ScopePart::Cookie("session".into()),
+        ScopePart::ClientIp,
+        ScopePart::ClientCert,
+        ScopePart::Caller,
+    ];
+    for part in &parts {
+        let mut by_label = KeyHasher::new(b"t");
+        by_label.label(part);
+        let mut by_text = KeyHasher::new(b"t");
+        by_text.field(part.to_string().as_bytes());
+        assert_eq!(by_label.finish(), by_text.finish(), "{part}");
+    }
+    assert_eq!(parts[0].to_string(), "header:authorization");
+    assert_eq!(parts[1].to_string(), "cookie:session");
+    assert_eq!(parts[2].to_string(), "client_ip");
+}
+
+fn view<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> RequestView<'a> {
+    RequestView {
+        route: "r",
+        method: &Method::POST,
+        path: "/orders",
+        query: None,
+        headers,
+        peer: Some(IpAddr::from([192, 0, 2, 1])),
+        identity: &IDENTITY,
+        client_cert: None,
+        body,
+    }
+}
+
+fn header_rule(required: bool) -> KeyRule {
+    KeyRule {
+        source: KeySource::Header(http::HeaderName::from_static("idempotency-key")),
+        required,
+        scope: default_scope(),
+        payload: Box::new(FingerprintRule::standard()),
+    }
+}
+
+fn keyed(key: &str, auth: Option<&str>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("idempotency-key", HeaderValue::from_str(key).unwrap());
+    if let Some(a) = auth {
+        h.insert(header::AUTHORIZATION, HeaderValue::from_str(a).unwrap());
+    }
+    h
+}
+
+#[test]
+fn same_client_key_with_other_payload_keeps_key_but_changes_fingerprint() {
+    let h = keyed("k1", None);
+    let a = derive_key(&header_rule(true), &view(&h, b"{\"amount\":1}"), None).unwrap();
+    let b = derive_key(&header_rule(true), &view(&h, b"{\"amount\":2}"), None).unwrap();
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.key, b.key);
+    assert_ne!(a.fingerprint, b.fingerprint);
+}
+
+#[test]
+fn different_callers_never_share_a_key() {
+    let a = keyed("k1", Some("Bearer alice"));
+    let b = keyed("k1", Some("Bearer bob"));
+    let anon = keyed("k1", None);
+    let ka = derive_key(&header_rule(true), &view(&a, b""), None)
+        .unwrap()
+        .unwrap();
+    let kb = derive_key(&header_rule(true), &view(&b, b""), None)
+        .unwrap()
+        .unwrap();
+    let kn = derive_key(&header_rule(true), &view(&anon, b""), None)
+        .unwrap()
+        .unwrap();
+    assert_ne!(ka.key, kb.key);
+    assert_ne!(ka.key, kn.key);
+}
+
+#[test]
+fn missing_key_passes_unless_required() {
+    let h = HeaderMap::new();
+    assert!(derive_key(&header_rule(false), &view(&h, b""), None)
+        .unwrap()
+        .is_none());
+    assert!(matches!(
+        derive_key(&header_rule(true), &view(&h, b""), None),
+        Err(KeyError::ClientKey(ClientKeyError::Missing(_)))
+    ));
+}
+
+#[test]
+fn fields_key_ignores_everything_but_the_fields() {
+    let rule = KeyRule {
+        source: KeySource::Fields(vec!["/a".parse().unwrap(), "/b".parse().unwrap()]),
+        required: true,
+        scope: default_scope(),
+        payload: Box::new(FingerprintRule::standard()),
+    };
+    let h = HeaderMap::new();
+    let one = derive_key(&rule, &view(&h, br#"{"a":1,"b":"x","ts":1}"#), None);
+    let two = derive_key(&rule, &view(&h, br#"{"b":"x","note":"y","a":1.0}"#), None);
+    assert_eq!(one.unwrap(), two.unwrap());
+    assert!(matches!(
+        derive_key(&rule, &view(&h, br#"{"a":1}"#), None),
+        Err(KeyError::FieldMissing(p)) if p == "/b"
+    ));
+    assert!(matches!(
+        derive_key(&rule, &view(&h, b"{oops"), None),
+        Err(KeyError::InvalidJson(_))
+    ));
+}
+
+#[test]
+fn fingerprint_covers_path_and_query_and_falls_back_to_raw_bytes() {
+    let rule = KeyRule {
+        source: KeySource::Fingerprint(Box::new(FingerprintRule::standard())),
+        required: true,
+        scope: default_scope(),
+        payload: Box::new(FingerprintRule::standard()),
+    };
+    let h = HeaderMap::new();
+    let base = view(&h, b"not json");
+    let k = |v: RequestView<'_>| derive_key(&rule, &v, None).unwrap().unwrap().key;
+    assert_eq!(k(base), k(base));
+    assert_ne!(
+        k(base),
+        k(RequestView {
+            path: "/other",
+            ..base
+        })
+    );
+    assert_ne!(
+        k(base),
+        k(RequestView {
+            query: Some("a=1"),
+            ..base
+        })
+    );
+    assert_eq!(
+        k(RequestView {
+            query: Some("b=2&a=1&ts=5"),
+            ..base
+        }),
+        k(RequestView {
+            query: Some("a=1&b=2"),
+            ..base
+        })
+    );
+    assert_ne!(
+        k(base),
+        k(RequestView {
+            body: b"not json!",
+            ..base
+        })
+    );
+}
+
+fn fingerprint_rule() -> KeyRule {
+    KeyRule {
+        source: KeySource::Fingerprint(Box::new(FingerprintRule::standard())),
+        required: true,
+        scope: default_scope(),
+        payload: Box::new(FingerprintRule::standard()),
+    }
+}
+
+fn key_of(headers: &HeaderMap, peer: [u8; 4]) -> Digest {
+    let v = RequestView {
+        peer: Some(IpAddr::from(peer)),
+        ..view(headers, b"{}")
+    };
+    derive_key(&fingerprint_rule(), &v, None)
+        .unwrap()
+        .unwrap()
+        .key
+}
+
+fn with(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (n, v) in pairs {
+        h.append(*n, HeaderValue::from_static(v));
+    }
+    h
+}
+
+#[test]
+fn the_caller_is_authorization_else_session_else_cookies_else_address() {
+    let a = [192, 0, 2, 1];
+    let b = [192, 0, 2, 2];
+    // Authorization names the caller, wherever it comes from and whatever its cookies.
+    let alice = with(&[("authorization", "Bearer alice"), ("cookie", "sid=1")]);
+    let alice2 = with(&[("authorization", "Bearer alice"), ("cookie", "sid=2")]);
+    assert_eq!(key_of(&alice, a), key_of(&alice2, b));
+    assert_ne!(
+        key_of(&alice, a),
+        key_of(&with(&[("authorization", "Bearer bob")]), a)
+    );
+    // A session cookie names the caller, whatever else is sent and from where.
+    let s1 = with(&[("cookie", "theme=dark; sessionid=s1")]);
+    let s1b = with(&[("cookie", "sessionid=s1; theme=light")]);
+    let s2 = with(&[("cookie", "theme=dark; sessionid=s2")]);
+    assert_eq!(key_of(&s1, a), key_of(&s1b, b));
+    assert_ne!(key_of(&s1, a), key_of(&s2, a));
+    // Cookies of unknown names: the whole header, and the address with it.
+    let c1 = with(&[("cookie", "app_sess=x1")]);
+    let c2 = with(&[("cookie", "app_sess=x2")]);
+    assert_ne!(key_of(&c1, a), key_of(&c2, a));
+    assert_eq!(key_of(&c1, a), key_of(&c1, a));
+    assert_ne!(key_of(&c1, a), key_of(&c1, b));
+    // A cleared session cookie names no one.
+    let cleared = with(&[("cookie", "sessionid=")]);
+    assert_ne!(key_of(&cleared, a), key_of(&cleared, b));
+    // Nothing but the address.
+    let none = HeaderMap::new();
+    assert_eq!(key_of(&none, a), key_of(&none, a));
+    assert_ne!(key_of(&none, a), key_of(&none, b));
+}
+
+/// The tier is hashed with the value: a header value equal to an address's octets, or
+/// to a session value, still makes another key.
+#[test]
+fn tiers_never_collide() {
+    let a = [192, 0, 2, 1];
+    let auth = with(&[("authorization", "sid=v")]);
+    let whole = with(&[("cookie", "sid=v")]);
+    assert_ne!(key_of(&auth, a), key_of(&whole, a));
+    let by_session = with(&[("cookie", "sid=v")]);
+    let by_cookie = with(&[("cookie", "sid2=v")]);
+    assert_ne!(key_of(&by_session, a), key_of(&by_cookie, a));
+}
+
+#[test]
+fn explain_names_the_tier_and_never_the_value() {
+    let h = with(&[("cookie", "sessionid=secret-value; x=1")]);
+    let mut trace = Trace::default();
+    derive_key(&fingerprint_rule(), &view(&h, b"{}"), Some(&mut trace)).unwrap();
+    assert_eq!(trace.scope, ["caller by session cookie (sessionid)"]);
+    let h = with(&[("authorization", "Bearer secret-value")]);
+    let mut trace = Trace::default();
+    derive_key(&fingerprint_rule(), &view(&h, b"{}"), Some(&mut trace)).unwrap();
+    assert_eq!(trace.scope, ["caller by Authorization header"]);
+    assert!(!trace.material.contains("secret"));
+}

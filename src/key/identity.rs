@@ -1,0 +1,369 @@
+//! Who is asking: the caller identity a key is scoped by when a route names no `scope`, and
+//! the client address behind trusted proxies.
+//!
+//! The default identity is tiered, first present wins: the `Authorization` header, else the
+//! session cookie(s) (names from `session_cookies`), else the whole `Cookie` header (a
+//! session cookie of a name not listed still keeps two browsers apart), else the client
+//! address. The tier used is hashed with its value, so a caller known by a cookie can never
+//! share a key with one known by an address whose bytes happen to be the same.
+//!
+//! The client address is the TCP peer, unless the peer is in `trusted_proxies`: then it is
+//! the right-most `X-Forwarded-For` entry that is not itself a trusted proxy, as nginx's
+//! `real_ip_recursive` and Envoy's trusted hops read it. Entries left of that one were
+//! written by the client and prove nothing.
+//!
+//! ```
+//! use http::HeaderMap;
+//! use idemgate::key::identity::TrustedProxies;
+//! let trusted: TrustedProxies = ["10.0.0.0/8"].iter().map(|c| c.parse().unwrap()).collect();
+//! let mut headers = HeaderMap::new();
+//! headers.insert("x-forwarded-for", "198.51.100.7, 203.0.113.9, 10.1.2.3".parse().unwrap());
+//! // From the load balancer: its view of the client counts.
+//! assert_eq!(trusted.client_address("10.0.0.2".parse().unwrap(), &headers), "203.0.113.9".parse::<std::net::IpAddr>().unwrap());
+//! // From anyone else: the header is the caller's own word, and the peer counts.
+//! assert_eq!(trusted.client_address("192.0.2.1".parse().unwrap(), &headers), "192.0.2.1".parse::<std::net::IpAddr>().unwrap());
+//! ```
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use http::header::{self, HeaderMap};
+
+use crate::proxy::headers::X_FORWARDED_FOR;
+
+/// Cookie names taken as a session by default: the session cookies of the common web
+/// frameworks (Django, Flask, Express, Java servlets, Spring Session, PHP, Rails' default
+/// store, Laravel, Rack, ASP.NET).
+pub const DEFAULT_SESSION_COOKIES: &[&str] = &[
+    "session",
+    "sessionid",
+    "session_id",
+    "sid",
+    "SESSION",
+    "connect.sid",
+    "JSESSIONID",
+    "PHPSESSID",
+    "_session_id",
+    "laravel_session",
+    "rack.session",
+    "ASP.NET_SessionId",
+    ".AspNetCore.Session",
+    ".AspNetCore.Cookies",
+];
+
+/// How callers are told apart: the proxies whose `X-Forwarded-For` is believed, and the
+/// cookie names that hold a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Peers whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: TrustedProxies,
+    /// Cookie names that identify a session (case-sensitive, as cookie names are).
+    pub session_cookies: Vec<String>,
+}
+
+impl Default for Identity {
+    fn default() -> Self {
+        Self {
+            trusted_proxies: TrustedProxies::default(),
+            session_cookies: DEFAULT_SESSION_COOKIES
+                .iter()
+                .map(|&n| n.to_owned())
+                .collect(),
+        }
+    }
+}
+
+impl Identity {
+    /// Whether a cookie called `name` holds a session.
+    pub fn is_session_cookie(&self, name: &[u8]) -> bool {
+        self.session_cookies.iter().any(|n| n.as_bytes() == name)
+    }
+}
+
+/// Which tier of the default identity named the caller. Its name is hashed into the key;
+/// `idemgate explain` shows it (never the value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The `Authorization` header.
+    Authorization,
+    /// One or more cookies named in `session_cookies`.
+    SessionCookie,
+    /// The whole `Cookie` header: cookies were sent, none of a listed session name.
+    CookieHeader,
+    /// The client address (TCP peer, or `X-Forwarded-For` behind trusted proxies).
+    ClientAddress,
+}
+
+impl Tier {
+    /// Stable label, hashed into keys and shown by `idemgate explain`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Authorization => "authorization",
+            Self::SessionCookie => "session_cookie",
+            Self::CookieHeader => "cookie_header",
+            Self::ClientAddress => "client_address",
+        }
+    }
+}
+
+/// The cookies of a request as `(name, value)` pairs, over every `Cookie` field.
+pub fn cookies(headers: &HeaderMap) -> impl Iterator<Item = (&[u8], &[u8])> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b';'))
+        .filter_map(|pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|&b| b == b'=')?;
+            Some((&pair[..eq], &pair[eq + 1..]))
+        })
+}
+
+/// The first cookie called `name`.
+pub fn find_cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
+    cookies(headers).find_map(|(n, v)| (n == name.as_bytes()).then_some(v))
+}
+
+/// An address block: `10.0.0.0/8`, `fd00::/8`, or one address (`/32`, `/128`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Whether `ip` is inside the block (an IPv4-mapped IPv6 address counts as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.network, ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(ip) & mask == u32::from(net)
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(ip) & mask == u128::from(net)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((addr, prefix)) => (addr, Some(prefix)),
+            None => (s, None),
+        };
+        let network: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{addr:?} is not an IP address"))?;
+        let network = network.to_canonical();
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("prefix length {p:?} must be 0 to {max}"))?,
+        };
+        let cidr = Self { network, prefix };
+        let masked = match network {
+            IpAddr::V4(ip) => IpAddr::V4(std::net::Ipv4Addr::from(
+                u32::from(ip) & u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0),
+            )),
+            IpAddr::V6(ip) => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(ip) & u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0),
+            )),
+        };
+        if masked != network {
+            return Err(format!(
+                "{s} has bits set past its prefix; write {masked}/{prefix}"
+            ));
+        }
+        Ok(cidr)
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+/// The `trusted_proxies` list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<Cidr>);
+
+impl FromIterator<Cidr> for TrustedProxies {
+    fn from_iter<I: IntoIterator<Item = Cidr>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+impl TrustedProxies {
+    /// Whether no proxy is trusted (then the client address is always the TCP peer).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The blocks, as configured.
+    pub fn blocks(&self) -> &[Cidr] {
+        &self.0
+    }
+
+    /// Whether `ip` is a trusted proxy.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.0.iter().any(|c| c.contains(ip))
+    }
+
+    /// The client's address: `peer`, or behind a trusted peer the right-most
+    /// `X-Forwarded-For` entry that is not trusted (the left-most when all are). A
+    /// malformed entry met on the way, or no `X-Forwarded-For` at all, leaves the peer:
+    /// a trusted proxy that wrote garbage vouches for nothing.
+    pub fn client_address(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
+        if self.0.is_empty() || !self.contains(peer) {
+            return peer;
+        }
+        let mut client = None;
+        for value in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
+            for entry in value.as_bytes().rsplit(|&b| b == b',') {
+                let entry = entry.trim_ascii();
+                if entry.is_empty() {
+                    continue;
+                }
+                let Some(ip) = parse_entry(entry) else {
+                    return peer;
+                };
+                if !self.contains(ip) {
+                    return ip;
+                }
+                client = Some(ip);
+            }
+        }
+        client.unwrap_or(peer)
+    }
+}
+
+/// One `X-Forwarded-For` entry: an IPv4 or IPv6 address, the latter bracketed or not.
+/// Ports, `unknown` and obfuscated names are not addresses.
+fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(entry).ok()?;
+    let text = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .unwrap_or(text);
+    text.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn trusted(list: &[&str]) -> TrustedProxies {
+        list.iter().map(|c| c.parse().unwrap()).collect()
+    }
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(&X_FORWARDED_FOR, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn blocks_match_by_prefix_and_family() {
+        let c: Cidr = "10.0.0.0/8".parse().unwrap();
+        assert!(c.contains(ip("10.255.0.1")));
+        assert!(!c.contains(ip("11.0.0.1")));
+        assert!(c.contains(ip("::ffff:10.1.1.1")), "v4-mapped counts as v4");
+        assert!(!c.contains(ip("::1")));
+        let one: Cidr = "127.0.0.2".parse().unwrap();
+        assert!(one.contains(ip("127.0.0.2")) && !one.contains(ip("127.0.0.3")));
+        let v6: Cidr = "fd00::/8".parse().unwrap();
+        assert!(v6.contains(ip("fd12::1")) && !v6.contains(ip("fe80::1")));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains(ip("203.0.113.1")));
+        for bad in ["10.0.0.1/8", "10.0.0.0/33", "ten", "10.0.0.0/x", "::/129"] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+        assert!("10.0.0.1/8"
+            .parse::<Cidr>()
+            .unwrap_err()
+            .contains("10.0.0.0/8"));
+    }
+
+    #[test]
+    fn an_untrusted_peer_is_the_client_whatever_it_sends() {
+        let t = trusted(&["10.0.0.0/8"]);
+        let h = xff(&["203.0.113.9"]);
+        assert_eq!(t.client_address(ip("192.0.2.1"), &h), ip("192.0.2.1"));
+        assert_eq!(
+            TrustedProxies::default().client_address(ip("10.0.0.1"), &h),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn behind_trusted_peers_the_right_most_untrusted_entry_counts() {
+        let t = trusted(&["10.0.0.0/8", "192.168.1.1"]);
+        let h = xff(&["198.51.100.1, 203.0.113.9", "192.168.1.1 , 10.2.3.4"]);
+        assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("203.0.113.9"));
+        // Every entry trusted: the left-most is as far as the chain goes.
+        let h = xff(&["10.9.9.9, 10.8.8.8"]);
+        assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("10.9.9.9"));
+        // No header: the peer.
+        assert_eq!(
+            t.client_address(ip("10.0.0.1"), &HeaderMap::new()),
+            ip("10.0.0.1")
+        );
+        // Bracketed IPv6 and empty list elements.
+        let h = xff(&["[2001:db8::1],, "]);
+        assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("2001:db8::1"));
+    }
+
+    #[test]
+    fn a_malformed_entry_from_a_trusted_peer_leaves_the_peer() {
+        let t = trusted(&["10.0.0.0/8"]);
+        for bad in [
+            "unknown",
+            "203.0.113.9:443",
+            "203.0.113.9 10.0.0.3",
+            "_hidden",
+        ] {
+            let h = xff(&[bad]);
+            assert_eq!(
+                t.client_address(ip("10.0.0.1"), &h),
+                ip("10.0.0.1"),
+                "{bad}"
+            );
+        }
+        // Garbage left of the client's entry is never read.
+        let h = xff(&["garbage, 203.0.113.9"]);
+        assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("203.0.113.9"));
+    }
+
+    #[test]
+    fn cookies_are_read_from_every_field() {
+        let mut h = HeaderMap::new();
+        h.append(header::COOKIE, HeaderValue::from_static("a=1; sid=xyz"));
+        h.append(header::COOKIE, HeaderValue::from_static("b=2;c"));
+        assert_eq!(find_cookie(&h, "sid"), Some(&b"xyz"[..]));
+        assert_eq!(find_cookie(&h, "b"), Some(&b"2"[..]));
+        assert_eq!(find_cookie(&h, "id"), None);
+        assert_eq!(find_cookie(&h, "c"), None);
+    }
+}

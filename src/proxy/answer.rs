@@ -1,0 +1,207 @@
+//! Bodies read with a bound. The owner's upstream answer: up to `max_answer` bytes it is
+//! buffered whole (to be stored and replayed); past that it streams on to its client, the
+//! part already read first, so memory stays bounded whatever the upstream sends. The same
+//! bound lets an observed request larger than `max_body` go on unchanged.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+
+use super::body::{BodyError, ProxyBody};
+use super::headers::strip_hop_by_hop;
+use crate::error::ProxyError;
+
+/// An upstream answer as the owner got it.
+pub struct Answer {
+    /// Its status.
+    pub status: StatusCode,
+    /// Its headers, hop-by-hop ones removed.
+    pub headers: HeaderMap,
+    /// Its body.
+    pub body: AnswerBody,
+}
+
+/// A body read with a bound.
+pub enum AnswerBody {
+    /// Read whole: at most the bound.
+    Whole(Bytes),
+    /// Larger than the bound: streams on, the part read so far first.
+    TooLarge(ProxyBody),
+}
+
+impl Answer {
+    /// The answer for the client.
+    pub fn into_response(self) -> Response<ProxyBody> {
+        let body = match self.body {
+            AnswerBody::Whole(bytes) => ProxyBody::full(bytes),
+            AnswerBody::TooLarge(body) => body,
+        };
+        let mut response = Response::new(body);
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers;
+        response
+    }
+}
+
+/// Reads `response`'s body, whole if it is at most `max` bytes. A body that breaks off is
+/// an [`ProxyError::UpstreamFailed`]: the request went out.
+pub async fn read<B>(response: Response<B>, max: usize) -> Result<Answer, ProxyError>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BodyError> + std::fmt::Display,
+{
+    let (mut head, body) = response.into_parts();
+    strip_hop_by_hop(&mut head.headers, false);
+    let body = bounded(body, max)
+        .await
+        .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
+    Ok(Answer {
+        status: head.status,
+        headers: head.headers,
+        body,
+    })
+}
+
+/// Reads `body` whole if it is at most `max` bytes; past that, a body that streams on with
+/// the part already read first. A declared length over the bound streams at once, without
+/// buffering `max` first.
+pub async fn bounded<B>(mut body: B, max: usize) -> Result<AnswerBody, B::Error>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BodyError>,
+{
+    let mut chunks: VecDeque<Bytes> = VecDeque::new();
+    let mut len = 0usize;
+    let declared = body.size_hint().exact();
+    if declared.is_none_or(|n| n <= max as u64) {
+        loop {
+            let Some(frame) = body.frame().await else {
+                let whole = match chunks.len() {
+                    0 => Bytes::new(),
+                    1 => chunks.pop_front().expect("one chunk"),
+                    _ => Bytes::from(chunks.into_iter().collect::<Vec<_>>().concat()),
+                };
+                return Ok(AnswerBody::Whole(whole));
+            };
+            if let Ok(data) = frame?.into_data() {
+                len += data.len();
+                if !data.is_empty() {
+                    chunks.push_back(data);
+                }
+                if len > max {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(AnswerBody::TooLarge(ProxyBody::boxed(Prefixed {
+        prefix: chunks,
+        rest: body,
+    })))
+}
+
+/// `prefix`, then the rest of the body it was read from.
+struct Prefixed<B> {
+    prefix: VecDeque<Bytes>,
+    rest: B,
+}
+
+impl<B> Body for Prefixed<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BodyError>,
+{
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        if let Some(chunk) = this.prefix.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+        Pin::new(&mut this.rest)
+            .poll_frame(cx)
+            .map(|frame| frame.map(|result| result.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_empty() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let read: u64 = self.prefix.iter().map(|c| c.len() as u64).sum();
+        let rest = self.rest.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower() + read);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + read);
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body of prepared chunks, with no declared length.
+    struct Chunks(VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = BodyError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+            Poll::Ready(self.get_mut().0.pop_front().map(|c| Ok(Frame::data(c))))
+        }
+    }
+
+    fn chunks(parts: &[&'static [u8]]) -> Response<Chunks> {
+        Response::new(Chunks(
+            parts.iter().map(|p| Bytes::from_static(p)).collect(),
+        ))
+    }
+
+    async fn all_of(body: ProxyBody) -> Vec<u8> {
+        body.collect().await.unwrap().to_bytes().to_vec()
+    }
+
+    #[tokio::test]
+    async fn an_answer_within_the_bound_is_read_whole() {
+        let answer = read(chunks(&[b"hel", b"lo"]), 5).await.unwrap();
+        assert!(matches!(answer.body, AnswerBody::Whole(ref b) if &b[..] == b"hello"));
+    }
+
+    /// Past the bound the answer streams on, byte for byte, the part read first.
+    #[tokio::test]
+    async fn a_larger_answer_streams_on_whole() {
+        let answer = read(chunks(&[b"abc", b"def", b"ghi"]), 4).await.unwrap();
+        let AnswerBody::TooLarge(body) = answer.body else {
+            panic!("read whole past the bound");
+        };
+        assert_eq!(all_of(body).await, b"abcdefghi");
+    }
+
+    /// A declared length over the bound streams at once.
+    #[tokio::test]
+    async fn a_declared_length_over_the_bound_is_not_buffered() {
+        let full = http_body_util::Full::new(Bytes::from_static(b"0123456789"))
+            .map_err(|never: std::convert::Infallible| -> BodyError { match never {} });
+        let answer = read(Response::new(full), 4).await.unwrap();
+        let AnswerBody::TooLarge(body) = answer.body else {
+            panic!("read whole past the bound");
+        };
+        assert_eq!(all_of(body).await, b"0123456789");
+    }
+}

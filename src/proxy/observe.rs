@@ -1,0 +1,159 @@
+//! `idempotency: observe`: a dry run of enforcement. Every request is forwarded unchanged
+//! (no hold, no replay, no 409, 413 or 422, the upstream's answer untouched), while its key
+//! is derived, claimed and settled in the store exactly as enforcement would, so a switch
+//! to `on` finds the records already there. What enforcement would have done to each
+//! duplicate is counted (`idemgate_requests_total{outcome="would_…"}`), logged with the
+//! route, the key's prefix and the age of its first request, and counted on the key
+//! (`seen` in the admin API and `idemgate explain`).
+//!
+//! A team measures its duplicates this way before it turns enforcement on, as nginx's
+//! `limit_req_dry_run` or a WAF's detection-only mode let one measure before blocking.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use http::{Request, Response};
+
+use super::answer::{self, AnswerBody};
+use super::body::{BodyError, ProxyBody, RequestBody};
+use super::protected::{claim_args, execute, forward_unprotected, Context, Report};
+use crate::config::Protected;
+use crate::error::ProxyError;
+use crate::key::{derive_key, DerivedKey, RequestView};
+use crate::metrics::Outcome;
+use crate::store::{Claim, ClaimArgs};
+
+/// Runs one request on an observed route.
+pub async fn handle(
+    cx: Context<'_>,
+    rule: &Arc<Protected>,
+    request: Request<RequestBody>,
+    report: &mut Report,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let policy = &rule.policy;
+    let (parts, body) = request.into_parts();
+    // Buffered up to max_body, as enforcement does; a larger body goes on as it comes.
+    let body = body.into_proxy_body(Some(cx.body_read_timeout));
+    let body = match answer::bounded(body, policy.max_body).await {
+        Ok(AnswerBody::Whole(body)) => body,
+        Ok(AnswerBody::TooLarge(body)) => {
+            would(report, Outcome::WouldReject, false, None);
+            return forward_streamed(&cx, parts, body, policy).await;
+        }
+        Err(BodyError::ClientStalled(gap)) => return Err(ProxyError::BodyTimeout(gap.as_secs())),
+        Err(e) => return Err(ProxyError::BodyRead(e.to_string())),
+    };
+    let stale = match &rule.fresh {
+        Some(fresh) => {
+            super::fresh::check(fresh, &parts.headers, &body, SystemTime::now()).is_err()
+        }
+        None => false,
+    };
+    let view = RequestView {
+        route: &rule.route,
+        method: &parts.method,
+        path: parts.uri.path(),
+        query: parts.uri.query(),
+        headers: &parts.headers,
+        peer: Some(cx.conn.peer.ip()),
+        identity: &rule.identity,
+        client_cert: cx.conn.client_cert.as_ref().map(|d| &d.0[..]),
+        body: &body,
+    };
+    let (key, fingerprint) = match derive_key(&rule.key, &view, None) {
+        _ if stale => {
+            would(report, Outcome::WouldReject, false, None);
+            return forward_unprotected(&cx, parts, body, policy).await;
+        }
+        Ok(Some(DerivedKey { key, fingerprint })) => (key, fingerprint),
+        Ok(None) => {
+            report.outcome = Some(Outcome::Unkeyed);
+            return forward_unprotected(&cx, parts, body, policy).await;
+        }
+        Err(_) => {
+            would(report, Outcome::WouldReject, false, None);
+            return forward_unprotected(&cx, parts, body, policy).await;
+        }
+    };
+    report.key = Some(key);
+    let span = tracing::Span::current();
+    if !span.is_disabled() {
+        span.record("key", tracing::field::display(key.short()));
+    }
+    let (args, reissue) = claim_args(&cx, rule, &view, key, fingerprint);
+    // A dry run never holds a request: nobody waits, nothing is refused.
+    let args = ClaimArgs {
+        waits: false,
+        ..args
+    };
+    let claim = match cx.store.claim_with(args).await {
+        Ok(claim) => claim,
+        Err(e) => {
+            tracing::warn!(route = %rule.route, error = %e, "store failed during an observed claim; forwarded");
+            report.outcome = Some(Outcome::FailOpen);
+            return forward_unprotected(&cx, parts, body, policy).await;
+        }
+    };
+    let would_do = match claim {
+        Claim::Owner(lease) => {
+            let (response, outcome) = execute(&cx, rule, lease, parts, body, reissue).await?;
+            report.outcome = Some(outcome);
+            return Ok(response);
+        }
+        Claim::Done(_) | Claim::Failed(_) => Outcome::WouldReplay,
+        Claim::InFlight(_) => Outcome::WouldConflict,
+        Claim::Mismatch => Outcome::WouldMismatch,
+        Claim::OutcomeUnknown(_) | Claim::NotStored(_) => Outcome::WouldHold,
+        Claim::NotIssued => Outcome::WouldReject,
+    };
+    let first = match cx.store.saw_duplicate(key).await {
+        Ok(made) => made,
+        Err(e) => {
+            tracing::warn!(route = %rule.route, error = %e, "could not count an observed duplicate");
+            None
+        }
+    };
+    would(report, would_do, true, first);
+    forward_unprotected(&cx, parts, body, policy).await
+}
+
+/// Records what enforcement would have done: the request's outcome, and for a `duplicate`
+/// a log line with the age of its first request (its route and key prefix come with the
+/// request's span).
+fn would(report: &mut Report, outcome: Outcome, duplicate: bool, first: Option<SystemTime>) {
+    report.outcome = Some(outcome);
+    if duplicate {
+        let age_ms = first
+            .and_then(|at| SystemTime::now().duration_since(at).ok())
+            .map(|age| age.as_millis() as u64);
+        tracing::info!(
+            would = %outcome.as_str(),
+            first_age_ms = age_ms,
+            "observed a duplicate"
+        );
+    }
+}
+
+/// Forwards a request whose body was too large to buffer, as it comes; its answer is
+/// bounded like an owner's.
+async fn forward_streamed(
+    cx: &Context<'_>,
+    parts: http::request::Parts,
+    body: ProxyBody,
+    policy: &crate::config::Policy,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let started = std::time::Instant::now();
+    let response = cx
+        .client
+        .send(
+            Request::from_parts(parts, body),
+            cx.conn,
+            false,
+            started + policy.upstream_timeout,
+        )
+        .await?;
+    cx.route_metrics.upstream_latency(started.elapsed());
+    Ok(answer::read(response, policy.max_answer)
+        .await?
+        .into_response())
+}

@@ -1,0 +1,155 @@
+//! Opening a connection to the upstream: TCP, then TLS for `https://` upstreams (ALPN
+//! `http/1.1`), bounded by [`CONNECT_TIMEOUT`]. Every failure here happens before a byte
+//! of any request was written, so it is [`ProxyError::UpstreamUnreachable`].
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use crate::error::ProxyError;
+
+/// How long establishing a TCP connection (and its TLS handshake) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The byte stream to the upstream: TCP, or TLS over it.
+pub enum Io {
+    /// `http://` upstreams.
+    Plain(TcpStream),
+    /// `https://` upstreams.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// How to reach the upstream.
+pub struct Connector {
+    /// `host:port` as `TcpStream::connect` resolves it (IPv6 hosts keep their brackets).
+    address: String,
+    /// For `https://`: the connector and the name the certificate must carry (or why the
+    /// host is no such name: then every connect fails).
+    tls: Option<(TlsConnector, Result<ServerName<'static>, String>)>,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("address", &self.address)
+            .field("tls", &self.tls.as_ref().map(|(_, name)| name))
+            .finish()
+    }
+}
+
+impl Connector {
+    /// A connector for `host:port`; `tls` is `Some` for `https://` upstreams.
+    pub fn new(host: &str, port: u16, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
+        let tls = tls.map(|config| {
+            let mut config = (*config).clone();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let name = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            let name = ServerName::try_from(name).map_err(|e| e.to_string());
+            (TlsConnector::from(Arc::new(config)), name)
+        });
+        Self {
+            address: format!("{host}:{port}"),
+            tls,
+        }
+    }
+
+    /// Opens a connection, within [`CONNECT_TIMEOUT`].
+    pub async fn connect(&self) -> Result<Io, ProxyError> {
+        let unreachable = |what: &str, e: &dyn std::fmt::Display| {
+            ProxyError::UpstreamUnreachable(format!("{what} {}: {e}", self.address))
+        };
+        let dial = async {
+            let tcp = TcpStream::connect(&self.address)
+                .await
+                .map_err(|e| unreachable("connect", &e))?;
+            tcp.set_nodelay(true)
+                .map_err(|e| unreachable("connect", &e))?;
+            match &self.tls {
+                None => Ok(Io::Plain(tcp)),
+                Some((connector, name)) => {
+                    let name = name
+                        .clone()
+                        .map_err(|e| unreachable("TLS server name of", &e))?;
+                    connector
+                        .connect(name, tcp)
+                        .await
+                        .map(|tls| Io::Tls(Box::new(tls)))
+                        .map_err(|e| unreachable("TLS handshake with", &e))
+                }
+            }
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
+            Ok(result) => result,
+            Err(_) => Err(unreachable("connect", &"timed out")),
+        }
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(io) => Pin::new(io).poll_read(cx, buf),
+            Io::Tls(io) => Pin::new(io.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(io) => Pin::new(io).poll_write(cx, buf),
+            Io::Tls(io) => Pin::new(io.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(io) => Pin::new(io).poll_write_vectored(cx, bufs),
+            Io::Tls(io) => Pin::new(io.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(io) => io.is_write_vectored(),
+            Io::Tls(io) => io.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(io) => Pin::new(io).poll_flush(cx),
+            Io::Tls(io) => Pin::new(io.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(io) => Pin::new(io).poll_shutdown(cx),
+            Io::Tls(io) => Pin::new(io.as_mut()).poll_shutdown(cx),
+        }
+    }
+}

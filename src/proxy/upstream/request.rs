@@ -1,0 +1,170 @@
+//! A client's request made ready for hyper's HTTP/1.1 client connection, and the checks
+//! on the answer head that hyper's client leaves to its user.
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, StatusCode, Uri, Version};
+use http_body::Body;
+
+use crate::proxy::body::ProxyBody;
+use crate::proxy::headers::{
+    is_chunked_alone, is_forwardable_trailer, strip_hop_by_hop, Forwarding, X_FORWARDED_FOR,
+    X_FORWARDED_HOST, X_FORWARDED_PROTO,
+};
+
+/// Rewrites `parts` into the request the upstream gets: origin form (what an HTTP/1.1
+/// origin server expects; HTTP/2 clients send the absolute form), HTTP/1.1, the client's
+/// fields without hop-by-hop ones (`Upgrade` kept for a forwarded protocol switch),
+/// without `Expect` (answered here, not forwarded) and without framing fields (hyper writes
+/// those for the body actually sent); `Host` kept, or `fallback_host` when the client sent
+/// none (HTTP/2's `:authority`, or the upstream's for HTTP/1.0); `X-Forwarded-For`
+/// appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set. Trailer fields the client
+/// declared in `Trailer` are declared again, less those only a header section may carry:
+/// hyper sends only declared trailers.
+pub fn prepare(
+    parts: &mut http::request::Parts,
+    body: &ProxyBody,
+    forwarding: &Forwarding<'_>,
+    fallback_host: impl FnOnce() -> Option<HeaderValue>,
+) {
+    if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        parts.uri = Uri::try_from(target).unwrap_or_else(|_| Uri::from_static("/"));
+    }
+    parts.version = Version::HTTP_11;
+    let headers = &mut parts.headers;
+    let mut seen = Seen::default();
+    for name in headers.keys() {
+        match name.as_str() {
+            "host" => seen.host = true,
+            "content-length" | "expect" | "x-forwarded-proto" | "x-forwarded-host" => {
+                seen.remove = true
+            }
+            "x-forwarded-for" => seen.forwarded_for = true,
+            "trailer" => seen.trailer = true,
+            _ => {}
+        }
+    }
+    let declared_trailers = seen.trailer.then(|| declared_trailers(headers));
+    strip_hop_by_hop(headers, forwarding.upgrade);
+    if seen.remove {
+        for name in [
+            header::CONTENT_LENGTH,
+            header::EXPECT,
+            X_FORWARDED_PROTO.clone(),
+            X_FORWARDED_HOST.clone(),
+        ] {
+            headers.remove(name);
+        }
+    }
+    let forwarded_for = if seen.forwarded_for {
+        let mut list = Vec::new();
+        for previous in headers.get_all(&X_FORWARDED_FOR) {
+            list.extend_from_slice(previous.as_bytes());
+            list.extend_from_slice(b", ");
+        }
+        list.extend_from_slice(forwarding.client_ip.as_bytes());
+        HeaderValue::from_bytes(&list).unwrap_or_else(|_| forwarding.client_ip.clone())
+    } else {
+        forwarding.client_ip.clone()
+    };
+    headers.insert(X_FORWARDED_FOR.clone(), forwarded_for);
+    headers.insert(
+        X_FORWARDED_PROTO.clone(),
+        HeaderValue::from_static(forwarding.proto),
+    );
+    let host = if seen.host {
+        headers.get(header::HOST).cloned()
+    } else {
+        let host = fallback_host();
+        if let Some(host) = &host {
+            headers.insert(header::HOST, host.clone());
+        }
+        host
+    };
+    if let Some(host) = host {
+        headers.insert(X_FORWARDED_HOST.clone(), host);
+    }
+    if body.is_end_stream() {
+        // Servers may insist on a length for these methods even when it is zero (411).
+        if matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        }
+    } else if body.size_hint().exact().is_none() {
+        // Said here: hyper would send a GET's streamed body as no body at all.
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        if let Some(Some(trailers)) = declared_trailers {
+            headers.insert(header::TRAILER, trailers);
+        }
+    }
+}
+
+/// What [`prepare`] looks for in one pass over the field names.
+#[derive(Default)]
+struct Seen {
+    host: bool,
+    /// Any of the fields that are never forwarded as they came.
+    remove: bool,
+    forwarded_for: bool,
+    trailer: bool,
+}
+
+/// The client's `Trailer` names that may go on, as one value.
+fn declared_trailers(headers: &HeaderMap) -> Option<HeaderValue> {
+    let names: Vec<&str> = headers
+        .get_all(header::TRAILER)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("").split(','))
+        .map(str::trim)
+        .filter(|name| {
+            header::HeaderName::from_bytes(name.as_bytes())
+                .is_ok_and(|n| is_forwardable_trailer(&n))
+        })
+        .collect();
+    if names.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&names.join(", ")).ok()
+}
+
+/// Why an answer head is refused although hyper's client took it: framed both ways, or
+/// with a transfer coding besides `chunked` (RFC 9112 §6.3 says to treat both as an
+/// error: they may be an attempt to desynchronise, and gzip under the chunks would reach
+/// the client unmarked). Bodiless answers end at their head whatever they say.
+pub fn refused(method: &Method, status: StatusCode, headers: &HeaderMap) -> Option<&'static str> {
+    let codings = headers.get_all(header::TRANSFER_ENCODING);
+    let mut codings = codings.iter().peekable();
+    codings.peek()?;
+    let bodiless = *method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    if bodiless {
+        return None;
+    }
+    if headers.contains_key(header::CONTENT_LENGTH)
+        || !is_chunked_alone(codings.map(|v| v.as_bytes()))
+    {
+        return Some("the upstream's answer is framed both ways or coded besides chunked");
+    }
+    None
+}
+
+/// Whether the upstream lets the connection carry another request after this answer.
+pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
+    let mut close = false;
+    let mut keep_alive = false;
+    for value in headers.get_all(header::CONNECTION) {
+        for token in value
+            .as_bytes()
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
+        {
+            close |= token.eq_ignore_ascii_case(b"close");
+            keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+        }
+    }
+    !close && (version == Version::HTTP_11 || keep_alive)
+}

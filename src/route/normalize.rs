@@ -1,0 +1,261 @@
+//! One spelling of a path: what routes match and what is forwarded, so that `/api//orders`,
+//! `/api/./orders`, `/api/%6Frders` and `/api/x/../orders` cannot step around a route
+//! written for `/api/orders` while the upstream reads them as that very path.
+//!
+//! Percent-escapes of unreserved characters are decoded and the others' hex digits
+//! upper-cased (RFC 3986 §6.2.2), repeated slashes merged, then dot segments removed
+//! (§5.2.4). Forms that cannot be normalised without guessing how the upstream reads them
+//! are refused: an encoded `/` or `\`, an encoded NUL, a `%` that is not an escape, and a
+//! raw backslash (which some servers take for a slash).
+//!
+//! Nearly every path is already normal; those are borrowed, never copied.
+//!
+//! ```
+//! use std::borrow::Cow;
+//! use idemgate::route::normalize::{normalize_path, PathError};
+//! assert!(matches!(normalize_path("/api/orders"), Ok(Cow::Borrowed("/api/orders"))));
+//! for spelling in ["/api//orders", "/api/./orders", "/api/%6Frders", "/api/x/../orders"] {
+//!     assert_eq!(normalize_path(spelling).unwrap(), "/api/orders");
+//! }
+//! assert_eq!(normalize_path("/api%2Forders"), Err(PathError::EncodedSlash));
+//! ```
+
+use std::borrow::Cow;
+
+/// Why a path cannot be normalised safely; each is a 400.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// `%2F`: a slash inside a segment, which upstreams read either way.
+    #[error("the path has an encoded slash (%2F)")]
+    EncodedSlash,
+    /// `%5C`: a backslash, which some upstreams read as a slash.
+    #[error("the path has an encoded backslash (%5C)")]
+    EncodedBackslash,
+    /// `%00`.
+    #[error("the path has an encoded NUL (%00)")]
+    EncodedNul,
+    /// A `%` not followed by two hex digits.
+    #[error("the path has a % that is not a percent-escape")]
+    BadEscape,
+    /// A raw `\`.
+    #[error("the path has a backslash")]
+    Backslash,
+}
+
+/// The normal form of `path` (a request path without the query): borrowed when it is
+/// already normal. A path that does not start with `/` (`*`, or none) is left alone.
+pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
+    if !path.starts_with('/') || is_normal(path.as_bytes())? {
+        return Ok(Cow::Borrowed(path));
+    }
+    let decoded = decode(path.as_bytes())?;
+    let normal = remove_dot_segments(&decoded);
+    if normal == path {
+        return Ok(Cow::Borrowed(path));
+    }
+    Ok(Cow::Owned(normal))
+}
+
+/// One look at each byte: whether the path has nothing to decode, merge or remove.
+fn is_normal(path: &[u8]) -> Result<bool, PathError> {
+    let mut normal = true;
+    for (i, &b) in path.iter().enumerate() {
+        match b {
+            b'\\' => return Err(PathError::Backslash),
+            b'%' => normal = false,
+            b'/' => {
+                let rest = &path[i + 1..];
+                if rest.starts_with(b"/")
+                    || rest == b"."
+                    || rest.starts_with(b"./")
+                    || rest == b".."
+                    || rest.starts_with(b"../")
+                {
+                    normal = false;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(normal)
+}
+
+/// Unreserved characters (RFC 3986 §2.3): the only ones whose escape means the same as the
+/// character itself.
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Decodes escapes of unreserved characters, upper-cases the hex of the others, refuses
+/// the unsafe ones.
+fn decode(path: &[u8]) -> Result<Vec<u8>, PathError> {
+    let mut out = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < path.len() {
+        match path[i] {
+            b'%' => {
+                let (Some(hi), Some(lo)) = (
+                    path.get(i + 1).copied().and_then(hex_value),
+                    path.get(i + 2).copied().and_then(hex_value),
+                ) else {
+                    return Err(PathError::BadEscape);
+                };
+                let byte = hi << 4 | lo;
+                match byte {
+                    b'/' => return Err(PathError::EncodedSlash),
+                    b'\\' => return Err(PathError::EncodedBackslash),
+                    0 => return Err(PathError::EncodedNul),
+                    b if is_unreserved(b) => out.push(b),
+                    _ => {
+                        out.push(b'%');
+                        out.push(path[i + 1].to_ascii_uppercase());
+                        out.push(path[i + 2].to_ascii_uppercase());
+                    }
+                }
+                i += 3;
+            }
+            b'\\' => return Err(PathError::Backslash),
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Merges repeated slashes and removes `.` and `..` segments (RFC 3986 §5.2.4; `..` above
+/// the root stays at the root). A path ending in a slash, `.` or `..` ends in a slash.
+fn remove_dot_segments(path: &[u8]) -> String {
+    let mut out = String::with_capacity(path.len());
+    // Where each segment kept so far starts in `out` (at its slash).
+    let mut starts: Vec<usize> = Vec::new();
+    let mut trailing = false;
+    // The path starts with '/', so the first piece is empty.
+    let mut pieces = path.split(|&b| b == b'/').skip(1).peekable();
+    while let Some(piece) = pieces.next() {
+        let last = pieces.peek().is_none();
+        match piece {
+            b"" | b"." => {}
+            b".." => {
+                if let Some(start) = starts.pop() {
+                    out.truncate(start);
+                }
+            }
+            _ => {
+                starts.push(out.len());
+                out.push('/');
+                // The path is ASCII: a URI's bytes, escapes decoded only to ASCII.
+                out.push_str(std::str::from_utf8(piece).unwrap_or_default());
+                trailing = false;
+                continue;
+            }
+        }
+        if last {
+            trailing = true;
+        }
+    }
+    if out.is_empty() || trailing {
+        out.push('/');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(path: &str) -> String {
+        normalize_path(path).unwrap().into_owned()
+    }
+
+    #[test]
+    fn normal_paths_are_borrowed() {
+        for path in [
+            "/",
+            "/api/orders",
+            "/api/orders/",
+            "/.well-known/x",
+            "/a/..b/c.",
+            "/a-b_c~d",
+            "*",
+            "",
+        ] {
+            assert!(
+                matches!(normalize_path(path), Ok(Cow::Borrowed(p)) if p == path),
+                "{path}"
+            );
+        }
+        // Escapes already in normal form come back borrowed too.
+        assert!(matches!(normalize_path("/caf%C3%A9"), Ok(Cow::Borrowed(_))));
+    }
+
+    #[test]
+    fn dot_segments_follow_rfc_3986() {
+        // RFC 3986 §5.2.4 and §5.4 examples, as absolute paths.
+        assert_eq!(norm("/a/b/c/./../../g"), "/a/g");
+        assert_eq!(norm("/mid/content=5/../6"), "/mid/6");
+        assert_eq!(norm("/a/b/.."), "/a/");
+        assert_eq!(norm("/a/b/."), "/a/b/");
+        assert_eq!(norm("/.."), "/");
+        assert_eq!(norm("/../../g"), "/g");
+        assert_eq!(norm("/a/./b/../../c/"), "/c/");
+        assert_eq!(norm("/./"), "/");
+    }
+
+    #[test]
+    fn repeated_slashes_merge() {
+        assert_eq!(norm("//api//orders"), "/api/orders");
+        assert_eq!(norm("/api/orders//"), "/api/orders/");
+        assert_eq!(norm("///"), "/");
+    }
+
+    #[test]
+    fn unreserved_escapes_decode_and_others_are_upper_cased() {
+        assert_eq!(norm("/api/%6Frders"), "/api/orders");
+        assert_eq!(norm("/api/%6frders"), "/api/orders");
+        assert_eq!(norm("/%7Euser/%2e%2E/x"), "/x");
+        assert_eq!(norm("/caf%c3%a9"), "/caf%C3%A9");
+        assert_eq!(norm("/a%20b%3Fc%25"), "/a%20b%3Fc%25");
+        // `%25` stays an escape: no double decoding.
+        assert_eq!(norm("/%256F"), "/%256F");
+    }
+
+    #[test]
+    fn unsafe_forms_are_refused() {
+        assert_eq!(normalize_path("/a%2Fb"), Err(PathError::EncodedSlash));
+        assert_eq!(normalize_path("/a%2fb"), Err(PathError::EncodedSlash));
+        assert_eq!(normalize_path("/a%5cb"), Err(PathError::EncodedBackslash));
+        assert_eq!(normalize_path("/a%00"), Err(PathError::EncodedNul));
+        assert_eq!(normalize_path("/a%zz"), Err(PathError::BadEscape));
+        assert_eq!(normalize_path("/a%4"), Err(PathError::BadEscape));
+        assert_eq!(normalize_path("/a%"), Err(PathError::BadEscape));
+        assert_eq!(normalize_path("/a\\b"), Err(PathError::Backslash));
+        assert_eq!(normalize_path("/a/..\\b"), Err(PathError::Backslash));
+    }
+
+    #[test]
+    fn normalising_twice_changes_nothing() {
+        for path in [
+            "/a//b/./c/../%64",
+            "/x/%2e%2e/%2e/y/",
+            "/caf%c3%a9//",
+            "/../a/..",
+        ] {
+            let once = norm(path);
+            assert!(
+                matches!(normalize_path(&once), Ok(Cow::Borrowed(_))),
+                "{path} -> {once}"
+            );
+        }
+    }
+}

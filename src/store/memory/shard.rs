@@ -1,0 +1,431 @@
+//! One shard of the memory store: its records and their expiry index.
+//!
+//! The expiry index is one FIFO per TTL: records written with the same TTL expire in the
+//! order they were written, so each queue is sorted by construction, 40 bytes an entry
+//! instead of an ordered tree's node overhead. Queue entries are not removed with their
+//! record: one whose record is gone or has another expiry is stale, skipped when it
+//! reaches the front, and dropped in bulk by [`Shard::compact`] before stale entries can
+//! outnumber live ones.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::watch;
+
+use crate::key::{Digest, DigestMap};
+use crate::store::response::ENTRY_OVERHEAD;
+use crate::store::{CallerTag, Lapse, OwnerToken, RouteTag, StoredResponse};
+use crate::sync::lock;
+
+/// Nanoseconds since the store's epoch (584 years fit).
+pub(super) type Ticks = u64;
+
+/// Records and record bytes over all shards, and by caller where the store limits each
+/// caller's share.
+#[derive(Debug, Default)]
+pub(super) struct Totals {
+    pub entries: AtomicUsize,
+    pub bytes: AtomicUsize,
+    pub callers: Callers,
+}
+
+/// Records and bytes held by each caller, striped by caller so that callers seldom share a
+/// lock. Empty (and never locked) when no share is set: records then carry
+/// [`CallerTag::NONE`].
+#[derive(Debug)]
+pub(super) struct Callers {
+    stripes: Box<[Mutex<Held>]>,
+}
+
+/// Records and bytes held, by caller tag.
+type Held = HashMap<u32, (usize, usize)>;
+
+impl Default for Callers {
+    fn default() -> Self {
+        Self {
+            stripes: (0..CALLER_STRIPES).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+const CALLER_STRIPES: usize = 16;
+
+impl Callers {
+    fn stripe(&self, caller: CallerTag) -> std::sync::MutexGuard<'_, Held> {
+        lock(&self.stripes[caller.0 as usize % CALLER_STRIPES])
+    }
+
+    fn add(&self, caller: CallerTag, bytes: usize) {
+        if caller != CallerTag::NONE {
+            let mut stripe = self.stripe(caller);
+            let held = stripe.entry(caller.0).or_default();
+            held.0 += 1;
+            held.1 += bytes;
+        }
+    }
+
+    fn sub(&self, caller: CallerTag, bytes: usize) {
+        if caller == CallerTag::NONE {
+            return;
+        }
+        let mut stripe = self.stripe(caller);
+        if let Some(held) = stripe.get_mut(&caller.0) {
+            held.0 = held.0.saturating_sub(1);
+            held.1 = held.1.saturating_sub(bytes);
+            if held.0 == 0 {
+                stripe.remove(&caller.0);
+            }
+        }
+    }
+
+    /// Records and bytes `caller` holds now.
+    pub fn held(&self, caller: CallerTag) -> (usize, usize) {
+        if caller == CallerTag::NONE {
+            return (0, 0);
+        }
+        self.stripe(caller)
+            .get(&caller.0)
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// One key's record.
+#[derive(Debug)]
+pub(super) enum Entry {
+    /// A one-time token issued and not yet used.
+    Issued { expires_at: Ticks },
+    /// Claimed; its owner is running.
+    InFlight(Box<InFlight>),
+    /// The answer to replay; the response carries the claim's payload fingerprint.
+    Done {
+        response: StoredResponse,
+        expires_at: Ticks,
+        route: RouteTag,
+        caller: CallerTag,
+    },
+    /// Settled without an answer to replay (rare, so boxed).
+    Settled(Box<SettledRecord>),
+}
+
+// The per-key cost of the map (with the key and the table's slack): a record must not grow
+// past this without a reason.
+const _: () = assert!(std::mem::size_of::<Entry>() <= 32);
+
+/// A claim whose owner is running.
+#[derive(Debug)]
+pub(super) struct InFlight {
+    pub token: OwnerToken,
+    pub fingerprint: Digest,
+    /// Renewed lazily: a claim found past it while its owner is alive gets `lease` more.
+    pub lease_until: Instant,
+    /// The owner's lease, for those lazy renewals.
+    pub lease: Duration,
+    /// What the claim means once it lapsed.
+    pub lapse: Lapse,
+    pub alive: Weak<()>,
+    /// Claim time, for the admin API (converted to wall time only when shown: a wall-clock
+    /// read per claim costs more than the conversion).
+    pub created: Ticks,
+    pub route: RouteTag,
+    pub caller: CallerTag,
+    /// Dropped when the record is replaced or removed; waiters subscribed to it wake.
+    /// Made by the first duplicate: most claims never see one, and the channel is an
+    /// allocation and a notification per claim otherwise.
+    pub done: Option<watch::Sender<()>>,
+}
+
+/// A key settled without an answer to replay.
+#[derive(Debug)]
+pub(super) struct SettledRecord {
+    pub outcome: Outcome,
+    /// The owner that settled it: its waiters get a failure; it may still complete an
+    /// unknown outcome.
+    pub token: OwnerToken,
+    pub fingerprint: Digest,
+    /// When it was settled.
+    pub at: SystemTime,
+    pub expires_at: Ticks,
+    pub route: RouteTag,
+    pub caller: CallerTag,
+}
+
+/// How a settled key ended.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// Executed; the answer was too large to keep.
+    NotStored { status: http::StatusCode },
+    /// May have executed; no one knows.
+    Unknown,
+    /// Failed; the owner's waiters get `response`. With `issued`, a one-time token that is
+    /// usable again by anyone else.
+    Failed {
+        response: StoredResponse,
+        issued: bool,
+    },
+}
+
+impl Entry {
+    /// When a record expires; in-flight claims are not in the expiry index.
+    fn expires_at(&self) -> Option<Ticks> {
+        match self {
+            Entry::Issued { expires_at } | Entry::Done { expires_at, .. } => Some(*expires_at),
+            Entry::Settled(record) => Some(record.expires_at),
+            Entry::InFlight(_) => None,
+        }
+    }
+
+    fn set_expiry(&mut self, at: Ticks) {
+        match self {
+            Entry::Issued { expires_at } | Entry::Done { expires_at, .. } => *expires_at = at,
+            Entry::Settled(record) => record.expires_at = at,
+            Entry::InFlight(_) => {}
+        }
+    }
+
+    /// Whether the record's TTL has run out (it counts as absent, until swept).
+    pub fn is_expired(&self, now: Ticks) -> bool {
+        self.expires_at().is_some_and(|at| at <= now)
+    }
+
+    /// Bytes charged against `max_bytes`.
+    fn cost(&self) -> usize {
+        match self {
+            Entry::Done { response, .. } => response.cost(),
+            Entry::Settled(record) => match &record.outcome {
+                Outcome::Failed { response, .. } => response.cost(),
+                _ => ENTRY_OVERHEAD,
+            },
+            Entry::Issued { .. } | Entry::InFlight(_) => ENTRY_OVERHEAD,
+        }
+    }
+
+    /// The caller whose share the record counts against.
+    fn caller(&self) -> CallerTag {
+        match self {
+            Entry::Done { caller, .. } => *caller,
+            Entry::Settled(record) => record.caller,
+            Entry::InFlight(record) => record.caller,
+            Entry::Issued { .. } => CallerTag::NONE,
+        }
+    }
+
+    /// The route an evicted record counts for.
+    fn route(&self) -> RouteTag {
+        match self {
+            Entry::Done { route, .. } => *route,
+            Entry::Settled(record) => record.route,
+            Entry::InFlight(record) => record.route,
+            Entry::Issued { .. } => RouteTag::default(),
+        }
+    }
+}
+
+impl SettledRecord {
+    /// The record as an entry, with the bytes it is charged.
+    pub fn into_entry(self) -> (Entry, usize) {
+        let entry = Entry::Settled(Box::new(self));
+        let cost = entry.cost();
+        (entry, cost)
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Shard {
+    pub map: DigestMap<Entry>,
+    /// Records other than claims in flight, by expiry, for sweeping and for choosing what
+    /// to evict.
+    queues: Vec<ExpiryQueue>,
+    /// Entries over all queues, stale ones included.
+    queued: usize,
+    pub in_flight: usize,
+    /// Keys seen more than once on routes in observe mode: how often, and when last.
+    /// Empty (and never looked at) unless such a route saw a duplicate.
+    pub seen: DigestMap<(u64, SystemTime)>,
+}
+
+/// Records written with one TTL, oldest first: their expiry times ascend.
+#[derive(Debug)]
+struct ExpiryQueue {
+    ttl: Duration,
+    entries: VecDeque<(Ticks, Digest)>,
+}
+
+/// Stale expiry-queue entries a shard tolerates beyond its live ones before compacting.
+const COMPACT_SLACK: usize = 1024;
+
+/// Whether the queue entry `(at, key)` stands for a record in `map` (else it is stale).
+fn is_live(map: &DigestMap<Entry>, at: Ticks, key: &Digest) -> bool {
+    map.get(key).and_then(Entry::expires_at) == Some(at)
+}
+
+impl Shard {
+    /// Inserts a claim in flight, charged `cost` bytes (the slot it reserves).
+    pub fn insert(&mut self, key: Digest, entry: Entry, cost: usize, totals: &Totals) {
+        if matches!(entry, Entry::InFlight(_)) {
+            self.in_flight += 1;
+        }
+        totals.callers.add(entry.caller(), cost);
+        self.map.insert(key, entry);
+        totals.entries.fetch_add(1, Ordering::Relaxed);
+        totals.bytes.fetch_add(cost, Ordering::Relaxed);
+    }
+
+    /// Inserts a record that expires `ttl` from `now`, indexed for expiry and charged
+    /// `cost` bytes.
+    pub fn put(
+        &mut self,
+        key: Digest,
+        mut entry: Entry,
+        now: Ticks,
+        ttl: Duration,
+        cost: usize,
+        totals: &Totals,
+    ) {
+        let expires_at = self.index(key, now, ttl);
+        entry.set_expiry(expires_at);
+        self.insert(key, entry, cost, totals);
+    }
+
+    /// Enters `key` in the expiry queue of `ttl` and returns its expiry; the caller then
+    /// inserts the record with that expiry.
+    fn index(&mut self, key: Digest, now: Ticks, ttl: Duration) -> Ticks {
+        // Before the push: the caller inserts the record only after this returns, so a
+        // compaction after it would find no record for the new entry and drop it, leaving
+        // a record that is never swept nor evicted.
+        if self.queued >= 2 * self.indexed() + COMPACT_SLACK {
+            self.compact();
+        }
+        let expires_at = now.saturating_add(ttl.as_nanos().min(u128::from(u64::MAX)) as Ticks);
+        let queue = match self.queues.iter().position(|q| q.ttl == ttl) {
+            Some(i) => &mut self.queues[i],
+            None => {
+                self.queues.push(ExpiryQueue {
+                    ttl,
+                    entries: VecDeque::new(),
+                });
+                self.queues.last_mut().expect("just pushed")
+            }
+        };
+        queue.entries.push_back((expires_at, key));
+        self.queued += 1;
+        expires_at
+    }
+
+    /// Drops stale queue entries (and queues left empty, such as a TTL no route has any
+    /// more after a reload). Runs after more than half of the entries went stale, so it
+    /// costs O(1) per write amortized.
+    fn compact(&mut self) {
+        let map = &self.map;
+        self.queues.retain_mut(|queue| {
+            queue.entries.retain(|(at, key)| is_live(map, *at, key));
+            queue.entries.shrink_to_fit();
+            !queue.entries.is_empty()
+        });
+        self.queued = self.queues.iter().map(|q| q.entries.len()).sum();
+    }
+
+    /// Removes a record of any state, keeping the counters right (its expiry-queue entry,
+    /// if any, goes stale). Whether there was one.
+    pub fn remove(&mut self, key: &Digest, totals: &Totals) -> bool {
+        let Some(entry) = self.map.remove(key) else {
+            return false;
+        };
+        if matches!(entry, Entry::InFlight(_)) {
+            self.in_flight -= 1;
+        }
+        totals.callers.sub(entry.caller(), entry.cost());
+        totals.bytes.fetch_sub(entry.cost(), Ordering::Relaxed);
+        totals.entries.fetch_sub(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Forgets how often `key` was seen: its record is gone, or starts over.
+    pub fn forget_seen(&mut self, key: &Digest) {
+        if !self.seen.is_empty() {
+            self.seen.remove(key);
+        }
+    }
+
+    /// Pops the queue entry that expires first, if it expires no later than `by`.
+    fn pop_earliest(&mut self, by: Ticks) -> Option<(Ticks, Digest)> {
+        let (index, at) = self
+            .queues
+            .iter()
+            .enumerate()
+            .filter_map(|(i, q)| q.entries.front().map(|(at, _)| (i, *at)))
+            .min_by_key(|(_, at)| *at)?;
+        if at > by {
+            return None;
+        }
+        self.queued -= 1;
+        self.queues[index].entries.pop_front()
+    }
+
+    /// Records in `map` other than claims in flight, each of which has exactly one live
+    /// queue entry.
+    fn indexed(&self) -> usize {
+        self.map.len() - self.in_flight
+    }
+
+    /// Evicts the record closest to expiry and returns its route; `None` when there is
+    /// none (every record is in flight).
+    pub fn evict_one(&mut self, totals: &Totals) -> Option<RouteTag> {
+        while let Some((at, key)) = self.pop_earliest(Ticks::MAX) {
+            if is_live(&self.map, at, &key) {
+                let route = self.map.get(&key).map(Entry::route).unwrap_or_default();
+                self.remove(&key, totals);
+                self.forget_seen(&key);
+                return Some(route);
+            }
+        }
+        None
+    }
+
+    /// Removes up to `most` records that expired by `now` (stale entries count, so a
+    /// write never does more than `most` steps).
+    pub fn sweep(&mut self, now: Ticks, most: usize, totals: &Totals) {
+        for _ in 0..most {
+            let Some((at, key)) = self.pop_earliest(now) else {
+                break;
+            };
+            if is_live(&self.map, at, &key) {
+                self.remove(&key, totals);
+                self.forget_seen(&key);
+            }
+        }
+    }
+
+    /// How many queue entries the shard keeps, stale ones included (for tests).
+    #[cfg(test)]
+    pub fn queued(&self) -> (usize, usize, usize) {
+        (
+            self.queued,
+            self.indexed(),
+            self.queues.iter().map(|q| q.entries.len()).sum::<usize>(),
+        )
+    }
+
+    /// Whether every record but the claims in flight has a queue entry with its expiry
+    /// (else it would never be swept nor evicted), and `indexed()` counts exactly those.
+    #[cfg(test)]
+    pub fn every_record_is_indexed(&self) -> bool {
+        let mut records = 0;
+        for (key, entry) in &self.map {
+            let Some(at) = entry.expires_at() else {
+                continue;
+            };
+            records += 1;
+            if !self.queues.iter().any(|q| q.entries.contains(&(at, *key))) {
+                return false;
+            }
+        }
+        self.indexed() == records
+    }
+}
+
+/// [`COMPACT_SLACK`], for the tests' bounds.
+#[cfg(test)]
+pub(super) const TEST_COMPACT_SLACK: usize = COMPACT_SLACK;

@@ -1,0 +1,196 @@
+//! The memory store's own invariants (expiry order, queue bounds, what is shown); the store
+//! contract itself is `tests/store_conformance.rs`.
+
+use super::shard::TEST_COMPACT_SLACK;
+use super::*;
+use crate::store::StoredResponse;
+
+const LEASE: Duration = Duration::from_secs(30);
+const FINGERPRINT: Digest = Digest([7; 32]);
+
+fn key(n: u8) -> Digest {
+    Digest([n; 32])
+}
+
+/// One shard (bounds below 1024 entries), so eviction order is exact.
+fn store(max_entries: usize) -> MemoryStore {
+    MemoryStore::new(MemoryLimits {
+        max_entries,
+        max_bytes: 1 << 30,
+        ..MemoryLimits::default()
+    })
+}
+
+fn owner(store: &MemoryStore, k: Digest, lease: Duration) -> (OwnerToken, Option<Liveness>) {
+    match store.claim(&ClaimArgs::new(k, FINGERPRINT, lease)).unwrap() {
+        RawClaim::Owner { token, liveness } => (token, liveness),
+        RawClaim::Other(other) => panic!("{k:?} was not free: {}", other.as_str()),
+    }
+}
+
+fn store_done(store: &MemoryStore, k: Digest, ttl: Duration) {
+    let (token, _liveness) = owner(store, k, LEASE);
+    let response = StoredResponse::new(http::StatusCode::OK, &http::HeaderMap::new(), b"ok");
+    let owned = Ownership {
+        key: k,
+        token,
+        fingerprint: FINGERPRINT,
+        lapse: ClaimArgs::new(k, FINGERPRINT, LEASE).lapse,
+    };
+    let settled = store.settle(&owned, Settlement::Done { response, ttl });
+    assert_eq!(settled, Settled::Written);
+}
+
+fn is_done(store: &MemoryStore, k: Digest) -> bool {
+    store.inspect(k).is_some_and(|info| info.state == "done")
+}
+
+/// Eviction takes the record that expires first, not the one written first: records
+/// with different TTLs sit in different queues.
+#[test]
+fn eviction_takes_the_earliest_expiry_across_ttls() {
+    let store = store(3);
+    store_done(&store, key(1), Duration::from_secs(100));
+    store_done(&store, key(2), Duration::from_secs(10));
+    store_done(&store, key(3), Duration::from_secs(50));
+    store_done(&store, key(4), Duration::from_secs(100));
+    assert!(!is_done(&store, key(2)));
+    for k in [1, 3, 4] {
+        assert!(is_done(&store, key(k)), "key {k} was evicted");
+    }
+    assert_eq!(store.stats().entries, 3);
+}
+
+/// A key stored again with a longer TTL leaves a stale entry in the short queue; that
+/// entry must not evict the new record before its time.
+#[test]
+fn a_stale_queue_entry_does_not_evict_the_key_stored_again() {
+    let store = store(2);
+    store_done(&store, key(1), Duration::from_secs(10));
+    assert!(store.remove(key(1)));
+    store_done(&store, key(1), Duration::from_secs(100));
+    store_done(&store, key(2), Duration::from_secs(50));
+    store_done(&store, key(3), Duration::from_secs(100));
+    assert!(
+        is_done(&store, key(1)),
+        "the stale entry evicted the new record"
+    );
+    assert!(!is_done(&store, key(2)));
+    assert!(is_done(&store, key(3)));
+}
+
+/// Records removed long before they expire (admin deletes, tokens spent) leave queue
+/// entries behind; compaction keeps those from outnumbering the live ones, so the
+/// index stays bounded by what the store holds.
+#[test]
+fn stale_queue_entries_stay_bounded_by_live_records() {
+    let store = store(100);
+    let hour = Duration::from_secs(3600);
+    for round in 0..20_000u32 {
+        let mut k = Digest([0; 32]);
+        k.0[..4].copy_from_slice(&round.to_le_bytes());
+        store_done(&store, k, hour);
+        assert!(store.remove(k));
+    }
+    store_done(&store, key(1), hour);
+    let shard = store.shards[0].lock().unwrap();
+    let (queued, indexed, in_queues) = shard.queued();
+    assert_eq!(indexed, 1);
+    assert!(queued <= 2 * indexed + TEST_COMPACT_SLACK + 1, "{queued}");
+    assert_eq!(queued, in_queues);
+}
+
+fn numbered(tag: u8, n: u32) -> Digest {
+    let mut k = Digest([tag; 32]);
+    k.0[..4].copy_from_slice(&n.to_le_bytes());
+    k
+}
+
+/// Compaction runs while a record is being written; it must not drop that record's own
+/// entry (compacting after the push, before the record was in the map, would lose it).
+/// Stale entries pile up to the compaction point again and again while short-lived
+/// records are written between them.
+#[test]
+fn a_record_written_at_compaction_time_keeps_its_queue_entry() {
+    let store = store(100);
+    let hour = Duration::from_secs(3600);
+    for round in 0..3 * TEST_COMPACT_SLACK as u32 {
+        let gone = numbered(1, round);
+        store_done(&store, gone, hour);
+        assert!(store.remove(gone));
+        store_done(&store, numbered(2, round), Duration::from_nanos(1));
+        assert!(store.shards[0].lock().unwrap().every_record_is_indexed());
+    }
+}
+
+/// The admin view of a claim whose live owner outran its lease (no duplicate came to
+/// extend it) shows when the claim would lapse were the owner to vanish now, not a time
+/// in the past.
+#[test]
+fn inspect_shows_a_live_owners_claim_as_not_lapsed() {
+    let store = store(10);
+    let lease = Duration::from_millis(50);
+    let (_, liveness) = owner(&store, key(1), lease);
+    std::thread::sleep(lease * 2);
+    let before = SystemTime::now();
+    let info = store.inspect(key(1)).expect("in flight");
+    assert_eq!(info.state, "in_flight");
+    assert!(info.expires >= before + lease, "shown as lapsed");
+    drop(liveness);
+}
+
+/// Writes sweep expired records without a timer: answers stored with a 1 ns TTL are
+/// gone (and their bytes returned) after a few more writes.
+#[test]
+fn writes_sweep_expired_records() {
+    let store = store(100);
+    for n in 0..8 {
+        store_done(&store, key(n), Duration::from_nanos(1));
+    }
+    for n in 100..104 {
+        store_done(&store, key(n), Duration::from_secs(60));
+    }
+    assert_eq!(store.stats().entries, 4);
+    assert_eq!(
+        store.stats().bytes,
+        4 * StoredResponse::new(http::StatusCode::OK, &http::HeaderMap::new(), b"ok").cost()
+    );
+}
+
+/// A full store drops what has expired before anything live, whatever sits first in its
+/// expiry order, and counts no eviction for it.
+#[test]
+fn a_full_store_drops_expired_records_before_live_ones() {
+    let store = store(3);
+    store_done(&store, key(1), Duration::from_nanos(1));
+    store_done(&store, key(2), Duration::from_secs(100));
+    store_done(&store, key(3), Duration::from_secs(200));
+    store_done(&store, key(4), Duration::from_secs(300));
+    for k in [2, 3, 4] {
+        assert!(is_done(&store, key(k)), "key {k} was evicted");
+    }
+    assert!(store.stats().evictions.is_empty(), "{:?}", store.stats());
+}
+
+/// A caller's share counts the records it holds now: once one of them is gone (expired,
+/// purged), it may claim again; other callers were never limited by it.
+#[test]
+fn a_callers_share_frees_up_as_its_records_go() {
+    let store = MemoryStore::new(MemoryLimits {
+        max_entries: 10,
+        caller_share: 20,
+        ..MemoryLimits::default()
+    });
+    let claim = |k: Digest, caller: u32| {
+        store.claim(&ClaimArgs {
+            caller: CallerTag(caller),
+            ..ClaimArgs::new(k, FINGERPRINT, LEASE)
+        })
+    };
+    assert!(matches!(claim(key(1), 7), Ok(RawClaim::Owner { .. })));
+    assert!(matches!(claim(key(2), 7), Ok(RawClaim::Owner { .. })));
+    assert!(matches!(claim(key(3), 7), Err(StoreError::CallerFull)));
+    assert!(matches!(claim(key(4), 8), Ok(RawClaim::Owner { .. })));
+    assert!(store.remove(key(1)));
+    assert!(matches!(claim(key(3), 7), Ok(RawClaim::Owner { .. })));
+}

@@ -1,0 +1,386 @@
+//! What the Redis store writes: record and channel names, and each record's binary value.
+//!
+//! A record is a single Redis string under `{prefix}{<hex digest>}` (the braces are a
+//! cluster hash tag, so a key's record and its channel live on one slot). Its value is
+//! binary, never base64 or JSON, and its first byte says what it is:
+//!
+//! - `I` in flight: owner token (16) · payload fingerprint (32) · created ms (8) · lapse
+//!   span ms (8) · lapse kind (`H` hold, `R` release), then `w` once a duplicate waits on
+//!   it. Its `PX` is the lease plus the lapse span, renewed by the live owner; so a claim
+//!   whose remaining TTL is at most the span has lapsed. The token's low 48 bits are the
+//!   created ms, so the owner can rebuild its unmarked record byte for byte.
+//! - `D` done: payload fingerprint (32) · [`StoredResponse::encode`], `PX` the route's ttl.
+//! - `N` executed, answer not stored: fingerprint (32) · status (2) · at ms (8).
+//! - `U` outcome unknown: owner token (16) · fingerprint (32) · at ms (8).
+//! - `F` failed: owner token (16) · fingerprint (32) · issued flag (1) ·
+//!   [`StoredResponse::encode`] of what the owner's waiters get.
+//! - `T` a one-time token issued and not yet used.
+//!
+//! Redis therefore holds SHA-256 digests and the upstream's response, never a raw client
+//! key, `Authorization` value or request body.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::BufMut as _;
+use redis::{RedisWrite, ToRedisArgs};
+
+use crate::key::Digest;
+use crate::store::{unix_ms, Lapse, OwnerToken, Settlement, StoreError, StoredResponse};
+
+/// The bits of an owner token that hold its claim's created ms.
+pub(super) const CREATED_MASK: u128 = (1 << 48) - 1;
+/// An unmarked in-flight record's length; a waiter's mark may follow.
+pub(super) const CLAIM_LEN: usize = 66;
+/// Where the payload fingerprint sits in `I`, `U` and `F` records (after kind and token).
+const FP_AT: usize = 17;
+
+/// A record as a claim found it.
+pub(super) enum Record {
+    /// Claimed by someone (or by this claim, retried).
+    InFlight {
+        token: OwnerToken,
+        fingerprint: Digest,
+        created: SystemTime,
+        /// How long a lapsed claim stays (see [`Lapse::span`]), and what it means.
+        lapse: Lapse,
+    },
+    Done(StoredResponse),
+    NotStored {
+        fingerprint: Digest,
+        status: http::StatusCode,
+        at: SystemTime,
+    },
+    Unknown {
+        fingerprint: Digest,
+        at: SystemTime,
+    },
+    Failed {
+        token: OwnerToken,
+        fingerprint: Digest,
+        response: StoredResponse,
+    },
+    Issued,
+}
+
+fn malformed() -> StoreError {
+    StoreError::Unavailable("malformed record in Redis".into())
+}
+
+fn token_at(data: &[u8], at: usize) -> Result<OwnerToken, StoreError> {
+    let bytes = data.get(at..at + 16).ok_or_else(malformed)?;
+    Ok(OwnerToken(u128::from_be_bytes(
+        bytes.try_into().map_err(|_| malformed())?,
+    )))
+}
+
+fn digest_at(data: &[u8], at: usize) -> Result<Digest, StoreError> {
+    let bytes = data.get(at..at + 32).ok_or_else(malformed)?;
+    Ok(Digest(bytes.try_into().map_err(|_| malformed())?))
+}
+
+fn ms_at(data: &[u8], at: usize) -> Result<u64, StoreError> {
+    let bytes = data.get(at..at + 8).ok_or_else(malformed)?;
+    Ok(u64::from_be_bytes(
+        bytes.try_into().map_err(|_| malformed())?,
+    ))
+}
+
+fn time_at(data: &[u8], at: usize) -> Result<SystemTime, StoreError> {
+    Ok(UNIX_EPOCH + Duration::from_millis(ms_at(data, at)?))
+}
+
+impl Record {
+    /// Reads a record's value.
+    pub(super) fn parse(data: &[u8]) -> Result<Self, StoreError> {
+        Ok(match data.first() {
+            Some(b'I') if data.len() >= CLAIM_LEN => {
+                let span = Duration::from_millis(ms_at(data, 57)?);
+                Record::InFlight {
+                    token: token_at(data, 1)?,
+                    fingerprint: digest_at(data, FP_AT)?,
+                    created: time_at(data, 49)?,
+                    lapse: match data[65] {
+                        b'R' => Lapse::Release { grace: span },
+                        _ => Lapse::Hold { ttl: span },
+                    },
+                }
+            }
+            Some(b'D') => {
+                let fingerprint = digest_at(data, 1)?;
+                Record::Done(
+                    StoredResponse::decode(fingerprint, &data[33..]).ok_or_else(malformed)?,
+                )
+            }
+            Some(b'N') => Record::NotStored {
+                fingerprint: digest_at(data, 1)?,
+                status: data
+                    .get(33..35)
+                    .and_then(|s| http::StatusCode::from_u16(u16::from_be_bytes([s[0], s[1]])).ok())
+                    .ok_or_else(malformed)?,
+                at: time_at(data, 35)?,
+            },
+            Some(b'U') => Record::Unknown {
+                fingerprint: digest_at(data, FP_AT)?,
+                at: time_at(data, 49)?,
+            },
+            Some(b'F') => {
+                let fingerprint = digest_at(data, FP_AT)?;
+                Record::Failed {
+                    token: token_at(data, 1)?,
+                    fingerprint,
+                    response: StoredResponse::decode(
+                        fingerprint,
+                        data.get(50..).ok_or_else(malformed)?,
+                    )
+                    .ok_or_else(malformed)?,
+                }
+            }
+            Some(b'T') => Record::Issued,
+            _ => return Err(malformed()),
+        })
+    }
+}
+
+/// When the record whose first bytes are `head` was made (a claim's time, or the time an
+/// outcome was stored): what every kind carries near its start.
+pub(super) fn made_at(head: &[u8]) -> Option<SystemTime> {
+    let at = match head.first()? {
+        b'I' | b'U' => 49,
+        // Kind, fingerprint, then the encoded answer: version, status, stored ms.
+        b'D' => 1 + 32 + 3,
+        b'N' => 1 + 32 + 2,
+        // Kind, token, fingerprint, issued flag, then the encoded answer.
+        b'F' => 1 + 16 + 32 + 1 + 3,
+        _ => return None,
+    };
+    time_at(head, at).ok()
+}
+
+/// The in-flight record a claim by `token` writes.
+pub(super) fn claim_value(token: OwnerToken, fingerprint: Digest, lapse: Lapse) -> [u8; CLAIM_LEN] {
+    let mut value = [0; CLAIM_LEN];
+    value[0] = b'I';
+    value[1..17].copy_from_slice(&token.0.to_be_bytes());
+    value[17..49].copy_from_slice(&fingerprint.0);
+    value[49..57].copy_from_slice(&((token.0 & CREATED_MASK) as u64).to_be_bytes());
+    value[57..65].copy_from_slice(&(lapse.span().as_millis() as u64).to_be_bytes());
+    value[65] = match lapse {
+        Lapse::Hold { .. } => b'H',
+        Lapse::Release { .. } => b'R',
+    };
+    value
+}
+
+/// The value a settlement writes (`None`: the record is deleted) and its TTL in ms.
+pub(super) fn settled_value(
+    token: OwnerToken,
+    fingerprint: Digest,
+    settlement: &Settlement,
+) -> (Option<Vec<u8>>, u64) {
+    let ms = |ttl: Duration| ttl.as_millis().max(1) as u64;
+    let head = |kind: u8, extra: usize| {
+        let mut value = Vec::with_capacity(1 + 16 + 32 + extra);
+        value.push(kind);
+        value.extend_from_slice(&token.0.to_be_bytes());
+        value.extend_from_slice(&fingerprint.0);
+        value
+    };
+    let now = unix_ms(SystemTime::now()).to_be_bytes();
+    match settlement {
+        Settlement::Done { ttl, .. }
+        | Settlement::NotStored { ttl, .. }
+        | Settlement::Unknown { ttl }
+            if ttl.is_zero() =>
+        {
+            (None, 0)
+        }
+        Settlement::Done { response, ttl } => {
+            let done = DoneRecord(response);
+            let mut value = Vec::with_capacity(done.len());
+            value.push(b'D');
+            value.extend_from_slice(&fingerprint.0);
+            value.extend_from_slice(response.encode());
+            (Some(value), ms(*ttl))
+        }
+        Settlement::NotStored { status, ttl } => {
+            let mut value = Vec::with_capacity(1 + 32 + 2 + 8);
+            value.push(b'N');
+            value.extend_from_slice(&fingerprint.0);
+            value.extend_from_slice(&status.as_u16().to_be_bytes());
+            value.extend_from_slice(&now);
+            (Some(value), ms(*ttl))
+        }
+        Settlement::Unknown { ttl } => {
+            let mut value = head(b'U', 8);
+            value.extend_from_slice(&now);
+            (Some(value), ms(*ttl))
+        }
+        Settlement::Failed {
+            response,
+            linger,
+            reissue,
+        } => {
+            let encoded = response.encode();
+            let mut value = head(b'F', 1 + encoded.len());
+            value.push(if reissue.is_some() { b'1' } else { b'0' });
+            value.extend_from_slice(encoded);
+            (Some(value), ms((*linger).max(reissue.unwrap_or_default())))
+        }
+        Settlement::Release { reissue: Some(ttl) } => (Some(b"T".to_vec()), ms(*ttl)),
+        Settlement::Release { reissue: None } => (None, 0),
+    }
+}
+
+/// The done record of a response, whose fingerprint is the claim's, written straight into
+/// the command that carries it rather than assembled in a buffer of its own first.
+#[derive(Clone, Copy)]
+pub(super) struct DoneRecord<'a>(pub &'a StoredResponse);
+
+impl DoneRecord<'_> {
+    pub(super) fn len(&self) -> usize {
+        1 + std::mem::size_of::<Digest>() + self.0.encode().len()
+    }
+}
+
+impl ToRedisArgs for DoneRecord<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.bufmut_for_next_arg(self.len());
+        for part in [&b"D"[..], &self.0.fingerprint().0, self.0.encode()] {
+            arg.put_slice(part);
+        }
+    }
+}
+
+/// A record or channel name, `{prefix}{infix}{<hex digest>}` (the braces make a cluster
+/// keep a key's record and channel in one slot), written straight into the command that
+/// carries it: a `String` per name would be an allocation and a copy per use.
+#[derive(Clone, Copy)]
+pub(super) struct Name<'a> {
+    prefix: &'a str,
+    infix: &'static str,
+    key: &'a Digest,
+}
+
+impl<'a> Name<'a> {
+    pub(super) fn new(prefix: &'a str, infix: &'static str, key: &'a Digest) -> Self {
+        Self { prefix, infix, key }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.prefix.len() + self.infix.len() + 2 + 2 * self.key.0.len()
+    }
+
+    /// The name's pieces, in order, given the buffer for its hex digits.
+    fn parts<'b>(&'b self, hex: &'b mut [u8; 64]) -> [&'b [u8]; 5] {
+        // 32 bytes always fit 64 hex digits.
+        let _ = hex::encode_to_slice(self.key.0, hex);
+        [
+            self.prefix.as_bytes(),
+            self.infix.as_bytes(),
+            b"{",
+            &hex[..],
+            b"}",
+        ]
+    }
+}
+
+impl ToRedisArgs for Name<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut hex = [0; 64];
+        let mut arg = out.bufmut_for_next_arg(self.len());
+        for part in self.parts(&mut hex) {
+            arg.put_slice(part);
+        }
+    }
+}
+
+impl std::fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut hex = [0; 64];
+        for part in self.parts(&mut hex) {
+            // Every piece is ASCII (the prefix is a `str`, the rest hex and braces).
+            f.write_str(std::str::from_utf8(part).map_err(|_| std::fmt::Error)?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, StatusCode};
+
+    #[test]
+    fn record_and_channel_names_share_the_hash_tag() {
+        let key = Digest([0xab; 32]);
+        let hex = "ab".repeat(32);
+        let names = [
+            Name::new("idem:", "", &key),
+            Name::new("idem:", "done:", &key),
+        ];
+        assert_eq!(names[0].to_string(), format!("idem:{{{hex}}}"));
+        assert_eq!(names[1].to_string(), format!("idem:done:{{{hex}}}"));
+        for name in names {
+            // What a command carries is what the name shows, and `len` sizes it.
+            assert_eq!(name.to_redis_args(), vec![name.to_string().into_bytes()]);
+            assert_eq!(name.len(), name.to_string().len());
+        }
+    }
+
+    /// Every record a settlement writes reads back as what it says.
+    #[test]
+    fn settled_values_parse_back() {
+        let (token, fp) = (OwnerToken(7 << 48 | 42), Digest([3; 32]));
+        let answer = StoredResponse::new(StatusCode::BAD_GATEWAY, &HeaderMap::new(), b"down");
+        let hour = Duration::from_secs(3600);
+        let value = |s: Settlement| settled_value(token, fp, &s).0.expect("a value");
+        match Record::parse(&value(Settlement::Unknown { ttl: hour })).unwrap() {
+            Record::Unknown { fingerprint, .. } => assert_eq!(fingerprint, fp),
+            _ => panic!("not an unknown outcome"),
+        }
+        match Record::parse(&value(Settlement::NotStored {
+            status: StatusCode::OK,
+            ttl: hour,
+        }))
+        .unwrap()
+        {
+            Record::NotStored {
+                status,
+                fingerprint,
+                ..
+            } => assert_eq!((status, fingerprint), (StatusCode::OK, fp)),
+            _ => panic!("not a not-stored record"),
+        }
+        let failed = Settlement::Failed {
+            response: answer.clone(),
+            linger: hour,
+            reissue: Some(hour),
+        };
+        let failed = value(failed);
+        // The issued flag the claim script reads, right after kind, token and fingerprint.
+        assert_eq!(failed[49], b'1');
+        match Record::parse(&failed).unwrap() {
+            Record::Failed {
+                token: t, response, ..
+            } => {
+                assert_eq!(t, token);
+                assert_eq!(response.body(), answer.body());
+                assert_eq!(response.fingerprint(), fp);
+            }
+            _ => panic!("not a failure"),
+        }
+        let claim = claim_value(token, fp, Lapse::Release { grace: hour });
+        match Record::parse(&claim).unwrap() {
+            Record::InFlight {
+                token: t, lapse, ..
+            } => {
+                assert_eq!((t, lapse), (token, Lapse::Release { grace: hour }))
+            }
+            _ => panic!("not a claim"),
+        }
+        assert_eq!(
+            settled_value(token, fp, &Settlement::Release { reissue: None }).0,
+            None
+        );
+    }
+}

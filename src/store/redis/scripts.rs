@@ -1,0 +1,165 @@
+//! The Redis store's Lua scripts: each an atomic read-and-write on one record (so it works
+//! on a cluster, the record's hash tag naming the slot). Record layouts are in
+//! [`super::records`].
+
+use redis::Script;
+
+/// Claims a key: takes a free key (unless only an issued one may be taken, or the caller
+/// is a waiter, which never takes a turn of its own unless the route lets lapsed claims be
+/// taken over), an issued token, or a failure record left for another owner's waiters;
+/// marks another owner's unmarked in-flight record as waited on when asked to; otherwise
+/// returns the record and its remaining TTL.
+///
+/// KEYS[1] record. ARGV: [1] the claim's in-flight value, [2] its PX, [3] `1` for
+/// issued-only, [4] `1` to mark, [5] the token a waiter waited on (16 bytes) or empty,
+/// [6] `1` when a waiter may take a free key. Returns 0 (claimed), 1 (free, and not
+/// taken), or `{value, pttl}`.
+const CLAIM: &str = r"
+local v = redis.call('GET', KEYS[1])
+local waiter = ARGV[5] ~= ''
+if not v then
+  if ARGV[3] == '1' or (waiter and ARGV[6] ~= '1') then return 1 end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 0
+end
+local kind = string.sub(v, 1, 1)
+if not waiter and (kind == 'T' or (kind == 'F' and (ARGV[3] ~= '1' or string.sub(v, 50, 50) == '1'))) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 0
+end
+if ARGV[4] == '1' and kind == 'I' and #v == #ARGV[1]
+    and string.sub(v, 2, 17) ~= string.sub(ARGV[1], 2, 17) then
+  redis.call('APPEND', KEYS[1], 'w')
+end
+return {v, redis.call('PTTL', KEYS[1])}
+";
+
+/// Ends a claim: fenced by the owner token (an in-flight record of that owner, or its own
+/// unknown outcome, which a late answer may still settle), writing the settlement (or
+/// deleting the record) and waking its waiters. A record that is gone is written back
+/// when asked to, since the request ran and a retry must not run it again.
+///
+/// KEYS[1] record. ARGV: [1] owner token (16 bytes), [2] new value (empty: delete), [3] its
+/// PX, [4] channel, [5] `1` to write back. Returns 1 (settled, or gone and nothing to
+/// write), 2 (written back), 0 (another owner's record).
+const SETTLE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v then
+  local kind = string.sub(v, 1, 1)
+  if (kind == 'I' or kind == 'U') and string.sub(v, 2, 17) == ARGV[1] then
+    if ARGV[2] == '' then
+      redis.call('DEL', KEYS[1])
+    else
+      redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+    end
+    redis.call('PUBLISH', ARGV[4], '1')
+    return 1
+  end
+  return 0
+end
+if ARGV[5] == '1' then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 2
+end
+return 1
+";
+
+/// `SET … IFEQ` for servers without it: the owner's own unmarked in-flight record swapped
+/// for the done record it comes ready-made with, so the script builds no strings. It
+/// publishes nothing: a record it matches carries no waiter's mark, so no one waits on it.
+const SWAP: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+";
+
+/// Renews a live claim, or restores it if the record is gone (a Redis restarted empty or
+/// failed over without it), so duplicates keep finding it in flight.
+///
+/// KEYS[1] record. ARGV: [1] `I` and the owner token (17 bytes), [2] PX, [3] the claim's
+/// unmarked in-flight value. Returns 1 (renewed), 2 (restored), 0 (another's record).
+const RENEW: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+  return 2
+end
+if string.sub(v, 1, 17) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
+const ISSUE: &str = r"
+redis.call('SET', KEYS[1], 'T', 'PX', ARGV[1])
+return 1
+";
+
+const HIT: &str = r"
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return n
+";
+
+/// A record, its remaining TTL, and how often it was seen in observe mode (`n`, `last`
+/// ms; nil when never). KEYS[1] record, KEYS[2] its seen counter.
+const INSPECT: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+return {v, redis.call('PTTL', KEYS[1]), redis.call('HMGET', KEYS[2], 'n', 'last')}
+";
+
+/// Deletes a record and its seen counter, and wakes its waiters.
+const REMOVE: &str = r"
+local n = redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[2])
+redis.call('PUBLISH', ARGV[1], '1')
+return n
+";
+
+/// Counts a duplicate seen in observe mode while the key has a record; the counter lives
+/// as long as the record. Returns the record's first 64 bytes (which hold when it was
+/// made, whatever its kind), or 0. KEYS[1] record, KEYS[2] its counter; ARGV[1] now in ms.
+const SEEN: &str = r"
+local t = redis.call('PTTL', KEYS[1])
+if t <= 0 then return 0 end
+local head = redis.call('GETRANGE', KEYS[1], 0, 63)
+if redis.call('HINCRBY', KEYS[2], 'n', 1) == 1 then
+  redis.call('HINCRBY', KEYS[2], 'n', 1)
+end
+redis.call('HSET', KEYS[2], 'last', ARGV[1])
+redis.call('PEXPIRE', KEYS[2], t)
+return head
+";
+
+/// The scripts, hashed once (redis-rs sends `EVALSHA`, and the source after `NOSCRIPT`).
+pub(super) struct Scripts {
+    pub claim: Script,
+    pub settle: Script,
+    pub swap: Script,
+    pub renew: Script,
+    pub issue: Script,
+    pub hit: Script,
+    pub inspect: Script,
+    pub remove: Script,
+    pub seen: Script,
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self {
+            claim: Script::new(CLAIM),
+            settle: Script::new(SETTLE),
+            swap: Script::new(SWAP),
+            renew: Script::new(RENEW),
+            issue: Script::new(ISSUE),
+            hit: Script::new(HIT),
+            inspect: Script::new(INSPECT),
+            remove: Script::new(REMOVE),
+            seen: Script::new(SEEN),
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! What the PostgreSQL and MySQL stores share besides their SQL: the bounds every
+//! database call runs under, the schema created once, the keys duplicates wait on, the
+//! renewals, the reaper's count, and the background tasks that end with the store.
+
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+use tokio::task::AbortHandle;
+
+use super::waiters::Interests;
+use super::{bounded, max_tries, Call, SqlSettings};
+use crate::store::renewals::{Renewals, Renewed};
+use crate::store::{Ownership, Settled, Settlement, StoreError};
+
+/// The state both SQL stores keep beside their pool and statements.
+pub(super) struct Common {
+    timeout: Duration,
+    tries: u32,
+    schema: OnceCell<()>,
+    /// The keys duplicates in this process wait on.
+    pub interests: Arc<Interests>,
+    /// The claims this store keeps renewed.
+    pub renewals: Arc<Renewals>,
+    /// Expired rows the reaper deleted since start.
+    pub reaped: AtomicU64,
+    /// The store's background tasks (listener or re-check, reaper), ended with it.
+    tasks: Vec<AbortHandle>,
+}
+
+impl Drop for Common {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        // Its renewing task may be waiting for a claim that will never come.
+        self.renewals.store_dropped();
+    }
+}
+
+impl Common {
+    pub(super) fn new(
+        settings: &SqlSettings,
+        interests: Arc<Interests>,
+        tasks: Vec<AbortHandle>,
+    ) -> Self {
+        Self {
+            timeout: settings.timeout,
+            tries: max_tries(settings.max_connections),
+            schema: OnceCell::new(),
+            interests,
+            renewals: Arc::default(),
+            reaped: AtomicU64::new(0),
+            tasks,
+        }
+    }
+
+    /// The longest one operation may take.
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// One database call under the store timeout, sent again on a dropped connection
+    /// (see [`bounded`]).
+    pub(super) async fn call<'a, T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>> + Send + 'a,
+    {
+        bounded(self.timeout, self.tries, op).await
+    }
+
+    /// Runs `migrate` until it succeeds once (the first call that reaches the database
+    /// creates what is missing; later calls return at once). Creating takes longer than a
+    /// statement, so it gets at least ten seconds.
+    pub(super) async fn schema<'a>(
+        &'a self,
+        migrate: impl Fn() -> Call<'a, ()>,
+    ) -> Result<(), StoreError> {
+        let timeout = self.timeout.max(Duration::from_secs(10));
+        self.schema
+            .get_or_try_init(|| bounded(timeout, self.tries, migrate))
+            .await
+            .map(|_| ())
+    }
+
+    /// What a settle routine's answer `code` means; wakes the waiters in this process
+    /// (they need no notification).
+    pub(super) fn settled(
+        &self,
+        owned: &Ownership,
+        settlement: &Settlement,
+        code: i64,
+    ) -> Result<Settled, StoreError> {
+        self.interests.wake(&owned.key);
+        Ok(match code {
+            1 => Settled::Written,
+            2 => {
+                tracing::warn!(
+                    key = %owned.key.short(),
+                    settled = settlement.as_str(),
+                    "the store had lost the claim; wrote the outcome back"
+                );
+                Settled::WrittenBack
+            }
+            0 => Settled::NotWritten,
+            other => return Err(unexpected_code(other)),
+        })
+    }
+
+    /// What a renew routine's answer `code` means.
+    pub(super) fn renewed(code: i64) -> Result<Renewed, StoreError> {
+        Ok(match code {
+            1 => Renewed::Extended,
+            2 => Renewed::Restored,
+            0 => Renewed::Lost,
+            other => return Err(unexpected_code(other)),
+        })
+    }
+}
+
+fn unexpected_code(code: i64) -> StoreError {
+    StoreError::Unavailable(format!("unexpected answer from the database: {code}"))
+}

@@ -1,0 +1,272 @@
+//! `connections.max_client` and `connections.max_upstream`: over the client cap a new
+//! connection waits while the others are served; over the upstream cap requests wait for
+//! a connection, the upstream never sees more than the cap, and a request that waited past
+//! its timeout for a connection never went out (502, key released, not 504).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{metric, post, start_proxy, start_upstream};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+
+const ROUTES: &str = r#"
+routes:
+  - name: orders
+    match: { methods: [POST], path: /orders }
+    key: { header: Idempotency-Key, required: true }
+  - name: plain
+    match: { path: "/plain/*" }
+    idempotency: off
+"#;
+
+/// One GET on `stream`, answered (by the test upstream) with a JSON body: reads the whole
+/// answer and returns its status line.
+async fn get_on(stream: &mut TcpStream, path: &str) -> String {
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    read_answer(stream).await
+}
+
+async fn read_answer(stream: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let mut body = vec![0u8; common::content_length_of(&head)];
+    stream.read_exact(&mut body).await.unwrap();
+    head.lines().next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_client_cap_a_new_connection_waits_while_the_others_are_served() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &format!("connections: {{ max_client: 2 }}\n{ROUTES}"),
+    )
+    .await;
+    let mut first = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut second = TcpStream::connect(proxy.addr).await.unwrap();
+    assert!(get_on(&mut first, "/plain/1").await.contains("200"));
+    assert!(get_on(&mut second, "/plain/2").await.contains("200"));
+    // The third is accepted by the kernel, but not served while the two are open.
+    let mut third = TcpStream::connect(proxy.addr).await.unwrap();
+    third
+        .write_all(b"GET /plain/3 HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    while metric(proxy.admin, "idemgate_client_connections_waited_total").await < 1.0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        metric(proxy.admin, "idemgate_client_connections").await,
+        2.0
+    );
+    // The two go on being served meanwhile.
+    assert!(get_on(&mut first, "/plain/4").await.contains("200"));
+    assert!(get_on(&mut second, "/plain/5").await.contains("200"));
+    let mut byte = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(300), third.read(&mut byte)).await;
+    assert!(
+        early.is_err(),
+        "the third connection was served over the cap"
+    );
+    // One closes: the third gets its turn.
+    drop(first);
+    let answer = tokio::time::timeout(Duration::from_secs(30), read_answer(&mut third))
+        .await
+        .expect("hang guard: the waiting connection was never served");
+    assert!(answer.contains("200"), "{answer}");
+}
+
+/// A raw upstream that holds every request until the test lets it go (`release`), and
+/// counts connections: open now, most open at once, and in all.
+struct Holding {
+    addr: SocketAddr,
+    open: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+    total: Arc<AtomicUsize>,
+    /// One message per request that arrived.
+    arrived: mpsc::UnboundedReceiver<()>,
+    release: Arc<Semaphore>,
+    /// The requests' idempotency keys, in arrival order.
+    keys: Arc<Mutex<Vec<String>>>,
+}
+
+async fn holding_upstream() -> Holding {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (open, most, total): (Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicUsize>) =
+        (Arc::default(), Arc::default(), Arc::default());
+    let release = Arc::new(Semaphore::new(0));
+    let keys: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (arrived_tx, arrived) = mpsc::unbounded_channel();
+    let (o, m, t, r, k) = (
+        Arc::clone(&open),
+        Arc::clone(&most),
+        Arc::clone(&total),
+        Arc::clone(&release),
+        Arc::clone(&keys),
+    );
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            t.fetch_add(1, Ordering::SeqCst);
+            let now = o.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(now, Ordering::SeqCst);
+            let (o, r, k, arrived_tx) = (
+                Arc::clone(&o),
+                Arc::clone(&r),
+                Arc::clone(&k),
+                arrived_tx.clone(),
+            );
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut read = BufReader::new(read);
+                loop {
+                    let mut line = String::new();
+                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        break;
+                    }
+                    let mut length = 0usize;
+                    loop {
+                        let mut field = String::new();
+                        read.read_line(&mut field).await.unwrap();
+                        let field = field.trim_end();
+                        if field.is_empty() {
+                            break;
+                        }
+                        let (name, value) = field.split_once(':').unwrap();
+                        match name.to_ascii_lowercase().as_str() {
+                            "content-length" => length = value.trim().parse().unwrap(),
+                            "idempotency-key" => k.lock().unwrap().push(value.trim().to_owned()),
+                            _ => {}
+                        }
+                    }
+                    let mut body = vec![0u8; length];
+                    read.read_exact(&mut body).await.unwrap();
+                    let _ = arrived_tx.send(());
+                    r.acquire().await.unwrap().forget();
+                    let answer = "HTTP/1.1 201 Created\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
+                    if write.write_all(answer.as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+                o.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    Holding {
+        addr,
+        open,
+        most,
+        total,
+        arrived,
+        release,
+        keys,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_cap_bounds_connections_and_queued_requests_are_served() {
+    let mut upstream = holding_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &format!("connections: {{ max_upstream: 2 }}\n{ROUTES}"),
+    )
+    .await;
+    let requests: Vec<_> = (0..5)
+        .map(|i| {
+            let addr = proxy.addr;
+            tokio::spawn(async move { post(addr, &format!("/plain/{i}"), &[], "{}").await })
+        })
+        .collect();
+    // Two arrive; the other three wait for a connection.
+    for _ in 0..2 {
+        upstream.arrived.recv().await.unwrap();
+    }
+    while metric(proxy.admin, "idemgate_upstream_connections_waited_total").await < 3.0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        metric(proxy.admin, "idemgate_upstream_connections").await,
+        2.0
+    );
+    assert_eq!(upstream.open.load(Ordering::SeqCst), 2);
+    upstream.release.add_permits(5);
+    for request in requests {
+        let answer = request.await.unwrap();
+        assert_eq!(answer.status, 201, "{:?}", answer.body);
+    }
+    assert_eq!(
+        upstream.most.load(Ordering::SeqCst),
+        2,
+        "at most two at once"
+    );
+    assert_eq!(
+        upstream.total.load(Ordering::SeqCst),
+        2,
+        "the waiting requests reused the two connections"
+    );
+}
+
+/// Waiting for a connection is waiting before anything was sent: a protected request
+/// whose `upstream_timeout` passes while the only connection is busy is a 502 that
+/// releases its key (the retry executes), not a 504 that would hold it as possibly run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_timed_out_waiting_for_a_connection_was_not_sent() {
+    let mut upstream = holding_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        r#"
+connections: { max_upstream: 1 }
+routes:
+  - name: orders
+    match: { methods: [POST], path: /orders }
+    key: { header: Idempotency-Key, required: true }
+    upstream_timeout: 300ms
+  - name: plain
+    match: { path: "/plain/*" }
+    idempotency: off
+"#,
+    )
+    .await;
+    let addr = proxy.addr;
+    let busy = tokio::spawn(async move { post(addr, "/plain/busy", &[], "{}").await });
+    upstream.arrived.recv().await.unwrap();
+    let waited = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "queued")],
+        "{}",
+    )
+    .await;
+    assert_eq!(waited.status, 502, "{:?}", waited.body);
+    assert_eq!(
+        waited.json()["type"],
+        "urn:idemgate:problem:upstream-unreachable"
+    );
+    upstream.release.add_permits(3);
+    assert_eq!(busy.await.unwrap().status, 201);
+    // The released key executes now.
+    let retry = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "queued")],
+        "{}",
+    )
+    .await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert!(!retry.replayed());
+    assert_eq!(*upstream.keys.lock().unwrap(), ["queued"]);
+}

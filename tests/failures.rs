@@ -1,0 +1,387 @@
+//! Exactly once when things fail: an owner whose upstream answers 500 while duplicates
+//! wait, an upstream that times out or resets after the request went out, answers too
+//! large to store, and a full memory store. Each test counts the upstream's executions and
+//! waits on the upstream's or the proxy's own signals (a request arrived at a gate,
+//! duplicates parked waiting), never on a sleep winning a race.
+
+mod common;
+
+use common::{post, start_proxy, start_proxy_with_admin, start_upstream, ProxyHandle};
+use http::{Method, StatusCode};
+
+/// A header-keyed route `orders` on `/orders`, with `extra` policy keys.
+fn route(extra: &str) -> String {
+    format!(
+        "routes:\n  - name: orders\n    match: {{ methods: [POST], path: /orders }}\n    key: {{ header: Idempotency-Key, required: true }}\n    {extra}\n"
+    )
+}
+
+fn problem_type(answer: &common::Answer) -> String {
+    answer.json()["type"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Sends `n` duplicates of `key` in the background and waits until the proxy reports all
+/// of them parked waiting for the owner.
+async fn park_duplicates(
+    proxy: &ProxyHandle,
+    key: &'static str,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<common::Answer>> {
+    let duplicates = (0..n)
+        .map(|_| {
+            let addr = proxy.addr;
+            tokio::spawn(
+                async move { post(addr, "/orders", &[("idempotency-key", key)], "{}").await },
+            )
+        })
+        .collect();
+    proxy.metric_reaches("idemgate_waiting", n as f64).await;
+    duplicates
+}
+
+/// Three clicks on "pay" against an upstream that answers 500 after a partial commit:
+/// the duplicates that were waiting get the owner's 500 (marked as a replay), never a
+/// turn of their own. Only a request that comes after it executes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_waiting_on_a_failing_owner_share_its_500_and_do_not_execute() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &route("wait_timeout: 30s")).await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [
+            ("idempotency-key", "pay"),
+            ("x-test-gate", "pay"),
+            ("x-test-status", "500"),
+        ];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("pay", 1).await;
+    let duplicates = park_duplicates(&proxy, "pay", 5).await;
+    upstream.open("pay");
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.status, StatusCode::INTERNAL_SERVER_ERROR);
+    for duplicate in duplicates {
+        let duplicate = duplicate.await.unwrap();
+        assert_eq!(duplicate.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(duplicate.replayed(), "the owner's failure, shared");
+        assert_eq!(duplicate.body, owner.body);
+    }
+    assert_eq!(upstream.executed(), 1, "the waiting duplicates ran nothing");
+    assert_eq!(
+        proxy.metric(r#"idemgate_requests_total{route="orders",outcome="failure_shared"}"#),
+        5.0
+    );
+
+    // A retry after the failure is a new attempt.
+    let later = post(proxy.addr, "/orders", &[("idempotency-key", "pay")], "{}").await;
+    assert_eq!(later.status, StatusCode::CREATED);
+    assert!(!later.replayed());
+    assert_eq!(upstream.executed(), 2);
+}
+
+/// `upstream_timeout` passes while the upstream still works: the client gets a 504, the
+/// owner keeps waiting in the background, and a retry meanwhile does not execute again;
+/// once the answer comes it is stored, and the retry gets it replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_request_is_not_run_again_and_its_late_answer_is_replayed() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &route("upstream_timeout: 300ms\n    background_timeout: 60s\n    wait_timeout: 100ms"),
+    )
+    .await;
+    let first = [("idempotency-key", "late"), ("x-test-gate", "late")];
+    let timed_out = post(proxy.addr, "/orders", &first, "{}").await;
+    assert_eq!(timed_out.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(
+        problem_type(&timed_out),
+        "urn:idemgate:problem:upstream-timeout"
+    );
+    upstream.arrived("late", 1).await;
+
+    // While the first still runs, the retry waits, then hears it is in progress.
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "late")], "{}").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert_eq!(problem_type(&retry), "urn:idemgate:problem:in-flight");
+    assert_eq!(upstream.executed(), 1);
+
+    upstream.open("late");
+    let replayed = retry_until(&proxy, "late", |a| a.status != StatusCode::CONFLICT).await;
+    assert_eq!(replayed.status, StatusCode::CREATED);
+    assert!(replayed.replayed());
+    assert_eq!(replayed.json()["n"], 1, "the first execution's answer");
+    assert_eq!(upstream.executed(), 1);
+}
+
+/// Retries `key` (each is answered at once or after a short wait) until `done` says so.
+async fn retry_until(
+    proxy: &ProxyHandle,
+    key: &str,
+    done: impl Fn(&common::Answer) -> bool,
+) -> common::Answer {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let answer = post(proxy.addr, "/orders", &[("idempotency-key", key)], "{}").await;
+        if done(&answer) {
+            return answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: {key} never settled"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// An upstream that takes the request and never answers: past `background_timeout` the
+/// key is held as an unknown outcome, counted, and every retry gets that problem instead
+/// of a second execution, until an operator purges the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_never_answers_leaves_the_key_held_as_unknown() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(
+        upstream.addr,
+        &route("upstream_timeout: 200ms\n    background_timeout: 400ms\n    wait_timeout: 50ms"),
+        Some("admin-token"),
+    )
+    .await;
+    let first = [("idempotency-key", "lost"), ("x-test-gate", "never")];
+    let timed_out = post(proxy.addr, "/orders", &first, "{}").await;
+    assert_eq!(timed_out.status, StatusCode::GATEWAY_TIMEOUT);
+    let held = retry_until(&proxy, "lost", |a| {
+        problem_type(a) != "urn:idemgate:problem:in-flight"
+    })
+    .await;
+    assert_eq!(held.status, StatusCode::CONFLICT);
+    assert_eq!(problem_type(&held), "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(upstream.executed(), 1);
+    assert_eq!(
+        proxy.metric(r#"idemgate_unknown_outcomes_total{route="orders"}"#),
+        1.0
+    );
+
+    // Support checked what happened and purges the key: the next retry executes.
+    let digest = common::stored_key(&proxy, "/orders", &[("idempotency-key", "lost")], b"{}");
+    let purge = common::send(
+        proxy.admin,
+        Method::DELETE,
+        &format!("/keys/{digest}"),
+        &[("authorization", "Bearer admin-token")],
+        "",
+    )
+    .await;
+    assert_eq!(purge.status, StatusCode::NO_CONTENT);
+    let after = post(proxy.addr, "/orders", &[("idempotency-key", "lost")], "{}").await;
+    assert_eq!(after.status, StatusCode::CREATED);
+    assert_eq!(upstream.executed(), 2);
+}
+
+/// An upstream that reads the request and breaks the connection without an answer may
+/// have executed it: the client gets a 502, and the key is held (no retry executes); with
+/// `on_unknown_outcome: release` the retry executes, as the operator chose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_after_sending_holds_the_key_unless_release_is_configured() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &route("wait_timeout: 100ms")).await;
+    let reset = [("idempotency-key", "reset"), ("x-test-reset", "1")];
+    let broken = post(proxy.addr, "/orders", &reset, "{}").await;
+    assert_eq!(broken.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        problem_type(&broken),
+        "urn:idemgate:problem:upstream-failed"
+    );
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "reset")], "{}").await;
+    assert_eq!(problem_type(&retry), "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(upstream.executed(), 1);
+
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &route("on_unknown_outcome: release")).await;
+    let broken = post(proxy.addr, "/orders", &reset, "{}").await;
+    assert_eq!(broken.status, StatusCode::BAD_GATEWAY);
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "reset")], "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(upstream.executed(), 2);
+}
+
+/// An answer over `max_answer` streams to its client whole, and the key records
+/// "executed, answer not stored": the duplicates that waited and every later repeat get
+/// that problem, and nothing executes twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_too_large_to_store_streams_and_its_repeats_never_execute() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &route("max_answer: 64KiB\n    wait_timeout: 30s"),
+    )
+    .await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [
+            ("idempotency-key", "big"),
+            ("x-test-gate", "big"),
+            ("x-test-bytes", "1048576"),
+        ];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("big", 1).await;
+    let duplicates = park_duplicates(&proxy, "big", 3).await;
+    upstream.open("big");
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.status, StatusCode::CREATED);
+    assert_eq!(owner.body.len(), 1 << 20, "streamed whole");
+    assert!(owner.body.iter().all(|b| *b == b'x'));
+    for duplicate in duplicates {
+        let duplicate = duplicate.await.unwrap();
+        assert_eq!(duplicate.status, StatusCode::CONFLICT);
+        assert_eq!(
+            problem_type(&duplicate),
+            "urn:idemgate:problem:answer-not-stored"
+        );
+    }
+    let later = post(proxy.addr, "/orders", &[("idempotency-key", "big")], "{}").await;
+    assert_eq!(
+        problem_type(&later),
+        "urn:idemgate:problem:answer-not-stored"
+    );
+    assert!(later.json()["detail"].as_str().unwrap().contains("201"));
+    assert_eq!(upstream.executed(), 1);
+}
+
+/// A memory store full of live records evicts the ones closest to expiry, and each
+/// eviction is counted by the evicted record's route; with `when_full: reject` a new key
+/// gets a 503 instead and every stored answer stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_counts_its_evictions_or_refuses_new_keys() {
+    let upstream = start_upstream().await;
+    let store = |when_full: &str| {
+        format!(
+            "store:\n  memory: {{ max_entries: 4, when_full: {when_full} }}\n{}",
+            route("")
+        )
+    };
+    let proxy = start_proxy(upstream.addr, &store("evict")).await;
+    for n in 0..6 {
+        let key = format!("k{n}");
+        let answer = post(proxy.addr, "/orders", &[("idempotency-key", &key)], "{}").await;
+        assert_eq!(answer.status, StatusCode::CREATED);
+    }
+    assert_eq!(
+        proxy.metric(r#"idemgate_store_evictions_total{route="orders"}"#),
+        2.0
+    );
+
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &store("reject")).await;
+    for n in 0..4 {
+        let key = format!("k{n}");
+        post(proxy.addr, "/orders", &[("idempotency-key", &key)], "{}").await;
+    }
+    let refused = post(proxy.addr, "/orders", &[("idempotency-key", "k4")], "{}").await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    for n in 0..4 {
+        let key = format!("k{n}");
+        let again = post(proxy.addr, "/orders", &[("idempotency-key", &key)], "{}").await;
+        assert!(again.replayed(), "{key} was kept");
+    }
+    assert_eq!(upstream.executed(), 4);
+    assert_eq!(
+        proxy.metric(r#"idemgate_store_evictions_total{route="orders"}"#),
+        0.0
+    );
+}
+
+/// With `caller_share`, one caller (here: one `Authorization`) cannot fill more than its
+/// share of the memory store, so it cannot push the others' records out: past it, its new
+/// keys get a 429 while its stored answers still replay and other callers store theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_cannot_fill_more_than_its_share_of_the_store() {
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  memory: {{ max_entries: 10, caller_share: 30% }}\n{}",
+        route("")
+    );
+    let proxy = start_proxy(upstream.addr, &config).await;
+    let as_caller = |who: &'static str, key: &str| {
+        let (addr, key) = (proxy.addr, key.to_owned());
+        async move {
+            let auth = format!("Bearer {who}");
+            let headers = [
+                ("idempotency-key", key.as_str()),
+                ("authorization", auth.as_str()),
+            ];
+            post(addr, "/orders", &headers, "{}").await
+        }
+    };
+    for n in 0..3 {
+        let stored = as_caller("mallory", &format!("junk-{n}")).await;
+        assert_eq!(stored.status, StatusCode::CREATED);
+    }
+    let refused = as_caller("mallory", "junk-3").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        problem_type(&refused),
+        "urn:idemgate:problem:caller-over-share"
+    );
+    assert!(
+        as_caller("mallory", "junk-0").await.replayed(),
+        "its answers stay"
+    );
+    for n in 0..3 {
+        let theirs = as_caller("alice", &format!("order-{n}")).await;
+        assert_eq!(theirs.status, StatusCode::CREATED);
+        assert!(!theirs.replayed());
+    }
+    assert_eq!(upstream.executed(), 6);
+    assert_eq!(
+        proxy.metric(r#"idemgate_store_evictions_total{route="orders"}"#),
+        0.0
+    );
+}
+
+/// Four clients download 200 MB answers of a protected route at once: each streams
+/// through whole (none is stored: over `max_answer`), and the proxy's peak resident memory
+/// (`VmHWM`, the kernel's high-water mark, so no moment is missed) stays under 300 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_concurrent_200_mb_answers_keep_the_proxy_under_300_mb() {
+    const SIZE: usize = 200 << 20;
+    let upstream = start_upstream().await;
+    let proxy = common::ProxyProcess::start(upstream.addr, &route(""));
+    let clients: Vec<_> = (0..4)
+        .map(|n| {
+            let addr = proxy.addr;
+            tokio::spawn(async move {
+                let key = format!("huge-{n}");
+                let request = http::Request::post(format!("http://{addr}/orders"))
+                    .header("idempotency-key", &key)
+                    .header("x-test-bytes", SIZE.to_string())
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+                    .unwrap();
+                let response = common::client().request(request).await.unwrap();
+                assert_eq!(response.status(), StatusCode::CREATED);
+                let mut body = response.into_body();
+                let mut received = 0usize;
+                use http_body_util::BodyExt;
+                while let Some(frame) = body.frame().await {
+                    if let Ok(data) = frame.unwrap().into_data() {
+                        received += data.len();
+                    }
+                }
+                received
+            })
+        })
+        .collect();
+    for client in clients {
+        assert_eq!(client.await.unwrap(), SIZE);
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", proxy.pid())).unwrap();
+    let peak_kb: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    assert!(peak_kb < 300 * 1024, "peak RSS {peak_kb} kB");
+    assert_eq!(upstream.executed(), 4);
+}

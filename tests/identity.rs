@@ -1,0 +1,160 @@
+//! Never someone else's answer: with no `scope:` configured, two callers never share a key,
+//! whether they are told apart by a session cookie, by their address, or by the address a
+//! trusted proxy names; and a spoofed `X-Forwarded-For` proves nothing.
+
+mod common;
+
+use common::{post, raw_exchange_from, raw_post, start_proxy, start_recorder, start_upstream};
+
+/// The body of an answer read off the wire, as JSON.
+fn json_body(raw: &str) -> serde_json::Value {
+    let body = raw.split("\r\n\r\n").nth(1).expect("an answer with a body");
+    serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {raw}"))
+}
+
+fn replayed(raw: &str) -> bool {
+    raw.to_ascii_lowercase()
+        .contains("\r\nidempotent-replayed: true\r\n")
+}
+
+/// Two browsers of a cookie-session app, no `Authorization`, the same body: each gets its
+/// own execution and its own `Set-Cookie`; a repeat within one session still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookie_session_callers_never_get_each_others_answer() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let body = r#"{"sku":"A1","qty":1}"#;
+    let alice = post(
+        proxy.addr,
+        "/cart/add",
+        &[("cookie", "sessionid=alice-1")],
+        body,
+    )
+    .await;
+    let bob = post(
+        proxy.addr,
+        "/cart/add",
+        &[("cookie", "sessionid=bob-2")],
+        body,
+    )
+    .await;
+    assert!(!alice.replayed() && !bob.replayed());
+    assert_eq!(upstream.executed(), 2, "each browser's request executes");
+    assert_eq!(bob.json()["session"], "bob-2");
+    let bob_cookies: Vec<_> = bob.headers.get_all("set-cookie").iter().collect();
+    assert_eq!(
+        bob_cookies,
+        ["session=bob-2-renewed"],
+        "never alice's cookie"
+    );
+    // An unknown session cookie name: the whole Cookie header still keeps them apart.
+    let carol = post(
+        proxy.addr,
+        "/cart/add",
+        &[("cookie", "app_sess=carol")],
+        body,
+    )
+    .await;
+    let dave = post(
+        proxy.addr,
+        "/cart/add",
+        &[("cookie", "app_sess=dave")],
+        body,
+    )
+    .await;
+    assert!(!carol.replayed() && !dave.replayed());
+    assert_eq!(upstream.executed(), 4);
+    // The same browser's double submit is still one execution.
+    let again = post(
+        proxy.addr,
+        "/cart/add",
+        &[("cookie", "theme=dark; sessionid=alice-1")],
+        body,
+    )
+    .await;
+    assert!(again.replayed());
+    assert_eq!(again.body, alice.body);
+    assert_eq!(upstream.executed(), 4);
+}
+
+/// Anonymous callers on different addresses, the same body: two executions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_callers_from_different_addresses_execute_separately() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let request = raw_post("/orders/signup", &[], r#"{"email":"victim@example.com"}"#);
+    let attacker = raw_exchange_from("127.0.0.2", proxy.addr, &request).await;
+    let victim = raw_exchange_from("127.0.0.3", proxy.addr, &request).await;
+    assert!(!replayed(&attacker));
+    assert!(
+        !replayed(&victim),
+        "the victim's request is not the attacker's replay"
+    );
+    assert_eq!(upstream.executed(), 2);
+    let retry = raw_exchange_from("127.0.0.3", proxy.addr, &request).await;
+    assert!(replayed(&retry), "the victim's own retry replays");
+    assert_eq!(json_body(&retry)["n"], json_body(&victim)["n"]);
+    assert_eq!(upstream.executed(), 2);
+}
+
+const BEHIND_A_PROXY: &str = r#"
+trusted_proxies: [127.0.0.2/32]
+routes:
+  - name: vote
+    match: { path: /orders/vote }
+    key: { fingerprint: { body: true }, scope: [client_ip] }
+"#;
+
+/// `X-Forwarded-For` names the client only when a trusted proxy sent it: from the trusted
+/// 127.0.0.2, two forwarded clients are two callers; from 127.0.0.3 a forged header
+/// neither borrows another client's answer nor makes the sender someone new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_for_counts_only_from_a_trusted_proxy() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, BEHIND_A_PROXY).await;
+    let body = r#"{"sku":"A1"}"#;
+    for path in ["/orders/default", "/orders/vote"] {
+        let before = upstream.executed();
+        let from = |xff: &str| raw_post(path, &[&format!("x-forwarded-for: {xff}")], body);
+        let first = raw_exchange_from("127.0.0.2", proxy.addr, &from("198.51.100.1")).await;
+        let second = raw_exchange_from("127.0.0.2", proxy.addr, &from("198.51.100.2")).await;
+        assert!(
+            !replayed(&first) && !replayed(&second),
+            "{path}: two clients"
+        );
+        assert_eq!(upstream.executed(), before + 2, "{path}");
+        // The right-most untrusted entry counts: what the client put left of it does not.
+        let repeat =
+            raw_exchange_from("127.0.0.2", proxy.addr, &from("203.0.113.5, 198.51.100.1")).await;
+        assert!(replayed(&repeat), "{path}: the first client's retry");
+        assert_eq!(json_body(&repeat)["n"], json_body(&first)["n"]);
+        // From an untrusted peer, the header is the sender's own word.
+        let spoofed = raw_exchange_from("127.0.0.3", proxy.addr, &from("198.51.100.1")).await;
+        assert!(
+            !replayed(&spoofed),
+            "{path}: a forged header gets no one's answer"
+        );
+        assert_eq!(upstream.executed(), before + 3, "{path}");
+        let respoofed = raw_exchange_from("127.0.0.3", proxy.addr, &from("192.0.2.99")).await;
+        assert!(
+            replayed(&respoofed),
+            "{path}: nor makes its sender someone else"
+        );
+        assert_eq!(upstream.executed(), before + 3, "{path}");
+    }
+}
+
+/// A trusted proxy that sends garbage vouches for nothing: its own address is the caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_forwarded_for_from_a_trusted_proxy_counts_as_the_proxy() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, BEHIND_A_PROXY).await;
+    let body = r#"{"sku":"B2"}"#;
+    let garbage = raw_post("/orders/x", &["x-forwarded-for: unknown"], body);
+    let plain = raw_post("/orders/x", &[], body);
+    let first = raw_exchange_from("127.0.0.2", proxy.addr, &garbage).await;
+    assert!(!replayed(&first));
+    let same_caller = raw_exchange_from("127.0.0.2", proxy.addr, &plain).await;
+    assert!(replayed(&same_caller), "both are the proxy's own address");
+    assert_eq!(upstream.executed(), 1);
+}

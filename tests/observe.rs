@@ -1,0 +1,179 @@
+//! `idempotency: observe`: every request is forwarded unchanged while the key is claimed
+//! and settled as enforcement would, and what enforcement would have done is counted,
+//! logged and shown per key. Switching the route to `on` keeps what observe wrote.
+
+mod common;
+
+use common::redis_server::wait_until;
+use common::{post, start_proxy_with_admin, start_upstream, ProxyHandle, ProxyProcess};
+use http::{Method, StatusCode};
+
+const OBSERVED: &str = "defaults: { max_body: 1KiB }\nroutes:\n  - name: orders\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key, required: true }\n    idempotency: observe\n";
+
+fn outcome(proxy: &ProxyHandle, outcome: &str) -> f64 {
+    proxy.metric(&format!(
+        r#"idemgate_requests_total{{route="orders",outcome="{outcome}"}}"#
+    ))
+}
+
+/// Duplicates, another payload, a request still running, a missing key, an oversized
+/// body: each reaches the upstream unchanged and gets the upstream's own answer, and is
+/// counted as what enforcement would have done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_forwards_everything_and_counts_what_enforcement_would_do() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, OBSERVED, None).await;
+    let key = [("idempotency-key", "k1")];
+    for n in 1..=3 {
+        let answer = post(proxy.addr, "/orders", &key, r#"{"amount":1}"#).await;
+        assert_eq!(answer.status, StatusCode::CREATED);
+        assert!(!answer.replayed(), "observe never replays");
+        assert_eq!(answer.json()["n"], n, "the upstream ran it");
+    }
+    let other = post(proxy.addr, "/orders", &key, r#"{"amount":2}"#).await;
+    assert_eq!(other.status, StatusCode::CREATED, "no 422 in observe mode");
+
+    // A duplicate of a request still running is forwarded at once, not held.
+    let addr = proxy.addr;
+    let held = [("idempotency-key", "k2"), ("x-test-gate", "running")];
+    let first = tokio::spawn(async move { post(addr, "/orders", &held, "{}").await });
+    upstream.arrived("running", 1).await;
+    let second = tokio::spawn(async move { post(addr, "/orders", &held, "{}").await });
+    upstream.arrived("running", 2).await;
+    upstream.open("running");
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(second.await.unwrap().status, StatusCode::CREATED);
+
+    let missing = post(proxy.addr, "/orders", &[], "{}").await;
+    assert_eq!(
+        missing.status,
+        StatusCode::CREATED,
+        "no 400 in observe mode"
+    );
+    let big = "x".repeat(4096);
+    let oversized = post(proxy.addr, "/orders", &[("idempotency-key", "k3")], &big).await;
+    assert_eq!(
+        oversized.status,
+        StatusCode::CREATED,
+        "no 413 in observe mode"
+    );
+    assert_eq!(oversized.json()["body"].as_str().unwrap().len(), 4096);
+
+    assert_eq!(upstream.executed(), 8, "every request ran upstream");
+    assert_eq!(outcome(&proxy, "executed"), 2.0);
+    assert_eq!(outcome(&proxy, "would_replay"), 2.0);
+    assert_eq!(outcome(&proxy, "would_mismatch"), 1.0);
+    assert_eq!(outcome(&proxy, "would_conflict"), 1.0);
+    assert_eq!(outcome(&proxy, "would_reject"), 2.0);
+    assert_eq!(outcome(&proxy, "replayed"), 0.0);
+}
+
+/// The admin API and `idemgate explain` show how often an observed key was seen, and
+/// when last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_and_explain_show_how_often_an_observed_key_was_seen() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, OBSERVED, None).await;
+    let key = [("idempotency-key", "seen-3")];
+    for _ in 0..3 {
+        post(proxy.addr, "/orders", &key, "{}").await;
+    }
+    let digest = common::stored_key(&proxy, "/orders", &key, b"{}");
+    let info = common::send(
+        proxy.admin,
+        Method::GET,
+        &format!("/keys/{digest}"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(info.status, StatusCode::OK);
+    let doc = info.json();
+    assert_eq!(doc["state"], "done");
+    assert_eq!(doc["seen"]["times"], 3, "{doc}");
+    assert!(doc["seen"]["last"].as_u64().unwrap() >= doc["created"].as_u64().unwrap());
+
+    // explain reads the key from the running proxy through the admin listener its config
+    // names.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:1\nupstream: http://{}\nadmin: {}\n{OBSERVED}",
+            upstream.addr, proxy.admin
+        ),
+    )
+    .unwrap();
+    let body = dir.path().join("body.json");
+    std::fs::write(&body, "{}").unwrap();
+    let text = common::explain_cli(
+        &config,
+        &[
+            "--method",
+            "POST",
+            "--path",
+            "/orders",
+            "-H",
+            "Idempotency-Key: seen-3",
+            "--client-ip",
+            "127.0.0.1",
+            "--body",
+            body.to_str().unwrap(),
+        ],
+    );
+    assert!(text.contains("protection:        observe"), "{text}");
+    assert!(
+        text.contains(&format!("key digest:        {digest}")),
+        "{text}"
+    );
+    assert!(text.contains("in the store:      done"), "{text}");
+    assert!(text.contains("seen:              3 times"), "{text}");
+}
+
+/// A route observed, then switched to `on` by a reload: the records observe wrote stay,
+/// so the first duplicate after the switch already replays. Each duplicate observed was
+/// logged with its route, key prefix and the age of its first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_from_observe_to_on_replays_what_observe_stored() {
+    let upstream = start_upstream().await;
+    let proxy = ProxyProcess::start_logging(upstream.addr, OBSERVED, "info");
+    let key = [("idempotency-key", "switch")];
+    let first = post(proxy.addr, "/orders", &key, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let observed = post(proxy.addr, "/orders", &key, "{}").await;
+    assert!(!observed.replayed());
+    wait_until(
+        || proxy.log().contains("observed a duplicate"),
+        "the observe log line",
+    );
+    let log = proxy.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("observed a duplicate"))
+        .unwrap();
+    for field in [
+        "route=orders",
+        "would=would_replay",
+        "first_age_ms=",
+        "key=",
+    ] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+
+    let text = std::fs::read_to_string(&proxy.config).unwrap();
+    std::fs::write(
+        &proxy.config,
+        text.replace("idempotency: observe", "idempotency: on"),
+    )
+    .unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().contains("config reloaded"),
+        "the reload log line",
+    );
+    let after = post(proxy.addr, "/orders", &key, "{}").await;
+    assert!(after.replayed(), "the record observe wrote is replayed");
+    assert_eq!(after.json()["n"], first.json()["n"]);
+    assert_eq!(upstream.executed(), 2);
+}

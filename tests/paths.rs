@@ -1,0 +1,120 @@
+//! One spelling of a path: a route cannot be stepped around by writing its path another
+//! way the upstream reads the same, what the upstream gets is what was matched, and what
+//! has no one safe reading (an encoded slash, a `Host` list) is refused.
+
+mod common;
+
+use common::{post, raw_exchange, start_proxy, start_recorder};
+use http::StatusCode;
+
+const REQUIRED: &str = r#"
+routes:
+  - name: pay
+    match: { methods: [POST], path: /api/orders }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+const SPELLINGS: [&str; 6] = [
+    "/api//orders",
+    "/api/./orders",
+    "/api/%6Frders",
+    "/api/x/../orders",
+    "//api///orders",
+    "/api/%2e/orders",
+];
+
+/// Each spelling without a key is refused as the route requires, not let through on the
+/// default key (or unprotected) while the upstream runs `/api/orders`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_spelling_of_a_required_route_gets_past_it() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, REQUIRED).await;
+    for path in SPELLINGS {
+        let answer = post(proxy.addr, path, &[], r#"{"amount":5}"#).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(
+            answer.json()["type"],
+            "urn:idemgate:problem:key-invalid",
+            "{path}"
+        );
+    }
+    assert_eq!(upstream.executed(), 0);
+}
+
+/// With a key, every spelling is the one route's one key, and the upstream is sent the
+/// path that was matched (the query as it came).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_is_one_key_and_the_upstream_gets_the_matched_path() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, REQUIRED).await;
+    let first = post(
+        proxy.addr,
+        "/api/x/../%6Frders?b=2&a=%2F",
+        &[("idempotency-key", "k1")],
+        "{}",
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.json()["path"], "/api/orders");
+    for path in SPELLINGS {
+        let again = post(
+            proxy.addr,
+            &format!("{path}?b=2&a=%2F"),
+            &[("idempotency-key", "k1")],
+            "{}",
+        )
+        .await;
+        assert!(again.replayed(), "{path}: {:?}", again.status);
+    }
+    assert_eq!(upstream.executed(), 1);
+    assert_eq!(upstream.seen()[0].target, "/api/orders?b=2&a=%2F");
+}
+
+/// Forms whose reading depends on the upstream are a 400 problem before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_without_one_safe_reading_are_a_400() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, REQUIRED).await;
+    for path in [
+        "/api%2Forders",
+        "/api/orders%5C",
+        "/api/orders%00",
+        "/api/%zzorders",
+    ] {
+        let answer = post(proxy.addr, path, &[("idempotency-key", "k")], "{}").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(
+            answer.json()["type"],
+            "urn:idemgate:problem:path-not-normalizable",
+            "{path}"
+        );
+    }
+    // A raw backslash, sent as bytes (a client library would refuse to).
+    let raw = raw_exchange(
+        proxy.addr,
+        b"POST /api\\orders HTTP/1.1\r\nhost: x\r\nidempotency-key: k\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
+    assert_eq!(upstream.executed(), 0);
+}
+
+/// `Host: pay.example,evil.example` names two hosts: a 400, never routed by one while the
+/// upstream (or `X-Forwarded-Host`) reads the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_list_is_a_400() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, REQUIRED).await;
+    for host in [
+        "pay.example,evil.example",
+        "pay.example;x",
+        "pay.example:80:81",
+    ] {
+        let request = format!(
+            "POST /api/orders HTTP/1.1\r\nhost: {host}\r\nidempotency-key: k\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        );
+        let raw = raw_exchange(proxy.addr, request.as_bytes()).await;
+        assert!(raw.starts_with("HTTP/1.1 400"), "{host}: {raw}");
+    }
+    assert_eq!(upstream.executed(), 0);
+}
