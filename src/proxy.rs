@@ -20,15 +20,26 @@ pub mod upstream_timer;
 
 pub use handler::Proxy;
 
-/// What the proxy knows about the connection a request came on.
+/// How a client connection reached the proxy.
 #[derive(Debug, Clone)]
-pub struct Connection {
+pub enum Transport {
+    /// Plain TCP (`X-Forwarded-Proto: http`).
+    Cleartext,
+    /// TLS terminated here (`X-Forwarded-Proto: https`).
+    Tls {
+        /// SHA-256 of the client's certificate, on mutual-TLS connections.
+        client_cert: Option<crate::key::Digest>,
+    },
+}
+
+/// What the proxy knows about the client connection a request came on (not the socket
+/// itself, which hyper owns).
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
     /// The connecting peer.
     pub peer: std::net::SocketAddr,
-    /// Whether TLS was terminated here (`X-Forwarded-Proto: https`).
-    pub tls: bool,
-    /// SHA-256 of the client's certificate, on mutual-TLS connections.
-    pub client_cert: Option<crate::key::Digest>,
+    /// Cleartext or TLS, with the client certificate if one was presented.
+    pub transport: Transport,
     /// The peer's IP as `X-Forwarded-For` writes it: formatted once per connection rather
     /// than once per request.
     pub forwarded_for: http::HeaderValue,
@@ -36,35 +47,39 @@ pub struct Connection {
     pub upstream_timer: upstream_timer::UpstreamTimer,
 }
 
-impl Connection {
-    /// A connection from `peer`; `tls` and `client_cert` as the handshake left them.
-    pub fn new(
-        peer: std::net::SocketAddr,
-        tls: bool,
-        client_cert: Option<crate::key::Digest>,
-    ) -> Self {
+impl ConnInfo {
+    /// A connection from `peer` over `transport`.
+    pub fn new(peer: std::net::SocketAddr, transport: Transport) -> Self {
         let forwarded_for = http::HeaderValue::try_from(peer.ip().to_string())
             .unwrap_or_else(|_| http::HeaderValue::from_static("unknown"));
         Self {
             peer,
-            tls,
-            client_cert,
+            transport,
             forwarded_for,
             upstream_timer: upstream_timer::UpstreamTimer::default(),
         }
     }
 
     /// A cleartext connection from `peer`.
-    pub fn plain(peer: std::net::SocketAddr) -> Self {
-        Self::new(peer, false, None)
+    pub fn cleartext(peer: std::net::SocketAddr) -> Self {
+        Self::new(peer, Transport::Cleartext)
     }
 
     /// `http` or `https`, for `X-Forwarded-Proto`.
     pub fn proto(&self) -> &'static str {
-        if self.tls {
-            "https"
-        } else {
-            "http"
+        match self.transport {
+            Transport::Cleartext => "http",
+            Transport::Tls { .. } => "https",
+        }
+    }
+
+    /// The SHA-256 of the client's certificate, on mutual-TLS connections.
+    pub fn client_cert(&self) -> Option<&[u8]> {
+        match &self.transport {
+            Transport::Tls {
+                client_cert: Some(digest),
+            } => Some(&digest.0[..]),
+            _ => None,
         }
     }
 }

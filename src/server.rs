@@ -24,7 +24,7 @@ use crate::config::{Config, Linger, StoreConfig};
 use crate::key::Digest;
 use crate::metrics::Metrics;
 use crate::proxy::body::{ProxyBody, RequestBody};
-use crate::proxy::{Connection, Proxy};
+use crate::proxy::{ConnInfo, Proxy, Transport};
 use crate::store::{MemoryStore, MysqlStore, PostgresStore, RedisStore, Store, StoreError};
 use sha2::{Digest as _, Sha256};
 
@@ -66,7 +66,7 @@ pub async fn serve_proxy(
     };
     let tls_source = proxy.clone();
     let tls = move || tls_source.config().tls.clone();
-    let service = move |conn: Connection| {
+    let service = move |conn: ConnInfo| {
         let proxy = proxy.clone();
         let conn = Arc::new(conn);
         service_fn(move |request: Request<Incoming>| {
@@ -92,7 +92,7 @@ pub async fn serve_admin(
         metrics: None,
     };
     let token: Option<Arc<str>> = token.map(Arc::from);
-    let service = move |_conn: Connection| {
+    let service = move |_conn: ConnInfo| {
         let (proxy, token) = (proxy.clone(), token.clone());
         service_fn(move |request: Request<Incoming>| {
             let (proxy, token) = (proxy.clone(), token.clone());
@@ -155,7 +155,7 @@ async fn accept_loop<F, S>(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) where
-    F: Fn(Connection) -> S + Send + Sync + 'static,
+    F: Fn(ConnInfo) -> S + Send + Sync + 'static,
     S: ConnService,
 {
     let mut template = auto::Builder::new(TokioExecutor::new());
@@ -218,7 +218,7 @@ async fn accept_loop<F, S>(
             let builder = connection_builder(&template);
             match tls {
                 None => {
-                    let service = make_service(Connection::plain(peer));
+                    let service = make_service(ConnInfo::cleartext(peer));
                     serve_one(&builder, TokioIo::new(stream), service, stop, peer).await;
                 }
                 Some(config) => {
@@ -240,7 +240,7 @@ async fn accept_loop<F, S>(
                         .peer_certificates()
                         .and_then(|chain| chain.first())
                         .map(|leaf| Digest(Sha256::digest(leaf.as_ref()).into()));
-                    let service = make_service(Connection::new(peer, true, client_cert));
+                    let service = make_service(ConnInfo::new(peer, Transport::Tls { client_cert }));
                     serve_one(&builder, TokioIo::new(stream), service, stop, peer).await;
                 }
             }

@@ -12,7 +12,6 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::upstream::UpstreamBody;
 use crate::error::ProxyError;
 
 /// Why a streamed body stopped.
@@ -49,8 +48,9 @@ pub enum ProxyBody {
     /// Streamed from the upstream as it arrives; its connection goes back to the pool at
     /// the end.
     Upstream {
-        /// The upstream connection's body.
-        inner: UpstreamBody,
+        /// The upstream connection's body. Boxed so that this module, which the upstream
+        /// client builds on, does not depend on the upstream client's types.
+        inner: Pin<Box<dyn Body<Data = Bytes, Error = BodyError> + Send>>,
         /// How long the upstream may send nothing after the head (nginx's
         /// `proxy_read_timeout`).
         gap: Gap,
@@ -68,9 +68,7 @@ impl std::fmt::Debug for ProxyBody {
         match self {
             Self::Full { data } => f.debug_struct("Full").field("data", data).finish(),
             Self::Stream { inner, .. } => f.debug_struct("Stream").field("inner", inner).finish(),
-            Self::Upstream { inner, .. } => {
-                f.debug_struct("Upstream").field("inner", inner).finish()
-            }
+            Self::Upstream { .. } => f.write_str("Upstream"),
             Self::Boxed { .. } => f.write_str("Boxed"),
         }
     }
@@ -107,9 +105,12 @@ impl ProxyBody {
 
     /// A streamed upstream answer body, cut off with [`BodyError::UpstreamStalled`] when
     /// the upstream sends nothing for `gap` (never, if `None`).
-    pub fn upstream(inner: UpstreamBody, gap: Option<Duration>) -> Self {
+    pub fn upstream(
+        inner: impl Body<Data = Bytes, Error = BodyError> + Send + 'static,
+        gap: Option<Duration>,
+    ) -> Self {
         Self::Upstream {
-            inner,
+            inner: Box::pin(inner),
             gap: Gap::new(gap),
         }
     }
@@ -176,7 +177,7 @@ impl Body for ProxyBody {
                     Poll::Ready(frame.map(|result| result.map_err(BodyError::Client)))
                 }
             },
-            Self::Upstream { inner, gap } => match Pin::new(inner).poll_frame(cx) {
+            Self::Upstream { inner, gap } => match inner.as_mut().poll_frame(cx) {
                 Poll::Pending => match gap.poll_expired(cx) {
                     Some(limit) => Poll::Ready(Some(Err(BodyError::UpstreamStalled(limit)))),
                     None => Poll::Pending,
@@ -276,8 +277,8 @@ pub async fn read_limited(
 }
 
 /// Reads all of `body`'s data (trailers are dropped) into one `Bytes`. Unlike
-/// http-body-util's `collect`, whose queue and copy cost an 8-byte answer about 900
-/// instructions, a body of one chunk (most answers) is returned as that chunk.
+/// http-body-util's `collect`, which queues and copies every answer, a body of one chunk
+/// (most answers) is returned as that chunk without a copy.
 pub async fn collect_bytes<B>(mut body: B) -> Result<Bytes, B::Error>
 where
     B: Body<Data = Bytes> + Unpin,

@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::admission;
 use super::body::ProxyBody;
+use super::observe;
 use super::passthrough;
 use super::protected::{self, Owners, Report};
 use super::upstream::UpstreamClient;
@@ -127,7 +128,7 @@ impl Proxy {
     pub async fn handle(
         &self,
         request: Request<super::body::RequestBody>,
-        conn: &super::Connection,
+        conn: &super::ConnInfo,
     ) -> Response<ProxyBody> {
         let span = tracing::info_span!(
             "request",
@@ -141,7 +142,7 @@ impl Proxy {
     async fn handle_in_span(
         &self,
         request: Request<super::body::RequestBody>,
-        conn: &super::Connection,
+        conn: &super::ConnInfo,
     ) -> Response<ProxyBody> {
         // What the access log needs, taken here so its duration covers the whole request;
         // without an access log neither the clock nor the path is read.
@@ -207,7 +208,11 @@ impl Proxy {
                     owners: &self.owners,
                     body_read_timeout: self.body_read_timeout,
                 };
-                protected::handle(cx, rule, request, &mut report).await
+                if rule.policy.observe {
+                    observe::handle(cx, rule, request, &mut report).await
+                } else {
+                    protected::handle(cx, rule, request, &mut report).await
+                }
             }
         };
         finish(route, &route_metrics, method, report, access, result)

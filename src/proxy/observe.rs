@@ -16,10 +16,10 @@ use http::{Request, Response};
 
 use super::answer::{self, AnswerBody};
 use super::body::{BodyError, ProxyBody, RequestBody};
-use super::protected::{claim_args, execute, forward_unprotected, Context, Report};
+use super::protected::{claim_args, execute, forward_unprotected, request_view, Context, Report};
 use crate::config::Protected;
 use crate::error::ProxyError;
-use crate::key::{derive_key, DerivedKey, RequestView};
+use crate::key::{derive_key, DerivedKey};
 use crate::metrics::Outcome;
 use crate::store::{Claim, ClaimArgs};
 
@@ -49,17 +49,7 @@ pub async fn handle(
         }
         None => false,
     };
-    let view = RequestView {
-        route: &rule.route,
-        method: &parts.method,
-        path: parts.uri.path(),
-        query: parts.uri.query(),
-        headers: &parts.headers,
-        peer: Some(cx.conn.peer.ip()),
-        identity: &rule.identity,
-        client_cert: cx.conn.client_cert.as_ref().map(|d| &d.0[..]),
-        body: &body,
-    };
+    let view = request_view(&cx, rule, &parts, &body);
     let (key, fingerprint) = match derive_key(&rule.key, &view, None) {
         _ if stale => {
             would(report, Outcome::WouldReject, false, None);

@@ -28,7 +28,7 @@ pub struct Timeouts {
 pub async fn forward(
     client: &UpstreamClient,
     mut request: Request<RequestBody>,
-    conn: &super::Connection,
+    conn: &super::ConnInfo,
     timeouts: Timeouts,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let upgrade = request.version() <= http::Version::HTTP_11 && wants_upgrade(request.headers());

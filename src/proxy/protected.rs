@@ -118,7 +118,7 @@ pub struct Context<'a> {
     /// The pooled upstream client.
     pub client: &'a UpstreamClient,
     /// The connection the request came on.
-    pub conn: &'a super::Connection,
+    pub conn: &'a super::ConnInfo,
     /// Process-wide metrics (the in-flight gauge).
     pub metrics: &'a Arc<Metrics>,
     /// This route's metric handles.
@@ -138,6 +138,26 @@ pub struct Report {
     pub key: Option<Digest>,
 }
 
+/// What key derivation sees of a buffered request on `rule`.
+pub(super) fn request_view<'a>(
+    cx: &Context<'a>,
+    rule: &'a Protected,
+    parts: &'a Parts,
+    body: &'a [u8],
+) -> RequestView<'a> {
+    RequestView {
+        route: &rule.route,
+        method: &parts.method,
+        path: parts.uri.path(),
+        query: parts.uri.query(),
+        headers: &parts.headers,
+        peer: Some(cx.conn.peer.ip()),
+        identity: &rule.identity,
+        client_cert: cx.conn.client_cert(),
+        body,
+    }
+}
+
 /// Runs the phases for one request on a protected route.
 pub async fn handle(
     cx: Context<'_>,
@@ -146,9 +166,6 @@ pub async fn handle(
     report: &mut Report,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let policy = &rule.policy;
-    if policy.observe {
-        return super::observe::handle(cx, rule, request, report).await;
-    }
     let (parts, body) = request.into_parts();
     // Phase 1: buffer (bounded), then refuse stale or future timestamps before any store
     // work.
@@ -157,17 +174,7 @@ pub async fn handle(
         super::fresh::check(fresh, &parts.headers, &body, std::time::SystemTime::now())?;
     }
     // Phase 2: derive the key.
-    let view = RequestView {
-        route: &rule.route,
-        method: &parts.method,
-        path: parts.uri.path(),
-        query: parts.uri.query(),
-        headers: &parts.headers,
-        peer: Some(cx.conn.peer.ip()),
-        identity: &rule.identity,
-        client_cert: cx.conn.client_cert.as_ref().map(|d| &d.0[..]),
-        body: &body,
-    };
+    let view = request_view(&cx, rule, &parts, &body);
     let Some(DerivedKey { key, fingerprint }) = derive_key(&rule.key, &view, None)? else {
         report.outcome = Some(Outcome::Unkeyed);
         return forward_unprotected(&cx, parts, body, policy).await;

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 
 use super::body::ProxyBody;
-use super::Connection;
+use super::ConnInfo;
 use crate::config::TokenIssuer;
 use crate::error::ProxyError;
 use crate::key::derive::scope_digest;
@@ -19,7 +19,7 @@ pub async fn issue<B>(
     store: &Store,
     issuer: &TokenIssuer,
     request: &Request<B>,
-    conn: &Connection,
+    conn: &ConnInfo,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let view = RequestView {
         route: "",
@@ -29,7 +29,7 @@ pub async fn issue<B>(
         headers: request.headers(),
         peer: Some(conn.peer.ip()),
         identity: &issuer.identity,
-        client_cert: conn.client_cert.as_ref().map(|d| &d.0[..]),
+        client_cert: conn.client_cert(),
         body: &[],
     };
     let hits = store

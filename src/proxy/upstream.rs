@@ -73,7 +73,7 @@ impl UpstreamClient {
     pub async fn send(
         &self,
         request: Request<ProxyBody>,
-        conn: &super::Connection,
+        conn: &super::ConnInfo,
         upgrade: bool,
         deadline: Instant,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
@@ -93,7 +93,7 @@ impl UpstreamClient {
         &self,
         parts: http::request::Parts,
         body: Bytes,
-        conn: &super::Connection,
+        conn: &super::ConnInfo,
         deadline: Instant,
     ) -> Result<Response<Bytes>, ProxyError> {
         let sending = AtomicBool::new(false);
@@ -118,7 +118,7 @@ impl UpstreamClient {
     pub async fn send_untimed(
         &self,
         request: Request<ProxyBody>,
-        conn: &super::Connection,
+        conn: &super::ConnInfo,
         upgrade: bool,
         sending: &AtomicBool,
     ) -> Result<Response<UpstreamBody>, ProxyError> {

@@ -3,7 +3,7 @@
 //! hyper asks its timer for a new sleep each time it starts reading a request head and
 //! drops it once the head is parsed. With tokio's timer that is a boxed timer entry,
 //! inserted into the timer wheel under its lock and removed again, for every request on a
-//! keep-alive connection: about 700 instructions for a timeout that almost never fires.
+//! keep-alive connection, for a timeout that almost never fires.
 //!
 //! Here a connection keeps one tokio sleep. A new deadline later than the armed one (the
 //! usual case: each head gets `now + 30 s`) only records it; the armed sleep, when it fires

@@ -2,8 +2,8 @@
 //!
 //! A connection task polls its stop future beside the connection each time it wakes, two
 //! or three times per request. A `watch` channel's `changed()` (what this replaced) locks
-//! the channel's waiter list on every one of those polls to re-register the task's waker:
-//! about 500 instructions per request for a signal sent once per process. Here the waker
+//! the channel's waiter list on every one of those polls to re-register the task's waker,
+//! a cost paid per request for a signal sent once per process. Here the waker
 //! is registered once, and again only if the task polls with another waker; every other
 //! poll is one atomic load.
 
