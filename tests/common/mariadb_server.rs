@@ -20,9 +20,16 @@ impl MariadbServer {
     pub fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         unprivileged::own(dir.path());
+        // Each server keeps its temporary tables in its own directory: servers of tests
+        // running side by side (or another program's) in a shared /tmp collide on the
+        // names of those files.
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        unprivileged::own(&tmp);
         let out = unprivileged::command("mariadb-install-db")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
             .stdin(Stdio::null())
             .output()
@@ -54,6 +61,7 @@ impl MariadbServer {
         let child = unprivileged::command("mariadbd")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dir.join("data").display()))
+            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
             .arg(format!("--socket={}", dir.join("mariadb.sock").display()))
             .arg(format!("--pid-file={}", dir.join("mariadb.pid").display()))
             .arg(format!("--log-error={}", dir.join("mariadb.err").display()))
