@@ -25,7 +25,7 @@
 # Prints a table and writes it to benches/load/INSTRUCTIONS.md (RESULTS overrides).
 # Knobs: N (3000 counted requests), SKIP_BUILD=1, PORT_BASE (21280), RESULTS, KEEP (a
 # directory to copy the callgrind dumps into, for `callgrind_annotate` or kcachegrind),
-# ROWS (which rows to count, default all: b bf bg c cg d2 e f fv), CONNS (oha's
+# ROWS (which rows to count, default all: b bf bg c cg d2 do2 e f fv), CONNS (oha's
 # connections, 16), EXTRA_YAML (lines appended to idemgate's configs, e.g. a
 # `connections:` block, to count a setting's cost).
 set -euo pipefail
@@ -34,7 +34,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 N=${N:-3000}
 CONNS=${CONNS:-16}
-ROWS=${ROWS:-b bf bg c cg d2 e f fv}
+ROWS=${ROWS:-b bf bg c cg d2 do2 e f fv}
 wants() { [[ " $ROWS " == *" $1 "* ]]; }
 RESULTS=${RESULTS:-$HERE/INSTRUCTIONS.md}
 export PATH="$HOME/.cargo/bin:$PATH:/usr/sbin:/sbin"
@@ -179,6 +179,7 @@ row bg "$NGINX_PORT" '/pass/[a-z]{12}' GET -- nginx -p "$WORK" -c "$WORK/nginx-p
 row c "$IDEMGATE_PORT" '/pass/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 row cg "$IDEMGATE_PORT" '/pass/[a-z]{12}' GET -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 row d2 "$IDEMGATE_PORT" '/fp/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
+row do2 "$IDEMGATE_PORT" '/observed-fp/[a-z]{12}' '' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 row e "$IDEMGATE_PORT" '/orders' 'Idempotency-Key: replayed-key' -- "$IDEMGATE" run --config "$WORK/idemgate-memory.yaml"
 
 # store_row ID SERVER: idemgate (Redis store) and the store server SERVER (a redis-server
@@ -217,7 +218,7 @@ wants fv && store_row fv "$VALKEY_SERVER"
     echo
     echo "| row | what | instructions / request | without SHA-256 compression | × nginx |"
     echo "|---|---|---:|---:|---:|"
-    for id in b bf bg c cg d2 e f fv; do
+    for id in b bf bg c cg d2 do2 e f fv; do
         wants "$id" || continue
         case $id in
             b) what="nginx \`proxy_pass\`, 1 worker, upstream keepalive" ;;
@@ -226,6 +227,7 @@ wants fv && store_row fv "$VALKEY_SERVER"
             c) what="idemgate, unprotected route (streamed)" ;;
             cg) what="idemgate, unprotected route, GET (no body)" ;;
             d2) what="idemgate first-seen, body fingerprint, memory store" ;;
+            do2) what="idemgate, \`idempotency: observe\`, body fingerprint, memory store (every request first-seen)" ;;
             e) what="idemgate replays of one stored key (\`Idempotency-Key\`)" ;;
             f) what="idemgate first-seen, body fingerprint, Redis store on Redis (idemgate only)" ;;
             fv) what="idemgate first-seen, body fingerprint, Redis store on Valkey (idemgate only)" ;;
