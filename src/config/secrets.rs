@@ -5,18 +5,21 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{raw, Admin, CompileError};
+use super::error::CompileError;
+use super::listen::Admin;
+use super::raw::store::{RawEncrypt, RawKeySource};
+use super::raw::RawAdmin;
 use crate::store::seal::KeyRing;
 
 /// `admin:` with its token read from `token_file` (relative to the config) when given.
-pub(super) fn compile_admin(a: raw::RawAdmin, base: &Path) -> Result<Admin, CompileError> {
-    let err = |m: String| ("admin.token_file".to_owned(), m, "token_file".to_owned());
+pub(super) fn compile_admin(a: RawAdmin, base: &Path) -> Result<Admin, CompileError> {
+    let err = |m: String| CompileError::new("admin.token_file", m, "token_file");
     let token = match (a.token, a.token_file) {
         (Some(_), Some(_)) => {
-            return Err((
-                "admin".into(),
-                "give `token` or `token_file`, not both".into(),
-                "admin:".into(),
+            return Err(CompileError::new(
+                "admin",
+                "give `token` or `token_file`, not both",
+                "admin:",
             ))
         }
         (token, None) => token,
@@ -37,14 +40,11 @@ pub(super) fn compile_admin(a: raw::RawAdmin, base: &Path) -> Result<Admin, Comp
 }
 
 /// `store.encrypt`: the keys read from their files and variables, the first sealing.
-pub(super) fn compile_encrypt(
-    e: raw::RawEncrypt,
-    base: &Path,
-) -> Result<Arc<KeyRing>, CompileError> {
-    let err = |m: String| ("store.encrypt".to_owned(), m, "encrypt".to_owned());
+pub(super) fn compile_encrypt(e: RawEncrypt, base: &Path) -> Result<Arc<KeyRing>, CompileError> {
+    let err = |m: String| CompileError::new("store.encrypt", m, "encrypt");
     let mut sources = Vec::new();
     if e.key_file.is_some() || e.key_env.is_some() {
-        sources.push(raw::RawKeySource {
+        sources.push(RawKeySource {
             file: e.key_file,
             env: e.key_env,
         });

@@ -1,0 +1,81 @@
+//! `connections:` compiled into [`Connections`]: caps on client and upstream connections,
+//! the read timeout of pass-through answers, and the [`Linger`] settings of a client
+//! connection's close.
+
+use std::time::Duration;
+
+use super::error::CompileError;
+use super::raw::RawConnections;
+
+/// Bounds on connections, both sides (`connections:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connections {
+    /// Client connections served at once; more wait in the listen backlog until one
+    /// closes. Read at start.
+    pub max_client: usize,
+    /// Upstream connections open at once; requests beyond it wait for one (within their
+    /// upstream timeout).
+    pub max_upstream: usize,
+    /// Longest gap between two reads of a pass-through answer's body.
+    pub upstream_read_timeout: Duration,
+    /// How a client connection closes (after an answer sent before its request was read
+    /// whole, above all).
+    pub linger: Linger,
+}
+
+/// A lingering close (nginx's `lingering_close`): after the last answer the proxy closes
+/// its sending side and reads and drops what the client still sends, so a client that
+/// writes its whole request before reading gets the answer instead of a reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Linger {
+    /// Longest the reading goes on in all (`lingering_time`).
+    pub time: Duration,
+    /// Longest wait for the next bytes (`lingering_timeout`).
+    pub timeout: Duration,
+    /// Most bytes read and dropped (`lingering_bytes`).
+    pub bytes: u64,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self {
+            max_client: 10_000,
+            max_upstream: 1024,
+            upstream_read_timeout: Duration::from_secs(60),
+            linger: Linger {
+                time: Duration::from_secs(30),
+                timeout: Duration::from_secs(5),
+                bytes: 64 << 20,
+            },
+        }
+    }
+}
+
+pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, CompileError> {
+    let d = Connections::default();
+    let c = Connections {
+        max_client: raw.max_client.unwrap_or(d.max_client),
+        max_upstream: raw.max_upstream.unwrap_or(d.max_upstream),
+        upstream_read_timeout: raw
+            .upstream_read_timeout
+            .map_or(d.upstream_read_timeout, |t| t.0),
+        linger: Linger {
+            time: raw.lingering_time.map_or(d.linger.time, |t| t.0),
+            timeout: raw.lingering_timeout.map_or(d.linger.timeout, |t| t.0),
+            bytes: raw.lingering_bytes.map_or(d.linger.bytes, |b| b.0),
+        },
+    };
+    let zero = [
+        ("max_client", c.max_client == 0),
+        ("max_upstream", c.max_upstream == 0),
+        ("upstream_read_timeout", c.upstream_read_timeout.is_zero()),
+    ];
+    if let Some((key, _)) = zero.iter().find(|(_, is_zero)| *is_zero) {
+        return Err(CompileError::new(
+            format!("connections.{key}"),
+            "must be above zero",
+            *key,
+        ));
+    }
+    Ok(c)
+}

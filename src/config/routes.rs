@@ -1,0 +1,292 @@
+//! `defaults:` and `routes:` compiled into what requests are matched against: the base
+//! [`Policy`] every route starts from, the fallback for POST and PATCH matching no route,
+//! and each [`Route`] with its matcher and [`Protection`]. Route names are checked here
+//! (unique, not the fallback's), and so is every policy (lease, timeouts, limits).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+
+use super::error::CompileError;
+use super::policy::{Policy, StatusPattern, DEFAULT_FINGERPRINT_TTL};
+use super::protection::{
+    default_key, FreshSource, Freshness, Protected, Protection, FALLBACK_ROUTE,
+};
+use super::raw::key::RawKeyOrOff;
+use super::raw::routes::{Mode, RawDefaults, RawFresh, RawRoute};
+use super::units;
+use crate::key::identity::Identity;
+use crate::key::{KeyRule, KeySource};
+use crate::route::RouteMatch;
+use crate::store::seal::KeyRing;
+
+/// A named route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Unique name; part of every key derived on it.
+    pub name: String,
+    /// What requests it covers.
+    pub matcher: RouteMatch,
+    /// What happens to them.
+    pub protection: Protection,
+}
+
+/// The routed part of a config.
+pub(super) struct Routing {
+    /// What a POST or PATCH matching no route gets.
+    pub fallback: Protection,
+    /// Routes, first match wins.
+    pub routes: Vec<Route>,
+    /// `defaults.upstream_timeout`, which unprotected requests get too.
+    pub passthrough_timeout: Duration,
+}
+
+/// Compiles `defaults:` into the base policy and the fallback, then every route over them.
+/// `identity` and `sealing` are what all protected routes share.
+pub(super) fn compile_routing(
+    defaults: Option<RawDefaults>,
+    routes: Option<Vec<RawRoute>>,
+    identity: &Arc<Identity>,
+    sealing: Option<Arc<KeyRing>>,
+) -> Result<Routing, CompileError> {
+    let defaults = defaults.unwrap_or_default();
+    if defaults.idempotency == Some(Mode::Off) {
+        return Err(CompileError::new(
+            "defaults.idempotency",
+            "`defaults.idempotency` is `on` or `observe`; to let unrouted requests through, write `defaults.key: off`, and a route's own `idempotency: off`",
+            "idempotency",
+        ));
+    }
+    let base = policy_from_defaults(&defaults);
+    check_policy(&base).map_err(|m| CompileError::new("defaults", m, "defaults:"))?;
+    let shared = Shared {
+        identity: Arc::clone(identity),
+        sealing,
+        fingerprint_ttl: defaults
+            .fingerprint_ttl
+            .map_or(DEFAULT_FINGERPRINT_TTL, |d| d.0),
+    };
+    if shared.fingerprint_ttl.is_zero() {
+        return Err(CompileError::new(
+            "defaults.fingerprint_ttl",
+            "must be above zero",
+            "fingerprint_ttl",
+        ));
+    }
+    // The fallback has no `ttl` of its own: `defaults.ttl` is what client-keyed routes get,
+    // so a fingerprint fallback keeps the short window.
+    let fallback = match defaults.key {
+        Some(RawKeyOrOff::Off) => Protection::Off,
+        Some(RawKeyOrOff::Rule(rule)) => protected(
+            FALLBACK_ROUTE,
+            *rule,
+            base.clone(),
+            None,
+            RouteTtl::Inherited,
+            &shared,
+        ),
+        None => protected(
+            FALLBACK_ROUTE,
+            default_key(),
+            base.clone(),
+            None,
+            RouteTtl::Inherited,
+            &shared,
+        ),
+    };
+    let default_rule = match &fallback {
+        Protection::On(p) => p.key.clone(),
+        Protection::Off => default_key(),
+    };
+    let mut compiled = Vec::new();
+    for (i, r) in routes.unwrap_or_default().into_iter().enumerate() {
+        let key = format!("routes[{i}]");
+        let needle = format!("name: {}", r.name);
+        if r.name.is_empty() || r.name == FALLBACK_ROUTE {
+            return Err(CompileError::new(
+                format!("{key}.name"),
+                format!("route name {:?} is empty or reserved", r.name),
+                needle,
+            ));
+        }
+        if compiled.iter().any(|x: &Route| x.name == r.name) {
+            return Err(CompileError::new(
+                format!("{key}.name"),
+                format!("route name {:?} is used twice", r.name),
+                needle,
+            ));
+        }
+        let route = compile_route(r, &base, &default_rule, &shared)
+            .map_err(|m| CompileError::new(key.clone(), m, needle.clone()))?;
+        compiled.push(route);
+    }
+    Ok(Routing {
+        fallback,
+        routes: compiled,
+        passthrough_timeout: base.upstream_timeout,
+    })
+}
+
+/// What every protected route takes from the top of the config.
+struct Shared {
+    identity: Arc<Identity>,
+    sealing: Option<Arc<KeyRing>>,
+    fingerprint_ttl: Duration,
+}
+
+/// Where a protected route's `ttl` comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RouteTtl {
+    /// The route set `ttl` itself, which holds whatever the key source.
+    Own,
+    /// Taken from `defaults:`; a key idemgate derives itself (fingerprint) gets the short
+    /// `fingerprint_ttl` instead of `defaults.ttl`.
+    Inherited,
+}
+
+/// A protected route, its `ttl` settled by where it comes from.
+fn protected(
+    route: &str,
+    key: KeyRule,
+    mut policy: Policy,
+    fresh: Option<Freshness>,
+    ttl: RouteTtl,
+    shared: &Shared,
+) -> Protection {
+    if matches!(key.source, KeySource::Fingerprint(_)) && ttl == RouteTtl::Inherited {
+        policy.ttl = shared.fingerprint_ttl;
+    }
+    Protection::On(Arc::new(Protected {
+        route: route.to_owned(),
+        key,
+        fresh,
+        policy,
+        identity: Arc::clone(&shared.identity),
+        sealing: shared.sealing.clone(),
+    }))
+}
+
+fn compile_fresh(f: RawFresh) -> Result<Freshness, String> {
+    let source = match (f.header, f.field) {
+        (Some(h), None) => FreshSource::Header(h.0),
+        (None, Some(p)) => FreshSource::Field(p.0),
+        _ => return Err("fresh: give either `header` or `field`".into()),
+    };
+    Ok(Freshness {
+        source,
+        max_age: f.max_age.map_or(Duration::from_secs(300), |d| d.0),
+        skew: f.skew.map_or(Duration::from_secs(30), |d| d.0),
+    })
+}
+
+/// The policy keys a raw `defaults:` or route sets, laid over `$base`. A macro because the
+/// two raw structs are distinct serde types (`flatten` cannot be combined with
+/// `deny_unknown_fields`) that share these fields.
+macro_rules! overlay_policy {
+    ($raw:expr, $base:expr) => {{
+        // Field by field, so a route whose `match` was already moved out still works.
+        let base = &$base;
+        Policy {
+            ttl: $raw.ttl.map_or(base.ttl, |d| d.0),
+            lease: $raw.lease.map_or(base.lease, |d| d.0),
+            upstream_timeout: $raw.upstream_timeout.map_or(base.upstream_timeout, |d| d.0),
+            in_flight: $raw.in_flight.unwrap_or(base.in_flight),
+            wait_timeout: $raw.wait_timeout.map_or(base.wait_timeout, |d| d.0),
+            replay_statuses: $raw
+                .replay_statuses
+                .clone()
+                .unwrap_or_else(|| base.replay_statuses.clone()),
+            max_body: $raw.max_body.map_or(base.max_body, |b| b.0 as usize),
+            on_store_error: $raw.on_store_error.unwrap_or(base.on_store_error),
+            on_unknown_outcome: $raw.on_unknown_outcome.unwrap_or(base.on_unknown_outcome),
+            background_timeout: $raw
+                .background_timeout
+                .map_or(base.background_timeout, |d| d.0),
+            max_answer: $raw.max_answer.map_or(base.max_answer, |b| b.0 as usize),
+            observe: match $raw.idempotency {
+                Some(Mode::Observe) => true,
+                Some(Mode::On) => false,
+                Some(Mode::Off) | None => base.observe,
+            },
+        }
+    }};
+}
+
+fn compile_route(
+    r: RawRoute,
+    base: &Policy,
+    default_rule: &KeyRule,
+    shared: &Shared,
+) -> Result<Route, String> {
+    let off = matches!(r.idempotency, Some(Mode::Off)) || matches!(r.key, Some(RawKeyOrOff::Off));
+    let methods = match r.matcher.methods {
+        Some(m) if m.is_empty() => return Err("match.methods is empty".into()),
+        Some(m) => m.into_iter().map(|m| m.0).collect(),
+        // An unprotected route covers every method; a protected one the two unsafe by default.
+        None if off => vec![Method::POST, Method::PATCH, Method::PUT, Method::DELETE],
+        None => vec![Method::POST, Method::PATCH],
+    };
+    let matcher = RouteMatch {
+        host: r.matcher.host.map(|h| h.0),
+        methods,
+        path: r.matcher.path.0,
+    };
+    if off {
+        return Ok(Route {
+            name: r.name,
+            matcher,
+            protection: Protection::Off,
+        });
+    }
+    let ttl = if r.ttl.is_some() {
+        RouteTtl::Own
+    } else {
+        RouteTtl::Inherited
+    };
+    let policy = overlay_policy!(r, *base);
+    check_policy(&policy)?;
+    let key = match r.key {
+        Some(RawKeyOrOff::Rule(rule)) => *rule,
+        _ => default_rule.clone(),
+    };
+    let fresh = r.fresh.map(compile_fresh).transpose()?;
+    Ok(Route {
+        protection: protected(&r.name, key, policy, fresh, ttl, shared),
+        name: r.name,
+        matcher,
+    })
+}
+
+fn policy_from_defaults(d: &RawDefaults) -> Policy {
+    overlay_policy!(d, Policy::default())
+}
+
+fn check_policy(p: &Policy) -> Result<(), String> {
+    if p.lease < Duration::from_millis(100) {
+        return Err("lease must be at least 100ms: renewals run at a third of it".into());
+    }
+    if p.upstream_timeout.is_zero() {
+        return Err("upstream_timeout must be above zero".into());
+    }
+    if p.background_timeout < p.upstream_timeout {
+        return Err(format!(
+            "background_timeout ({}) must be at least upstream_timeout ({}): it is how long \
+             an owner keeps waiting after its client got the 504",
+            units::format_duration(p.background_timeout),
+            units::format_duration(p.upstream_timeout)
+        ));
+    }
+    if p.max_answer == 0 {
+        return Err("max_answer must be above zero".into());
+    }
+    if p.replay_statuses
+        .iter()
+        .any(|s| s.covers(500) || matches!(s, StatusPattern::Class(5)))
+    {
+        tracing::warn!(
+            "replay_statuses includes 5xx: failed answers will be replayed, not retried"
+        );
+    }
+    Ok(())
+}

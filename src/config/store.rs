@@ -1,0 +1,154 @@
+//! `store:` compiled into a [`StoreConfig`]: exactly one backend (memory, Redis,
+//! PostgreSQL or MySQL) with its bounds and connection settings, the memory store when the
+//! section is absent. `store.encrypt` is read here too, by [`super::secrets`], since it
+//! sits in the same section.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::error::CompileError;
+use super::raw::store::{RawSql, RawStore, WhenFull};
+use super::secrets;
+use crate::store::redis::RedisSettings;
+use crate::store::seal::KeyRing;
+use crate::store::{MemoryLimits, SqlSettings};
+
+/// Store backend choice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// The embedded memory store.
+    Memory(MemoryLimits),
+    /// Redis, shared by several replicas.
+    Redis(RedisSettings),
+    /// A PostgreSQL table, shared by replicas and durable.
+    Postgres(SqlSettings),
+    /// A MySQL or MariaDB table, shared by replicas and durable.
+    Mysql(SqlSettings),
+}
+
+/// `store:` as a backend and, when `store.encrypt` is set, the keys that seal stored
+/// answers.
+pub(super) fn compile_store_section(
+    raw: Option<RawStore>,
+    base: &Path,
+) -> Result<(StoreConfig, Option<Arc<KeyRing>>), CompileError> {
+    let Some(mut s) = raw else {
+        return Ok((StoreConfig::Memory(MemoryLimits::default()), None));
+    };
+    let encrypt = s
+        .encrypt
+        .take()
+        .map(|e| secrets::compile_encrypt(e, base))
+        .transpose()?;
+    let no_backend =
+        s.memory.is_none() && s.redis.is_none() && s.postgres.is_none() && s.mysql.is_none();
+    let store = if no_backend && encrypt.is_some() {
+        // `store: { encrypt: … }` alone: the default backend, sealed.
+        StoreConfig::Memory(MemoryLimits::default())
+    } else {
+        compile_store(s, base)?
+    };
+    Ok((store, encrypt))
+}
+
+fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> {
+    let err = |key: &str, message: &str, needle: &str| CompileError::new(key, message, needle);
+    match (s.memory, s.redis, s.postgres, s.mysql) {
+        (Some(m), None, None, None) => {
+            let defaults = MemoryLimits::default();
+            let limits = MemoryLimits {
+                max_entries: m.max_entries.unwrap_or(defaults.max_entries),
+                max_bytes: m.max_bytes.map_or(defaults.max_bytes, |b| b.0 as usize),
+                when_full: match m.when_full {
+                    None | Some(WhenFull::Evict) => crate::store::WhenFull::Evict,
+                    Some(WhenFull::Reject) => crate::store::WhenFull::Reject,
+                },
+                caller_share: m.caller_share.map_or(100, |p| p.0 .0),
+            };
+            if limits.max_entries == 0 || limits.max_bytes == 0 {
+                return Err(err(
+                    "store.memory",
+                    "max_entries and max_bytes must be above zero",
+                    "memory",
+                ));
+            }
+            Ok(StoreConfig::Memory(limits))
+        }
+        (None, Some(r), None, None) => {
+            let cluster: Vec<String> = r
+                .cluster
+                .unwrap_or_default()
+                .into_iter()
+                .map(|u| u.0 .0)
+                .collect();
+            let url = r.url.map(|u| u.0 .0);
+            // Both given, or neither.
+            if url.is_some() != cluster.is_empty() {
+                return Err(err(
+                    "store.redis",
+                    "give either `url` (one server) or `cluster` (seed nodes)",
+                    "redis",
+                ));
+            }
+            let timeout = r.timeout.map_or(Duration::from_secs(1), |d| d.0);
+            if timeout.is_zero() {
+                return Err(err("store.redis.timeout", "must be above zero", "timeout"));
+            }
+            let ca = match &r.ca {
+                Some(path) => Some(
+                    std::fs::read(base.join(path))
+                        .map_err(|e| err("store.redis.ca", &format!("{path}: {e}"), "ca:"))?,
+                ),
+                None => None,
+            };
+            Ok(StoreConfig::Redis(RedisSettings {
+                url,
+                cluster,
+                prefix: r.prefix.unwrap_or_else(|| "idemgate:".to_owned()),
+                timeout,
+                ca,
+            }))
+        }
+        (None, None, Some(p), None) => compile_sql(p, "postgres").map(StoreConfig::Postgres),
+        (None, None, None, Some(m)) => compile_sql(m, "mysql").map(StoreConfig::Mysql),
+        _ => Err(err(
+            "store",
+            "name exactly one backend: `memory`, `redis`, `postgres` or `mysql`",
+            "store:",
+        )),
+    }
+}
+
+/// `store.postgres` or `store.mysql` (`section`).
+fn compile_sql(s: RawSql, section: &str) -> Result<SqlSettings, CompileError> {
+    let err = |key: &str, message: &str, needle: &str| {
+        CompileError::new(format!("store.{section}.{key}"), message, needle)
+    };
+    let url = s.url.0;
+    if url.is_postgres() != (section == "postgres") {
+        return Err(err(
+            "url",
+            &format!("a {section} store needs a {section}:// URL"),
+            "url",
+        ));
+    }
+    let defaults = SqlSettings::new(url.0);
+    let settings = SqlSettings {
+        table: s.table.map_or(defaults.table.clone(), |t| t.0 .0),
+        timeout: s.timeout.map_or(defaults.timeout, |d| d.0),
+        max_connections: s.max_connections.unwrap_or(defaults.max_connections),
+        ..defaults
+    };
+    if settings.timeout.is_zero() {
+        return Err(err("timeout", "must be above zero", "timeout"));
+    }
+    if settings.max_connections == 0 {
+        return Err(err(
+            "max_connections",
+            "must be above zero",
+            "max_connections",
+        ));
+    }
+    Ok(settings)
+}

@@ -1,0 +1,92 @@
+//! `tokens:` compiled: the one-time token endpoint ([`TokenIssuer`]), built when the
+//! section is set or any route keys on tokens. Token routes get the endpoint's TTL as their
+//! reissue window and must bind tokens to the same scope the endpoint issues them for.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::error::CompileError;
+use super::protection::Protection;
+use super::raw::RawTokens;
+use super::routes::Route;
+use crate::key::identity::Identity;
+use crate::key::{default_scope, KeySource};
+
+/// `POST {path}` issues one-time tokens bound to the caller's scope.
+#[derive(Debug, Clone)]
+pub struct TokenIssuer {
+    /// Where tokens are issued (`/.idemgate/token`).
+    pub path: String,
+    /// How long an unused token stays valid (5m).
+    pub ttl: Duration,
+    /// Tokens per caller per window before 429 (20).
+    pub rate: u64,
+    /// The rate window (1m).
+    pub window: Duration,
+    /// Whose token it is; token routes must use the same scope.
+    pub scope: Vec<crate::key::ScopePart>,
+    /// The header token routes read it from, for the issue answer.
+    pub header: http::HeaderName,
+    /// How callers are told apart, for the token's scope.
+    pub identity: Arc<Identity>,
+}
+
+/// Builds the token endpoint when `tokens:` is set or a route uses token keys, fills in
+/// the routes' reissue window, and checks they bind tokens to the endpoint's scope.
+pub(super) fn compile_tokens(
+    raw: Option<RawTokens>,
+    routes: &mut [Route],
+    identity: &Arc<Identity>,
+) -> Result<Option<TokenIssuer>, CompileError> {
+    let uses_tokens = routes.iter().any(|r| {
+        matches!(&r.protection, Protection::On(p) if matches!(p.key.source, KeySource::Token(_)))
+    });
+    if raw.is_none() && !uses_tokens {
+        return Ok(None);
+    }
+    let raw = raw.unwrap_or_default();
+    let issuer = TokenIssuer {
+        path: raw.path.unwrap_or_else(|| "/.idemgate/token".to_owned()),
+        ttl: raw.ttl.map_or(Duration::from_secs(300), |d| d.0),
+        rate: raw.rate.unwrap_or(20),
+        window: raw.window.map_or(Duration::from_secs(60), |d| d.0),
+        scope: raw.scope.map_or_else(default_scope, |parts| {
+            parts.into_iter().map(|p| p.0).collect()
+        }),
+        header: http::HeaderName::from_static("idempotency-token"),
+        identity: Arc::clone(identity),
+    };
+    if !issuer.path.starts_with('/') || issuer.rate == 0 || issuer.ttl.is_zero() {
+        return Err(CompileError::new(
+            "tokens",
+            "path must start with '/', rate and ttl must be above zero",
+            "tokens:",
+        ));
+    }
+    let mut header = None;
+    for (i, route) in routes.iter_mut().enumerate() {
+        let Protection::On(p) = &mut route.protection else {
+            continue;
+        };
+        let KeySource::Token(rule) = &p.key.source else {
+            continue;
+        };
+        if p.key.scope != issuer.scope {
+            return Err(CompileError::new(
+                format!("routes[{i}].key.scope"),
+                "a token route must use the same scope as `tokens.scope` (whose token it is)",
+                format!("name: {}", route.name),
+            ));
+        }
+        header.get_or_insert(rule.header.clone());
+        let mut updated = (**p).clone();
+        if let KeySource::Token(rule) = &mut updated.key.source {
+            rule.reissue_ttl = issuer.ttl;
+        }
+        *p = Arc::new(updated);
+    }
+    Ok(Some(TokenIssuer {
+        header: header.unwrap_or(issuer.header.clone()),
+        ..issuer
+    }))
+}

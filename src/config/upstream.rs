@@ -1,0 +1,70 @@
+//! `upstream:` and `upstream_ca:` compiled into the [`Upstream`] origin requests are
+//! forwarded to: an `http://` or `https://` origin without a path, and for `https` the
+//! roots its certificate is checked against.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use http::uri::{Authority, Scheme};
+
+use super::error::CompileError;
+
+/// The upstream origin.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// `http` or `https`.
+    pub scheme: Scheme,
+    /// Host and port.
+    pub authority: Authority,
+    /// For `https`: roots from `upstream_ca`, or the system's.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+/// The origin at `url`, with TLS roots from `ca` (relative to `base`) or the system's for
+/// an `https://` one.
+pub(super) fn compile_upstream(
+    url: &str,
+    ca: Option<&str>,
+    base: &Path,
+) -> Result<Upstream, CompileError> {
+    let mut upstream = parse_upstream(url)
+        .map_err(|m| CompileError::new("upstream", m, format!("upstream: {url}")))?;
+    if upstream.scheme == Scheme::HTTPS {
+        let ca = ca.map(|p| base.join(p));
+        let client = crate::tls::upstream_client_config(ca.as_deref())
+            .map_err(|e| CompileError::new("upstream_ca", e.to_string(), "upstream_ca"))?;
+        upstream.tls = Some(Arc::new(client));
+    } else if ca.is_some() {
+        return Err(CompileError::new(
+            "upstream_ca",
+            "only an https:// upstream uses a CA",
+            "upstream_ca",
+        ));
+    }
+    Ok(upstream)
+}
+
+fn parse_upstream(text: &str) -> Result<Upstream, String> {
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    let scheme = uri
+        .scheme()
+        .cloned()
+        .ok_or("the upstream needs a scheme: http://")?;
+    if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
+        return Err(format!("upstream scheme {scheme}: use http:// or https://"));
+    }
+    let authority = uri
+        .authority()
+        .cloned()
+        .ok_or("the upstream needs a host")?;
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err("the upstream is an origin (scheme, host, port), without a path".into());
+    }
+    Ok(Upstream {
+        scheme,
+        authority,
+        tls: None,
+    })
+}
