@@ -13,12 +13,31 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::claim::{ClaimArgs, Lapse, OwnerToken, Ownership};
 use super::renewals::{HeldClaim, Renewal};
-use super::{
-    ClaimArgs, Lapse, Liveness, OwnerToken, Ownership, Settled, Settlement, Store, StoreError,
-    StoredResponse,
-};
+use super::response::StoredResponse;
+use super::settlement::{Settled, Settlement};
+use super::{Store, StoreError};
 use crate::key::Digest;
+
+/// Held by the owner of a memory-store claim: while it lives the claim does not lapse, so
+/// an owner in this process needs no renewal timer (a timer registration and a task per
+/// claim). The claim's `lease_until` is claim time + lease, pushed forward by each claim
+/// that finds it past due while the owner is alive; once the liveness is dropped without
+/// the claim being settled (an owner that vanished without its guard running), the claim
+/// lapses at `lease_until`, which may already have passed.
+#[derive(Debug)]
+pub struct Liveness {
+    _alive: Arc<()>,
+}
+
+impl Liveness {
+    pub(crate) fn new() -> (Self, std::sync::Weak<()>) {
+        let alive = Arc::new(());
+        let weak = Arc::downgrade(&alive);
+        (Self { _alive: alive }, weak)
+    }
+}
 
 /// Ownership of one key. End it with [`Lease::settle`] (or its shorthands).
 #[derive(Debug)]

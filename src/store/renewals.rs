@@ -86,6 +86,15 @@ struct Claim {
     finishing: bool,
 }
 
+/// What a renewal's answer means for renewing the claim again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// Renewed, restored, or failed for now: renew it again when due.
+    Renewable,
+    /// Another owner holds the key: never renew it again.
+    Lost,
+}
+
 /// A renewal the task is to send.
 struct Due {
     id: u64,
@@ -208,9 +217,9 @@ impl Renewals {
     }
 
     /// A renewal of claim `id` answered; whether the claim is still held (a lease that
-    /// finished meanwhile makes its renewal's answer no news). With `lost`, the store
-    /// said the claim is no longer its token's, and it is not renewed again.
-    fn answered(&self, id: u64, lost: bool) -> bool {
+    /// finished meanwhile makes its renewal's answer no news). With [`Answer::Lost`], the
+    /// store said the claim is no longer its token's, and it is not renewed again.
+    fn answered(&self, id: u64, answer: Answer) -> bool {
         let mut state = lock(&self.state);
         let Some(claim) = state.claims.get_mut(&id) else {
             return false;
@@ -221,7 +230,7 @@ impl Renewals {
             self.settled.notify_waiters();
             return false;
         }
-        if lost {
+        if answer == Answer::Lost {
             state.claims.remove(&id);
         } else {
             claim.renewing = false;
@@ -256,8 +265,8 @@ async fn renew_due<S: Renew>(alive: TaskAlive, store: Weak<S>) {
         let Some(strong) = store.upgrade() else {
             return;
         };
-        // Each renewal on its own, as each claim's own task did: a slow or dead store
-        // holds up one renewal per claim, not every claim behind it.
+        // Each renewal on its own: a slow or dead store holds up one renewal per claim,
+        // not every claim behind it.
         for Due { id, claim } in due {
             let (store, renewals) = (Arc::clone(&strong), Arc::clone(renewals));
             tokio::spawn(async move {
@@ -266,17 +275,17 @@ async fn renew_due<S: Renew>(alive: TaskAlive, store: Weak<S>) {
                 // Unless the lease finished meanwhile, whatever the answer is no news.
                 match result {
                     Ok(Renewed::Extended) => {
-                        renewals.answered(id, false);
+                        renewals.answered(id, Answer::Renewable);
                     }
-                    Ok(Renewed::Restored) if renewals.answered(id, false) => {
+                    Ok(Renewed::Restored) if renewals.answered(id, Answer::Renewable) => {
                         tracing::warn!(%key, "the store had lost a running claim; wrote it back");
                     }
                     Ok(Renewed::Restored) => {}
-                    Ok(Renewed::Lost) if renewals.answered(id, true) => {
+                    Ok(Renewed::Lost) if renewals.answered(id, Answer::Lost) => {
                         tracing::warn!(%key, "lost the claim while still running");
                     }
                     Ok(Renewed::Lost) => {}
-                    Err(e) if renewals.answered(id, false) => {
+                    Err(e) if renewals.answered(id, Answer::Renewable) => {
                         tracing::warn!(%key, error = %e, "could not renew the claim");
                     }
                     Err(_) => {}

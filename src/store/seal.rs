@@ -2,11 +2,11 @@
 //! key seals and whose every key opens, so keys rotate without losing records written
 //! under the old one.
 //!
-//! Each sealed record names its key by a 4-byte id derived from the key itself (so the
-//! config lists key files, not ids), carries a random 96-bit nonce, and is bound to its store
-//! key as associated data: a record copied under another key does not open. Stores keep
-//! sealed records as opaque bytes; the proxy seals before completion and opens after a
-//! replay is found ([`crate::store::StoredResponse::seal`], [`crate::store::StoredResponse::open`]).
+//! Each sealed record names its key by a 4-byte id derived from the key itself (so the config
+//! lists key files, not ids), carries a random 96-bit nonce, and is bound to its store key as
+//! associated data: a record copied under another key does not open. Stores keep sealed records
+//! as opaque bytes; the proxy seals before completion and opens after a replay is found
+//! ([`crate::store::StoredResponse::seal`], [`crate::store::StoredResponse::open`]).
 //!
 //! ```
 //! use idemgate::store::seal::KeyRing;

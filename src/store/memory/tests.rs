@@ -3,7 +3,9 @@
 
 use super::shard::TEST_COMPACT_SLACK;
 use super::*;
-use crate::store::StoredResponse;
+use crate::store::{
+    CallerTag, ClaimArgs, Liveness, Ownership, RawClaim, Settled, Settlement, StoredResponse,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const FINGERPRINT: Digest = Digest([7; 32]);

@@ -3,12 +3,16 @@
 //! share one socket, and both carry RESP3 pushes (the completion notifications).
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::Value;
-use tokio::sync::OnceCell;
+use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, Value};
+use tokio::sync::{mpsc, OnceCell};
+
+use super::RedisSettings;
+use crate::store::StoreError;
 
 /// The store's connection, of either kind.
 #[derive(Clone)]
@@ -25,6 +29,55 @@ pub(crate) enum Handle {
 }
 
 impl Conn {
+    /// The connection `settings` describe, speaking RESP3 so that completion notifications
+    /// arrive as pushes on `push_tx`. Nothing is sent yet: a server that is down at start
+    /// fails requests until it is back instead of stopping the proxy.
+    pub(crate) fn open(
+        settings: &RedisSettings,
+        push_tx: mpsc::UnboundedSender<PushInfo>,
+    ) -> Result<Self, StoreError> {
+        let bad = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
+        // redis-rs leaves Nagle on; every claim is a small write answered at once, so
+        // delaying it only adds latency (and stalls the multiplexed connection).
+        let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
+        Ok(if settings.cluster.is_empty() {
+            let url = settings.url.as_deref().unwrap_or("redis://127.0.0.1:6379");
+            let info = url.into_connection_info().map_err(bad)?;
+            let resp3 = info
+                .redis_settings()
+                .clone()
+                .set_protocol(ProtocolVersion::RESP3);
+            let info = info.set_redis_settings(resp3).set_tcp_settings(tcp);
+            let client = match &settings.ca {
+                Some(pem) => redis::Client::build_with_tls(info, tls_roots(pem)),
+                None => redis::Client::open(info),
+            }
+            .map_err(bad)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(settings.timeout))
+                .set_response_timeout(Some(settings.timeout))
+                .set_number_of_retries(2)
+                .set_max_delay(Duration::from_millis(500))
+                .set_push_sender(push_tx)
+                .set_automatic_resubscription();
+            Conn::Single(ConnectionManager::new_lazy_with_config(client, config).map_err(bad)?)
+        } else {
+            let mut builder = ClusterClient::builder(settings.cluster.clone());
+            if let Some(pem) = &settings.ca {
+                builder = builder.certs(tls_roots(pem));
+            }
+            let client = builder
+                .use_protocol(ProtocolVersion::RESP3)
+                .tcp_settings(tcp)
+                .connection_timeout(settings.timeout)
+                .response_timeout(settings.timeout)
+                .push_sender(push_tx)
+                .build()
+                .map_err(bad)?;
+            Conn::Cluster(Arc::new((client, OnceCell::new())))
+        })
+    }
+
     /// The connection to send on; a cluster connects on first use.
     pub(crate) async fn handle(&self) -> redis::RedisResult<Handle> {
         Ok(match self {
@@ -81,5 +134,12 @@ impl redis::aio::ConnectionLike for Handle {
             Self::Single(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+fn tls_roots(pem: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem.to_vec()),
     }
 }

@@ -1,0 +1,151 @@
+//! What a claim names: the key and its payload fingerprint ([`ClaimArgs`]), which records it
+//! may start from ([`ClaimMode`]), what a lapsed claim of the key means ([`Lapse`]), and the
+//! ownership a successful claim creates ([`OwnerToken`], [`Ownership`]). Plain values every
+//! backend reads; none of them knows a backend.
+//!
+//! Add a field here when every backend must honour it; a backend-only knob belongs in that
+//! backend's settings.
+
+use std::time::Duration;
+
+use crate::key::Digest;
+
+/// Identifies one ownership of a key; settling must present it (fencing), so an owner
+/// whose claim was taken over cannot touch the new owner's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerToken(pub u128);
+
+impl OwnerToken {
+    /// A fresh random token.
+    pub fn random() -> Self {
+        Self(rand::random())
+    }
+}
+
+/// Which records a claim may start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimMode {
+    /// A free key becomes owned (client keys, fields, fingerprints).
+    Any,
+    /// Only a key issued beforehand (a one-time token) becomes owned, consuming the issue
+    /// record in the same atomic step.
+    IssuedOnly,
+}
+
+/// What a lapsed claim (its owner stopped renewing it for a whole lease) means. The dead
+/// owner's request may have reached the upstream, so it is never simply free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lapse {
+    /// The key is held as "outcome unknown" for `ttl` after the lapse (until an operator
+    /// purges it): no retry executes it again (`on_unknown_outcome: hold`).
+    Hold {
+        /// How long the unknown state lasts.
+        ttl: Duration,
+    },
+    /// A retry takes the key over, but only `grace` after the lapse, when the dead owner's
+    /// upstream call cannot still be running (`on_unknown_outcome: release`).
+    Release {
+        /// The longest the dead owner's call could still run after its last renewal.
+        grace: Duration,
+    },
+}
+
+impl Lapse {
+    /// How long a lapsed claim stays in its store after its lease ran out.
+    pub fn span(self) -> Duration {
+        match self {
+            Self::Hold { ttl } => ttl,
+            Self::Release { grace } => grace,
+        }
+    }
+}
+
+/// One claim attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimArgs {
+    /// The key to claim.
+    pub key: Digest,
+    /// The request's payload fingerprint ([`Digest::NONE`]: nothing to compare).
+    pub fingerprint: Digest,
+    /// How long the claim outlives an owner that stops renewing it.
+    pub lease: Duration,
+    /// What a lapsed claim of this key means.
+    pub lapse: Lapse,
+    /// Whether only an issued key may be owned.
+    pub mode: ClaimMode,
+    /// Whether a duplicate that finds the key in flight will wait for it (on Redis a
+    /// waiter subscribes and marks the record; one that will not gets a waiter that
+    /// returns at once).
+    pub waits: bool,
+    /// The owner a duplicate waited on: if that owner failed and released the key, this
+    /// claim gets its failure ([`Claim::Failed`](super::Claim::Failed)) instead of a turn
+    /// of its own.
+    pub after: Option<OwnerToken>,
+    /// The route's tag for the store's own metrics (evictions by route).
+    pub route: RouteTag,
+    /// Whose request it is, for a store that limits what one caller may hold
+    /// ([`CallerTag::NONE`]: not counted).
+    pub caller: CallerTag,
+}
+
+impl ClaimArgs {
+    /// A plain claim: any key, a duplicate waits, a lapsed claim is held as unknown for a
+    /// day.
+    pub fn new(key: Digest, fingerprint: Digest, lease: Duration) -> Self {
+        Self {
+            key,
+            fingerprint,
+            lease,
+            lapse: Lapse::Hold {
+                ttl: Duration::from_secs(24 * 3600),
+            },
+            mode: ClaimMode::Any,
+            waits: true,
+            after: None,
+            route: RouteTag::default(),
+            caller: CallerTag::NONE,
+        }
+    }
+}
+
+/// A caller (one scope) as a store that limits its share knows it: 32 bits of the scope's
+/// digest. Two callers that collide only share a limit, never a key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct CallerTag(pub u32);
+
+impl CallerTag {
+    /// Not counted.
+    pub const NONE: CallerTag = CallerTag(0);
+
+    /// The tag of a caller whose scope digest is `scope`.
+    pub fn of(scope: &Digest) -> Self {
+        let tag = u32::from_le_bytes([scope.0[0], scope.0[1], scope.0[2], scope.0[3]]);
+        // Zero means "not counted"; a scope that hashes to it counts as 1.
+        Self(tag.max(1))
+    }
+}
+
+/// A route as the store knows it: a small number, which the proxy's metrics map back to
+/// the route's name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RouteTag(pub u16);
+
+/// One ownership of a key, as its settlement names it: the key, the owner's token, and
+/// what its claim wrote (the payload fingerprint and the lapse rule), which the Redis store
+/// rebuilds the in-flight record from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ownership {
+    /// The owned key.
+    pub key: Digest,
+    /// The fencing token.
+    pub token: OwnerToken,
+    /// The claim's payload fingerprint.
+    pub fingerprint: Digest,
+    /// The claim's lapse rule.
+    pub lapse: Lapse,
+}
+
+/// Whether two payload fingerprints disagree; [`Digest::NONE`] on either side never does.
+pub(crate) fn mismatched(stored: &Digest, offered: &Digest) -> bool {
+    stored != offered && *stored != Digest::NONE && *offered != Digest::NONE
+}

@@ -1,0 +1,120 @@
+//! Settling a claim on the Redis store. A completion nobody waits on is one swap of the
+//! owner's own unmarked in-flight record for the done record (`SET … IFEQ`, or the swap
+//! script on a server without it), which publishes nothing; anything else (a record a
+//! waiter marked, one the store lost, any other outcome) goes through the settle script,
+//! fenced by the owner token, which wakes the waiters.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use redis::Value;
+
+use super::records::{claim_value, settled_value, DoneRecord, CLAIM_LEN};
+use super::{refused_as_syntax, unexpected, RedisStore};
+use crate::key::Digest;
+use crate::store::{Ownership, Settled, Settlement, StoreError, StoredResponse};
+
+impl RedisStore {
+    /// See [`Store::settle`](crate::store::Store::settle).
+    pub(crate) async fn settle(
+        &self,
+        owned: &Ownership,
+        settlement: Settlement,
+    ) -> Result<Settled, StoreError> {
+        let key = &owned.key;
+        if let Settlement::Done { response, ttl } = &settlement {
+            if !ttl.is_zero() {
+                let response = response.clone().with_fingerprint(owned.fingerprint);
+                let in_flight = claim_value(owned.token, owned.fingerprint, owned.lapse);
+                if self.swap_done(key, &in_flight, &response, *ttl).await? {
+                    return Ok(Settled::Written);
+                }
+                // Not the record this claim wrote: a waiter marked it, the store lost it,
+                // or a swap retried after a dropped connection had already been done. The
+                // settle script compares the token alone and answers for each.
+            }
+        }
+        let (value, px) = settled_value(owned.token, owned.fingerprint, &settlement);
+        let mut invocation = self.scripts.settle.prepare_invoke();
+        invocation
+            .key(self.record(key))
+            .arg(&owned.token.0.to_be_bytes()[..])
+            .arg(value.as_deref().unwrap_or_default())
+            .arg(px)
+            .arg(self.channel(key))
+            .arg(if settlement.writes_back() { "1" } else { "0" });
+        match self.run(invocation).await? {
+            Value::Int(1) => Ok(Settled::Written),
+            Value::Int(2) => {
+                tracing::warn!(
+                    key = %key.short(),
+                    settled = settlement.as_str(),
+                    "the store had lost the claim; wrote the outcome back"
+                );
+                Ok(Settled::WrittenBack)
+            }
+            Value::Int(0) => Ok(Settled::NotWritten),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A completion by swap: the done record written where the in-flight record
+    /// `in_flight` is, else nothing (`false`). `SET … IFEQ` where the server has it, else
+    /// the swap script.
+    async fn swap_done(
+        &self,
+        key: &Digest,
+        in_flight: &[u8],
+        response: &StoredResponse,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = DoneRecord(response);
+        let ttl_ms = ttl.as_millis().max(1) as u64;
+        if !self.no_set_ifeq.load(Relaxed) {
+            if let Some(swapped) = self.set_ifeq(key, done, in_flight, ttl_ms).await? {
+                return Ok(swapped);
+            }
+        }
+        let mut invocation = self.scripts.swap.prepare_invoke();
+        invocation
+            .key(self.record(key))
+            .arg(in_flight)
+            .arg(done)
+            .arg(ttl_ms);
+        Ok(matches!(self.run(invocation).await?, Value::Int(1)))
+    }
+
+    /// `SET <done> IFEQ <in-flight record> PX <ttl>`. `None`: the server has no `IFEQ`, and
+    /// is not asked again.
+    async fn set_ifeq(
+        &self,
+        key: &Digest,
+        done: DoneRecord<'_>,
+        in_flight: &[u8],
+        ttl_ms: u64,
+    ) -> Result<Option<bool>, StoreError> {
+        let record = self.record(key);
+        let mut set = redis::Cmd::with_capacity(7, 32 + record.len() + done.len() + CLAIM_LEN);
+        set.arg("SET")
+            .arg(record)
+            .arg(done)
+            .arg("IFEQ")
+            .arg(in_flight)
+            .arg("PX")
+            .arg(ttl_ms);
+        match self.query_raw(&set).await? {
+            Ok(Value::Okay) => Ok(Some(true)),
+            Ok(Value::Nil) => Ok(Some(false)),
+            Ok(other) => Err(unexpected(&other)),
+            // An unknown option is a syntax error: the script is the way for this server
+            // from now on. Anything else (`LOADING`, `READONLY`, `OOM`, …) passes and
+            // would fail the script alike.
+            Err(e) if refused_as_syntax(&e) => {
+                tracing::info!(error = %e, "redis refuses SET IFEQ; swapping by script");
+                self.no_set_ifeq.store(true, Relaxed);
+                Ok(None)
+            }
+            Err(e) => Err(StoreError::Unavailable(e.to_string())),
+        }
+    }
+}

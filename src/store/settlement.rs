@@ -1,0 +1,96 @@
+//! How an owner ends its claim: the one write that settles a key ([`Settlement`]) and what
+//! that write did ([`Settled`]). Every backend writes the same five outcomes; the
+//! [`Lease`](super::Lease) picks one, or its drop does.
+
+use std::time::Duration;
+
+use super::response::StoredResponse;
+
+/// How an owner settles its key: the one write that ends a claim.
+#[derive(Debug, Clone)]
+pub enum Settlement {
+    /// The answer, replayed for `ttl` (zero: nothing kept, the key is free).
+    Done {
+        /// The answer, stamped with the claim's payload fingerprint.
+        response: StoredResponse,
+        /// How long it is replayed.
+        ttl: Duration,
+    },
+    /// The request executed; its answer was not kept. Repeats get a problem for `ttl`.
+    NotStored {
+        /// The upstream's status.
+        status: http::StatusCode,
+        /// How long the record stays.
+        ttl: Duration,
+    },
+    /// The request may have executed; no one knows its outcome. Repeats get a problem
+    /// for `ttl`.
+    Unknown {
+        /// How long the state lasts.
+        ttl: Duration,
+    },
+    /// The request failed in a way a retry may repeat (a 5xx, a transient 4xx, an
+    /// upstream that was never reached). The duplicates that were waiting get `response`
+    /// for `linger`; any other request takes the key over.
+    Failed {
+        /// What the waiters get.
+        response: StoredResponse,
+        /// How long the waiters have to collect it.
+        linger: Duration,
+        /// For a one-time token: it goes back to issued for this long afterwards.
+        reissue: Option<Duration>,
+    },
+    /// The key is freed (nothing was sent, nothing to share); with `reissue`, a one-time
+    /// token's key goes back to issued for that long.
+    Release {
+        /// See above.
+        reissue: Option<Duration>,
+    },
+}
+
+impl Settlement {
+    /// Label for logs.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Done { .. } => "done",
+            Self::NotStored { .. } => "not_stored",
+            Self::Unknown { .. } => "outcome_unknown",
+            Self::Failed { .. } => "failed",
+            Self::Release { .. } => "released",
+        }
+    }
+
+    /// Whether this settlement must be written even when the claim's record is gone (the
+    /// store lost it): an answer, or what says the request may have run. A failure or a
+    /// release leaves nothing a retry needs.
+    pub(super) fn writes_back(&self) -> bool {
+        matches!(
+            self,
+            Self::Done { ttl, .. } | Self::NotStored { ttl, .. } | Self::Unknown { ttl }
+                if !ttl.is_zero()
+        )
+    }
+}
+
+/// What settling did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Written over this owner's own record.
+    Written,
+    /// The record was gone (the store lost it, or an operator purged it), and the
+    /// settlement was written in its place.
+    WrittenBack,
+    /// An answer the store could not keep (larger than the memory store's whole budget,
+    /// or no room with `when_full: reject`): the key records "executed, answer not stored"
+    /// instead, so its repeats still never execute.
+    AnswerNotKept,
+    /// Nothing written: another owner holds the key.
+    NotWritten,
+}
+
+impl Settled {
+    /// Whether the settlement is in the store now as it was asked for.
+    pub fn kept(self) -> bool {
+        matches!(self, Self::Written | Self::WrittenBack)
+    }
+}
