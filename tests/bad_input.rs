@@ -212,13 +212,13 @@ async fn a_stalled_request_body_is_408_and_nothing_executes() {
     still_serving(proxy.addr, "after-408").await;
 }
 
-/// A client that sends part of a request head and then nothing (slowloris) is answered 408
-/// and disconnected after the 30 s header-read timeout, nginx's `client_header_timeout`;
+/// A client that sends part of a request head and then nothing (slowloris) is disconnected
+/// without an answer after the 30 s header-read timeout, nginx's `client_header_timeout`;
 /// meanwhile other connections are served, and the stalled request never reaches the
 /// upstream. Takes 30 s of real time (the timer is per connection and re-armed lazily:
 /// `src/server/header_timer.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_request_head_is_cut_off_after_30_seconds() {
+async fn a_stalled_request_head_is_closed_without_an_answer_after_30_seconds() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, ROUTES).await;
@@ -249,11 +249,10 @@ async fn a_stalled_request_head_is_cut_off_after_30_seconds() {
     )
     .await
     .expect("hang guard: the stalled connection was never closed");
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(
-        ended.is_err() || answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
-        "{answer}"
-    );
+    // hyper ends a connection whose head timed out with a FIN and no answer (nginx logs a
+    // 408 and does the same): the read sees a clean end, not a reset, and no bytes.
+    let read = ended.expect("the stalled connection ends cleanly, not with a reset");
+    assert_eq!(read, 0, "{:?}", String::from_utf8_lossy(&answer));
     assert_eq!(upstream.executed_for("stalled"), 0);
     assert_eq!(upstream.executed_for("first"), 1);
     still_serving(proxy.addr, "after-stall").await;

@@ -224,7 +224,7 @@ async fn a_client_that_leaves_cancels_its_pass_through_request() {
 }
 
 /// A kept-alive connection with no new request for the idle timeout is closed, without an
-/// answer (there is no request to answer); a request before that is served. The timeout
+/// answer (there is no request to answer); before that it serves request after request. The timeout
 /// is 300 ms here (`Proxy::with_idle_timeout`); the 30 s bound is a hang guard only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_kept_alive_connection_is_closed_quietly() {
@@ -238,13 +238,19 @@ async fn an_idle_kept_alive_connection_is_closed_quietly() {
     })
     .await;
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    stream.write_all(&post("idle", "{}", "")).await.unwrap();
-    let mut buf = vec![0u8; 8192];
-    let n = stream.read(&mut buf).await.unwrap();
-    assert!(
-        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 201"),
-        "served while not idle"
-    );
+    // Two requests one after the other on the one connection: it was kept alive and
+    // reusable before it went idle.
+    for key in ["idle-1", "idle-2"] {
+        stream.write_all(&post(key, "{}", "")).await.unwrap();
+        let mut buf = vec![0u8; 8192];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 201"),
+            "{key} served on the kept-alive connection"
+        );
+    }
+    assert_eq!(upstream.executed_for("idle-1"), 1);
+    assert_eq!(upstream.executed_for("idle-2"), 1);
     let mut rest = Vec::new();
     tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut rest))
         .await
