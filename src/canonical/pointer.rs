@@ -1,5 +1,6 @@
-//! RFC 6901 JSON pointers: parsing them once at config load, printing them back, and pulling
-//! the canonical form of the values they designate out of a body in a single streaming pass.
+//! RFC 6901 JSON pointers: parsing them once at config load and printing them back. The JSON
+//! parser (`json`) matches them while it streams a body, to skip or extract the values they
+//! designate; it imports this module, never the other way round.
 
 use std::fmt;
 use std::str::FromStr;

@@ -7,15 +7,21 @@
 //! routine idemgate creates beside its table (a PL/pgSQL function, a MySQL procedure), so
 //! a first-seen request costs two statements (claim, settle) and a replay one. Leases and
 //! expiry use the database's clock (`now()`), never a replica's. An in-flight row carries
-//! its lease (`lease_until`, moved on by the owner's renewals, [`super::renewals`]) and
+//! its lease (`lease_until`, moved on by the owner's renewals, `store::renewals`) and
 //! its end (`expires_at` = lease + the lapse span), so, as on Redis, the row itself says
-//! whether its claim lapsed. Expired rows count as gone at once; a reaper ([`reaper`])
+//! whether its claim lapsed. Expired rows count as gone at once; a reaper (`reaper`)
 //! deletes them in small batches.
 //!
-//! Duplicates wait for a settlement: on PostgreSQL by `LISTEN`/`NOTIFY` ([`listener`]);
+//! Duplicates wait for a settlement: on PostgreSQL by `LISTEN`/`NOTIFY` (`listener`);
 //! on MySQL, which has no notifications, by a re-check of every waited-on key at most
-//! every [`mysql::WAIT_POLL`] ([`poller`]). On both, an owner's settlement wakes the
-//! waiters in its own process at once.
+//! every [`mysql::WAIT_POLL`] (`poller`). On both, an owner's settlement wakes the
+//! waiters in its own process at once (`waiters`).
+//!
+//! The store is written once ([`SqlStore`], module `store`), over the `Dialect` of its
+//! database: [`postgres`] and [`mysql`] hold only what differs (their SQL, their pool, how
+//! waiters hear of settlements). `statements` states each routine's parameters and
+//! answer columns, `found` what a claim's answer means, `common` the bounds and state
+//! every call shares.
 
 mod common;
 mod found;
@@ -24,6 +30,8 @@ pub mod mysql;
 mod poller;
 pub mod postgres;
 mod reaper;
+mod statements;
+mod store;
 mod waiters;
 
 use std::future::Future;
@@ -32,6 +40,7 @@ use std::time::Duration;
 
 use super::{Settlement, StoreError};
 
+pub use store::SqlStore;
 pub use waiters::Interest;
 
 /// Where and how to reach a PostgreSQL or MySQL/MariaDB database.
@@ -152,17 +161,6 @@ impl<'a> Written<'a> {
             Settlement::Release { reissue: None } => delete,
         }
     }
-
-    /// The kind as the column holds it (`None`: delete).
-    fn kind_str(&self) -> Option<&'static str> {
-        self.kind.map(|k| match k {
-            b'D' => "D",
-            b'N' => "N",
-            b'U' => "U",
-            b'F' => "F",
-            _ => "T",
-        })
-    }
 }
 
 /// At most this many tries of one operation: each may find another pooled connection the
@@ -194,16 +192,15 @@ type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 
 
 /// Runs `op` under the store timeout, again on a transient error (a connection the
 /// database dropped), at most `tries` times.
-async fn bounded<'a, T, F, Fut>(timeout: Duration, tries: u32, op: F) -> Result<T, StoreError>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Result<T, sqlx::Error>> + Send + 'a,
-{
+async fn bounded<'a, T>(
+    timeout: Duration,
+    tries: u32,
+    op: impl Fn() -> Call<'a, T>,
+) -> Result<T, StoreError> {
     let attempts = async {
         let mut tried = 1;
         loop {
-            let call: Call<'a, T> = Box::pin(op());
-            match call.await {
+            match op().await {
                 Err(e) if tried < tries && transient(&e) => {
                     tracing::debug!(error = %e, "database connection dropped; trying again");
                     tried += 1;

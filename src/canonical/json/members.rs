@@ -3,6 +3,34 @@
 
 use super::*;
 
+/// An object key: either borrowed from the input (no escapes) or decoded into `Buffers::keys`.
+#[derive(Clone, Copy)]
+pub(super) struct Key {
+    /// The first 8 key bytes, big-endian and zero-padded: orders most keys without a memcmp.
+    pub(super) prefix: u64,
+    pub(super) start: usize,
+    pub(super) end: usize,
+    pub(super) decoded: bool,
+}
+
+/// Where a member's canonical value is, until its object is written out in key order.
+#[derive(Clone, Copy)]
+pub(super) enum Value {
+    /// Spelled canonically in the input already (plain strings, literals): copied from there.
+    Input { start: usize, end: usize },
+    /// Written to the output while parsing (numbers, escaped strings, objects, arrays).
+    Generated { start: usize, end: usize },
+}
+
+/// One parsed member awaiting its object's closing brace.
+#[derive(Clone, Copy)]
+pub(super) struct Member {
+    pub(super) key: Key,
+    /// The input spells the key as `"key":` with no escapes or whitespace, ready to copy.
+    pub(super) compact: bool,
+    pub(super) value: Value,
+}
+
 /// The first 8 bytes of `key` as a big-endian number, zero-padded. Comparing prefixes orders keys
 /// exactly like comparing the bytes whenever the prefixes differ: a padding zero can only differ
 /// from a real non-zero byte of a longer key, which sorts after it anyway.

@@ -247,3 +247,51 @@ pub(super) fn push_escaped(out: &mut Vec<u8>, bytes: &[u8]) {
     }
     out.extend_from_slice(&bytes[run..]);
 }
+
+impl Parser<'_, '_> {
+    #[inline(always)]
+    pub(super) fn string_value(&mut self, out: &mut Vec<u8>) -> Result<(), JsonError> {
+        let input = self.input;
+        let start = self.pos + 1;
+        let stop = scan_plain(input, start)?;
+        if input[stop] == b'"' {
+            // Without escapes the input spelling is already canonical: quotes, backslashes and
+            // control characters cannot appear raw, and everything else is emitted raw.
+            append(out, input, self.pos, stop + 1);
+            self.pos = stop + 1;
+        } else {
+            out.push(b'"');
+            out.extend_from_slice(&input[start..stop]);
+            self.pos = decode_escaped(input, stop, out, true)?;
+            out.push(b'"');
+        }
+        Ok(())
+    }
+
+    /// Parses the key at `self.pos` (an opening quote) without writing it anywhere.
+    #[inline(always)]
+    pub(super) fn key(&mut self) -> Result<Key, JsonError> {
+        let input = self.input;
+        let start = self.pos + 1;
+        let stop = scan_plain(input, start)?;
+        if input[stop] == b'"' {
+            self.pos = stop + 1;
+            return Ok(Key {
+                prefix: key_prefix(input, start, stop),
+                start,
+                end: stop,
+                decoded: false,
+            });
+        }
+        let keys = &mut self.buffers.keys;
+        let decoded_start = keys.len();
+        keys.extend_from_slice(&input[start..stop]);
+        self.pos = decode_escaped(input, stop, keys, false)?;
+        Ok(Key {
+            prefix: key_prefix(keys, decoded_start, keys.len()),
+            start: decoded_start,
+            end: keys.len(),
+            decoded: true,
+        })
+    }
+}

@@ -1,12 +1,14 @@
-//! What the PostgreSQL and MySQL stores share besides their SQL: the bounds every
-//! database call runs under, the schema created once, the keys duplicates wait on, the
-//! renewals, the reaper's count, and the background tasks that end with the store.
+//! The state a SQL store keeps beside its database's pool: the bounds every database call
+//! runs under, the schema created once, the keys duplicates wait on, the renewals, the
+//! reaper's count, and the background tasks that end with the store; and the pool
+//! settings both databases share.
 
-use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::pool::PoolOptions;
+use sqlx::{Database, Executor, IntoArguments};
 use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 
@@ -15,7 +17,7 @@ use super::{bounded, max_tries, Call, SqlSettings};
 use crate::store::renewals::{Renewals, Renewed};
 use crate::store::{Ownership, Settled, Settlement, StoreError};
 
-/// The state both SQL stores keep beside their pool and statements.
+/// The state a SQL store keeps beside its pool and statements.
 pub(super) struct Common {
     timeout: Duration,
     tries: u32,
@@ -64,11 +66,7 @@ impl Common {
 
     /// One database call under the store timeout, sent again on a dropped connection
     /// (see [`bounded`]).
-    pub(super) async fn call<'a, T, F, Fut>(&self, op: F) -> Result<T, StoreError>
-    where
-        F: Fn() -> Fut,
-        Fut: Future<Output = Result<T, sqlx::Error>> + Send + 'a,
-    {
+    pub(super) async fn call<'a, T>(&self, op: impl Fn() -> Call<'a, T>) -> Result<T, StoreError> {
         bounded(self.timeout, self.tries, op).await
     }
 
@@ -123,4 +121,22 @@ impl Common {
 
 fn unexpected_code(code: i64) -> StoreError {
     StoreError::Unavailable(format!("unexpected answer from the database: {code}"))
+}
+
+/// A pool of at most `settings.max_connections` that runs `session` on each new connection.
+pub(super) fn pool_options<DB>(settings: &SqlSettings, session: &'static str) -> PoolOptions<DB>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    PoolOptions::new()
+        .max_connections(settings.max_connections.max(1))
+        .acquire_timeout(settings.timeout)
+        // A ping per acquire would be a round trip per statement; a connection the
+        // database dropped fails its statement instead, which is sent again.
+        .test_before_acquire(false)
+        .after_connect(move |conn, _| {
+            Box::pin(async move { sqlx::query(session).execute(conn).await.map(|_| ()) })
+        })
 }

@@ -9,33 +9,36 @@
 //!
 //! MySQL has no notifications: a duplicate that waits is woken by its owner's settlement
 //! when both are in this process, and otherwise by a re-check of its key at most every
-//! [`WAIT_POLL`] ([`super::poller`]).
+//! [`WAIT_POLL`] (the `poller` module).
 
 use std::str::FromStr;
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlRow};
 use sqlx::Row;
+use tokio::task::AbortHandle;
 
-use super::common::Common;
-use super::found::{decide, digest_of, seen_of, token_of, Decided, Found, Look};
+use super::common::pool_options;
+use super::found::{digest_of, token_of};
 use super::poller::Recheck;
-use super::reaper::{Reap, BATCH};
+use super::reaper::BATCH;
+use super::statements::{bind, Arg, Columns, Statements};
+use super::store::{Dialect, SqlStore};
 use super::waiters::Interests;
-use super::{decode, millis, Call, SqlSettings, Written};
+use super::{decode, Call, SqlSettings};
 use crate::key::Digest;
-use crate::store::renewals::{self, HeldClaim, Renewals};
-use crate::store::{
-    Claim, ClaimArgs, ClaimMode, KeyInfo, Lapse, OwnerToken, Ownership, RawClaim, Settled,
-    Settlement, StoreError, Waiter,
-};
+use crate::store::{OwnerToken, StoreError};
+
+/// The MySQL- or MariaDB-backed store.
+pub type MysqlStore = SqlStore<Mysql>;
 
 /// The schema and routines, `{t}` standing for the table name, statements separated by
 /// `-- ;;` lines.
 const SCHEMA: &str = include_str!("mysql.sql");
+
+/// A locking read of a missing key takes no gap lock (see the module docs).
+const SESSION: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
 
 /// How often, at most, a waiting duplicate's key is looked at again when its owner runs in
 /// another process (MySQL has no notifications).
@@ -52,69 +55,73 @@ pub fn check_url(url: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// The statements, with the table name in place.
-struct Statements {
-    schema: Vec<String>,
-    claim: String,
-    settle: String,
-    renew: String,
-    hit: String,
-    issue: String,
-    inspect: String,
+/// MySQL's side of a [`MysqlStore`]: its pool and statements.
+pub struct Mysql {
+    pool: MySqlPool,
+    sql: Statements,
+    /// Deletes a live record.
     remove: String,
+    /// Deletes a key's observe-mode count.
     remove_seen: String,
-    reap: String,
-    reap_hits: String,
-    reap_seen: String,
-    seen: String,
-    made: String,
     table: String,
 }
 
-impl Statements {
-    fn new(t: &str) -> Self {
-        let ms = |column: &str| {
-            format!(
-                "CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), {column}) DIV 1000 AS SIGNED)"
-            )
-        };
-        Self {
-            schema: SCHEMA
-                .replace("{t}", t)
-                .split("\n-- ;;\n")
-                .map(str::to_owned)
-                .collect(),
-            claim: format!("CALL {t}_claim_v1(?, ?, ?, ?, ?, ?, ?, ?)"),
-            settle: format!("CALL {t}_settle_v1(?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-            renew: format!("CALL {t}_renew_v1(?, ?, ?, ?, ?, ?)"),
-            hit: format!("CALL {t}_hit_v1(?, ?)"),
-            issue: format!(
-                "INSERT INTO {t} (digest, kind, token, fingerprint, created_at, expires_at)
-                 VALUES (?, 'T', NULL, ?, UTC_TIMESTAMP(3),
-                         UTC_TIMESTAMP(3) + INTERVAL ? MICROSECOND)
-                 ON DUPLICATE KEY UPDATE kind = 'T', token = NULL,
-                    fingerprint = VALUES(fingerprint), created_at = VALUES(created_at),
-                    lease_until = NULL, expires_at = VALUES(expires_at),
-                    lapse_hold = FALSE, issued = FALSE, status = NULL, response = NULL"
-            ),
-            inspect: format!(
-                "SELECT kind, token, fingerprint, status, response, issued, lapse_hold,
-                    {} AS lease_ms, {} AS expires_ms,
-                    CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000
-                        AS SIGNED) AS created_ms,
-                    (SELECT s.times FROM {t}_seen s
-                        WHERE s.digest = ? AND s.expires_at > UTC_TIMESTAMP(3)) AS seen_times,
-                    (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', s.last_at) DIV 1000
-                        AS SIGNED) FROM {t}_seen s
-                        WHERE s.digest = ? AND s.expires_at > UTC_TIMESTAMP(3)) AS seen_ms
-                 FROM {t} WHERE digest = ? AND expires_at > UTC_TIMESTAMP(3)",
-                ms("lease_until"),
-                ms("expires_at"),
-            ),
-            remove: format!("DELETE FROM {t} WHERE digest = ? AND expires_at > UTC_TIMESTAMP(3)"),
-            remove_seen: format!("DELETE FROM {t}_seen WHERE digest = ?"),
+impl std::fmt::Debug for MysqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlStore")
+            .field("table", &self.dialect().table)
+            .finish()
+    }
+}
+
+/// The statements for table `t`.
+fn statements(t: &str) -> Statements {
+    let ms = |column: &str| {
+        format!("CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(3), {column}) DIV 1000 AS SIGNED)")
+    };
+    // Deletes a batch of `table`'s rows whose `column` has passed.
+    let reap = |table: &str, column: &str| {
+        format!(
+            "DELETE FROM {table} WHERE {column} <= UTC_TIMESTAMP(3)
+             ORDER BY {column} LIMIT {BATCH}"
+        )
+    };
+    Statements {
+        schema: SCHEMA
+            .replace("{t}", t)
+            .split("\n-- ;;\n")
+            .map(str::to_owned)
+            .collect(),
+        claim: format!("CALL {t}_claim_v1(?, ?, ?, ?, ?, ?, ?, ?)"),
+        settle: format!("CALL {t}_settle_v1(?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+        renew: format!("CALL {t}_renew_v1(?, ?, ?, ?, ?, ?)"),
+        hit: format!("CALL {t}_hit_v1(?, ?)"),
+        issue: format!(
+            "INSERT INTO {t} (digest, kind, token, fingerprint, created_at, expires_at)
+             VALUES (?, 'T', NULL, ?, UTC_TIMESTAMP(3),
+                     UTC_TIMESTAMP(3) + INTERVAL ? * 1000 MICROSECOND)
+             ON DUPLICATE KEY UPDATE kind = 'T', token = NULL,
+                fingerprint = VALUES(fingerprint), created_at = VALUES(created_at),
+                lease_until = NULL, expires_at = VALUES(expires_at),
+                lapse_hold = FALSE, issued = FALSE, status = NULL, response = NULL"
+        ),
+        inspect: format!(
+            "SELECT kind, token, fingerprint, status, response, issued, lapse_hold,
+                {} AS lease_ms, {} AS expires_ms,
+                CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000
+                    AS SIGNED) AS created_ms,
+                (SELECT s.times FROM {t}_seen s
+                    WHERE s.digest = ? AND s.expires_at > UTC_TIMESTAMP(3)) AS seen_times,
+                (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', s.last_at) DIV 1000
+                    AS SIGNED) FROM {t}_seen s
+                    WHERE s.digest = ? AND s.expires_at > UTC_TIMESTAMP(3)) AS seen_ms
+             FROM {t} WHERE digest = ? AND expires_at > UTC_TIMESTAMP(3)",
+            ms("lease_until"),
+            ms("expires_at"),
+        ),
+        seen: vec![
             // A count restarts with a key's new record: the old one's has expired.
-            seen: format!(
+            format!(
                 "INSERT INTO {t}_seen (digest, times, last_at, expires_at)
                  SELECT digest, 2, UTC_TIMESTAMP(3), expires_at FROM {t}
                     WHERE digest = ? AND expires_at > UTC_TIMESTAMP(3)
@@ -122,389 +129,104 @@ impl Statements {
                     times = IF({t}_seen.expires_at > UTC_TIMESTAMP(3), {t}_seen.times + 1, 2),
                     last_at = UTC_TIMESTAMP(3), expires_at = VALUES(expires_at)"
             ),
-            made: format!(
+            format!(
                 "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000
                     AS SIGNED) FROM {t}
                  WHERE digest = ? AND kind <> 'T' AND expires_at > UTC_TIMESTAMP(3)"
             ),
-            reap: format!(
-                "DELETE FROM {t} WHERE expires_at <= UTC_TIMESTAMP(3)
-                 ORDER BY expires_at LIMIT {BATCH}"
-            ),
-            reap_hits: format!(
-                "DELETE FROM {t}_hits WHERE window_end <= UTC_TIMESTAMP(3)
-                 ORDER BY window_end LIMIT {BATCH}"
-            ),
-            reap_seen: format!(
-                "DELETE FROM {t}_seen WHERE expires_at <= UTC_TIMESTAMP(3)
-                 ORDER BY expires_at LIMIT {BATCH}"
-            ),
-            table: t.to_owned(),
-        }
-    }
-
-    /// The re-check of `n` keys: those that are a live claim, with the owner.
-    fn claimed(&self, n: usize) -> String {
-        let marks = vec!["?"; n].join(", ");
-        format!(
-            "SELECT digest, token FROM {} WHERE digest IN ({marks}) AND kind = 'I'
-             AND expires_at > UTC_TIMESTAMP(3)",
-            self.table
-        )
+        ],
+        reap: [
+            reap(t, "expires_at"),
+            reap(&format!("{t}_hits"), "window_end"),
+            reap(&format!("{t}_seen"), "expires_at"),
+        ],
     }
 }
 
-/// The MySQL- or MariaDB-backed store.
-pub struct MysqlStore {
-    pool: MySqlPool,
-    sql: Statements,
-    common: Common,
-}
+impl Dialect for Mysql {
+    type Row = MySqlRow;
 
-impl std::fmt::Debug for MysqlStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MysqlStore")
-            .field("table", &self.sql.table)
-            .finish()
-    }
-}
+    const NOTIFICATIONS: Option<Duration> = None;
 
-impl MysqlStore {
-    /// Sets up the pool without waiting for the database (see
-    /// [`super::postgres::PostgresStore::connect`]).
-    pub fn connect(settings: &SqlSettings) -> Result<Arc<Self>, StoreError> {
-        super::valid_table(&settings.table).map_err(StoreError::Unavailable)?;
+    fn open(settings: &SqlSettings) -> Result<Self, StoreError> {
         let options = MySqlConnectOptions::from_str(&settings.url)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(settings.max_connections.max(1))
-            .acquire_timeout(settings.timeout)
-            .test_before_acquire(false)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .execute(conn)
-                        .await
-                        .map(|_| ())
-                })
-            })
-            .connect_lazy_with(options);
-        let interests: Arc<Interests> = Arc::default();
-        let store = Arc::new_cyclic(|weak: &std::sync::Weak<Self>| {
-            let reaper = tokio::spawn(super::reaper::reap(weak.clone(), settings.reap_every));
-            let poller = tokio::spawn(super::poller::poll(
-                weak.clone(),
-                Arc::clone(&interests),
-                WAIT_POLL,
-            ));
-            Self {
-                pool,
-                sql: Statements::new(&settings.table),
-                common: Common::new(
-                    settings,
-                    interests,
-                    vec![reaper.abort_handle(), poller.abort_handle()],
-                ),
-            }
-        });
-        Ok(store)
-    }
-
-    /// The claims this store keeps renewed for their leases.
-    pub(crate) fn renewals(&self) -> &Arc<Renewals> {
-        &self.common.renewals
-    }
-
-    /// Expired rows the reaper deleted since start.
-    pub fn reaped(&self) -> u64 {
-        self.common.reaped.load(Relaxed)
-    }
-
-    /// Creates the tables and routines when missing (once per store).
-    async fn ready_schema(&self) -> Result<(), StoreError> {
-        self.common.schema(|| self.migrate()).await
-    }
-
-    /// One attempt at creating what is missing, a statement at a time. Replicas starting
-    /// together may both try: MySQL serialises the DDL, and `IF NOT EXISTS` makes the
-    /// second a no-op.
-    fn migrate(&self) -> Call<'_, ()> {
-        Box::pin(async move {
-            for statement in &self.sql.schema {
-                sqlx::raw_sql(statement).execute(&self.pool).await?;
-            }
-            Ok(())
+        let t = &settings.table;
+        Ok(Self {
+            pool: pool_options(settings, SESSION).connect_lazy_with(options),
+            sql: statements(t),
+            remove: format!("DELETE FROM {t} WHERE digest = ? AND expires_at > UTC_TIMESTAMP(3)"),
+            remove_seen: format!("DELETE FROM {t}_seen WHERE digest = ?"),
+            table: t.to_owned(),
         })
     }
 
-    /// One claim procedure call.
-    async fn look(&self, args: &ClaimArgs, token: OwnerToken) -> Result<Look, StoreError> {
-        self.ready_schema().await?;
-        let token_bytes = token.0.to_be_bytes();
-        let (lease_ms, span_ms) = (millis(args.lease), millis(args.lapse.span()));
-        let row = self
-            .common
-            .call(|| {
-                sqlx::query(&self.sql.claim)
-                    .bind(&args.key.0[..])
-                    .bind(&token_bytes[..])
-                    .bind(&args.fingerprint.0[..])
-                    .bind(lease_ms)
-                    .bind(span_ms)
-                    .bind(matches!(args.lapse, Lapse::Hold { .. }))
-                    .bind(args.mode == ClaimMode::IssuedOnly)
-                    .bind(args.after.is_some())
-                    .fetch_one(&self.pool)
-            })
-            .await?;
-        let outcome: i64 = row.try_get(0).map_err(decode)?;
-        Ok(match outcome {
-            0 => Look::Claimed,
-            1 => Look::Free,
-            _ => Look::Found(found(&row, 1)?),
-        })
+    fn watch(&self, store: Weak<MysqlStore>, interests: &Arc<Interests>) -> AbortHandle {
+        let poller = super::poller::poll(store, Arc::clone(interests), WAIT_POLL);
+        tokio::spawn(poller).abort_handle()
     }
 
-    /// See [`crate::store::Store::claim_with`].
-    pub(crate) async fn claim(&self, args: &ClaimArgs) -> Result<RawClaim, StoreError> {
-        let token = OwnerToken::random();
-        match decide(args, token, self.look(args, token).await?)? {
-            Decided::Claim(claim) => Ok(claim),
-            Decided::InFlight { .. } if !args.waits => {
-                Ok(RawClaim::Other(Claim::InFlight(Waiter::unwatched())))
-            }
-            Decided::InFlight { owner, recheck } => {
-                // The poller's next look compares the row with this owner: a settlement
-                // since the claim looked wakes the waiter then.
-                let (signal, interest) = self.common.interests.join(args.key, owner);
-                Ok(RawClaim::Other(Claim::InFlight(Waiter::watching(
-                    signal,
-                    Instant::now() + recheck,
-                    owner,
-                    interest,
-                ))))
-            }
-        }
+    fn statements(&self) -> &Statements {
+        &self.sql
     }
 
-    /// See [`crate::store::Store::issue`].
-    pub async fn issue(&self, key: Digest, ttl: Duration) -> Result<(), StoreError> {
-        self.ready_schema().await?;
-        self.common
-            .call(|| {
-                sqlx::query(&self.sql.issue)
-                    .bind(&key.0[..])
-                    .bind(&Digest::NONE.0[..])
-                    .bind(millis(ttl).saturating_mul(1000))
-                    .execute(&self.pool)
-            })
-            .await
-            .map(|_| ())
+    fn run<'a>(&'a self, sql: &'a str) -> Call<'a, ()> {
+        Box::pin(async move { sqlx::raw_sql(sql).execute(&self.pool).await.map(|_| ()) })
     }
 
-    /// See [`crate::store::Store::hit`].
-    pub async fn hit(&self, key: Digest, window: Duration) -> Result<u64, StoreError> {
-        self.ready_schema().await?;
-        let row = self
-            .common
-            .call(|| {
-                sqlx::query(&self.sql.hit)
-                    .bind(&key.0[..])
-                    .bind(millis(window))
-                    .fetch_one(&self.pool)
-            })
-            .await?;
-        let hits: i64 = row.try_get(0).map_err(decode)?;
-        Ok(hits.max(0) as u64)
+    fn fetch<'a>(&'a self, sql: &'a str, args: &'a [Arg<'a>]) -> Call<'a, Vec<MySqlRow>> {
+        Box::pin(bind(sql, args, kind).fetch_all(&self.pool))
     }
 
-    /// See [`crate::store::Store::settle`].
-    pub(crate) async fn settle(
-        &self,
-        owned: &Ownership,
-        settlement: Settlement,
-    ) -> Result<Settled, StoreError> {
-        self.ready_schema().await?;
-        let written = Written::of(&settlement);
-        let token = owned.token.0.to_be_bytes();
-        let row = self
-            .common
-            .call(|| {
-                sqlx::query(&self.sql.settle)
-                    .bind(&owned.key.0[..])
-                    .bind(&token[..])
-                    .bind(&owned.fingerprint.0[..])
-                    .bind(written.kind_str())
-                    .bind(written.ttl_ms)
-                    .bind(written.status)
-                    .bind(written.response)
-                    .bind(written.issued)
-                    .bind(settlement.writes_back())
-                    .fetch_one(&self.pool)
-            })
-            .await?;
-        let code: i64 = row.try_get(0).map_err(decode)?;
-        self.common.settled(owned, &settlement, code)
+    fn execute<'a>(&'a self, sql: &'a str, args: &'a [Arg<'a>]) -> Call<'a, u64> {
+        let query = bind(sql, args, kind);
+        Box::pin(async move { Ok(query.execute(&self.pool).await?.rows_affected()) })
     }
 
-    /// See [`crate::store::Store::inspect`].
-    pub async fn inspect(&self, key: Digest) -> Result<Option<KeyInfo>, StoreError> {
-        self.ready_schema().await?;
-        let row = self
-            .common
-            .call(|| {
-                sqlx::query(&self.sql.inspect)
-                    .bind(&key.0[..])
-                    .bind(&key.0[..])
-                    .bind(&key.0[..])
-                    .fetch_optional(&self.pool)
-            })
-            .await?;
-        row.map(|row| {
-            let info = found(&row, 0)?.info()?;
-            let times: Option<i64> = row.try_get(10).map_err(decode)?;
-            let last: Option<i64> = row.try_get(11).map_err(decode)?;
-            Ok(KeyInfo {
-                seen: seen_of(times, last),
-                ..info
-            })
-        })
-        .transpose()
+    fn outcome(row: &MySqlRow) -> Result<i64, StoreError> {
+        row.try_get(0).map_err(decode)
     }
 
-    /// See [`crate::store::Store::saw_duplicate`].
-    pub async fn saw_duplicate(&self, key: Digest) -> Result<Option<SystemTime>, StoreError> {
-        self.ready_schema().await?;
-        self.common
-            .call(|| {
-                sqlx::query(&self.sql.seen)
-                    .bind(&key.0[..])
-                    .execute(&self.pool)
-            })
-            .await?;
-        let made: Option<i64> = self
-            .common
-            .call(|| {
-                sqlx::query_scalar(&self.sql.made)
-                    .bind(&key.0[..])
-                    .fetch_optional(&self.pool)
-            })
-            .await?;
-        Ok(made.map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)))
+    fn kind(row: &MySqlRow, at: usize) -> Result<u8, StoreError> {
+        let kind: Vec<u8> = row.try_get(at).map_err(decode)?;
+        Ok(kind.first().copied().unwrap_or(0))
     }
 
-    /// See [`crate::store::Store::remove`].
-    pub async fn remove(&self, key: Digest) -> Result<bool, StoreError> {
-        self.ready_schema().await?;
-        let done = self
-            .common
-            .call(|| {
-                sqlx::query(&self.sql.remove)
-                    .bind(&key.0[..])
-                    .execute(&self.pool)
-            })
-            .await?;
-        self.common
-            .call(|| {
-                sqlx::query(&self.sql.remove_seen)
-                    .bind(&key.0[..])
-                    .execute(&self.pool)
-            })
-            .await?;
-        self.common.interests.wake(&key);
-        Ok(done.rows_affected() > 0)
-    }
-
-    /// Whether the database answers (creating the table first if it is missing).
-    pub async fn ready(&self) -> bool {
-        if self.ready_schema().await.is_err() {
-            return false;
-        }
-        self.common
-            .call(|| sqlx::query("SELECT 1").execute(&self.pool))
-            .await
-            .is_ok()
-    }
-}
-
-impl renewals::Renew for MysqlStore {
-    async fn renew(&self, claim: &HeldClaim) -> Result<renewals::Renewed, StoreError> {
-        self.ready_schema().await?;
-        let token = claim.token.0.to_be_bytes();
-        let row = self
-            .common
-            .call(|| {
-                sqlx::query(&self.sql.renew)
-                    .bind(&claim.key.0[..])
-                    .bind(&token[..])
-                    .bind(&claim.fingerprint.0[..])
-                    .bind(millis(claim.lease))
-                    .bind(millis(claim.lapse.span()))
-                    .bind(matches!(claim.lapse, Lapse::Hold { .. }))
-                    .fetch_one(&self.pool)
-            })
-            .await?;
-        let code: i64 = row.try_get(0).map_err(decode)?;
-        Common::renewed(code)
-    }
-}
-
-impl Reap for MysqlStore {
-    async fn reap_batch(&self) -> Result<u64, StoreError> {
-        self.ready_schema().await?;
-        let mut total = 0;
-        for statement in [&self.sql.reap, &self.sql.reap_hits, &self.sql.reap_seen] {
-            let done = self
-                .common
-                .call(|| sqlx::query(statement).execute(&self.pool))
-                .await?;
-            total += done.rows_affected();
-        }
-        Ok(total)
-    }
-
-    fn reaped(&self) -> &AtomicU64 {
-        &self.common.reaped
+    async fn remove(store: &MysqlStore, key: Digest) -> Result<bool, StoreError> {
+        let params = [Arg::Bytes(&key.0)];
+        let removed = store.execute(&store.dialect().remove, &params).await?;
+        store.execute(&store.dialect().remove_seen, &params).await?;
+        Ok(removed > 0)
     }
 }
 
 impl Recheck for MysqlStore {
     async fn claimed(&self, keys: &[Digest]) -> Result<Vec<(Digest, OwnerToken)>, StoreError> {
-        let sql = self.sql.claimed(keys.len());
-        let rows = self
-            .common
-            .call(|| {
-                let mut query = sqlx::query(&sql);
-                for key in keys {
-                    query = query.bind(&key.0[..]);
-                }
-                query.fetch_all(&self.pool)
-            })
-            .await?;
+        let marks = vec!["?"; keys.len()].join(", ");
+        let sql = format!(
+            "SELECT digest, token FROM {} WHERE digest IN ({marks}) AND kind = 'I'
+             AND expires_at > UTC_TIMESTAMP(3)",
+            self.dialect().table
+        );
+        let params: Vec<Arg<'_>> = keys.iter().map(|key| Arg::Bytes(&key.0)).collect();
+        let rows = self.fetch(&sql, &params).await?;
         rows.iter()
             .map(|row| {
-                let key = digest_of(row.try_get(0).map_err(decode)?)?;
-                let owner = token_of(row.try_get(1).map_err(decode)?)?;
+                let key = digest_of(row.bytes(0)?)?;
+                let owner = token_of(row.bytes(1)?)?;
                 Ok((key, owner.unwrap_or(OwnerToken(0))))
             })
             .collect()
     }
 }
 
-/// The record columns of a claim's or an inspection's row, from column `at` on. By
-/// position: the rows of a prepared `CALL` come without column names (their shape is not
-/// known when the statement is prepared).
-fn found(row: &MySqlRow, at: usize) -> Result<Found, StoreError> {
-    let kind: Vec<u8> = row.try_get(at).map_err(decode)?;
-    Ok(Found {
-        kind: kind.first().copied().unwrap_or(0),
-        token: token_of(row.try_get(at + 1).map_err(decode)?)?,
-        fingerprint: digest_of(row.try_get(at + 2).map_err(decode)?)?,
-        status: row.try_get(at + 3).map_err(decode)?,
-        response: row.try_get(at + 4).map_err(decode)?,
-        lapse_hold: row.try_get(at + 6).map_err(decode)?,
-        lease_ms: row.try_get(at + 7).map_err(decode)?,
-        expires_ms: row.try_get(at + 8).map_err(decode)?,
-        created_ms: row.try_get(at + 9).map_err(decode)?,
+/// A record's kind as its `CHAR(1)` column takes it (`None`: delete).
+fn kind(kind: Option<u8>) -> Option<&'static str> {
+    kind.map(|k| match k {
+        b'D' => "D",
+        b'N' => "N",
+        b'U' => "U",
+        b'F' => "F",
+        _ => "T",
     })
 }

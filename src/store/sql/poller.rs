@@ -1,5 +1,5 @@
 //! MySQL's wake-ups: MySQL has no notifications, so one task per store re-checks every
-//! key a duplicate in this process waits on, at most every [`super::mysql::WAIT_POLL`],
+//! key a duplicate in this process waits on, at most every `every` ([`poll`]),
 //! with one statement per [`CHUNK`] keys, and wakes the waiters of each key whose row is no
 //! longer its owner's claim. It sleeps while nobody waits. A waiter joins before its
 //! claim's answer is acted on and the first re-check compares against the owner that

@@ -84,21 +84,14 @@ BEGIN
                 response = NULL
             WHERE t.digest = p_digest AND t.kind = r.kind
                 AND t.token IS NOT DISTINCT FROM r.token AND t.expires_at > now();
-        ELSIF p_mark AND r.kind = 'I' AND NOT r.waited THEN
-            UPDATE {t} t SET waited = true
-            WHERE t.digest = p_digest AND t.kind = 'I' AND t.token = r.token
-                AND t.expires_at > now();
-            IF FOUND THEN
-                r.waited := true;
-                RETURN QUERY SELECT 2::smallint, r.kind, r.token, r.fingerprint, r.status,
-                    r.response, r.issued, r.lapse_hold,
-                    (extract(epoch FROM r.lease_until - now()) * 1000)::bigint,
-                    (extract(epoch FROM r.expires_at - now()) * 1000)::bigint,
-                    (extract(epoch FROM r.created_at) * 1000)::bigint;
-                RETURN;
-            END IF;
-            CONTINUE;
         ELSE
+            IF p_mark AND r.kind = 'I' AND NOT r.waited THEN
+                UPDATE {t} t SET waited = true
+                WHERE t.digest = p_digest AND t.kind = 'I' AND t.token = r.token
+                    AND t.expires_at > now();
+                -- The row changed between the look and the mark: look again.
+                CONTINUE WHEN NOT FOUND;
+            END IF;
             RETURN QUERY SELECT 2::smallint, r.kind, r.token, r.fingerprint, r.status,
                 r.response, r.issued, r.lapse_hold,
                 (extract(epoch FROM r.lease_until - now()) * 1000)::bigint,

@@ -1,6 +1,6 @@
 //! Which keys duplicates in this process wait on, and their wake-ups: fed by the
-//! PostgreSQL listener's notifications ([`super::listener`]), the MySQL re-check
-//! ([`super::poller`]) and this process's own settlements.
+//! database's side of the store (PostgreSQL's notifications, MySQL's re-check of the
+//! waited-on keys) and by this process's own settlements.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,7 @@ use crate::sync::lock;
 
 /// The waited-on keys of one store.
 #[derive(Debug)]
-pub(super) struct Interests {
+pub struct Interests {
     keys: Mutex<HashMap<Digest, Entry>>,
     /// Whether notifications arrive (PostgreSQL: the listener has run its `LISTEN`).
     listening: watch::Sender<bool>,
