@@ -86,7 +86,7 @@ pub(super) fn from_serde(
     }
 }
 
-/// serde_yaml_ng writes "routes[0]: unknown field … at line L column C"; we print the
+/// serde_yaml_ng writes "`routes[0]`: unknown field … at line L column C"; we print the
 /// place and key in front instead, so both are cut from the message.
 fn tidy_message(message: &str, key: &str) -> String {
     let message = match message.rfind(" at line ") {

@@ -10,9 +10,9 @@ use redis::Script;
 /// marks another owner's unmarked in-flight record as waited on when asked to; otherwise
 /// returns the record and its remaining TTL.
 ///
-/// KEYS[1] record. ARGV: [1] the claim's in-flight value, [2] its PX, [3] `1` for
-/// issued-only, [4] `1` to mark, [5] the token a waiter waited on (16 bytes) or empty,
-/// [6] `1` when a waiter may take a free key. Returns 0 (claimed), 1 (free, and not
+/// `KEYS[1]` record. ARGV: `[1]` the claim's in-flight value, `[2]` its PX, `[3]` `1` for
+/// issued-only, `[4]` `1` to mark, `[5]` the token a waiter waited on (16 bytes) or empty,
+/// `[6]` `1` when a waiter may take a free key. Returns 0 (claimed), 1 (free, and not
 /// taken), or `{value, pttl}`.
 const CLAIM: &str = r"
 local v = redis.call('GET', KEYS[1])
@@ -39,8 +39,8 @@ return {v, redis.call('PTTL', KEYS[1])}
 /// deleting the record) and waking its waiters. A record that is gone is written back
 /// when asked to, since the request ran and a retry must not run it again.
 ///
-/// KEYS[1] record. ARGV: [1] owner token (16 bytes), [2] new value (empty: delete), [3] its
-/// PX, [4] channel, [5] `1` to write back. Returns 1 (settled, or gone and nothing to
+/// `KEYS[1]` record. ARGV: `[1]` owner token (16 bytes), `[2]` new value (empty: delete), `[3]` its
+/// PX, `[4]` channel, `[5]` `1` to write back. Returns 1 (settled, or gone and nothing to
 /// write), 2 (written back), 0 (another owner's record).
 const SETTLE: &str = r"
 local v = redis.call('GET', KEYS[1])
@@ -78,7 +78,7 @@ return 0
 /// Renews a live claim, or restores it if the record is gone (a Redis restarted empty or
 /// failed over without it), so duplicates keep finding it in flight.
 ///
-/// KEYS[1] record. ARGV: [1] `I` and the owner token (17 bytes), [2] PX, [3] the claim's
+/// `KEYS[1]` record. ARGV: `[1]` `I` and the owner token (17 bytes), `[2]` PX, `[3]` the claim's
 /// unmarked in-flight value. Returns 1 (renewed), 2 (restored), 0 (another's record).
 const RENEW: &str = r"
 local v = redis.call('GET', KEYS[1])
@@ -105,7 +105,7 @@ return n
 ";
 
 /// A record, its remaining TTL, and how often it was seen in observe mode (`n`, `last`
-/// ms; nil when never). KEYS[1] record, KEYS[2] its seen counter.
+/// ms; nil when never). `KEYS[1]` record, `KEYS[2]` its seen counter.
 const INSPECT: &str = r"
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
@@ -122,7 +122,7 @@ return n
 
 /// Counts a duplicate seen in observe mode while the key has a record; the counter lives
 /// as long as the record. Returns the record's first 64 bytes (which hold when it was
-/// made, whatever its kind), or 0. KEYS[1] record, KEYS[2] its counter; ARGV[1] now in ms.
+/// made, whatever its kind), or 0. `KEYS[1]` record, `KEYS[2]` its counter; `ARGV[1]` now in ms.
 const SEEN: &str = r"
 local t = redis.call('PTTL', KEYS[1])
 if t <= 0 then return 0 end
