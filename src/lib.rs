@@ -2,8 +2,27 @@
 //! application idempotent. Duplicate requests execute upstream once; every repeat gets the
 //! stored answer of the first.
 //!
-//! The pipeline lives in [`proxy`]; keys in [`key`] (over [`canonical`] forms); claims in
-//! [`store`]; configuration in [`config`]; the proxy's own answers in [`error`].
+//! # Map
+//!
+//! A request's way through the code, in order:
+//!
+//! 1. [`server`] accepts the connection (hyper-util serves HTTP/1.1 and HTTP/2; [`tls`]
+//!    terminates TLS) and hands each request to [`proxy::Proxy`].
+//! 2. [`proxy::admission`] refuses what no upstream should see; [`route`] matches the
+//!    normalised path, host and method to a configured route.
+//! 3. Unprotected routes stream through [`proxy::passthrough`]. Protected ones run
+//!    [`proxy::protected`]: buffer the body, derive the key ([`key`], over the
+//!    [`canonical`] forms of body and query, scoped to the caller by `key::identity`),
+//!    claim it in the [`store`], then forward ([`proxy::upstream`]), wait for the owner, or
+//!    replay; finally settle the claim with the answer or the failure. `idempotency:
+//!    observe` routes take [`proxy::observe`] instead: the same store work, no enforcement.
+//! 4. Everything the proxy answers itself is a [`error::ProxyError`], one status each,
+//!    rendered as problem+json.
+//!
+//! Around it: [`config`] turns `proxy.yaml` into the runtime configuration (reloaded on
+//! SIGHUP); [`metrics`] is the Prometheus registry; [`admin`] serves `/metrics`, health and
+//! key inspection; [`explain`] answers `idemgate explain`. The binary (`src/main.rs`) parses
+//! the command line, starts the listeners and handles signals.
 
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
