@@ -1,7 +1,11 @@
 -- idemgate's dedupe table on MySQL 8 / MariaDB 10.5+, created when missing
 -- (src/store/sql/mysql.rs sends each statement between the `-- ;;` lines on its own,
--- under a named lock, `{t}` replaced by the configured table name). One row per key;
--- every time is the database's (UTC_TIMESTAMP), never a replica's.
+-- `{t}` replaced by the configured table name; every statement is IF NOT EXISTS, so
+-- replicas starting together leave one schema). One row per key; every time is the
+-- database's (UTC_TIMESTAMP), never a replica's.
+-- A routine whose meaning changes gets a new version suffix (`_v2`): procedures are
+-- created only when missing, and replicas of two versions share one database while a
+-- deploy rolls.
 CREATE TABLE IF NOT EXISTS {t} (
     digest      BINARY(32) NOT NULL PRIMARY KEY,   -- SHA-256 of the key: never a raw key
     kind        CHAR(1) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,

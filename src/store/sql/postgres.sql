@@ -1,6 +1,9 @@
 -- idemgate's dedupe table on PostgreSQL, created when missing (src/store/sql/postgres.rs
 -- runs this under an advisory lock, `{t}` replaced by the configured table name). One row
 -- per key; every time is the database's (now()), never a replica's.
+-- A function whose meaning changes gets a new version suffix (`_v2`): CREATE OR REPLACE
+-- would otherwise let replicas of two versions overwrite each other's on every start
+-- while a deploy rolls.
 CREATE TABLE IF NOT EXISTS {t} (
     digest      bytea PRIMARY KEY,          -- SHA-256 of the key: never a raw key
     kind        "char" NOT NULL,            -- I in flight, D done, N not stored, U unknown, F failed, T issued
