@@ -73,21 +73,38 @@ impl PathPattern {
     /// significant, so `/api/orders/` cannot slip past a rule written for `/api/orders`.
     pub fn matches(&self, path: &str) -> bool {
         let path = trim_trailing_slash(path);
-        let mut pieces = path.strip_prefix('/').unwrap_or(path).split('/');
         if path == "/" || path.is_empty() {
             return self.segments.is_empty();
         }
+        // The path's '/'-separated pieces, walked by hand: every request is matched
+        // against every route until one fits, and `str::split` costs a searcher per call.
+        // `None`: no pieces left.
+        let mut rest = Some(path.strip_prefix('/').unwrap_or(path).as_bytes());
         for segment in &self.segments {
-            let Some(piece) = pieces.next() else {
+            let Some(left) = rest else {
                 return false;
             };
-            match segment {
-                Segment::Literal(text) if text != piece => return false,
-                Segment::Param if piece.is_empty() => return false,
-                _ => {}
-            }
+            let end = match segment {
+                // A literal holds no '/': the piece is it if the path goes on with it and
+                // then ends or has a '/'.
+                Segment::Literal(text) => {
+                    let text = text.as_bytes();
+                    if !left.starts_with(text) || left.get(text.len()).is_some_and(|&b| b != b'/') {
+                        return false;
+                    }
+                    text.len()
+                }
+                Segment::Param => {
+                    let end = left.iter().position(|&b| b == b'/').unwrap_or(left.len());
+                    if end == 0 {
+                        return false;
+                    }
+                    end
+                }
+            };
+            rest = left.get(end + 1..);
         }
-        self.rest || pieces.next().is_none()
+        self.rest || rest.is_none()
     }
 
     /// The pattern as written in the config.
@@ -278,5 +295,68 @@ mod tests {
         assert!(!h.matches("pay.example.."));
         let w = HostPattern::parse("*.example.com").unwrap();
         assert!(w.matches("a.example.com."));
+    }
+
+    /// The piece-by-piece walk agrees with splitting the path on '/' for every pattern and
+    /// path shape, empty pieces included.
+    #[test]
+    fn matching_agrees_with_splitting_on_slashes() {
+        fn by_split(p: &PathPattern, path: &str) -> bool {
+            let path = trim_trailing_slash(path);
+            if path == "/" || path.is_empty() {
+                return p.segments.is_empty();
+            }
+            let mut pieces = path.strip_prefix('/').unwrap_or(path).split('/');
+            for segment in &p.segments {
+                let Some(piece) = pieces.next() else {
+                    return false;
+                };
+                match segment {
+                    Segment::Literal(text) if text != piece => return false,
+                    Segment::Param if piece.is_empty() => return false,
+                    _ => {}
+                }
+            }
+            p.rest || pieces.next().is_none()
+        }
+        let patterns = [
+            "/",
+            "/a",
+            "/a/",
+            "/a/b",
+            "/a/*",
+            "/a/{x}",
+            "/a/{x}/b",
+            "/{x}",
+            "/*",
+            "/ab/{x}/*",
+            "/a//b",
+        ];
+        let paths = [
+            "",
+            "/",
+            "//",
+            "/a",
+            "/a/",
+            "/a//",
+            "/ab",
+            "/a/b",
+            "/a/bc",
+            "/a/b/",
+            "/a/b/c",
+            "/a//b",
+            "/ab/x",
+            "/ab/x/y/z",
+            "/ab//y",
+            "a",
+            "a/b",
+            "/b/a",
+        ];
+        for pattern in patterns {
+            let p = PathPattern::parse(pattern).unwrap();
+            for path in paths {
+                assert_eq!(p.matches(path), by_split(&p, path), "{pattern} on {path:?}");
+            }
+        }
     }
 }

@@ -163,6 +163,8 @@ async fn accept_loop<F, S>(
     // HTTP/2 uses tokio's. The header-read timeout also bounds how long a kept-alive
     // connection waits for its next request.
     template.http1().header_read_timeout(limits.idle);
+    // Answers are written flattened, as upstream requests are (see `Pool::new`).
+    template.http1().writev(false);
     template.http2().timer(TokioTimer::new());
     let template = Arc::new(template);
     let make_service = Arc::new(make_service);

@@ -36,9 +36,10 @@ pub fn prepare(
     for name in headers.keys() {
         match name.as_str() {
             "host" => seen.host = true,
-            "content-length" | "expect" | "x-forwarded-proto" | "x-forwarded-host" => {
-                seen.remove = true
-            }
+            "content-length" => seen.remove |= 1,
+            "expect" => seen.remove |= 2,
+            "x-forwarded-proto" => seen.remove |= 4,
+            "x-forwarded-host" => seen.remove |= 8,
             "x-forwarded-for" => seen.forwarded_for = true,
             "trailer" => seen.trailer = true,
             _ => {}
@@ -46,15 +47,18 @@ pub fn prepare(
     }
     let declared_trailers = seen.trailer.then(|| declared_trailers(headers));
     strip_hop_by_hop(headers, forwarding.upgrade);
-    if seen.remove {
-        for name in [
-            header::CONTENT_LENGTH,
-            header::EXPECT,
-            X_FORWARDED_PROTO.clone(),
-            X_FORWARDED_HOST.clone(),
-        ] {
-            headers.remove(name);
-        }
+    // Only those present: each removal hashes its name.
+    if seen.remove & 1 != 0 {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    if seen.remove & 2 != 0 {
+        headers.remove(header::EXPECT);
+    }
+    if seen.remove & 4 != 0 {
+        headers.remove(&X_FORWARDED_PROTO);
+    }
+    if seen.remove & 8 != 0 {
+        headers.remove(&X_FORWARDED_HOST);
     }
     let forwarded_for = if seen.forwarded_for {
         let mut list = Vec::new();
@@ -105,8 +109,9 @@ pub fn prepare(
 #[derive(Default)]
 struct Seen {
     host: bool,
-    /// Any of the fields that are never forwarded as they came.
-    remove: bool,
+    /// Which of the fields that are never forwarded as they came are there: bit 0
+    /// `Content-Length`, 1 `Expect`, 2 `X-Forwarded-Proto`, 3 `X-Forwarded-Host`.
+    remove: u8,
     forwarded_for: bool,
     trailer: bool,
 }
