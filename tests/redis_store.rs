@@ -31,39 +31,7 @@ async fn two_proxy_processes_on_one_valkey_execute_each_key_once() {
 /// 200 requests over 10 keys, alternating between two proxy processes on `redis`: each
 /// key executes once and every answer for it is the same.
 async fn two_proxies_execute_each_key_once(redis: &RedisServer) {
-    let upstream = start_upstream().await;
-    let config = redis_yaml(&redis.url(), "wait_timeout: 30s");
-    let a = ProxyProcess::start(upstream.addr, &config);
-    let b = ProxyProcess::start(upstream.addr, &config);
-    let mut tasks = Vec::new();
-    for i in 0..200 {
-        let target = if i % 2 == 0 { a.addr } else { b.addr };
-        tasks.push(tokio::spawn(async move {
-            let key = format!("key-{}", i % 10);
-            let answer = post(
-                target,
-                "/orders",
-                &[("idempotency-key", &key), ("x-test-delay-ms", "50")],
-                "{\"sku\":\"A1\"}",
-            )
-            .await;
-            (key, answer)
-        }));
-    }
-    let mut bodies: std::collections::HashMap<String, bytes::Bytes> = Default::default();
-    for t in tasks {
-        let (key, answer) = t.await.unwrap();
-        assert_eq!(
-            answer.status,
-            StatusCode::CREATED,
-            "{}",
-            String::from_utf8_lossy(&answer.body)
-        );
-        let first = bodies.entry(key).or_insert_with(|| answer.body.clone());
-        assert_eq!(*first, answer.body, "identical responses on both replicas");
-    }
-    assert_eq!(upstream.executed(), 10);
-    assert_eq!(upstream.most_executions_of_one_key(), 1);
+    common::two_proxies_execute_each_key_once(&redis_yaml(&redis.url(), "wait_timeout: 30s")).await;
 }
 
 /// Sends a request through `addr` that reaches the upstream's gate `gate` and is never

@@ -139,28 +139,13 @@ pub async fn start_upstream() -> Upstream {
     let keys = Arc::clone(&per_key);
     let gates: Arc<Gates> = Arc::default();
     let held = Arc::clone(&gates);
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let counter = Arc::clone(&counter);
-            let keys = Arc::clone(&keys);
-            let gates = Arc::clone(&held);
-            tokio::spawn(async move {
-                let service = service_fn(move |req| {
-                    upstream_handle(
-                        req,
-                        Arc::clone(&counter),
-                        Arc::clone(&keys),
-                        Arc::clone(&gates),
-                    )
-                });
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
+    serve(listener, move |req| {
+        upstream_handle(
+            req,
+            Arc::clone(&counter),
+            Arc::clone(&keys),
+            Arc::clone(&held),
+        )
     });
     Upstream {
         addr,
@@ -168,6 +153,29 @@ pub async fn start_upstream() -> Upstream {
         per_key,
         gates,
     }
+}
+
+/// Serves every connection `listener` accepts (HTTP/1.1 or HTTP/2, upgrades included),
+/// each request answered by `handle`, for as long as the test's runtime runs.
+fn serve<H, F, E>(listener: tokio::net::TcpListener, handle: H)
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Result<Response<TestBody>, E>> + Send + 'static,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let service = service_fn(handle.clone());
+            tokio::spawn(async move {
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
 }
 
 type TestBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -697,59 +705,45 @@ pub async fn start_recorder() -> Recorder {
     let addr = listener.local_addr().unwrap();
     let seen: Arc<std::sync::Mutex<Vec<Seen>>> = Arc::default();
     let log = Arc::clone(&seen);
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let log = Arc::clone(&log);
-            tokio::spawn(async move {
-                let service = service_fn(move |req: Request<Incoming>| {
-                    let log = Arc::clone(&log);
-                    async move {
-                        let (parts, body) = req.into_parts();
-                        let _ = body.collect().await;
-                        let target = parts
-                            .uri
-                            .path_and_query()
-                            .map_or("/", |p| p.as_str())
-                            .to_owned();
-                        let session = parts
-                            .headers
-                            .get_all("cookie")
-                            .iter()
-                            .filter_map(|v| v.to_str().ok())
-                            .flat_map(|v| v.split(';'))
-                            .find_map(|c| c.trim().strip_prefix("sessionid="))
-                            .unwrap_or("none")
-                            .to_owned();
-                        let status = header_u64(&parts.headers, "x-test-status").unwrap_or(201);
-                        let n = {
-                            let mut seen = log.lock().unwrap();
-                            seen.push(Seen {
-                                method: parts.method.clone(),
-                                target: target.clone(),
-                                headers: parts.headers.clone(),
-                            });
-                            seen.len()
-                        };
-                        let path = target.split('?').next().unwrap_or("").to_owned();
-                        let answer =
-                            serde_json::json!({ "n": n, "path": path, "session": session });
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .status(status as u16)
-                                .header("content-type", "application/json")
-                                .header("set-cookie", format!("session={session}-renewed"))
-                                .body(full(answer.to_string()))
-                                .unwrap(),
-                        )
-                    }
+    serve(listener, move |req: Request<Incoming>| {
+        let log = Arc::clone(&log);
+        async move {
+            let (parts, body) = req.into_parts();
+            let _ = body.collect().await;
+            let target = parts
+                .uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_owned();
+            let session = parts
+                .headers
+                .get_all("cookie")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(';'))
+                .find_map(|c| c.trim().strip_prefix("sessionid="))
+                .unwrap_or("none")
+                .to_owned();
+            let status = header_u64(&parts.headers, "x-test-status").unwrap_or(201);
+            let n = {
+                let mut seen = log.lock().unwrap();
+                seen.push(Seen {
+                    method: parts.method.clone(),
+                    target: target.clone(),
+                    headers: parts.headers.clone(),
                 });
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+                seen.len()
+            };
+            let path = target.split('?').next().unwrap_or("").to_owned();
+            let answer = serde_json::json!({ "n": n, "path": path, "session": session });
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(status as u16)
+                    .header("content-type", "application/json")
+                    .header("set-cookie", format!("session={session}-renewed"))
+                    .body(full(answer.to_string()))
+                    .unwrap(),
+            )
         }
     });
     Recorder { addr, seen }
@@ -815,4 +809,42 @@ pub async fn metrics_text(admin: SocketAddr) -> String {
 /// The value of one sample line of `/metrics` (`name` with its labels, if any), 0 if absent.
 pub async fn metric(admin: SocketAddr, name: &str) -> f64 {
     metric_in(&metrics_text(admin).await, name)
+}
+
+/// 200 concurrent requests over 10 keys, alternating between two proxy processes started
+/// with `config` (a shared store): each key executes once and every answer for it is the
+/// same on both replicas.
+pub async fn two_proxies_execute_each_key_once(config: &str) {
+    let upstream = start_upstream().await;
+    let a = ProxyProcess::start(upstream.addr, config);
+    let b = ProxyProcess::start(upstream.addr, config);
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let target = if i % 2 == 0 { a.addr } else { b.addr };
+        tasks.push(tokio::spawn(async move {
+            let key = format!("key-{}", i % 10);
+            let answer = post(
+                target,
+                "/orders",
+                &[("idempotency-key", &key), ("x-test-delay-ms", "50")],
+                "{\"sku\":\"A1\"}",
+            )
+            .await;
+            (key, answer)
+        }));
+    }
+    let mut bodies: std::collections::HashMap<String, Bytes> = Default::default();
+    for t in tasks {
+        let (key, answer) = t.await.unwrap();
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        let first = bodies.entry(key).or_insert_with(|| answer.body.clone());
+        assert_eq!(*first, answer.body, "identical answers on both replicas");
+    }
+    assert_eq!(upstream.executed(), 10);
+    assert_eq!(upstream.most_executions_of_one_key(), 1);
 }
