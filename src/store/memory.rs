@@ -30,7 +30,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::claim::OwnerToken;
 use super::report::StoreStats;
 use super::response::ENTRY_OVERHEAD;
 use super::{RouteTag, StoreError};
@@ -164,19 +163,6 @@ impl MemoryStore {
         }
         slot.1 += 1;
         slot.1
-    }
-
-    /// Extends the claim of `key` by `token` to `lease` from now; whether it was still
-    /// that owner's.
-    pub fn renew(&self, key: Digest, token: OwnerToken, lease: Duration) -> bool {
-        let mut shard = self.shard(&key);
-        match shard.map.get_mut(&key) {
-            Some(Entry::InFlight(record)) if record.token == token => {
-                record.lease_until = Instant::now() + lease;
-                true
-            }
-            _ => false,
-        }
     }
 
     /// See [`super::Store::remove`].

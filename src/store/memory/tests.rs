@@ -4,7 +4,8 @@
 use super::shard::TEST_COMPACT_SLACK;
 use super::*;
 use crate::store::{
-    CallerTag, ClaimArgs, Liveness, Ownership, RawClaim, Settled, Settlement, StoredResponse,
+    CallerTag, ClaimArgs, Liveness, OwnerToken, Ownership, RawClaim, Settled, Settlement,
+    StoredResponse,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
