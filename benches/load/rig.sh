@@ -1,5 +1,5 @@
-# Sourced by allocators.sh and growth.sh: the rig both run on. Sets PRIO (SCHED_FIFO as
-# root, so other work on the machine cannot delay the rig's wake-ups), a work directory
+# Sourced by ab.sh, allocators.sh, growth.sh and sql.sh: the rig they run on. Sets PRIO
+# (SCHED_FIFO as root, so other work on the machine cannot delay the rig's wake-ups), a work directory
 # removed at exit with every process in PIDS stopped, free ports (UPSTREAM_PORT,
 # IDEMGATE_PORT, ADMIN_PORT, probed from PORT_BASE or the caller's default), the memory-store
 # config filled in, and the upstream nginx (`return 201`) running on CPU 0.
