@@ -74,14 +74,15 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Turns off tokio's LIFO slot, which runs a task woken by another right after it. With
-/// it, redis-rs's connection task ran after each request that queued a command, so every
-/// command went out in a write of its own and Redis did a read and a reply per command;
-/// without it the task runs once the ready requests have queued theirs and writes them in
-/// one go, which the load benchmark's Redis first-seen row showed as less CPU per request
-/// for both the proxy and Redis (benches/load). The memory store's rows showed no clear
-/// change, so they keep tokio's default.
-fn batch_redis_writes(runtime: &mut tokio::runtime::Builder) {
+/// Turns off tokio's LIFO slot, which runs a task woken by another right after it. A request
+/// hands its upstream exchange to hyper's client connection task (and, with the Redis
+/// store, its commands to redis-rs's connection task). With the slot, that task ran right
+/// after the request that woke it, so each request's bytes went out on their own, each
+/// finding the upstream (or Redis) idle and waking it, at a cost to the waker's CPU. Without
+/// it, the woken tasks run after the requests that are ready: their writes bunch up and one
+/// wake-up of a peer serves several (measured with `benches/load/ab.sh`; see
+/// benches/load/HISTORY.md).
+fn batch_wakeups(runtime: &mut tokio::runtime::Builder) {
     #[cfg(tokio_unstable)]
     runtime.disable_lifo_slot();
     #[cfg(not(tokio_unstable))]
@@ -95,9 +96,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             let loaded = Config::load(&config)?;
             let mut runtime = tokio::runtime::Builder::new_multi_thread();
             runtime.enable_all();
-            if matches!(loaded.store, StoreConfig::Redis(_)) {
-                batch_redis_writes(&mut runtime);
-            }
+            batch_wakeups(&mut runtime);
             let runtime = runtime.build().context("starting the runtime")?;
             runtime.block_on(run(loaded, config))
         }
