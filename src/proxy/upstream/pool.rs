@@ -15,7 +15,7 @@
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -23,6 +23,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::connector::Connector;
 use crate::error::ProxyError;
@@ -60,6 +61,8 @@ pub struct Checkout {
 
 struct Idle {
     conn: Conn,
+    /// When it came back. tokio's clock rather than std's: the same time in production,
+    /// and one a test can pause and move past [`IDLE_TIMEOUT`] without waiting for it.
     since: Instant,
 }
 
@@ -294,3 +297,6 @@ impl Body for PooledBody {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,280 @@
+//! The pool against a real HTTP/1.1 upstream on `127.0.0.1:0` that counts the connections
+//! and requests it sees: reuse, idle expiry, connections that must not be reused, and the
+//! cap. Requests go out as `UpstreamClient::send_untimed` sends them (`ready`,
+//! `try_send_request`, a [`PooledBody`] that hands back only an answer that keeps alive).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::proxy::upstream::request;
+
+/// The longest a test waits for something that should happen at once; reaching it fails
+/// the test instead of hanging it.
+const HANG: Duration = Duration::from_secs(10);
+
+/// What the upstream answers: the raw bytes for a request, given the number of its
+/// connection and its own number (both from 0, in the order the upstream saw them).
+type Answer = fn(usize, usize) -> Vec<u8>;
+
+/// `200` whose body is the number of the connection it came on.
+fn numbered(connection: usize, _request: usize) -> Vec<u8> {
+    let body = connection.to_string();
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// What the upstream saw.
+#[derive(Default)]
+struct Seen {
+    connections: AtomicUsize,
+    requests: AtomicUsize,
+    open: AtomicUsize,
+    most_open: AtomicUsize,
+}
+
+/// An HTTP/1.1 upstream that answers every request with its [`Answer`] and never closes a
+/// connection itself, so any connection that ends was closed by the pool's side.
+struct Upstream {
+    port: u16,
+    seen: Arc<Seen>,
+    /// The number of each connection the pool's side closed, in order.
+    closed: mpsc::UnboundedReceiver<usize>,
+}
+
+impl Upstream {
+    async fn start(answer: Answer) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Seen::default());
+        let (closing, closed) = mpsc::unbounded_channel();
+        let counts = Arc::clone(&seen);
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let connection = counts.connections.fetch_add(1, SeqCst);
+                let open = counts.open.fetch_add(1, SeqCst) + 1;
+                counts.most_open.fetch_max(open, SeqCst);
+                let (counts, closing) = (Arc::clone(&counts), closing.clone());
+                tokio::spawn(async move {
+                    serve(stream, connection, answer, &counts).await;
+                    counts.open.fetch_sub(1, SeqCst);
+                    let _ = closing.send(connection);
+                });
+            }
+        });
+        Self { port, seen, closed }
+    }
+
+    fn connections(&self) -> usize {
+        self.seen.connections.load(SeqCst)
+    }
+
+    fn requests(&self) -> usize {
+        self.seen.requests.load(SeqCst)
+    }
+
+    /// The next connection the pool's side closed.
+    async fn next_closed(&mut self) -> usize {
+        within(self.closed.recv(), "a connection to close")
+            .await
+            .unwrap()
+    }
+}
+
+/// Answers each request head (the pool's requests have no body) until the other side
+/// closes the connection.
+async fn serve(mut stream: TcpStream, connection: usize, answer: Answer, seen: &Seen) {
+    let mut received = Vec::new();
+    let mut buf = [0; 4096];
+    loop {
+        while let Some(end) = received.windows(4).position(|w| w == b"\r\n\r\n") {
+            received.drain(..end + 4);
+            let request = seen.requests.fetch_add(1, SeqCst);
+            // A write the pool's side cut short shows up as the read below ending.
+            let _ = stream.write_all(&answer(connection, request)).await;
+        }
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+fn pool(upstream: &Upstream, max: usize, metrics: &Arc<Metrics>) -> Arc<Pool> {
+    let connector = Connector::new("127.0.0.1", upstream.port, None);
+    Arc::new(Pool::new(connector, max, Arc::clone(metrics)))
+}
+
+/// Sends `GET /` on the checked-out connection as `UpstreamClient::send_untimed` does: the
+/// answer's body hands the connection back to `pool` if the answer keeps it alive.
+async fn get(pool: &Arc<Pool>, mut checkout: Checkout) -> Response<PooledBody> {
+    checkout
+        .conn
+        .sender()
+        .ready()
+        .await
+        .expect("a connection ready");
+    let request = Request::get("/").body(ProxyBody::empty()).unwrap();
+    let response = checkout
+        .conn
+        .sender()
+        .try_send_request(request)
+        .await
+        .map_err(|e| e.into_error())
+        .expect("an answer");
+    let (head, incoming) = response.into_parts();
+    let keep = request::keeps_alive(head.version, &head.headers);
+    let body = PooledBody::new(incoming, checkout.conn, keep.then(|| Arc::clone(pool)));
+    Response::from_parts(head, body)
+}
+
+/// Sends `GET /` and reads the whole answer body.
+async fn get_all(pool: &Arc<Pool>, checkout: Checkout) -> String {
+    let body = get(pool, checkout).await.into_body();
+    let bytes = body.collect().await.expect("the answer body").to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+async fn within<T>(future: impl Future<Output = T>, what: &str) -> T {
+    tokio::time::timeout(HANG, future)
+        .await
+        .unwrap_or_else(|_| panic!("waited {HANG:?} for {what}"))
+}
+
+/// Polls `future` once in this task, so that what it waits for wakes this task.
+async fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *future).poll(cx))).await
+}
+
+#[tokio::test]
+async fn a_connection_whose_answer_was_read_to_its_end_is_reused() {
+    let upstream = Upstream::start(numbered).await;
+    let pool = pool(&upstream, 4, &Arc::new(Metrics::new()));
+
+    let first = pool.checkout().await.unwrap();
+    assert!(!first.reused);
+    assert_eq!(get_all(&pool, first).await, "0");
+
+    let second = pool.checkout().await.unwrap();
+    assert!(second.reused);
+    assert_eq!(get_all(&pool, second).await, "0");
+
+    assert_eq!(upstream.connections(), 1);
+    assert_eq!(upstream.requests(), 2);
+}
+
+/// The clock is paused only while no timer is armed (the connect timeout is one: paused,
+/// tokio would move the clock to it whenever the runtime waits for the socket), and the
+/// connection goes back while it is paused, so its idle age is exactly what was advanced.
+#[tokio::test]
+async fn an_idle_connection_past_its_timeout_is_not_reused() {
+    let mut upstream = Upstream::start(numbered).await;
+    let pool = pool(&upstream, 4, &Arc::new(Metrics::new()));
+    let first = pool.checkout().await.unwrap();
+    tokio::time::pause();
+    assert_eq!(get_all(&pool, first).await, "0");
+
+    // Within the timeout: reused, so what ends it below is its age.
+    tokio::time::advance(IDLE_TIMEOUT - Duration::from_millis(1)).await;
+    let second = pool.checkout().await.unwrap();
+    assert!(second.reused);
+    assert_eq!(get_all(&pool, second).await, "0");
+
+    tokio::time::advance(IDLE_TIMEOUT + Duration::from_millis(1)).await;
+    tokio::time::resume();
+    let third = pool.checkout().await.unwrap();
+    assert!(!third.reused);
+    assert_eq!(get_all(&pool, third).await, "1");
+    assert_eq!(upstream.connections(), 2);
+    // The expired connection was closed, not left open.
+    assert_eq!(upstream.next_closed().await, 0);
+}
+
+/// The next checkout comes right after the drop, before hyper's task for the connection
+/// runs: hyper ends a connection whose answer body was dropped too, but only later.
+#[tokio::test]
+async fn a_connection_with_an_answer_not_read_to_its_end_is_never_reused() {
+    fn large_then_numbered(connection: usize, request: usize) -> Vec<u8> {
+        if request > 0 {
+            return numbered(connection, request);
+        }
+        let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n".to_vec();
+        answer.extend_from_slice(&[b'x'; 1000]);
+        answer
+    }
+    let mut upstream = Upstream::start(large_then_numbered).await;
+    let pool = pool(&upstream, 4, &Arc::new(Metrics::new()));
+
+    let first = pool.checkout().await.unwrap();
+    let mut body = get(&pool, first).await.into_body();
+    let frame = body.frame().await.unwrap().expect("a first frame");
+    assert!(!frame.into_data().unwrap().is_empty());
+    drop(body);
+
+    let second = pool.checkout().await.unwrap();
+    assert!(!second.reused);
+    assert_eq!(get_all(&pool, second).await, "1");
+    assert_eq!(upstream.connections(), 2);
+    assert_eq!(upstream.next_closed().await, 0);
+}
+
+/// Guarded three times over: the answer is not handed back (`keeps_alive`), hyper ends the
+/// connection itself once the body is read, and the pool neither keeps nor takes a closed
+/// connection. This pins the outcome, which breaks only if all of them let it through.
+#[tokio::test]
+async fn a_connection_whose_answer_says_close_is_not_reused() {
+    fn closing(connection: usize, _request: usize) -> Vec<u8> {
+        let body = connection.to_string();
+        format!(
+            "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+    let mut upstream = Upstream::start(closing).await;
+    let pool = pool(&upstream, 4, &Arc::new(Metrics::new()));
+
+    let first = pool.checkout().await.unwrap();
+    assert_eq!(get_all(&pool, first).await, "0");
+    let second = pool.checkout().await.unwrap();
+    assert!(!second.reused);
+    assert_eq!(get_all(&pool, second).await, "1");
+    assert_eq!(upstream.connections(), 2);
+    assert_eq!(upstream.next_closed().await, 0);
+}
+
+#[tokio::test]
+async fn a_checkout_over_the_cap_waits_for_a_connection_to_come_back() {
+    let upstream = Upstream::start(numbered).await;
+    let metrics = Arc::new(Metrics::new());
+    let pool = pool(&upstream, 2, &metrics);
+
+    let first = pool.checkout().await.unwrap();
+    let _second = pool.checkout().await.unwrap();
+    let third = pool.checkout();
+    tokio::pin!(third);
+    assert!(poll_once(&mut third).await.is_pending());
+    // Waiting for a slot, not dialing a third connection.
+    assert_eq!(metrics.connections().upstream_waited.get(), 1);
+    tokio::task::yield_now().await;
+    assert!(poll_once(&mut third).await.is_pending());
+
+    // The first connection comes back at the end of its answer's body.
+    assert_eq!(get_all(&pool, first).await, "0");
+    let third = within(third, "the third checkout").await.unwrap();
+    assert!(third.reused);
+    assert_eq!(get_all(&pool, third).await, "0");
+
+    assert_eq!(upstream.connections(), 2);
+    assert_eq!(upstream.seen.most_open.load(SeqCst), 2);
+}
