@@ -240,9 +240,11 @@ async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
         while hup.recv().await.is_some() {
             match Config::load(&path) {
                 Ok(new) => {
-                    if new.store != proxy.config().store {
+                    let unchanged = restart_only_changes(&proxy.config(), &new);
+                    if !unchanged.is_empty() {
                         tracing::warn!(
-                            "store settings changed: they take effect on restart, not on reload"
+                            settings = unchanged.join(", "),
+                            "changed settings that take effect on restart, not on reload"
                         );
                     }
                     let routes = new.routes.len();
@@ -255,6 +257,31 @@ async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
     }
     #[cfg(not(unix))]
     let _ = (proxy, path);
+}
+
+/// The settings a reload leaves as they were: they belong to the store, the listeners and
+/// the drain, all set up once at start. A rotated admin token among them keeps the old one
+/// valid until the restart, which is why the reload names them rather than passing quietly.
+fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+    let admin = |c: &Config| c.admin.as_ref().map(|a| (a.listen, a.token.clone()));
+    let checks = [
+        ("store", old.store != new.store),
+        ("listen", old.listen != new.listen),
+        ("admin", admin(old) != admin(new)),
+        ("drain_timeout", old.drain_timeout != new.drain_timeout),
+        (
+            "connections.max_client",
+            old.connections.max_client != new.connections.max_client,
+        ),
+        (
+            "connections.lingering_*",
+            old.connections.linger != new.connections.linger,
+        ),
+    ];
+    checks
+        .into_iter()
+        .filter_map(|(name, changed)| changed.then_some(name))
+        .collect()
 }
 
 async fn shutdown_signal() {

@@ -297,6 +297,22 @@ async fn sighup_reloads_routes_and_a_broken_file_keeps_the_old_ones() {
         post(proxy.addr, "/orders", &[], "{}").await.status,
         StatusCode::CREATED
     );
+    assert!(!proxy.log().contains("take effect on restart"));
+    // What only a restart changes is named, not passed over quietly.
+    let routes_only = std::fs::read_to_string(&proxy.config).unwrap();
+    std::fs::write(&proxy.config, format!("{routes_only}drain_timeout: 7s\n")).unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().matches("config reloaded").count() == 2,
+        "the second reload log line",
+    );
+    let log = proxy.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("take effect on restart"))
+        .expect("a warning names the restart-only setting");
+    assert!(line.contains("drain_timeout"), "{line}");
+    assert!(!line.contains("admin"), "{line}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
