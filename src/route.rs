@@ -1,6 +1,8 @@
 //! Route matching: which configured route (if any) a request belongs to, by host, method and
 //! path pattern. Patterns are compiled once at config load; matching allocates nothing.
-//! Paths are matched in their [`normalize`]d form.
+//! Paths are matched in their [`normalize`]d form, without each segment's `;` parameters:
+//! Java servers (Tomcat, Jetty, Spring) drop them before they route, so
+//! `/api/orders;jsessionid=1` is `/api/orders` to them and must be to the routes too.
 
 pub mod normalize;
 
@@ -54,6 +56,11 @@ impl PathPattern {
                     ));
                 }
                 segments.push(Segment::Param);
+            } else if piece.contains(';') {
+                return Err(format!(
+                    "path pattern {source:?}: segment {piece:?} has a ';', which starts path \
+                     parameters; paths are matched without them"
+                ));
             } else if piece.contains(['{', '}', '*']) {
                 return Err(format!(
                     "path pattern {source:?}: segment {piece:?} mixes text and a placeholder"
@@ -71,6 +78,9 @@ impl PathPattern {
 
     /// Whether `path` (the request path, without query) matches. One trailing slash is not
     /// significant, so `/api/orders/` cannot slip past a rule written for `/api/orders`.
+    /// Nor are a segment's `;` parameters (from its first `;`): `/api/orders;x=1` is
+    /// `/api/orders`, and a segment of parameters alone (`/api/;x/orders`) is no segment,
+    /// as a server that drops them and then merges the empty segment reads it.
     pub fn matches(&self, path: &str) -> bool {
         let path = trim_trailing_slash(path);
         if path == "/" || path.is_empty() {
@@ -81,21 +91,26 @@ impl PathPattern {
         // `None`: no pieces left.
         let mut rest = Some(path.strip_prefix('/').unwrap_or(path).as_bytes());
         for segment in &self.segments {
-            let Some(left) = rest else {
+            let Some(left) = skip_bare_params(rest) else {
                 return false;
             };
             let end = match segment {
-                // A literal holds no '/': the piece is it if the path goes on with it and
-                // then ends or has a '/'.
+                // A literal holds no '/' nor ';': the piece is it if the path goes on with
+                // it and then ends, has a '/' or has the piece's parameters.
                 Segment::Literal(text) => {
                     let text = text.as_bytes();
-                    if !left.starts_with(text) || left.get(text.len()).is_some_and(|&b| b != b'/') {
+                    if !left.starts_with(text) {
                         return false;
                     }
-                    text.len()
+                    match left.get(text.len()) {
+                        None | Some(b'/') => text.len(),
+                        Some(b';') => piece_end(left),
+                        Some(_) => return false,
+                    }
                 }
+                // Not empty: a piece of parameters alone was skipped above.
                 Segment::Param => {
-                    let end = left.iter().position(|&b| b == b'/').unwrap_or(left.len());
+                    let end = piece_end(left);
                     if end == 0 {
                         return false;
                     }
@@ -104,7 +119,7 @@ impl PathPattern {
             };
             rest = left.get(end + 1..);
         }
-        self.rest || rest.is_none()
+        self.rest || skip_bare_params(rest).is_none()
     }
 
     /// The pattern as written in the config.
@@ -131,6 +146,23 @@ impl fmt::Display for PathPattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.source)
     }
+}
+
+/// Where the first piece of `path` ends (its '/', or the end).
+fn piece_end(path: &[u8]) -> usize {
+    path.iter().position(|&b| b == b'/').unwrap_or(path.len())
+}
+
+/// `rest` past its leading pieces that are parameters alone (`;x`): the segment a server
+/// reads there is empty, and merged away like `//`.
+fn skip_bare_params(mut rest: Option<&[u8]>) -> Option<&[u8]> {
+    while let Some(left) = rest {
+        if left.first() != Some(&b';') {
+            break;
+        }
+        rest = left.get(piece_end(left) + 1..);
+    }
+    rest
 }
 
 fn trim_trailing_slash(path: &str) -> &str {
@@ -297,8 +329,45 @@ mod tests {
         assert!(w.matches("a.example.com."));
     }
 
-    /// The piece-by-piece walk agrees with splitting the path on '/' for every pattern and
-    /// path shape, empty pieces included.
+    #[test]
+    fn params_of_a_segment_are_not_part_of_its_name() {
+        let p = PathPattern::parse("/api/orders").unwrap();
+        for path in [
+            "/api/orders;jsessionid=ABC",
+            "/api/orders;x=1;y=2",
+            "/api/orders;x=1/",
+            "/api;v=2/orders",
+            "/api/;x/orders",
+            "/api/orders/;x",
+            "/;x/api/orders",
+            "/api/orders;",
+        ] {
+            assert!(p.matches(path), "{path}");
+        }
+        for path in [
+            "/api/orders;x/1",
+            "/api/ordersx;y",
+            "/api/order;s",
+            "/api/orders%3Bx",
+        ] {
+            assert!(!p.matches(path), "{path}");
+        }
+        let param = PathPattern::parse("/api/polls/{poll}/votes").unwrap();
+        assert!(param.matches("/api/polls/42;x/votes;y"));
+        assert!(!param.matches("/api/polls/;x/votes"));
+        let root = PathPattern::parse("/").unwrap();
+        assert!(root.matches("/;jsessionid=ABC"));
+        assert!(!root.matches("/x;jsessionid=ABC"));
+    }
+
+    #[test]
+    fn a_pattern_with_params_is_rejected() {
+        assert!(PathPattern::parse("/api/orders;v=2").is_err());
+    }
+
+    /// The piece-by-piece walk agrees with splitting the path on '/', dropping each piece's
+    /// parameters and the pieces that are parameters alone, for every pattern and path
+    /// shape, empty pieces included.
     #[test]
     fn matching_agrees_with_splitting_on_slashes() {
         fn by_split(p: &PathPattern, path: &str) -> bool {
@@ -306,7 +375,12 @@ mod tests {
             if path == "/" || path.is_empty() {
                 return p.segments.is_empty();
             }
-            let mut pieces = path.strip_prefix('/').unwrap_or(path).split('/');
+            let mut pieces = path
+                .strip_prefix('/')
+                .unwrap_or(path)
+                .split('/')
+                .filter(|piece| !piece.starts_with(';'))
+                .map(|piece| piece.split(';').next().unwrap_or(piece));
             for segment in &p.segments {
                 let Some(piece) = pieces.next() else {
                     return false;
@@ -351,6 +425,18 @@ mod tests {
             "a",
             "a/b",
             "/b/a",
+            "/;x",
+            "/a;x",
+            "/a;x/",
+            "/;x/a",
+            "/a/;x",
+            "/a/;x/b",
+            "/a;/b;x=1;y",
+            "/a/b;x/c",
+            "/ab;x/y;z/z",
+            "/a//b;x",
+            "/a/;x/;y/b",
+            "/a/x;",
         ];
         for pattern in patterns {
             let p = PathPattern::parse(pattern).unwrap();

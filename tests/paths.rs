@@ -99,6 +99,75 @@ async fn paths_without_one_safe_reading_are_a_400() {
     assert_eq!(upstream.executed(), 0);
 }
 
+/// A segment's `;` parameters, which Java upstreams drop before they route, do not take a
+/// request off the route written for the path without them; the plain path routes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_params_do_not_step_around_a_required_route() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, REQUIRED).await;
+    for path in [
+        "/api/orders",
+        "/api/orders;jsessionid=x",
+        "/api/orders;a=1;b=2/",
+        "/api;v=2/orders",
+        "/api/;x/orders",
+        "/api/orders/;jsessionid=x",
+    ] {
+        let answer = post(proxy.addr, path, &[], r#"{"amount":5}"#).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(
+            answer.json()["type"],
+            "urn:idemgate:problem:key-invalid",
+            "{path}"
+        );
+    }
+    assert_eq!(upstream.executed(), 0);
+}
+
+/// The upstream gets the parameters as sent (a `jsessionid` must reach it), and they stay
+/// part of what a key's payload is: another spelling with the same key is not replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_params_are_forwarded_and_a_different_one_is_another_payload() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, REQUIRED).await;
+    let key = [("idempotency-key", "k1")];
+    let first = post(proxy.addr, "/api/orders;jsessionid=a?x=1", &key, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(upstream.seen()[0].target, "/api/orders;jsessionid=a?x=1");
+    let again = post(proxy.addr, "/api/orders;jsessionid=a?x=1", &key, "{}").await;
+    assert!(again.replayed(), "{:?}", again.status);
+    let other = post(proxy.addr, "/api/orders;jsessionid=b?x=1", &key, "{}").await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.json()["type"], "urn:idemgate:problem:key-reused");
+    assert_eq!(upstream.executed(), 1);
+}
+
+/// `..;` and `.;` are dot segments to servers that drop parameters first and names to the
+/// others, in any spelling: a 400 before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_segments_with_params_are_a_400() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, REQUIRED).await;
+    for path in [
+        "/api/x/..;/orders",
+        "/api/x/..;jsessionid=1/orders",
+        "/api/orders/.;/",
+        "/api/orders/.;x",
+        "/api/x/%2E%2E%3B/orders",
+        "/api/x/.%2e;/orders",
+        "/api/x/..%3b/orders",
+    ] {
+        let answer = post(proxy.addr, path, &[("idempotency-key", "k")], "{}").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(
+            answer.json()["type"],
+            "urn:idemgate:problem:path-not-normalizable",
+            "{path}"
+        );
+    }
+    assert_eq!(upstream.executed(), 0);
+}
+
 /// `Host: pay.example,evil.example` names two hosts: a 400, never routed by one while the
 /// upstream (or `X-Forwarded-Host`) reads the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

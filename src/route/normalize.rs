@@ -5,8 +5,17 @@
 //! Percent-escapes of unreserved characters are decoded and the others' hex digits
 //! upper-cased (RFC 3986 §6.2.2), repeated slashes merged, then dot segments removed
 //! (§5.2.4). Forms that cannot be normalised without guessing how the upstream reads them
-//! are refused: an encoded `/` or `\`, an encoded NUL, a `%` that is not an escape, and a
-//! raw backslash (which some servers take for a slash).
+//! are refused: an encoded `/` or `\`, an encoded NUL, a `%` that is not an escape, a
+//! raw backslash (which some servers take for a slash), and a dot segment with parameters
+//! (`..;x`, `.;`, `%2E%2E%3B`): Java servers drop a segment's `;` parameters before they
+//! remove dot segments, so `/api/x/..;/orders` is `/api/orders` to them and a segment named
+//! `..;` to others.
+//!
+//! Other `;` parameters stay in the path: they are forwarded as sent (a `jsessionid` must
+//! reach the upstream), and routes match the path without them
+//! ([`PathPattern::matches`](crate::route::PathPattern::matches)). An encoded `;` (`%3B`)
+//! is not a parameter delimiter: servers that read parameters split on a raw `;` before
+//! they decode (Tomcat, Jetty, Spring), so `%3B` is left as the escape it is.
 //!
 //! Nearly every path is already normal; those are borrowed, never copied.
 //!
@@ -18,6 +27,7 @@
 //!     assert_eq!(normalize_path(spelling).unwrap(), "/api/orders");
 //! }
 //! assert_eq!(normalize_path("/api%2Forders"), Err(PathError::EncodedSlash));
+//! assert_eq!(normalize_path("/api/x/..;/orders"), Err(PathError::DotSegmentWithParams));
 //! ```
 
 use std::borrow::Cow;
@@ -40,6 +50,10 @@ pub enum PathError {
     /// A raw `\`.
     #[error("the path has a backslash")]
     Backslash,
+    /// A `.` or `..` segment with `;` parameters (`..;x`, `%2E%2E%3B`), which upstreams
+    /// read either as a dot segment or as a name.
+    #[error("the path has a dot segment with ;parameters")]
+    DotSegmentWithParams,
 }
 
 /// The normal form of `path` (a request path without the query): borrowed when it is
@@ -49,7 +63,7 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
         return Ok(Cow::Borrowed(path));
     }
     let decoded = decode(path.as_bytes())?;
-    let normal = remove_dot_segments(&decoded);
+    let normal = remove_dot_segments(&decoded)?;
     if normal == path {
         return Ok(Cow::Borrowed(path));
     }
@@ -64,12 +78,12 @@ fn is_normal(path: &[u8]) -> Result<bool, PathError> {
             b'\\' => return Err(PathError::Backslash),
             b'%' => normal = false,
             b'/' => {
+                // An empty segment, or one of one or two dots ending the path, a segment or
+                // its name (`..;x`, refused on the slow path).
                 let rest = &path[i + 1..];
-                if rest.starts_with(b"/")
-                    || rest == b"."
-                    || rest.starts_with(b"./")
-                    || rest == b".."
-                    || rest.starts_with(b"../")
+                let dots = rest.iter().take(2).take_while(|&&b| b == b'.').count();
+                if rest.first() == Some(&b'/')
+                    || (dots > 0 && matches!(rest.get(dots), None | Some(b'/' | b';')))
                 {
                     normal = false;
                 }
@@ -135,7 +149,9 @@ fn decode(path: &[u8]) -> Result<Vec<u8>, PathError> {
 
 /// Merges repeated slashes and removes `.` and `..` segments (RFC 3986 §5.2.4; `..` above
 /// the root stays at the root). A path ending in a slash, `.` or `..` ends in a slash.
-fn remove_dot_segments(path: &[u8]) -> String {
+/// Refuses a dot segment with parameters anywhere in `path`, even one a later `..` removes:
+/// a server that drops parameters first reads that `..` differently.
+fn remove_dot_segments(path: &[u8]) -> Result<String, PathError> {
     let mut out = String::with_capacity(path.len());
     // Where each segment kept so far starts in `out` (at its slash).
     let mut starts: Vec<usize> = Vec::new();
@@ -143,6 +159,9 @@ fn remove_dot_segments(path: &[u8]) -> String {
     // The path starts with '/', so the first piece is empty.
     let mut pieces = path.split(|&b| b == b'/').skip(1).peekable();
     while let Some(piece) = pieces.next() {
+        if is_dot_with_params(piece) {
+            return Err(PathError::DotSegmentWithParams);
+        }
         let last = pieces.peek().is_none();
         match piece {
             b"" | b"." => {}
@@ -167,7 +186,16 @@ fn remove_dot_segments(path: &[u8]) -> String {
     if out.is_empty() || trailing {
         out.push('/');
     }
-    out
+    Ok(out)
+}
+
+/// `.` or `..` then parameters, a `;` or its escape (upper-cased by [`decode`]): Tomcat
+/// splits on the raw `;` only, but a server that decodes first would take `..%3B` for `..;`.
+fn is_dot_with_params(piece: &[u8]) -> bool {
+    let name = piece
+        .strip_prefix(b"..")
+        .or_else(|| piece.strip_prefix(b"."));
+    name.is_some_and(|params| params.starts_with(b";") || params.starts_with(b"%3B"))
 }
 
 #[cfg(test)]
@@ -241,6 +269,53 @@ mod tests {
         assert_eq!(normalize_path("/a%"), Err(PathError::BadEscape));
         assert_eq!(normalize_path("/a\\b"), Err(PathError::Backslash));
         assert_eq!(normalize_path("/a/..\\b"), Err(PathError::Backslash));
+    }
+
+    #[test]
+    fn dot_segments_with_params_are_refused() {
+        for path in [
+            "/api/x/..;/orders",
+            "/api/x/..;jsessionid=1/orders",
+            "/api/orders/.;/",
+            "/api/orders/.;x",
+            "/..;",
+            "/api/x/%2E%2E;/orders",
+            "/api/x/.%2e;/orders",
+            "/api/x/..%3B/orders",
+            "/api/x/%2e%2e%3b/orders",
+            "/api/x/%2E%3Bx",
+            // Even where a later `..` would remove it.
+            "/api/..;/x/../orders",
+            "/api/x/..;/../orders",
+        ] {
+            assert_eq!(
+                normalize_path(path),
+                Err(PathError::DotSegmentWithParams),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_params_are_kept_as_sent() {
+        for path in [
+            "/api/orders;jsessionid=ABC",
+            "/api/orders;a=1;b=2/items",
+            "/;jsessionid=ABC",
+            "/api/...;x",
+            "/api/x;../orders",
+            "/api/;..",
+        ] {
+            assert!(
+                matches!(normalize_path(path), Ok(Cow::Borrowed(p)) if p == path),
+                "{path}"
+            );
+        }
+        assert_eq!(norm("/api//orders;x=%6F"), "/api/orders;x=o");
+        assert_eq!(norm("/api/x/../orders;x"), "/api/orders;x");
+        // An encoded `;` is not a delimiter: it stays the escape it is.
+        assert_eq!(norm("/api/orders%3bx"), "/api/orders%3Bx");
+        assert_eq!(norm("/api/x%3B/../orders"), "/api/orders");
     }
 
     #[test]
