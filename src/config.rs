@@ -171,15 +171,23 @@ impl Config {
 fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
     let upstream = upstream::compile_upstream(&raw.upstream, raw.upstream_ca.as_deref(), base)?;
     let tls = listen::compile_tls(raw.tls.as_ref(), base)?;
+    // Only a listener that asks for client certificates gives `client_cert` a value.
+    let mutual_tls = raw.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
     let (store, encrypt) = store::compile_store_section(raw.store, base)?;
     let admin = raw
         .admin
         .map(|a| secrets::compile_admin(a, base))
         .transpose()?;
     let identity = identity::compile_identity(raw.trusted_proxies, raw.session_cookies)?;
-    let routing = routes::compile_routing(raw.defaults, raw.routes, &identity, encrypt.clone())?;
+    let routing = routes::compile_routing(
+        raw.defaults,
+        raw.routes,
+        &identity,
+        encrypt.clone(),
+        mutual_tls,
+    )?;
     let mut routes = routing.routes;
-    let tokens = tokens::compile_tokens(raw.tokens, &mut routes, &identity)?;
+    let tokens = tokens::compile_tokens(raw.tokens, &mut routes, &identity, mutual_tls)?;
     Ok(Config {
         listen: raw.listen.0,
         upstream,

@@ -357,3 +357,59 @@ fn check_notes_scopes_that_let_callers_share_a_key() {
     let plain = Config::parse(&top(""), "p.yaml").unwrap();
     assert!(plain.notes().is_empty());
 }
+
+/// `client_cert` has a value only on a mutual-TLS listener: scoped by it anywhere else,
+/// every caller would share one key, so the config is refused (by `check`, `run` and a
+/// reload alike) at the scope, naming the route.
+#[test]
+fn a_client_cert_scope_without_mutual_tls_is_refused_where_it_is_written() {
+    let routes = "routes:\n  - name: a\n    match: { path: /a }\n    key: { fingerprint: {}, scope: [client_cert] }\n  - name: b\n    match: { path: /b }\n    key:\n      header: K\n      scope: [caller, client_cert]\n";
+    let (line, column, key, message) = invalid(&top(routes));
+    assert_eq!((line, column, key.as_str()), (6, 37, "routes[0].key.scope"));
+    assert!(
+        message.contains("route a:")
+            && message.contains("`client_cert`")
+            && message.contains("tls.client_ca"),
+        "{message}"
+    );
+    // A route that is off derives no key; the error is placed at the next one's scope.
+    let later = routes.replace("/a }\n", "/a }\n    idempotency: off\n");
+    let (line, column, key, message) = invalid(&top(&later));
+    assert_eq!(
+        (line, column, key.as_str()),
+        (12, 23, "routes[1].key.scope")
+    );
+    assert!(
+        message.contains("route b:") && message.contains("`client_cert`"),
+        "{message}"
+    );
+    let (line, _, key, message) = invalid(&top(
+        "defaults:\n  key: { fingerprint: {}, scope: [client_cert] }\n",
+    ));
+    assert_eq!((line, key.as_str()), (4, "defaults.key.scope"));
+    assert!(
+        message.contains("defaults.key") && message.contains("`client_cert`"),
+        "{message}"
+    );
+    let (line, _, key, _) = invalid(&top("tokens: { scope: [client_cert] }\n"));
+    assert_eq!((line, key.as_str()), (3, "tokens.scope"));
+    Config::parse(
+        &top(&later.replace("caller, client_cert", "caller")),
+        "p.yaml",
+    )
+    .expect("no client_cert, no error");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxy.yaml");
+    std::fs::write(&path, top(routes)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(":6:37: routes[0].key.scope: route a:"),
+        "{stderr}"
+    );
+}

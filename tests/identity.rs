@@ -1,6 +1,7 @@
 //! Never someone else's answer: with no `scope:` configured, two callers never share a key,
 //! whether they are told apart by a session cookie, by their address, or by the address a
-//! trusted proxy names; and a spoofed `X-Forwarded-For` proves nothing.
+//! trusted proxy names; an `Authorization` without a credential names no one; and a
+//! spoofed `X-Forwarded-For` proves nothing.
 
 mod common;
 
@@ -95,6 +96,48 @@ async fn anonymous_callers_from_different_addresses_execute_separately() {
     assert!(replayed(&retry), "the victim's own retry replays");
     assert_eq!(json_body(&retry)["n"], json_body(&victim)["n"]);
     assert_eq!(upstream.executed(), 2);
+}
+
+/// A logged-out page sends `Authorization: Bearer null` (or an empty one) like every other
+/// logged-out page: it names no one, so two such callers on different addresses, the same
+/// body, each execute; a real token still names its caller from any address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authorization_without_a_credential_names_no_caller() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let anonymous = [
+        "authorization: Bearer null",
+        "authorization:",
+        "authorization: Bearer ",
+        "authorization: bearer Undefined",
+    ];
+    for (i, auth) in anonymous.iter().enumerate() {
+        let before = upstream.executed();
+        let request = raw_post("/orders/signup", &[auth], &format!(r#"{{"case":{i}}}"#));
+        let first = raw_exchange_from("127.0.0.1", proxy.addr, &request).await;
+        let second = raw_exchange_from("127.0.0.2", proxy.addr, &request).await;
+        assert!(!replayed(&first), "{auth:?}");
+        assert!(
+            !replayed(&second),
+            "{auth:?}: not the other caller's answer"
+        );
+        assert_eq!(upstream.executed(), before + 2, "{auth:?}");
+        let retry = raw_exchange_from("127.0.0.2", proxy.addr, &request).await;
+        assert!(replayed(&retry), "{auth:?}: the caller's own retry replays");
+        assert_eq!(json_body(&retry)["n"], json_body(&second)["n"]);
+        assert_eq!(upstream.executed(), before + 2, "{auth:?}");
+    }
+    let before = upstream.executed();
+    let token = raw_post(
+        "/orders/signup",
+        &["authorization: Bearer alice-token"],
+        r#"{"case":"token"}"#,
+    );
+    let first = raw_exchange_from("127.0.0.1", proxy.addr, &token).await;
+    let second = raw_exchange_from("127.0.0.2", proxy.addr, &token).await;
+    assert!(!replayed(&first));
+    assert!(replayed(&second), "one token, one caller, wherever it is");
+    assert_eq!(upstream.executed(), before + 1);
 }
 
 const BEHIND_A_PROXY: &str = r#"

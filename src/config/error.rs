@@ -39,6 +39,9 @@ pub(super) struct CompileError {
     pub message: String,
     /// Text whose first appearance in the file is reported as the place.
     pub needle: String,
+    /// Text the needle is looked for after (a route's `name:`), when the needle alone is
+    /// not unique in the file.
+    pub anchor: Option<String>,
 }
 
 impl CompileError {
@@ -52,12 +55,25 @@ impl CompileError {
             key: key.into(),
             message: message.into(),
             needle: needle.into(),
+            anchor: None,
+        }
+    }
+
+    /// The same error, placed at the needle's first appearance after `anchor`'s (at the
+    /// anchor when the needle does not follow it).
+    pub fn after(self, anchor: impl Into<String>) -> Self {
+        Self {
+            anchor: Some(anchor.into()),
+            ..self
         }
     }
 
     /// The error as reported, placed where its needle first appears in `text`.
     pub fn place(self, text: &str, file: &str) -> ConfigError {
-        let (line, column) = locate(text, &self.needle);
+        let (line, column) = match &self.anchor {
+            Some(anchor) => locate_after(text, anchor, &self.needle),
+            None => locate(text, &self.needle),
+        };
         ConfigError::Invalid {
             file: file.to_owned(),
             line,
@@ -110,4 +126,15 @@ fn locate(text: &str, needle: &str) -> (usize, usize) {
         }
     }
     (1, 1)
+}
+
+/// The line and column of `needle`'s first appearance after `anchor`'s first, else of
+/// `anchor`'s.
+fn locate_after(text: &str, anchor: &str, needle: &str) -> (usize, usize) {
+    let Some(start) = text.find(anchor).filter(|_| !anchor.is_empty()) else {
+        return locate(text, needle);
+    };
+    let at = text[start..].find(needle).map_or(start, |i| start + i);
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    (text[..at].matches('\n').count() + 1, at - line_start + 1)
 }

@@ -17,7 +17,7 @@ use super::raw::key::RawKeyOrOff;
 use super::raw::routes::{Mode, RawDefaults, RawFresh, RawRoute};
 use super::units;
 use crate::key::identity::Identity;
-use crate::key::{KeyRule, KeySource};
+use crate::key::{KeyRule, KeySource, ScopePart};
 use crate::route::RouteMatch;
 use crate::store::seal::KeyRing;
 
@@ -43,12 +43,14 @@ pub(super) struct Routing {
 }
 
 /// Compiles `defaults:` into the base policy and the fallback, then every route over them.
-/// `identity` and `sealing` are what all protected routes share.
+/// `identity` and `sealing` are what all protected routes share; without `mutual_tls` no
+/// scope may name `client_cert`.
 pub(super) fn compile_routing(
     defaults: Option<RawDefaults>,
     routes: Option<Vec<RawRoute>>,
     identity: &Arc<Identity>,
     sealing: Option<Arc<KeyRing>>,
+    mutual_tls: bool,
 ) -> Result<Routing, CompileError> {
     let defaults = defaults.unwrap_or_default();
     if defaults.idempotency == Some(Mode::Off) {
@@ -99,6 +101,15 @@ pub(super) fn compile_routing(
         Protection::On(p) => p.key.clone(),
         Protection::Off => default_key(),
     };
+    // Routes without a `key` inherit this rule: its error is reported here, once.
+    if !mutual_tls && names_client_cert(&default_rule) {
+        return Err(CompileError::new(
+            "defaults.key.scope",
+            client_cert_without_mtls("the default key (`defaults.key`)"),
+            "client_cert",
+        )
+        .after("defaults:"));
+    }
     let mut compiled = Vec::new();
     for (i, r) in routes.unwrap_or_default().into_iter().enumerate() {
         let key = format!("routes[{i}]");
@@ -119,6 +130,16 @@ pub(super) fn compile_routing(
         }
         let route = compile_route(r, &base, &default_rule, &shared)
             .map_err(|m| CompileError::new(key.clone(), m, needle.clone()))?;
+        if !mutual_tls
+            && matches!(&route.protection, Protection::On(p) if names_client_cert(&p.key))
+        {
+            return Err(CompileError::new(
+                format!("{key}.key.scope"),
+                client_cert_without_mtls(&format!("route {}", route.name)),
+                "client_cert",
+            )
+            .after(needle));
+        }
         compiled.push(route);
     }
     Ok(Routing {
@@ -126,6 +147,18 @@ pub(super) fn compile_routing(
         routes: compiled,
         passthrough_timeout: base.upstream_timeout,
     })
+}
+
+/// Whether a key is scoped by the client certificate.
+fn names_client_cert(rule: &KeyRule) -> bool {
+    rule.scope.contains(&ScopePart::ClientCert)
+}
+
+/// Why `client_cert` needs mutual TLS, for `what` (a route, the default key, the tokens).
+pub(super) fn client_cert_without_mtls(what: &str) -> String {
+    format!(
+        "{what}: `client_cert` in `scope` needs mutual TLS (`tls.client_ca`): without it no request carries a certificate to tell callers apart by; set `tls.client_ca`, or scope by `caller`"
+    )
 }
 
 /// What every protected route takes from the top of the config.

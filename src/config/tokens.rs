@@ -8,9 +8,9 @@ use std::time::Duration;
 use super::error::CompileError;
 use super::protection::Protection;
 use super::raw::RawTokens;
-use super::routes::Route;
+use super::routes::{client_cert_without_mtls, Route};
 use crate::key::identity::Identity;
-use crate::key::{default_scope, KeySource};
+use crate::key::{default_scope, KeySource, ScopePart};
 
 /// `POST {path}` issues one-time tokens bound to the caller's scope.
 #[derive(Debug, Clone)]
@@ -32,11 +32,13 @@ pub struct TokenIssuer {
 }
 
 /// Builds the token endpoint when `tokens:` is set or a route uses token keys, fills in
-/// the routes' reissue window, and checks they bind tokens to the endpoint's scope.
+/// the routes' reissue window, and checks they bind tokens to the endpoint's scope (which
+/// names `client_cert` only with `mutual_tls`).
 pub(super) fn compile_tokens(
     raw: Option<RawTokens>,
     routes: &mut [Route],
     identity: &Arc<Identity>,
+    mutual_tls: bool,
 ) -> Result<Option<TokenIssuer>, CompileError> {
     let uses_tokens = routes.iter().any(|r| {
         matches!(&r.protection, Protection::On(p) if matches!(p.key.source, KeySource::Token(_)))
@@ -62,6 +64,14 @@ pub(super) fn compile_tokens(
             "path must start with '/', rate and ttl must be above zero",
             "tokens:",
         ));
+    }
+    if !mutual_tls && issuer.scope.contains(&ScopePart::ClientCert) {
+        return Err(CompileError::new(
+            "tokens.scope",
+            client_cert_without_mtls("the token endpoint (`tokens`)"),
+            "client_cert",
+        )
+        .after("tokens:"));
     }
     let mut header = None;
     for (i, route) in routes.iter_mut().enumerate() {

@@ -9,7 +9,7 @@ use http::{header, HeaderMap, Method};
 use sha2::{Digest as _, Sha256};
 
 use super::client_key::{read_client_key, ClientKeyError};
-use super::identity::{cookies, find_cookie, Identity, Tier};
+use super::identity::{carries_credential, cookies, find_cookie, Identity, Tier};
 use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::query::canonical_form;
 use crate::canonical::{canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError};
@@ -263,6 +263,17 @@ fn hash_scope(
                 hash_ip(hasher, ip);
                 continue;
             }
+            ScopePart::ClientCert if req.client_cert.is_none() => {
+                // Without a certificate (a listener without mutual TLS, which the config
+                // refuses, or `explain`), "absent" alone would be one key for everyone:
+                // the default caller stands in, after the marker no certificate can hash to.
+                hasher.absent();
+                let tier = hash_caller(hasher, req);
+                if let Some(t) = trace.as_deref_mut() {
+                    t.push(format!("{part} (absent: {})", describe_tier(tier, req)));
+                }
+                continue;
+            }
             ScopePart::Header(name) => header_value(req.headers, name),
             ScopePart::Cookie(name) => find_cookie(req.headers, name).map(Cow::Borrowed),
             ScopePart::ClientCert => req.client_cert.map(Cow::Borrowed),
@@ -283,10 +294,14 @@ fn hash_scope(
 /// hashed before its value so tiers never collide. See [`super::identity`].
 fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Tier {
     let headers = req.headers;
-    if let Some(auth) = header_value(headers, &header::AUTHORIZATION) {
-        hasher.field(Tier::Authorization.as_str().as_bytes());
-        hasher.field(&auth);
-        return Tier::Authorization;
+    // An empty or placeholder value (`Bearer null` from a logged-out page) is sent alike by
+    // every anonymous caller: it names no one, so the next tier decides.
+    if has_credential(headers) {
+        if let Some(auth) = header_value(headers, &header::AUTHORIZATION) {
+            hasher.field(Tier::Authorization.as_str().as_bytes());
+            hasher.field(&auth);
+            return Tier::Authorization;
+        }
     }
     // One pass over the cookies, in the order sent (a browser sends its jar in one order).
     let mut sessions = false;
@@ -319,6 +334,14 @@ fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Tier {
     Tier::ClientAddress
 }
 
+/// Whether any `Authorization` field carries a credential ([`carries_credential`]).
+fn has_credential(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .any(|v| carries_credential(v.as_bytes()))
+}
+
 /// An address as its octets (no formatting per request), or the absent marker.
 fn hash_ip(hasher: &mut KeyHasher, ip: Option<IpAddr>) {
     match ip.map(|ip| ip.to_canonical()) {
@@ -335,7 +358,13 @@ fn describe_tier(tier: Tier, req: &RequestView<'_>) -> String {
     } else {
         "client address"
     };
-    match tier {
+    let passed_over =
+        if tier != Tier::Authorization && req.headers.contains_key(header::AUTHORIZATION) {
+            " (the Authorization header carries no credential)"
+        } else {
+            ""
+        };
+    let mut described = match tier {
         Tier::Authorization => "caller by Authorization header".to_owned(),
         Tier::SessionCookie => {
             let names: Vec<String> = cookies(req.headers)
@@ -348,7 +377,9 @@ fn describe_tier(tier: Tier, req: &RequestView<'_>) -> String {
             format!("caller by whole Cookie header and {address} (no listed session cookie)")
         }
         Tier::ClientAddress => format!("caller by {address}"),
-    }
+    };
+    described.push_str(passed_over);
+    described
 }
 
 /// All values of a header, joined by newlines when repeated.

@@ -1,11 +1,12 @@
 //! Who is asking: the caller identity a key is scoped by when a route names no `scope`, and
 //! the client address behind trusted proxies.
 //!
-//! The default identity is tiered, first present wins: the `Authorization` header, else the
-//! session cookie(s) (names from `session_cookies`), else the whole `Cookie` header (a
-//! session cookie of a name not listed still keeps two browsers apart), else the client
-//! address. The tier used is hashed with its value, so a caller known by a cookie can never
-//! share a key with one known by an address whose bytes happen to be the same.
+//! The default identity is tiered, first present wins: the `Authorization` header when it
+//! carries a credential ([`carries_credential`]), else the session cookie(s) (names from
+//! `session_cookies`, empty values skipped), else the whole `Cookie` header (a session
+//! cookie of a name not listed still keeps two browsers apart), else the client address.
+//! The tier used is hashed with its value, so a caller known by a cookie can never share a
+//! key with one known by an address whose bytes happen to be the same.
 //!
 //! The client address is the TCP peer, unless the peer is in `trusted_proxies`: then it is
 //! the right-most `X-Forwarded-For` entry that is not itself a trusted proxy, as nginx's
@@ -104,6 +105,52 @@ impl Tier {
             Self::CookieHeader => "cookie_header",
             Self::ClientAddress => "client_address",
         }
+    }
+}
+
+/// Values a logged-out browser script sends for a token it does not have
+/// (`Bearer ${token}` with `token` null or undefined): shared by every anonymous caller.
+const PLACEHOLDERS: &[&[u8]] = &[b"null", b"undefined", b"\"\"", b"''", b"[object Object]"];
+
+/// Authentication schemes that, sent alone, carry nothing: `Bearer ` with the token left
+/// out reaches us as `Bearer` (trailing whitespace is not part of a field value).
+const SCHEMES: &[&[u8]] = &[
+    b"basic",
+    b"bearer",
+    b"digest",
+    b"negotiate",
+    b"ntlm",
+    b"token",
+    b"jwt",
+    b"apikey",
+    b"dpop",
+];
+
+/// Whether an `Authorization` value names someone: it is not empty, and neither it nor
+/// the credentials after its scheme are missing or a script's placeholder (`null`,
+/// `undefined`, `""`; any case). A value that names no one is shared by every anonymous
+/// caller that sends it, so the default identity passes over it as if it were absent.
+///
+/// ```
+/// use idemgate::key::identity::carries_credential;
+/// assert!(carries_credential(b"Bearer eyJhbGciOi"));
+/// assert!(carries_credential(b"s3cr3t-api-key"));
+/// for anonymous in ["", "  ", "Bearer", "Bearer null", "bearer Undefined", "Bearer \"\"", "null"] {
+///     assert!(!carries_credential(anonymous.as_bytes()), "{anonymous:?}");
+/// }
+/// ```
+pub fn carries_credential(value: &[u8]) -> bool {
+    let value = value.trim_ascii();
+    let is = |list: &[&[u8]], v: &[u8]| list.iter().any(|p| p.eq_ignore_ascii_case(v));
+    if value.is_empty() || is(PLACEHOLDERS, value) {
+        return false;
+    }
+    match value.iter().position(|b| b.is_ascii_whitespace()) {
+        Some(end) => {
+            let credentials = value[end..].trim_ascii();
+            !credentials.is_empty() && !is(PLACEHOLDERS, credentials)
+        }
+        None => !is(SCHEMES, value),
     }
 }
 
@@ -354,6 +401,34 @@ mod tests {
         // Garbage left of the client's entry is never read.
         let h = xff(&["garbage, 203.0.113.9"]);
         assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("203.0.113.9"));
+    }
+
+    #[test]
+    fn only_an_authorization_with_credentials_names_a_caller() {
+        for named in [
+            "Bearer t0k",
+            "Basic dXNlcjpwYXNz",
+            "Token\tabc",
+            "raw-api-key",
+            "Bearer nullx",
+        ] {
+            assert!(carries_credential(named.as_bytes()), "{named:?}");
+        }
+        for anonymous in [
+            "",
+            "\t",
+            "Bearer",
+            "BEARER  ",
+            "Bearer null",
+            "Bearer   NULL ",
+            "Bearer undefined",
+            "Bearer \"\"",
+            "Bearer [object Object]",
+            "Basic",
+            "undefined",
+        ] {
+            assert!(!carries_credential(anonymous.as_bytes()), "{anonymous:?}");
+        }
     }
 
     #[test]

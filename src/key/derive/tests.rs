@@ -253,3 +253,70 @@ fn explain_names_the_tier_and_never_the_value() {
     assert_eq!(trace.scope, ["caller by Authorization header"]);
     assert!(!trace.material.contains("secret"));
 }
+
+/// An `Authorization` that carries no credential is what every logged-out page sends: it
+/// names no one, and the caller is told by the next tier (here the address).
+#[test]
+fn an_authorization_without_a_credential_names_no_one() {
+    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
+    for anonymous in [
+        "",
+        "Bearer null",
+        "Bearer undefined",
+        "Bearer",
+        "bearer NULL",
+        "null",
+    ] {
+        let h = with(&[("authorization", anonymous)]);
+        assert_ne!(key_of(&h, a), key_of(&h, b), "{anonymous:?}");
+        assert_eq!(key_of(&h, a), key_of(&HeaderMap::new(), a), "{anonymous:?}");
+    }
+    // A session cookie beside it still names the caller.
+    let s1 = with(&[("authorization", "Bearer null"), ("cookie", "sid=s1")]);
+    let s2 = with(&[("authorization", "Bearer null"), ("cookie", "sid=s2")]);
+    assert_eq!(key_of(&s1, a), key_of(&s1, b));
+    assert_ne!(key_of(&s1, a), key_of(&s2, a));
+    // A real token names its caller from anywhere, even repeated beside a placeholder.
+    let token = with(&[("authorization", "Bearer abc")]);
+    assert_eq!(key_of(&token, a), key_of(&token, b));
+    let both = with(&[
+        ("authorization", "Bearer null"),
+        ("authorization", "Bearer abc"),
+    ]);
+    assert_eq!(key_of(&both, a), key_of(&both, b));
+    assert_ne!(key_of(&both, a), key_of(&token, a));
+    let mut trace = Trace::default();
+    let h = with(&[("authorization", "Bearer null")]);
+    derive_key(&fingerprint_rule(), &view(&h, b"{}"), Some(&mut trace)).unwrap();
+    assert_eq!(
+        trace.scope,
+        ["caller by client address (the Authorization header carries no credential)"]
+    );
+}
+
+fn cert_key(peer: [u8; 4], cert: Option<&[u8]>) -> Digest {
+    let rule = KeyRule {
+        scope: vec![ScopePart::ClientCert],
+        ..fingerprint_rule()
+    };
+    let h = HeaderMap::new();
+    let v = RequestView {
+        peer: Some(IpAddr::from(peer)),
+        client_cert: cert,
+        ..view(&h, b"{}")
+    };
+    derive_key(&rule, &v, None).unwrap().unwrap().key
+}
+
+/// A `client_cert` scope on a request without a certificate falls back to the caller, so
+/// requests without one never share a key; a certificate names its holder from anywhere.
+#[test]
+fn without_a_certificate_a_client_cert_scope_is_the_caller() {
+    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
+    assert_ne!(cert_key(a, None), cert_key(b, None));
+    assert_eq!(cert_key(a, None), cert_key(a, None));
+    let alice = [7u8; 32];
+    assert_eq!(cert_key(a, Some(&alice)), cert_key(b, Some(&alice)));
+    assert_ne!(cert_key(a, Some(&alice)), cert_key(a, Some(&[8u8; 32])));
+    assert_ne!(cert_key(a, Some(&alice)), cert_key(a, None));
+}
