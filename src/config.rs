@@ -140,6 +140,13 @@ impl Config {
                 ));
             }
         }
+        for block in self.identity.trusted_proxies.blocks() {
+            if !block.is_private() {
+                notes.push(format!(
+                    "trusted_proxies: {block} holds public addresses, so a client there can write its own X-Forwarded-For and be taken for another anonymous caller; list only your proxies' addresses"
+                ));
+            }
+        }
         notes
     }
 

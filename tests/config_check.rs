@@ -358,6 +358,42 @@ fn check_notes_scopes_that_let_callers_share_a_key() {
     assert!(plain.notes().is_empty());
 }
 
+/// A trusted proxy block with public addresses lets a client there name any client
+/// address in `X-Forwarded-For`: `check` says so; private and loopback blocks draw no note.
+#[test]
+fn check_notes_trusted_proxies_with_public_addresses() {
+    let config = |blocks: &[&str]| {
+        let list: Vec<String> = blocks.iter().map(|b| format!("\"{b}\"")).collect();
+        let yaml = format!("trusted_proxies: [{}]\n", list.join(", "));
+        Config::parse(&top(&yaml), "p.yaml").unwrap()
+    };
+    for private in [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.1.0/24",
+        "127.0.0.1",
+        "100.64.0.0/10",
+        "fd00::/8",
+        "::1",
+    ] {
+        assert!(config(&[private]).notes().is_empty(), "{private}");
+    }
+    for public in [
+        "0.0.0.0/0",
+        "10.0.0.0/7",
+        "203.0.113.7",
+        "::/0",
+        "2001:db8::/32",
+    ] {
+        let notes = config(&["10.0.0.0/8", public]).notes();
+        assert_eq!(notes.len(), 1, "{public}: {notes:?}");
+        assert!(
+            notes[0].contains("trusted_proxies") && notes[0].contains("public addresses"),
+            "{notes:?}"
+        );
+    }
+}
+
 /// `client_cert` has a value only on a mutual-TLS listener: scoped by it anywhere else,
 /// every caller would share one key, so the config is refused (by `check`, `run` and a
 /// reload alike) at the scope, naming the route.

@@ -9,7 +9,7 @@ use http::{header, HeaderMap, Method};
 use sha2::{Digest as _, Sha256};
 
 use super::client_key::{read_client_key, ClientKeyError};
-use super::identity::{carries_credential, cookies, find_cookie, Identity, Tier};
+use super::identity::{carries_credential, cookies, find_cookie, names_a_session, Identity, Tier};
 use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::query::canonical_form;
 use crate::canonical::{canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError};
@@ -306,8 +306,9 @@ fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Tier {
     // One pass over the cookies, in the order sent (a browser sends its jar in one order).
     let mut sessions = false;
     for (name, value) in cookies(headers) {
-        // An empty value is a cleared session, shared by every logged-out browser.
-        if value.is_empty() || !req.identity.is_session_cookie(name) {
+        // A cleared session (empty, `deleted`, a placeholder) is shared by every
+        // logged-out browser.
+        if !req.identity.is_session_cookie(name) || !names_a_session(value) {
             continue;
         }
         if !sessions {

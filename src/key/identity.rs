@@ -26,7 +26,7 @@
 //! ```
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 use http::header::{self, HeaderMap};
@@ -154,6 +154,16 @@ pub fn carries_credential(value: &[u8]) -> bool {
     }
 }
 
+/// Whether a session cookie's value names a session: not empty, not a script's placeholder
+/// (`null`, `undefined`, …) and not `deleted`, the value servers (PHP among them) write
+/// when they clear one. Such values are shared by every logged-out browser that sends them.
+pub fn names_a_session(value: &[u8]) -> bool {
+    let value = value.trim_ascii();
+    !value.is_empty()
+        && !value.eq_ignore_ascii_case(b"deleted")
+        && !PLACEHOLDERS.iter().any(|p| p.eq_ignore_ascii_case(value))
+}
+
 /// The cookies of a request as `(name, value)` pairs, over every `Cookie` field.
 pub fn cookies(headers: &HeaderMap) -> impl Iterator<Item = (&[u8], &[u8])> {
     headers
@@ -180,6 +190,35 @@ pub struct Cidr {
 }
 
 impl Cidr {
+    /// Whether every address of the block is one no public client can have: private,
+    /// loopback, link-local, shared (CGNAT) or unique-local. A trusted block holding public
+    /// addresses lets any client there write its own `X-Forwarded-For`.
+    pub fn is_private(&self) -> bool {
+        let private_v4 = |ip: Ipv4Addr| {
+            ip.is_private()
+                || ip.is_loopback()
+                || ip.is_link_local()
+                // 100.64.0.0/10, shared address space (RFC 6598).
+                || (ip.octets()[0] == 100 && (ip.octets()[1] & 0xc0) == 64)
+        };
+        let private_v6 = |ip: Ipv6Addr| {
+            let first = ip.segments()[0];
+            ip.is_loopback() || (first & 0xfe00) == 0xfc00 || (first & 0xffc0) == 0xfe80
+        };
+        match self.network {
+            IpAddr::V4(net) => {
+                let last =
+                    u32::from(net) | u32::MAX.checked_shr(u32::from(self.prefix)).unwrap_or(0);
+                private_v4(net) && private_v4(Ipv4Addr::from(last))
+            }
+            IpAddr::V6(net) => {
+                let last =
+                    u128::from(net) | u128::MAX.checked_shr(u32::from(self.prefix)).unwrap_or(0);
+                private_v6(net) && private_v6(Ipv6Addr::from(last))
+            }
+        }
+    }
+
     /// Whether `ip` is inside the block (an IPv4-mapped IPv6 address counts as IPv4).
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.network, ip.to_canonical()) {

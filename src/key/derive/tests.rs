@@ -294,6 +294,23 @@ fn an_authorization_without_a_credential_names_no_one() {
     );
 }
 
+#[test]
+fn a_cleared_session_cookie_names_no_one() {
+    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
+    for cleared in [
+        "sid=",
+        "sid=deleted",
+        "sid=null",
+        "sid=undefined",
+        "sid=DELETED",
+    ] {
+        let h = with(&[("cookie", cleared)]);
+        assert_ne!(key_of(&h, a), key_of(&h, b), "{cleared:?}");
+    }
+    let live = with(&[("cookie", "sid=s1")]);
+    assert_eq!(key_of(&live, a), key_of(&live, b));
+}
+
 fn cert_key(peer: [u8; 4], cert: Option<&[u8]>) -> Digest {
     let rule = KeyRule {
         scope: vec![ScopePart::ClientCert],
