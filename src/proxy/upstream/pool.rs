@@ -11,7 +11,12 @@
 //! socket at once, e.g. after an answer that arrived while the upload was still going out.
 //! With one origin there is no pool key to hash, and the end of the body is the hand-back
 //! point, so no task per request watches for the connection to become idle.
+//!
+//! A connection's slot under the cap and its count in `idemgate_upstream_connections` go
+//! with its socket ([`Leased`]): after `101 Switching Protocols` the socket leaves hyper's
+//! connection for the upgraded stream, and both stay taken until that stream is dropped.
 
+use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -22,10 +27,11 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::connector::Connector;
+use super::connector::{Connector, Io};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::proxy::body::ProxyBody;
@@ -180,19 +186,21 @@ impl Pool {
     /// Opens a connection in `slot` and starts its task.
     async fn dial(&self, slot: OwnedSemaphorePermit) -> Result<Conn, ProxyError> {
         let io = self.connector.connect().await?;
+        let open = self.metrics.connections().upstream_open.clone();
+        open.inc();
+        let io = Leased {
+            io,
+            _slot: slot,
+            _open: OpenGuard(open),
+        };
         let (sender, conn) = self
             .builder
             .handshake(TokioIo::new(io))
             .await
             .map_err(|e| ProxyError::UpstreamUnreachable(format!("HTTP/1.1 handshake: {e}")))?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let open = self.metrics.connections().upstream_open.clone();
-        open.inc();
         tokio::spawn(async move {
-            // Dropped in reverse order: the connection (and its socket) first, then the
-            // slot, so the cap holds for sockets, not only for handles.
-            let _slot = slot;
-            let _open = OpenGuard(open);
+            // Ending drops the connection and with it the socket, unless an upgrade took it.
             tokio::select! {
                 biased;
                 _ = stopped => {}
@@ -210,7 +218,58 @@ impl Pool {
     }
 }
 
-/// Decrements the open-connections gauge when the connection's task ends.
+/// A connection's socket with its slot under the cap and its count in the open gauge, so
+/// that both last exactly as long as the socket: in hyper's connection, or in the stream
+/// an upgrade (`101 Switching Protocols`) hands it to.
+struct Leased {
+    /// Dropped first: the socket closes before its slot frees, so the cap holds for
+    /// sockets, not only for handles.
+    io: Io,
+    _slot: OwnedSemaphorePermit,
+    _open: OpenGuard,
+}
+
+impl AsyncRead for Leased {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Leased {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// Decrements the open-connections gauge when the connection's socket closes.
 struct OpenGuard(prometheus_client::metrics::gauge::Gauge);
 
 impl Drop for OpenGuard {

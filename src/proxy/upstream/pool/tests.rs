@@ -1,19 +1,20 @@
 //! The pool against a real HTTP/1.1 upstream on `127.0.0.1:0` that counts the connections
 //! and requests it sees: reuse, idle expiry, connections that must not be reused, and the
-//! cap. Requests go out as `UpstreamClient::send_untimed` sends them (`ready`,
-//! `try_send_request`, a [`PooledBody`] that hands back only an answer that keeps alive).
+//! cap (upgraded connections included). Requests go out as `UpstreamClient::send_untimed`
+//! sends them (`ready`, `try_send_request`, a [`PooledBody`] that hands back only an
+//! answer that keeps alive).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::proxy::upstream::request;
+use crate::proxy::upstream::{request, UpstreamBody};
 
 /// The longest a test waits for something that should happen at once; reaching it fails
 /// the test instead of hanging it.
@@ -31,6 +32,11 @@ fn numbered(connection: usize, _request: usize) -> Vec<u8> {
         body.len()
     )
     .into_bytes()
+}
+
+/// `101 Switching Protocols`, after which the upstream keeps the connection open.
+fn switching(_connection: usize, _request: usize) -> Vec<u8> {
+    b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: test\r\n\r\n".to_vec()
 }
 
 /// What the upstream saw.
@@ -277,4 +283,35 @@ async fn a_checkout_over_the_cap_waits_for_a_connection_to_come_back() {
 
     assert_eq!(upstream.connections(), 2);
     assert_eq!(upstream.seen.most_open.load(SeqCst), 2);
+}
+
+/// After `101 Switching Protocols` hyper's connection task ends and the socket lives on in
+/// the upgraded stream (spliced to the client): it still counts as open, under the cap.
+#[tokio::test]
+async fn an_upgraded_connection_holds_its_slot_until_its_stream_is_dropped() {
+    let mut upstream = Upstream::start(switching).await;
+    let metrics = Arc::new(Metrics::new());
+    let pool = pool(&upstream, 1, &metrics);
+
+    let checkout = pool.checkout().await.unwrap();
+    let (head, body) = get(&pool, checkout).await.into_parts();
+    assert_eq!(head.status, StatusCode::SWITCHING_PROTOCOLS);
+    let response = Response::from_parts(head, UpstreamBody(body));
+    let upgraded = within(UpstreamBody::upgraded(response), "the upgrade")
+        .await
+        .expect("the upgraded stream");
+    assert_eq!(metrics.connections().upstream_open.get(), 1);
+
+    let second = pool.checkout();
+    tokio::pin!(second);
+    assert!(poll_once(&mut second).await.is_pending());
+    assert_eq!(metrics.connections().upstream_waited.get(), 1);
+    tokio::task::yield_now().await;
+    assert!(poll_once(&mut second).await.is_pending());
+
+    drop(upgraded);
+    let second = within(second, "the second checkout").await.unwrap();
+    assert!(!second.reused);
+    assert_eq!(upstream.next_closed().await, 0);
+    assert_eq!(metrics.connections().upstream_open.get(), 1);
 }
