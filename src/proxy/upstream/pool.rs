@@ -10,10 +10,16 @@
 //! its handle ([`Conn`]): dropping the handle ends the connection's task and closes the
 //! socket at once, e.g. after an answer that arrived while the upload was still going out.
 //! With one origin there is no pool key to hash, and the end of the body is the hand-back
-//! point, so no task per request watches for the connection to become idle.
+//! point, so no task per request watches for the connection to become idle. One task per
+//! pool ([`sweep`]) closes idle connections at [`IDLE_TIMEOUT`].
+//!
+//! A connection's slot under the cap and its count in `idemgate_upstream_connections` go
+//! with its socket ([`Leased`]): after `101 Switching Protocols` the socket leaves hyper's
+//! connection for the upgraded stream, and both stay taken until that stream is dropped.
 
+use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Once, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -22,17 +28,18 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::connector::Connector;
+use super::connector::{Connector, Io};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::proxy::body::ProxyBody;
 
-/// Idle connections older than this are closed rather than reused: under the keep-alive
-/// timeouts of common servers (nginx 75 s; Node's 5 s shows up as a closed connection,
-/// which checkout skips).
+/// Idle connections are closed this long after they came back, whether or not a checkout
+/// comes by: under the keep-alive timeouts of common servers (nginx 75 s; Node's 5 s shows
+/// up as a closed connection, which checkout skips).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One upstream connection: the sending half of hyper's connection. Dropping it ends the
@@ -66,15 +73,25 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    fn expired(&self, now: Instant) -> bool {
+        now >= self.since + IDLE_TIMEOUT
+    }
+}
+
 /// The connections to one upstream origin.
 pub struct Pool {
     connector: Connector,
     builder: http1::Builder,
+    /// Oldest first: [`Pool::put`] pushes at the end, [`Pool::take_idle`] pops from it.
     idle: Mutex<Vec<Idle>>,
     /// One permit per open connection (`connections.max_upstream`).
     slots: Arc<Semaphore>,
     /// Wakes a request waiting for a slot when a connection comes back idle.
     returned: Notify,
+    /// Starts [`sweep`] with the first connection: only then is there something to close,
+    /// and a runtime to run it (a pool may be made outside one).
+    sweeper: Once,
     metrics: Arc<Metrics>,
 }
 
@@ -102,6 +119,7 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
             returned: Notify::new(),
+            sweeper: Once::new(),
             metrics,
         }
     }
@@ -109,7 +127,7 @@ impl Pool {
     /// The most recently used idle connection that is still open, else a new one if the
     /// cap allows, else the first of the two to come free. Unbounded in time: the caller
     /// bounds it (waiting here is waiting before anything was sent).
-    pub async fn checkout(&self) -> Result<Checkout, ProxyError> {
+    pub async fn checkout(self: &Arc<Self>) -> Result<Checkout, ProxyError> {
         let mut counted = false;
         loop {
             if let Some(conn) = self.take_idle() {
@@ -155,11 +173,12 @@ impl Pool {
     }
 
     fn take_idle(&self) -> Option<Conn> {
+        let now = Instant::now();
         let mut idle = crate::sync::lock(&self.idle);
-        while let Some(Idle { conn, since }) = idle.pop() {
+        while let Some(entry) = idle.pop() {
             // Closed: the upstream closed it while it sat idle (hyper's task noticed).
-            if since.elapsed() <= IDLE_TIMEOUT && !conn.sender.is_closed() {
-                return Some(conn);
+            if !entry.expired(now) && !entry.conn.sender.is_closed() {
+                return Some(entry.conn);
             }
         }
         None
@@ -170,29 +189,44 @@ impl Pool {
         if conn.sender.is_closed() {
             return;
         }
-        crate::sync::lock(&self.idle).push(Idle {
-            conn,
-            since: Instant::now(),
-        });
+        let mut idle = crate::sync::lock(&self.idle);
+        // Read under the lock, so the list stays ordered by it.
+        let since = Instant::now();
+        idle.push(Idle { conn, since });
+        drop(idle);
         self.returned.notify_one();
     }
 
+    /// Closes the idle connections past [`IDLE_TIMEOUT`] and those the upstream closed;
+    /// returns when the next one will be past it.
+    fn close_expired(&self, now: Instant) -> Instant {
+        let mut idle = crate::sync::lock(&self.idle);
+        idle.retain(|entry| !entry.expired(now) && !entry.conn.sender.is_closed());
+        // The oldest expires first; one that comes back later, a full timeout from now.
+        idle.first()
+            .map_or(now + IDLE_TIMEOUT, |entry| entry.since + IDLE_TIMEOUT)
+    }
+
     /// Opens a connection in `slot` and starts its task.
-    async fn dial(&self, slot: OwnedSemaphorePermit) -> Result<Conn, ProxyError> {
+    async fn dial(self: &Arc<Self>, slot: OwnedSemaphorePermit) -> Result<Conn, ProxyError> {
         let io = self.connector.connect().await?;
+        let open = self.metrics.connections().upstream_open.clone();
+        open.inc();
+        let io = Leased {
+            io,
+            _slot: slot,
+            _open: OpenGuard(open),
+        };
         let (sender, conn) = self
             .builder
             .handshake(TokioIo::new(io))
             .await
             .map_err(|e| ProxyError::UpstreamUnreachable(format!("HTTP/1.1 handshake: {e}")))?;
+        self.sweeper
+            .call_once(|| drop(tokio::spawn(sweep(Arc::downgrade(self)))));
         let (stop, stopped) = oneshot::channel::<()>();
-        let open = self.metrics.connections().upstream_open.clone();
-        open.inc();
         tokio::spawn(async move {
-            // Dropped in reverse order: the connection (and its socket) first, then the
-            // slot, so the cap holds for sockets, not only for handles.
-            let _slot = slot;
-            let _open = OpenGuard(open);
+            // Ending drops the connection and with it the socket, unless an upgrade took it.
             tokio::select! {
                 biased;
                 _ = stopped => {}
@@ -210,7 +244,72 @@ impl Pool {
     }
 }
 
-/// Decrements the open-connections gauge when the connection's task ends.
+/// Closes a pool's idle connections as they pass [`IDLE_TIMEOUT`]: checkout takes the most
+/// recently used, so without this an older one would stay open, holding a slot, for as
+/// long as newer ones serve, and with no traffic at all nothing would close any. It holds
+/// the pool only while it looks: a pool a reload replaced is dropped (closing its idle
+/// connections) and this ends at its next look.
+async fn sweep(pool: Weak<Pool>) {
+    let mut next = Instant::now() + IDLE_TIMEOUT;
+    loop {
+        tokio::time::sleep_until(next).await;
+        let Some(pool) = pool.upgrade() else { return };
+        next = pool.close_expired(Instant::now());
+    }
+}
+
+/// A connection's socket with its slot under the cap and its count in the open gauge, so
+/// that both last exactly as long as the socket: in hyper's connection, or in the stream
+/// an upgrade (`101 Switching Protocols`) hands it to.
+struct Leased {
+    /// Dropped first: the socket closes before its slot frees, so the cap holds for
+    /// sockets, not only for handles.
+    io: Io,
+    _slot: OwnedSemaphorePermit,
+    _open: OpenGuard,
+}
+
+impl AsyncRead for Leased {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Leased {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// Decrements the open-connections gauge when the connection's socket closes.
 struct OpenGuard(prometheus_client::metrics::gauge::Gauge);
 
 impl Drop for OpenGuard {

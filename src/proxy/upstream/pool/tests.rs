@@ -1,19 +1,20 @@
 //! The pool against a real HTTP/1.1 upstream on `127.0.0.1:0` that counts the connections
 //! and requests it sees: reuse, idle expiry, connections that must not be reused, and the
-//! cap. Requests go out as `UpstreamClient::send_untimed` sends them (`ready`,
-//! `try_send_request`, a [`PooledBody`] that hands back only an answer that keeps alive).
+//! cap (upgraded connections included). Requests go out as `UpstreamClient::send_untimed`
+//! sends them (`ready`, `try_send_request`, a [`PooledBody`] that hands back only an
+//! answer that keeps alive).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::proxy::upstream::request;
+use crate::proxy::upstream::{request, UpstreamBody};
 
 /// The longest a test waits for something that should happen at once; reaching it fails
 /// the test instead of hanging it.
@@ -31,6 +32,11 @@ fn numbered(connection: usize, _request: usize) -> Vec<u8> {
         body.len()
     )
     .into_bytes()
+}
+
+/// `101 Switching Protocols`, after which the upstream keeps the connection open.
+fn switching(_connection: usize, _request: usize) -> Vec<u8> {
+    b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: test\r\n\r\n".to_vec()
 }
 
 /// What the upstream saw.
@@ -151,6 +157,26 @@ async fn within<T>(future: impl Future<Output = T>, what: &str) -> T {
         .unwrap_or_else(|_| panic!("waited {HANG:?} for {what}"))
 }
 
+/// Keeps a paused clock still while the runtime waits for sockets. Paused, tokio moves the
+/// clock on to the next timer (the connect timeout, the pool's sweeper) whenever it has
+/// nothing to run, unless a blocking task is running: this one runs until the hold is
+/// dropped, or for at most [`HANG`], after which the clock moves again and [`within`]'s
+/// timeouts turn a hang into a failure.
+struct ClockHold {
+    /// Dropped, it ends the blocking task.
+    _release: std::sync::mpsc::Sender<()>,
+}
+
+fn hold_clock() -> ClockHold {
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    tokio::task::spawn_blocking(move || released.recv_timeout(HANG));
+    ClockHold { _release: release }
+}
+
+fn idle_count(pool: &Pool) -> usize {
+    crate::sync::lock(&pool.idle).len()
+}
+
 /// Polls `future` once in this task, so that what it waits for wakes this task.
 async fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
     std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *future).poll(cx))).await
@@ -173,15 +199,16 @@ async fn a_connection_whose_answer_was_read_to_its_end_is_reused() {
     assert_eq!(upstream.requests(), 2);
 }
 
-/// The clock is paused only while no timer is armed (the connect timeout is one: paused,
-/// tokio would move the clock to it whenever the runtime waits for the socket), and the
-/// connection goes back while it is paused, so its idle age is exactly what was advanced.
+/// The clock is paused and held still ([`hold_clock`]), so a connection's idle age is
+/// exactly what was advanced. Guarded twice: checkout skips an expired connection, and the
+/// sweeper closes it; this pins the outcome.
 #[tokio::test]
 async fn an_idle_connection_past_its_timeout_is_not_reused() {
+    let _still = hold_clock();
+    tokio::time::pause();
     let mut upstream = Upstream::start(numbered).await;
     let pool = pool(&upstream, 4, &Arc::new(Metrics::new()));
     let first = pool.checkout().await.unwrap();
-    tokio::time::pause();
     assert_eq!(get_all(&pool, first).await, "0");
 
     // Within the timeout: reused, so what ends it below is its age.
@@ -191,7 +218,6 @@ async fn an_idle_connection_past_its_timeout_is_not_reused() {
     assert_eq!(get_all(&pool, second).await, "0");
 
     tokio::time::advance(IDLE_TIMEOUT + Duration::from_millis(1)).await;
-    tokio::time::resume();
     let third = pool.checkout().await.unwrap();
     assert!(!third.reused);
     assert_eq!(get_all(&pool, third).await, "1");
@@ -277,4 +303,111 @@ async fn a_checkout_over_the_cap_waits_for_a_connection_to_come_back() {
 
     assert_eq!(upstream.connections(), 2);
     assert_eq!(upstream.seen.most_open.load(SeqCst), 2);
+}
+
+/// Checkout takes the most recently used connection, so the older one is never taken
+/// while the newer serves: only the pool's sweeper can close it.
+#[tokio::test]
+async fn an_idle_connection_is_closed_at_its_timeout_while_a_newer_one_serves() {
+    let _still = hold_clock();
+    tokio::time::pause();
+    let mut upstream = Upstream::start(numbered).await;
+    let pool = pool(&upstream, 4, &Arc::new(Metrics::new()));
+    let older = pool.checkout().await.unwrap();
+    let newer = pool.checkout().await.unwrap();
+    assert_eq!(get_all(&pool, older).await, "0");
+    assert_eq!(get_all(&pool, newer).await, "1");
+
+    for _ in 0..5 {
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let checkout = pool.checkout().await.unwrap();
+        assert!(checkout.reused);
+        assert_eq!(get_all(&pool, checkout).await, "1");
+        assert_eq!(
+            idle_count(&pool),
+            2,
+            "the older one closed before its timeout"
+        );
+    }
+
+    // Past the older one's timeout (tokio's timers fire on the millisecond after their
+    // deadline); no checkout comes by.
+    tokio::time::advance(IDLE_TIMEOUT - Duration::from_secs(50) + Duration::from_millis(1)).await;
+    assert_eq!(upstream.next_closed().await, 0);
+    let checkout = pool.checkout().await.unwrap();
+    assert!(checkout.reused);
+    assert_eq!(get_all(&pool, checkout).await, "1");
+    assert_eq!(upstream.connections(), 2);
+}
+
+#[tokio::test]
+async fn a_pool_without_traffic_closes_its_idle_connections_at_their_timeout() {
+    let _still = hold_clock();
+    tokio::time::pause();
+    let mut upstream = Upstream::start(numbered).await;
+    let metrics = Arc::new(Metrics::new());
+    let pool = pool(&upstream, 4, &metrics);
+    let first = pool.checkout().await.unwrap();
+    let second = pool.checkout().await.unwrap();
+    assert_eq!(get_all(&pool, first).await, "0");
+    assert_eq!(get_all(&pool, second).await, "1");
+
+    tokio::time::advance(IDLE_TIMEOUT - Duration::from_millis(1)).await;
+    tokio::task::yield_now().await;
+    assert_eq!(idle_count(&pool), 2, "closed before their timeout");
+
+    // Past it (tokio's timers fire on the millisecond after their deadline).
+    tokio::time::advance(Duration::from_millis(2)).await;
+    let mut closed = [upstream.next_closed().await, upstream.next_closed().await];
+    closed.sort_unstable();
+    assert_eq!(closed, [0, 1]);
+    assert_eq!(idle_count(&pool), 0);
+    assert_eq!(metrics.connections().upstream_open.get(), 0);
+}
+
+/// A reload replaces the pool: its sweeper must not keep the old one, and with it the old
+/// one's idle connections, alive.
+#[tokio::test]
+async fn a_dropped_pool_closes_its_idle_connections_though_its_sweeper_runs() {
+    let mut upstream = Upstream::start(numbered).await;
+    let pool = pool(&upstream, 4, &Arc::new(Metrics::new()));
+    let checkout = pool.checkout().await.unwrap();
+    assert_eq!(get_all(&pool, checkout).await, "0");
+    tokio::task::yield_now().await;
+
+    let weak = Arc::downgrade(&pool);
+    drop(pool);
+    assert!(weak.upgrade().is_none(), "something still holds the pool");
+    assert_eq!(upstream.next_closed().await, 0);
+}
+
+/// After `101 Switching Protocols` hyper's connection task ends and the socket lives on in
+/// the upgraded stream (spliced to the client): it still counts as open, under the cap.
+#[tokio::test]
+async fn an_upgraded_connection_holds_its_slot_until_its_stream_is_dropped() {
+    let mut upstream = Upstream::start(switching).await;
+    let metrics = Arc::new(Metrics::new());
+    let pool = pool(&upstream, 1, &metrics);
+
+    let checkout = pool.checkout().await.unwrap();
+    let (head, body) = get(&pool, checkout).await.into_parts();
+    assert_eq!(head.status, StatusCode::SWITCHING_PROTOCOLS);
+    let response = Response::from_parts(head, UpstreamBody(body));
+    let upgraded = within(UpstreamBody::upgraded(response), "the upgrade")
+        .await
+        .expect("the upgraded stream");
+    assert_eq!(metrics.connections().upstream_open.get(), 1);
+
+    let second = pool.checkout();
+    tokio::pin!(second);
+    assert!(poll_once(&mut second).await.is_pending());
+    assert_eq!(metrics.connections().upstream_waited.get(), 1);
+    tokio::task::yield_now().await;
+    assert!(poll_once(&mut second).await.is_pending());
+
+    drop(upgraded);
+    let second = within(second, "the second checkout").await.unwrap();
+    assert!(!second.reused);
+    assert_eq!(upstream.next_closed().await, 0);
+    assert_eq!(metrics.connections().upstream_open.get(), 1);
 }
