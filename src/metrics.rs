@@ -65,7 +65,8 @@ pub enum Outcome {
     /// Observe mode, forwarded: enforcement would have answered 409 (its first request's
     /// outcome is unknown, or its answer was not stored).
     WouldHold,
-    /// Observe mode, forwarded: enforcement would have refused it (400, 413: no usable key).
+    /// Observe mode, forwarded: enforcement would have refused it (400, 413: no usable key;
+    /// 503 or 429: a full store, or the caller's share of it).
     WouldReject,
 }
 

@@ -293,6 +293,33 @@ async fn a_full_store_counts_its_evictions_or_refuses_new_keys() {
     );
 }
 
+/// A full store with `when_full: reject` refuses new keys with a 503 even on a route that
+/// fails open: a full store is no outage, and forwarding would run the request unprotected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_refuses_new_keys_even_when_the_route_fails_open() {
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  memory: {{ max_entries: 2, when_full: reject }}\n{}",
+        route("on_store_error: fail_open")
+    );
+    let proxy = start_proxy(upstream.addr, &config).await;
+    for key in ["k0", "k1"] {
+        let stored = post(proxy.addr, "/orders", &[("idempotency-key", key)], "{}").await;
+        assert_eq!(stored.status, StatusCode::CREATED);
+    }
+    let refused = post(proxy.addr, "/orders", &[("idempotency-key", "k2")], "{}").await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        problem_type(&refused),
+        "urn:idemgate:problem:store-unavailable"
+    );
+    assert_eq!(upstream.executed_for("k2"), 0, "never forwarded unprotected");
+    assert_eq!(
+        proxy.metric(r#"idemgate_requests_total{route="orders",outcome="fail_open"}"#),
+        0.0
+    );
+}
+
 /// With `caller_share`, one caller (here: one `Authorization`) cannot fill more than its
 /// share of the memory store, so it cannot push the others' records out: past it, its new
 /// keys get a 429 while its stored answers still replay and other callers store theirs.

@@ -177,3 +177,26 @@ async fn switching_from_observe_to_on_replays_what_observe_stored() {
     assert_eq!(after.json()["n"], first.json()["n"]);
     assert_eq!(upstream.executed(), 2);
 }
+
+/// A full store with `when_full: reject`, on an observed route that fails open: the new key
+/// is forwarded (a dry run refuses nothing) and counted as the refusal enforcement would
+/// have answered, not as a store outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_key_a_full_store_refuses_is_counted_as_would_reject() {
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  memory: {{ max_entries: 1, when_full: reject }}\n{}",
+        OBSERVED.replace(
+            "idempotency: observe\n",
+            "idempotency: observe\n    on_store_error: fail_open\n"
+        )
+    );
+    let proxy = start_proxy_with_admin(upstream.addr, &config, None).await;
+    let first = post(proxy.addr, "/orders", &[("idempotency-key", "k0")], "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let refused = post(proxy.addr, "/orders", &[("idempotency-key", "k1")], "{}").await;
+    assert_eq!(refused.status, StatusCode::CREATED, "no 503 in observe mode");
+    assert_eq!(upstream.executed(), 2);
+    assert_eq!(outcome(&proxy, "would_reject"), 1.0);
+    assert_eq!(outcome(&proxy, "fail_open"), 0.0);
+}

@@ -21,7 +21,7 @@ use crate::config::Protected;
 use crate::error::ProxyError;
 use crate::key::{derive_key, DerivedKey};
 use crate::metrics::Outcome;
-use crate::store::{Claim, ClaimArgs};
+use crate::store::{Claim, ClaimArgs, StoreError};
 
 /// Runs one request on an observed route.
 pub async fn handle(
@@ -78,6 +78,12 @@ pub async fn handle(
     };
     let claim = match cx.store.claim_with(args).await {
         Ok(claim) => claim,
+        // A store refusing new keys is no outage: enforcement would answer 503 (or 429 past
+        // the caller's share) whatever `on_store_error` says.
+        Err(StoreError::Full | StoreError::CallerFull) => {
+            would(report, Outcome::WouldReject, false, None);
+            return forward_unprotected(&cx, parts, body, policy).await;
+        }
         Err(e) => {
             tracing::warn!(route = %rule.route, error = %e, "store failed during an observed claim; forwarded");
             report.outcome = Some(Outcome::FailOpen);

@@ -200,6 +200,13 @@ pub async fn handle(
             Ok(claim) => claim,
             // Not an outage: this caller holds its share, and waits until it has room.
             Err(StoreError::CallerFull) => return Err(ProxyError::CallerOverShare),
+            // Not an outage either: a store refusing new keys (`when_full: reject`, or full
+            // of claims in flight) answers 503 whatever `on_store_error` says, since
+            // forwarding would run the request unprotected exactly when it is asked not to.
+            Err(e @ StoreError::Full) => {
+                waited(waiting_since);
+                return Err(e.into());
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "store failed during claim");
                 waited(waiting_since);
