@@ -313,7 +313,11 @@ async fn a_full_store_refuses_new_keys_even_when_the_route_fails_open() {
         problem_type(&refused),
         "urn:idemgate:problem:store-unavailable"
     );
-    assert_eq!(upstream.executed_for("k2"), 0, "never forwarded unprotected");
+    assert_eq!(
+        upstream.executed_for("k2"),
+        0,
+        "never forwarded unprotected"
+    );
     assert_eq!(
         proxy.metric(r#"idemgate_requests_total{route="orders",outcome="fail_open"}"#),
         0.0

@@ -195,7 +195,11 @@ async fn a_new_key_a_full_store_refuses_is_counted_as_would_reject() {
     let first = post(proxy.addr, "/orders", &[("idempotency-key", "k0")], "{}").await;
     assert_eq!(first.status, StatusCode::CREATED);
     let refused = post(proxy.addr, "/orders", &[("idempotency-key", "k1")], "{}").await;
-    assert_eq!(refused.status, StatusCode::CREATED, "no 503 in observe mode");
+    assert_eq!(
+        refused.status,
+        StatusCode::CREATED,
+        "no 503 in observe mode"
+    );
     assert_eq!(upstream.executed(), 2);
     assert_eq!(outcome(&proxy, "would_reject"), 1.0);
     assert_eq!(outcome(&proxy, "fail_open"), 0.0);
