@@ -70,7 +70,7 @@ pub async fn handle(
     if !span.is_disabled() {
         span.record("key", tracing::field::display(key.short()));
     }
-    let (args, reissue) = claim_args(&cx, rule, &view, key, fingerprint);
+    let args = claim_args(&cx, rule, &view, key, fingerprint);
     // A dry run never holds a request: nobody waits, nothing is refused.
     let args = ClaimArgs {
         waits: false,
@@ -92,7 +92,7 @@ pub async fn handle(
     };
     let would_do = match claim {
         Claim::Owner(lease) => {
-            let (response, outcome) = execute(&cx, rule, lease, parts, body, reissue).await?;
+            let (response, outcome) = execute(&cx, rule, lease, parts, body).await?;
             report.outcome = Some(outcome);
             return Ok(response);
         }

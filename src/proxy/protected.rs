@@ -11,6 +11,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::future::Future as _;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -188,7 +190,7 @@ pub async fn handle(
     // Phase 3: claim; a duplicate in wait mode claims again each time it is woken, naming
     // the owner it waited on, until wait_timeout after it first found the key in flight.
     // Token routes only start from an issued token; a failed attempt hands it back.
-    let (mut args, reissue) = claim_args(&cx, rule, &view, key, fingerprint);
+    let mut args = claim_args(&cx, rule, &view, key, fingerprint);
     let mut waiting_since: Option<Instant> = None;
     let waited = |since: Option<Instant>| {
         if let Some(since) = since {
@@ -224,7 +226,7 @@ pub async fn handle(
         }
         match claim {
             Claim::Owner(lease) => {
-                let (response, outcome) = execute(&cx, rule, lease, parts, body, reissue).await?;
+                let (response, outcome) = execute(&cx, rule, lease, parts, body).await?;
                 report.outcome = Some(outcome);
                 return Ok(response);
             }
@@ -278,26 +280,27 @@ pub async fn handle(
     }
 }
 
-/// How a request on `rule` with `key` claims it, and for how long a one-time token whose
-/// attempt failed is handed back (token routes only start from an issued token).
+/// How a request on `rule` with `key` claims it: token routes only start from an issued
+/// token, and hand it back for `reissue_ttl` when an attempt fails.
 pub(super) fn claim_args(
     cx: &Context<'_>,
     rule: &Protected,
     view: &RequestView<'_>,
     key: Digest,
     fingerprint: Digest,
-) -> (ClaimArgs, Option<Duration>) {
+) -> ClaimArgs {
     let policy = &rule.policy;
     let (mode, reissue) = match &rule.key.source {
         KeySource::Token(t) => (ClaimMode::IssuedOnly, Some(t.reissue_ttl)),
         _ => (ClaimMode::Any, None),
     };
-    let args = ClaimArgs {
+    ClaimArgs {
         key,
         fingerprint,
         lease: policy.lease,
         lapse: policy.lapse(),
         mode,
+        reissue,
         waits: policy.in_flight == InFlightMode::Wait,
         after: None,
         route: cx.route_metrics.tag(),
@@ -307,8 +310,7 @@ pub(super) fn claim_args(
         } else {
             CallerTag::NONE
         },
-    };
-    (args, reissue)
+    }
 }
 
 /// Forwards a buffered request with no claim (no key material, or a store that failed
@@ -351,7 +353,6 @@ pub(super) async fn execute(
     lease: Lease,
     parts: Parts,
     body: Bytes,
-    reissue: Option<Duration>,
 ) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
     let client = cx.client.clone();
     let owner_rule = Arc::clone(rule);
@@ -363,6 +364,10 @@ pub(super) async fn execute(
     let policy = &rule.policy;
     // Set once a connection took the request: from then on it may have run.
     let sending = lease.sending();
+    // Set when the client's deadline passed with nothing sent: the owner then stops
+    // waiting for a connection and settles the key as never sent.
+    let give_up = Arc::new(AtomicBool::new(false));
+    let stop = Arc::clone(&give_up);
     let owner = Detachable::new(async move {
         let _running = running;
         let _owned = owned;
@@ -376,13 +381,26 @@ pub(super) async fn execute(
         };
         let request = Request::from_parts(parts, ProxyBody::full(body));
         let sending = guard.lease.as_ref().expect("held").sending();
-        let answer = match client.send_untimed(request, &conn, false, &sending).await {
-            Ok(response) => answer::read(response, policy.max_answer).await,
-            Err(e) => Err(e),
+        let exchange = async {
+            match client.send_untimed(request, &conn, false, &sending).await {
+                Ok(response) => answer::read(response, policy.max_answer).await,
+                Err(e) => Err(e),
+            }
         };
+        let mut exchange = std::pin::pin!(exchange);
+        // Checked before the exchange is polled, in this task: once the client's side saw
+        // nothing sent, nothing can be sent before this.
+        let answer = std::future::poll_fn(|task| {
+            if stop.load(Ordering::SeqCst) && !sending.load(Ordering::SeqCst) {
+                return Poll::Ready(Err(timed_out(&sending)));
+            }
+            exchange.as_mut().poll(task)
+        })
+        .await;
         route_metrics.upstream_latency(started.elapsed());
         let mut guard = guard;
         let lease = guard.lease.take().expect("settled once");
+        let reissue = lease.reissue();
         let sealing = owner_rule.sealing.as_deref();
         settle(lease, policy, sealing, &route_metrics, answer, reissue).await
     })
@@ -399,10 +417,16 @@ pub(super) async fn execute(
             "the owner's upstream call panicked".into(),
         )),
         // No connection took the request in time: nothing went out, so the owner stops
-        // here and its lease frees the key.
+        // and settles the key as never sent (a one-time token goes back to issued) before
+        // the client gets its 502, so its retry finds the key free.
         None if !sending.load(Ordering::SeqCst) => {
-            owner.cancel();
-            Err(timed_out(&sending))
+            give_up.store(true, Ordering::SeqCst);
+            match owner.await {
+                Ok(result) => result,
+                Err(_panicked) => Err(ProxyError::UpstreamFailed(
+                    "the owner's upstream call panicked".into(),
+                )),
+            }
         }
         // The owner runs on, detached; the retries of this client get its answer.
         None => Err(ProxyError::UpstreamTimeout),
@@ -420,7 +444,8 @@ struct UnknownOnDrop {
 
 impl Drop for UnknownOnDrop {
     fn drop(&mut self) {
-        if self.lease.is_some() && self.holds {
+        // An unsent lease frees the key as it drops: no outcome is unknown.
+        if self.holds && self.lease.as_ref().is_some_and(Lease::is_sent) {
             self.metrics.unknown_outcome();
             tracing::warn!(
                 "no answer from the upstream within background_timeout: outcome unknown, key held"
