@@ -278,7 +278,11 @@ async fn an_attempt_no_connection_took_in_time_gives_the_token_back(redis: bool)
         unsent.json()["type"],
         "urn:idemgate:problem:upstream-unreachable"
     );
-    assert_eq!(upstream.executed(), 1, "only the holder reached the upstream");
+    assert_eq!(
+        upstream.executed(),
+        1,
+        "only the holder reached the upstream"
+    );
     upstream.open("busy");
     holder.await.unwrap();
     // Its repeat waits for the holder's owner and replays its answer: the connection is

@@ -9,9 +9,9 @@
 //! answer for the retries. An exchange that ends with no answer leaves the key as an
 //! unknown outcome (`on_unknown_outcome: hold`), never free for a blind re-run.
 
+use std::future::Future as _;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::future::Future as _;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
