@@ -57,9 +57,12 @@ pub enum Outcome {
     Passthrough,
     /// Observe mode, forwarded: enforcement would have replayed the stored answer.
     WouldReplay,
-    /// Observe mode, forwarded: enforcement would have held it while its first request
-    /// ran (wait or 409).
+    /// Observe mode, forwarded: enforcement would have answered 409 while its first
+    /// request ran (`in_flight: reject`).
     WouldConflict,
+    /// Observe mode, forwarded: enforcement would have held it until its first request,
+    /// still running, ended, then answered from that outcome (`in_flight: wait`).
+    WouldWait,
     /// Observe mode, forwarded: enforcement would have answered 422 (another payload).
     WouldMismatch,
     /// Observe mode, forwarded: enforcement would have answered 409 (its first request's
@@ -71,7 +74,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 21] = [
+    const ALL: [Outcome; 22] = [
         Self::Executed,
         Self::ExecutedNotStored,
         Self::Replayed,
@@ -90,6 +93,7 @@ impl Outcome {
         Self::Passthrough,
         Self::WouldReplay,
         Self::WouldConflict,
+        Self::WouldWait,
         Self::WouldMismatch,
         Self::WouldHold,
         Self::WouldReject,
@@ -116,6 +120,7 @@ impl Outcome {
             Self::Passthrough => "passthrough",
             Self::WouldReplay => "would_replay",
             Self::WouldConflict => "would_conflict",
+            Self::WouldWait => "would_wait",
             Self::WouldMismatch => "would_mismatch",
             Self::WouldHold => "would_hold",
             Self::WouldReject => "would_reject",

@@ -17,7 +17,7 @@ use http::{Request, Response};
 use super::answer::{self, AnswerBody};
 use super::body::{BodyError, ProxyBody, RequestBody};
 use super::protected::{claim_args, execute, forward_unprotected, request_view, Context, Report};
-use crate::config::Protected;
+use crate::config::{InFlightMode, Protected};
 use crate::error::ProxyError;
 use crate::key::{derive_key, DerivedKey};
 use crate::metrics::Outcome;
@@ -97,7 +97,10 @@ pub async fn handle(
             return Ok(response);
         }
         Claim::Done(_) | Claim::Failed(_) => Outcome::WouldReplay,
-        Claim::InFlight(_) => Outcome::WouldConflict,
+        // Its first request still runs: enforcement would refuse it, or hold it and answer
+        // from an outcome not known yet (so neither a replay nor a 409 is counted).
+        Claim::InFlight(_) if policy.in_flight == InFlightMode::Reject => Outcome::WouldConflict,
+        Claim::InFlight(_) => Outcome::WouldWait,
         Claim::Mismatch => Outcome::WouldMismatch,
         Claim::OutcomeUnknown(_) | Claim::NotStored(_) => Outcome::WouldHold,
         Claim::NotIssued => Outcome::WouldReject,
