@@ -404,8 +404,8 @@ pub(super) async fn execute(
             }
         };
         let mut exchange = std::pin::pin!(exchange);
-        // Checked before the exchange is polled, in this task: once the client's side saw
-        // nothing sent, nothing can be sent before this.
+        // Checked before the exchange is polled: `sending` changes only while this task
+        // polls it, so what the client's side saw still holds here.
         let answer = std::future::poll_fn(|task| {
             if stop.load(Ordering::SeqCst) && !sending.load(Ordering::SeqCst) {
                 return Poll::Ready(Err(timed_out(&sending)));
