@@ -57,20 +57,24 @@ pub enum Outcome {
     Passthrough,
     /// Observe mode, forwarded: enforcement would have replayed the stored answer.
     WouldReplay,
-    /// Observe mode, forwarded: enforcement would have held it while its first request
-    /// ran (wait or 409).
+    /// Observe mode, forwarded: enforcement would have answered 409 while its first
+    /// request ran (`in_flight: reject`).
     WouldConflict,
+    /// Observe mode, forwarded: enforcement would have held it until its first request,
+    /// still running, ended, then answered from that outcome (`in_flight: wait`).
+    WouldWait,
     /// Observe mode, forwarded: enforcement would have answered 422 (another payload).
     WouldMismatch,
     /// Observe mode, forwarded: enforcement would have answered 409 (its first request's
     /// outcome is unknown, or its answer was not stored).
     WouldHold,
-    /// Observe mode, forwarded: enforcement would have refused it (400, 413: no usable key).
+    /// Observe mode, forwarded: enforcement would have refused it (400, 413: no usable key;
+    /// 503 or 429: a full store, or the caller's share of it).
     WouldReject,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 21] = [
+    const ALL: [Outcome; 22] = [
         Self::Executed,
         Self::ExecutedNotStored,
         Self::Replayed,
@@ -89,6 +93,7 @@ impl Outcome {
         Self::Passthrough,
         Self::WouldReplay,
         Self::WouldConflict,
+        Self::WouldWait,
         Self::WouldMismatch,
         Self::WouldHold,
         Self::WouldReject,
@@ -115,6 +120,7 @@ impl Outcome {
             Self::Passthrough => "passthrough",
             Self::WouldReplay => "would_replay",
             Self::WouldConflict => "would_conflict",
+            Self::WouldWait => "would_wait",
             Self::WouldMismatch => "would_mismatch",
             Self::WouldHold => "would_hold",
             Self::WouldReject => "would_reject",

@@ -178,6 +178,10 @@ impl Store {
     }
 
     /// Claims as `args` say (see [`ClaimArgs`]).
+    ///
+    /// On the shared stores, dropping this future mid-claim may leave the claim written
+    /// with no [`Lease`] to renew or settle it (it lapses, as a vanished owner's): a caller
+    /// that can be cancelled finishes the claim detached and drops the lease instead.
     pub async fn claim_with(&self, args: ClaimArgs) -> Result<Claim, StoreError> {
         let raw = match self {
             Self::Memory(m) => m.claim(&args)?,

@@ -75,6 +75,7 @@ against_both_stores!(
     concurrent_uses_of_one_token_execute_once,
     token_requests_are_rate_limited_per_caller,
     a_failed_attempt_gives_the_token_back,
+    an_attempt_no_connection_took_in_time_gives_the_token_back,
     freshness_refuses_stale_future_and_unreadable_timestamps,
     caller_serials_are_keyed_per_caller,
     redelivered_notices_apply_once_and_get_the_first_answer,
@@ -253,6 +254,50 @@ async fn a_failed_attempt_gives_the_token_back(redis: bool) {
     assert!(!retry.replayed());
     assert!(pay(&proxy, "Bearer alice", &token, "{}").await.replayed());
     assert_eq!(upstream.executed(), 2);
+}
+
+/// The only upstream connection is busy (a request held at a gate) until the token's
+/// attempt gives up at its `upstream_timeout`: nothing was sent, so it gets a 502 and its
+/// token back, and the retry with the same token executes once.
+async fn an_attempt_no_connection_took_in_time_gives_the_token_back(redis: bool) {
+    let extra = "connections: { max_upstream: 1 }\ndefaults: { upstream_timeout: 1s }\n";
+    let (upstream, proxy, _server) = setup(redis, extra).await;
+    let token = token_for(&proxy, "Bearer alice").await;
+    let addr = proxy.addr;
+    // Its client gets a 504 at 1 s; its owner keeps the connection until the gate opens.
+    let busy = [
+        ("x-serial", "1"),
+        ("x-caller-id", "bob"),
+        ("x-test-gate", "busy"),
+    ];
+    let holder = tokio::spawn(async move { post(addr, "/orders/serial", &busy, "{}").await });
+    upstream.arrived("busy", 1).await;
+    let unsent = pay(&proxy, "Bearer alice", &token, "{}").await;
+    assert_eq!(unsent.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        unsent.json()["type"],
+        "urn:idemgate:problem:upstream-unreachable"
+    );
+    assert_eq!(
+        upstream.executed(),
+        1,
+        "only the holder reached the upstream"
+    );
+    upstream.open("busy");
+    holder.await.unwrap();
+    // Its repeat waits for the holder's owner and replays its answer: the connection is
+    // back in the pool by then.
+    let repeat = post(proxy.addr, "/orders/serial", &busy, "{}").await;
+    assert!(repeat.replayed());
+    let retry = pay(&proxy, "Bearer alice", &token, "{}").await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed(), 2, "the retry executed once");
 }
 
 fn unix_now() -> u64 {

@@ -6,8 +6,13 @@
 
 mod common;
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
 use common::{post, start_proxy, start_proxy_with_admin, start_upstream, ProxyHandle};
 use http::{Method, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A header-keyed route `orders` on `/orders`, with `extra` policy keys.
 fn route(extra: &str) -> String {
@@ -293,6 +298,37 @@ async fn a_full_store_counts_its_evictions_or_refuses_new_keys() {
     );
 }
 
+/// A full store with `when_full: reject` refuses new keys with a 503 even on a route that
+/// fails open: a full store is no outage, and forwarding would run the request unprotected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_refuses_new_keys_even_when_the_route_fails_open() {
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  memory: {{ max_entries: 2, when_full: reject }}\n{}",
+        route("on_store_error: fail_open")
+    );
+    let proxy = start_proxy(upstream.addr, &config).await;
+    for key in ["k0", "k1"] {
+        let stored = post(proxy.addr, "/orders", &[("idempotency-key", key)], "{}").await;
+        assert_eq!(stored.status, StatusCode::CREATED);
+    }
+    let refused = post(proxy.addr, "/orders", &[("idempotency-key", "k2")], "{}").await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        problem_type(&refused),
+        "urn:idemgate:problem:store-unavailable"
+    );
+    assert_eq!(
+        upstream.executed_for("k2"),
+        0,
+        "never forwarded unprotected"
+    );
+    assert_eq!(
+        proxy.metric(r#"idemgate_requests_total{route="orders",outcome="fail_open"}"#),
+        0.0
+    );
+}
+
 /// With `caller_share`, one caller (here: one `Authorization`) cannot fill more than its
 /// share of the memory store, so it cannot push the others' records out: past it, its new
 /// keys get a 429 while its stored answers still replay and other callers store theirs.
@@ -384,4 +420,178 @@ async fn four_concurrent_200_mb_answers_keep_the_proxy_under_300_mb() {
         .expect("VmHWM in /proc/PID/status");
     assert!(peak_kb < 300 * 1024, "peak RSS {peak_kb} kB");
     assert_eq!(upstream.executed(), 4);
+}
+
+/// A TCP relay to a Redis server whose replies can be held back: what the proxy sends
+/// reaches Redis at once, what Redis answers waits while `hold` is set.
+struct HeldReplies {
+    addr: SocketAddr,
+    hold: tokio::sync::watch::Sender<bool>,
+}
+
+async fn relay_to(port: u16) -> HeldReplies {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (hold, held) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            // Redis is gone once a test ends; the proxy may still try to reconnect.
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                continue;
+            };
+            let (mut from_client, mut to_client) = client.into_split();
+            let (mut from_server, mut to_server) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+            });
+            let mut held = held.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match from_server.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if held.wait_for(|hold| !*hold).await.is_err()
+                        || to_client.write_all(&buf[..n]).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    HeldReplies { addr, hold }
+}
+
+/// Waits until `condition` holds (a hang guard of 30 s, never a timing assertion).
+async fn until(mut condition: impl FnMut() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !condition() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: gave up waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The first byte of each idemgate record in Redis (its kind: `I` in flight, `D` done, `T`
+/// an issued token…), the rate-limit counters left out.
+fn record_kinds(redis: &RedisServer) -> Vec<String> {
+    let keys = redis.cli(&["KEYS", "*"]);
+    let mut kinds: Vec<String> = keys
+        .lines()
+        .filter(|key| !key.is_empty() && !key.contains("rate:"))
+        .map(|key| redis.cli(&["GETRANGE", key, "0", "0"]).trim().to_owned())
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+/// A proxy on Redis through a relay whose replies can be held, with `routes`.
+async fn behind_held_replies(
+    routes: &str,
+) -> (RedisServer, HeldReplies, common::Upstream, ProxyHandle) {
+    let redis = RedisServer::start();
+    let relay = relay_to(redis.port).await;
+    let upstream = start_upstream().await;
+    // The store timeout is a hang guard here: the claim must outlast the held reply.
+    let config = format!(
+        "store:\n  redis: {{ url: \"redis://{}\", timeout: 30s }}\n{routes}",
+        relay.addr
+    );
+    let proxy = start_proxy(upstream.addr, &config).await;
+    (redis, relay, upstream, proxy)
+}
+
+/// Sends `request` on a connection of its own, waits until Redis holds a claim in flight
+/// while its reply is held back, then leaves, and lets the reply through once the proxy
+/// has seen the client go (its connection closed, the request's future dropped).
+async fn leave_mid_claim(
+    redis: &RedisServer,
+    relay: &HeldReplies,
+    proxy: &ProxyHandle,
+    request: &[u8],
+) {
+    relay.hold.send_replace(true);
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    client.write_all(request).await.unwrap();
+    until(
+        || record_kinds(redis).contains(&"I".to_owned()),
+        "the claim written in Redis",
+    )
+    .await;
+    drop(client);
+    until(
+        || proxy.metric("idemgate_client_connections") == 0.0,
+        "the proxy to see its client leave",
+    )
+    .await;
+    relay.hold.send_replace(false);
+}
+
+/// A client that leaves while its claim is at Redis (written there, the reply not back
+/// yet) sent nothing upstream: its key is freed, not left claimed by no one to lapse into
+/// an unknown outcome, and its retry executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_claim_leaves_its_key_free() {
+    let (redis, relay, upstream, proxy) = behind_held_replies(&route("")).await;
+    // The connection to Redis is open before replies are held.
+    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
+    assert_eq!(warm.status, StatusCode::CREATED);
+    let request = common::raw_post("/orders", &["idempotency-key: left"], "{}");
+    leave_mid_claim(&redis, &relay, &proxy, &request).await;
+    until(|| record_kinds(&redis) == ["D"], "the key freed").await;
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "left")], "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "not a 409");
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed_for("left"), 1);
+}
+
+/// The same on a token route: the token the claim consumed goes back to issued, and the
+/// retry with it executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_claim_keeps_its_token() {
+    let routes = "tokens: { ttl: 5m }\nroutes:\n  - name: pay\n    match: { methods: [POST], path: /orders/pay }\n    key: { token: { header: Idempotency-Token } }\n";
+    let (redis, relay, upstream, proxy) = behind_held_replies(routes).await;
+    let token = || async {
+        let auth = [("authorization", "Bearer alice")];
+        let issued = post(proxy.addr, "/.idemgate/token", &auth, "").await;
+        assert_eq!(issued.status, StatusCode::CREATED);
+        issued.json()["token"].as_str().unwrap().to_owned()
+    };
+    // One token used before replies are held: the connection is open, the claim script
+    // loaded.
+    let warm = token().await;
+    let headers = [
+        ("authorization", "Bearer alice"),
+        ("idempotency-token", &warm),
+    ];
+    let used = post(proxy.addr, "/orders/pay", &headers, "{}").await;
+    assert_eq!(used.status, StatusCode::CREATED);
+    let token = token().await;
+    assert_eq!(record_kinds(&redis), ["D", "T"]);
+    let request = common::raw_post(
+        "/orders/pay",
+        &[
+            "authorization: Bearer alice",
+            &format!("idempotency-token: {token}"),
+        ],
+        "{}",
+    );
+    leave_mid_claim(&redis, &relay, &proxy, &request).await;
+    until(
+        || record_kinds(&redis) == ["D", "T"],
+        "the token issued again",
+    )
+    .await;
+    let headers = [
+        ("authorization", "Bearer alice"),
+        ("idempotency-token", &token),
+    ];
+    let retry = post(proxy.addr, "/orders/pay", &headers, "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "not a 400 token-invalid");
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed(), 2, "the warm-up and the retry");
 }

@@ -63,7 +63,7 @@ async fn observe_forwards_everything_and_counts_what_enforcement_would_do() {
     assert_eq!(outcome(&proxy, "executed"), 2.0);
     assert_eq!(outcome(&proxy, "would_replay"), 2.0);
     assert_eq!(outcome(&proxy, "would_mismatch"), 1.0);
-    assert_eq!(outcome(&proxy, "would_conflict"), 1.0);
+    assert_eq!(outcome(&proxy, "would_wait"), 1.0);
     assert_eq!(outcome(&proxy, "would_reject"), 2.0);
     assert_eq!(outcome(&proxy, "replayed"), 0.0);
 }
@@ -176,4 +176,61 @@ async fn switching_from_observe_to_on_replays_what_observe_stored() {
     assert!(after.replayed(), "the record observe wrote is replayed");
     assert_eq!(after.json()["n"], first.json()["n"]);
     assert_eq!(upstream.executed(), 2);
+}
+
+/// A full store with `when_full: reject`, on an observed route that fails open: the new key
+/// is forwarded (a dry run refuses nothing) and counted as the refusal enforcement would
+/// have answered, not as a store outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_key_a_full_store_refuses_is_counted_as_would_reject() {
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  memory: {{ max_entries: 1, when_full: reject }}\n{}",
+        OBSERVED.replace(
+            "idempotency: observe\n",
+            "idempotency: observe\n    on_store_error: fail_open\n"
+        )
+    );
+    let proxy = start_proxy_with_admin(upstream.addr, &config, None).await;
+    let first = post(proxy.addr, "/orders", &[("idempotency-key", "k0")], "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let refused = post(proxy.addr, "/orders", &[("idempotency-key", "k1")], "{}").await;
+    assert_eq!(
+        refused.status,
+        StatusCode::CREATED,
+        "no 503 in observe mode"
+    );
+    assert_eq!(upstream.executed(), 2);
+    assert_eq!(outcome(&proxy, "would_reject"), 1.0);
+    assert_eq!(outcome(&proxy, "fail_open"), 0.0);
+}
+
+/// A duplicate of a request still running is counted as what the route's `in_flight`
+/// would have done: a 409 with `reject`; with `wait`, a hold whose answer depends on an
+/// outcome not known yet, so neither a 409 nor a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_flight_duplicate_counts_as_the_routes_in_flight_mode_would_answer() {
+    for (mode, counted, not) in [
+        ("wait", "would_wait", "would_conflict"),
+        ("reject", "would_conflict", "would_wait"),
+    ] {
+        let upstream = start_upstream().await;
+        let config = OBSERVED.replace(
+            "idempotency: observe\n",
+            &format!("idempotency: observe\n    in_flight: {mode}\n"),
+        );
+        let proxy = start_proxy_with_admin(upstream.addr, &config, None).await;
+        let addr = proxy.addr;
+        let held = [("idempotency-key", "k"), ("x-test-gate", "running")];
+        let first = tokio::spawn(async move { post(addr, "/orders", &held, "{}").await });
+        upstream.arrived("running", 1).await;
+        let second = tokio::spawn(async move { post(addr, "/orders", &held, "{}").await });
+        upstream.arrived("running", 2).await;
+        upstream.open("running");
+        assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+        assert_eq!(second.await.unwrap().status, StatusCode::CREATED);
+        assert_eq!(outcome(&proxy, counted), 1.0, "in_flight: {mode}");
+        assert_eq!(outcome(&proxy, not), 0.0, "in_flight: {mode}");
+        assert_eq!(outcome(&proxy, "would_replay"), 0.0, "in_flight: {mode}");
+    }
 }

@@ -16,12 +16,14 @@ use http::{Request, Response};
 
 use super::answer::{self, AnswerBody};
 use super::body::{BodyError, ProxyBody, RequestBody};
-use super::protected::{claim_args, execute, forward_unprotected, request_view, Context, Report};
-use crate::config::Protected;
+use super::protected::{
+    claim, claim_args, execute, forward_unprotected, request_view, Context, Report,
+};
+use crate::config::{InFlightMode, Protected};
 use crate::error::ProxyError;
 use crate::key::{derive_key, DerivedKey};
 use crate::metrics::Outcome;
-use crate::store::{Claim, ClaimArgs};
+use crate::store::{Claim, ClaimArgs, StoreError};
 
 /// Runs one request on an observed route.
 pub async fn handle(
@@ -70,14 +72,20 @@ pub async fn handle(
     if !span.is_disabled() {
         span.record("key", tracing::field::display(key.short()));
     }
-    let (args, reissue) = claim_args(&cx, rule, &view, key, fingerprint);
+    let args = claim_args(&cx, rule, &view, key, fingerprint);
     // A dry run never holds a request: nobody waits, nothing is refused.
     let args = ClaimArgs {
         waits: false,
         ..args
     };
-    let claim = match cx.store.claim_with(args).await {
+    let claim = match claim(cx.store, args).await {
         Ok(claim) => claim,
+        // A store refusing new keys is no outage: enforcement would answer 503 (or 429 past
+        // the caller's share) whatever `on_store_error` says.
+        Err(StoreError::Full | StoreError::CallerFull) => {
+            would(report, Outcome::WouldReject, false, None);
+            return forward_unprotected(&cx, parts, body, policy).await;
+        }
         Err(e) => {
             tracing::warn!(route = %rule.route, error = %e, "store failed during an observed claim; forwarded");
             report.outcome = Some(Outcome::FailOpen);
@@ -86,12 +94,15 @@ pub async fn handle(
     };
     let would_do = match claim {
         Claim::Owner(lease) => {
-            let (response, outcome) = execute(&cx, rule, lease, parts, body, reissue).await?;
+            let (response, outcome) = execute(&cx, rule, lease, parts, body).await?;
             report.outcome = Some(outcome);
             return Ok(response);
         }
         Claim::Done(_) | Claim::Failed(_) => Outcome::WouldReplay,
-        Claim::InFlight(_) => Outcome::WouldConflict,
+        // Its first request still runs: enforcement would refuse it, or hold it and answer
+        // from an outcome not known yet (so neither a replay nor a 409 is counted).
+        Claim::InFlight(_) if policy.in_flight == InFlightMode::Reject => Outcome::WouldConflict,
+        Claim::InFlight(_) => Outcome::WouldWait,
         Claim::Mismatch => Outcome::WouldMismatch,
         Claim::OutcomeUnknown(_) | Claim::NotStored(_) => Outcome::WouldHold,
         Claim::NotIssued => Outcome::WouldReject,

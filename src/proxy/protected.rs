@@ -9,8 +9,10 @@
 //! answer for the retries. An exchange that ends with no answer leaves the key as an
 //! unknown outcome (`on_unknown_outcome: hold`), never free for a blind re-run.
 
+use std::future::Future as _;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -188,7 +190,7 @@ pub async fn handle(
     // Phase 3: claim; a duplicate in wait mode claims again each time it is woken, naming
     // the owner it waited on, until wait_timeout after it first found the key in flight.
     // Token routes only start from an issued token; a failed attempt hands it back.
-    let (mut args, reissue) = claim_args(&cx, rule, &view, key, fingerprint);
+    let mut args = claim_args(&cx, rule, &view, key, fingerprint);
     let mut waiting_since: Option<Instant> = None;
     let waited = |since: Option<Instant>| {
         if let Some(since) = since {
@@ -196,10 +198,17 @@ pub async fn handle(
         }
     };
     loop {
-        let claim = match cx.store.claim_with(args).await {
+        let claim = match claim(cx.store, args).await {
             Ok(claim) => claim,
             // Not an outage: this caller holds its share, and waits until it has room.
             Err(StoreError::CallerFull) => return Err(ProxyError::CallerOverShare),
+            // Not an outage either: a store refusing new keys (`when_full: reject`, or full
+            // of claims in flight) answers 503 whatever `on_store_error` says, since
+            // forwarding would run the request unprotected exactly when it is asked not to.
+            Err(e @ StoreError::Full) => {
+                waited(waiting_since);
+                return Err(e.into());
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "store failed during claim");
                 waited(waiting_since);
@@ -217,7 +226,7 @@ pub async fn handle(
         }
         match claim {
             Claim::Owner(lease) => {
-                let (response, outcome) = execute(&cx, rule, lease, parts, body, reissue).await?;
+                let (response, outcome) = execute(&cx, rule, lease, parts, body).await?;
                 report.outcome = Some(outcome);
                 return Ok(response);
             }
@@ -271,26 +280,43 @@ pub async fn handle(
     }
 }
 
-/// How a request on `rule` with `key` claims it, and for how long a one-time token whose
-/// attempt failed is handed back (token routes only start from an issued token).
+/// Claims as `args` say. On a shared store the claim is a round trip during which the
+/// request's future may be dropped (hyper drops it when the client goes away), after the
+/// store wrote the claim: it then finishes detached, and an ownership it won is dropped
+/// unsent, which frees the key (a token goes back to issued), instead of leaving a claim
+/// nobody renews or settles to lapse into an unknown outcome. The memory store's claim
+/// completes in its first poll, so it runs as it is.
+pub(super) async fn claim(store: &Store, args: ClaimArgs) -> Result<Claim, StoreError> {
+    if let Store::Memory(_) = store {
+        return store.claim_with(args).await;
+    }
+    let store = store.clone();
+    Detachable::new(async move { store.claim_with(args).await })
+        .await
+        .unwrap_or_else(|_panicked| Err(StoreError::Unavailable("the claim panicked".into())))
+}
+
+/// How a request on `rule` with `key` claims it: token routes only start from an issued
+/// token, and hand it back for `reissue_ttl` when an attempt fails.
 pub(super) fn claim_args(
     cx: &Context<'_>,
     rule: &Protected,
     view: &RequestView<'_>,
     key: Digest,
     fingerprint: Digest,
-) -> (ClaimArgs, Option<Duration>) {
+) -> ClaimArgs {
     let policy = &rule.policy;
     let (mode, reissue) = match &rule.key.source {
         KeySource::Token(t) => (ClaimMode::IssuedOnly, Some(t.reissue_ttl)),
         _ => (ClaimMode::Any, None),
     };
-    let args = ClaimArgs {
+    ClaimArgs {
         key,
         fingerprint,
         lease: policy.lease,
         lapse: policy.lapse(),
         mode,
+        reissue,
         waits: policy.in_flight == InFlightMode::Wait,
         after: None,
         route: cx.route_metrics.tag(),
@@ -300,8 +326,7 @@ pub(super) fn claim_args(
         } else {
             CallerTag::NONE
         },
-    };
-    (args, reissue)
+    }
 }
 
 /// Forwards a buffered request with no claim (no key material, or a store that failed
@@ -344,7 +369,6 @@ pub(super) async fn execute(
     lease: Lease,
     parts: Parts,
     body: Bytes,
-    reissue: Option<Duration>,
 ) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
     let client = cx.client.clone();
     let owner_rule = Arc::clone(rule);
@@ -356,6 +380,10 @@ pub(super) async fn execute(
     let policy = &rule.policy;
     // Set once a connection took the request: from then on it may have run.
     let sending = lease.sending();
+    // Set when the client's deadline passed with nothing sent: the owner then stops
+    // waiting for a connection and settles the key as never sent.
+    let give_up = Arc::new(AtomicBool::new(false));
+    let stop = Arc::clone(&give_up);
     let owner = Detachable::new(async move {
         let _running = running;
         let _owned = owned;
@@ -369,13 +397,26 @@ pub(super) async fn execute(
         };
         let request = Request::from_parts(parts, ProxyBody::full(body));
         let sending = guard.lease.as_ref().expect("held").sending();
-        let answer = match client.send_untimed(request, &conn, false, &sending).await {
-            Ok(response) => answer::read(response, policy.max_answer).await,
-            Err(e) => Err(e),
+        let exchange = async {
+            match client.send_untimed(request, &conn, false, &sending).await {
+                Ok(response) => answer::read(response, policy.max_answer).await,
+                Err(e) => Err(e),
+            }
         };
+        let mut exchange = std::pin::pin!(exchange);
+        // Checked before the exchange is polled: `sending` changes only while this task
+        // polls it, so what the client's side saw still holds here.
+        let answer = std::future::poll_fn(|task| {
+            if stop.load(Ordering::SeqCst) && !sending.load(Ordering::SeqCst) {
+                return Poll::Ready(Err(timed_out(&sending)));
+            }
+            exchange.as_mut().poll(task)
+        })
+        .await;
         route_metrics.upstream_latency(started.elapsed());
         let mut guard = guard;
         let lease = guard.lease.take().expect("settled once");
+        let reissue = lease.reissue();
         let sealing = owner_rule.sealing.as_deref();
         settle(lease, policy, sealing, &route_metrics, answer, reissue).await
     })
@@ -392,10 +433,16 @@ pub(super) async fn execute(
             "the owner's upstream call panicked".into(),
         )),
         // No connection took the request in time: nothing went out, so the owner stops
-        // here and its lease frees the key.
+        // and settles the key as never sent (a one-time token goes back to issued) before
+        // the client gets its 502, so its retry finds the key free.
         None if !sending.load(Ordering::SeqCst) => {
-            owner.cancel();
-            Err(timed_out(&sending))
+            give_up.store(true, Ordering::SeqCst);
+            match owner.await {
+                Ok(result) => result,
+                Err(_panicked) => Err(ProxyError::UpstreamFailed(
+                    "the owner's upstream call panicked".into(),
+                )),
+            }
         }
         // The owner runs on, detached; the retries of this client get its answer.
         None => Err(ProxyError::UpstreamTimeout),
@@ -413,7 +460,8 @@ struct UnknownOnDrop {
 
 impl Drop for UnknownOnDrop {
     fn drop(&mut self) {
-        if self.lease.is_some() && self.holds {
+        // An unsent lease frees the key as it drops: no outcome is unknown.
+        if self.holds && self.lease.as_ref().is_some_and(Lease::is_sent) {
             self.metrics.unknown_outcome();
             tracing::warn!(
                 "no answer from the upstream within background_timeout: outcome unknown, key held"

@@ -73,6 +73,11 @@ pub struct ClaimArgs {
     pub lapse: Lapse,
     /// Whether only an issued key may be owned.
     pub mode: ClaimMode,
+    /// For a one-time token ([`ClaimMode::IssuedOnly`]): how long it goes back to issued
+    /// when its claim ends without the request having run, so the caller can retry with
+    /// it (`None`: the key is simply freed). The owner's [`Lease`](super::Lease) keeps it
+    /// for the settlement it writes, or its drop does.
+    pub reissue: Option<Duration>,
     /// Whether a duplicate that finds the key in flight will wait for it (on Redis a
     /// waiter subscribes and marks the record; one that will not gets a waiter that
     /// returns at once).
@@ -100,6 +105,7 @@ impl ClaimArgs {
                 ttl: Duration::from_secs(24 * 3600),
             },
             mode: ClaimMode::Any,
+            reissue: None,
             waits: true,
             after: None,
             route: RouteTag::default(),

@@ -51,6 +51,8 @@ pub struct Lease {
     /// The request may have reached the upstream: set by whoever hands it to a connection
     /// (see [`Lease::sending`]).
     sent: Arc<AtomicBool>,
+    /// A one-time token's: how long it goes back to issued when the claim is released.
+    reissue: Option<Duration>,
     finished: bool,
 }
 
@@ -85,6 +87,7 @@ impl Lease {
             renewal,
             liveness,
             sent: Arc::default(),
+            reissue: args.reissue,
             finished: false,
         }
     }
@@ -104,10 +107,21 @@ impl Lease {
         self.owned.fingerprint
     }
 
+    /// For a one-time token's claim, how long the token goes back to issued when the
+    /// claim is released or fails (see [`ClaimArgs::reissue`]).
+    pub fn reissue(&self) -> Option<Duration> {
+        self.reissue
+    }
+
     /// Records that the request is about to go out: from now on, dropping the lease
     /// unsettled cannot free the key plainly.
     pub fn mark_sent(&mut self) {
         self.sent.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the request may have gone out ([`Lease::mark_sent`]).
+    pub fn is_sent(&self) -> bool {
+        self.sent.load(Ordering::SeqCst)
     }
 
     /// The flag [`Lease::mark_sent`] sets, for the code that hands the request to a
@@ -156,12 +170,15 @@ impl Lease {
         self.finished = true;
     }
 
-    /// What an unsettled lease's drop writes: a request that never went out frees the key;
-    /// one that may have follows the lapse rule.
+    /// What an unsettled lease's drop writes: a request that never went out frees the key
+    /// (a one-time token goes back to issued, so its retry can run); one that may have
+    /// follows the lapse rule.
     fn settlement_on_drop(&self) -> Settlement {
         match (self.sent.load(Ordering::SeqCst), self.owned.lapse) {
             (true, Lapse::Hold { ttl }) => Settlement::Unknown { ttl },
-            _ => Settlement::Release { reissue: None },
+            _ => Settlement::Release {
+                reissue: self.reissue,
+            },
         }
     }
 }
