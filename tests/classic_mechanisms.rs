@@ -28,7 +28,7 @@ routes:
     fresh: { field: /ts, max_age: 5m, skew: 30s }
   - name: serial
     match: { methods: [POST], path: /orders/serial }
-    key: { header: X-Serial, required: true, scope: [header: X-Caller-Id] }
+    key: { header: X-Serial, required: true, scope: [header: X-Caller-Id, caller] }
   - name: repayment-callback
     match: { methods: [POST], path: /orders/callbacks/repayment }
     key: { fields: [/alipayNo, /paymentOrderNo] }
@@ -404,7 +404,21 @@ async fn caller_serials_are_keyed_per_caller(redis: bool) {
         "another caller's serial is another key"
     );
     assert!(!send("shop-1", "000418").await.replayed());
-    assert_eq!(upstream.executed(), 3);
+    // A client that names shop-1 without being it (another credential) gets a key of its
+    // own, never shop-1's answer.
+    let impostor = post(
+        proxy.addr,
+        "/orders/serial",
+        &[
+            ("x-caller-id", "shop-1"),
+            ("x-serial", "000417"),
+            ("authorization", "Bearer mallory"),
+        ],
+        "{}",
+    )
+    .await;
+    assert!(!impostor.replayed());
+    assert_eq!(upstream.executed(), 4);
     let missing = post(
         proxy.addr,
         "/orders/serial",
