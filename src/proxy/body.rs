@@ -55,8 +55,8 @@ pub enum ProxyBody {
         /// `proxy_read_timeout`).
         gap: Gap,
     },
-    /// Any other body (rare paths, such as an answer too large to store that streams on
-    /// after the part already read).
+    /// Any other body (rare paths, such as an observed request too large to buffer that
+    /// streams on after the part already read).
     Boxed {
         /// The body.
         inner: Pin<Box<dyn Body<Data = Bytes, Error = BodyError> + Send>>,
@@ -114,6 +114,14 @@ impl ProxyBody {
             gap: Gap::new(gap),
         }
     }
+}
+
+/// An upstream answer's body, which knows the longest it may go without a frame once it
+/// streams on to a client (`connections.upstream_read_timeout` of the client it came
+/// from; `None` for no bound).
+pub trait ReadGap {
+    /// That bound.
+    fn read_gap(&self) -> Option<Duration>;
 }
 
 /// The longest a streamed body may go without a frame; see [`ProxyBody::stream`]. Its
