@@ -488,3 +488,51 @@ async fn a_stalled_pass_through_upload_is_cut_off_with_408() {
         "the upstream never saw a whole body ({got} bytes)"
     );
 }
+
+/// A raw upstream that reads each request's head and answers it with `answer` (`None`:
+/// never answers, holding the connection).
+async fn raw_answering(answer: Option<&'static [u8]>) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                while read_head(&mut stream).await.is_some() {
+                    match answer {
+                        Some(answer) => stream.write_all(answer).await.unwrap(),
+                        None => tokio::time::sleep(std::time::Duration::from_secs(300)).await,
+                    }
+                }
+            });
+        }
+    });
+    upstream
+}
+
+/// An upstream's answer trailers reach an HTTP/2 client (hyper forwards them there) without
+/// the fields only a head may carry: a client merging them into the head would take a
+/// length or a cookie from them as the answer's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_trailers_lose_header_only_fields() {
+    let upstream = raw_answering(Some(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum, content-length, set-cookie\r\n\r\n\
+          5\r\nhello\r\n0\r\nx-checksum: 1\r\ncontent-length: 5\r\nset-cookie: a=b\r\n\r\n",
+    ))
+    .await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let request = Request::get(format!("http://{}/upload", proxy.addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers");
+    assert_eq!(collected.to_bytes(), "hello");
+    let names: Vec<_> = trailers.keys().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["x-checksum"], "{trailers:?}");
+    assert_eq!(trailers["x-checksum"], "1");
+}
