@@ -331,6 +331,28 @@ async fn a_transfer_coding_other_than_chunked_is_501_and_nothing_executes() {
     still_serving(proxy.addr, "after-501").await;
 }
 
+/// A transfer coding list that does not end in `chunked` (`gzip`, `chunked, gzip`) leaves
+/// the body without a length (RFC 9112 §6.3): hyper refuses the request itself with a
+/// bare 400, no problem body, and closes the connection. Nothing executes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_coding_list_not_ending_in_chunked_is_a_bare_400_and_nothing_executes() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    for coding in ["gzip", "chunked, gzip"] {
+        let request = format!(
+            "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: coded\r\n\
+             transfer-encoding: {coding}\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        );
+        // Read to the end: the connection is closed although the request did not ask so.
+        let answer = common::raw_exchange(proxy.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{coding}: {answer}");
+        assert_eq!(common::content_length_of(&answer), 0, "{coding}: {answer}");
+        assert!(answer.ends_with("\r\n\r\n"), "{coding}: {answer}");
+    }
+    assert_eq!(upstream.executed(), 0);
+    still_serving(proxy.addr, "after-400").await;
+}
+
 /// `Expect: 100-continue` with a declared length over `max_body`: the 413 comes at once,
 /// never preceded by `100 Continue`, so the client does not send a body only to have it
 /// refused. The test reads before it sends any body.
