@@ -71,7 +71,7 @@ pub struct Config {
     /// What a POST or PATCH matching no route gets.
     pub fallback: Protection,
     /// How long an unprotected request may wait for the upstream's response head
-    /// (`defaults.upstream_timeout`).
+    /// (`defaults.upstream_timeout`), unless its route sets its own.
     pub passthrough_timeout: Duration,
     /// Routes, first match wins.
     pub routes: Vec<Route>,
@@ -158,7 +158,7 @@ impl Config {
         path: &str,
     ) -> (&str, &Protection) {
         if crate::route::is_safe(method) {
-            return ("", &Protection::Off);
+            return ("", &Protection::Off(None));
         }
         for route in &self.routes {
             if route.matcher.matches(host, method, path) {
@@ -168,7 +168,7 @@ impl Config {
         if *method == Method::POST || *method == Method::PATCH {
             (FALLBACK_ROUTE, &self.fallback)
         } else {
-            ("", &Protection::Off)
+            ("", &Protection::Off(None))
         }
     }
 }

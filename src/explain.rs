@@ -63,7 +63,7 @@ pub fn explain_key(
     let route_shown = if route.is_empty() { "(none)" } else { route };
     let _ = writeln!(out, "route:             {route_shown}");
     let rule = match protection {
-        Protection::Off => {
+        Protection::Off(_) => {
             let _ = writeln!(out, "protection:        off (streamed through unprotected)");
             return Ok((out, None));
         }

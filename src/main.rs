@@ -359,7 +359,7 @@ fn route_table(config: &Config) -> String {
     ));
     for (name, methods, path, protection) in rows {
         let (key, ttl, in_flight, max_body) = match protection {
-            Protection::Off => ("off".to_owned(), "-".into(), "-".into(), "-".into()),
+            Protection::Off(_) => ("off".to_owned(), "-".into(), "-".into(), "-".into()),
             Protection::On(p) => (
                 p.key.source.as_str().to_owned(),
                 format_duration(p.policy.ttl),

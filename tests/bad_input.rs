@@ -330,3 +330,60 @@ async fn a_transfer_coding_other_than_chunked_is_501_and_nothing_executes() {
     assert_eq!(upstream.executed(), 0);
     still_serving(proxy.addr, "after-501").await;
 }
+
+/// A transfer coding list that does not end in `chunked` (`gzip`, `chunked, gzip`) leaves
+/// the body without a length (RFC 9112 §6.3): hyper refuses the request itself with a
+/// bare 400, no problem body, and closes the connection. Nothing executes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_coding_list_not_ending_in_chunked_is_a_bare_400_and_nothing_executes() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    for coding in ["gzip", "chunked, gzip"] {
+        let request = format!(
+            "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: coded\r\n\
+             transfer-encoding: {coding}\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        );
+        // Read to the end: the connection is closed although the request did not ask so.
+        let answer = common::raw_exchange(proxy.addr, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{coding}: {answer}");
+        assert_eq!(common::content_length_of(&answer), 0, "{coding}: {answer}");
+        assert!(answer.ends_with("\r\n\r\n"), "{coding}: {answer}");
+    }
+    assert_eq!(upstream.executed(), 0);
+    still_serving(proxy.addr, "after-400").await;
+}
+
+/// `Expect: 100-continue` with a declared length over `max_body`: the 413 comes at once,
+/// never preceded by `100 Continue`, so the client does not send a body only to have it
+/// refused. The test reads before it sends any body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_length_over_max_body_gets_413_without_100_continue() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: expect-big\r\n\
+         content-type: application/json\r\nexpect: 100-continue\r\ncontent-length: {}\r\n\r\n",
+        70 * 1024
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // The first answer head, byte by byte (the 10 s bound is a hang guard only).
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !answer.ends_with(b"\r\n\r\n") {
+            stream.read_exact(&mut byte).await.unwrap();
+            answer.push(byte[0]);
+        }
+    })
+    .await
+    .expect("hang guard: no answer before the body");
+    let head = String::from_utf8_lossy(&answer).into_owned();
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    let mut body = vec![0u8; common::content_length_of(&head)];
+    stream.read_exact(&mut body).await.unwrap();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["type"], "urn:idemgate:problem:payload-too-large");
+    assert_eq!(upstream.executed(), 0);
+}

@@ -262,7 +262,7 @@ fn fingerprint_ttl_applies_to_derived_keys_only() {
     let config = Config::parse(&text, "p.yaml").unwrap();
     let ttl = |p: &Protection| match p {
         Protection::On(p) => p.policy.ttl.as_secs(),
-        Protection::Off => panic!("protected"),
+        Protection::Off(_) => panic!("protected"),
     };
     let ttls: Vec<u64> = config.routes.iter().map(|r| ttl(&r.protection)).collect();
     assert_eq!(ttls, [3600, 30, 300]);

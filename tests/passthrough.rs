@@ -488,3 +488,142 @@ async fn a_stalled_pass_through_upload_is_cut_off_with_408() {
         "the upstream never saw a whole body ({got} bytes)"
     );
 }
+
+/// A raw upstream that reads each request's head and answers it with `answer` (`None`:
+/// never answers, holding the connection).
+async fn raw_answering(answer: Option<&'static [u8]>) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                while read_head(&mut stream).await.is_some() {
+                    match answer {
+                        Some(answer) => stream.write_all(answer).await.unwrap(),
+                        None => tokio::time::sleep(std::time::Duration::from_secs(300)).await,
+                    }
+                }
+            });
+        }
+    });
+    upstream
+}
+
+/// An upstream's answer trailers reach an HTTP/2 client (hyper forwards them there) without
+/// the fields only a head may carry: a client merging them into the head would take a
+/// length or a cookie from them as the answer's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_trailers_lose_header_only_fields() {
+    let upstream = raw_answering(Some(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum, content-length, set-cookie\r\n\r\n\
+          5\r\nhello\r\n0\r\nx-checksum: 1\r\ncontent-length: 5\r\nset-cookie: a=b\r\n\r\n",
+    ))
+    .await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let request = Request::get(format!("http://{}/upload", proxy.addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers");
+    assert_eq!(collected.to_bytes(), "hello");
+    let names: Vec<_> = trailers.keys().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["x-checksum"], "{trailers:?}");
+    assert_eq!(trailers["x-checksum"], "1");
+}
+
+/// `upstream_timeout` bounds an unprotected request's wait for the answer's head: the
+/// `defaults` one, or the route's own. Here the route's 200 ms is what a client waits,
+/// under a `defaults` of 60 s (the 10 s bound is a hang guard only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unprotected_route_gets_its_504_after_its_own_upstream_timeout() {
+    let upstream = raw_answering(None).await;
+    let routes = "defaults: { upstream_timeout: 60s }\n\
+        routes:\n  - name: slow\n    match: { path: /slow }\n    idempotency: off\n    upstream_timeout: 200ms\n";
+    let proxy = start_proxy(upstream, routes).await;
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        send(proxy.addr, Method::POST, "/slow", &[], "{}"),
+    )
+    .await
+    .expect("hang guard: the route's own upstream_timeout was not applied");
+    assert_problem(&answer, StatusCode::GATEWAY_TIMEOUT, "upstream-timeout");
+}
+
+/// On an unprotected route with no timeout of its own, `defaults.upstream_timeout` holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unprotected_route_gets_its_504_after_the_default_upstream_timeout() {
+    let upstream = raw_answering(None).await;
+    let routes = format!("defaults: {{ upstream_timeout: 200ms }}\n{ROUTES}");
+    let proxy = start_proxy(upstream, &routes).await;
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        send(proxy.addr, Method::POST, "/upload", &[], "{}"),
+    )
+    .await
+    .expect("hang guard: no 504");
+    assert_problem(&answer, StatusCode::GATEWAY_TIMEOUT, "upstream-timeout");
+}
+
+fn assert_problem(answer: &common::Answer, status: StatusCode, kind: &str) {
+    assert_eq!(answer.status, status, "{:?}", answer.body);
+    assert_eq!(answer.headers["content-type"], "application/problem+json");
+    assert_eq!(
+        answer.json()["type"],
+        format!("urn:idemgate:problem:{kind}")
+    );
+}
+
+/// A policy key on an unprotected route would do nothing there: it is a config error
+/// naming the key, never silently ignored. Only `upstream_timeout` applies.
+#[test]
+fn policy_keys_on_an_unprotected_route_are_refused_by_name() {
+    let config = |extra: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nupstream: http://127.0.0.1:1\nroutes:\n  - name: a\n    match: {{ path: /a }}\n    key: {{ header: K }}\n  - name: plain\n    match: {{ path: /p }}\n{extra}"
+        )
+    };
+    let parse = |extra: &str| idemgate::config::Config::parse(&config(extra), "p.yaml");
+    for (extra, field, off) in [
+        (
+            "    idempotency: off\n    ttl: 1h\n",
+            "ttl",
+            "idempotency: off",
+        ),
+        (
+            "    idempotency: off\n    max_body: 1KiB\n",
+            "max_body",
+            "idempotency: off",
+        ),
+        (
+            "    idempotency: off\n    key: { header: K }\n",
+            "key",
+            "idempotency: off",
+        ),
+        (
+            "    key: off\n    max_answer: 1KiB\n",
+            "max_answer",
+            "key: off",
+        ),
+        (
+            "    idempotency: off\n    fresh: { header: X-Ts }\n",
+            "fresh",
+            "idempotency: off",
+        ),
+    ] {
+        let message = parse(extra).expect_err(extra).to_string();
+        assert!(
+            message.contains(&format!("routes[1].{field}: `{field}` has no effect on"))
+                && message.contains(off),
+            "{message}"
+        );
+    }
+    parse("    idempotency: off\n    upstream_timeout: 2s\n").expect("upstream_timeout applies");
+    let zero = parse("    idempotency: off\n    upstream_timeout: 0s\n").unwrap_err();
+    assert!(zero.to_string().contains("above zero"), "{zero}");
+}

@@ -14,8 +14,9 @@ use crate::store::seal::KeyRing;
 /// Whether and how a request is made idempotent.
 #[derive(Debug, Clone)]
 pub enum Protection {
-    /// Passed through untouched, streaming.
-    Off,
+    /// Passed through untouched, streaming; the route's own `upstream_timeout` for the
+    /// answer's head, if it sets one (else `defaults.upstream_timeout`).
+    Off(Option<Duration>),
     /// Buffered, keyed and claimed.
     On(Arc<Protected>),
 }

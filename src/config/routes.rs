@@ -38,7 +38,8 @@ pub(super) struct Routing {
     pub fallback: Protection,
     /// Routes, first match wins.
     pub routes: Vec<Route>,
-    /// `defaults.upstream_timeout`, which unprotected requests get too.
+    /// `defaults.upstream_timeout`, which unprotected requests get too (unless their route
+    /// sets its own).
     pub passthrough_timeout: Duration,
 }
 
@@ -79,7 +80,7 @@ pub(super) fn compile_routing(
     // The fallback has no `ttl` of its own: `defaults.ttl` is what client-keyed routes get,
     // so a fingerprint fallback keeps the short window.
     let fallback = match defaults.key {
-        Some(RawKeyOrOff::Off) => Protection::Off,
+        Some(RawKeyOrOff::Off) => Protection::Off(None),
         Some(RawKeyOrOff::Rule(rule)) => protected(
             FALLBACK_ROUTE,
             *rule,
@@ -99,7 +100,7 @@ pub(super) fn compile_routing(
     };
     let default_rule = match &fallback {
         Protection::On(p) => p.key.clone(),
-        Protection::Off => default_key(),
+        Protection::Off(_) => default_key(),
     };
     // Routes without a `key` inherit this rule: its error is reported here, once.
     if !mutual_tls && names_client_cert(&default_rule) {
@@ -125,6 +126,20 @@ pub(super) fn compile_routing(
             return Err(CompileError::new(
                 format!("{key}.name"),
                 format!("route name {:?} is used twice", r.name),
+                needle,
+            ));
+        }
+        if let Some(field) = unused_when_off(&r) {
+            let off = if r.idempotency == Some(Mode::Off) {
+                "an `idempotency: off`"
+            } else {
+                "a `key: off`"
+            };
+            return Err(CompileError::new(
+                format!("{key}.{field}"),
+                format!(
+                    "`{field}` has no effect on {off} route: its requests pass through unprotected (only `upstream_timeout` applies)"
+                ),
                 needle,
             ));
         }
@@ -246,13 +261,42 @@ macro_rules! overlay_policy {
     }};
 }
 
+/// Whether a route passes its requests through unprotected.
+fn is_off(r: &RawRoute) -> bool {
+    matches!(r.idempotency, Some(Mode::Off)) || matches!(r.key, Some(RawKeyOrOff::Off))
+}
+
+/// The first key an unprotected route sets that would do nothing there: a key rule, a
+/// freshness window, any policy key but `upstream_timeout` (which bounds the answer's
+/// head). Refused rather than ignored, so a config never seems to say what it does not.
+fn unused_when_off(r: &RawRoute) -> Option<&'static str> {
+    if !is_off(r) {
+        return None;
+    }
+    let set = [
+        ("key", matches!(r.key, Some(RawKeyOrOff::Rule(_)))),
+        ("fresh", r.fresh.is_some()),
+        ("ttl", r.ttl.is_some()),
+        ("lease", r.lease.is_some()),
+        ("in_flight", r.in_flight.is_some()),
+        ("wait_timeout", r.wait_timeout.is_some()),
+        ("replay_statuses", r.replay_statuses.is_some()),
+        ("max_body", r.max_body.is_some()),
+        ("on_store_error", r.on_store_error.is_some()),
+        ("on_unknown_outcome", r.on_unknown_outcome.is_some()),
+        ("background_timeout", r.background_timeout.is_some()),
+        ("max_answer", r.max_answer.is_some()),
+    ];
+    set.into_iter().find_map(|(field, on)| on.then_some(field))
+}
+
 fn compile_route(
     r: RawRoute,
     base: &Policy,
     default_rule: &KeyRule,
     shared: &Shared,
 ) -> Result<Route, String> {
-    let off = matches!(r.idempotency, Some(Mode::Off)) || matches!(r.key, Some(RawKeyOrOff::Off));
+    let off = is_off(&r);
     let methods = match r.matcher.methods {
         Some(m) if m.is_empty() => return Err("match.methods is empty".into()),
         Some(m) => m.into_iter().map(|m| m.0).collect(),
@@ -266,10 +310,14 @@ fn compile_route(
         path: r.matcher.path.0,
     };
     if off {
+        let head = r.upstream_timeout.map(|d| d.0);
+        if head.is_some_and(|d| d.is_zero()) {
+            return Err("upstream_timeout must be above zero".into());
+        }
         return Ok(Route {
             name: r.name,
             matcher,
-            protection: Protection::Off,
+            protection: Protection::Off(head),
         });
     }
     let ttl = if r.ttl.is_some() {

@@ -1,7 +1,10 @@
 //! Bodies read with a bound. The owner's upstream answer: up to `max_answer` bytes it is
 //! buffered whole (to be stored and replayed); past that it streams on to its client, the
-//! part already read first, so memory stays bounded whatever the upstream sends. The same
-//! bound lets an observed request larger than `max_body` go on unchanged.
+//! part already read first, so memory stays bounded whatever the upstream sends. Streaming
+//! on, it is an upstream stream like a pass-through answer: cut off once the upstream sends
+//! nothing for `connections.upstream_read_timeout` (its `upstream_timeout` ended with the
+//! head), trailers filtered ([`ProxyBody::upstream`]). The same bound lets an observed
+//! request larger than `max_body` go on unchanged.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -12,7 +15,7 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use super::body::{BodyError, ProxyBody};
+use super::body::{BodyError, ProxyBody, ReadGap};
 use super::headers::strip_hop_by_hop;
 use crate::error::ProxyError;
 
@@ -30,7 +33,8 @@ pub struct Answer {
 pub enum AnswerBody {
     /// Read whole: at most the bound.
     Whole(Bytes),
-    /// Larger than the bound: streams on, the part read so far first.
+    /// Larger than the bound: streams on, the part read so far first (an answer with its
+    /// [`ReadGap`] as its bound between two parts).
     TooLarge(ProxyBody),
 }
 
@@ -49,15 +53,19 @@ impl Answer {
 }
 
 /// Reads `response`'s body, whole if it is at most `max` bytes. A body that breaks off is
-/// an [`ProxyError::UpstreamFailed`]: the request went out.
+/// an [`ProxyError::UpstreamFailed`]: the request went out. A larger one streams on as an
+/// upstream answer, cut off once the upstream sends nothing for the body's [`ReadGap`]:
+/// no timer covers it any more, and a stalled upstream would hold its client (and its
+/// connection) forever.
 pub async fn read<B>(response: Response<B>, max: usize) -> Result<Answer, ProxyError>
 where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B: Body<Data = Bytes> + ReadGap + Send + Unpin + 'static,
     B::Error: Into<BodyError> + std::fmt::Display,
 {
     let (mut head, body) = response.into_parts();
     strip_hop_by_hop(&mut head.headers, false);
-    let body = bounded(body, max)
+    let gap = body.read_gap();
+    let body = bounded_then(body, max, |rest| ProxyBody::upstream(rest, gap))
         .await
         .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
     Ok(Answer {
@@ -70,7 +78,20 @@ where
 /// Reads `body` whole if it is at most `max` bytes; past that, a body that streams on with
 /// the part already read first. A declared length over the bound streams at once, without
 /// buffering `max` first.
-pub async fn bounded<B>(mut body: B, max: usize) -> Result<AnswerBody, B::Error>
+pub async fn bounded<B>(body: B, max: usize) -> Result<AnswerBody, B::Error>
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BodyError>,
+{
+    bounded_then(body, max, ProxyBody::boxed).await
+}
+
+/// [`bounded`], the body past the bound made into a [`ProxyBody`] by `stream_on`.
+async fn bounded_then<B>(
+    mut body: B,
+    max: usize,
+    stream_on: impl FnOnce(Prefixed<B>) -> ProxyBody,
+) -> Result<AnswerBody, B::Error>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BodyError>,
@@ -99,7 +120,7 @@ where
             }
         }
     }
-    Ok(AnswerBody::TooLarge(ProxyBody::boxed(Prefixed {
+    Ok(AnswerBody::TooLarge(stream_on(Prefixed {
         prefix: chunks,
         rest: body,
     })))
@@ -167,6 +188,36 @@ mod tests {
         }
     }
 
+    impl ReadGap for Chunks {
+        fn read_gap(&self) -> Option<std::time::Duration> {
+            None
+        }
+    }
+
+    /// Prepared chunks, then nothing ever, with a read gap of one second.
+    struct Stalls(VecDeque<Bytes>);
+
+    impl Body for Stalls {
+        type Data = Bytes;
+        type Error = BodyError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+            match self.get_mut().0.pop_front() {
+                Some(c) => Poll::Ready(Some(Ok(Frame::data(c)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    impl ReadGap for Stalls {
+        fn read_gap(&self) -> Option<std::time::Duration> {
+            Some(std::time::Duration::from_secs(1))
+        }
+    }
+
     fn chunks(parts: &[&'static [u8]]) -> Response<Chunks> {
         Response::new(Chunks(
             parts.iter().map(|p| Bytes::from_static(p)).collect(),
@@ -198,10 +249,37 @@ mod tests {
     async fn a_declared_length_over_the_bound_is_not_buffered() {
         let full = http_body_util::Full::new(Bytes::from_static(b"0123456789"))
             .map_err(|never: std::convert::Infallible| -> BodyError { match never {} });
-        let answer = read(Response::new(full), 4).await.unwrap();
-        let AnswerBody::TooLarge(body) = answer.body else {
+        let AnswerBody::TooLarge(body) = bounded(full, 4).await.unwrap() else {
             panic!("read whole past the bound");
         };
         assert_eq!(all_of(body).await, b"0123456789");
+    }
+
+    /// Past the bound no timer covers the answer any more: an upstream that stops sending
+    /// ends the stream with an error after its read gap, the part that came first.
+    #[tokio::test(start_paused = true)]
+    async fn a_larger_answer_that_stalls_is_cut_off_after_its_read_gap() {
+        let parts = [b"abc", b"def"].map(|p| Bytes::from_static(p));
+        let answer = read(Response::new(Stalls(parts.into())), 4).await.unwrap();
+        let AnswerBody::TooLarge(mut body) = answer.body else {
+            panic!("read whole past the bound");
+        };
+        let mut got = Vec::new();
+        // A hang guard only (the clock is paused: it passes at once when nothing else can).
+        let end = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            loop {
+                match body.frame().await {
+                    Some(Ok(frame)) => got.extend_from_slice(&frame.into_data().unwrap()),
+                    other => break other,
+                }
+            }
+        })
+        .await
+        .expect("hang guard: the stalled answer was never cut off");
+        assert_eq!(got, b"abcdef");
+        assert!(
+            matches!(end, Some(Err(BodyError::UpstreamStalled(gap))) if gap.as_secs() == 1),
+            "{end:?}"
+        );
     }
 }

@@ -1,5 +1,7 @@
 //! [`ProxyBody`], the one body type on both sides of the proxy: a buffered body (protected
-//! requests, replays, problem answers) or a stream passed through without buffering.
+//! requests, replays, problem answers) or a stream passed through without buffering. An
+//! upstream's streamed answer loses the trailer fields [`is_forwardable_trailer`] refuses,
+//! as a request's do on their way up.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use super::headers::is_forwardable_trailer;
 use crate::error::ProxyError;
 
 /// Why a streamed body stopped.
@@ -45,8 +48,8 @@ pub enum ProxyBody {
         /// How long the client may send nothing (nginx's `client_body_timeout`).
         gap: Gap,
     },
-    /// Streamed from the upstream as it arrives; its connection goes back to the pool at
-    /// the end.
+    /// Streamed from the upstream as it arrives, its trailers filtered; its connection
+    /// goes back to the pool at the end.
     Upstream {
         /// The upstream connection's body. Boxed so that this module, which the upstream
         /// client builds on, does not depend on the upstream client's types.
@@ -55,8 +58,8 @@ pub enum ProxyBody {
         /// `proxy_read_timeout`).
         gap: Gap,
     },
-    /// Any other body (rare paths, such as an answer too large to store that streams on
-    /// after the part already read).
+    /// Any other body (rare paths, such as an observed request too large to buffer that
+    /// streams on after the part already read).
     Boxed {
         /// The body.
         inner: Pin<Box<dyn Body<Data = Bytes, Error = BodyError> + Send>>,
@@ -104,7 +107,8 @@ impl ProxyBody {
     }
 
     /// A streamed upstream answer body, cut off with [`BodyError::UpstreamStalled`] when
-    /// the upstream sends nothing for `gap` (never, if `None`).
+    /// the upstream sends nothing for `gap` (never, if `None`); its trailers lose the
+    /// fields [`is_forwardable_trailer`] refuses.
     pub fn upstream(
         inner: impl Body<Data = Bytes, Error = BodyError> + Send + 'static,
         gap: Option<Duration>,
@@ -114,6 +118,14 @@ impl ProxyBody {
             gap: Gap::new(gap),
         }
     }
+}
+
+/// An upstream answer's body, which knows the longest it may go without a frame once it
+/// streams on to a client (`connections.upstream_read_timeout` of the client it came
+/// from; `None` for no bound).
+pub trait ReadGap {
+    /// That bound.
+    fn read_gap(&self) -> Option<Duration>;
 }
 
 /// The longest a streamed body may go without a frame; see [`ProxyBody::stream`]. Its
@@ -182,6 +194,10 @@ impl Body for ProxyBody {
                     Some(limit) => Poll::Ready(Some(Err(BodyError::UpstreamStalled(limit)))),
                     None => Poll::Pending,
                 },
+                Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
+                    gap.progressed();
+                    Poll::Ready(forwardable_trailers(frame).map(Ok))
+                }
                 Poll::Ready(frame) => {
                     gap.progressed();
                     Poll::Ready(frame)
@@ -210,6 +226,31 @@ impl Body for ProxyBody {
             Self::Boxed { inner } => inner.size_hint(),
         }
     }
+}
+
+/// An answer's trailers frame without the fields [`is_forwardable_trailer`] refuses (a
+/// length, a `Set-Cookie`, a client address the client would take as the answer's own);
+/// `None` when none is left. Copied only when one has to go.
+fn forwardable_trailers(frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
+    let trailers = match frame.into_trailers() {
+        Ok(trailers) => trailers,
+        Err(frame) => return Some(frame),
+    };
+    if trailers.keys().all(is_forwardable_trailer) {
+        return (!trailers.is_empty()).then(|| Frame::trailers(trailers));
+    }
+    let mut kept = HeaderMap::new();
+    let mut current = None;
+    for (name, value) in trailers {
+        // The name comes with the first of its values only.
+        if name.is_some() {
+            current = name.filter(is_forwardable_trailer);
+        }
+        if let Some(name) = &current {
+            kept.append(name.clone(), value);
+        }
+    }
+    (!kept.is_empty()).then(|| Frame::trailers(kept))
 }
 
 /// A client's request body, as the handler gets it: streamed by hyper.
@@ -306,4 +347,56 @@ fn join(mut chunks: Vec<Bytes>) -> Bytes {
 /// Polls `future` once, without waiting.
 async fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
     std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *future).poll(cx))).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    /// One data frame, then `trailers`.
+    fn with_trailers(trailers: &[(&'static str, &'static str)]) -> ProxyBody {
+        let mut map = HeaderMap::new();
+        for (name, value) in trailers {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        let frames = [
+            Frame::data(Bytes::from_static(b"hello")),
+            Frame::trailers(map),
+        ];
+        let stream = futures_util::stream::iter(frames.map(Ok::<_, BodyError>));
+        ProxyBody::upstream(http_body_util::StreamBody::new(stream), None)
+    }
+
+    /// An upstream's trailers go on without a length, a cookie, a client address or a
+    /// connection field: a client that merges them into the head would take them as the
+    /// answer's own.
+    #[tokio::test]
+    async fn an_answers_trailers_lose_header_only_and_forwarding_fields() {
+        let body = with_trailers(&[
+            ("x-checksum", "1"),
+            ("content-length", "5"),
+            ("set-cookie", "a=b"),
+            ("x-checksum", "2"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("connection", "close"),
+        ]);
+        let collected = body.collect().await.unwrap();
+        let trailers = collected.trailers().cloned().expect("trailers");
+        assert_eq!(collected.to_bytes(), "hello");
+        let kept: Vec<_> = trailers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(kept, [("x-checksum", "1"), ("x-checksum", "2")]);
+    }
+
+    /// Trailers of which nothing may go on end the body without a trailers frame.
+    #[tokio::test]
+    async fn trailers_left_empty_are_not_sent() {
+        let body = with_trailers(&[("content-length", "5")]);
+        let collected = body.collect().await.unwrap();
+        assert!(collected.trailers().is_none());
+        assert_eq!(collected.to_bytes(), "hello");
+    }
 }

@@ -186,11 +186,11 @@ impl Proxy {
         let method = request.method().clone();
         let mut report = Report::default();
         let result = match protection {
-            Protection::Off => {
+            Protection::Off(head) => {
                 report.outcome = Some(Outcome::Passthrough);
                 let started = Instant::now();
                 let timeouts = passthrough::Timeouts {
-                    head: live.config.passthrough_timeout,
+                    head: head.unwrap_or(live.config.passthrough_timeout),
                     client_gap: self.body_read_timeout,
                     upstream_gap: live.config.connections.upstream_read_timeout,
                 };

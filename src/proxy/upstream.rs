@@ -12,7 +12,7 @@ mod request;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::uri::Scheme;
@@ -20,7 +20,7 @@ use http::{HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
 
-use super::body::{collect_bytes, BodyError, ProxyBody};
+use super::body::{collect_bytes, BodyError, ProxyBody, ReadGap};
 use super::headers::{strip_hop_by_hop, Forwarding};
 use crate::config::{Connections, Upstream};
 use crate::error::ProxyError;
@@ -32,6 +32,8 @@ pub struct UpstreamClient {
     pool: Arc<pool::Pool>,
     /// `host[:port]`, the `Host` of requests that arrive without one (HTTP/1.0).
     host: Option<HeaderValue>,
+    /// `connections.upstream_read_timeout`, which its answers' bodies carry ([`ReadGap`]).
+    read_gap: Duration,
 }
 
 impl UpstreamClient {
@@ -59,6 +61,7 @@ impl UpstreamClient {
         Self {
             pool: Arc::new(pool),
             host: HeaderValue::from_str(authority.as_str()).ok(),
+            read_gap: connections.upstream_read_timeout,
         }
     }
 
@@ -180,7 +183,13 @@ impl UpstreamClient {
                 checkout.conn,
                 keep.then(|| Arc::clone(&self.pool)),
             );
-            return Ok(Response::from_parts(head, UpstreamBody(body)));
+            return Ok(Response::from_parts(
+                head,
+                UpstreamBody {
+                    body,
+                    read_gap: self.read_gap,
+                },
+            ));
         }
     }
 }
@@ -218,7 +227,16 @@ fn body_failed(e: &BodyError) -> ProxyError {
 
 /// An upstream answer's body; at its end the connection goes back to the pool.
 #[derive(Debug)]
-pub struct UpstreamBody(pool::PooledBody);
+pub struct UpstreamBody {
+    body: pool::PooledBody,
+    read_gap: Duration,
+}
+
+impl ReadGap for UpstreamBody {
+    fn read_gap(&self) -> Option<Duration> {
+        Some(self.read_gap)
+    }
+}
 
 impl Body for UpstreamBody {
     type Data = Bytes;
@@ -228,17 +246,17 @@ impl Body for UpstreamBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        Pin::new(&mut self.get_mut().0)
+        Pin::new(&mut self.get_mut().body)
             .poll_frame(cx)
             .map(|frame| frame.map(|r| r.map_err(BodyError::Upstream)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
+        self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.0.size_hint()
+        self.body.size_hint()
     }
 }
 
