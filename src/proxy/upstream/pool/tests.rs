@@ -392,7 +392,11 @@ async fn an_upgraded_connection_holds_its_slot_until_its_stream_is_dropped() {
     let checkout = pool.checkout().await.unwrap();
     let (head, body) = get(&pool, checkout).await.into_parts();
     assert_eq!(head.status, StatusCode::SWITCHING_PROTOCOLS);
-    let response = Response::from_parts(head, UpstreamBody(body));
+    let body = UpstreamBody {
+        body,
+        read_gap: Duration::from_secs(60),
+    };
+    let response = Response::from_parts(head, body);
     let upgraded = within(UpstreamBody::upgraded(response), "the upgrade")
         .await
         .expect("the upgraded stream");
