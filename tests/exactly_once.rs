@@ -345,3 +345,49 @@ async fn raw_http1_duplicate_gets_replay_header() {
         "{raw}"
     );
 }
+
+/// The owner's upstream answers a 500 too large for the memory store to keep, so its
+/// failure cannot be shared: the duplicate that waited on it gets the proxy's own `502
+/// duplicate-of-failed-request`, never a turn of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_of_an_owner_that_failed_without_a_shareable_answer_gets_502() {
+    let upstream = start_upstream().await;
+    let config = format!("store:\n  memory: {{ max_bytes: 64KiB }}\n{HEADER_ROUTE}");
+    let proxy = start_proxy(upstream.addr, &config).await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [
+            ("idempotency-key", "too-big-to-share"),
+            ("x-test-gate", "owner"),
+            ("x-test-status", "500"),
+            ("x-test-bytes", "131072"),
+        ];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("owner", 1).await;
+    let duplicate = tokio::spawn(async move {
+        post(
+            addr,
+            "/orders",
+            &[("idempotency-key", "too-big-to-share")],
+            "{}",
+        )
+        .await
+    });
+    proxy.metric_reaches("idemgate_waiting", 1.0).await;
+    upstream.open("owner");
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        owner.body.len(),
+        131_072,
+        "the owner's client gets it whole"
+    );
+    let duplicate = duplicate.await.unwrap();
+    assert_eq!(duplicate.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        duplicate.json()["type"],
+        "urn:idemgate:problem:duplicate-of-failed-request"
+    );
+    assert_eq!(upstream.executed(), 1, "the duplicate ran nothing");
+}

@@ -201,3 +201,37 @@ async fn a_malformed_forwarded_for_from_a_trusted_proxy_counts_as_the_proxy() {
     assert!(replayed(&same_caller), "both are the proxy's own address");
     assert_eq!(upstream.executed(), 1);
 }
+
+/// `session_cookies` replaces the default list of session cookie names: with `[my_sess]`,
+/// `sessionid=abc` names no session, so the same cookie from two addresses is two callers
+/// (the whole `Cookie` header with the address); `my_sess=abc` is one session, wherever it
+/// comes from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_cookies_replaces_the_default_session_cookie_names() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "session_cookies: [my_sess]\n").await;
+    let default_name = raw_post(
+        "/orders/cart",
+        &["cookie: sessionid=abc"],
+        r#"{"sku":"A1"}"#,
+    );
+    let first = raw_exchange_from("127.0.0.1", proxy.addr, &default_name).await;
+    let elsewhere = raw_exchange_from("127.0.0.2", proxy.addr, &default_name).await;
+    assert!(!replayed(&first));
+    assert!(
+        !replayed(&elsewhere),
+        "sessionid is no session cookie any more: two addresses, two callers"
+    );
+    assert_eq!(upstream.executed(), 2);
+    let retry = raw_exchange_from("127.0.0.2", proxy.addr, &default_name).await;
+    assert!(replayed(&retry), "each caller's own retry still replays");
+    assert_eq!(json_body(&retry)["n"], json_body(&elsewhere)["n"]);
+
+    let listed = raw_post("/orders/cart", &["cookie: my_sess=abc"], r#"{"sku":"B2"}"#);
+    let first = raw_exchange_from("127.0.0.1", proxy.addr, &listed).await;
+    let elsewhere = raw_exchange_from("127.0.0.2", proxy.addr, &listed).await;
+    assert!(!replayed(&first));
+    assert!(replayed(&elsewhere), "my_sess names one session");
+    assert_eq!(json_body(&elsewhere)["n"], json_body(&first)["n"]);
+    assert_eq!(upstream.executed(), 3);
+}

@@ -234,3 +234,28 @@ async fn an_in_flight_duplicate_counts_as_the_routes_in_flight_mode_would_answer
         assert_eq!(outcome(&proxy, "would_replay"), 0.0, "in_flight: {mode}");
     }
 }
+
+/// `idempotency: observe` written in `defaults`, with no routes: the fallback that keys
+/// every POST by its fingerprint observes too. A POST sent twice reaches the upstream
+/// twice, and the second is counted as the replay enforcement would have answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_in_defaults_applies_to_requests_matching_no_route() {
+    let upstream = start_upstream().await;
+    let proxy =
+        start_proxy_with_admin(upstream.addr, "defaults: { idempotency: observe }\n", None).await;
+    for n in 1..=2 {
+        let answer = post(proxy.addr, "/orders/unrouted", &[], r#"{"sku":"A1"}"#).await;
+        assert_eq!(answer.status, StatusCode::CREATED);
+        assert!(!answer.replayed(), "observe never replays");
+        assert_eq!(answer.json()["n"], n, "the upstream ran it");
+    }
+    assert_eq!(upstream.executed(), 2);
+    let counted = |outcome: &str| {
+        proxy.metric(&format!(
+            r#"idemgate_requests_total{{route="default",outcome="{outcome}"}}"#
+        ))
+    };
+    assert_eq!(counted("executed"), 1.0);
+    assert_eq!(counted("would_replay"), 1.0);
+    assert_eq!(counted("replayed"), 0.0);
+}

@@ -492,3 +492,85 @@ async fn a_warning_inside_a_request_names_its_route_and_key() {
         "colour codes in a log file: {log:?}"
     );
 }
+
+/// `GET /keys/{digest}` counts the duplicates waiting on a key in flight: none while only
+/// the owner runs, one once a duplicate is parked on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_key_info_counts_the_duplicates_waiting_on_it() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [("idempotency-key", "watched"), ("x-test-gate", "owner")];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("owner", 1).await;
+    let digest = common::stored_key(&proxy, "/orders", &[("idempotency-key", "watched")], b"{}");
+    let info = || async {
+        let answer = send(
+            proxy.admin,
+            Method::GET,
+            &format!("/keys/{digest}"),
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::OK);
+        answer.json()
+    };
+    let alone = info().await;
+    assert_eq!(alone["state"], "in_flight", "{alone}");
+    assert_eq!(alone["waiters"], 0, "{alone}");
+
+    let duplicate = tokio::spawn(async move {
+        post(addr, "/orders", &[("idempotency-key", "watched")], "{}").await
+    });
+    proxy.metric_reaches("idemgate_waiting", 1.0).await;
+    let watched = info().await;
+    assert_eq!(watched["state"], "in_flight", "{watched}");
+    assert_eq!(watched["waiters"], 1, "{watched}");
+
+    upstream.open("owner");
+    assert_eq!(owner.await.unwrap().status, StatusCode::CREATED);
+    assert!(duplicate.await.unwrap().replayed());
+    assert_eq!(upstream.executed(), 1);
+}
+
+/// `IDEMGATE_LOG=info,access=off` silences the access lines and nothing else: the same
+/// requests log their access lines at `info`, none with `access=off`, where the other
+/// `info` lines (serving, a reload) still appear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_off_silences_the_access_lines_and_keeps_the_other_info_lines() {
+    let upstream = start_upstream().await;
+    let routes = "routes:\n  - name: keyed\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key }\n";
+    let on = ProxyProcess::start_logging(upstream.addr, routes, "info");
+    let off = ProxyProcess::start_logging(upstream.addr, routes, "info,access=off");
+    for proxy in [&on, &off] {
+        let key = [("idempotency-key", "logged")];
+        assert_eq!(
+            post(proxy.addr, "/orders", &key, "{}").await.status,
+            StatusCode::CREATED
+        );
+        assert!(post(proxy.addr, "/orders", &key, "{}").await.replayed());
+        // Written after the requests' access lines, which each request writes before its
+        // answer goes out.
+        proxy.signal("HUP");
+        wait_until(
+            || proxy.log().contains("config reloaded"),
+            "the reload log line",
+        );
+    }
+    let logged = on.log();
+    assert_eq!(
+        logged.matches("outcome=").count(),
+        2,
+        "at info, one access line per request:\n{logged}"
+    );
+    let silenced = off.log();
+    assert!(
+        !silenced.contains("outcome=") && !silenced.contains("access"),
+        "no access line with access=off:\n{silenced}"
+    );
+    assert!(silenced.contains("idemgate serving"), "{silenced}");
+    assert!(silenced.contains("config reloaded"), "{silenced}");
+}

@@ -230,6 +230,36 @@ async fn redis_never_holds_an_answer_in_clear_and_old_keys_stay_readable() {
     assert_eq!(upstream.executed(), 1, "never executed twice");
 }
 
+/// Turning `store.encrypt` on keeps what was stored before it: a replica without
+/// encryption stores an answer in clear in Redis, and a replica with a key replays it
+/// rather than running it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_stored_before_encryption_stay_readable() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let k1 = write_key(dir.path(), "k1", 1);
+    let upstream = start_recorder().await;
+    let redis_store = format!(
+        "store:\n  redis: {{ url: \"{}\", prefix: \"s:\", timeout: 500ms }}",
+        redis.url()
+    );
+    let plain = common::start_proxy_from(&routes(&redis_store, upstream.addr), None).await;
+    let answer = login(plain.addr, "before").await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    assert!(
+        redis_values(&redis).iter().any(|v| holds(v, SECRET)),
+        "stored in clear, before encryption"
+    );
+
+    let sealed = format!("{redis_store}\n  encrypt: {{ key_file: {} }}", k1.display());
+    let encrypting = common::start_proxy_from(&routes(&sealed, upstream.addr), None).await;
+    let replay = login(encrypting.addr, "before").await;
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert!(replay.replayed(), "the record from before encryption opens");
+    assert_eq!(replay.body, answer.body);
+    assert_eq!(upstream.executed(), 1, "never executed twice");
+}
+
 /// PostgreSQL holds no secret in clear either: the dedupe table's columns are read, the
 /// answer replays whole from it, and a replica without the key refuses to replay it rather
 /// than executing it again.

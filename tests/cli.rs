@@ -1,0 +1,176 @@
+//! The command line as the SPEC writes it: `run` and `check` take their config path from
+//! `IDEMGATE_CONFIG` when `--config` is not given, and `explain --body -` reads the body
+//! from standard input. Each runs the real binary, in an empty directory so the default
+//! `proxy.yaml` cannot be what it reads.
+
+mod common;
+
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::redis_server::{free_port, wait_until};
+use common::{post, start_upstream};
+use http::StatusCode;
+
+const ROUTE: &str = "routes:\n  - name: env-orders\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key, required: true }\n";
+
+fn idemgate(cwd: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+    command.current_dir(cwd).env_remove("IDEMGATE_CONFIG");
+    command
+}
+
+/// `idemgate check` without `--config` validates the file `IDEMGATE_CONFIG` names: a valid
+/// one prints its route table and exits 0, a broken one exits 1 naming it.
+#[test]
+fn check_reads_the_config_path_from_idemgate_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let good = dir.path().join("from-env.yaml");
+    std::fs::write(
+        &good,
+        format!("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n{ROUTE}"),
+    )
+    .unwrap();
+    let out = idemgate(cwd.path())
+        .arg("check")
+        .env("IDEMGATE_CONFIG", &good)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("env-orders"), "the route table: {stdout}");
+    assert!(stdout.contains("from-env.yaml: ok"), "{stdout}");
+
+    let bad = dir.path().join("broken-env.yaml");
+    std::fs::write(
+        &bad,
+        "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\ndefaults:\n  lease: soon\n",
+    )
+    .unwrap();
+    let out = idemgate(cwd.path())
+        .arg("check")
+        .env("IDEMGATE_CONFIG", &bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("broken-env.yaml:4:10: defaults.lease"),
+        "{stderr}"
+    );
+}
+
+/// A child process killed when the test ends, however it ends.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `idemgate run` without `--config` serves the file `IDEMGATE_CONFIG` names: its listen
+/// address, and its route, which requires a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_reads_the_config_path_from_idemgate_config() {
+    let upstream = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = dir.path().join("from-env.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:{port}\nupstream: http://{}\n{ROUTE}",
+            upstream.addr
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("idemgate.log");
+    let mut proxy = Running(
+        idemgate(cwd.path())
+            .arg("run")
+            .env("IDEMGATE_CONFIG", &config)
+            .env("IDEMGATE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_until(
+        || {
+            if let Some(status) = proxy.0.try_wait().unwrap() {
+                panic!(
+                    "idemgate run exited ({status}): {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::net::TcpStream::connect(addr).is_ok()
+        },
+        "the proxy to listen where IDEMGATE_CONFIG says",
+    );
+    let keyless = post(addr, "/orders", &[], "{}").await;
+    assert_eq!(keyless.status, StatusCode::BAD_REQUEST, "the file's route");
+    assert_eq!(keyless.json()["type"], "urn:idemgate:problem:key-invalid");
+    let keyed = post(addr, "/orders", &[("idempotency-key", "k")], "{}").await;
+    assert_eq!(keyed.status, StatusCode::CREATED);
+    assert_eq!(upstream.executed(), 1);
+}
+
+/// The `key digest:` line `idemgate explain` prints for a POST to /orders from 127.0.0.1
+/// (keyed by its body's fingerprint), the body given as `--body ARG`, with `stdin` written
+/// to its standard input.
+fn explain_digest(config: &Path, body_arg: &str, stdin: &[u8]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["explain", "--config"])
+        .arg(config)
+        .args(["--method", "POST", "--path", "/orders"])
+        .args(["--client-ip", "127.0.0.1", "--body", body_arg])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix("key digest:"))
+        .unwrap_or_else(|| panic!("no key digest in {text}"))
+        .trim()
+        .to_owned()
+}
+
+/// `--body -` reads the body from standard input: the same bytes give the digest a body
+/// file gives, other bytes another one.
+#[test]
+fn explain_reads_the_body_from_stdin_with_a_dash() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &config,
+        "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n",
+    )
+    .unwrap();
+    let body = br#"{"sku":"A1","qty":1}"#;
+    let file = dir.path().join("body.json");
+    std::fs::write(&file, body).unwrap();
+    let from_file = explain_digest(&config, file.to_str().unwrap(), b"");
+    let from_stdin = explain_digest(&config, "-", body);
+    assert_eq!(from_stdin, from_file, "the same bytes, the same key");
+    let other = explain_digest(&config, "-", br#"{"sku":"B2","qty":1}"#);
+    assert_ne!(other, from_stdin, "another body, another key");
+}
