@@ -408,12 +408,15 @@ fn a_client_cert_scope_without_mutual_tls_is_refused_where_it_is_written() {
             && message.contains("tls.client_ca"),
         "{message}"
     );
-    // A route that is off derives no key; the error is placed at the next one's scope.
-    let later = routes.replace("/a }\n", "/a }\n    idempotency: off\n");
+    // The error is placed at the scope of the route that names it.
+    let later = routes.replace(
+        "/a }\n    key: { fingerprint: {}, scope: [client_cert] }\n",
+        "/a }\n    idempotency: off\n",
+    );
     let (line, column, key, message) = invalid(&top(&later));
     assert_eq!(
         (line, column, key.as_str()),
-        (12, 23, "routes[1].key.scope")
+        (11, 23, "routes[1].key.scope")
     );
     assert!(
         message.contains("route b:") && message.contains("`client_cert`"),
