@@ -663,7 +663,11 @@ async fn a_claim_answered_past_the_store_timeout_leaves_its_key_free() {
     assert_eq!(warm.status, StatusCode::CREATED);
     claim_unanswered(&relay, &proxy, "/orders", &[("idempotency-key", "late")]).await;
     relay.hold.send_replace(false);
-    until(|| record_kinds(&redis) == ["D"], "the unanswered claim released").await;
+    until(
+        || record_kinds(&redis) == ["D"],
+        "the unanswered claim released",
+    )
+    .await;
     let retry = post(proxy.addr, "/orders", &[("idempotency-key", "late")], "{}").await;
     assert_eq!(retry.status, StatusCode::CREATED, "not a 409");
     assert!(!retry.replayed());
