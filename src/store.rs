@@ -202,9 +202,9 @@ impl Store {
     }
 
     /// Releases the claim of `args` by `token` as a claim that got no answer is released
-    /// (fenced, in the background, retried until its lease has passed), and returns when
-    /// done: the store's last answer, `None` if it gave none. For tests of that release; a
-    /// claim that goes unanswered is released by itself.
+    /// (fenced by the token, tried again until an answer is final or its lease has passed),
+    /// and returns when done: the store's last answer, `None` if it gave none. For tests of
+    /// that release; a claim that goes unanswered is released by itself, in the background.
     #[doc(hidden)]
     pub async fn release_unanswered(&self, args: &ClaimArgs, token: OwnerToken) -> Option<Settled> {
         unanswered::release_now(self, args, token).await

@@ -1,7 +1,8 @@
 //! A claim on the Redis store: its first look (`SET … NX PX … GET` where the server has
 //! it, else the claim script), what a record found means for the claim ([`decide`]), and
 //! for a duplicate that waits, the subscription taken before it looks again and marks the
-//! record, so no settlement in between goes unseen.
+//! record, so no settlement in between goes unseen. A claim left without an answer is
+//! released in the background (`store::unanswered`).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
