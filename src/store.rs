@@ -17,7 +17,8 @@
 //! The values they take and return live beside it, each in its own file: `claim` (what a claim
 //! names), `settlement` (how a claim ends), `waiter` (a duplicate's wait), `report` (what the
 //! admin API and `/metrics` show), `response` (a stored answer), `seal` (answers encrypted at
-//! rest), `lease` (ownership as a value) and `renewals` (the shared stores' renewing task). The
+//! rest), `lease` (ownership as a value), `renewals` (the shared stores' renewing task) and
+//! `unanswered` (the release of a shared store's claim that got no answer). The
 //! backends (`memory`, `redis`, `sql`) import those, never each other. Everything a caller
 //! needs is re-exported here, so `crate::store::X` is the path to use.
 
@@ -31,6 +32,7 @@ pub mod response;
 pub mod seal;
 mod settlement;
 pub mod sql;
+mod unanswered;
 mod waiter;
 
 use std::sync::Arc;
@@ -179,9 +181,11 @@ impl Store {
 
     /// Claims as `args` say (see [`ClaimArgs`]).
     ///
-    /// On the shared stores, dropping this future mid-claim may leave the claim written
-    /// with no [`Lease`] to renew or settle it (it lapses, as a vanished owner's): a caller
-    /// that can be cancelled finishes the claim detached and drops the lease instead.
+    /// On the shared stores a claim may be written and its answer lost (a store error
+    /// after it was sent, or this future dropped mid-claim): no [`Lease`] holds it then,
+    /// and it is released in the background, fenced by its owner token, as a dropped
+    /// unsent lease is. A caller that can be cancelled may still finish the claim detached
+    /// and drop the lease, which frees the key at once.
     pub async fn claim_with(&self, args: ClaimArgs) -> Result<Claim, StoreError> {
         let raw = match self {
             Self::Memory(m) => m.claim(&args)?,
@@ -195,6 +199,15 @@ impl Store {
             }
             RawClaim::Other(claim) => claim,
         })
+    }
+
+    /// Releases the claim of `args` by `token` as a claim that got no answer is released
+    /// (fenced by the token, tried again until an answer is final or its lease has passed),
+    /// and returns when done: the store's last answer, `None` if it gave none. For tests of
+    /// that release; a claim that goes unanswered is released by itself, in the background.
+    #[doc(hidden)]
+    pub async fn release_unanswered(&self, args: &ClaimArgs, token: OwnerToken) -> Option<Settled> {
+        unanswered::release_now(self, args, token).await
     }
 
     /// Records `key` as issued (a one-time token) for `ttl`; only then can

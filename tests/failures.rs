@@ -7,6 +7,8 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
@@ -427,12 +429,23 @@ async fn four_concurrent_200_mb_answers_keep_the_proxy_under_300_mb() {
 struct HeldReplies {
     addr: SocketAddr,
     hold: tokio::sync::watch::Sender<bool>,
+    /// Bytes of replies the relay has read from Redis (held back or not): once a command
+    /// sent through it has a reply here, Redis has run it.
+    received: Arc<AtomicUsize>,
+}
+
+impl HeldReplies {
+    fn received(&self) -> usize {
+        self.received.load(Ordering::SeqCst)
+    }
 }
 
 async fn relay_to(port: u16) -> HeldReplies {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (hold, held) = tokio::sync::watch::channel(false);
+    let received = Arc::<AtomicUsize>::default();
+    let counted = Arc::clone(&received);
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             // Redis is gone once a test ends; the proxy may still try to reconnect.
@@ -445,6 +458,7 @@ async fn relay_to(port: u16) -> HeldReplies {
                 let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
             });
             let mut held = held.clone();
+            let counted = Arc::clone(&counted);
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
                 loop {
@@ -452,6 +466,7 @@ async fn relay_to(port: u16) -> HeldReplies {
                         Ok(0) | Err(_) => return,
                         Ok(n) => n,
                     };
+                    counted.fetch_add(n, Ordering::SeqCst);
                     if held.wait_for(|hold| !*hold).await.is_err()
                         || to_client.write_all(&buf[..n]).await.is_err()
                     {
@@ -461,7 +476,11 @@ async fn relay_to(port: u16) -> HeldReplies {
             });
         }
     });
-    HeldReplies { addr, hold }
+    HeldReplies {
+        addr,
+        hold,
+        received,
+    }
 }
 
 /// Waits until `condition` holds (a hang guard of 30 s, never a timing assertion).
@@ -590,6 +609,105 @@ async fn a_client_that_leaves_mid_claim_keeps_its_token() {
         ("authorization", "Bearer alice"),
         ("idempotency-token", &token),
     ];
+    let retry = post(proxy.addr, "/orders/pay", &headers, "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "not a 400 token-invalid");
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed(), 2, "the warm-up and the retry");
+}
+
+/// A proxy on Redis through a relay whose replies can be held, with a store `timeout` of
+/// 200 ms (`routes` after the store section), its connection to Redis opened by one
+/// request with `warm`'s headers.
+async fn timing_out_behind_held_replies(
+    routes: &str,
+) -> (RedisServer, HeldReplies, common::Upstream, ProxyHandle) {
+    let redis = RedisServer::start();
+    let relay = relay_to(redis.port).await;
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  redis: {{ url: \"redis://{}\", timeout: 200ms }}\n{routes}",
+        relay.addr
+    );
+    let proxy = start_proxy(upstream.addr, &config).await;
+    (redis, relay, upstream, proxy)
+}
+
+/// Sends `headers` to `path` while Redis's replies are held past the store timeout: the
+/// client gets a 503 (`fail_closed`), and the claim has run in Redis all the same (its
+/// reply reached the relay). The replies stay held: let them through.
+async fn claim_unanswered(
+    relay: &HeldReplies,
+    proxy: &ProxyHandle,
+    path: &str,
+    headers: &[(&str, &str)],
+) {
+    let before = relay.received();
+    relay.hold.send_replace(true);
+    let failed = post(proxy.addr, path, headers, "{}").await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        problem_type(&failed),
+        "urn:idemgate:problem:store-unavailable"
+    );
+    until(|| relay.received() > before, "Redis to run the claim").await;
+}
+
+/// A claim Redis answered only after the store `timeout` may have been written, with no
+/// owner to settle it: the client gets a 503, and the claim, under which nothing was sent,
+/// is released in the background instead of lapsing into an unknown outcome (a 409 for a
+/// day). The retry executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answered_past_the_store_timeout_leaves_its_key_free() {
+    let (redis, relay, upstream, proxy) = timing_out_behind_held_replies(&route("")).await;
+    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
+    assert_eq!(warm.status, StatusCode::CREATED);
+    claim_unanswered(&relay, &proxy, "/orders", &[("idempotency-key", "late")]).await;
+    relay.hold.send_replace(false);
+    until(
+        || record_kinds(&redis) == ["D"],
+        "the unanswered claim released",
+    )
+    .await;
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "late")], "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "not a 409");
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed_for("late"), 1);
+}
+
+/// The same on a token route: the token the unanswered claim consumed goes back to
+/// issued, and the retry with it executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answered_past_the_store_timeout_keeps_its_token() {
+    let routes = "tokens: { ttl: 5m }\nroutes:\n  - name: pay\n    match: { methods: [POST], path: /orders/pay }\n    key: { token: { header: Idempotency-Token } }\n";
+    let (redis, relay, upstream, proxy) = timing_out_behind_held_replies(routes).await;
+    let token = || async {
+        let auth = [("authorization", "Bearer alice")];
+        let issued = post(proxy.addr, "/.idemgate/token", &auth, "").await;
+        assert_eq!(issued.status, StatusCode::CREATED);
+        issued.json()["token"].as_str().unwrap().to_owned()
+    };
+    // One token used before replies are held: the connection is open, the claim script
+    // loaded.
+    let warm = token().await;
+    let headers = [
+        ("authorization", "Bearer alice"),
+        ("idempotency-token", warm.as_str()),
+    ];
+    let used = post(proxy.addr, "/orders/pay", &headers, "{}").await;
+    assert_eq!(used.status, StatusCode::CREATED);
+    let token = token().await;
+    let headers = [
+        ("authorization", "Bearer alice"),
+        ("idempotency-token", token.as_str()),
+    ];
+    claim_unanswered(&relay, &proxy, "/orders/pay", &headers).await;
+    relay.hold.send_replace(false);
+    // The claim consumed the token (`T` became `I`); its release issues it again.
+    until(
+        || record_kinds(&redis) == ["D", "T"],
+        "the token issued again",
+    )
+    .await;
     let retry = post(proxy.addr, "/orders/pay", &headers, "{}").await;
     assert_eq!(retry.status, StatusCode::CREATED, "not a 400 token-invalid");
     assert!(!retry.replayed());

@@ -135,6 +135,11 @@ impl RedisStore {
         &self.renewals
     }
 
+    /// The longest wait for one operation.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     fn record<'a>(&'a self, key: &'a Digest) -> Name<'a> {
         Name::new(&self.prefix, "", key)
     }

@@ -1,9 +1,11 @@
 //! A claim on the Redis store: its first look (`SET … NX PX … GET` where the server has
 //! it, else the claim script), what a record found means for the claim ([`decide`]), and
 //! for a duplicate that waits, the subscription taken before it looks again and marks the
-//! record, so no settlement in between goes unseen.
+//! record, so no settlement in between goes unseen. A claim left without an answer is
+//! released in the background (`store::unanswered`).
 
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use redis::Value;
@@ -13,9 +15,10 @@ use super::records::{claim_value, Record, CLAIM_LEN, CREATED_MASK};
 use super::subscriptions::Subscription;
 use super::{refused_as_syntax, unexpected, RedisStore, FALLBACK_RECHECK};
 use crate::key::Digest;
+use crate::store::unanswered::Unanswered;
 use crate::store::{
     mismatched, unix_ms, Claim, ClaimArgs, ClaimMode, Lapse, NotStored, OwnerToken, RawClaim,
-    StoreError, Unknown, Waiter,
+    Store, StoreError, Unknown, Waiter,
 };
 
 /// What a look at a key found.
@@ -145,9 +148,21 @@ impl RedisStore {
         }
     }
 
-    /// See [`Store::claim_with`](crate::store::Store::claim_with).
-    pub(crate) async fn claim(&self, args: &ClaimArgs) -> Result<RawClaim, StoreError> {
+    /// See [`Store::claim_with`](crate::store::Store::claim_with). A claim left without an
+    /// answer (a store error, or this future dropped) is released in the background
+    /// (`store::unanswered`).
+    pub(crate) async fn claim(self: &Arc<Self>, args: &ClaimArgs) -> Result<RawClaim, StoreError> {
         let token = Self::stamped_token();
+        let unanswered = Unanswered::arm(args, token, || Store::Redis(Arc::clone(self)));
+        let claim = self.claim_as(args, token).await;
+        if claim.is_ok() {
+            unanswered.answered();
+        }
+        claim
+    }
+
+    /// A claim by `token`.
+    async fn claim_as(&self, args: &ClaimArgs, token: OwnerToken) -> Result<RawClaim, StoreError> {
         let value = claim_value(token, args.fingerprint, args.lapse);
         let px = (args.lease + args.lapse.span()).as_millis().max(1) as u64;
         let look = match self.first_look(args, &value, px).await? {

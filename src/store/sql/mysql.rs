@@ -28,7 +28,7 @@ use super::store::{Dialect, SqlStore};
 use super::waiters::Interests;
 use super::{decode, Call, SqlSettings};
 use crate::key::Digest;
-use crate::store::{OwnerToken, StoreError};
+use crate::store::{OwnerToken, Store, StoreError};
 
 /// The MySQL- or MariaDB-backed store.
 pub type MysqlStore = SqlStore<Mysql>;
@@ -147,6 +147,10 @@ impl Dialect for Mysql {
     type Row = MySqlRow;
 
     const NOTIFICATIONS: Option<Duration> = None;
+
+    fn shared(store: Arc<SqlStore<Self>>) -> Store {
+        Store::Mysql(store)
+    }
 
     fn open(settings: &SqlSettings) -> Result<Self, StoreError> {
         let options = MySqlConnectOptions::from_str(&settings.url)

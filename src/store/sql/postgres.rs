@@ -25,7 +25,7 @@ use super::store::{Dialect, SqlStore};
 use super::waiters::Interests;
 use super::{decode, Call, SqlSettings};
 use crate::key::Digest;
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// The PostgreSQL-backed store.
 pub type PostgresStore = SqlStore<Postgres>;
@@ -147,6 +147,10 @@ impl Dialect for Postgres {
     type Row = PgRow;
 
     const NOTIFICATIONS: Option<Duration> = Some(FALLBACK_RECHECK);
+
+    fn shared(store: Arc<SqlStore<Self>>) -> Store {
+        Store::Postgres(store)
+    }
 
     fn open(settings: &SqlSettings) -> Result<Self, StoreError> {
         let options = PgConnectOptions::from_str(&settings.url)

@@ -19,9 +19,10 @@ use super::waiters::Interests;
 use super::{decode, millis, valid_table, Call, SqlSettings, Written};
 use crate::key::Digest;
 use crate::store::renewals::{self, HeldClaim, Renewals};
+use crate::store::unanswered::Unanswered;
 use crate::store::{
     Claim, ClaimArgs, ClaimMode, KeyInfo, Lapse, OwnerToken, Ownership, RawClaim, Settled,
-    Settlement, StoreError, Waiter,
+    Settlement, Store, StoreError, Waiter,
 };
 
 /// One SQL database's side of a [`SqlStore`].
@@ -37,6 +38,9 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// Sets up the pool for `settings` (the table name already checked), without waiting
     /// for the database.
     fn open(settings: &SqlSettings) -> Result<Self, StoreError>;
+
+    /// The store's handle, for work that outlives a call (an unanswered claim's release).
+    fn shared(store: Arc<SqlStore<Self>>) -> Store;
 
     /// Starts the task that wakes this process's waiters on settlements made elsewhere.
     fn watch(&self, store: Weak<SqlStore<Self>>, interests: &Arc<Interests>) -> AbortHandle;
@@ -99,6 +103,11 @@ impl<D: Dialect> SqlStore<D> {
     /// The claims this store keeps renewed for their leases.
     pub(crate) fn renewals(&self) -> &Arc<Renewals> {
         &self.common.renewals
+    }
+
+    /// The longest wait for one operation.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.common.timeout()
     }
 
     /// Expired rows the reaper deleted since start.
@@ -186,9 +195,20 @@ impl<D: Dialect> SqlStore<D> {
         self.dialect.statements()
     }
 
-    /// See [`crate::store::Store::claim_with`].
-    pub(crate) async fn claim(&self, args: &ClaimArgs) -> Result<RawClaim, StoreError> {
+    /// See [`crate::store::Store::claim_with`]. A claim left without an answer (a store
+    /// error, or this future dropped) is released in the background (`store::unanswered`).
+    pub(crate) async fn claim(self: &Arc<Self>, args: &ClaimArgs) -> Result<RawClaim, StoreError> {
         let token = OwnerToken::random();
+        let unanswered = Unanswered::arm(args, token, || D::shared(Arc::clone(self)));
+        let claim = self.claim_as(args, token).await;
+        if claim.is_ok() {
+            unanswered.answered();
+        }
+        claim
+    }
+
+    /// A claim by `token`.
+    async fn claim_as(&self, args: &ClaimArgs, token: OwnerToken) -> Result<RawClaim, StoreError> {
         let (owner, recheck) = match decide(args, token, self.look(args, token, false).await?)? {
             Decided::Claim(claim) => return Ok(claim),
             Decided::InFlight { .. } if !args.waits => {

@@ -1,0 +1,170 @@
+//! A claim on a shared store whose answer never came: the store timed out, or the
+//! connection broke, after the claim was sent, or the claiming future was dropped mid-call.
+//! The claim may have landed all the same, with no [`Lease`](super::Lease) to renew or
+//! settle it; left alone it would lapse like a dead owner's and, held as an unknown outcome,
+//! refuse every retry of its key for the lapse's whole ttl, though nothing was ever sent
+//! under it.
+//!
+//! Nothing was sent, so it is settled as a dropped unsent lease is (the key freed, a
+//! one-time token issued again): the same fenced settlement, by the owner token the claim
+//! carried, so it releases that claim if it landed and touches nothing else, neither
+//! another owner's record nor a settled one. It runs in the background, logged, and is
+//! retried (the store has just failed) until the claim's lease has passed. On Redis a
+//! release goes out on the connection the claim went out on, after it, so its first answer
+//! is final. On a SQL database it is not: the claim statement may still run on its own
+//! connection and commit after a release found nothing, so the release is repeated, more
+//! rarely each time, until the lease has passed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::claim::{ClaimArgs, OwnerToken, Ownership};
+use super::settlement::{Settled, Settlement};
+use super::Store;
+
+/// At most this many unanswered claims are being released at once in a process (each is a
+/// task until its lease has passed); past it, one is left to lapse, with a warning. A store
+/// failing every claim for a while fills it; the first of them are the ones whose retries
+/// come first.
+const MAX_RELEASING: usize = 4096;
+/// The shortest pause between two releases of one claim.
+const MIN_PAUSE: Duration = Duration::from_millis(10);
+
+/// Unanswered claims being released now, in this process.
+static RELEASING: AtomicUsize = AtomicUsize::new(0);
+
+/// A claim that was, or may have been, sent without an answer: what its release needs.
+#[derive(Debug, Clone, Copy)]
+struct Orphan {
+    owned: Ownership,
+    reissue: Option<Duration>,
+    lease: Duration,
+}
+
+impl Orphan {
+    fn new(args: &ClaimArgs, token: OwnerToken) -> Self {
+        Self {
+            owned: Ownership {
+                key: args.key,
+                token,
+                fingerprint: args.fingerprint,
+                lapse: args.lapse,
+            },
+            reissue: args.reissue,
+            lease: args.lease,
+        }
+    }
+}
+
+/// Held by a shared store's claim while it waits for answers: dropped before
+/// [`Unanswered::answered`] (an error, or the claim's future dropped), it releases the
+/// claim in the background. `store` builds the store's handle only then, so an answered
+/// claim costs nothing.
+pub(crate) struct Unanswered<F: FnOnce() -> Store> {
+    armed: Option<(F, Orphan)>,
+}
+
+impl<F: FnOnce() -> Store> Unanswered<F> {
+    /// Armed for the claim of `args` by `token`.
+    pub(crate) fn arm(args: &ClaimArgs, token: OwnerToken, store: F) -> Self {
+        Self {
+            armed: Some((store, Orphan::new(args, token))),
+        }
+    }
+
+    /// Every command of the claim was answered: its outcome is known (an ownership, which
+    /// its lease takes over, or another record).
+    pub(crate) fn answered(mut self) {
+        self.armed = None;
+    }
+}
+
+impl<F: FnOnce() -> Store> Drop for Unanswered<F> {
+    fn drop(&mut self) {
+        let Some((store, orphan)) = self.armed.take() else {
+            return;
+        };
+        let key = orphan.owned.key.short();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(%key, "claim unanswered and no runtime to release it; it lapses");
+            return;
+        };
+        if RELEASING.fetch_add(1, Ordering::Relaxed) >= MAX_RELEASING {
+            RELEASING.fetch_sub(1, Ordering::Relaxed);
+            tracing::warn!(
+                %key,
+                releasing = MAX_RELEASING,
+                "claim unanswered while too many others are being released; it lapses"
+            );
+            return;
+        }
+        tracing::warn!(%key, "claim unanswered; releasing it in the background");
+        let store = store();
+        rt.spawn(async move {
+            let _releasing = Releasing;
+            release(&store, orphan).await;
+        });
+    }
+}
+
+/// Counts a release out of [`RELEASING`] however its task ends.
+struct Releasing;
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        RELEASING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Releases the claim of `args` by `token`, as an unanswered claim's guard does, and
+/// returns when it is done: the last answer the store gave, `None` if it gave none before
+/// the lease passed. For tests of the fence; a claim's guard does this by itself.
+pub(crate) async fn release_now(
+    store: &Store,
+    args: &ClaimArgs,
+    token: OwnerToken,
+) -> Option<Settled> {
+    release(store, Orphan::new(args, token)).await
+}
+
+/// The fenced release of `orphan`, tried again until an answer is final or the lease has
+/// passed (at least three store timeouts, so a short lease still gets a few tries).
+async fn release(store: &Store, orphan: Orphan) -> Option<Settled> {
+    let key = orphan.owned.key.short();
+    let (timeout, ordered) = match store {
+        Store::Redis(r) => (r.timeout(), true),
+        Store::Postgres(p) => (p.timeout(), false),
+        Store::Mysql(m) => (m.timeout(), false),
+        // Its claims are answered at once; nothing is ever unanswered there.
+        Store::Memory(_) => return None,
+    };
+    let deadline = Instant::now() + orphan.lease.max(timeout * 3);
+    let mut pause = timeout.max(MIN_PAUSE);
+    let mut last = None;
+    loop {
+        let settlement = Settlement::Release {
+            reissue: orphan.reissue,
+        };
+        match store.settle(&orphan.owned, settlement).await {
+            Ok(settled) => {
+                tracing::debug!(%key, ?settled, "unanswered claim: released");
+                if ordered {
+                    return Some(settled);
+                }
+                last = Some(settled);
+            }
+            Err(e) => tracing::debug!(%key, error = %e, "unanswered claim: release failed"),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            if last.is_none() {
+                tracing::warn!(%key, "could not release an unanswered claim; it lapses");
+            }
+            return last;
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = pause.saturating_mul(2);
+    }
+}
