@@ -572,24 +572,8 @@ async fn a_client_that_leaves_mid_claim_leaves_its_key_free() {
 /// retry with it executes once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_mid_claim_keeps_its_token() {
-    let routes = "tokens: { ttl: 5m }\nroutes:\n  - name: pay\n    match: { methods: [POST], path: /orders/pay }\n    key: { token: { header: Idempotency-Token } }\n";
-    let (redis, relay, upstream, proxy) = behind_held_replies(routes).await;
-    let token = || async {
-        let auth = [("authorization", "Bearer alice")];
-        let issued = post(proxy.addr, "/.idemgate/token", &auth, "").await;
-        assert_eq!(issued.status, StatusCode::CREATED);
-        issued.json()["token"].as_str().unwrap().to_owned()
-    };
-    // One token used before replies are held: the connection is open, the claim script
-    // loaded.
-    let warm = token().await;
-    let headers = [
-        ("authorization", "Bearer alice"),
-        ("idempotency-token", &warm),
-    ];
-    let used = post(proxy.addr, "/orders/pay", &headers, "{}").await;
-    assert_eq!(used.status, StatusCode::CREATED);
-    let token = token().await;
+    let (redis, relay, upstream, proxy) = behind_held_replies(TOKEN_ROUTE).await;
+    let token = warm_token_route(&proxy).await;
     assert_eq!(record_kinds(&redis), ["D", "T"]);
     let request = common::raw_post(
         "/orders/pay",
@@ -600,14 +584,47 @@ async fn a_client_that_leaves_mid_claim_keeps_its_token() {
         "{}",
     );
     leave_mid_claim(&redis, &relay, &proxy, &request).await;
+    token_issued_again_and_retried(&redis, &upstream, &proxy, &token).await;
+}
+
+/// A token route (`Bearer alice` asks for tokens) for the tests of claims left behind.
+const TOKEN_ROUTE: &str = "tokens: { ttl: 5m }\nroutes:\n  - name: pay\n    match: { methods: [POST], path: /orders/pay }\n    key: { token: { header: Idempotency-Token } }\n";
+
+/// Uses one token while replies still flow (the connection is open, the claim script
+/// loaded), then returns a fresh one, issued and unused.
+async fn warm_token_route(proxy: &ProxyHandle) -> String {
+    let token = || async {
+        let auth = [("authorization", "Bearer alice")];
+        let issued = post(proxy.addr, "/.idemgate/token", &auth, "").await;
+        assert_eq!(issued.status, StatusCode::CREATED);
+        issued.json()["token"].as_str().unwrap().to_owned()
+    };
+    let warm = token().await;
+    let headers = [
+        ("authorization", "Bearer alice"),
+        ("idempotency-token", warm.as_str()),
+    ];
+    let used = post(proxy.addr, "/orders/pay", &headers, "{}").await;
+    assert_eq!(used.status, StatusCode::CREATED);
+    token().await
+}
+
+/// The claim consumed `token` (`T` became `I`); once its release issues it again, the
+/// retry with it executes once.
+async fn token_issued_again_and_retried(
+    redis: &RedisServer,
+    upstream: &common::Upstream,
+    proxy: &ProxyHandle,
+    token: &str,
+) {
     until(
-        || record_kinds(&redis) == ["D", "T"],
+        || record_kinds(redis) == ["D", "T"],
         "the token issued again",
     )
     .await;
     let headers = [
         ("authorization", "Bearer alice"),
-        ("idempotency-token", &token),
+        ("idempotency-token", token),
     ];
     let retry = post(proxy.addr, "/orders/pay", &headers, "{}").await;
     assert_eq!(retry.status, StatusCode::CREATED, "not a 400 token-invalid");
@@ -678,38 +695,13 @@ async fn a_claim_answered_past_the_store_timeout_leaves_its_key_free() {
 /// issued, and the retry with it executes once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_answered_past_the_store_timeout_keeps_its_token() {
-    let routes = "tokens: { ttl: 5m }\nroutes:\n  - name: pay\n    match: { methods: [POST], path: /orders/pay }\n    key: { token: { header: Idempotency-Token } }\n";
-    let (redis, relay, upstream, proxy) = timing_out_behind_held_replies(routes).await;
-    let token = || async {
-        let auth = [("authorization", "Bearer alice")];
-        let issued = post(proxy.addr, "/.idemgate/token", &auth, "").await;
-        assert_eq!(issued.status, StatusCode::CREATED);
-        issued.json()["token"].as_str().unwrap().to_owned()
-    };
-    // One token used before replies are held: the connection is open, the claim script
-    // loaded.
-    let warm = token().await;
-    let headers = [
-        ("authorization", "Bearer alice"),
-        ("idempotency-token", warm.as_str()),
-    ];
-    let used = post(proxy.addr, "/orders/pay", &headers, "{}").await;
-    assert_eq!(used.status, StatusCode::CREATED);
-    let token = token().await;
+    let (redis, relay, upstream, proxy) = timing_out_behind_held_replies(TOKEN_ROUTE).await;
+    let token = warm_token_route(&proxy).await;
     let headers = [
         ("authorization", "Bearer alice"),
         ("idempotency-token", token.as_str()),
     ];
     claim_unanswered(&relay, &proxy, "/orders/pay", &headers).await;
     relay.hold.send_replace(false);
-    // The claim consumed the token (`T` became `I`); its release issues it again.
-    until(
-        || record_kinds(&redis) == ["D", "T"],
-        "the token issued again",
-    )
-    .await;
-    let retry = post(proxy.addr, "/orders/pay", &headers, "{}").await;
-    assert_eq!(retry.status, StatusCode::CREATED, "not a 400 token-invalid");
-    assert!(!retry.replayed());
-    assert_eq!(upstream.executed(), 2, "the warm-up and the retry");
+    token_issued_again_and_retried(&redis, &upstream, &proxy, &token).await;
 }
