@@ -51,11 +51,6 @@ where
         }
     }
 
-    /// Drops the future where it is, without detaching it: its guards run now.
-    pub fn cancel(mut self) {
-        self.running = None;
-    }
-
     /// Once detached, it is dropped at `deadline` if it has not finished by then.
     pub fn bounded(mut self, deadline: std::time::Instant) -> Self {
         self.bound = Some(deadline);
