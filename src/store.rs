@@ -184,8 +184,8 @@ impl Store {
     /// On the shared stores a claim may be written and its answer lost (a store error
     /// after it was sent, or this future dropped mid-claim): no [`Lease`] holds it then,
     /// and it is released in the background, fenced by its owner token, as a dropped
-    /// unsent lease is. A caller that can be cancelled may still finish the claim detached
-    /// and drop the lease, which frees the key at once.
+    /// unsent lease is. So a caller may drop this future at any point (hyper drops a
+    /// request's future when its client goes away).
     pub async fn claim_with(&self, args: ClaimArgs) -> Result<Claim, StoreError> {
         let raw = match self {
             Self::Memory(m) => m.claim(&args)?,

@@ -16,9 +16,7 @@ use http::{Request, Response};
 
 use super::answer::{self, AnswerBody};
 use super::body::{BodyError, ProxyBody, RequestBody};
-use super::protected::{
-    claim, claim_args, execute, forward_unprotected, request_view, Context, Report,
-};
+use super::protected::{claim_args, execute, forward_unprotected, request_view, Context, Report};
 use crate::config::{InFlightMode, Protected};
 use crate::error::ProxyError;
 use crate::key::{derive_key, DerivedKey};
@@ -78,7 +76,7 @@ pub async fn handle(
         waits: false,
         ..args
     };
-    let claim = match claim(cx.store, args).await {
+    let claim = match cx.store.claim_with(args).await {
         Ok(claim) => claim,
         // A store refusing new keys is no outage: enforcement would answer 503 (or 429 past
         // the caller's share) whatever `on_store_error` says.

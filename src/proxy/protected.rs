@@ -198,7 +198,7 @@ pub async fn handle(
         }
     };
     loop {
-        let claim = match claim(cx.store, args).await {
+        let claim = match cx.store.claim_with(args).await {
             Ok(claim) => claim,
             // Not an outage: this caller holds its share, and waits until it has room.
             Err(StoreError::CallerFull) => return Err(ProxyError::CallerOverShare),
@@ -278,22 +278,6 @@ pub async fn handle(
             }
         }
     }
-}
-
-/// Claims as `args` say. On a shared store the claim is a round trip during which the
-/// request's future may be dropped (hyper drops it when the client goes away), after the
-/// store wrote the claim: it then finishes detached, and an ownership it won is dropped
-/// unsent, which frees the key (a token goes back to issued), instead of leaving a claim
-/// nobody renews or settles to lapse into an unknown outcome. The memory store's claim
-/// completes in its first poll, so it runs as it is.
-pub(super) async fn claim(store: &Store, args: ClaimArgs) -> Result<Claim, StoreError> {
-    if let Store::Memory(_) = store {
-        return store.claim_with(args).await;
-    }
-    let store = store.clone();
-    Detachable::new(async move { store.claim_with(args).await })
-        .await
-        .unwrap_or_else(|_panicked| Err(StoreError::Unavailable("the claim panicked".into())))
 }
 
 /// How a request on `rule` with `key` claims it: token routes only start from an issued
