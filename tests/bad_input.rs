@@ -260,8 +260,8 @@ async fn a_stalled_request_head_is_closed_without_an_answer_after_30_seconds() {
 
 /// RFC 9112 §3.2: an HTTP/1.1 request with two `Host` fields, none, or one that is not a
 /// host, is a 400. Routing by one `Host` while the upstream reads the other would let a
-/// request past a route scoped to a host. Both the fast path (a plain request) and hyper
-/// (a chunked one) refuse it.
+/// request past a route scoped to a host. Requests with a length and chunked ones alike
+/// are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_host_fields_none_or_a_malformed_one_are_400_and_nothing_executes() {
     let upstream = start_upstream().await;

@@ -1,5 +1,5 @@
-//! The HTTP/1.1 fast path (`server::http1`) and its handoff to hyper, over raw TCP: what
-//! it takes, what it gives to hyper mid-connection, and how it frames answers.
+//! HTTP/1.1 client connections over raw TCP: pipelining, split reads, how answers are
+//! framed, problem answers on a kept connection, idle closes and a late HTTP/2 preface.
 
 mod common;
 
@@ -55,11 +55,11 @@ fn statuses(raw: &str) -> Vec<&str> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pipelined_requests_are_answered_in_order_across_the_handoff() {
+async fn pipelined_requests_are_answered_in_order() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, ROUTES).await;
-    // Two plain requests, then a chunked one (hyper's), then a plain one after it: all in
-    // one write, so the handoff happens with the rest already read.
+    // Two requests with a length, a chunked one, then a repeat of the first: all in one
+    // write, so each is parsed from what the previous one left in the read buffer.
     let mut all = post("p1", r#"{"n":1}"#, "");
     all.extend(post("p2", r#"{"n":2}"#, ""));
     all.extend_from_slice(
@@ -263,9 +263,9 @@ async fn an_idle_kept_alive_connection_is_closed_quietly() {
 }
 
 /// An HTTP/2 preface opens a connection (RFC 9113 §3.3) and never follows a request:
-/// after the fast path has answered one, hyper takes the connection as HTTP/1.1 only, so
-/// the preface closes it (hyper answers nothing to it) instead of switching the connection
-/// to HTTP/2, whose SETTINGS frame would follow the first answer.
+/// once a connection has carried an HTTP/1.1 request, hyper-util's server has settled on
+/// HTTP/1.1 for it, so the preface closes it instead of switching the connection to
+/// HTTP/2, whose SETTINGS frame would follow the first answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_preface_after_a_request_does_not_switch_protocols() {
     let upstream = start_upstream().await;
@@ -284,8 +284,13 @@ async fn an_http2_preface_after_a_request_does_not_switch_protocols() {
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     let head_end = text.find("\r\n\r\n").unwrap() + 4;
     let after = &raw[head_end + common::content_length_of(&text[..head_end])..];
+    // hyper's HTTP/1 connection sees the preface's prefix where a request line should be
+    // and ends the connection without writing anything (hyper's `Conn::on_parse_error`
+    // answers no 4xx to an HTTP/2 prefix): no answer, no SETTINGS frame, then the close
+    // `exchange_bytes` read up to.
     assert!(
-        after.is_empty() || after.starts_with(b"HTTP/1.1 4") || after.starts_with(b"HTTP/1.1 5"),
-        "after the first answer: {after:?}"
+        after.is_empty(),
+        "after the first answer: {:?}",
+        String::from_utf8_lossy(after)
     );
 }

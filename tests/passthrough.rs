@@ -219,8 +219,7 @@ async fn chunked_request_bodies_reach_protected_routes_whole() {
 async fn protocol_upgrades_are_spliced_through() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, ROUTES).await;
-    // On a new connection (hyper's from the start), and after a request the fast path
-    // answered (then hyper's HTTP/1-only server takes the connection over).
+    // On a new connection, and on one that has already carried a request.
     for after_a_request in [false, true] {
         let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
         if after_a_request {

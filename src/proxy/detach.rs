@@ -25,9 +25,9 @@ where
     // Boxed so it can move to a task after having been polled (pinned) here.
     running: Option<Pin<Box<F>>>,
     /// The caller's span: polled here the future runs inside it anyway; moved to a task
-    /// (which does not inherit it), it takes the span along. The proxy itself logs per
-    /// request through its access log and enters no span, so there this is `Span::none()`
-    /// and costs nothing; an embedder's or a future request span is kept.
+    /// (which does not inherit it), it takes the span along, so a detached owner's log
+    /// lines still carry the request's method, route and key (the `request` span of
+    /// [`crate::proxy::Proxy::handle`]; a disabled span when logs are below `info`).
     span: tracing::Span,
     /// Once detached, how long it may run on: no timer is armed unless it is detached.
     bound: Option<std::time::Instant>,
