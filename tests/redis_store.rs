@@ -428,10 +428,18 @@ async fn round_trips_and_what_redis_holds(redis: &RedisServer, first_seen: &[&st
     assert_eq!(commands(redis), ["set=1"], "the claim's SET NX GET only");
     // What Redis holds: digests and the response, never the raw key or caller secrets.
     let keys = redis.cli(&["--scan", "--pattern", "t:*"]);
-    assert!(
-        !keys.contains("rt") || keys.lines().all(|k| k.len() > 60),
-        "{keys}"
-    );
+    // Every record is named `t:{<64 hex digits>}`: the digest, never the client's key.
+    assert!(!keys.trim().is_empty(), "records were written");
+    for name in keys.lines() {
+        let digest = name
+            .strip_prefix("t:{")
+            .and_then(|rest| rest.strip_suffix('}'))
+            .unwrap_or_else(|| panic!("record name {name:?}"));
+        assert!(
+            digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+            "record name {name:?}"
+        );
+    }
     let auth = post(
         proxy.addr,
         "/orders",
