@@ -40,7 +40,8 @@ macro_rules! forged {
 const FORGED_LEN: usize = forged!().len();
 
 /// A well-formed answer of a vector row (what a clean exchange stores).
-const OK: &[u8] = b"HTTP/1.1 201 Created\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
+const OK: &[u8] =
+    b"HTTP/1.1 201 Created\r\ncontent-type: text/plain\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
 const OK_BODY: &[u8] = b"{\"ok\":true}";
 
 // === the raw upstream ===
@@ -69,8 +70,6 @@ struct Seen {
     conn: usize,
     /// Its `x-req`: the name the normal answer echoes.
     id: String,
-    /// Its `x-vector`, if any.
-    vector: bool,
     /// Its `Idempotency-Key`.
     key: Option<String>,
     /// How many body bytes it carried.
@@ -129,12 +128,12 @@ impl Upstream {
 
     /// The request named `id` (exactly one).
     fn request(&self, id: &str) -> Seen {
-        let all: Vec<Seen> = self
-            .requests()
-            .into_iter()
-            .filter(|s| s.id == id)
-            .collect();
-        assert_eq!(all.len(), 1, "request {id} reached the upstream once: {all:?}");
+        let all: Vec<Seen> = self.requests().into_iter().filter(|s| s.id == id).collect();
+        assert_eq!(
+            all.len(),
+            1,
+            "request {id} reached the upstream once: {all:?}"
+        );
         all[0].clone()
     }
 
@@ -266,7 +265,11 @@ async fn serve_connection(
 ) {
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
-    let closed = |shared: &Shared| note(shared, |r| drop(r.closed_by_proxy.insert(conn)));
+    let closed = |shared: &Shared| {
+        note(shared, |r| {
+            r.closed_by_proxy.insert(conn);
+        })
+    };
     loop {
         let Some(head) = read_head(&mut read).await else {
             return closed(&shared);
@@ -285,7 +288,6 @@ async fn serve_connection(
             r.requests.push(Seen {
                 conn,
                 id: head.id.clone(),
-                vector: head.vector,
                 key: head.key.clone(),
                 body_len,
             })
@@ -312,8 +314,9 @@ async fn serve_connection(
                     }
                 }
                 Step::Storm => {
-                    let hint = b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
-                        .repeat(64);
+                    let hint =
+                        b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
+                            .repeat(64);
                     while write.write_all(&hint).await.is_ok() {}
                     return closed(&shared);
                 }
@@ -384,6 +387,15 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// Parses the one answer `raw` should hold (to a request with `method`).
 fn parse_reply(raw: &[u8], method: &str) -> Reply {
+    if raw.is_empty() {
+        return Reply {
+            status: 0,
+            head: String::new(),
+            body: Vec::new(),
+            whole: false,
+            after: Vec::new(),
+        };
+    }
     let end = find(raw, b"\r\n\r\n")
         .unwrap_or_else(|| panic!("no whole head in {:?}", String::from_utf8_lossy(raw)));
     let head = String::from_utf8_lossy(&raw[..end]).into_owned();
@@ -400,7 +412,12 @@ fn parse_reply(raw: &[u8], method: &str) -> Reply {
     if bodiless {
         reply.after = rest.to_vec();
     } else if let Some(length) = reply.field("content-length") {
-        let length: usize = length.parse().unwrap();
+        let Ok(length) = length.parse::<usize>() else {
+            // Checked by the caller: a length the caller cannot read frames nothing.
+            reply.body = rest.to_vec();
+            reply.whole = false;
+            return reply;
+        };
         let take = length.min(rest.len());
         reply.body = rest[..take].to_vec();
         reply.whole = take == length;
@@ -509,6 +526,9 @@ enum Outcome {
     Failed,
     /// The proxy's own 504 `upstream-timeout`: no final answer within `upstream_timeout`.
     TimedOut,
+    /// The caller's connection closes without a byte of answer (an unprotected answer
+    /// whose body broke before any of it could be forwarded).
+    NoAnswer,
 }
 
 /// What becomes of the upstream connection that carried the vector.
@@ -574,8 +594,15 @@ async fn run(vector: &'static Vector, protected: bool) {
 
     // 1. The vector request: one exact outcome.
     let reply = exchange(proxy.addr, vector.method, path, &fields, &body).await;
-    check_outcome(&reply, expected, vector.method);
-    let carried = upstream.request("vector").conn;
+    check_outcome(&reply, vector.method, expected);
+    let carried = upstream.request("vector");
+    if !vector.early {
+        assert_eq!(
+            carried.body_len, vector.body,
+            "the request body went out whole"
+        );
+    }
+    let carried = carried.conn;
 
     // 2. Another caller's request gets its own answer; the connection the vector came on
     //    serves it only if the vector left it clean.
@@ -607,7 +634,10 @@ async fn run(vector: &'static Vector, protected: bool) {
     let next_conn = upstream.request("next").conn;
     match vector.conn {
         Conn::Reused => assert_eq!(next_conn, carried, "the clean connection was reused"),
-        _ => assert_ne!(next_conn, carried, "the vector's connection was never reused"),
+        _ => assert_ne!(
+            next_conn, carried,
+            "the vector's connection was never reused"
+        ),
     }
 
     // 3. The same key again is never executed twice.
@@ -616,19 +646,27 @@ async fn run(vector: &'static Vector, protected: bool) {
         match expected {
             Outcome::Answer(status, body) => {
                 assert!(again.replayed(), "a replay: {again:?}");
-                assert_eq!((again.status, &again.body[..]), (status, body), "{again:?}");
-                assert!(again.whole && again.after.is_empty(), "{again:?}");
+                assert_answer(&again, vector.method, status, body);
             }
             Outcome::Failed | Outcome::TimedOut => {
-                let again = until_not_in_flight(proxy.addr, vector.method, path, &fields, &body, again).await;
+                let again =
+                    until_not_in_flight(proxy.addr, vector.method, path, &fields, &body, again)
+                        .await;
                 assert_eq!(again.status, 409, "{again:?}");
                 assert_eq!(again.problem(), "urn:idemgate:problem:outcome-unknown");
             }
-            Outcome::Cut(..) => unreachable!("a protected answer is read whole or refused"),
+            Outcome::Cut(..) | Outcome::NoAnswer => {
+                unreachable!("a protected answer is read whole or refused")
+            }
         }
         assert_eq!(upstream.executed_for(key), 1, "executed once");
     }
-    let _ = upstream.connections();
+    let expected_connections = if vector.conn == Conn::Reused { 1 } else { 2 };
+    assert_eq!(
+        upstream.connections(),
+        expected_connections,
+        "upstream connections opened"
+    );
 }
 
 /// While the owner of a timed-out request still waits in the background, its repeats hear
@@ -654,21 +692,47 @@ async fn until_not_in_flight(
     reply
 }
 
-fn check_outcome(reply: &Reply, expected: Outcome, method: &str) {
-    eprintln!("{method} -> {reply:?}");
+/// A whole answer with this status and body, framed by one plain length when it has a
+/// body, and nothing after it.
+fn assert_answer(reply: &Reply, method: &str, status: u16, body: &[u8]) {
+    assert_eq!(
+        (reply.status, String::from_utf8_lossy(&reply.body)),
+        (status, String::from_utf8_lossy(body)),
+        "{reply:?}"
+    );
+    let bodiless = method == "HEAD" || status == 204 || status == 304;
+    if let (Some(length), false) = (reply.field("content-length"), bodiless) {
+        // `Content-Length = 1*DIGIT` (RFC 9110 §8.6). RFC 9112 §6.3 (5): a list of equal
+        // lengths is processed as that one length; a proxy that forwards the list leaves
+        // each client to read it its own way.
+        assert!(
+            length.bytes().all(|b| b.is_ascii_digit()) && length.parse() == Ok(body.len()),
+            "one plain length: {reply:?}"
+        );
+    }
+    assert!(reply.whole && reply.after.is_empty(), "{reply:?}");
+}
+
+fn check_outcome(reply: &Reply, method: &str, expected: Outcome) {
     assert!(
         find(&reply.body, b"forged").is_none() && find(&reply.after, b"forged").is_none(),
         "forged bytes reached the caller: {reply:?}"
     );
-    assert!(!reply.replayed(), "the first answer is no replay: {reply:?}");
+    assert!(
+        !reply.replayed(),
+        "the first answer is no replay: {reply:?}"
+    );
     match expected {
-        Outcome::Answer(status, body) => {
-            assert_eq!((reply.status, &reply.body[..]), (status, body), "{reply:?}");
-            assert!(reply.whole && reply.after.is_empty(), "{reply:?}");
+        Outcome::Answer(status, body) => assert_answer(reply, method, status, body),
+        Outcome::NoAnswer => {
+            assert_eq!(reply.status, 0, "no answer at all: {reply:?}");
         }
         Outcome::Cut(status, body) => {
             assert_eq!((reply.status, &reply.body[..]), (status, body), "{reply:?}");
-            assert!(!reply.whole, "the caller sees the body cut short: {reply:?}");
+            assert!(
+                !reply.whole,
+                "the caller sees the body cut short: {reply:?}"
+            );
         }
         Outcome::Failed => {
             assert_eq!(reply.status, 502, "{reply:?}");
@@ -689,17 +753,28 @@ impl Vector {
 
 /// One test per route for a vector row.
 macro_rules! vector {
-    ($name:ident, $row:expr) => {
+    ($(#[$meta:meta])* $name:ident, $row:expr) => {
         mod $name {
             use super::*;
             static ROW: Vector = $row;
 
             #[tokio::test]
+            $(#[$meta])*
             async fn protected_route() {
-                if ROW.protected.is_some() {
-                    run(&ROW, true).await;
-                }
+                run(&ROW, true).await;
             }
+
+            #[tokio::test]
+            $(#[$meta])*
+            async fn unprotected_route() {
+                run(&ROW, false).await;
+            }
+        }
+    };
+    (unprotected $name:ident, $row:expr) => {
+        mod $name {
+            use super::*;
+            static ROW: Vector = $row;
 
             #[tokio::test]
             async fn unprotected_route() {
@@ -713,11 +788,378 @@ vector!(
     a_hundred_early_hints_then_the_answer,
     Vector {
         script: || {
-            let mut hints = b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n"
-                .repeat(100);
+            let mut hints =
+                b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n".repeat(100);
             hints.extend_from_slice(OK);
             vec![send(hints)]
         },
+        ..BASE
+    }
+);
+
+vector!(
+    an_endless_storm_of_early_hints,
+    Vector {
+        script: || vec![Step::Storm],
+        upstream_timeout: "1s",
+        protected: Some(Outcome::TimedOut),
+        plain: Outcome::TimedOut,
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    #[ignore = "BUG: an unasked 101 reaches the caller, and a protected key is released and run again"]
+    switching_protocols_nobody_asked_for,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Failed,
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    unprotected head_answered_with_body_bytes,
+    Vector {
+        method: "HEAD",
+        body: 0,
+        script: || {
+            vec![send(format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {FORGED_LEN}\r\n\r\n{}",
+                forged!()
+            ))]
+        },
+        protected: None,
+        plain: Outcome::Answer(200, b""),
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    no_content_with_a_body,
+    Vector {
+        script: || {
+            vec![send(format!(
+                "HTTP/1.1 204 No Content\r\ncontent-length: {FORGED_LEN}\r\n\r\n{}",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Answer(204, b"")),
+        plain: Outcome::Answer(204, b""),
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    not_modified_with_a_body,
+    Vector {
+        script: || {
+            vec![send(format!(
+                "HTTP/1.1 304 Not Modified\r\ncontent-length: {FORGED_LEN}\r\n\r\n{}",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Answer(304, b"")),
+        plain: Outcome::Answer(304, b""),
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    content_length_with_chunked,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+                "5\r\nhello\r\n0\r\n\r\n",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Failed,
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    two_different_content_lengths,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\ncontent-length: 11\r\ncontent-length: 3\r\n\r\n",
+                "{\"ok\":true}",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Failed,
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    content_length_with_a_leading_zero,
+    Vector {
+        script: || vec![send("HTTP/1.1 201 Created\r\ncontent-length: 01\r\n\r\nx")],
+        protected: Some(Outcome::Answer(201, b"x")),
+        plain: Outcome::Answer(201, b"x"),
+        conn: Conn::Reused,
+        ..BASE
+    }
+);
+
+vector!(
+    content_length_with_a_plus_sign,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\ncontent-length: +1\r\n\r\nx",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Failed,
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    #[ignore = "BUG: `Content-Length: 1,1` is forwarded and replayed as is, not as `1`"]
+    content_length_as_a_list,
+    Vector {
+        script: || vec![send("HTTP/1.1 201 Created\r\ncontent-length: 1,1\r\n\r\nx")],
+        protected: Some(Outcome::Answer(201, b"x")),
+        plain: Outcome::Answer(201, b"x"),
+        conn: Conn::Reused,
+        ..BASE
+    }
+);
+
+vector!(
+    transfer_encoding_xchunked,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\ntransfer-encoding: xchunked\r\n\r\n",
+                "5\r\nhello\r\n0\r\n\r\n",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Failed,
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    transfer_encoding_chunked_then_identity,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked, identity\r\n\r\n",
+                "5\r\nhello\r\n0\r\n\r\n",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Failed,
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    a_chunk_size_past_64_bits,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n",
+                "1ffffffffffffffff\r\nhello\r\n0\r\n\r\n",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::NoAnswer,
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    chunk_extensions,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n",
+                "5;name=value;q=\"a;b\"\r\nhello\r\n6;x\r\n world\r\n0;end=1\r\n\r\n",
+            ))]
+        },
+        protected: Some(Outcome::Answer(201, b"hello world")),
+        plain: Outcome::Answer(201, b"hello world"),
+        conn: Conn::Reused,
+        ..BASE
+    }
+);
+
+vector!(
+    a_last_chunk_with_bare_line_feeds,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\n",
+                "5\r\nhello\r\n0\n\n",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Cut(201, b"hello"),
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    a_head_with_bare_line_feeds,
+    Vector {
+        script: || vec![send("HTTP/1.1 201 Created\ncontent-length: 5\n\nhello")],
+        protected: Some(Outcome::Answer(201, b"hello")),
+        plain: Outcome::Answer(201, b"hello"),
+        conn: Conn::Reused,
+        ..BASE
+    }
+);
+
+vector!(
+    an_obs_folded_header,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\nx-folded: a\r\n content-length: 0\r\ncontent-length: 11\r\n\r\n",
+                "{\"ok\":true}",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Failed,
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    a_nul_in_a_header_value,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\nx-nul: a\0b\r\ncontent-length: 11\r\n\r\n",
+                "{\"ok\":true}",
+                forged!()
+            ))]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Failed,
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    another_answer_in_the_same_write,
+    Vector {
+        script: || vec![send([OK, forged!().as_bytes()].concat())],
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    another_answer_after_the_answer_was_read,
+    Vector {
+        script: || vec![send(OK), Step::AwaitRelease, send(forged!())],
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    a_content_length_longer_than_what_came_before_close,
+    Vector {
+        script: || {
+            vec![
+                send("HTTP/1.1 201 Created\r\ncontent-length: 100\r\n\r\n{\"partial\":"),
+                Step::Close,
+            ]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Cut(201, b"{\"partial\":"),
+        conn: Conn::ClosedByUpstream,
+        ..BASE
+    }
+);
+
+vector!(
+    an_http_1_0_answer_read_to_close,
+    Vector {
+        script: || {
+            vec![
+                send("HTTP/1.0 201 Created\r\ncontent-type: text/plain\r\n\r\nwhole body, read to close"),
+                Step::Close,
+            ]
+        },
+        protected: Some(Outcome::Answer(201, b"whole body, read to close")),
+        plain: Outcome::Answer(201, b"whole body, read to close"),
+        conn: Conn::ClosedByUpstream,
+        ..BASE
+    }
+);
+
+vector!(
+    an_http_1_0_answer_with_a_length_on_a_connection_left_open,
+    Vector {
+        script: || vec![send(
+            "HTTP/1.0 201 Created\r\ncontent-length: 11\r\n\r\n{\"ok\":true}"
+        )],
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    connection_close_then_more_bytes,
+    Vector {
+        script: || {
+            vec![send(concat!(
+                "HTTP/1.1 201 Created\r\nconnection: close\r\ncontent-length: 11\r\n\r\n",
+                "{\"ok\":true}",
+                forged!()
+            ))]
+        },
+        conn: Conn::ClosedByProxy,
+        ..BASE
+    }
+);
+
+vector!(
+    an_answer_before_the_request_body_was_sent,
+    Vector {
+        early: true,
+        body: 16 << 20,
+        conn: Conn::Reused,
         ..BASE
     }
 );
