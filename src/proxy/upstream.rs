@@ -172,11 +172,12 @@ impl UpstreamClient {
                     None => return Err(failed(e.into_error())),
                 },
             };
-            let (head, incoming) = response.into_parts();
-            if let Some(why) = request::refused(&method, head.status, &head.headers) {
+            let (mut head, incoming) = response.into_parts();
+            if let Some(why) = request::refused(&method, head.status, &head.headers, upgrade) {
                 tracing::warn!(error = why, "upstream answer refused");
                 return Err(ProxyError::UpstreamFailed(why.into()));
             }
+            request::one_content_length(&mut head.headers);
             let keep = request::keeps_alive(head.version, &head.headers);
             let body = pool::PooledBody::new(
                 incoming,

@@ -134,11 +134,26 @@ fn declared_trailers(headers: &HeaderMap) -> Option<HeaderValue> {
     HeaderValue::from_str(&names.join(", ")).ok()
 }
 
-/// Why an answer head is refused although hyper's client took it: framed both ways, or
-/// with a transfer coding besides `chunked` (RFC 9112 §6.3 says to treat both as an
-/// error: they may be an attempt to desynchronise, and gzip under the chunks would reach
-/// the client unmarked). Bodiless answers end at their head whatever they say.
-pub fn refused(method: &Method, status: StatusCode, headers: &HeaderMap) -> Option<&'static str> {
+/// Why an answer head is refused although hyper's client took it:
+/// - `101 Switching Protocols` to a request that asked for no upgrade (RFC 9110 §15.2.2:
+///   a server switches only to a protocol the client named). hyper hands such a head over
+///   as an answer; passed on, the client got a 101 it never asked for, and a protected
+///   route released its key (101 is no replayable status), so a retry ran again.
+/// - framed both ways, or with a transfer coding besides `chunked` (RFC 9112 §6.3 says
+///   to treat both as an error: they may be an attempt to desynchronise, and gzip under
+///   the chunks would reach the client unmarked). Bodiless answers end at their head
+///   whatever they say.
+///
+/// Either way the request went out, so the outcome is unknown.
+pub fn refused(
+    method: &Method,
+    status: StatusCode,
+    headers: &HeaderMap,
+    upgrade_asked: bool,
+) -> Option<&'static str> {
+    if status == StatusCode::SWITCHING_PROTOCOLS && !upgrade_asked {
+        return Some("the upstream switched protocols unasked");
+    }
     let codings = headers.get_all(header::TRANSFER_ENCODING);
     let mut codings = codings.iter().peekable();
     codings.peek()?;
@@ -157,6 +172,46 @@ pub fn refused(method: &Method, status: StatusCode, headers: &HeaderMap) -> Opti
     None
 }
 
+/// Makes an answer's `Content-Length` one number. hyper's client reads a list of equal
+/// lengths (`1,1`, or the field twice) as that one length, as RFC 9112 §6.3 allows, but
+/// leaves the field as it came; passed on (and stored, and replayed), a stricter client
+/// downstream might refuse the list or read it otherwise. So the list goes on as the one
+/// value; a field that is not a length at all (only a bodiless answer, which hyper does
+/// not frame by it, gets that far) goes on not at all.
+pub fn one_content_length(headers: &mut HeaderMap) {
+    let mut fields = headers.get_all(header::CONTENT_LENGTH).iter();
+    let Some(first) = fields.next() else {
+        return;
+    };
+    let plain = |v: &HeaderValue| !v.is_empty() && v.as_bytes().iter().all(u8::is_ascii_digit);
+    if fields.next().is_none() && plain(first) {
+        return;
+    }
+    let mut length = None;
+    let mut agreed = true;
+    for field in &headers.get_all(header::CONTENT_LENGTH) {
+        for item in field.as_bytes().split(|&b| b == b',') {
+            let n = std::str::from_utf8(item.trim_ascii())
+                .ok()
+                .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|t| t.parse::<u64>().ok());
+            match (n, length) {
+                (Some(n), None) => length = Some(n),
+                (Some(n), Some(seen)) if n == seen => {}
+                _ => agreed = false,
+            }
+        }
+    }
+    match length.filter(|_| agreed) {
+        Some(n) => {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        None => {
+            headers.remove(header::CONTENT_LENGTH);
+        }
+    }
+}
+
 /// Whether the upstream lets the connection carry another request after this answer.
 pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
     let mut close = false;
@@ -172,4 +227,56 @@ pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
         }
     }
     !close && (version == Version::HTTP_11 || keep_alive)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_lengths(values: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(header::CONTENT_LENGTH, HeaderValue::from_str(v).unwrap());
+        }
+        headers
+    }
+
+    fn lengths(headers: &HeaderMap) -> Vec<&str> {
+        headers
+            .get_all(header::CONTENT_LENGTH)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_list_of_one_length_goes_on_as_that_length() {
+        for list in [&["1,1"][..], &["1", "1"], &["1 , 1,1"], &["0001"]] {
+            let mut headers = with_lengths(list);
+            one_content_length(&mut headers);
+            let expected: &[&str] = if list == ["0001"] { &["0001"] } else { &["1"] };
+            assert_eq!(lengths(&headers), expected, "{list:?}");
+        }
+    }
+
+    #[test]
+    fn a_length_that_is_no_number_is_dropped() {
+        for list in [&["1,2"][..], &["1", "2"], &["+1"], &["1,"], &[""], &["x"]] {
+            let mut headers = with_lengths(list);
+            one_content_length(&mut headers);
+            assert!(lengths(&headers).is_empty(), "{list:?}");
+        }
+    }
+
+    #[test]
+    fn an_unasked_protocol_switch_is_refused() {
+        let headers = HeaderMap::new();
+        let switch = StatusCode::SWITCHING_PROTOCOLS;
+        assert!(refused(&Method::POST, switch, &headers, false).is_some());
+        assert_eq!(refused(&Method::GET, switch, &headers, true), None);
+        assert_eq!(
+            refused(&Method::POST, StatusCode::CREATED, &headers, false),
+            None
+        );
+    }
 }
