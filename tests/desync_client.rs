@@ -1151,3 +1151,88 @@ async fn chunk_vectors_get_their_one_outcome() {
 async fn pipeline_vectors_get_their_one_outcome() {
     check_group(PIPELINE).await;
 }
+
+/// Where a split run cuts a vector: every byte its own write for a vector of up to
+/// [`BYTE_BY_BYTE`] bytes, then a few sets of cut points drawn from a generator seeded by
+/// the vector's name, so a failure reruns the same cuts.
+fn cut_sets(name: &str, len: usize) -> Vec<Vec<usize>> {
+    let mut sets = Vec::new();
+    if len <= BYTE_BY_BYTE {
+        sets.push((1..len).collect());
+    }
+    let mut state = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for _ in 0..RANDOM_SPLITS {
+        let mut cuts: Vec<usize> = (0..1 + next() % 3)
+            .map(|_| 1 + (next() as usize) % (len - 1))
+            .collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        sets.push(cuts);
+    }
+    sets
+}
+
+/// Vectors up to this long are also written one byte per write.
+const BYTE_BY_BYTE: usize = 1024;
+
+/// How many seeded sets of cut points each vector is written with.
+const RANDOM_SPLITS: usize = 3;
+
+/// Every vector reaches the same verdict written in pieces as in one write: the proxy's
+/// reading does not depend on where reads end. The verdict compared is what the one-write
+/// run showed (the known bugs included), whether or not it is the expected one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdicts_do_not_depend_on_how_the_bytes_are_split() {
+    let mut runs = tokio::task::JoinSet::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(16));
+    let groups = [FRAMING, HEAD, CHUNKS, PIPELINE, KNOWN_BUGS];
+    for vector in groups.into_iter().flatten() {
+        for &route in vector.on.routes() {
+            let slots = Arc::clone(&slots);
+            runs.spawn(async move {
+                let bytes = build(vector.raw, route);
+                let whole = {
+                    let _slot = slots.acquire().await.unwrap();
+                    run(&bytes, route, &[]).await
+                };
+                let mut differ = Vec::new();
+                for cuts in cut_sets(vector.name, bytes.len()) {
+                    let _slot = slots.acquire().await.unwrap();
+                    let split = run(&bytes, route, &cuts).await;
+                    if split != whole {
+                        let shown = if cuts.len() + 1 == bytes.len() {
+                            "every byte".to_owned()
+                        } else {
+                            format!("{cuts:?}")
+                        };
+                        differ.push(format!(
+                            "{} on {} cut at {shown}:\n    one write {whole}\n    split     {split}",
+                            vector.name,
+                            route.path()
+                        ));
+                    }
+                }
+                differ
+            });
+        }
+    }
+    let mut failures = Vec::new();
+    while let Some(done) = runs.join_next().await {
+        failures.extend(done.unwrap());
+    }
+    failures.sort();
+    assert!(
+        failures.is_empty(),
+        "{} split runs differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
