@@ -1236,3 +1236,72 @@ async fn verdicts_do_not_depend_on_how_the_bytes_are_split() {
         failures.join("\n")
     );
 }
+
+/// The recorder itself: what the corpus relies on it to see. A request framed both ways
+/// or coded twice, a bare LF or a second request behind a body is what a lenient upstream
+/// could misread, so the recorder must flag it rather than read it one way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recorder_flags_what_a_lenient_upstream_could_misread() {
+    let cases: [(&[u8], &str); 6] = [
+        (
+            b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            "malformed: both Content-Length and Transfer-Encoding",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            "malformed: a transfer coding besides one chunked",
+        ),
+        (
+            b"POST /x HTTP/1.1\nHost: a\r\nContent-Length: 0\r\n\r\n",
+            "malformed: a bare CR or LF in the head",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n",
+            "malformed: chunk data without its CRLF",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabcGET /y HTTP/1.1\r\nHost: a\r\n\r\n",
+            "POST /x \"abc\"; GET /y \"\"",
+        ),
+        (
+            b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nab",
+            "partial: 50 bytes",
+        ),
+    ];
+    for (bytes, want) in cases {
+        let (wire, log) = start_wire().await;
+        let mut stream = TcpStream::connect(wire).await.unwrap();
+        stream.write_all(bytes).await.unwrap();
+        stream.shutdown().await.unwrap();
+        let mut answers = Vec::new();
+        tokio::time::timeout(HANG, stream.read_to_end(&mut answers))
+            .await
+            .expect("hang guard: the recorder did not close")
+            .unwrap();
+        // The recorder logs before it answers or closes: its close is the signal.
+        let seen: Vec<String> = log
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| match e {
+                Event::Request(w) => {
+                    format!(
+                        "{} {} {:?}",
+                        w.method,
+                        w.target,
+                        String::from_utf8_lossy(&w.body)
+                    )
+                }
+                Event::Malformed { why, .. } => format!("malformed: {why}"),
+                Event::Partial { bytes, .. } => format!("partial: {bytes} bytes"),
+            })
+            .collect();
+        assert_eq!(
+            seen.join("; "),
+            want,
+            "{:?}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+}
