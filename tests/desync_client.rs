@@ -253,6 +253,27 @@ const FRAMING: &[Vector] = &[
         b"POST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nab",
         Refused(400),
     ),
+    // RFC 9110 §5.5: OWS around a field value is not part of it.
+    v(
+        "cl_with_trailing_whitespace",
+        Both,
+        b"POST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3 \t\r\nConnection: close\r\n\r\nabc",
+        Forwarded(&[post(b"abc")]),
+    ),
+    v(
+        "cl_empty",
+        Both,
+        b"POST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: \r\nConnection: close\r\n\r\nabc",
+        Refused(400),
+    ),
+    // RFC 9112 §6.3 (4): an empty Transfer-Encoding names no final chunked coding: 400,
+    // whatever Content-Length says.
+    v(
+        "te_empty_with_content_length",
+        Both,
+        b"POST $P HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: \r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+        Refused(400),
+    ),
     v(
         "cl_beyond_u64",
         Both,
@@ -339,6 +360,14 @@ const HEAD: &[Vector] = &[
         b"POST http://a$P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\nConnection: close\r\n\r\nabc",
         Forwarded(&[post(b"abc")]),
     ),
+    // RFC 9112 §3: the request line is three words split by single spaces; hyper does
+    // not take the lenient reading §3 allows.
+    v(
+        "request_line_with_two_spaces",
+        Both,
+        b"POST  $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+        Refused(400),
+    ),
     // RFC 9112 §3.2: a request without Host, or with more than one, MUST get a 400.
     v(
         "host_missing",
@@ -366,6 +395,25 @@ const HEAD: &[Vector] = &[
     v("request_line_too_long", Both, b"$LONG_TARGET", Refused(414)),
     // RFC 6585 §5: a header section larger than the server will process: 431.
     v("header_section_too_long", Both, b"$LONG_HEAD", Refused(431)),
+    v(
+        "get_with_a_chunked_body_then_a_pipelined_request",
+        Open,
+        b"GET $P HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET $P?second HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        Forwarded(&[
+            Fwd {
+                method: "GET",
+                host: "a",
+                target: "$P",
+                body: b"hello",
+            },
+            Fwd {
+                method: "GET",
+                host: "a",
+                target: "$P?second",
+                body: b"",
+            },
+        ]),
+    ),
 ];
 
 /// Vectors the proxy gets wrong today, each a reported bug; their test is ignored until
@@ -413,11 +461,32 @@ const CHUNKS: &[Vector] = &[
         b"POST $P HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n41\r\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\r\n0\r\n\r\n",
         Refused(413),
     ),
+    // A chunk declared over `max_body` whose data stalls: hyper does not show the
+    // declared size, so the proxy counts what arrives and answers 408 when the client
+    // stalls; nothing upstream either way.
+    v(
+        "chunk_declared_larger_than_max_body_then_stalled",
+        Orders,
+        b"POST $P HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nffff\r\nabc",
+        Refused(408),
+    ),
     // RFC 9112 §7.1: the last chunk and the end of the trailer section end with CRLF.
     v(
         "last_chunk_with_bare_lf",
         Both,
         b"POST $P HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\n\n",
+        Refused(400),
+    ),
+    v(
+        "chunk_size_with_0x",
+        Both,
+        b"POST $P HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0x3\r\nabc\r\n0\r\n\r\n",
+        Refused(400),
+    ),
+    v(
+        "chunk_size_negative",
+        Both,
+        b"POST $P HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n-3\r\nabc\r\n0\r\n\r\n",
         Refused(400),
     ),
     // RFC 9112 §7.1.2: trailers follow the last chunk; the body is the chunks' data.
@@ -480,6 +549,21 @@ const PIPELINE: &[Vector] = &[
         Both,
         b"POST $P HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n24\r\nPOST /smuggled HTTP/1.1\r\nHost: a\r\n\r\n\r\n0\r\n\r\n",
         Forwarded(&[post(b"POST /smuggled HTTP/1.1\r\nHost: a\r\n\r\n")]),
+    ),
+    // RFC 9112 §9.6: after `Connection: close` the server reads no further request.
+    v(
+        "bytes_after_connection_close_are_not_read",
+        Both,
+        b"POST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\nConnection: close\r\n\r\nabcPOST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\n\r\ndef",
+        Forwarded(&[post(b"abc")]),
+    ),
+    // After a refusal whose framing is sound (a second Host, RFC 9112 §3.2), the body is
+    // read by its length and the next request found right after it.
+    v(
+        "refused_request_then_a_pipelined_request",
+        Both,
+        b"POST $P HTTP/1.1\r\nHost: a\r\nHost: b\r\n$KContent-Length: 36\r\n\r\nPOST /smuggled HTTP/1.1\r\nHost: a\r\n\r\nPOST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\nConnection: close\r\n\r\ndef",
+        RefusedThenForwarded(400, &[post(b"def")]),
     ),
     // RFC 9110 §9.3.1: a GET body has no semantics, but its framing still holds (RFC 9112
     // §6.3): the body is not the next request.
@@ -699,7 +783,7 @@ async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<Optio
     };
     let head = buf[..head_end].to_vec();
     taken += head_end + 4;
-    if head.iter().any(|&b| b == b'\0') {
+    if head.contains(&b'\0') {
         return Err(bad("NUL in the head"));
     }
     let mut lines = split_crlf(&head).map_err(|e| bad(&e))?.into_iter();
