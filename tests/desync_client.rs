@@ -1086,21 +1086,25 @@ fn judge(answer: &[u8], events: &[Event], route: Route) -> Verdict {
     };
     let mut requests = Vec::new();
     let mut noise = Vec::new();
+    let mut partial = Vec::new();
     for event in events {
         match event {
             Event::Request(w) => requests.push(w.clone()),
             Event::Malformed { conn, why } => {
                 noise.push(format!("malformed on conn {conn}: {why}"))
             }
-            // The streamed route sends the head on as soon as it is read: a body that
-            // turns out broken leaves the upstream a request cut off mid-body, which no
-            // upstream can take for a whole one (the strict reader checked it was a
-            // valid beginning). The protected route buffers the body first: nothing.
-            Event::Partial { .. } if route == Route::Open => {}
             Event::Partial { conn, bytes } => {
-                noise.push(format!("partial request ({bytes} bytes) on conn {conn}"))
+                partial.push(format!("partial request ({bytes} bytes) on conn {conn}"))
             }
         }
+    }
+    // The streamed route sends the head on as soon as it is read (whether it has by the
+    // time the body turns out broken is a matter of timing): a refused request may leave
+    // the upstream one cut off mid-body, which no upstream can take for a whole one (the
+    // strict reader checked it was a valid beginning). Nowhere else: the protected route
+    // buffers the body first, and a run that forwarded anything must have nothing cut.
+    if route != Route::Open || !requests.is_empty() {
+        noise.extend(partial);
     }
     if !noise.is_empty() {
         return Verdict::Other(format!(
