@@ -1024,6 +1024,13 @@ const HANG: Duration = Duration::from_secs(10);
 /// Runs `bytes` on a fresh proxy in front of a fresh recorder, written in pieces cut at
 /// `cuts` (sorted offsets), and says what happened.
 async fn run(bytes: &[u8], route: Route, cuts: &[usize]) -> Verdict {
+    run_paced(bytes, route, cuts, false).await
+}
+
+/// [`run`]; with `after_an_answer`, each piece after the first is written only once the
+/// client has read a whole answer (the signal that the proxy answered before the rest
+/// arrived).
+async fn run_paced(bytes: &[u8], route: Route, cuts: &[usize], after_an_answer: bool) -> Verdict {
     let (wire, log) = start_wire().await;
     let text = format!("listen: 127.0.0.1:0\nupstream: http://{wire}\n{CONFIG}");
     let proxy = common::start_proxy_tuned(&text, None, |p| {
@@ -1039,10 +1046,15 @@ async fn run(bytes: &[u8], route: Route, cuts: &[usize]) -> Verdict {
         pieces.push(bytes[from..cut].to_vec());
         from = cut;
     }
+    // How many whole answers the client has read so far.
+    let (answered_tx, mut answered) = tokio::sync::watch::channel(0usize);
     // Written from its own task, so a proxy that answers before reading everything
     // cannot stall the run; a write the proxy no longer reads may fail, which is fine.
     let writing = tokio::spawn(async move {
-        for piece in pieces {
+        for (i, piece) in pieces.into_iter().enumerate() {
+            if after_an_answer && i > 0 && answered.wait_for(|&n| n > 0).await.is_err() {
+                return writer;
+            }
             if writer.write_all(&piece).await.is_err() || writer.flush().await.is_err() {
                 return writer;
             }
@@ -1056,7 +1068,12 @@ async fn run(bytes: &[u8], route: Route, cuts: &[usize]) -> Verdict {
         loop {
             match reader.read(&mut chunk).await {
                 Ok(0) | Err(_) => return,
-                Ok(n) => answer.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    answer.extend_from_slice(&chunk[..n]);
+                    // A partial answer behind whole ones reads as an error: counts only rise.
+                    let whole = statuses(&answer).map_or(0, |s| s.len());
+                    answered_tx.send_if_modified(|n| std::mem::replace(n, whole.max(*n)) < whole);
+                }
             }
         }
     })
@@ -1276,13 +1293,17 @@ const RANDOM_SPLITS: usize = 3;
 
 /// Every vector reaches the same verdict written in pieces as in one write: the proxy's
 /// reading does not depend on where reads end. The verdict compared is what the one-write
-/// run showed (the known bugs included), whether or not it is the expected one.
+/// run showed (the known bugs included), whether or not it is the expected one. Left out:
+/// a refusal with a request pipelined behind it, whose verdict depends today on whether
+/// the refused body had arrived whole when the proxy answered (see
+/// [`a_refused_body_is_read_to_its_end_before_the_next_request`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verdicts_do_not_depend_on_how_the_bytes_are_split() {
     let mut runs = tokio::task::JoinSet::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(16));
     let groups = [FRAMING, HEAD, CHUNKS, PIPELINE, KNOWN_BUGS];
-    for vector in groups.into_iter().flatten() {
+    let paced = |v: &&Vector| !matches!(v.expect, RefusedThenForwarded(..));
+    for vector in groups.into_iter().flatten().filter(paced) {
         for &route in vector.on.routes() {
             let slots = Arc::clone(&slots);
             runs.spawn(async move {
@@ -1392,4 +1413,41 @@ async fn the_recorder_flags_what_a_lenient_upstream_could_misread() {
             String::from_utf8_lossy(bytes)
         );
     }
+}
+
+/// A request refused before its body was read, with a request pipelined behind it: the
+/// verdict must not depend on whether the refused body had all arrived when the proxy
+/// answered. Here the rest of the body and the next request are written only once the
+/// refusal has been read, so the proxy cannot have had them. In one write the proxy
+/// serves the next request (the table's verdict); here it closes the connection without
+/// answering it. hyper, answered while the request body is unread, polls the body once
+/// and closes unless it is all buffered: the proxy does not read a refused request's body
+/// to its end. Safe (the dropped request never reached the upstream), but a pipelining
+/// client loses, at random, a POST it cannot safely retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BUG: a refused request's body is not read to its end, so whether a request pipelined behind it is served or dropped unanswered depends on packet timing"]
+async fn a_refused_body_is_read_to_its_end_before_the_next_request() {
+    let mut failures = Vec::new();
+    let refusals = [FRAMING, PIPELINE]
+        .into_iter()
+        .flatten()
+        .filter(|v| matches!(v.expect, RefusedThenForwarded(..)));
+    for vector in refusals {
+        for &route in vector.on.routes() {
+            let bytes = build(vector.raw, route);
+            // One byte of the refused request's body goes with its head; the rest after
+            // the answer.
+            let cut = find(&bytes, b"\r\n\r\n").unwrap() + 5;
+            let seen = run_paced(&bytes, route, &[cut], true).await;
+            let want = expected(vector.expect, route, &seen);
+            if seen != want {
+                failures.push(format!(
+                    "{} on {}:\n    expected {want}\n    got      {seen}",
+                    vector.name,
+                    route.path()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
