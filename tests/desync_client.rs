@@ -2,12 +2,14 @@
 //! running idemgate, with what crossed it seen on the wire by an upstream of this file's
 //! own ([`start_wire`]), which parses HTTP/1.1 strictly and records every request.
 //!
-//! The corpus is data ([`CORPUS`]): a name, the raw bytes, and the one outcome RFC 9112
-//! asks for, so a future parser can be run over the same table. Each vector runs on a
-//! fresh proxy in front of a fresh recorder, on the streamed route (`/stream`,
-//! `idempotency: off`), on the protected route (`/orders`, `Idempotency-Key` required,
-//! body buffered up to `max_body`), or on both. A loop test per group runs every vector
-//! and lists every one that failed, by name, before it fails.
+//! The corpus is data (the tables [`FRAMING`], [`HEAD`], [`CHUNKS`], [`PIPELINE`] and
+//! [`KNOWN_BUGS`]): a name, the raw bytes, and the one outcome RFC 9112 asks for, so a
+//! future parser can be run over the same tables. Each vector runs on a fresh proxy in
+//! front of a fresh recorder, on the streamed route (`/stream`, `idempotency: off`), on
+//! the protected route (`/orders`, `Idempotency-Key` required, body buffered up to
+//! `max_body`), or on both. A loop test per table runs every vector and lists every one
+//! that failed, by name, before it fails; another writes each vector byte by byte and at
+//! seeded cut points and checks the verdict is the one-write verdict.
 
 mod common;
 
