@@ -139,6 +139,24 @@ impl ProxyError {
         self.status().is_server_error() && !matches!(self, Self::NotImplemented(_))
     }
 
+    /// Whether this answer may come before the request's body was read to its end: the
+    /// request was refused for its head (before routing) or for its body (too large,
+    /// stalled, unreadable). Such an answer ends an HTTP/1.1 connection (`Connection:
+    /// close`, RFC 9112 §9.6): where the unread body ends is unknown, so whether a request
+    /// pipelined behind it would be read as one must not depend on how much of the body
+    /// had arrived (hyper keeps a connection only if the rest was already buffered).
+    pub fn leaves_body_unread(&self) -> bool {
+        matches!(
+            self,
+            Self::BadRequest(_)
+                | Self::BadPath(_)
+                | Self::NotImplemented(_)
+                | Self::PayloadTooLarge { .. }
+                | Self::BodyTimeout(_)
+                | Self::BodyRead(_)
+        )
+    }
+
     /// Stable label for logs, metrics and the problem `type`.
     pub fn as_str(&self) -> &'static str {
         match self {

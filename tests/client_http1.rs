@@ -185,6 +185,31 @@ async fn problem_answers_keep_the_connection_and_close_closes_it() {
     assert_eq!(upstream.executed(), 1);
 }
 
+/// A request refused for its head before its body was read (here a second `Host`), with a
+/// request pipelined behind it: the refusal says `Connection: close` and the connection
+/// ends after it (RFC 9112 §9.6), so the client knows the request behind was not processed.
+/// The proxy's idle timeout (30 s) is longer than the hang guard (10 s): a connection
+/// left open fails the test rather than closing by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_the_body_was_read_closes_the_connection() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let mut both = b"POST /orders HTTP/1.1\r\nhost: x\r\nhost: y\r\nidempotency-key: r1\r\ncontent-length: 2\r\n\r\n{}".to_vec();
+    both.extend(post("behind-refusal", "{}", ""));
+    stream.write_all(&both).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("hang guard: the connection stayed open after the refusal")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(statuses(&answer), ["400"], "{answer}");
+    let head = &answer[..answer.find("\r\n\r\n").unwrap()].to_ascii_lowercase();
+    assert!(head.contains("\r\nconnection: close"), "{head}");
+    assert_eq!(upstream.executed(), 0);
+}
+
 /// A client that goes away while its request waits on the upstream cancels it, as hyper
 /// did: the proxy drops the upstream connection at once instead of holding it (and a task)
 /// until `upstream_timeout` (here 300 s; the 30 s bound is a hang guard only).

@@ -3,7 +3,7 @@
 //! own ([`start_wire`]), which parses HTTP/1.1 strictly and records every request.
 //!
 //! The corpus is data (the tables [`FRAMING`], [`HEAD`], [`CHUNKS`], [`PIPELINE`] and
-//! [`KNOWN_BUGS`]): a name, the raw bytes, and the one outcome RFC 9112 asks for, so a
+//! [`REFUSED_BEFORE_THE_BODY`]): a name, the raw bytes, and the one outcome RFC 9112 asks for, so a
 //! future parser can be run over the same tables. Each vector runs on a fresh proxy in
 //! front of a fresh recorder, on the streamed route (`/stream`, `idempotency: off`), on
 //! the protected route (`/orders`, `Idempotency-Key` required, body buffered up to
@@ -33,10 +33,6 @@ enum Expect {
     Forwarded(&'static [Fwd]),
     /// No answer, the connection closed, and nothing reaches the upstream.
     Closed,
-    /// For a vector of pipelined requests: the first refused with this status (nothing
-    /// of it upstream), then the rest forwarded as [`Expect::Forwarded`] says. It shows
-    /// the proxy found the end of a refused request where its framing puts it.
-    RefusedThenForwarded(u16, &'static [Fwd]),
 }
 
 /// A request the upstream must receive, exactly: `$P` in `target` stands for the route's
@@ -88,7 +84,7 @@ const fn v(name: &'static str, on: On, raw: &'static [u8], expect: Expect) -> Ve
     }
 }
 
-use Expect::{Closed, Forwarded, Refused, RefusedThenForwarded};
+use Expect::{Closed, Forwarded, Refused};
 use On::{Both, Open, Orders};
 
 /// Group `framing`: `Transfer-Encoding` and `Content-Length`.
@@ -154,16 +150,6 @@ const FRAMING: &[Vector] = &[
         Both,
         b"POST $P HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
         Refused(501),
-    ),
-    // The same without `Connection: close`, a request pipelined behind it. The framing
-    // is not in doubt (RFC 9112 §6.3 (4): chunked is the final coding, so the chunked
-    // data delimits the body); only the coding under it is refused. So the next request
-    // starts right after the last chunk, and is served.
-    v(
-        "te_chunked_twice_then_a_pipelined_request",
-        Both,
-        b"POST $P HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: chunked, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nPOST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\nConnection: close\r\n\r\ndef",
-        RefusedThenForwarded(501, &[post(b"def")]),
     ),
     // RFC 9110 §5.6.1 lists and §7.1: the coding name is case-insensitive, OWS around it.
     v(
@@ -416,11 +402,6 @@ const HEAD: &[Vector] = &[
             },
         ]),
     ),
-];
-
-/// Vectors the proxy gets wrong today, each a reported bug; their test is ignored until
-/// it is fixed (see the test's reason).
-const KNOWN_BUGS: &[Vector] = &[
     // RFC 9112 §3.2.2: with an absolute-form target, Host is ignored for the target's
     // authority, and a proxy MUST send a Host made from the target.
     v(
@@ -433,6 +414,31 @@ const KNOWN_BUGS: &[Vector] = &[
             target: "$P",
             body: b"abc",
         }]),
+    ),
+];
+
+/// Group `refused before the body`: a request refused for its head, before its body was
+/// read, with a request pipelined behind it. The answer closes the connection (`Connection:
+/// close`, RFC 9112 §9.6) and nothing after it is read: whether the pipelined request would
+/// be served must not depend on how much of the refused body had arrived when the proxy
+/// answered, and the client, told the connection closes, knows the request behind was not
+/// processed and may send it again.
+const REFUSED_BEFORE_THE_BODY: &[Vector] = &[
+    // `chunked` twice (refused, 501) without `Connection: close`, a request pipelined
+    // behind it.
+    v(
+        "te_chunked_twice_then_a_pipelined_request",
+        Both,
+        b"POST $P HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: chunked, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nPOST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\nConnection: close\r\n\r\ndef",
+        Refused(501),
+    ),
+    // A second Host (refused, 400, RFC 9112 §3.2), a body that holds a request, and a
+    // request pipelined behind it.
+    v(
+        "refused_request_then_a_pipelined_request",
+        Both,
+        b"POST $P HTTP/1.1\r\nHost: a\r\nHost: b\r\n$KContent-Length: 36\r\n\r\nPOST /smuggled HTTP/1.1\r\nHost: a\r\n\r\nPOST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\nConnection: close\r\n\r\ndef",
+        Refused(400),
     ),
 ];
 
@@ -558,14 +564,6 @@ const PIPELINE: &[Vector] = &[
         Both,
         b"POST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\nConnection: close\r\n\r\nabcPOST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\n\r\ndef",
         Forwarded(&[post(b"abc")]),
-    ),
-    // After a refusal whose framing is sound (a second Host, RFC 9112 §3.2), the body is
-    // read by its length and the next request found right after it.
-    v(
-        "refused_request_then_a_pipelined_request",
-        Both,
-        b"POST $P HTTP/1.1\r\nHost: a\r\nHost: b\r\n$KContent-Length: 36\r\n\r\nPOST /smuggled HTTP/1.1\r\nHost: a\r\n\r\nPOST $P HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\nConnection: close\r\n\r\ndef",
-        RefusedThenForwarded(400, &[post(b"def")]),
     ),
     // RFC 9110 §9.3.1: a GET body has no semantics, but its framing still holds (RFC 9112
     // §6.3): the body is not the next request.
@@ -945,6 +943,8 @@ async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 enum Verdict {
     Refused(u16),
+    /// A refusal, then forwarded requests: no vector expects it (a refusal ends the
+    /// connection), so it shows a request pipelined behind a refusal that got through.
     RefusedThenForwarded(u16, Vec<Wire>),
     Forwarded(Vec<Wire>),
     Closed,
@@ -989,9 +989,6 @@ fn expected(expect: Expect, route: Route, seen: &Verdict) -> Verdict {
         Expect::Refused(status) => Verdict::Refused(status),
         Expect::Closed => Verdict::Closed,
         Expect::Forwarded(list) => Verdict::Forwarded(wires(list, route, seen)),
-        Expect::RefusedThenForwarded(status, list) => {
-            Verdict::RefusedThenForwarded(status, wires(list, route, seen))
-        }
     }
 }
 
@@ -1239,14 +1236,9 @@ async fn head_vectors_get_their_one_outcome() {
     check_group(HEAD).await;
 }
 
-/// RFC 9112 §3.2.2: a request with an absolute-form target is routed and forwarded by the
-/// target's authority, its `Host` field ignored and replaced. The proxy routes by the
-/// `Host` field and forwards it unchanged, so a front end that follows the RFC and this
-/// proxy disagree on which host a request is for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: an absolute-form target's authority is dropped and the conflicting Host field forwarded (RFC 9112 §3.2.2)"]
-async fn known_bug_vectors_get_their_one_outcome() {
-    check_group(KNOWN_BUGS).await;
+async fn refused_before_the_body_vectors_get_their_one_outcome() {
+    check_group(REFUSED_BEFORE_THE_BODY).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1295,17 +1287,13 @@ const RANDOM_SPLITS: usize = 3;
 
 /// Every vector reaches the same verdict written in pieces as in one write: the proxy's
 /// reading does not depend on where reads end. The verdict compared is what the one-write
-/// run showed (the known bugs included), whether or not it is the expected one. Left out:
-/// a refusal with a request pipelined behind it, whose verdict depends today on whether
-/// the refused body had arrived whole when the proxy answered (see
-/// [`a_refused_body_is_read_to_its_end_before_the_next_request`]).
+/// run showed, whether or not it is the expected one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verdicts_do_not_depend_on_how_the_bytes_are_split() {
     let mut runs = tokio::task::JoinSet::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(16));
-    let groups = [FRAMING, HEAD, CHUNKS, PIPELINE, KNOWN_BUGS];
-    let paced = |v: &&Vector| !matches!(v.expect, RefusedThenForwarded(..));
-    for vector in groups.into_iter().flatten().filter(paced) {
+    let groups = [FRAMING, HEAD, CHUNKS, PIPELINE, REFUSED_BEFORE_THE_BODY];
+    for vector in groups.into_iter().flatten() {
         for &route in vector.on.routes() {
             let slots = Arc::clone(&slots);
             runs.spawn(async move {
@@ -1418,23 +1406,15 @@ async fn the_recorder_flags_what_a_lenient_upstream_could_misread() {
 }
 
 /// A request refused before its body was read, with a request pipelined behind it: the
-/// verdict must not depend on whether the refused body had all arrived when the proxy
-/// answered. Here the rest of the body and the next request are written only once the
-/// refusal has been read, so the proxy cannot have had them. In one write the proxy
-/// serves the next request (the table's verdict); here it closes the connection without
-/// answering it. hyper, answered while the request body is unread, polls the body once
-/// and closes unless it is all buffered: the proxy does not read a refused request's body
-/// to its end. Safe (the dropped request never reached the upstream), but a pipelining
-/// client loses, at random, a POST it cannot safely retry.
+/// verdict is the same when the rest of the body and the next request are written only
+/// once the refusal has been read, so the proxy cannot have had them when it answered.
+/// hyper keeps a connection whose handler answered with the body unread only if the rest
+/// of the body was already buffered; the proxy's `Connection: close` on such refusals
+/// makes the outcome one (refused, and nothing after it read) however the bytes arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: a refused request's body is not read to its end, so whether a request pipelined behind it is served or dropped unanswered depends on packet timing"]
-async fn a_refused_body_is_read_to_its_end_before_the_next_request() {
+async fn a_refusal_before_the_body_was_read_closes_however_the_body_arrives() {
     let mut failures = Vec::new();
-    let refusals = [FRAMING, PIPELINE]
-        .into_iter()
-        .flatten()
-        .filter(|v| matches!(v.expect, RefusedThenForwarded(..)));
-    for vector in refusals {
+    for vector in REFUSED_BEFORE_THE_BODY {
         for &route in vector.on.routes() {
             let bytes = build(vector.raw, route);
             // One byte of the refused request's body goes with its head; the rest after

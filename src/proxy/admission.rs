@@ -11,14 +11,16 @@ use std::borrow::Cow;
 
 use http::header::{HOST, TRANSFER_ENCODING};
 use http::uri::PathAndQuery;
-use http::{Method, Request, Uri, Version};
+use http::{HeaderValue, Method, Request, Uri, Version};
 
 use crate::error::ProxyError;
 use crate::proxy::headers::is_chunked_alone;
 use crate::route::normalize::normalize_path;
 
-/// The host the request is routed by (its `Host` field, else its target's authority), or
-/// why it is refused.
+/// The host the request is routed by, or why it is refused: its target's authority when
+/// it has one (an absolute-form target, RFC 9112 §3.2.2, or HTTP/2's `:authority`), else
+/// its `Host` field. The `Host` field is checked either way; [`host_from_target`] then
+/// makes it the authority the request was routed by.
 pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
     if request.method() == Method::CONNECT {
         return Err(ProxyError::NotImplemented(
@@ -40,14 +42,12 @@ pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
     let not_a_host = || ProxyError::BadRequest("the request's Host is not one host[:port]".into());
     let host = match host {
         Some(value) => Some(host_value(value.as_bytes()).ok_or_else(not_a_host)?),
-        // HTTP/2's `:authority` (or an absolute-form target): the same rule.
-        None => match request.uri().authority() {
-            Some(authority) => {
-                host_value(authority.as_str().as_bytes()).ok_or_else(not_a_host)?;
-                request.uri().host()
-            }
-            None => None,
-        },
+        None => None,
+    };
+    // The target's authority, by the same rule, wins over the field.
+    let host = match request.uri().authority() {
+        Some(authority) => Some(host_value(authority.as_str().as_bytes()).ok_or_else(not_a_host)?),
+        None => host,
     };
     // One look-up, whether the request has the field or not.
     let codings = request.headers().get_all(TRANSFER_ENCODING);
@@ -57,6 +57,21 @@ pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
         ));
     }
     Ok(host)
+}
+
+/// Sets the `Host` field to the target's authority, if the request has one (after
+/// [`admit`] took it). RFC 9112 §3.2.2: a proxy that receives an absolute-form target
+/// ignores the `Host` field and replaces it with the target's host; an HTTP/2 `Host` that
+/// differs from `:authority` is malformed (RFC 9113 §8.3.1) and goes the same way. The
+/// route was chosen by the authority, so the upstream reads the host it was routed by.
+pub fn host_from_target<B>(request: &mut Request<B>) {
+    let Some(authority) = request.uri().authority() else {
+        return;
+    };
+    // `admit` checked it is one host[:port], so it is a valid field value.
+    if let Ok(value) = HeaderValue::from_str(authority.as_str()) {
+        request.headers_mut().insert(HOST, value);
+    }
 }
 
 /// A `Host` value that is one host and an optional port (RFC 9110 §7.2 `uri-host [ ":"
@@ -221,6 +236,38 @@ mod tests {
         assert_eq!(refusal(&request("GET", Version::HTTP_11, &[])), 400);
         assert_eq!(admit(&request("GET", Version::HTTP_10, &[])).unwrap(), None);
         assert_eq!(admit(&request("GET", Version::HTTP_2, &[])).unwrap(), None);
+    }
+
+    #[test]
+    fn an_absolute_target_s_authority_is_the_host() {
+        let mut r = Request::post("http://b.example:8080/orders")
+            .header(HOST, "a.example")
+            .body(())
+            .unwrap();
+        assert_eq!(admit(&r).unwrap(), Some("b.example:8080"));
+        host_from_target(&mut r);
+        assert_eq!(
+            r.headers().get_all(HOST).iter().collect::<Vec<_>>(),
+            ["b.example:8080"]
+        );
+        // The field is still checked, and so is the authority.
+        let r = Request::post("http://b.example/orders")
+            .header(HOST, "a.example, c.example")
+            .body(())
+            .unwrap();
+        assert_eq!(refusal(&r), 400);
+        let r = Request::post("http://user@b.example/orders")
+            .header(HOST, "b.example")
+            .body(())
+            .unwrap();
+        assert_eq!(refusal(&r), 400);
+        // An origin-form target keeps its field.
+        let mut r = Request::post("/orders")
+            .header(HOST, "a.example")
+            .body(())
+            .unwrap();
+        host_from_target(&mut r);
+        assert_eq!(r.headers()[HOST], "a.example");
     }
 
     #[test]

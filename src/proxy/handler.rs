@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use http::{Method, Request, Response};
+use http::{header, HeaderValue, Method, Request, Response, Version};
 use tracing::Instrument;
 
 use super::admission;
@@ -149,13 +149,15 @@ impl Proxy {
         let access = tracing::enabled!(target: "access", tracing::Level::INFO)
             .then(|| (Instant::now(), request.uri().path().to_owned()));
         let live = self.live.load_full();
+        let version = request.version();
         let mut request = request;
         // Routed and forwarded in its one normal form: no spelling of a path steps around
         // a route.
         if let Err(error) = admission::normalize_target(&mut request) {
             let method = request.method().clone();
             let metrics = self.metrics.route("");
-            return finish("", &metrics, method, Report::default(), access, Err(error));
+            let report = Report::default();
+            return finish("", &metrics, method, version, report, access, Err(error));
         }
         let (route, protection) = match admission::admit(&request) {
             Ok(host) => live
@@ -166,9 +168,11 @@ impl Proxy {
             Err(error) => {
                 let method = request.method().clone();
                 let metrics = self.metrics.route("");
-                return finish("", &metrics, method, Report::default(), access, Err(error));
+                let report = Report::default();
+                return finish("", &metrics, method, version, report, access, Err(error));
             }
         };
+        admission::host_from_target(&mut request);
         if let Some(issuer) = &live.config.tokens {
             if request.method() == http::Method::POST && request.uri().path() == issuer.path {
                 let response = match super::tokens::issue(&self.store, issuer, &request, conn).await
@@ -215,16 +219,26 @@ impl Proxy {
                 }
             }
         };
-        finish(route, &route_metrics, method, report, access, result)
+        finish(
+            route,
+            &route_metrics,
+            method,
+            version,
+            report,
+            access,
+            result,
+        )
     }
 }
 
-/// A request's answer: an error turned into its problem+json, the outcome counted, the
-/// access line written (`access`: when it started and its path, if that log is on).
+/// A request's answer: an error turned into its problem+json (closing an HTTP/1
+/// connection when the request's body may be unread), the outcome counted, the access line
+/// written (`access`: when it started and its path, if that log is on).
 fn finish(
     route: &str,
     route_metrics: &RouteMetrics,
     method: Method,
+    version: Version,
     mut report: Report,
     access: Option<(Instant, String)>,
     result: Result<Response<ProxyBody>, ProxyError>,
@@ -239,7 +253,13 @@ fn finish(
             if error.is_fault() {
                 tracing::warn!(route, problem = kind, %error, "proxy error");
             }
-            (error.into_response(), Some(kind))
+            let closes = error.leaves_body_unread() && version < Version::HTTP_2;
+            let mut response = error.into_response();
+            if closes {
+                let close = HeaderValue::from_static("close");
+                response.headers_mut().insert(header::CONNECTION, close);
+            }
+            (response, Some(kind))
         }
     };
     let outcome = report.outcome.unwrap_or(Outcome::Passthrough);
