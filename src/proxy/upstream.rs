@@ -173,11 +173,12 @@ impl UpstreamClient {
                 },
             };
             let (mut head, incoming) = response.into_parts();
-            if let Some(why) = request::refused(&method, head.status, &head.headers, upgrade) {
+            if let Err(why) =
+                request::check_answer(&method, head.status, &mut head.headers, upgrade)
+            {
                 tracing::warn!(error = why, "upstream answer refused");
                 return Err(ProxyError::UpstreamFailed(why.into()));
             }
-            request::one_content_length(&mut head.headers);
             let keep = request::keeps_alive(head.version, &head.headers);
             let body = pool::PooledBody::new(
                 incoming,

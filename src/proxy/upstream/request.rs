@@ -134,7 +134,9 @@ fn declared_trailers(headers: &HeaderMap) -> Option<HeaderValue> {
     HeaderValue::from_str(&names.join(", ")).ok()
 }
 
-/// Why an answer head is refused although hyper's client took it:
+/// The checks on an answer head that hyper's client leaves to its user, in one pass over
+/// its fields (this runs on every answer). An error says why the answer is refused
+/// although hyper took it; the request went out, so its outcome is unknown:
 /// - `101 Switching Protocols` to a request that asked for no upgrade (RFC 9110 §15.2.2:
 ///   a server switches only to a protocol the client named). hyper hands such a head over
 ///   as an answer; passed on, the client got a 101 it never asked for, and a protected
@@ -144,32 +146,41 @@ fn declared_trailers(headers: &HeaderMap) -> Option<HeaderValue> {
 ///   the chunks would reach the client unmarked). Bodiless answers end at their head
 ///   whatever they say.
 ///
-/// Either way the request went out, so the outcome is unknown.
-pub fn refused(
+/// An answer it keeps has one `Content-Length` at most: see [`one_content_length`].
+pub fn check_answer(
     method: &Method,
     status: StatusCode,
-    headers: &HeaderMap,
+    headers: &mut HeaderMap,
     upgrade_asked: bool,
-) -> Option<&'static str> {
+) -> Result<(), &'static str> {
     if status == StatusCode::SWITCHING_PROTOCOLS && !upgrade_asked {
-        return Some("the upstream switched protocols unasked");
+        return Err("the upstream switched protocols unasked");
     }
-    let codings = headers.get_all(header::TRANSFER_ENCODING);
-    let mut codings = codings.iter().peekable();
-    codings.peek()?;
+    let mut coded = false;
+    let mut lengths = 0;
+    let mut plain = true;
+    for (name, value) in headers.iter() {
+        if name == header::CONTENT_LENGTH {
+            lengths += 1;
+            plain &= !value.is_empty() && value.as_bytes().iter().all(u8::is_ascii_digit);
+        } else if name == header::TRANSFER_ENCODING {
+            coded = true;
+        }
+    }
     let bodiless = *method == Method::HEAD
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
-    if bodiless {
-        return None;
+    if coded && !bodiless {
+        let codings = headers.get_all(header::TRANSFER_ENCODING);
+        if lengths > 0 || !is_chunked_alone(codings.iter().map(|v| v.as_bytes())) {
+            return Err("the upstream's answer is framed both ways or coded besides chunked");
+        }
     }
-    if headers.contains_key(header::CONTENT_LENGTH)
-        || !is_chunked_alone(codings.map(|v| v.as_bytes()))
-    {
-        return Some("the upstream's answer is framed both ways or coded besides chunked");
+    if lengths > 1 || !plain {
+        one_content_length(headers);
     }
-    None
+    Ok(())
 }
 
 /// Makes an answer's `Content-Length` one number. hyper's client reads a list of equal
@@ -178,15 +189,7 @@ pub fn refused(
 /// downstream might refuse the list or read it otherwise. So the list goes on as the one
 /// value; a field that is not a length at all (only a bodiless answer, which hyper does
 /// not frame by it, gets that far) goes on not at all.
-pub fn one_content_length(headers: &mut HeaderMap) {
-    let mut fields = headers.get_all(header::CONTENT_LENGTH).iter();
-    let Some(first) = fields.next() else {
-        return;
-    };
-    let plain = |v: &HeaderValue| !v.is_empty() && v.as_bytes().iter().all(u8::is_ascii_digit);
-    if fields.next().is_none() && plain(first) {
-        return;
-    }
+fn one_content_length(headers: &mut HeaderMap) {
     let mut length = None;
     let mut agreed = true;
     for field in &headers.get_all(header::CONTENT_LENGTH) {
@@ -253,7 +256,7 @@ mod tests {
     fn a_list_of_one_length_goes_on_as_that_length() {
         for list in [&["1,1"][..], &["1", "1"], &["1 , 1,1"], &["0001"]] {
             let mut headers = with_lengths(list);
-            one_content_length(&mut headers);
+            check_answer(&Method::POST, StatusCode::OK, &mut headers, false).unwrap();
             let expected: &[&str] = if list == ["0001"] { &["0001"] } else { &["1"] };
             assert_eq!(lengths(&headers), expected, "{list:?}");
         }
@@ -263,20 +266,38 @@ mod tests {
     fn a_length_that_is_no_number_is_dropped() {
         for list in [&["1,2"][..], &["1", "2"], &["+1"], &["1,"], &[""], &["x"]] {
             let mut headers = with_lengths(list);
-            one_content_length(&mut headers);
+            check_answer(&Method::HEAD, StatusCode::OK, &mut headers, false).unwrap();
             assert!(lengths(&headers).is_empty(), "{list:?}");
         }
     }
 
     #[test]
     fn an_unasked_protocol_switch_is_refused() {
-        let headers = HeaderMap::new();
+        let mut headers = HeaderMap::new();
         let switch = StatusCode::SWITCHING_PROTOCOLS;
-        assert!(refused(&Method::POST, switch, &headers, false).is_some());
-        assert_eq!(refused(&Method::GET, switch, &headers, true), None);
-        assert_eq!(
-            refused(&Method::POST, StatusCode::CREATED, &headers, false),
-            None
+        assert!(check_answer(&Method::POST, switch, &mut headers, false).is_err());
+        assert!(check_answer(&Method::GET, switch, &mut headers, true).is_ok());
+        assert!(check_answer(&Method::POST, StatusCode::CREATED, &mut headers, false).is_ok());
+    }
+
+    #[test]
+    fn an_answer_framed_both_ways_or_coded_otherwise_is_refused() {
+        let mut both = with_lengths(&["3"]);
+        both.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
         );
+        assert!(check_answer(&Method::POST, StatusCode::OK, &mut both, false).is_err());
+        // A bodiless answer ends at its head whatever it says.
+        assert!(check_answer(&Method::HEAD, StatusCode::OK, &mut both, false).is_ok());
+        let mut gzip = HeaderMap::new();
+        gzip.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("gzip"));
+        assert!(check_answer(&Method::POST, StatusCode::OK, &mut gzip, false).is_err());
+        let mut chunked = HeaderMap::new();
+        chunked.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        assert!(check_answer(&Method::POST, StatusCode::OK, &mut chunked, false).is_ok());
     }
 }
