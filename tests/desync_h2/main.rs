@@ -1,0 +1,89 @@
+//! The HTTP/2-to-HTTP/1.1 downgrade desync vectors: requests sent to idemgate over
+//! cleartext HTTP/2 (prior knowledge) as hand-written frames, with what crossed it seen by
+//! the strict HTTP/1.1 recorder of tests/desync_client ([`wire::start_wire`]), which
+//! flags anything a lenient upstream could read as two requests or another body.
+//!
+//! The corpus is data ([`corpus::FRAMING`], [`corpus::FIELDS`], [`corpus::PSEUDO`]): a
+//! name, the fields and frames, and the one outcome RFC 9113 and hyper/h2 give it. Each
+//! vector runs on a fresh proxy in front of a fresh recorder, on the protected route
+//! (`/orders`), the streamed route (`/stream`, `idempotency: off`) or both; after it, a
+//! plain request on the same connection must be served (a stream error does not end the
+//! connection, RFC 9113 §5.4.2).
+//!
+//! One job per module: `corpus.rs` the vectors and routes, `frames.rs` HTTP/2 frames and
+//! HPACK by hand, `run.rs` running a vector and judging it; the tests are here.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod corpus;
+mod frames;
+mod run;
+#[path = "../desync_client/wire.rs"]
+mod wire;
+
+use std::sync::Arc;
+
+use corpus::{Vector, FIELDS, FRAMING, KNOWN_BUGS, PSEUDO};
+
+use run::{expected, run, Verdict};
+
+/// Runs every vector of `group` on each of its routes, at most 8 at once, and fails
+/// listing every vector whose verdict is not the expected one or after which the
+/// follow-up request on the same connection was not served.
+async fn check_group(group: &'static [Vector]) {
+    let mut runs = tokio::task::JoinSet::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(8));
+    for vector in group {
+        for &route in vector.on.routes() {
+            let slots = Arc::clone(&slots);
+            runs.spawn(async move {
+                let _slot = slots.acquire_owned().await.unwrap();
+                let (seen, served) = run(vector, route).await;
+                (vector, route, seen, served)
+            });
+        }
+    }
+    let mut failures = Vec::new();
+    while let Some(done) = runs.join_next().await {
+        let (vector, route, seen, served) = done.unwrap();
+        let want = expected(vector.expect, route);
+        // A GOAWAY ends the connection: no follow-up then. Otherwise it must be served.
+        let want_served = (!matches!(want, Verdict::GoAway(_))).then_some(true);
+        if seen != want || served != want_served {
+            failures.push(format!(
+                "{} on {}:\n    expected {want}, then served {want_served:?}\n    got      {seen}, then served {served:?}",
+                vector.name,
+                route.path()
+            ));
+        }
+    }
+    failures.sort();
+    assert!(
+        failures.is_empty(),
+        "{} failing vectors:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framing_vectors_get_their_one_outcome() {
+    check_group(FRAMING).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn field_vectors_get_their_one_outcome() {
+    check_group(FIELDS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pseudo_header_vectors_get_their_one_outcome() {
+    check_group(PSEUDO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BUG: a POST with :path `*` is forwarded as `POST * HTTP/1.1` (corpus::KNOWN_BUGS)"]
+async fn known_bug_vectors_get_their_one_outcome() {
+    check_group(KNOWN_BUGS).await;
+}
