@@ -1,4 +1,5 @@
-//! The corpus: the HTTP/2 downgrade vectors as data, one table per group, each a name,
+//! The corpus: the HTTP/2 downgrade vectors as data, one table per group (framing here;
+//! `fields.rs` and `pseudo.rs` hold the others), each a name,
 //! the fields and frames a client sends, and the one outcome RFC 9113 and hyper/h2 give
 //! it. Codes: PROTOCOL_ERROR is 1 (RFC 9113 §7).
 
@@ -109,7 +110,7 @@ pub(crate) struct Fwd {
 }
 
 /// `POST $P`, `Host: a`, with `body`.
-const fn post(body: &'static [u8]) -> Fwd {
+pub(crate) const fn post(body: &'static [u8]) -> Fwd {
     Fwd {
         method: "POST",
         target: "$P",
@@ -142,7 +143,13 @@ pub(crate) struct Vector {
     pub(crate) expect: Expect,
 }
 
-const fn v(name: &'static str, on: On, head: Head, body: Body, expect: Expect) -> Vector {
+pub(crate) const fn v(
+    name: &'static str,
+    on: On,
+    head: Head,
+    body: Body,
+    expect: Expect,
+) -> Vector {
     Vector {
         name,
         on,
@@ -154,7 +161,7 @@ const fn v(name: &'static str, on: On, head: Head, body: Body, expect: Expect) -
 }
 
 /// [`v`] with the header block split over HEADERS and CONTINUATION.
-const fn split(name: &'static str, head: Head, body: Body, expect: Expect) -> Vector {
+pub(crate) const fn split(name: &'static str, head: Head, body: Body, expect: Expect) -> Vector {
     Vector {
         name,
         on: On::Both,
@@ -165,13 +172,13 @@ const fn split(name: &'static str, head: Head, body: Body, expect: Expect) -> Ve
     }
 }
 
-use Body::{Data, End, Trailers};
-use Expect::{Forwarded, GoAway, Refused, Reset};
-use Head::{Raw, Std};
-use On::{Both, Open};
+use Body::{Data, End};
+use Expect::{Forwarded, Reset};
+use Head::Std;
+use On::Both;
 
-const ABC: Body = Data(&[b"abc"]);
-const PROTOCOL_ERROR: u32 = 1;
+pub(crate) const ABC: Body = Data(&[b"abc"]);
+pub(crate) const PROTOCOL_ERROR: u32 = 1;
 
 /// Body framing: `content-length` against the DATA frames, `transfer-encoding`.
 pub(crate) const FRAMING: &[Vector] = &[
@@ -295,458 +302,5 @@ pub(crate) const FRAMING: &[Vector] = &[
         ]),
         Data(&[b"0\r\n\r\n"]),
         Reset(PROTOCOL_ERROR),
-    ),
-];
-
-/// Field names and values: connection-specific fields (RFC 9113 §8.2.2) and bytes no
-/// field may carry (§8.2.1), hand-encoded so no client library repairs them.
-pub(crate) const FIELDS: &[Vector] = &[
-    v(
-        "connection_close",
-        Both,
-        Std(&[(b"connection", b"close")]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "connection_keep_alive",
-        Both,
-        Std(&[(b"connection", b"keep-alive")]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "keep_alive",
-        Both,
-        Std(&[(b"keep-alive", b"timeout=5")]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "proxy_connection",
-        Both,
-        Std(&[(b"proxy-connection", b"keep-alive")]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "upgrade",
-        Both,
-        Std(&[(b"upgrade", b"websocket")]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "te_gzip",
-        Both,
-        Std(&[(b"te", b"gzip")]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    // §8.2.2: te may be present with the value "trailers" alone.
-    v(
-        "te_trailers",
-        Both,
-        Std(&[(b"te", b"trailers")]),
-        ABC,
-        Forwarded(post(b"abc")),
-    ),
-    v(
-        "value_with_cr",
-        Both,
-        Std(&[(b"x-a", b"1\rGET /smuggled HTTP/1.1")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "value_with_lf",
-        Both,
-        Std(&[(b"x-a", b"1\nGET /smuggled HTTP/1.1")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "value_with_crlf_and_a_field",
-        Both,
-        Std(&[(b"x-a", b"1\r\ntransfer-encoding: chunked")]),
-        Data(&[b"0\r\n\r\n"]),
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "value_with_nul",
-        Both,
-        Std(&[(b"x-a", b"1\0")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    // §8.2.1 makes a value with leading whitespace malformed; h2 does not check, and the
-    // proxy forwards it: harmless, as an HTTP/1.1 reader strips the whitespace around a
-    // field value (RFC 9112 §5.1) and reads the same request.
-    v(
-        "value_leading_space",
-        Both,
-        Std(&[(b"x-a", b" 1")]),
-        ABC,
-        Forwarded(post(b"abc")),
-    ),
-    v(
-        "name_with_cr",
-        Both,
-        Std(&[(b"x-a\rb", b"1")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "name_with_lf",
-        Both,
-        Std(&[(b"x-a\nb", b"1")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "name_with_nul",
-        Both,
-        Std(&[(b"x-a\0", b"1")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "name_uppercase",
-        Both,
-        Std(&[(b"X-Upper", b"1")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "name_uppercase_content_length",
-        Both,
-        Std(&[(b"Content-Length", b"5")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "name_with_space",
-        Both,
-        Std(&[(b"x a", b"1")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "name_with_colon",
-        Both,
-        Std(&[(b"x:a", b"1")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "name_empty",
-        Both,
-        Std(&[(b"", b"1")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "name_content_length_with_a_space",
-        Both,
-        Std(&[(b"content-length ", b"40")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    split(
-        "value_with_crlf_across_continuation",
-        Std(&[(b"x-a", b"1\r\ntransfer-encoding: chunked"), (b"x-b", b"2")]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    // Request trailers (RFC 9113 §8.1): on the streamed route they end the body; the
-    // upstream reads the body the DATA frames carried.
-    v(
-        "trailers",
-        Open,
-        Std(&[]),
-        Trailers(&[b"abc"], &[(b"x-trailer", b"1")]),
-        Forwarded(post(b"abc")),
-    ),
-    v(
-        "trailers_with_content_length",
-        Open,
-        Std(&[(b"content-length", b"3")]),
-        Trailers(&[b"abc"], &[(b"x-trailer", b"1")]),
-        Forwarded(post(b"abc")),
-    ),
-    v(
-        "trailer_with_transfer_encoding",
-        Open,
-        Std(&[]),
-        Trailers(&[b"abc"], &[(b"transfer-encoding", b"chunked")]),
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "trailer_with_crlf",
-        Open,
-        Std(&[]),
-        Trailers(
-            &[b"abc"],
-            &[(b"x-trailer", b"1\r\n\r\nGET /smuggled HTTP/1.1")],
-        ),
-        GoAway(PROTOCOL_ERROR),
-    ),
-];
-
-/// The pseudo-header fields (RFC 9113 §8.3.1) and `:authority` against `host`.
-pub(crate) const PSEUDO: &[Vector] = &[
-    v(
-        "path_with_space",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b"$P x"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "path_with_crlf",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b"$P HTTP/1.1\r\nhost: a\r\n\r\nGET /smuggled"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "path_empty",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b""),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "path_without_slash",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b"x$P"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "path_absolute_form",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b"http://b$P"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "method_with_space",
-        Both,
-        Raw(&[
-            (b":method", b"POST /x"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b"$P"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    v(
-        "method_missing",
-        Both,
-        Raw(&[
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b"$P"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "scheme_missing",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":authority", b"a"),
-            (b":path", b"$P"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "path_missing",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "path_twice",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b"$P"),
-            (b":path", b"/smuggled"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "method_twice",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":method", b"GET"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b"$P"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "authority_twice",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":authority", b"b"),
-            (b":path", b"$P"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "pseudo_after_regular",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b"$K", b""),
-            (b":path", b"$P"),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    v(
-        "pseudo_unknown",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b"$P"),
-            (b":foo", b"1"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        GoAway(PROTOCOL_ERROR),
-    ),
-    // §8.3.1: no userinfo in :authority for http; h2 accepts it, the proxy's admission
-    // refuses it as not a host.
-    v(
-        "authority_with_userinfo",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"user@a"),
-            (b":path", b"$P"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Refused(400),
-    ),
-    v(
-        "authority_with_crlf",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a\r\nx: y"),
-            (b":path", b"$P"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Reset(PROTOCOL_ERROR),
-    ),
-    // §8.3.1: the proxy forwards :authority as the one Host.
-    v(
-        "host_conflicts_with_authority",
-        Both,
-        Std(&[(b"host", b"b")]),
-        ABC,
-        Forwarded(post(b"abc")),
-    ),
-    v(
-        "host_without_authority",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", b"$P"),
-            (b"host", b"a"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Forwarded(post(b"abc")),
-    ),
-];
-
-/// Vectors the proxy gets wrong today, with the outcome it must give: each is a bug, and
-/// the test that runs them is ignored until it is fixed.
-pub(crate) const KNOWN_BUGS: &[Vector] = &[
-    // RFC 9113 §8.3.1: `*` is a :path only for OPTIONS; a POST with it is malformed. h2
-    // hands it on, and the proxy forwards `POST * HTTP/1.1` (asterisk-form, which RFC 9112
-    // §3.2.4 allows for OPTIONS only) to the upstream. The proxy's admission refuses
-    // other malformed targets with 400 (`authority_with_userinfo`), so 400 here too.
-    v(
-        "path_asterisk",
-        Both,
-        Raw(&[
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":authority", b"a"),
-            (b":path", b"*"),
-            (b"$K", b""),
-        ]),
-        ABC,
-        Refused(400),
     ),
 ];

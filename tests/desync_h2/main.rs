@@ -10,21 +10,26 @@
 //! plain request on the same connection must be served (a stream error does not end the
 //! connection, RFC 9113 §5.4.2).
 //!
-//! One job per module: `corpus.rs` the vectors and routes, `frames.rs` HTTP/2 frames and
+//! One job per module: `corpus.rs` the vector types, routes and framing vectors,
+//! `fields.rs` and `pseudo.rs` the other tables, `frames.rs` HTTP/2 frames and
 //! HPACK by hand, `run.rs` running a vector and judging it; the tests are here.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod corpus;
+mod fields;
 mod frames;
+mod pseudo;
 mod run;
 #[path = "../desync_client/wire.rs"]
 mod wire;
 
 use std::sync::Arc;
 
-use corpus::{Vector, FIELDS, FRAMING, KNOWN_BUGS, PSEUDO};
+use corpus::{Vector, FRAMING};
+use fields::FIELDS;
+use pseudo::{KNOWN_BUGS, PSEUDO};
 
 use run::{expected, run, Verdict};
 
