@@ -37,6 +37,7 @@ impl Route {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum On {
     Open,
+    Orders,
     Both,
 }
 
@@ -44,6 +45,7 @@ impl On {
     pub(crate) fn routes(self) -> &'static [Route] {
         match self {
             On::Open => &[Route::Open],
+            On::Orders => &[Route::Orders],
             On::Both => &[Route::Open, Route::Orders],
         }
     }
@@ -96,6 +98,8 @@ pub(crate) enum Body {
     End,
     /// These DATA frames, END_STREAM on the last.
     Data(&'static [&'static [u8]]),
+    /// One DATA frame with END_STREAM, PADDED with this many bytes of padding.
+    Padded(&'static [u8], u8),
     /// These DATA frames, then a trailer HEADERS frame with END_STREAM.
     Trailers(&'static [&'static [u8]], Fields),
 }
@@ -172,10 +176,10 @@ pub(crate) const fn split(name: &'static str, head: Head, body: Body, expect: Ex
     }
 }
 
-use Body::{Data, End};
-use Expect::{Forwarded, Reset};
+use Body::{Data, End, Padded};
+use Expect::{Forwarded, Refused, Reset};
 use Head::Std;
-use On::Both;
+use On::{Both, Orders};
 
 pub(crate) const ABC: Body = Data(&[b"abc"]);
 pub(crate) const PROTOCOL_ERROR: u32 = 1;
@@ -302,5 +306,53 @@ pub(crate) const FRAMING: &[Vector] = &[
         ]),
         Data(&[b"0\r\n\r\n"]),
         Reset(PROTOCOL_ERROR),
+    ),
+    // Padding is not body (RFC 9113 §6.1): the upstream reads the data alone, and h2
+    // checks the content-length against it.
+    v(
+        "padded_data",
+        Both,
+        Std(&[(b"content-length", b"3")]),
+        Padded(b"abc", 5),
+        Forwarded(post(b"abc")),
+    ),
+    v(
+        "padded_data_length_counting_the_padding",
+        Both,
+        Std(&[(b"content-length", b"9")]),
+        Padded(b"abc", 5),
+        Reset(PROTOCOL_ERROR),
+    ),
+    // A request inside the body is body: the upstream reads one request whose body
+    // carries it, by the length or chunks the proxy framed it with.
+    v(
+        "request_in_the_body",
+        Both,
+        Std(&[]),
+        Data(&[b"GET /smuggled HTTP/1.1\r\nhost: a\r\n\r\n"]),
+        Forwarded(post(b"GET /smuggled HTTP/1.1\r\nhost: a\r\n\r\n")),
+    ),
+    v(
+        "chunked_looking_body_without_transfer_encoding",
+        Both,
+        Std(&[]),
+        Data(&[b"0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: a\r\n\r\n"]),
+        Forwarded(post(b"0\r\n\r\nGET /smuggled HTTP/1.1\r\nhost: a\r\n\r\n")),
+    ),
+    // The protected route buffers up to `max_body` (64 B): a longer body is refused
+    // whether or not a content-length announced it, and nothing is forwarded.
+    v(
+        "body_over_max_body",
+        Orders,
+        Std(&[]),
+        Data(&[&[b'x'; 40], &[b'x'; 40]]),
+        Refused(413),
+    ),
+    v(
+        "content_length_over_max_body",
+        Orders,
+        Std(&[(b"content-length", b"80")]),
+        Data(&[&[b'x'; 40], &[b'x'; 40]]),
+        Refused(413),
     ),
 ];

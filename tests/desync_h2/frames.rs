@@ -16,6 +16,7 @@ pub(crate) const CONTINUATION: u8 = 0x9;
 pub(crate) const END_STREAM: u8 = 0x1;
 pub(crate) const ACK: u8 = 0x1;
 pub(crate) const END_HEADERS: u8 = 0x4;
+pub(crate) const PADDED: u8 = 0x8;
 
 /// One frame: the 9-byte frame header, then `payload`.
 pub(crate) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {

@@ -197,6 +197,12 @@ pub(crate) fn frames_of(vector: &Vector, route: Route, stream: u32, key: &str) -
                 out.extend(frame(DATA, last, stream, chunk));
             }
         }
+        Body::Padded(data, pad) => {
+            let mut payload = vec![pad];
+            payload.extend_from_slice(data);
+            payload.extend(std::iter::repeat_n(0, usize::from(pad)));
+            out.extend(frame(DATA, END_STREAM | PADDED, stream, &payload));
+        }
         Body::Trailers(chunks, trailers) => {
             for chunk in chunks {
                 out.extend(frame(DATA, 0, stream, chunk));
