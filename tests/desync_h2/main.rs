@@ -21,6 +21,7 @@ mod corpus;
 mod fields;
 mod fields_seen;
 mod frames;
+mod interleave;
 mod pseudo;
 mod run;
 #[path = "../desync_client/wire.rs"]
@@ -125,4 +126,70 @@ async fn the_upstream_reads_the_fields_rfc_9113_asks_for() {
 #[ignore = "BUG: two cookie fields in an h2 request reach the HTTP/1.1 upstream as two Cookie fields, not one joined with \"; \" (fields_seen::KNOWN_BUGS_SEEN)"]
 async fn known_bug_fields_reach_the_upstream_as_rfc_9113_asks() {
     check_seen(fields_seen::KNOWN_BUGS_SEEN).await;
+}
+
+/// Four requests on one connection, two protected and two on the open route, their DATA
+/// frames interleaved three bytes at a time: each is executed once, with its own body,
+/// and each stream gets its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_streams_each_get_their_own_request_and_answer() {
+    use interleave::{run_interleaved, Req};
+    let reqs = [
+        Req {
+            stream: 1,
+            path: "/orders",
+            key: Some("i1"),
+            body: b"one-one-one-one",
+        },
+        Req {
+            stream: 3,
+            path: "/orders/open",
+            key: None,
+            body: b"three-three",
+        },
+        Req {
+            stream: 5,
+            path: "/orders",
+            key: Some("i5"),
+            body: b"five-five-five-five-five",
+        },
+        Req {
+            stream: 7,
+            path: "/orders/open",
+            key: None,
+            body: b"seven",
+        },
+    ];
+    let (answers, upstream) = run_interleaved(&reqs, 3).await;
+    let want: Vec<(Option<u16>, Option<String>)> = reqs
+        .iter()
+        .map(|r| (Some(201), Some(String::from_utf8(r.body.to_vec()).unwrap())))
+        .collect();
+    assert_eq!(answers, want);
+    assert_eq!(upstream.executed(), 4);
+}
+
+/// Two streams on one connection with the same key and body, interleaved: executed
+/// once, and both get that one answer (the second waits for or replays the first's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_duplicates_execute_once_and_share_the_answer() {
+    use interleave::{run_interleaved, Req};
+    let reqs = [
+        Req {
+            stream: 1,
+            path: "/orders",
+            key: Some("dup"),
+            body: b"the-same-body",
+        },
+        Req {
+            stream: 3,
+            path: "/orders",
+            key: Some("dup"),
+            body: b"the-same-body",
+        },
+    ];
+    let (answers, upstream) = run_interleaved(&reqs, 2).await;
+    let one = (Some(201), Some("the-same-body".to_owned()));
+    assert_eq!(answers, vec![one.clone(), one]);
+    assert_eq!(upstream.executed_for("dup"), 1);
 }

@@ -172,6 +172,53 @@ impl H2 {
     }
 }
 
+impl H2 {
+    /// Reads until every stream of `streams` ended, and gives each one's `:status` (when
+    /// it was answered) and body; acknowledges SETTINGS and PING on the way.
+    pub(crate) async fn answers(&mut self, streams: &[u32]) -> Vec<(Option<u16>, Vec<u8>)> {
+        let mut got: Vec<(Option<u16>, Vec<u8>, bool)> =
+            vec![(None, Vec::new(), false); streams.len()];
+        let read = tokio::time::timeout(HANG, async {
+            while got.iter().any(|g| !g.2) {
+                let Some((kind, flags, id, payload)) = self.next_frame().await else {
+                    return;
+                };
+                if kind == SETTINGS && flags & ACK == 0 {
+                    self.send(&frame(SETTINGS, ACK, 0, &[])).await;
+                    continue;
+                }
+                if kind == PING && flags & ACK == 0 {
+                    self.send(&frame(PING, ACK, 0, &payload)).await;
+                    continue;
+                }
+                if kind == GOAWAY {
+                    return;
+                }
+                let Some(i) = streams.iter().position(|&s| s == id) else {
+                    continue;
+                };
+                match kind {
+                    HEADERS if got[i].0.is_none() => got[i].0 = status_of(&payload),
+                    DATA => got[i].1.extend_from_slice(&payload),
+                    RST_STREAM => got[i].2 = true,
+                    _ => {}
+                }
+                if matches!(kind, HEADERS | DATA) && flags & END_STREAM != 0 {
+                    got[i].2 = true;
+                }
+            }
+        })
+        .await;
+        assert!(
+            read.is_ok(),
+            "hang guard: streams {streams:?} did not end within {HANG:?}"
+        );
+        got.into_iter()
+            .map(|(status, body, _)| (status, body))
+            .collect()
+    }
+}
+
 /// The frames of `vector` on `stream` for `route`, with `key` as its Idempotency-Key.
 pub(crate) fn frames_of(vector: &Vector, route: Route, stream: u32, key: &str) -> Vec<u8> {
     let fields = vector.head.fields(route, key);
