@@ -193,3 +193,75 @@ async fn interleaved_duplicates_execute_once_and_share_the_answer() {
     assert_eq!(answers, vec![one.clone(), one]);
     assert_eq!(upstream.executed_for("dup"), 1);
 }
+
+/// A client that resets its stream half-way through the body (RST_STREAM CANCEL): no
+/// whole request reaches the upstream (the streamed route may leave one cut off mid-body,
+/// which no upstream can act on), the connection serves the next stream, and on the
+/// protected route the key is free again: the request never went out (SPEC: a request
+/// that provably never reached the upstream releases its key), so a retry with the same
+/// key and the whole body executes, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_client_resets_mid_body_reaches_nothing_and_frees_its_key() {
+    use corpus::{Body, Expect, Head, On, Route, CONFIG};
+    use frames::{frame, header_block, DATA, END_HEADERS, HEADERS, RST_STREAM};
+    const CANCEL: u32 = 8;
+    let whole = Vector {
+        name: "whole",
+        on: On::Both,
+        head: Head::Std(&[(b"content-length", b"6")]),
+        body: Body::Data(&[b"abcdef"]),
+        continuation: false,
+        expect: Expect::Reset(0),
+    };
+    let mut failures = Vec::new();
+    for route in [Route::Open, Route::Orders] {
+        let (wire, log) = wire::start_wire().await;
+        let text = format!("listen: 127.0.0.1:0\nupstream: http://{wire}\n{CONFIG}");
+        let proxy = common::start_proxy_from(&text, None).await;
+        let started = std::time::Instant::now();
+        let mut h2 = run::H2::open(proxy.addr).await;
+        let fields = whole.head.fields(route, "k1");
+        let mut cut = frame(HEADERS, END_HEADERS, 1, &header_block(&fields));
+        cut.extend(frame(DATA, 0, 1, b"abc"));
+        cut.extend(frame(RST_STREAM, 0, 1, &CANCEL.to_be_bytes()));
+        h2.send(&cut).await;
+        h2.send(&run::follow_up(route)).await;
+        let next = h2.outcome(3).await;
+        // The retry: same key, the whole body.
+        h2.send(&run::frames_of(&whole, route, 5, "k1")).await;
+        let retry = h2.outcome(5).await;
+        proxy.proxy.owners().finished(started + run::HANG).await;
+        let seen: Vec<String> = log
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                wire::Event::Request(w) => Some(format!(
+                    "{} {} {:?}",
+                    w.method,
+                    w.target,
+                    String::from_utf8_lossy(&w.body)
+                )),
+                // A request cut off mid-body on the streamed route: nothing to act on.
+                wire::Event::Partial { .. } if route == Route::Open => None,
+                other => Some(format!("{other:?}")),
+            })
+            .collect();
+        let p = route.path();
+        let want = vec![
+            format!("POST {p}?next \"next\""),
+            format!("POST {p} \"abcdef\""),
+        ];
+        let got = (next, retry, seen);
+        let expected = (
+            run::Outcome::Answered(201),
+            run::Outcome::Answered(201),
+            want,
+        );
+        if got != expected {
+            failures.push(format!("{p}: expected {expected:?}\n    got {got:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

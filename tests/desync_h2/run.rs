@@ -300,7 +300,7 @@ pub(crate) async fn run(vector: &Vector, route: Route) -> (Verdict, Option<bool>
 
 /// The follow-up on the same connection, stream 3: `POST $P?next` (the mark that tells
 /// it apart at the upstream) with key `k2` and body `next`.
-fn follow_up(route: Route) -> Vec<u8> {
+pub(crate) fn follow_up(route: Route) -> Vec<u8> {
     let target = format!("{}?next", route.path());
     let fields = vec![
         (b":method".to_vec(), b"POST".to_vec()),
