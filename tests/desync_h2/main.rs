@@ -24,6 +24,7 @@ mod frames;
 mod interleave;
 mod pseudo;
 mod run;
+mod tls;
 #[path = "../desync_client/wire.rs"]
 mod wire;
 
@@ -33,20 +34,21 @@ use corpus::{Vector, FRAMING};
 use fields::FIELDS;
 use pseudo::{KNOWN_BUGS, PSEUDO};
 
-use run::{expected, run, Verdict};
+use run::{expected, Verdict};
 
-/// Runs every vector of `group` on each of its routes, at most 8 at once, and fails
-/// listing every vector whose verdict is not the expected one or after which the
-/// follow-up request on the same connection was not served.
-async fn check_group(group: &'static [Vector]) {
+/// Runs every vector of `groups` on each of its routes over `transport`, at most 8 at
+/// once, and fails listing every vector whose verdict is not the expected one or after
+/// which the follow-up request on the same connection was not served.
+async fn check_over(groups: &[&'static [Vector]], transport: run::Transport) {
+    let transport = Arc::new(transport);
     let mut runs = tokio::task::JoinSet::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(8));
-    for vector in group {
+    for vector in groups.iter().copied().flatten() {
         for &route in vector.on.routes() {
-            let slots = Arc::clone(&slots);
+            let (slots, transport) = (Arc::clone(&slots), Arc::clone(&transport));
             runs.spawn(async move {
                 let _slot = slots.acquire_owned().await.unwrap();
-                let (seen, served) = run(vector, route).await;
+                let (seen, served) = run::run_over(vector, route, &transport).await;
                 (vector, route, seen, served)
             });
         }
@@ -72,6 +74,11 @@ async fn check_group(group: &'static [Vector]) {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// [`check_over`] on cleartext HTTP/2 (prior knowledge).
+async fn check_group(group: &'static [Vector]) {
+    check_over(&[group], run::Transport::Cleartext).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,4 +271,12 @@ async fn a_stream_the_client_resets_mid_body_reaches_nothing_and_frees_its_key()
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every vector of every table gets the same outcome over TLS (ALPN h2) as over h2c: the
+/// proxy's HTTP/2 is one path whatever carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vectors_over_tls_get_the_same_outcome() {
+    let tls = run::Transport::Tls(tls::TlsClient::new());
+    check_over(&[FRAMING, FIELDS, PSEUDO], tls).await;
 }

@@ -7,8 +7,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use crate::common;
@@ -81,19 +80,54 @@ pub(crate) fn expected(expect: Expect, route: Route) -> Verdict {
     }
 }
 
+/// A client connection's bytes: TCP, or TLS over it.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// How a client reaches the proxy.
+pub(crate) enum Transport {
+    /// Cleartext HTTP/2 with prior knowledge (h2c).
+    Cleartext,
+    /// TLS with ALPN `h2`: the `tls:` line of the proxy's config and a client for it.
+    Tls(crate::tls::TlsClient),
+}
+
+impl Transport {
+    /// The config's `tls:` line, if any.
+    fn config_line(&self) -> String {
+        match self {
+            Transport::Cleartext => String::new(),
+            Transport::Tls(tls) => tls.config_line.clone(),
+        }
+    }
+
+    /// A new client connection to `addr`.
+    async fn connect(&self, addr: SocketAddr) -> H2 {
+        match self {
+            Transport::Cleartext => H2::open(addr).await,
+            Transport::Tls(tls) => H2::over(tls.connect(addr).await).await,
+        }
+    }
+}
+
 /// A client's HTTP/2 connection, written and read by hand.
 pub(crate) struct H2 {
-    reader: OwnedReadHalf,
-    writer: OwnedWriteHalf,
+    reader: ReadHalf<Box<dyn Io>>,
+    writer: WriteHalf<Box<dyn Io>>,
     buf: Vec<u8>,
 }
 
 impl H2 {
-    /// Connects, and writes the preface and the client's SETTINGS.
+    /// Connects over TCP, and writes the preface and the client's SETTINGS.
     pub(crate) async fn open(addr: SocketAddr) -> H2 {
         let stream = TcpStream::connect(addr).await.unwrap();
         stream.set_nodelay(true).unwrap();
-        let (reader, writer) = stream.into_split();
+        H2::over(Box::new(stream)).await
+    }
+
+    /// Writes the preface and the client's SETTINGS on `io`.
+    pub(crate) async fn over(io: Box<dyn Io>) -> H2 {
+        let (reader, writer) = tokio::io::split(io);
         let mut h2 = H2 {
             reader,
             writer,
@@ -108,6 +142,7 @@ impl H2 {
     /// Writes `bytes`; a write the proxy no longer reads may fail, which is fine.
     pub(crate) async fn send(&mut self, bytes: &[u8]) {
         let _ = self.writer.write_all(bytes).await;
+        let _ = self.writer.flush().await;
     }
 
     /// The next frame: type, flags, stream, payload; `None` at the end of the connection.
@@ -269,19 +304,27 @@ pub(crate) fn frames_of(vector: &Vector, route: Route, stream: u32, key: &str) -
     out
 }
 
-/// Runs `vector` on `route` and says what happened: the vector's verdict, and whether a
-/// follow-up request on the same connection was then served (`None` when the proxy had
-/// sent GOAWAY, which ends the connection for new streams).
-pub(crate) async fn run(vector: &Vector, route: Route) -> (Verdict, Option<bool>) {
+/// Runs `vector` on `route`, the client reaching the proxy by `transport`, and says what
+/// happened: the vector's verdict, and whether a follow-up request on the same connection
+/// was then served (`None` when the proxy had sent GOAWAY, which ends the connection for
+/// new streams).
+pub(crate) async fn run_over(
+    vector: &Vector,
+    route: Route,
+    transport: &Transport,
+) -> (Verdict, Option<bool>) {
     let (wire, log) = start_wire().await;
-    let text = format!("listen: 127.0.0.1:0\nupstream: http://{wire}\n{CONFIG}");
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://{wire}\n{}{CONFIG}",
+        transport.config_line()
+    );
     let proxy = common::start_proxy_tuned(&text, None, |p| {
         p.with_idle_timeout(Duration::from_secs(5))
             .with_body_read_timeout(Duration::from_secs(5))
     })
     .await;
     let started = Instant::now();
-    let mut h2 = H2::open(proxy.addr).await;
+    let mut h2 = transport.connect(proxy.addr).await;
     h2.send(&frames_of(vector, route, 1, "k1")).await;
     let first = h2.outcome(1).await;
     let next = if matches!(first, Outcome::GoAway(_) | Outcome::Closed) {
