@@ -240,6 +240,67 @@ pub(crate) const PSEUDO: &[Vector] = &[
         ABC,
         Forwarded(post(b"abc")),
     ),
+    // CONNECT (RFC 9113 §8.5) is a tunnel, not a request to forward: the proxy answers
+    // 501, and the DATA never reach the upstream as bytes after a request head.
+    v(
+        "connect_with_a_request_in_data",
+        Both,
+        Raw(&[
+            (b":method", b"CONNECT"),
+            (b":authority", b"a:80"),
+            (b"$K", b""),
+        ]),
+        crate::corpus::Body::Data(&[b"GET /smuggled HTTP/1.1\r\nhost: a\r\n\r\n"]),
+        Refused(501),
+    ),
+    v(
+        "connect_protocol_websocket",
+        Both,
+        Raw(&[
+            (b":method", b"CONNECT"),
+            (b":protocol", b"websocket"),
+            (b":scheme", b"http"),
+            (b":authority", b"a"),
+            (b":path", b"$P"),
+            (b"$K", b""),
+        ]),
+        ABC,
+        Reset(PROTOCOL_ERROR),
+    ),
+    v(
+        "protocol_on_a_post",
+        Both,
+        Raw(&[
+            (b":method", b"POST"),
+            (b":protocol", b"websocket"),
+            (b":scheme", b"http"),
+            (b":authority", b"a"),
+            (b":path", b"$P"),
+            (b"$K", b""),
+        ]),
+        ABC,
+        Reset(PROTOCOL_ERROR),
+    ),
+    // A GET with a body is a request with a body: the upstream reads it framed, and the
+    // request inside it stays body.
+    v(
+        "get_with_a_request_in_its_body",
+        Both,
+        Raw(&[
+            (b":method", b"GET"),
+            (b":scheme", b"http"),
+            (b":authority", b"a"),
+            (b":path", b"$P"),
+            (b"$K", b""),
+        ]),
+        crate::corpus::Body::Data(&[b"GET /smuggled HTTP/1.1\r\nhost: a\r\n\r\n"]),
+        Forwarded(crate::corpus::Fwd {
+            method: "GET",
+            target: "$P",
+            host: "a",
+            body: b"GET /smuggled HTTP/1.1\r\nhost: a\r\n\r\n",
+        }),
+    ),
 ];
 
 /// Vectors the proxy gets wrong today, with the outcome it must give: each is a bug, and
