@@ -142,8 +142,8 @@ pub(crate) struct Vector {
     pub(crate) on: On,
     pub(crate) head: Head,
     pub(crate) body: Body,
-    /// The header block split over HEADERS and CONTINUATION.
-    pub(crate) continuation: bool,
+    /// The frames that carry the header block.
+    pub(crate) head_frames: HeadFrames,
     pub(crate) expect: Expect,
 }
 
@@ -159,19 +159,39 @@ pub(crate) const fn v(
         on,
         head,
         body,
-        continuation: false,
+        head_frames: HeadFrames::One,
         expect,
     }
 }
 
-/// [`v`] with the header block split over HEADERS and CONTINUATION.
-pub(crate) const fn split(name: &'static str, head: Head, body: Body, expect: Expect) -> Vector {
+/// How the header block is framed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum HeadFrames {
+    /// One HEADERS frame.
+    One,
+    /// HEADERS with the first half, CONTINUATION with the rest.
+    Continuation,
+    /// One HEADERS frame, PADDED with this many bytes (RFC 9113 §6.2).
+    Padded(u8),
+    /// One HEADERS frame with the PRIORITY flag and its five bytes (§6.2, deprecated
+    /// but still to be parsed).
+    Priority,
+}
+
+/// [`v`] on both routes with its header block framed by `head_frames`.
+pub(crate) const fn framed(
+    name: &'static str,
+    head_frames: HeadFrames,
+    head: Head,
+    body: Body,
+    expect: Expect,
+) -> Vector {
     Vector {
         name,
         on: On::Both,
         head,
         body,
-        continuation: true,
+        head_frames,
         expect,
     }
 }
@@ -215,8 +235,9 @@ pub(crate) const FRAMING: &[Vector] = &[
         End,
         Forwarded(post(b"")),
     ),
-    split(
+    framed(
         "baseline_continuation",
+        HeadFrames::Continuation,
         Std(&[(b"content-length", b"3")]),
         ABC,
         Forwarded(post(b"abc")),
@@ -354,5 +375,19 @@ pub(crate) const FRAMING: &[Vector] = &[
         Std(&[(b"content-length", b"80")]),
         Data(&[&[b'x'; 40], &[b'x'; 40]]),
         Refused(413),
+    ),
+    framed(
+        "headers_padded",
+        HeadFrames::Padded(7),
+        Std(&[(b"content-length", b"3")]),
+        ABC,
+        Forwarded(post(b"abc")),
+    ),
+    framed(
+        "headers_with_priority",
+        HeadFrames::Priority,
+        Std(&[(b"content-length", b"3")]),
+        ABC,
+        Forwarded(post(b"abc")),
     ),
 ];

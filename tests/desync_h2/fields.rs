@@ -5,7 +5,7 @@ use crate::corpus::Body::{Data, Trailers};
 use crate::corpus::Expect::{Forwarded, GoAway, Reset};
 use crate::corpus::Head::Std;
 use crate::corpus::On::{Both, Open};
-use crate::corpus::{post, split, v, Vector, ABC, PROTOCOL_ERROR};
+use crate::corpus::{framed, post, v, HeadFrames, Vector, ABC, PROTOCOL_ERROR};
 
 /// Field names and values: connection-specific fields (RFC 9113 §8.2.2) and bytes no
 /// field may carry (§8.2.1), hand-encoded so no client library repairs them.
@@ -161,8 +161,9 @@ pub(crate) const FIELDS: &[Vector] = &[
         ABC,
         GoAway(PROTOCOL_ERROR),
     ),
-    split(
+    framed(
         "value_with_crlf_across_continuation",
+        HeadFrames::Continuation,
         Std(&[(b"x-a", b"1\r\ntransfer-encoding: chunked"), (b"x-b", b"2")]),
         ABC,
         GoAway(PROTOCOL_ERROR),

@@ -30,7 +30,7 @@ const fn seen(
             on: Both,
             head,
             body: Data(&[b"abc"]),
-            continuation: false,
+            head_frames: crate::corpus::HeadFrames::One,
             // Unused here: the request must be answered 201 (checked below).
             expect: Reset(0),
         },

@@ -17,6 +17,7 @@ pub(crate) const END_STREAM: u8 = 0x1;
 pub(crate) const ACK: u8 = 0x1;
 pub(crate) const END_HEADERS: u8 = 0x4;
 pub(crate) const PADDED: u8 = 0x8;
+pub(crate) const PRIORITY: u8 = 0x20;
 
 /// One frame: the 9-byte frame header, then `payload`.
 pub(crate) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {

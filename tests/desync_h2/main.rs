@@ -217,7 +217,7 @@ async fn a_stream_the_client_resets_mid_body_reaches_nothing_and_frees_its_key()
         on: On::Both,
         head: Head::Std(&[(b"content-length", b"6")]),
         body: Body::Data(&[b"abcdef"]),
-        continuation: false,
+        head_frames: crate::corpus::HeadFrames::One,
         expect: Expect::Reset(0),
     };
     let mut failures = Vec::new();

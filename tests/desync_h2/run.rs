@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, Wr
 use tokio::net::TcpStream;
 
 use crate::common;
-use crate::corpus::{Body, Expect, Route, Vector, CONFIG};
+use crate::corpus::{Body, Expect, HeadFrames, Route, Vector, CONFIG};
 use crate::frames::*;
 use crate::wire::{start_wire, Event};
 
@@ -264,12 +264,30 @@ pub(crate) fn frames_of(vector: &Vector, route: Route, stream: u32, key: &str) -
     } else {
         0
     };
-    if vector.continuation && block.len() > 1 {
-        let half = block.len() / 2;
-        out.extend(frame(HEADERS, end, stream, &block[..half]));
-        out.extend(frame(CONTINUATION, END_HEADERS, stream, &block[half..]));
-    } else {
-        out.extend(frame(HEADERS, end | END_HEADERS, stream, &block));
+    match vector.head_frames {
+        HeadFrames::One => out.extend(frame(HEADERS, end | END_HEADERS, stream, &block)),
+        HeadFrames::Continuation => {
+            let half = block.len() / 2;
+            out.extend(frame(HEADERS, end, stream, &block[..half]));
+            out.extend(frame(CONTINUATION, END_HEADERS, stream, &block[half..]));
+        }
+        HeadFrames::Padded(pad) => {
+            let mut payload = vec![pad];
+            payload.extend_from_slice(&block);
+            payload.extend(std::iter::repeat_n(0, usize::from(pad)));
+            out.extend(frame(HEADERS, end | END_HEADERS | PADDED, stream, &payload));
+        }
+        HeadFrames::Priority => {
+            // Depends on stream 0, not exclusive, weight 16.
+            let mut payload = vec![0, 0, 0, 0, 15];
+            payload.extend_from_slice(&block);
+            out.extend(frame(
+                HEADERS,
+                end | END_HEADERS | PRIORITY,
+                stream,
+                &payload,
+            ));
+        }
     }
     match vector.body {
         Body::End => {}
