@@ -18,6 +18,7 @@
 mod common;
 
 mod corpus;
+mod cut;
 mod fields;
 mod fields_seen;
 mod frames;
@@ -295,4 +296,43 @@ async fn a_stream_the_client_resets_mid_body_reaches_nothing_and_frees_its_key()
 async fn vectors_over_tls_get_the_same_outcome() {
     let tls = run::Transport::Tls(tls::TlsClient::new());
     check_over(&[FRAMING, FIELDS, PSEUDO], tls).await;
+}
+
+/// On the streamed route the head and the first body bytes go upstream before the body
+/// ends; a client that then resets its stream (RST_STREAM CANCEL) must leave the upstream
+/// a request it cannot take for a whole one: the proxy closes the upstream connection
+/// with the body short of its Content-Length, or with no last chunk, never ending the
+/// body early (the upstream would run a request with a body the client never sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reset_after_its_head_went_upstream_leaves_no_whole_request() {
+    use corpus::{Head, Route, CONFIG};
+    use frames::{frame, header_block, DATA, END_HEADERS, HEADERS, RST_STREAM};
+    const CANCEL: u32 = 8;
+    let cases: [(Head, &[u8]); 2] = [
+        (Head::Std(&[(b"content-length", b"6")]), b"\r\n\r\nabc"),
+        (Head::Std(&[]), b"\r\n\r\n3\r\nabc\r\n"),
+    ];
+    for (head, until) in cases {
+        let upstream = cut::start_cut_upstream(until).await;
+        let text = format!(
+            "listen: 127.0.0.1:0\nupstream: http://{}\n{CONFIG}",
+            upstream.addr
+        );
+        let proxy = common::start_proxy_from(&text, None).await;
+        let mut h2 = run::H2::open(proxy.addr).await;
+        let fields = head.fields(Route::Open, "k1");
+        let mut start = frame(HEADERS, END_HEADERS, 1, &header_block(&fields));
+        start.extend(frame(DATA, 0, 1, b"abc"));
+        h2.send(&start).await;
+        cut::signal(upstream.arrived, "the head and `abc` reached the upstream").await;
+        h2.send(&frame(RST_STREAM, 0, 1, &CANCEL.to_be_bytes()))
+            .await;
+        let got = cut::signal(upstream.closed, "the proxy closed the upstream connection").await;
+        let got = String::from_utf8_lossy(&got).into_owned();
+        assert!(
+            got.starts_with("POST /stream HTTP/1.1\r\n")
+                && got.ends_with(std::str::from_utf8(until).unwrap()),
+            "the upstream got more than the head and `abc`, or something else: {got:?}"
+        );
+    }
 }
