@@ -1,18 +1,21 @@
-//! The HTTP/2-to-HTTP/1.1 downgrade desync vectors: requests sent to idemgate over
-//! cleartext HTTP/2 (prior knowledge) as hand-written frames, with what crossed it seen by
-//! the strict HTTP/1.1 recorder of tests/desync_client ([`wire::start_wire`]), which
-//! flags anything a lenient upstream could read as two requests or another body.
+//! The HTTP/2-to-HTTP/1.1 downgrade desync vectors: requests sent to idemgate over HTTP/2
+//! (cleartext with prior knowledge, and TLS with ALPN h2) as hand-written frames, with what
+//! crossed it seen by the strict HTTP/1.1 recorder of tests/desync_client
+//! ([`wire::start_wire`], included unedited), which flags anything a lenient upstream
+//! could read as two requests or another body.
 //!
-//! The corpus is data ([`corpus::FRAMING`], [`corpus::FIELDS`], [`corpus::PSEUDO`]): a
+//! The corpus is data ([`corpus::FRAMING`], [`fields::FIELDS`], [`pseudo::PSEUDO`]): a
 //! name, the fields and frames, and the one outcome RFC 9113 and hyper/h2 give it. Each
 //! vector runs on a fresh proxy in front of a fresh recorder, on the protected route
 //! (`/orders`), the streamed route (`/stream`, `idempotency: off`) or both; after it, a
-//! plain request on the same connection must be served (a stream error does not end the
-//! connection, RFC 9113 §5.4.2).
+//! plain request on the same connection must be served unless the proxy sent GOAWAY (a
+//! stream error does not end the connection, RFC 9113 §5.4.2).
 //!
 //! One job per module: `corpus.rs` the vector types, routes and framing vectors,
-//! `fields.rs` and `pseudo.rs` the other tables, `frames.rs` HTTP/2 frames and
-//! HPACK by hand, `run.rs` running a vector and judging it; the tests are here.
+//! `fields.rs` and `pseudo.rs` the other tables, `fields_seen.rs` the fields the upstream
+//! reads, `frames.rs` HTTP/2 frames and HPACK by hand, `run.rs` running a vector and
+//! judging it, `interleave.rs` several streams on one connection, `cut.rs` an upstream
+//! that signals a body's first bytes, `tls.rs` the TLS client; the tests are here.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -98,7 +101,7 @@ async fn pseudo_header_vectors_get_their_one_outcome() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: a POST with :path `*` is forwarded as `POST * HTTP/1.1` (corpus::KNOWN_BUGS)"]
+#[ignore = "BUG: a POST with :path `*` is forwarded as `POST * HTTP/1.1` (pseudo::KNOWN_BUGS)"]
 async fn known_bug_vectors_get_their_one_outcome() {
     check_group(KNOWN_BUGS).await;
 }
