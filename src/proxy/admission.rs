@@ -1,5 +1,6 @@
 //! Requests refused before routing: what HTTP/1.1 requires a server to refuse (RFC 9112
-//! §3.2: no `Host` field, more than one, or one that is not one host), a path that has no
+//! §3.2: no `Host` field, more than one, or one that is not one host; the target `*` on
+//! another method than OPTIONS, §3.2.4), a path that has no
 //! one safe normal form ([`normalize_target`]), and what this proxy
 //! does not forward (a `CONNECT` tunnel; a transfer coding besides `chunked`, RFC 9112
 //! §6.1: hyper itself answers 400 to codings that do not end in `chunked`, so the ones
@@ -25,6 +26,13 @@ pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
     if request.method() == Method::CONNECT {
         return Err(ProxyError::NotImplemented(
             "CONNECT is not forwarded: this is a reverse proxy, not a tunnel",
+        ));
+    }
+    // RFC 9112 §3.2.4, RFC 9113 §8.3.1: the asterisk form is OPTIONS's alone; another
+    // method with it has no resource to act on, and would reach the upstream as `POST *`.
+    if request.uri().path() == "*" && request.method() != Method::OPTIONS {
+        return Err(ProxyError::BadRequest(
+            "only OPTIONS may have the target `*`".into(),
         ));
     }
     let mut hosts = request.headers().get_all(HOST).iter();
@@ -268,6 +276,14 @@ mod tests {
             .unwrap();
         host_from_target(&mut r);
         assert_eq!(r.headers()[HOST], "a.example");
+    }
+
+    #[test]
+    fn only_options_may_target_the_asterisk() {
+        let r = Request::post("*").header(HOST, "a").body(()).unwrap();
+        assert_eq!(refusal(&r), 400);
+        let r = Request::options("*").header(HOST, "a").body(()).unwrap();
+        assert_eq!(admit(&r).unwrap(), Some("a"));
     }
 
     #[test]

@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use corpus::{Vector, FRAMING};
 use fields::FIELDS;
-use pseudo::{KNOWN_BUGS, PSEUDO};
+use pseudo::PSEUDO;
 
 use run::{expected, Verdict};
 
@@ -100,12 +100,6 @@ async fn pseudo_header_vectors_get_their_one_outcome() {
     check_group(PSEUDO).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: a POST with :path `*` is forwarded as `POST * HTTP/1.1` (pseudo::KNOWN_BUGS)"]
-async fn known_bug_vectors_get_their_one_outcome() {
-    check_group(KNOWN_BUGS).await;
-}
-
 /// Runs every case of `cases` and fails listing each one where the request was not
 /// answered 201 and read once with exactly the listed values of its field.
 async fn check_seen(cases: &'static [fields_seen::Seen]) {
@@ -131,12 +125,6 @@ async fn check_seen(cases: &'static [fields_seen::Seen]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_reads_the_fields_rfc_9113_asks_for() {
     check_seen(fields_seen::SEEN).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: two cookie fields in an h2 request reach the HTTP/1.1 upstream as two Cookie fields, not one joined with \"; \" (fields_seen::KNOWN_BUGS_SEEN)"]
-async fn known_bug_fields_reach_the_upstream_as_rfc_9113_asks() {
-    check_seen(fields_seen::KNOWN_BUGS_SEEN).await;
 }
 
 /// Four requests on one connection, two protected and two on the open route, their DATA

@@ -301,15 +301,10 @@ pub(crate) const PSEUDO: &[Vector] = &[
             body: b"GET /smuggled HTTP/1.1\r\nhost: a\r\n\r\n",
         }),
     ),
-];
-
-/// Vectors the proxy gets wrong today, with the outcome it must give: each is a bug, and
-/// the test that runs them is ignored until it is fixed.
-pub(crate) const KNOWN_BUGS: &[Vector] = &[
     // RFC 9113 §8.3.1: `*` is a :path only for OPTIONS; a POST with it is malformed. h2
-    // hands it on, and the proxy forwards `POST * HTTP/1.1` (asterisk-form, which RFC 9112
-    // §3.2.4 allows for OPTIONS only) to the upstream. The proxy's admission refuses
-    // other malformed targets with 400 (`authority_with_userinfo`), so 400 here too.
+    // hands it on; the proxy's admission refuses it (400), as it refuses other malformed
+    // targets (`authority_with_userinfo`), so it never reaches the upstream as `POST *`
+    // (asterisk-form, which RFC 9112 §3.2.4 allows for OPTIONS only).
     v(
         "path_asterisk",
         Both,

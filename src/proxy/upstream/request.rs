@@ -42,10 +42,14 @@ pub fn prepare(
             "x-forwarded-host" => seen.remove |= 8,
             "x-forwarded-for" => seen.forwarded_for = true,
             "trailer" => seen.trailer = true,
+            "cookie" => seen.cookie = true,
             _ => {}
         }
     }
     let declared_trailers = seen.trailer.then(|| declared_trailers(headers));
+    if seen.cookie {
+        join_cookies(headers);
+    }
     strip_hop_by_hop(headers, forwarding.upgrade);
     // Only those present: each removal hashes its name.
     if seen.remove & 1 != 0 {
@@ -114,6 +118,30 @@ struct Seen {
     remove: u8,
     forwarded_for: bool,
     trailer: bool,
+    /// A `Cookie` field (an HTTP/2 client may have split its cookies into several).
+    cookie: bool,
+}
+
+/// Joins the request's `Cookie` fields into one, with `; ` between them. RFC 9113 §8.2.3:
+/// an HTTP/2 client may send its cookies as separate fields, which MUST be joined before
+/// they go into HTTP/1.1; RFC 6265 §5.4 allows one `Cookie` field there, and an app that
+/// reads only the first would miss the rest.
+fn join_cookies(headers: &mut HeaderMap) {
+    let mut fields = headers.get_all(header::COOKIE).iter();
+    if fields.nth(1).is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for (i, value) in headers.get_all(header::COOKIE).iter().enumerate() {
+        if i > 0 {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(value.as_bytes());
+    }
+    // Made of valid values and "; ", so valid itself.
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, value);
+    }
 }
 
 /// The client's `Trailer` names that may go on, as one value.
