@@ -393,6 +393,14 @@ pub(crate) const HEAD: &[Vector] = &[
             body: b"abc",
         }]),
     ),
+    // RFC 9112 §3.2.4: the asterisk form is for OPTIONS only; a POST to `*` is refused
+    // before routing, never forwarded as `POST *` (the route is not in the target here).
+    v(
+        "asterisk_target_on_post",
+        Both,
+        b"POST * HTTP/1.1\r\nHost: a\r\n$KContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+        Refused(400),
+    ),
 ];
 
 /// Group `refused before the body`: a request refused for its head, before its body was
