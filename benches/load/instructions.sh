@@ -247,6 +247,7 @@ wants fv && store_row fv "$VALKEY_SERVER"
     echo "| row | server | completion | instructions / request | in scripts (\`EVALSHA\`, inclusive) | everything else (claim, completion \`SET\`, protocol, event loop) |"
     echo "|---|---|---|---:|---:|---:|"
     for id in f fv; do
+        wants "$id" || continue
         printf '| %s | %s | %s | %d | %d | %d |\n' "$id" "${SERVER_VERSION[$id]}" \
             "$([[ ${SERVER_SCRIPT[$id]} -gt 0 ]] && echo "swap script" || echo "\`SET … IFEQ\`")" \
             "${SERVER_TOTAL[$id]}" "${SERVER_SCRIPT[$id]}" "$((SERVER_TOTAL[$id] - SERVER_SCRIPT[$id]))"
