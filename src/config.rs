@@ -75,7 +75,7 @@ pub struct Config {
     pub passthrough_timeout: Duration,
     /// Routes, first match wins.
     pub routes: Vec<Route>,
-    /// How callers are told apart (`trusted_proxies`, `session_cookies`).
+    /// How callers are told apart (`trusted_proxies`, `session_cookies`, `credential_headers`).
     pub identity: Arc<Identity>,
     /// The keys stored answers are sealed with (`store.encrypt`), if any. Read at load, so
     /// a reload picks up a rotation.
@@ -185,7 +185,11 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
         .admin
         .map(|a| secrets::compile_admin(a, base))
         .transpose()?;
-    let identity = identity::compile_identity(raw.trusted_proxies, raw.session_cookies)?;
+    let identity = identity::compile_identity(
+        raw.trusted_proxies,
+        raw.session_cookies,
+        raw.credential_headers,
+    )?;
     let routing = routes::compile_routing(
         raw.defaults,
         raw.routes,

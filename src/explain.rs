@@ -1,6 +1,6 @@
 //! `idemgate explain`: what the running proxy would do with one request — the normalised
-//! path it is routed by, matched route, key source, which identity scopes the key (the tier,
-//! never its value), the canonical input (and what was left out of it), how long the key
+//! path it is routed by, matched route, key source, the host and the identity that scope the
+//! key (which parts, never their values), the canonical input (and what was left out of it), how long the key
 //! lives, and the digest, which is the very key the proxy stores.
 
 use std::fmt::Write as _;
@@ -108,6 +108,11 @@ pub fn explain_key(
     };
     let mut trace = Trace::default();
     let derived = derive_key(&rule.key, &view, Some(&mut trace))?;
+    let host_shown = match host {
+        Some(h) => crate::route::host_name(h).to_ascii_lowercase(),
+        None => "(none; the proxy's key has the client's Host: give -H 'Host: …')".to_owned(),
+    };
+    let _ = writeln!(out, "host:              {host_shown}");
     let _ = writeln!(out, "scope:             {}", trace.scope.join(", "));
     let _ = writeln!(out, "key material:      {}", trace.material);
     if !trace.fingerprint_input.is_empty() {

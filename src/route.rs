@@ -210,8 +210,7 @@ impl HostPattern {
     /// A fully qualified name's trailing dot (`pay.example.`) names the same host, so it
     /// cannot step around a route scoped to it.
     pub fn matches(&self, host: &str) -> bool {
-        let host = strip_port(host);
-        let host = host.strip_suffix('.').unwrap_or(host);
+        let host = host_name(host);
         match &self.suffix {
             Some(suffix) => {
                 host.len() > suffix.len()
@@ -226,6 +225,13 @@ impl fmt::Display for HostPattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.source)
     }
+}
+
+/// The host a `Host` value names, as routes match it: without its port, nor a fully
+/// qualified name's trailing dot (any case; callers compare ignoring it).
+pub fn host_name(host: &str) -> &str {
+    let host = strip_port(host);
+    host.strip_suffix('.').unwrap_or(host)
 }
 
 fn strip_port(host: &str) -> &str {

@@ -280,7 +280,8 @@ async fn a_client_that_gives_up_still_gets_its_answer_on_retry() {
     let body = r#"{"sku":"gone"}"#;
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let request = format!(
-        "POST /orders HTTP/1.1\r\nhost: shop\r\nidempotency-key: lost-answer\r\nx-test-delay-ms: 500\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /orders HTTP/1.1\r\nhost: {}\r\nidempotency-key: lost-answer\r\nx-test-delay-ms: 500\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        proxy.addr,
         body.len()
     );
     stream.write_all(request.as_bytes()).await.unwrap();
@@ -333,11 +334,12 @@ async fn raw_http1_duplicate_gets_replay_header() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
     post(proxy.addr, "/orders", &[("idempotency-key", "wire")], "{}").await;
-    let raw = common::raw_exchange(
-        proxy.addr,
-        b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: wire\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
-    )
-    .await;
+    // The same Host as the first request's (the host is part of the key).
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nhost: {}\r\nidempotency-key: wire\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}",
+        proxy.addr
+    );
+    let raw = common::raw_exchange(proxy.addr, request.as_bytes()).await;
     assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
     assert!(
         raw.to_ascii_lowercase()

@@ -1,7 +1,8 @@
 //! Never someone else's answer: with no `scope:` configured, two callers never share a key,
-//! whether they are told apart by a session cookie, by their address, or by the address a
-//! trusted proxy names; an `Authorization` without a credential names no one; and a
-//! spoofed `X-Forwarded-For` proves nothing.
+//! whether they are told apart by a session cookie (also behind one shared
+//! `Authorization`), by an API key header, by their address, or by the address a trusted
+//! proxy names (with or without a port); an `Authorization` without a credential names no
+//! one; a spoofed `X-Forwarded-For` proves nothing; and one request to two hosts is two.
 
 mod common;
 
@@ -234,4 +235,163 @@ async fn session_cookies_replaces_the_default_session_cookie_names() {
     assert!(replayed(&elsewhere), "my_sess names one session");
     assert_eq!(json_body(&elsewhere)["n"], json_body(&first)["n"]);
     assert_eq!(upstream.executed(), 3);
+}
+
+/// A trusted balancer that writes the client's port into `X-Forwarded-For` (Azure
+/// Application Gateway does: `203.0.113.9:51234`, `[2001:db8::1]:443`): the address before
+/// the port names the client, so two clients are two callers, and one client's retry from
+/// another source port is still the same caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_for_entries_with_ports_name_their_clients() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, BEHIND_A_PROXY).await;
+    let body = r#"{"plan":"pro"}"#;
+    let from = |xff: &str| raw_post("/orders/guest", &[&format!("x-forwarded-for: {xff}")], body);
+    let alice = raw_exchange_from("127.0.0.2", proxy.addr, &from("198.51.100.1:50001")).await;
+    let bob = raw_exchange_from("127.0.0.2", proxy.addr, &from("203.0.113.77:61002")).await;
+    let carol = raw_exchange_from("127.0.0.2", proxy.addr, &from("[2001:db8::7]:443")).await;
+    assert!(!replayed(&alice));
+    assert!(!replayed(&bob), "bob got alice's answer");
+    assert!(!replayed(&carol), "carol got another's answer");
+    assert_eq!(upstream.executed(), 3);
+    let retry = raw_exchange_from("127.0.0.2", proxy.addr, &from("198.51.100.1:50999")).await;
+    assert!(replayed(&retry), "alice's retry from another port is alice");
+    assert_eq!(json_body(&retry)["n"], json_body(&alice)["n"]);
+    assert_eq!(upstream.executed(), 3);
+}
+
+/// A site behind one shared basic-auth password (a staging or intranet gate) whose users
+/// are told apart by their session cookie: the shared `Authorization` does not hide the
+/// session, so bob never gets alice's answer nor her `Set-Cookie`; alice's retry replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_authorization_does_not_merge_the_sessions_behind_it() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let gate = ("authorization", "Basic c3RhZmY6c3RhZmYtcGFzc3dvcmQ=");
+    let alice = post(
+        proxy.addr,
+        "/cart/checkout",
+        &[gate, ("cookie", "sessionid=alice")],
+        "{}",
+    )
+    .await;
+    let bob = post(
+        proxy.addr,
+        "/cart/checkout",
+        &[gate, ("cookie", "sessionid=bob")],
+        "{}",
+    )
+    .await;
+    assert!(!alice.replayed());
+    assert!(!bob.replayed(), "bob got alice's answer");
+    assert_eq!(upstream.executed(), 2);
+    let retry = post(
+        proxy.addr,
+        "/cart/checkout",
+        &[gate, ("cookie", "sessionid=alice")],
+        "{}",
+    )
+    .await;
+    assert!(retry.replayed(), "alice's own retry replays");
+    assert_eq!(retry.body, alice.body);
+    assert_eq!(upstream.executed(), 2);
+}
+
+/// An API whose clients authenticate with `X-Api-Key`, reached from one address (an
+/// integration platform, a NAT): the key header keeps the customers apart; each one's
+/// retry still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_told_apart_by_an_api_key_header_never_share_a_key() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let a = post(
+        proxy.addr,
+        "/orders/reports",
+        &[("x-api-key", "customer-a")],
+        "{}",
+    )
+    .await;
+    let b = post(
+        proxy.addr,
+        "/orders/reports",
+        &[("x-api-key", "customer-b")],
+        "{}",
+    )
+    .await;
+    assert!(!a.replayed());
+    assert!(!b.replayed(), "customer-b got customer-a's answer");
+    assert_eq!(upstream.executed(), 2);
+    let retry = post(
+        proxy.addr,
+        "/orders/reports",
+        &[("x-api-key", "customer-a")],
+        "{}",
+    )
+    .await;
+    assert!(retry.replayed(), "customer-a's own retry replays");
+    assert_eq!(retry.json()["n"], a.json()["n"]);
+    assert_eq!(upstream.executed(), 2);
+}
+
+/// `credential_headers` replaces the default list: a header it names tells callers apart,
+/// and `X-Api-Key`, no longer listed, does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credential_headers_replaces_the_default_list() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "credential_headers: [X-Partner-Token]\n").await;
+    let a = post(
+        proxy.addr,
+        "/orders/sync",
+        &[("x-partner-token", "p-1")],
+        "{}",
+    )
+    .await;
+    let b = post(
+        proxy.addr,
+        "/orders/sync",
+        &[("x-partner-token", "p-2")],
+        "{}",
+    )
+    .await;
+    assert!(!a.replayed() && !b.replayed(), "two partners, two callers");
+    assert_eq!(upstream.executed(), 2);
+    let c = post(proxy.addr, "/orders/pull", &[("x-api-key", "k-1")], "{}").await;
+    let d = post(proxy.addr, "/orders/pull", &[("x-api-key", "k-2")], "{}").await;
+    assert!(!c.replayed());
+    assert!(
+        d.replayed(),
+        "x-api-key is not listed: one address, one caller"
+    );
+    assert_eq!(upstream.executed(), 3);
+}
+
+/// One route serving several hosts (here the fallback): the same request from the same
+/// caller to tenant A and to tenant B executes for each; a repeat to tenant A replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_request_to_two_hosts_is_two_requests() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let to = |host: &str| {
+        format!(
+            "POST /api/invite HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        )
+        .into_bytes()
+    };
+    let a = raw_exchange_from("127.0.0.1", proxy.addr, &to("tenant-a.example.com")).await;
+    let b = raw_exchange_from("127.0.0.1", proxy.addr, &to("tenant-b.example.com")).await;
+    assert!(!replayed(&a));
+    assert!(!replayed(&b), "tenant-b's request got tenant-a's answer");
+    let hosts: Vec<_> = upstream
+        .seen()
+        .iter()
+        .map(|s| s.headers.get("host").cloned())
+        .collect();
+    assert_eq!(
+        hosts.len(),
+        2,
+        "each tenant's request reached the upstream: {hosts:?}"
+    );
+    let again = raw_exchange_from("127.0.0.1", proxy.addr, &to("TENANT-A.example.com")).await;
+    assert!(replayed(&again), "host names are case-insensitive");
+    assert_eq!(upstream.seen().len(), 2);
 }

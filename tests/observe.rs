@@ -116,6 +116,8 @@ async fn admin_and_explain_show_how_often_an_observed_key_was_seen() {
             "/orders",
             "-H",
             "Idempotency-Key: seen-3",
+            "-H",
+            &format!("Host: {}", proxy.addr),
             "--client-ip",
             "127.0.0.1",
             "--body",

@@ -193,6 +193,8 @@ async fn explain_digest_is_the_stored_key_and_admin_can_inspect_and_delete_it() 
             "Idempotency-Key: support-1",
             "-H",
             "Authorization: Bearer alice",
+            "-H",
+            "Host: 127.0.0.1",
             "--body",
         ])
         .arg(&body_file)

@@ -15,6 +15,8 @@ use idemgate::key::Digest;
 fn digest_of(proxy: &ProxyHandle, path: &str, headers: &[(&str, &str)], body: &str) -> Digest {
     let mut map = http::HeaderMap::new();
     map.insert("content-type", "application/json".parse().unwrap());
+    // The host is part of the key; routes and keys read it without its port.
+    map.insert("host", "127.0.0.1".parse().unwrap());
     for (n, v) in headers {
         map.insert(
             http::HeaderName::from_bytes(n.as_bytes()).unwrap(),

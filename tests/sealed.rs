@@ -35,6 +35,8 @@ fn digest_of(proxy: &ProxyHandle, key: &str) -> Digest {
     let mut headers = http::HeaderMap::new();
     headers.insert("idempotency-key", key.parse().unwrap());
     headers.insert("cookie", format!("sessionid={SECRET}").parse().unwrap());
+    // The host is part of the key; routes and keys read it without its port.
+    headers.insert("host", "127.0.0.1".parse().unwrap());
     let request = idemgate::explain::Request {
         method: Method::POST,
         uri: "/login".parse().unwrap(),

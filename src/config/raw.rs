@@ -66,6 +66,7 @@ pub struct RawConfig {
     pub routes: Option<Vec<RawRoute>>,
     pub trusted_proxies: Option<Vec<Parsed<crate::key::identity::Cidr>>>,
     pub session_cookies: Option<Vec<String>>,
+    pub credential_headers: Option<Vec<String>>,
     pub connections: Option<RawConnections>,
 }
 

@@ -125,9 +125,10 @@ pub fn derive_key(
     req: &RequestView<'_>,
     mut trace: Option<&mut Trace>,
 ) -> Result<Option<DerivedKey>, KeyError> {
-    let mut hasher = KeyHasher::new(b"idemgate:key:v1");
+    let mut hasher = KeyHasher::new(b"idemgate:key:v2");
     hasher.field(req.route.as_bytes());
     hasher.field(req.method.as_str().as_bytes());
+    hash_host(&mut hasher, req.headers);
     hash_scope(
         &mut hasher,
         &rule.scope,
@@ -211,6 +212,21 @@ pub fn derive_key(
     }))
 }
 
+/// The host the request names (`Host`, which an HTTP/2 `:authority` or an absolute-form
+/// target has set) as routes match it, in lower case, without port or trailing dot: one
+/// route can serve many hosts (the fallback, a `*.domain` route), and the same request to
+/// two tenants is two requests, while replicas reached on other ports share their keys.
+fn hash_host(hasher: &mut KeyHasher, headers: &HeaderMap) {
+    match headers.get(header::HOST) {
+        Some(host) => match host.to_str() {
+            Ok(host) => hasher.field_lowercase(crate::route::host_name(host).as_bytes()),
+            // Not a host the proxy admits (it answers 400); `explain` may still ask.
+            Err(_) => hasher.field_lowercase(host.as_bytes()),
+        },
+        None => hasher.absent(),
+    }
+}
+
 /// Issued tokens are 128 random bits in lower-case hex.
 fn is_token(token: &[u8]) -> bool {
     token.len() == 32
@@ -219,9 +235,10 @@ fn is_token(token: &[u8]) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
 }
 
-/// The store key of a one-time token: the token bound to the caller's scope. Route and
-/// method are left out because the token is issued before either is known; the payload
-/// fingerprint (which holds method and path) catches its reuse elsewhere.
+/// The store key of a one-time token: the token bound to the caller's scope. Route,
+/// method and host are left out because the token is issued before the request it is for
+/// is known; the payload fingerprint (which holds method and path) catches its reuse
+/// elsewhere, and a token is only ever its own caller's.
 pub fn token_digest(scope: &[ScopePart], req: &RequestView<'_>, token: &[u8]) -> Digest {
     let mut hasher = KeyHasher::new(b"idemgate:token:v1");
     hash_scope(&mut hasher, scope, req, None);
@@ -248,9 +265,9 @@ fn hash_scope(
         hasher.label(part);
         let value = match part {
             ScopePart::Caller => {
-                let tier = hash_caller(hasher, req);
+                let caller = hash_caller(hasher, req);
                 if let Some(t) = trace.as_deref_mut() {
-                    t.push(describe_tier(tier, req));
+                    t.push(describe_caller(caller, req));
                 }
                 continue;
             }
@@ -268,9 +285,9 @@ fn hash_scope(
                 // refuses, or `explain`), "absent" alone would be one key for everyone:
                 // the default caller stands in, after the marker no certificate can hash to.
                 hasher.absent();
-                let tier = hash_caller(hasher, req);
+                let caller = hash_caller(hasher, req);
                 if let Some(t) = trace.as_deref_mut() {
-                    t.push(format!("{part} (absent: {})", describe_tier(tier, req)));
+                    t.push(format!("{part} (absent: {})", describe_caller(caller, req)));
                 }
                 continue;
             }
@@ -290,37 +307,61 @@ fn hash_scope(
     }
 }
 
-/// The default identity ([`ScopePart::Caller`]): the first tier the request has, its name
-/// hashed before its value so tiers never collide. See [`super::identity`].
-fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Tier {
+/// The parts of the default identity a request was told apart by.
+#[derive(Debug, Default, Clone, Copy)]
+struct Caller {
+    authorization: bool,
+    session: bool,
+    credential_headers: bool,
+    /// Neither an `Authorization` credential nor a session: the client address, with the
+    /// whole `Cookie` header when cookies were sent ([`Tier::CookieHeader`]).
+    fallback: Option<Tier>,
+}
+
+/// The default identity ([`ScopePart::Caller`]): every credential the request carries,
+/// each part's name hashed before its value so parts never collide. See
+/// [`super::identity`].
+fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Caller {
     let headers = req.headers;
+    let mut caller = Caller::default();
     // An empty or placeholder value (`Bearer null` from a logged-out page) is sent alike by
-    // every anonymous caller: it names no one, so the next tier decides.
+    // every anonymous caller: it names no one, so it is left out.
     if has_credential(headers) {
         if let Some(auth) = header_value(headers, &header::AUTHORIZATION) {
             hasher.field(Tier::Authorization.as_str().as_bytes());
             hasher.field(&auth);
-            return Tier::Authorization;
+            caller.authorization = true;
         }
     }
     // One pass over the cookies, in the order sent (a browser sends its jar in one order).
-    let mut sessions = false;
+    // Beside an `Authorization` too: one shared credential (a basic-auth gate) in front of
+    // per-user sessions must not merge the users.
     for (name, value) in cookies(headers) {
         // A cleared session (empty, `deleted`, a placeholder) is shared by every
         // logged-out browser.
         if !req.identity.is_session_cookie(name) || !names_a_session(value) {
             continue;
         }
-        if !sessions {
+        if !caller.session {
             hasher.field(Tier::SessionCookie.as_str().as_bytes());
-            sessions = true;
+            caller.session = true;
         }
         hasher.field(name);
         hasher.field(value);
     }
-    if sessions {
-        return Tier::SessionCookie;
+    for name in &req.identity.credential_headers {
+        if let Some(value) = header_value(headers, name) {
+            hasher.field(Tier::CredentialHeader.as_str().as_bytes());
+            hasher.field(name.as_str().as_bytes());
+            hasher.field(&value);
+            caller.credential_headers = true;
+        }
     }
+    if caller.authorization || caller.session {
+        return caller;
+    }
+    // A credential header alone may be one key for every user of an app: the address
+    // still tells them apart.
     if let Some(all) = header_value(headers, &header::COOKIE) {
         // Cookies of no listed name may be a session under another name, or may be the
         // same consent or theme cookie many people send: with the address, a session
@@ -328,11 +369,13 @@ fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Tier {
         hasher.field(Tier::CookieHeader.as_str().as_bytes());
         hasher.field(&all);
         hash_ip(hasher, req.client_address());
-        return Tier::CookieHeader;
+        caller.fallback = Some(Tier::CookieHeader);
+        return caller;
     }
     hasher.field(Tier::ClientAddress.as_str().as_bytes());
     hash_ip(hasher, req.client_address());
-    Tier::ClientAddress
+    caller.fallback = Some(Tier::ClientAddress);
+    caller
 }
 
 /// Whether any `Authorization` field carries a credential ([`carries_credential`]).
@@ -352,34 +395,45 @@ fn hash_ip(hasher: &mut KeyHasher, ip: Option<IpAddr>) {
     }
 }
 
-/// What `idemgate explain` says of the caller tier used, without its value.
-fn describe_tier(tier: Tier, req: &RequestView<'_>) -> String {
+/// What `idemgate explain` says of the parts that named the caller, without their values.
+fn describe_caller(caller: Caller, req: &RequestView<'_>) -> String {
     let address = if req.peer.is_none() {
         "client address (not known here: give --client-ip)"
     } else {
         "client address"
     };
-    let passed_over =
-        if tier != Tier::Authorization && req.headers.contains_key(header::AUTHORIZATION) {
-            " (the Authorization header carries no credential)"
-        } else {
-            ""
-        };
-    let mut described = match tier {
-        Tier::Authorization => "caller by Authorization header".to_owned(),
-        Tier::SessionCookie => {
-            let names: Vec<String> = cookies(req.headers)
-                .filter(|(n, v)| !v.is_empty() && req.identity.is_session_cookie(n))
-                .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
-                .collect();
-            format!("caller by session cookie ({})", names.join(", "))
-        }
-        Tier::CookieHeader => {
-            format!("caller by whole Cookie header and {address} (no listed session cookie)")
-        }
-        Tier::ClientAddress => format!("caller by {address}"),
-    };
-    described.push_str(passed_over);
+    let mut parts = Vec::new();
+    if caller.authorization {
+        parts.push("Authorization header".to_owned());
+    }
+    if caller.session {
+        let names: Vec<String> = cookies(req.headers)
+            .filter(|(n, v)| req.identity.is_session_cookie(n) && names_a_session(v))
+            .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
+            .collect();
+        parts.push(format!("session cookie ({})", names.join(", ")));
+    }
+    match caller.fallback {
+        Some(Tier::CookieHeader) => parts.push(format!(
+            "whole Cookie header and {address} (no listed session cookie)"
+        )),
+        Some(_) => parts.push(address.to_owned()),
+        None => {}
+    }
+    if caller.credential_headers {
+        let names: Vec<&str> = req
+            .identity
+            .credential_headers
+            .iter()
+            .filter(|n| req.headers.contains_key(*n))
+            .map(http::HeaderName::as_str)
+            .collect();
+        parts.push(format!("credential header ({})", names.join(", ")));
+    }
+    let mut described = format!("caller by {}", parts.join(" + "));
+    if !caller.authorization && req.headers.contains_key(header::AUTHORIZATION) {
+        described.push_str(" (the Authorization header carries no credential)");
+    }
     described
 }
 
@@ -500,6 +554,18 @@ impl KeyHasher {
     fn field(&mut self, bytes: &[u8]) {
         self.0.update((bytes.len() as u64).to_be_bytes());
         self.0.update(bytes);
+    }
+
+    /// `field` of `bytes` in ASCII lower case, without allocating.
+    fn field_lowercase(&mut self, bytes: &[u8]) {
+        self.0.update((bytes.len() as u64).to_be_bytes());
+        let mut buf = [0u8; 64];
+        for chunk in bytes.chunks(buf.len()) {
+            let lower = &mut buf[..chunk.len()];
+            lower.copy_from_slice(chunk);
+            lower.make_ascii_lowercase();
+            self.0.update(lower);
+        }
     }
 
     /// A scope part's label, as `field` of its `Display` text.

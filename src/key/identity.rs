@@ -1,12 +1,16 @@
 //! Who is asking: the caller identity a key is scoped by when a route names no `scope`, and
 //! the client address behind trusted proxies.
 //!
-//! The default identity is tiered, first present wins: the `Authorization` header when it
-//! carries a credential ([`carries_credential`]), else the session cookie(s) (names from
-//! `session_cookies`, empty values skipped), else the whole `Cookie` header (a session
-//! cookie of a name not listed still keeps two browsers apart), else the client address.
-//! The tier used is hashed with its value, so a caller known by a cookie can never share a
-//! key with one known by an address whose bytes happen to be the same.
+//! The default identity is every credential the request carries: the `Authorization`
+//! header when it carries one ([`carries_credential`]) and the session cookie(s) (names
+//! from `session_cookies`, cleared values skipped), both when both are sent, since one
+//! shared `Authorization` (a staging site's basic-auth gate) would otherwise merge every
+//! user behind it. With neither, the whole `Cookie` header (a session cookie of a name not
+//! listed still keeps two browsers apart) with the client address, else the client address.
+//! Headers in `credential_headers` (`X-Api-Key`, …) are mixed in beside whichever of those
+//! applies, never instead of it. Each part is hashed after its tier's name, so a caller
+//! known by a cookie can never share a key with one known by an address whose bytes happen
+//! to be the same.
 //!
 //! The client address is the TCP peer, unless the peer is in `trusted_proxies`: then it is
 //! the right-most `X-Forwarded-For` entry that is not itself a trusted proxy, as nginx's
@@ -29,7 +33,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use http::header::{self, HeaderMap};
+use http::header::{self, HeaderMap, HeaderName};
 
 use crate::proxy::headers::X_FORWARDED_FOR;
 
@@ -53,14 +57,28 @@ pub const DEFAULT_SESSION_COOKIES: &[&str] = &[
     ".AspNetCore.Cookies",
 ];
 
-/// How callers are told apart: the proxies whose `X-Forwarded-For` is believed, and the
-/// cookie names that hold a session.
+/// Header names that carry a credential besides `Authorization`, by default: API keys and
+/// access tokens as common API gateways and frameworks name them.
+pub const DEFAULT_CREDENTIAL_HEADERS: &[&str] = &[
+    "x-api-key",
+    "api-key",
+    "x-auth-token",
+    "x-access-token",
+    "private-token",
+];
+
+/// How callers are told apart: the proxies whose `X-Forwarded-For` is believed, the
+/// cookie names that hold a session, and the headers that carry a credential.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     /// Peers whose `X-Forwarded-For` names the client.
     pub trusted_proxies: TrustedProxies,
     /// Cookie names that identify a session (case-sensitive, as cookie names are).
     pub session_cookies: Vec<String>,
+    /// Headers whose value is a credential (an API key, an access token). They are mixed
+    /// into the caller when present, never instead of anything: one key shared by every
+    /// user of an app (a public API key) must not merge those users.
+    pub credential_headers: Vec<HeaderName>,
 }
 
 impl Default for Identity {
@@ -70,6 +88,10 @@ impl Default for Identity {
             session_cookies: DEFAULT_SESSION_COOKIES
                 .iter()
                 .map(|&n| n.to_owned())
+                .collect(),
+            credential_headers: DEFAULT_CREDENTIAL_HEADERS
+                .iter()
+                .map(|&n| HeaderName::from_static(n))
                 .collect(),
         }
     }
@@ -82,8 +104,8 @@ impl Identity {
     }
 }
 
-/// Which tier of the default identity named the caller. Its name is hashed into the key;
-/// `idemgate explain` shows it (never the value).
+/// One part of the default identity. Its name is hashed into the key before its value;
+/// `idemgate explain` shows which parts named the caller (never their values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
     /// The `Authorization` header.
@@ -94,6 +116,8 @@ pub enum Tier {
     CookieHeader,
     /// The client address (TCP peer, or `X-Forwarded-For` behind trusted proxies).
     ClientAddress,
+    /// A header named in `credential_headers`: mixed in beside the others, never alone.
+    CredentialHeader,
 }
 
 impl Tier {
@@ -104,6 +128,7 @@ impl Tier {
             Self::SessionCookie => "session_cookie",
             Self::CookieHeader => "cookie_header",
             Self::ClientAddress => "client_address",
+            Self::CredentialHeader => "credential_header",
         }
     }
 }
@@ -338,15 +363,31 @@ impl TrustedProxies {
     }
 }
 
-/// One `X-Forwarded-For` entry: an IPv4 or IPv6 address, the latter bracketed or not.
-/// Ports, `unknown` and obfuscated names are not addresses.
+/// One `X-Forwarded-For` entry: an IPv4 or IPv6 address, the latter bracketed or not, with
+/// or without a port (`203.0.113.9:51234`, `[2001:db8::1]:443`: Azure Application Gateway
+/// and some others write the client's port). `unknown` and obfuscated names are not
+/// addresses.
 fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
     let text = std::str::from_utf8(entry).ok()?;
-    let text = text
-        .strip_prefix('[')
-        .and_then(|t| t.strip_suffix(']'))
-        .unwrap_or(text);
-    text.parse::<IpAddr>().ok().map(|ip| ip.to_canonical())
+    let is_port = |p: &str| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit());
+    let ip = if let Ok(ip) = text.parse::<IpAddr>() {
+        ip
+    } else if let Some(rest) = text.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        if !after.is_empty() && !after.strip_prefix(':').is_some_and(is_port) {
+            return None;
+        }
+        inside.parse::<IpAddr>().ok()?
+    } else {
+        // Only IPv4 takes an unbracketed port: in `2001:db8::1:443` the port cannot be told
+        // from the address.
+        let (addr, port) = text.split_once(':')?;
+        if !is_port(port) {
+            return None;
+        }
+        IpAddr::V4(addr.parse::<Ipv4Addr>().ok()?)
+    };
+    Some(ip.to_canonical())
 }
 
 #[cfg(test)]
@@ -421,12 +462,35 @@ mod tests {
         assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("2001:db8::1"));
     }
 
+    /// Balancers that write the client's port (Azure Application Gateway) name the client
+    /// as well as those that do not: read as the address, every client behind them would be
+    /// the balancer, one caller.
+    #[test]
+    fn an_entry_with_a_port_names_its_address() {
+        let t = trusted(&["10.0.0.0/8"]);
+        for (entry, client) in [
+            ("203.0.113.9:51234", "203.0.113.9"),
+            ("[2001:db8::1]:443", "2001:db8::1"),
+            ("[2001:db8::2]", "2001:db8::2"),
+            ("198.51.100.7:1, 10.0.0.3:8080", "198.51.100.7"),
+        ] {
+            assert_eq!(
+                t.client_address(ip("10.0.0.1"), &xff(&[entry])),
+                ip(client),
+                "{entry}"
+            );
+        }
+    }
+
     #[test]
     fn a_malformed_entry_from_a_trusted_peer_leaves_the_peer() {
         let t = trusted(&["10.0.0.0/8"]);
         for bad in [
             "unknown",
-            "203.0.113.9:443",
+            "203.0.113.9:",
+            "203.0.113.9:443x",
+            "203.0.113.9:123456",
+            "[2001:db8::1]443",
             "203.0.113.9 10.0.0.3",
             "_hidden",
         ] {

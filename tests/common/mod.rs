@@ -655,6 +655,13 @@ pub fn stored_key(
             http::HeaderValue::from_str(value).unwrap(),
         );
     }
+    // The host is part of the key: the one [`post`] and [`send`] name, unless given.
+    if !map.contains_key(http::header::HOST) {
+        map.insert(
+            http::header::HOST,
+            http::HeaderValue::from_str(&proxy.addr.to_string()).unwrap(),
+        );
+    }
     let request = idemgate::explain::Request {
         method: Method::POST,
         uri: path.parse().unwrap(),
@@ -767,10 +774,11 @@ pub async fn raw_exchange_from(source: &str, addr: SocketAddr, request: &[u8]) -
 }
 
 /// A JSON POST of `body` to `path` as raw HTTP/1.1 with `extra` header lines
-/// (`"name: value"`), closing the connection after the answer.
+/// (`"name: value"`), closing the connection after the answer. Its `Host` is the one
+/// [`post`] and [`send`] name without their port, so their requests share keys with it.
 pub fn raw_post(path: &str, extra: &[&str], body: &str) -> Vec<u8> {
     let mut head = format!(
-        "POST {path} HTTP/1.1\r\nhost: app.example\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+        "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
         body.len()
     );
     for line in extra {

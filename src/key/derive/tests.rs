@@ -196,12 +196,13 @@ fn with(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
 }
 
 #[test]
-fn the_caller_is_authorization_else_session_else_cookies_else_address() {
+fn the_caller_is_authorization_and_session_else_cookies_else_address() {
     let a = [192, 0, 2, 1];
     let b = [192, 0, 2, 2];
-    // Authorization names the caller, wherever it comes from and whatever its cookies.
-    let alice = with(&[("authorization", "Bearer alice"), ("cookie", "sid=1")]);
-    let alice2 = with(&[("authorization", "Bearer alice"), ("cookie", "sid=2")]);
+    // Authorization names the caller, wherever it comes from and whatever cookies of no
+    // session name it sends.
+    let alice = with(&[("authorization", "Bearer alice"), ("cookie", "theme=1")]);
+    let alice2 = with(&[("authorization", "Bearer alice"), ("cookie", "theme=2")]);
     assert_eq!(key_of(&alice, a), key_of(&alice2, b));
     assert_ne!(
         key_of(&alice, a),
@@ -228,6 +229,111 @@ fn the_caller_is_authorization_else_session_else_cookies_else_address() {
     assert_ne!(key_of(&none, a), key_of(&none, b));
 }
 
+/// One `Authorization` shared by many people (a staging site's basic-auth gate, a
+/// gateway's service token) in front of per-user sessions: the session still tells them
+/// apart, and each one's retry still finds its own key from anywhere.
+#[test]
+fn a_shared_authorization_does_not_hide_the_session() {
+    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
+    let gate = "Basic c3RhZmY6cGFzcw==";
+    let alice = with(&[("authorization", gate), ("cookie", "sessionid=alice")]);
+    let bob = with(&[("authorization", gate), ("cookie", "sessionid=bob")]);
+    assert_ne!(key_of(&alice, a), key_of(&bob, a));
+    assert_eq!(key_of(&alice, a), key_of(&alice, b));
+    // Each part alone is another caller than both together.
+    let gate_only = with(&[("authorization", gate)]);
+    let session_only = with(&[("cookie", "sessionid=alice")]);
+    assert_ne!(key_of(&alice, a), key_of(&gate_only, a));
+    assert_ne!(key_of(&alice, a), key_of(&session_only, a));
+}
+
+/// Callers told apart by an API key header rather than `Authorization`, from one address
+/// (an integration platform, a NAT): the key header keeps them apart. It is mixed in,
+/// never instead of the address: one public key shared by every user of an app must not
+/// merge them.
+#[test]
+fn a_credential_header_is_mixed_into_the_caller() {
+    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
+    let ka = with(&[("x-api-key", "customer-a")]);
+    let kb = with(&[("x-api-key", "customer-b")]);
+    assert_ne!(key_of(&ka, a), key_of(&kb, a));
+    assert_ne!(key_of(&ka, a), key_of(&HeaderMap::new(), a));
+    // The address still counts beside it.
+    assert_ne!(key_of(&ka, a), key_of(&ka, b));
+    // Beside an Authorization credential it is mixed in too, and the address is not.
+    let auth_ka = with(&[("authorization", "Bearer t"), ("x-api-key", "customer-a")]);
+    let auth_kb = with(&[("authorization", "Bearer t"), ("x-api-key", "customer-b")]);
+    assert_ne!(key_of(&auth_ka, a), key_of(&auth_kb, a));
+    assert_eq!(key_of(&auth_ka, a), key_of(&auth_ka, b));
+    // Every default name counts; a name not listed does not.
+    for name in crate::key::identity::DEFAULT_CREDENTIAL_HEADERS {
+        let mut one = HeaderMap::new();
+        one.insert(
+            http::HeaderName::from_static(name),
+            HeaderValue::from_static("k1"),
+        );
+        let mut two = HeaderMap::new();
+        two.insert(
+            http::HeaderName::from_static(name),
+            HeaderValue::from_static("k2"),
+        );
+        assert_ne!(key_of(&one, a), key_of(&two, a), "{name}");
+    }
+    let unlisted = with(&[("x-tenant-key", "k1")]);
+    assert_eq!(key_of(&unlisted, a), key_of(&HeaderMap::new(), a));
+}
+
+/// One route can serve several hosts: the same request from the same caller to two hosts
+/// is two requests. The host is taken as routes match it: any case, without port or
+/// trailing dot.
+#[test]
+fn the_host_is_part_of_every_key() {
+    let a = [192, 0, 2, 1];
+    let tenant_a = with(&[("host", "tenant-a.example.com")]);
+    let tenant_b = with(&[("host", "tenant-b.example.com")]);
+    assert_ne!(key_of(&tenant_a, a), key_of(&tenant_b, a));
+    assert_eq!(
+        key_of(&tenant_a, a),
+        key_of(&with(&[("host", "Tenant-A.Example.COM")]), a)
+    );
+    for same in ["tenant-a.example.com:8443", "tenant-a.example.com."] {
+        assert_eq!(
+            key_of(&tenant_a, a),
+            key_of(&with(&[("host", same)]), a),
+            "{same}"
+        );
+    }
+    assert_ne!(
+        key_of(&with(&[("host", "[2001:db8::1]:8080")]), a),
+        key_of(&with(&[("host", "[2001:db8::2]:8080")]), a)
+    );
+    assert_ne!(key_of(&tenant_a, a), key_of(&HeaderMap::new(), a));
+    // A name longer than the lower-casing buffer is still compared whole.
+    let long = "x".repeat(100) + ".example.com";
+    let long_b = "x".repeat(100) + ".example.org";
+    let mut one = HeaderMap::new();
+    one.insert("host", HeaderValue::from_str(&long).unwrap());
+    let mut two = HeaderMap::new();
+    two.insert("host", HeaderValue::from_str(&long_b).unwrap());
+    assert_ne!(key_of(&one, a), key_of(&two, a));
+    // Client keys and fields too, not only fingerprints.
+    let rule = KeyRule {
+        source: KeySource::Header(http::HeaderName::from_static("idempotency-key")),
+        required: true,
+        scope: default_scope(),
+        payload: Box::new(FingerprintRule::standard()),
+    };
+    let keyed = |host: &'static str| {
+        let h = with(&[("host", host), ("idempotency-key", "k-1")]);
+        let v = RequestView {
+            peer: Some(IpAddr::from(a)),
+            ..view(&h, b"{}")
+        };
+        derive_key(&rule, &v, None).unwrap().unwrap().key
+    };
+    assert_ne!(keyed("tenant-a.example.com"), keyed("tenant-b.example.com"));
+}
+
 /// The tier is hashed with the value: a header value equal to an address's octets, or
 /// to a session value, still makes another key.
 #[test]
@@ -252,6 +358,26 @@ fn explain_names_the_tier_and_never_the_value() {
     derive_key(&fingerprint_rule(), &view(&h, b"{}"), Some(&mut trace)).unwrap();
     assert_eq!(trace.scope, ["caller by Authorization header"]);
     assert!(!trace.material.contains("secret"));
+    let h = with(&[
+        ("authorization", "Basic c2VjcmV0"),
+        ("cookie", "sessionid=deleted; sid=secret-value"),
+        ("x-api-key", "secret-value"),
+    ]);
+    let mut trace = Trace::default();
+    derive_key(&fingerprint_rule(), &view(&h, b"{}"), Some(&mut trace)).unwrap();
+    // `sessionid=deleted` is a cleared session: the key does not use it, so neither does
+    // the explanation.
+    assert_eq!(
+        trace.scope,
+        ["caller by Authorization header + session cookie (sid) + credential header (x-api-key)"]
+    );
+    let h = with(&[("x-api-key", "secret-value")]);
+    let mut trace = Trace::default();
+    derive_key(&fingerprint_rule(), &view(&h, b"{}"), Some(&mut trace)).unwrap();
+    assert_eq!(
+        trace.scope,
+        ["caller by client address + credential header (x-api-key)"]
+    );
 }
 
 /// An `Authorization` that carries no credential is what every logged-out page sends: it
