@@ -774,6 +774,35 @@ fn the_dockerfile_image_runs_idemgate_as_a_non_root_user() {
     }
 }
 
+/// The image is built with the flags the project is tested and measured with: the builder
+/// copies `.cargo/` (its `--cfg tokio_unstable` turns on the runtime setting of
+/// `batch_wakeups` in src/main.rs), and the ignore file lets it into the build context.
+#[test]
+fn the_image_is_built_with_the_projects_cargo_flags() {
+    let root = deploy_dir().join("..");
+    let flags = std::fs::read_to_string(root.join(".cargo/config.toml")).unwrap();
+    assert!(flags.contains("tokio_unstable"), "{flags}");
+    let stages = dockerfile_stages();
+    let (_, builder) = stages
+        .iter()
+        .find(|(name, _)| name == "builder")
+        .expect("a builder stage");
+    let copy_at = builder.iter().position(|i| {
+        let (keyword, rest) = split_instruction(i);
+        keyword == "COPY" && rest.split_whitespace().next() == Some(".cargo/")
+    });
+    let build_at = builder.iter().position(|i| i.contains("cargo build"));
+    assert!(
+        matches!((copy_at, build_at), (Some(c), Some(b)) if c < b),
+        "the builder copies .cargo/ before it builds: {builder:?}"
+    );
+    let ignore = read("Dockerfile.dockerignore");
+    assert!(
+        ignore.lines().any(|l| l.trim() == "!.cargo"),
+        "the build context keeps .cargo/: {ignore}"
+    );
+}
+
 /// The compose demos: each file with the idemgate config it mounts.
 const COMPOSE_DEMOS: [(&str, &str); 2] = [
     ("docker-compose.yml", "compose/proxy.yaml"),
