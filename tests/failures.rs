@@ -2,7 +2,7 @@
 //! wait, an upstream that times out or resets after the request went out, answers too
 //! large to store, a full memory store, and a store that fails under a claim (a client
 //! gone mid-claim, a reply past the store timeout, a duplicate of a running request on a
-//! route that fails open). Each test counts the upstream's executions and
+//! route that fails open, a completion whose reply was lost). Each test counts the upstream's executions and
 //! waits on the upstream's or the proxy's own signals (a request arrived at a gate,
 //! duplicates parked waiting), never on a sleep winning a race.
 
@@ -433,6 +433,9 @@ struct HeldReplies {
     hold: Arc<tokio::sync::watch::Sender<bool>>,
     /// Set: the next reply read from Redis goes through, and every one after it is held.
     hold_after_next: Arc<AtomicBool>,
+    /// Set: the next reply read from Redis is dropped with its connection (the command
+    /// ran, the proxy never hears so).
+    drop_next: Arc<AtomicBool>,
     /// Bytes of replies the relay has read from Redis (held back or not): once a command
     /// sent through it has a reply here, Redis has run it.
     received: Arc<AtomicUsize>,
@@ -450,9 +453,11 @@ async fn relay_to(port: u16) -> HeldReplies {
     let (hold, held) = tokio::sync::watch::channel(false);
     let hold = Arc::new(hold);
     let hold_after_next = Arc::<AtomicBool>::default();
+    let drop_next = Arc::<AtomicBool>::default();
     let received = Arc::<AtomicUsize>::default();
     let counted = Arc::clone(&received);
     let (holding, then_hold) = (Arc::clone(&hold), Arc::clone(&hold_after_next));
+    let dropping = Arc::clone(&drop_next);
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             // Redis is gone once a test ends; the proxy may still try to reconnect.
@@ -467,6 +472,7 @@ async fn relay_to(port: u16) -> HeldReplies {
             let mut held = held.clone();
             let counted = Arc::clone(&counted);
             let (holding, then_hold) = (Arc::clone(&holding), Arc::clone(&then_hold));
+            let dropping = Arc::clone(&dropping);
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
                 loop {
@@ -475,6 +481,10 @@ async fn relay_to(port: u16) -> HeldReplies {
                         Ok(n) => n,
                     };
                     counted.fetch_add(n, Ordering::SeqCst);
+                    // Returning drops the reply and closes the proxy's side.
+                    if dropping.swap(false, Ordering::SeqCst) {
+                        return;
+                    }
                     if held.wait_for(|hold| !*hold).await.is_err() {
                         return;
                     }
@@ -494,6 +504,7 @@ async fn relay_to(port: u16) -> HeldReplies {
         addr,
         hold,
         hold_after_next,
+        drop_next,
         received,
     }
 }
@@ -801,4 +812,44 @@ async fn with_fail_open_a_duplicate_found_in_flight_is_never_forwarded_when_the_
     let duplicate = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
     let duplicate = answered_without_running(&upstream, duplicate).await;
     the_duplicate_got_409_and_the_owner_ran_once(&relay, &upstream, owner, duplicate).await;
+}
+
+/// An owner's completion that Redis carried out but whose reply was lost with its
+/// connection is retried on a new one (a swap, then the settle script): the answer is
+/// stored, and the owner counts it as stored (`executed`), not as "executed, answer not
+/// stored" by another owner. Its repeat gets the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_retried_after_its_reply_was_lost_counts_as_stored() {
+    let (_redis, relay, upstream, proxy) = behind_held_replies(&route("")).await;
+    // The connection is open, and the server's way of swapping is known.
+    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
+    assert_eq!(warm.status, StatusCode::CREATED);
+    let addr = proxy.addr;
+    let headers = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
+    let owner = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
+    upstream.arrived("pay", 1).await;
+    // The owner's next command is its completion (it renews every 10 s).
+    relay.drop_next.store(true, Ordering::SeqCst);
+    upstream.open("pay");
+    assert_eq!(owner.await.unwrap().status, StatusCode::CREATED);
+    assert!(
+        !relay.drop_next.load(Ordering::SeqCst),
+        "no reply was dropped"
+    );
+    let executed = |outcome: &str| {
+        proxy.metric(&format!(
+            r#"idemgate_requests_total{{route="orders",outcome="{outcome}"}}"#
+        ))
+    };
+    until(
+        || executed("executed") + executed("executed_not_stored") >= 2.0,
+        "the owner's outcome counted",
+    )
+    .await;
+    assert_eq!(executed("executed_not_stored"), 0.0);
+    assert_eq!(executed("executed"), 2.0, "the warm-up and the owner");
+    let repeat = post(proxy.addr, "/orders", &headers, "{}").await;
+    assert_eq!(repeat.status, StatusCode::CREATED);
+    assert!(repeat.replayed());
+    assert_eq!(upstream.executed_for("pay"), 1);
 }
