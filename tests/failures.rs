@@ -436,6 +436,9 @@ struct HeldReplies {
     /// Set: the next reply read from Redis is dropped with its connection (the command
     /// ran, the proxy never hears so).
     drop_next: Arc<AtomicBool>,
+    /// Set: Redis is cut off; a command sent through the relay is dropped with its
+    /// connection (it never runs).
+    cut: Arc<AtomicBool>,
     /// Bytes of replies the relay has read from Redis (held back or not): once a command
     /// sent through it has a reply here, Redis has run it.
     received: Arc<AtomicUsize>,
@@ -458,6 +461,8 @@ async fn relay_to(port: u16) -> HeldReplies {
     let counted = Arc::clone(&received);
     let (holding, then_hold) = (Arc::clone(&hold), Arc::clone(&hold_after_next));
     let dropping = Arc::clone(&drop_next);
+    let cut = Arc::<AtomicBool>::default();
+    let cutting = Arc::clone(&cut);
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             // Redis is gone once a test ends; the proxy may still try to reconnect.
@@ -466,8 +471,22 @@ async fn relay_to(port: u16) -> HeldReplies {
             };
             let (mut from_client, mut to_client) = client.into_split();
             let (mut from_server, mut to_server) = server.into_split();
+            let cutting = Arc::clone(&cutting);
+            // Returning drops both halves: Redis sees the connection end, and so does the
+            // proxy once Redis has closed it.
             tokio::spawn(async move {
-                let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match from_client.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if cutting.load(Ordering::SeqCst)
+                        || to_server.write_all(&buf[..n]).await.is_err()
+                    {
+                        return;
+                    }
+                }
             });
             let mut held = held.clone();
             let counted = Arc::clone(&counted);
@@ -505,6 +524,7 @@ async fn relay_to(port: u16) -> HeldReplies {
         hold,
         hold_after_next,
         drop_next,
+        cut,
         received,
     }
 }
@@ -848,6 +868,41 @@ async fn a_completion_retried_after_its_reply_was_lost_counts_as_stored() {
     .await;
     assert_eq!(executed("executed_not_stored"), 0.0);
     assert_eq!(executed("executed"), 2.0, "the warm-up and the owner");
+    let repeat = post(proxy.addr, "/orders", &headers, "{}").await;
+    assert_eq!(repeat.status, StatusCode::CREATED);
+    assert!(repeat.replayed());
+    assert_eq!(upstream.executed_for("pay"), 1);
+}
+
+/// An owner whose completion fails (Redis cut off as the upstream answers, the write and
+/// its retry on a new connection both lost) still gives its client the answer, and makes
+/// the completion again in the background: once Redis is back the answer is stored, and
+/// the repeat gets the replay instead of finding the claim lapsed (a 409 for a day).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_the_store_failed_is_made_again_once_it_is_back() {
+    let (redis, relay, upstream, proxy) = behind_held_replies(&route("")).await;
+    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
+    assert_eq!(warm.status, StatusCode::CREATED);
+    let addr = proxy.addr;
+    let headers = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
+    let owner = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
+    upstream.arrived("pay", 1).await;
+    relay.cut.store(true, Ordering::SeqCst);
+    upstream.open("pay");
+    assert_eq!(owner.await.unwrap().status, StatusCode::CREATED);
+    let unknown = r#"idemgate_requests_total{route="orders",outcome="unknown"}"#;
+    until(|| proxy.metric(unknown) == 1.0, "the completion to fail").await;
+    assert_eq!(
+        record_kinds(&redis),
+        ["D", "I"],
+        "the claim is left in flight"
+    );
+    relay.cut.store(false, Ordering::SeqCst);
+    until(
+        || record_kinds(&redis) == ["D", "D"],
+        "the completion made again",
+    )
+    .await;
     let repeat = post(proxy.addr, "/orders", &headers, "{}").await;
     assert_eq!(repeat.status, StatusCode::CREATED);
     assert!(repeat.replayed());

@@ -560,7 +560,8 @@ fn stored_problem(error: &ProxyError) -> StoredResponse {
     StoredResponse::new(status, &headers, &body)
 }
 
-/// Settles the lease; a store failure is logged (the claim lapses by its lease then).
+/// Settles the lease; a store failure is logged, and the lease makes the settlement again
+/// in the background until its lease has passed (the claim lapses then).
 async fn write(lease: Lease, settlement: Settlement) -> Option<Settled> {
     let what = settlement.as_str();
     match lease.settle(settlement).await {
@@ -579,7 +580,11 @@ async fn write(lease: Lease, settlement: Settlement) -> Option<Settled> {
         }
         Ok(settled) => Some(settled),
         Err(e) => {
-            tracing::error!(settled = what, error = %e, "could not settle the claim");
+            tracing::error!(
+                settled = what,
+                error = %e,
+                "could not settle the claim; retrying in the background within its lease"
+            );
             None
         }
     }
