@@ -117,7 +117,8 @@ pub struct Unknown {
     pub until: SystemTime,
 }
 
-/// Store failures; with `on_store_error` they become a 503 or an unprotected forward.
+/// Store failures; with `on_store_error` they become a 503 or an unprotected forward
+/// (never [`StoreError::FoundInFlight`]: that request is a duplicate of a running one).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store is full: of in-flight claims none of which may be evicted, or of live
@@ -130,6 +131,22 @@ pub enum StoreError {
     /// The backend could not be reached or answered an error.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The backend failed after the claim had found its key in flight (another owner
+    /// runs it), before the duplicate could wait on it: the request is a duplicate of one
+    /// that may be running, so it must not be forwarded unprotected.
+    #[error("store unavailable after finding the key in flight: {0}")]
+    FoundInFlight(String),
+}
+
+impl StoreError {
+    /// This error, met by a claim that had found its key in flight: an outage becomes
+    /// [`StoreError::FoundInFlight`].
+    pub(crate) fn after_in_flight(self) -> Self {
+        match self {
+            Self::Unavailable(e) => Self::FoundInFlight(e),
+            other => other,
+        }
+    }
 }
 
 /// A store backend.

@@ -1,13 +1,15 @@
 //! Exactly once when things fail: an owner whose upstream answers 500 while duplicates
 //! wait, an upstream that times out or resets after the request went out, answers too
-//! large to store, and a full memory store. Each test counts the upstream's executions and
+//! large to store, a full memory store, and a store that fails under a claim (a client
+//! gone mid-claim, a reply past the store timeout, a duplicate of a running request on a
+//! route that fails open, a completion whose reply was lost). Each test counts the upstream's executions and
 //! waits on the upstream's or the proxy's own signals (a request arrived at a gate,
 //! duplicates parked waiting), never on a sleep winning a race.
 
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -428,7 +430,15 @@ async fn four_concurrent_200_mb_answers_keep_the_proxy_under_300_mb() {
 /// reaches Redis at once, what Redis answers waits while `hold` is set.
 struct HeldReplies {
     addr: SocketAddr,
-    hold: tokio::sync::watch::Sender<bool>,
+    hold: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Set: the next reply read from Redis goes through, and every one after it is held.
+    hold_after_next: Arc<AtomicBool>,
+    /// Set: the next reply read from Redis is dropped with its connection (the command
+    /// ran, the proxy never hears so).
+    drop_next: Arc<AtomicBool>,
+    /// Set: Redis is cut off; a command sent through the relay is dropped with its
+    /// connection (it never runs).
+    cut: Arc<AtomicBool>,
     /// Bytes of replies the relay has read from Redis (held back or not): once a command
     /// sent through it has a reply here, Redis has run it.
     received: Arc<AtomicUsize>,
@@ -444,8 +454,15 @@ async fn relay_to(port: u16) -> HeldReplies {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (hold, held) = tokio::sync::watch::channel(false);
+    let hold = Arc::new(hold);
+    let hold_after_next = Arc::<AtomicBool>::default();
+    let drop_next = Arc::<AtomicBool>::default();
     let received = Arc::<AtomicUsize>::default();
     let counted = Arc::clone(&received);
+    let (holding, then_hold) = (Arc::clone(&hold), Arc::clone(&hold_after_next));
+    let dropping = Arc::clone(&drop_next);
+    let cut = Arc::<AtomicBool>::default();
+    let cutting = Arc::clone(&cut);
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             // Redis is gone once a test ends; the proxy may still try to reconnect.
@@ -454,11 +471,27 @@ async fn relay_to(port: u16) -> HeldReplies {
             };
             let (mut from_client, mut to_client) = client.into_split();
             let (mut from_server, mut to_server) = server.into_split();
+            let cutting = Arc::clone(&cutting);
+            // Returning drops both halves: Redis sees the connection end, and so does the
+            // proxy once Redis has closed it.
             tokio::spawn(async move {
-                let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match from_client.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if cutting.load(Ordering::SeqCst)
+                        || to_server.write_all(&buf[..n]).await.is_err()
+                    {
+                        return;
+                    }
+                }
             });
             let mut held = held.clone();
             let counted = Arc::clone(&counted);
+            let (holding, then_hold) = (Arc::clone(&holding), Arc::clone(&then_hold));
+            let dropping = Arc::clone(&dropping);
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
                 loop {
@@ -467,9 +500,19 @@ async fn relay_to(port: u16) -> HeldReplies {
                         Ok(n) => n,
                     };
                     counted.fetch_add(n, Ordering::SeqCst);
-                    if held.wait_for(|hold| !*hold).await.is_err()
-                        || to_client.write_all(&buf[..n]).await.is_err()
-                    {
+                    // Returning drops the reply and closes the proxy's side.
+                    if dropping.swap(false, Ordering::SeqCst) {
+                        return;
+                    }
+                    if held.wait_for(|hold| !*hold).await.is_err() {
+                        return;
+                    }
+                    // Held before this reply is passed on: whatever the proxy sends in
+                    // answer to it gets its reply held.
+                    if then_hold.swap(false, Ordering::SeqCst) {
+                        holding.send_replace(true);
+                    }
+                    if to_client.write_all(&buf[..n]).await.is_err() {
                         return;
                     }
                 }
@@ -479,6 +522,9 @@ async fn relay_to(port: u16) -> HeldReplies {
     HeldReplies {
         addr,
         hold,
+        hold_after_next,
+        drop_next,
+        cut,
         received,
     }
 }
@@ -704,4 +750,161 @@ async fn a_claim_answered_past_the_store_timeout_keeps_its_token() {
     claim_unanswered(&relay, &proxy, "/orders/pay", &headers).await;
     relay.hold.send_replace(false);
     token_issued_again_and_retried(&redis, &upstream, &proxy, &token).await;
+}
+
+/// A fail-open route on Redis through a relay whose replies can be held, with a store
+/// `timeout` of 200 ms; its connection to Redis is open.
+async fn failing_open_behind_held_replies(
+) -> (RedisServer, HeldReplies, common::Upstream, ProxyHandle) {
+    let (redis, relay, upstream, proxy) =
+        timing_out_behind_held_replies(&route("on_store_error: fail_open\n    wait_timeout: 30s"))
+            .await;
+    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
+    assert_eq!(warm.status, StatusCode::CREATED);
+    (redis, relay, upstream, proxy)
+}
+
+/// The duplicate's answer, or a panic if it reached the upstream first (it arrived at
+/// gate `pay` as the second request there).
+async fn answered_without_running(
+    upstream: &common::Upstream,
+    duplicate: tokio::task::JoinHandle<common::Answer>,
+) -> common::Answer {
+    tokio::select! {
+        answer = duplicate => answer.unwrap(),
+        () = upstream.arrived("pay", 2) => {
+            panic!("the duplicate of a running request was forwarded and ran a second time")
+        }
+    }
+}
+
+/// Once the store has failed the duplicate, the owner finishes: it executed once, and
+/// the duplicate got the in-flight 409 with `Retry-After`.
+async fn the_duplicate_got_409_and_the_owner_ran_once(
+    relay: &HeldReplies,
+    upstream: &common::Upstream,
+    owner: tokio::task::JoinHandle<common::Answer>,
+    duplicate: common::Answer,
+) {
+    assert_eq!(duplicate.status, StatusCode::CONFLICT);
+    assert_eq!(problem_type(&duplicate), "urn:idemgate:problem:in-flight");
+    assert_eq!(
+        duplicate.headers.get(http::header::RETRY_AFTER).unwrap(),
+        "1"
+    );
+    relay.hold.send_replace(false);
+    upstream.open("pay");
+    assert_eq!(owner.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(upstream.executed_for("pay"), 1);
+}
+
+/// `on_store_error: fail_open` forwards a request only when the store cannot say whether
+/// its key is taken. A duplicate waiting on a running owner whose store fails while it
+/// waits (its next look gets no reply within the store timeout) knows the key is in
+/// flight: it gets the in-flight 409 with `Retry-After`, never a run of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fail_open_a_waiting_duplicate_is_never_forwarded_when_the_store_fails() {
+    let (_redis, relay, upstream, proxy) = failing_open_behind_held_replies().await;
+    let addr = proxy.addr;
+    let headers = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
+    let owner = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
+    upstream.arrived("pay", 1).await;
+    let duplicate = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
+    proxy.metric_reaches("idemgate_waiting", 1.0).await;
+    // Its next look (within a second, or when woken) gets no reply.
+    relay.hold.send_replace(true);
+    let duplicate = answered_without_running(&upstream, duplicate).await;
+    the_duplicate_got_409_and_the_owner_ran_once(&relay, &upstream, owner, duplicate).await;
+}
+
+/// The same when the store fails right after the duplicate's first look found the key in
+/// flight (on Redis: the look is answered, the subscription to the owner's channel is
+/// not): the store tells it was found in flight, and the duplicate gets the 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fail_open_a_duplicate_found_in_flight_is_never_forwarded_when_the_store_fails() {
+    let (_redis, relay, upstream, proxy) = failing_open_behind_held_replies().await;
+    let addr = proxy.addr;
+    let headers = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
+    let owner = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
+    upstream.arrived("pay", 1).await;
+    // The duplicate's first look is the next command (the owner renews every 10 s).
+    relay.hold_after_next.store(true, Ordering::SeqCst);
+    let duplicate = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
+    let duplicate = answered_without_running(&upstream, duplicate).await;
+    the_duplicate_got_409_and_the_owner_ran_once(&relay, &upstream, owner, duplicate).await;
+}
+
+/// An owner's completion that Redis carried out but whose reply was lost with its
+/// connection is retried on a new one (a swap, then the settle script): the answer is
+/// stored, and the owner counts it as stored (`executed`), not as "executed, answer not
+/// stored" by another owner. Its repeat gets the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_retried_after_its_reply_was_lost_counts_as_stored() {
+    let (_redis, relay, upstream, proxy) = behind_held_replies(&route("")).await;
+    // The connection is open, and the server's way of swapping is known.
+    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
+    assert_eq!(warm.status, StatusCode::CREATED);
+    let addr = proxy.addr;
+    let headers = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
+    let owner = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
+    upstream.arrived("pay", 1).await;
+    // The owner's next command is its completion (it renews every 10 s).
+    relay.drop_next.store(true, Ordering::SeqCst);
+    upstream.open("pay");
+    assert_eq!(owner.await.unwrap().status, StatusCode::CREATED);
+    assert!(
+        !relay.drop_next.load(Ordering::SeqCst),
+        "no reply was dropped"
+    );
+    let executed = |outcome: &str| {
+        proxy.metric(&format!(
+            r#"idemgate_requests_total{{route="orders",outcome="{outcome}"}}"#
+        ))
+    };
+    until(
+        || executed("executed") + executed("executed_not_stored") >= 2.0,
+        "the owner's outcome counted",
+    )
+    .await;
+    assert_eq!(executed("executed_not_stored"), 0.0);
+    assert_eq!(executed("executed"), 2.0, "the warm-up and the owner");
+    let repeat = post(proxy.addr, "/orders", &headers, "{}").await;
+    assert_eq!(repeat.status, StatusCode::CREATED);
+    assert!(repeat.replayed());
+    assert_eq!(upstream.executed_for("pay"), 1);
+}
+
+/// An owner whose completion fails (Redis cut off as the upstream answers, the write and
+/// its retry on a new connection both lost) still gives its client the answer, and makes
+/// the completion again in the background: once Redis is back the answer is stored, and
+/// the repeat gets the replay instead of finding the claim lapsed (a 409 for a day).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_the_store_failed_is_made_again_once_it_is_back() {
+    let (redis, relay, upstream, proxy) = behind_held_replies(&route("")).await;
+    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
+    assert_eq!(warm.status, StatusCode::CREATED);
+    let addr = proxy.addr;
+    let headers = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
+    let owner = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
+    upstream.arrived("pay", 1).await;
+    relay.cut.store(true, Ordering::SeqCst);
+    upstream.open("pay");
+    assert_eq!(owner.await.unwrap().status, StatusCode::CREATED);
+    let unknown = r#"idemgate_requests_total{route="orders",outcome="unknown"}"#;
+    until(|| proxy.metric(unknown) == 1.0, "the completion to fail").await;
+    assert_eq!(
+        record_kinds(&redis),
+        ["D", "I"],
+        "the claim is left in flight"
+    );
+    relay.cut.store(false, Ordering::SeqCst);
+    until(
+        || record_kinds(&redis) == ["D", "D"],
+        "the completion made again",
+    )
+    .await;
+    let repeat = post(proxy.addr, "/orders", &headers, "{}").await;
+    assert_eq!(repeat.status, StatusCode::CREATED);
+    assert!(repeat.replayed());
+    assert_eq!(upstream.executed_for("pay"), 1);
 }

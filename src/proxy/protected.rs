@@ -212,8 +212,19 @@ pub async fn handle(
             Err(e) => {
                 tracing::warn!(error = %e, "store failed during claim");
                 waited(waiting_since);
+                // A request that found its key in flight (it waited on the owner, or the
+                // store failed just after it found the owner) is a duplicate of a request
+                // that may be running: forwarding it would run it twice. It gets what a
+                // duplicate whose wait ends gets, the 409 with Retry-After, rather than a
+                // 503: the store did answer for this key, and the retry finds the owner's
+                // answer once the store is back.
+                let found_in_flight =
+                    waiting_since.is_some() || matches!(e, StoreError::FoundInFlight(_));
                 return match policy.on_store_error {
                     OnStoreError::FailClosed => Err(e.into()),
+                    OnStoreError::FailOpen if found_in_flight => Err(ProxyError::InFlight {
+                        retry_after: RETRY_AFTER_SECS,
+                    }),
                     OnStoreError::FailOpen => {
                         report.outcome = Some(Outcome::FailOpen);
                         forward_unprotected(&cx, parts, body, policy).await
@@ -549,7 +560,8 @@ fn stored_problem(error: &ProxyError) -> StoredResponse {
     StoredResponse::new(status, &headers, &body)
 }
 
-/// Settles the lease; a store failure is logged (the claim lapses by its lease then).
+/// Settles the lease; a store failure is logged, and the lease makes the settlement again
+/// in the background until its lease has passed (the claim lapses then).
 async fn write(lease: Lease, settlement: Settlement) -> Option<Settled> {
     let what = settlement.as_str();
     match lease.settle(settlement).await {
@@ -568,7 +580,11 @@ async fn write(lease: Lease, settlement: Settlement) -> Option<Settled> {
         }
         Ok(settled) => Some(settled),
         Err(e) => {
-            tracing::error!(settled = what, error = %e, "could not settle the claim");
+            tracing::error!(
+                settled = what,
+                error = %e,
+                "could not settle the claim; retrying in the background within its lease"
+            );
             None
         }
     }

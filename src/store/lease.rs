@@ -8,10 +8,16 @@
 //! settles the key from what it knows, pingora's `WritePermit` idea: a request that never
 //! went out frees the key for a retry; one that may have reached the upstream follows the
 //! route's [`Lapse`] (held as outcome unknown, or released), never plainly freed.
+//!
+//! A settlement the store fails (unreachable, or no answer within its timeout) is not
+//! given up: it is made again in the background, backing off, for as long as the claim's
+//! lease (every write is fenced by the owner's token, so a repeat of one that did land
+//! changes nothing). Past the lease the claim has lapsed and the store holds it as its
+//! lapse rule says.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::claim::{ClaimArgs, Lapse, OwnerToken, Ownership};
 use super::renewals::{HeldClaim, Renewal};
@@ -53,8 +59,16 @@ pub struct Lease {
     sent: Arc<AtomicBool>,
     /// A one-time token's: how long it goes back to issued when the claim is released.
     reissue: Option<Duration>,
+    /// How long the claim outlives an owner that stops renewing it: how long a failed
+    /// settlement is retried.
+    lease: Duration,
     finished: bool,
 }
+
+/// The first pause before a failed settlement is made again; each next one doubles, up
+/// to [`SETTLE_RETRY_MAX`].
+const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(100);
+const SETTLE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl Lease {
     pub(crate) fn start(
@@ -88,6 +102,7 @@ impl Lease {
             liveness,
             sent: Arc::default(),
             reissue: args.reissue,
+            lease: args.lease,
             finished: false,
         }
     }
@@ -130,7 +145,9 @@ impl Lease {
         Arc::clone(&self.sent)
     }
 
-    /// Ends the claim with `settlement` (see [`Store::settle`]).
+    /// Ends the claim with `settlement` (see [`Store::settle`]). A store error is
+    /// returned at once, and the settlement made again in the background until it lands
+    /// or the lease has passed.
     pub async fn settle(mut self, settlement: Settlement) -> Result<Settled, StoreError> {
         self.finished = true;
         // A renewal still out must land before the settlement: one that landed after a
@@ -138,7 +155,16 @@ impl Lease {
         if let Some(renewal) = self.renewal.take() {
             renewal.finish().await;
         }
-        self.store.settle(&self.owned, settlement).await
+        // A clone shares the answer's bytes.
+        let settled = self.store.settle(&self.owned, settlement.clone()).await;
+        if settled.is_err() {
+            let until = Instant::now() + self.lease;
+            let (store, owned) = (self.store.clone(), self.owned);
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(settle_again(store, owned, settlement, until));
+            }
+        }
+        settled
     }
 
     /// Stores the response for `ttl`. `Ok(false)`: it was not kept as asked (another
@@ -198,15 +224,46 @@ impl Drop for Lease {
             "claim dropped unsettled"
         );
         let (store, owned) = (self.store.clone(), self.owned);
+        let lease = self.lease;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 if let Some(renewal) = renewal {
                     renewal.finish().await;
                 }
-                if let Err(e) = store.settle(&owned, settlement).await {
-                    tracing::warn!(%key, error = %e, "could not settle a dropped claim");
+                if let Err(e) = store.settle(&owned, settlement.clone()).await {
+                    tracing::warn!(%key, error = %e, "could not settle a dropped claim; retrying");
+                    settle_again(store, owned, settlement, Instant::now() + lease).await;
                 }
             });
+        }
+    }
+}
+
+/// Makes a settlement the store failed again, backing off, until it lands or `until`
+/// passes (the claim has lapsed by then, and the store holds it as its lapse rule says).
+async fn settle_again(store: Store, owned: Ownership, settlement: Settlement, until: Instant) {
+    let key = owned.key.short();
+    let what = settlement.as_str();
+    let mut pause = SETTLE_RETRY_FIRST;
+    loop {
+        if Instant::now() + pause >= until {
+            tracing::error!(
+                %key,
+                settled = what,
+                "could not settle the claim within its lease; it lapses"
+            );
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(SETTLE_RETRY_MAX);
+        match store.settle(&owned, settlement.clone()).await {
+            Ok(settled) => {
+                tracing::info!(%key, settled = what, result = ?settled, "settled the claim on a retry");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(%key, settled = what, error = %e, "settling the claim failed again")
+            }
         }
     }
 }

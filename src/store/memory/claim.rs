@@ -41,14 +41,27 @@ impl MemoryStore {
             Decision::Lapsed { ttl } => return Ok(self.hold_lapsed(&mut shard, args, ticks, ttl)),
             Decision::Take => {}
         }
-        shard.remove(&key, &self.totals);
-        shard.forget_seen(&key);
-        if self.over_caller_share(args.caller, ENTRY_OVERHEAD, 1) {
+        // The record the claim replaces (an issued token, a failure left for waiters, an
+        // expired or abandoned record) stays until the claim is sure to be written: a
+        // refused claim must not spend a token nor take the waiters' failure away. Its
+        // slot counts as freed: against its caller's share, and against the bounds (a
+        // record costs at least as much as a claim, so taking its slot needs no room).
+        let replaced = shard
+            .map
+            .get(&key)
+            .map(|entry| (entry.caller(), entry.cost()));
+        let freed = match replaced {
+            Some((caller, cost)) if caller == args.caller => (1, cost),
+            _ => (0, 0),
+        };
+        if self.over_caller_share(args.caller, (1, ENTRY_OVERHEAD), freed) {
             return Err(StoreError::CallerFull);
         }
-        if !self.room_for_entry(&mut shard, index, ticks) {
+        if replaced.is_none() && !self.room_for_entry(&mut shard, index, ticks) {
             return Err(StoreError::Full);
         }
+        shard.remove(&key, &self.totals);
+        shard.forget_seen(&key);
         let token = OwnerToken::random();
         let (liveness, alive) = Liveness::new();
         shard.insert(

@@ -179,20 +179,20 @@ impl MemoryStore {
         }
     }
 
-    /// Whether `caller` adding `entries` records and `bytes` bytes would hold more than
-    /// its share of the store.
+    /// Whether `caller` adding `added` (records, bytes) while `freed` (records, bytes) of
+    /// its own go would hold more than its share of the store.
     pub(super) fn over_caller_share(
         &self,
         caller: CallerTag,
-        bytes: usize,
-        entries: usize,
+        added: (usize, usize),
+        freed: (usize, usize),
     ) -> bool {
         if caller == CallerTag::NONE || !self.limits.counts_callers() {
             return false;
         }
         let share = usize::from(self.limits.caller_share);
         let (held, held_bytes) = self.totals.callers.held(caller);
-        held + entries > (self.limits.max_entries * share / 100).max(1)
-            || held_bytes + bytes > self.limits.max_bytes / 100 * share
+        (held + added.0).saturating_sub(freed.0) > (self.limits.max_entries * share / 100).max(1)
+            || (held_bytes + added.1).saturating_sub(freed.1) > self.limits.max_bytes / 100 * share
     }
 }

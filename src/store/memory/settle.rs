@@ -51,7 +51,7 @@ impl MemoryStore {
             Settlement::Done { ttl, .. } if ttl.is_zero() => return written,
             Settlement::Done { response, ttl } => {
                 let cost = response.cost();
-                let fits = !self.over_caller_share(caller, cost, 0)
+                let fits = !self.over_caller_share(caller, (0, cost), (0, 0))
                     && self.room_for_bytes(&mut shard, index, ticks, cost);
                 if !fits {
                     // The claim's own slot is free again, so this small record has room.

@@ -4,8 +4,8 @@
 use super::shard::TEST_COMPACT_SLACK;
 use super::*;
 use crate::store::{
-    CallerTag, ClaimArgs, Liveness, OwnerToken, Ownership, RawClaim, Settled, Settlement,
-    StoredResponse,
+    CallerTag, ClaimArgs, ClaimMode, Liveness, OwnerToken, Ownership, RawClaim, Settled,
+    Settlement, StoredResponse,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -196,4 +196,87 @@ fn a_callers_share_frees_up_as_its_records_go() {
     assert!(matches!(claim(key(4), 8), Ok(RawClaim::Owner { .. })));
     assert!(store.remove(key(1)));
     assert!(matches!(claim(key(3), 7), Ok(RawClaim::Owner { .. })));
+}
+
+/// A caller at its share that uses its one-time token is refused (`CallerFull`, a 429),
+/// and keeps its token: the claim checks the share before it takes the issued record, so
+/// once the caller has room again its retry owns the key instead of finding the token
+/// spent by a claim that never ran.
+#[test]
+fn a_token_refused_over_the_callers_share_stays_issued() {
+    let store = MemoryStore::new(MemoryLimits {
+        max_entries: 10,
+        caller_share: 30,
+        ..MemoryLimits::default()
+    });
+    let claim = |k: Digest, mode: ClaimMode| {
+        store.claim(&ClaimArgs {
+            mode,
+            caller: CallerTag(7),
+            ..ClaimArgs::new(k, FINGERPRINT, LEASE)
+        })
+    };
+    let held: Vec<_> = (1..=3)
+        .map(|n| match claim(key(n), ClaimMode::Any) {
+            Ok(RawClaim::Owner { liveness, .. }) => liveness,
+            _ => panic!("key {n} was not owned"),
+        })
+        .collect();
+    let token = key(99);
+    store.issue(token, Duration::from_secs(300)).unwrap();
+    assert!(matches!(
+        claim(token, ClaimMode::IssuedOnly),
+        Err(StoreError::CallerFull)
+    ));
+    assert_eq!(store.inspect(token).map(|info| info.state), Some("issued"));
+    assert!(store.remove(key(1)));
+    assert!(matches!(
+        claim(token, ClaimMode::IssuedOnly),
+        Ok(RawClaim::Owner { .. })
+    ));
+    drop(held);
+}
+
+/// A claim that takes the slot of its caller's own record (the failure left for the
+/// waiters of its previous attempt) fits the share that record held.
+#[test]
+fn a_claim_replacing_its_callers_own_record_fits_the_share() {
+    let store = MemoryStore::new(MemoryLimits {
+        max_entries: 10,
+        caller_share: 20,
+        ..MemoryLimits::default()
+    });
+    let args = |k: Digest| ClaimArgs {
+        caller: CallerTag(7),
+        ..ClaimArgs::new(k, FINGERPRINT, LEASE)
+    };
+    let Ok(RawClaim::Owner { token, .. }) = store.claim(&args(key(1))) else {
+        panic!("key 1 was not owned");
+    };
+    let failed = Settlement::Failed {
+        response: StoredResponse::new(
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            &http::HeaderMap::new(),
+            b"no",
+        ),
+        linger: Duration::from_secs(5),
+        reissue: None,
+    };
+    let owned = Ownership {
+        key: key(1),
+        token,
+        fingerprint: FINGERPRINT,
+        lapse: args(key(1)).lapse,
+    };
+    assert_eq!(store.settle(&owned, failed), Settled::Written);
+    let Ok(RawClaim::Owner {
+        liveness: _held, ..
+    }) = store.claim(&args(key(2)))
+    else {
+        panic!("key 2 was not owned");
+    };
+    assert!(matches!(
+        store.claim(&args(key(1))),
+        Ok(RawClaim::Owner { .. })
+    ));
 }

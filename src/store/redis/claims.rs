@@ -181,6 +181,21 @@ impl RedisStore {
             }
             Decided::InFlight { .. } => {}
         }
+        // The key was seen in flight: a failure from here on must not read as "the store
+        // could not say" (which `fail_open` forwards).
+        self.wait_on(args, token, &value, px)
+            .await
+            .map_err(StoreError::after_in_flight)
+    }
+
+    /// A waiter's claim, once its first look found another owner's claim in flight.
+    async fn wait_on(
+        &self,
+        args: &ClaimArgs,
+        token: OwnerToken,
+        value: &[u8],
+        px: u64,
+    ) -> Result<RawClaim, StoreError> {
         // Subscribe first, then look again and mark the record: a settlement between the
         // two is then either seen by that look or, the swap refusing a marked record,
         // published by the settle script to the channel.
@@ -188,7 +203,7 @@ impl RedisStore {
         match decide(
             args,
             token,
-            self.look(args, &value, px, Mark::WaitedOn).await?,
+            self.look(args, value, px, Mark::WaitedOn).await?,
         )? {
             Decided::Claim(claim) => Ok(claim),
             Decided::InFlight { owner, recheck } => Ok(RawClaim::Other(Claim::InFlight(

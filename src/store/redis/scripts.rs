@@ -37,14 +37,17 @@ return {v, redis.call('PTTL', KEYS[1])}
 /// Ends a claim: fenced by the owner token (an in-flight record of that owner, or its own
 /// unknown outcome, which a late answer may still settle), writing the settlement (or
 /// deleting the record) and waking its waiters. A record that is gone is written back
-/// when asked to, since the request ran and a retry must not run it again.
+/// when asked to, since the request ran and a retry must not run it again. A record that
+/// already is the settlement's value is this owner's own write whose reply was lost (a
+/// swap, or this script, done before the connection dropped and then retried): settled.
 ///
 /// `KEYS[1]` record. ARGV: `[1]` owner token (16 bytes), `[2]` new value (empty: delete), `[3]` its
-/// PX, `[4]` channel, `[5]` `1` to write back. Returns 1 (settled, or gone and nothing to
-/// write), 2 (written back), 0 (another owner's record).
+/// PX, `[4]` channel, `[5]` `1` to write back. Returns 1 (settled, already settled so, or
+/// gone and nothing to write), 2 (written back), 0 (another owner's record).
 const SETTLE: &str = r"
 local v = redis.call('GET', KEYS[1])
 if v then
+  if v == ARGV[2] then return 1 end
   local kind = string.sub(v, 1, 1)
   if (kind == 'I' or kind == 'U') and string.sub(v, 2, 17) == ARGV[1] then
     if ARGV[2] == '' then

@@ -31,7 +31,10 @@ impl RedisStore {
                 }
                 // Not the record this claim wrote: a waiter marked it, the store lost it,
                 // or a swap retried after a dropped connection had already been done. The
-                // settle script compares the token alone and answers for each.
+                // settle script answers for each: the token matches a marked record, a
+                // lost one is written back, and a record that already is this answer
+                // (the done record holds no token, but the very bytes this swap wrote)
+                // counts as written.
             }
         }
         let (value, px) = settled_value(owned.token, owned.fingerprint, &settlement);

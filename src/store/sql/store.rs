@@ -227,6 +227,22 @@ impl<D: Dialect> SqlStore<D> {
                 interest,
             ))));
         };
+        // The key was seen in flight: a failure from here on must not read as "the store
+        // could not say" (which `fail_open` forwards).
+        self.wait_on(args, token, owner, trusted)
+            .await
+            .map_err(StoreError::after_in_flight)
+    }
+
+    /// A waiter's claim with notifications, once its first look found `owner`'s claim in
+    /// flight; `trusted`: how long a wake-up may be waited for before looking again.
+    async fn wait_on(
+        &self,
+        args: &ClaimArgs,
+        token: OwnerToken,
+        owner: OwnerToken,
+        trusted: Duration,
+    ) -> Result<RawClaim, StoreError> {
         // Join the key's waiters once notifications arrive, then look again and mark the
         // record: a settlement after that look notifies, one before it is seen.
         tokio::time::timeout(self.common.timeout(), self.common.interests.listening())
