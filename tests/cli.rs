@@ -1,4 +1,4 @@
-//! The command line as the SPEC writes it: `run` and `check` take their config path from
+//! The command line as the SPEC writes it: `run`, `check` and `explain` take their config path from
 //! `IDEMGATE_CONFIG` when `--config` is not given, and `explain --body -` reads the body
 //! from standard input. Each runs the real binary, in an empty directory so the default
 //! `proxy.yaml` cannot be what it reads.
@@ -173,4 +173,46 @@ fn explain_reads_the_body_from_stdin_with_a_dash() {
     assert_eq!(from_stdin, from_file, "the same bytes, the same key");
     let other = explain_digest(&config, "-", br#"{"sku":"B2","qty":1}"#);
     assert_ne!(other, from_stdin, "another body, another key");
+}
+
+/// `idemgate explain` without `--config` reads the file `IDEMGATE_CONFIG` names (its
+/// argument takes the variable, as `run`'s and `check`'s do): the route it shows is that
+/// file's, not the one in the `proxy.yaml` of the directory it runs in.
+#[test]
+fn explain_reads_the_config_path_from_idemgate_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let config = dir.path().join("from-env.yaml");
+    std::fs::write(
+        &config,
+        format!("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n{ROUTE}"),
+    )
+    .unwrap();
+    // The default path holds another route on the same path: reading it would show it.
+    std::fs::write(
+        cwd.path().join("proxy.yaml"),
+        ROUTE.replace("env-orders", "default-path-orders").replace(
+            "routes:",
+            "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:",
+        ),
+    )
+    .unwrap();
+    let out = idemgate(cwd.path())
+        .args(["explain", "--method", "POST", "--path", "/orders"])
+        .args(["-H", "Idempotency-Key: k-env", "--client-ip", "127.0.0.1"])
+        .env("IDEMGATE_CONFIG", &config)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let route = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("route:"))
+        .unwrap_or_else(|| panic!("no route line in {stdout}"));
+    assert_eq!(route.trim(), "env-orders", "{stdout}");
+    assert!(stdout.contains("key digest:"), "{stdout}");
 }

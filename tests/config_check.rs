@@ -5,8 +5,12 @@ mod common;
 
 use std::process::Command;
 
-use idemgate::config::{Config, ConfigError, Protection};
-use idemgate::key::KeySource;
+use idemgate::config::{
+    Config, ConfigError, InFlightMode, OnStoreError, OnUnknownOutcome, Protection, StatusPattern,
+    StoreConfig,
+};
+use idemgate::key::{KeySource, ScopePart};
+use idemgate::store::WhenFull;
 
 const SPEC_PROXY: &str = include_str!("fixtures/spec_proxy.yaml");
 const SPEC_KEY_RULE: &str = include_str!("fixtures/spec_key_rule.yaml");
@@ -83,6 +87,176 @@ fn only_listen_and_upstream_are_required() {
     let (line, _, key, message) = invalid("listen: 0.0.0.0:8080\n");
     assert_eq!(line, 1);
     assert!(message.contains("upstream"), "{key}: {message}");
+}
+
+/// The README's Configuration block writes the defaults out: a config of `listen` and
+/// `upstream` alone compiles to exactly those values. Each is written here as the README
+/// writes it (not read from the code's own defaults), so a default changed in one place
+/// only fails here.
+#[test]
+fn a_config_of_listen_and_upstream_alone_has_the_readme_defaults() {
+    const S: u64 = 1;
+    const M: u64 = 60;
+    const H: u64 = 3600;
+    const MIB: u64 = 1 << 20;
+    let c = Config::parse(
+        "listen: 0.0.0.0:8080\nupstream: http://127.0.0.1:3000\n",
+        "min.yaml",
+    )
+    .unwrap();
+    let secs = |d: std::time::Duration| d.as_secs_f64();
+    // admin, tls, trusted_proxies: off unless written; no encryption.
+    assert!(c.admin.is_none() && c.tls.is_none() && c.encrypt.is_none());
+    assert!(c.identity.trusted_proxies.blocks().is_empty());
+    assert_eq!(secs(c.drain_timeout), (30 * S) as f64, "drain_timeout: 30s");
+    // The fallback is the `defaults:` policy, keyed by `defaults.key`.
+    let Protection::On(fallback) = &c.fallback else {
+        panic!("defaults.idempotency: on protects unrouted POST/PATCH")
+    };
+    let p = &fallback.policy;
+    assert!(!p.observe, "idempotency: on");
+    let KeySource::Fingerprint(rule) = &fallback.key.source else {
+        panic!("defaults.key: a fingerprint")
+    };
+    assert!(
+        rule.body && rule.query,
+        "key: {{ fingerprint: {{ body: true, query: true }} }}"
+    );
+    assert_eq!(fallback.key.scope, [ScopePart::Caller], "scope: [caller]");
+    assert_eq!(
+        secs(p.ttl),
+        (2 * M) as f64,
+        "fingerprint_ttl: 2m (a derived key)"
+    );
+    assert_eq!(secs(p.lease), (30 * S) as f64, "lease: 30s");
+    assert_eq!(
+        secs(p.upstream_timeout),
+        (60 * S) as f64,
+        "upstream_timeout: 60s"
+    );
+    assert_eq!(
+        secs(p.background_timeout),
+        (10 * M) as f64,
+        "background_timeout: 10m"
+    );
+    assert_eq!(
+        p.on_unknown_outcome,
+        OnUnknownOutcome::Hold,
+        "on_unknown_outcome: hold"
+    );
+    assert_eq!(p.in_flight, InFlightMode::Wait, "in_flight: wait");
+    assert_eq!(secs(p.wait_timeout), (10 * S) as f64, "wait_timeout: 10s");
+    assert_eq!(
+        p.replay_statuses,
+        [StatusPattern::Class(2), StatusPattern::Class(4)],
+        "replay_statuses: [2xx, 4xx]"
+    );
+    assert_eq!(p.max_body as u64, MIB, "max_body: 1MiB");
+    assert_eq!(p.max_answer as u64, 8 * MIB, "max_answer: 8MiB");
+    assert_eq!(
+        p.on_store_error,
+        OnStoreError::FailClosed,
+        "on_store_error: fail_closed"
+    );
+    // Unprotected requests wait `upstream_timeout` for the response head.
+    assert_eq!(secs(c.passthrough_timeout), (60 * S) as f64);
+    // A client-supplied key on a route that sets nothing gets `ttl`.
+    let keyed = Config::parse(
+        &route_with_key("key: { header: Idempotency-Key }\n"),
+        "keyed.yaml",
+    )
+    .unwrap();
+    let Protection::On(keyed) = &keyed.routes[0].protection else {
+        panic!("protected")
+    };
+    assert_eq!(secs(keyed.policy.ttl), (24 * H) as f64, "ttl: 24h");
+
+    let conn = c.connections;
+    assert_eq!(conn.max_client, 10_000, "connections.max_client");
+    assert_eq!(conn.max_upstream, 1024, "connections.max_upstream");
+    assert_eq!(
+        secs(conn.upstream_read_timeout),
+        (60 * S) as f64,
+        "upstream_read_timeout: 60s"
+    );
+    assert_eq!(
+        secs(conn.linger.time),
+        (30 * S) as f64,
+        "lingering_time: 30s"
+    );
+    assert_eq!(
+        secs(conn.linger.timeout),
+        (5 * S) as f64,
+        "lingering_timeout: 5s"
+    );
+    assert_eq!(conn.linger.bytes, 64 * MIB, "lingering_bytes: 64MiB");
+
+    let StoreConfig::Memory(memory) = &c.store else {
+        panic!("store: memory by default, got {:?}", c.store)
+    };
+    assert_eq!(memory.max_entries, 100_000, "store.memory.max_entries");
+    assert_eq!(
+        memory.max_bytes as u64,
+        256 * MIB,
+        "store.memory.max_bytes: 256MiB"
+    );
+    assert_eq!(
+        memory.when_full,
+        WhenFull::Evict,
+        "store.memory.when_full: evict"
+    );
+    assert_eq!(memory.caller_share, 100, "store.memory.caller_share: 100%");
+    // The commented Redis line's values, when only its `url` is written.
+    let redis = Config::parse(
+        &top("store:\n  redis: { url: \"redis://127.0.0.1:6379\" }\n"),
+        "redis.yaml",
+    )
+    .unwrap();
+    let StoreConfig::Redis(redis) = &redis.store else {
+        panic!("a redis store")
+    };
+    assert_eq!(redis.prefix, "idemgate:", "store.redis.prefix");
+    assert_eq!(secs(redis.timeout), S as f64, "store.redis.timeout: 1s");
+}
+
+/// "`background_timeout` must be at least `upstream_timeout`": a file that sets it below,
+/// in `defaults:` or on a route (where the route's `upstream_timeout` outgrows the
+/// inherited 10m), is refused, the error naming where and both keys; equal is accepted.
+#[test]
+fn a_background_timeout_below_the_upstream_timeout_is_refused() {
+    let (line, _, key, message) = invalid(&top(
+        "defaults:\n  upstream_timeout: 2m\n  background_timeout: 1m\n",
+    ));
+    // Where: the `defaults:` section (today its line, not the key's own line 5).
+    assert!(
+        (3..=5).contains(&line) && key.starts_with("defaults"),
+        "{line} {key}"
+    );
+    assert!(
+        message.contains("background_timeout (1m) must be at least upstream_timeout (2m)"),
+        "{message}"
+    );
+    let on_a_route = top(
+        "routes:\n  - name: slow\n    match: { path: /slow }\n    key: { header: K }\n    upstream_timeout: 15m\n",
+    );
+    let (line, _, key, message) = invalid(&on_a_route);
+    assert!(
+        (4..=8).contains(&line) && key.starts_with("routes[0]"),
+        "{line} {key}"
+    );
+    assert!(
+        message.contains("background_timeout") && message.contains("upstream_timeout"),
+        "{message}"
+    );
+    let err = Config::parse(&on_a_route, "proxy.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("proxy.yaml:"), "{err}");
+    Config::parse(
+        &top("defaults:\n  upstream_timeout: 2m\n  background_timeout: 2m\n"),
+        "p.yaml",
+    )
+    .expect("equal is at least");
 }
 
 #[test]

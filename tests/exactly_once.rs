@@ -151,6 +151,49 @@ async fn reject_mode_answers_409_while_in_flight_and_replays_after() {
     assert_eq!(upstream.executed(), 1);
 }
 
+/// README flow step 3: in `wait` mode, a duplicate whose wait passes `wait_timeout`
+/// gets `409 in-flight` with `Retry-After: 1`, and runs nothing. The owner is held at the
+/// upstream's gate until the duplicate was answered, so the duplicate meets it in flight;
+/// the proxy counts it waiting before its answer, so it is the wait that ended, not a
+/// reject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_whose_wait_times_out_gets_409_with_retry_after_1() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &format!("defaults: {{ in_flight: wait, wait_timeout: 200ms }}\n{HEADER_ROUTE}"),
+    )
+    .await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [("idempotency-key", "k-wait"), ("x-test-gate", "wait")];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("wait", 1).await;
+    let started = std::time::Instant::now();
+    let duplicate = post(addr, "/orders", &[("idempotency-key", "k-wait")], "{}").await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "answered after its wait_timeout, not at once: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(duplicate.status, StatusCode::CONFLICT);
+    assert_eq!(duplicate.json()["type"], "urn:idemgate:problem:in-flight");
+    assert_eq!(duplicate.headers["retry-after"], "1");
+    assert_eq!(
+        proxy.metric(r#"idemgate_wait_seconds_count{route="create-order"}"#),
+        1.0,
+        "one wait, ended by its timeout"
+    );
+    assert_eq!(upstream.executed(), 1, "the duplicate ran nothing");
+    upstream.open("wait");
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.status, StatusCode::CREATED);
+    let retry = post(addr, "/orders", &[("idempotency-key", "k-wait")], "{}").await;
+    assert!(retry.replayed(), "the retry Retry-After asks for replays");
+    assert_eq!(upstream.executed(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_another_payload_is_422_without_calling_upstream() {
     let upstream = start_upstream().await;

@@ -205,6 +205,18 @@ async fn a_reset_after_sending_holds_the_key_unless_release_is_configured() {
     let retry = post(proxy.addr, "/orders", &[("idempotency-key", "reset")], "{}").await;
     assert_eq!(problem_type(&retry), "urn:idemgate:problem:outcome-unknown");
     assert_eq!(upstream.executed(), 1);
+    // README Metrics: the owner's 502 after sending is `unknown`, the repeat of that
+    // unknown outcome `held`, as `/metrics` on the admin listener shows them.
+    let metrics = common::metrics_text(proxy.admin).await;
+    let series = |outcome: &str| {
+        common::metric_in(
+            &metrics,
+            &format!(r#"idemgate_requests_total{{route="orders",outcome="{outcome}"}}"#),
+        )
+    };
+    assert_eq!(series("unknown"), 1.0, "{metrics}");
+    assert_eq!(series("held"), 1.0, "{metrics}");
+    assert_eq!(series("executed"), 0.0, "{metrics}");
 
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, &route("on_unknown_outcome: release")).await;
@@ -257,6 +269,18 @@ async fn an_answer_too_large_to_store_streams_and_its_repeats_never_execute() {
     );
     assert!(later.json()["detail"].as_str().unwrap().contains("201"));
     assert_eq!(upstream.executed(), 1);
+    // README Metrics: the owner is `executed_not_stored`, each of the three duplicates
+    // that waited and the later repeat `not_stored`; none of them `executed`.
+    let metrics = common::metrics_text(proxy.admin).await;
+    let series = |outcome: &str| {
+        common::metric_in(
+            &metrics,
+            &format!(r#"idemgate_requests_total{{route="orders",outcome="{outcome}"}}"#),
+        )
+    };
+    assert_eq!(series("executed_not_stored"), 1.0, "{metrics}");
+    assert_eq!(series("not_stored"), 4.0, "{metrics}");
+    assert_eq!(series("executed"), 0.0, "{metrics}");
 }
 
 /// A memory store full of live records evicts the ones closest to expiry, and each

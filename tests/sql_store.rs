@@ -467,6 +467,96 @@ async fn still_replays(store: &Store, key: idemgate::key::Digest) {
     }
 }
 
+// === What the database holds ===
+
+/// Every row of every table idemgate's PostgreSQL store uses, as `row::text`, with each
+/// `bytea` field (written `\\x` and hex digits) decoded back to its bytes.
+fn pg_rows(db: &PostgresServer) -> (Vec<String>, Vec<u8>) {
+    let tables: Vec<String> = db
+        .psql(
+            "SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) FROM pg_tables
+             WHERE schemaname NOT IN ('pg_catalog', 'information_schema')",
+        )
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let mut text = Vec::new();
+    for table in &tables {
+        text.extend(
+            db.psql(&format!("SELECT t::text FROM {table} t"))
+                .into_bytes(),
+        );
+        text.push(b'\n');
+    }
+    let mut all = text.clone();
+    let mut i = 0;
+    while let Some(at) = text[i..].windows(2).position(|w| w == b"\\x") {
+        let start = i + at + 2;
+        let end = start
+            + text[start..]
+                .iter()
+                .take_while(|b| b.is_ascii_hexdigit())
+                .count();
+        let hex = std::str::from_utf8(&text[start..end - (end - start) % 2]).unwrap();
+        all.push(b'\n');
+        all.extend(
+            (0..hex.len())
+                .step_by(2)
+                .map(|j| u8::from_str_radix(&hex[j..j + 2], 16).unwrap()),
+        );
+        i = end.max(start);
+    }
+    (tables, all)
+}
+
+/// README "How a request flows" 2, on PostgreSQL: "Only digests are stored, never a client
+/// key, body or `Authorization` value." After a client-keyed request, an observed one and a
+/// fingerprinted one (each sent twice: a claim and a settlement, then a replay), every row
+/// of every table the store uses is read, its `bytea` fields decoded, and none of the three
+/// appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_holds_no_client_key_request_body_or_authorization() {
+    let db = PostgresServer::start();
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  postgres: {{ url: \"{}\" }}\nroutes:\n  - name: keyed\n    match: {{ path: /buy }}\n    key: {{ header: Idempotency-Key }}\n  - name: watched\n    match: {{ path: /watched }}\n    key: {{ header: Idempotency-Key }}\n    idempotency: observe\n",
+        db.url()
+    );
+    let proxy = start_proxy(upstream.addr, &config).await;
+    let (key, auth, body) = (
+        "ck-9f8e7d6c5b4a",
+        "Bearer tok-5e5e5e5e5e",
+        r#"{"card":"4111111111111111"}"#,
+    );
+    for path in ["/buy", "/watched", "/other"] {
+        for _ in 0..2 {
+            let answer = post(
+                proxy.addr,
+                path,
+                &[("idempotency-key", key), ("authorization", auth)],
+                body,
+            )
+            .await;
+            assert_eq!(answer.status, StatusCode::OK, "{path}");
+        }
+    }
+    // Three keys, three stored answers; the observed key is seen twice.
+    let done =
+        db.psql("SELECT count(*) FROM idemgate_keys WHERE kind = 'D' AND response IS NOT NULL");
+    assert_eq!(done.trim(), "3");
+    let (tables, rows) = pg_rows(&db);
+    assert!(
+        tables.iter().any(|t| t == "public.idemgate_keys_seen"),
+        "{tables:?}"
+    );
+    for needle in [key, "tok-5e5e5e5e5e", "4111111111111111"] {
+        assert!(
+            !rows.windows(needle.len()).any(|w| w == needle.as_bytes()),
+            "a row holds {needle}"
+        );
+    }
+}
+
 // === The table and the config ===
 
 /// `idemgate run` creates the configured table at start, keyed by the digest, before any
