@@ -62,7 +62,8 @@ pub(super) fn compile_routing(
         ));
     }
     let base = policy_from_defaults(&defaults);
-    check_policy(&base).map_err(|m| CompileError::new("defaults", m, "defaults:"))?;
+    check_policy(&base)
+        .map_err(|e| CompileError::new(format!("defaults.{}", e.field), e.message, "defaults:"))?;
     let shared = Shared {
         identity: Arc::clone(identity),
         sealing,
@@ -143,8 +144,13 @@ pub(super) fn compile_routing(
                 needle,
             ));
         }
-        let route = compile_route(r, &base, &default_rule, &shared)
-            .map_err(|m| CompileError::new(key.clone(), m, needle.clone()))?;
+        let route = compile_route(r, &base, &default_rule, &shared).map_err(|e| {
+            let key = match e.field {
+                Some(field) => format!("{key}.{field}"),
+                None => key.clone(),
+            };
+            CompileError::new(key, e.message, needle.clone())
+        })?;
         if !mutual_tls
             && matches!(&route.protection, Protection::On(p) if names_client_cert(&p.key))
         {
@@ -290,12 +296,42 @@ fn unused_when_off(r: &RawRoute) -> Option<&'static str> {
     set.into_iter().find_map(|(field, on)| on.then_some(field))
 }
 
+/// Why a route does not compile: a message, and the route's key it is about when one is.
+struct RouteError {
+    field: Option<&'static str>,
+    message: String,
+}
+
+impl From<String> for RouteError {
+    fn from(message: String) -> Self {
+        Self {
+            field: None,
+            message,
+        }
+    }
+}
+
+impl From<&str> for RouteError {
+    fn from(message: &str) -> Self {
+        message.to_owned().into()
+    }
+}
+
+impl From<PolicyError> for RouteError {
+    fn from(e: PolicyError) -> Self {
+        Self {
+            field: Some(e.field),
+            message: e.message,
+        }
+    }
+}
+
 fn compile_route(
     r: RawRoute,
     base: &Policy,
     default_rule: &KeyRule,
     shared: &Shared,
-) -> Result<Route, String> {
+) -> Result<Route, RouteError> {
     let off = is_off(&r);
     let methods = match r.matcher.methods {
         Some(m) if m.is_empty() => return Err("match.methods is empty".into()),
@@ -343,23 +379,39 @@ fn policy_from_defaults(d: &RawDefaults) -> Policy {
     overlay_policy!(d, Policy::default())
 }
 
-fn check_policy(p: &Policy) -> Result<(), String> {
+/// A policy value out of range: the policy key it is about, and why.
+struct PolicyError {
+    field: &'static str,
+    message: String,
+}
+
+fn check_policy(p: &Policy) -> Result<(), PolicyError> {
+    let refuse = |field, message: String| Err(PolicyError { field, message });
     if p.lease < Duration::from_millis(100) {
-        return Err("lease must be at least 100ms: renewals run at a third of it".into());
+        return refuse(
+            "lease",
+            "lease must be at least 100ms: renewals run at a third of it".into(),
+        );
     }
     if p.upstream_timeout.is_zero() {
-        return Err("upstream_timeout must be above zero".into());
+        return refuse(
+            "upstream_timeout",
+            "upstream_timeout must be above zero".into(),
+        );
     }
     if p.background_timeout < p.upstream_timeout {
-        return Err(format!(
-            "background_timeout ({}) must be at least upstream_timeout ({}): it is how long \
-             an owner keeps waiting after its client got the 504",
-            units::format_duration(p.background_timeout),
-            units::format_duration(p.upstream_timeout)
-        ));
+        return refuse(
+            "background_timeout",
+            format!(
+                "background_timeout ({}) must be at least upstream_timeout ({}): it is how long \
+                 an owner keeps waiting after its client got the 504",
+                units::format_duration(p.background_timeout),
+                units::format_duration(p.upstream_timeout)
+            ),
+        );
     }
     if p.max_answer == 0 {
-        return Err("max_answer must be above zero".into());
+        return refuse("max_answer", "max_answer must be above zero".into());
     }
     if p.replay_statuses
         .iter()
