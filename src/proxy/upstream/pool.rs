@@ -256,9 +256,10 @@ impl Pool {
 
 /// Closes a pool's idle connections as they pass its `idle_timeout`: checkout takes the
 /// most recently used, so without this an older one would stay open, holding a slot, for
-/// as long as newer ones serve, and with no traffic at all nothing would close any, and the
-/// upstream would close it first. It holds the pool only while it looks: a pool a reload
-/// replaced is dropped (closing its idle connections) and this ends at its next look.
+/// as long as newer ones serve, and with no traffic at all nothing would close any: the
+/// upstream would, at its own keep-alive timeout. It holds the pool only while it looks: a
+/// pool a reload replaced is dropped (closing its idle connections) and this ends at its
+/// next look.
 async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
     let mut next = Instant::now() + idle_timeout;
     loop {
