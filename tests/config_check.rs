@@ -422,6 +422,27 @@ fn identity_settings_parse_and_their_mistakes_name_the_fix() {
     assert!(message.contains("not a cookie name"), "{message}");
 }
 
+/// A zero idle timeout would close every upstream connection the moment it came back:
+/// refused, naming the key and its place, rather than read as "no keep-alive".
+#[test]
+fn a_zero_upstream_idle_timeout_is_refused_where_it_is_written() {
+    let config = Config::parse(
+        &top("connections: { upstream_idle_timeout: 250ms }\n"),
+        "p.yaml",
+    )
+    .unwrap();
+    assert_eq!(
+        config.connections.upstream_idle_timeout,
+        std::time::Duration::from_millis(250)
+    );
+    let (line, column, key, message) = invalid(&top(
+        "connections:\n  max_upstream: 8\n  upstream_idle_timeout: 0s\n",
+    ));
+    assert_eq!((line, column), (5, 3));
+    assert_eq!(key, "connections.upstream_idle_timeout");
+    assert_eq!(message, "must be above zero");
+}
+
 #[test]
 fn fingerprint_ttl_applies_to_derived_keys_only() {
     let text = top(

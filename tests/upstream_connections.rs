@@ -1,7 +1,8 @@
 //! The upstream side of the proxy: kept-alive connections are reused, requests go out in
-//! origin form with a `Host`, and a connection the upstream closed while idle is never
-//! used for a request (nor does a request sent on it execute twice); `upstream_timeout`
-//! covers the body too.
+//! origin form with a `Host`, a connection the upstream closed while idle is never used
+//! for a request (nor does a request sent on it execute twice), the proxy closes idle
+//! connections before the upstream's keep-alive timeout does; `upstream_timeout` covers
+//! the body too.
 //!
 //! The upstream here is a raw TCP server, so the test sees exactly what went over the wire.
 
@@ -9,6 +10,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::{post, start_proxy};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -25,6 +27,10 @@ routes:
     match: { path: "/plain/*" }
     idempotency: off
 "#;
+
+/// For the tests that count connections to see them reused: an idle timeout no pause
+/// between their requests reaches, however busy the machine.
+const KEEP_IDLE: &str = "connections: { upstream_idle_timeout: 1h }\n";
 
 /// What the raw upstream saw.
 #[derive(Default)]
@@ -105,7 +111,7 @@ async fn raw_upstream(
 #[tokio::test]
 async fn sequential_requests_share_one_kept_alive_upstream_connection() {
     let (upstream, seen, _) = raw_upstream(false, Arc::default()).await;
-    let proxy = start_proxy(upstream, ROUTES).await;
+    let proxy = start_proxy(upstream, &format!("{KEEP_IDLE}{ROUTES}")).await;
     for i in 0..10 {
         let key = format!("reuse-{i}");
         let protected = post(
@@ -162,6 +168,135 @@ async fn a_connection_the_upstream_closed_while_idle_is_not_used() {
         "each request reached the upstream once"
     );
     assert_eq!(seen.connections, 6);
+}
+
+/// How an idle stretch of a connection to [`keep_alive_upstream`] ended, with the number of
+/// the connection (from 0, in the order accepted).
+#[derive(Debug, PartialEq)]
+enum IdleEnd {
+    /// The proxy closed it.
+    ClosedByProxy(usize),
+    /// The upstream's keep-alive timeout ran out first and the upstream closed it.
+    TimedOut(usize),
+}
+
+/// A raw HTTP/1.1 upstream with a keep-alive timeout, as app servers have: it answers
+/// `201 {"ok":true}` without a `Connection` field and closes a connection that sends no
+/// request for `keep_alive`. Reports how each connection ended, and records the number of
+/// the connection each request came on, with its request line.
+async fn keep_alive_upstream(
+    keep_alive: Duration,
+) -> (
+    SocketAddr,
+    Arc<Mutex<Vec<(usize, String)>>>,
+    mpsc::UnboundedReceiver<IdleEnd>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests: Arc<Mutex<Vec<(usize, String)>>> = Arc::default();
+    let (ends_tx, ends) = mpsc::unbounded_channel();
+    let record = Arc::clone(&requests);
+    tokio::spawn(async move {
+        let mut accepted = 0;
+        while let Ok((stream, _)) = listener.accept().await {
+            let connection = accepted;
+            accepted += 1;
+            let record = Arc::clone(&record);
+            let ends_tx = ends_tx.clone();
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut read = BufReader::new(read);
+                loop {
+                    match tokio::time::timeout(keep_alive, read_request(&mut read)).await {
+                        Ok(Some((line, _))) => {
+                            record.lock().unwrap().push((connection, line));
+                            write.write_all(OK).await.unwrap();
+                        }
+                        Ok(None) => {
+                            let _ = ends_tx.send(IdleEnd::ClosedByProxy(connection));
+                            return;
+                        }
+                        Err(_) => {
+                            let _ = write.shutdown().await;
+                            let _ = ends_tx.send(IdleEnd::TimedOut(connection));
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, requests, ends)
+}
+
+/// The next connection end [`keep_alive_upstream`] reports.
+async fn next_end(ends: &mut mpsc::UnboundedReceiver<IdleEnd>) -> IdleEnd {
+    tokio::time::timeout(Duration::from_secs(10), ends.recv())
+        .await
+        .expect("hang guard: no connection ended")
+        .unwrap()
+}
+
+/// An upstream that closes idle connections itself races the proxy's next request on one:
+/// a request written as the close comes fails after it went out, which the proxy cannot
+/// tell from one the upstream read, so a protected key is held as outcome-unknown (its
+/// retries answered 409) and an unprotected request is a 502. With
+/// `connections.upstream_idle_timeout` below the upstream's keep-alive timeout, the proxy
+/// closes the idle connection first and the next request goes out on a new one.
+///
+/// The upstream's keep-alive is gunicorn's 2 s, the proxy's idle timeout 100 ms. Each next
+/// request is sent once the upstream saw the proxy close the idle connection (an idle time
+/// past the proxy's timeout and within the upstream's), so no sleep decides anything: the
+/// 2 s only bound how long a failing run takes.
+#[tokio::test]
+async fn idle_connections_close_before_the_upstreams_keep_alive_so_requests_take_new_ones() {
+    let (upstream, requests, mut ends) = keep_alive_upstream(Duration::from_secs(2)).await;
+    let routes = format!("connections: {{ upstream_idle_timeout: 100ms }}\n{ROUTES}");
+    let proxy = start_proxy(upstream, &routes).await;
+
+    let first = post(
+        proxy.addr,
+        "/orders/1",
+        &[("idempotency-key", "idle-1")],
+        "{}",
+    )
+    .await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    assert_eq!(next_end(&mut ends).await, IdleEnd::ClosedByProxy(0));
+
+    let second = post(
+        proxy.addr,
+        "/orders/2",
+        &[("idempotency-key", "idle-2")],
+        "{}",
+    )
+    .await;
+    assert_eq!(second.status, 201, "{:?}", second.body);
+    assert_eq!(next_end(&mut ends).await, IdleEnd::ClosedByProxy(1));
+
+    let plain = post(proxy.addr, "/plain/3", &[], "{}").await;
+    assert_eq!(plain.status, 201, "{:?}", plain.body);
+
+    // Each request executed once, each on a connection of its own.
+    assert_eq!(
+        *requests.lock().unwrap(),
+        [
+            (0, "POST /orders/1 HTTP/1.1".to_owned()),
+            (1, "POST /orders/2 HTTP/1.1".to_owned()),
+            (2, "POST /plain/3 HTTP/1.1".to_owned()),
+        ]
+    );
+    // The keys were completed with their answers, not held as outcome-unknown.
+    let again = post(
+        proxy.addr,
+        "/orders/1",
+        &[("idempotency-key", "idle-1")],
+        "{}",
+    )
+    .await;
+    assert_eq!(again.status, 201, "{:?}", again.body);
+    assert!(again.replayed());
+    assert_eq!(requests.lock().unwrap().len(), 3);
 }
 
 #[tokio::test]
@@ -307,7 +442,7 @@ async fn bytes_past_an_answers_end_never_reach_another_request() {
         _ => (vec![OK], false),
     })
     .await;
-    let proxy = start_proxy(upstream, ROUTES).await;
+    let proxy = start_proxy(upstream, &format!("{KEEP_IDLE}{ROUTES}")).await;
     let first = post(proxy.addr, "/plain/1", &[], "{}").await;
     assert_eq!(first.status, 201);
     assert_eq!(&first.body[..], b"{\"ok\":true}");
@@ -355,7 +490,7 @@ async fn chunked_and_close_delimited_answers_arrive_whole() {
         _ => (vec![OK], false),
     })
     .await;
-    let proxy = start_proxy(upstream, ROUTES).await;
+    let proxy = start_proxy(upstream, &format!("{KEEP_IDLE}{ROUTES}")).await;
     let chunked = post(proxy.addr, "/plain/a", &[], "{}").await;
     assert_eq!(chunked.status, 201);
     assert_eq!(&chunked.body[..], b"hello world");

@@ -1,6 +1,6 @@
 //! `connections:` compiled into [`Connections`]: caps on client and upstream connections,
-//! the read timeout of pass-through answers, and the [`Linger`] settings of a client
-//! connection's close.
+//! the idle timeout of kept-alive upstream connections, the read timeout of pass-through
+//! answers, and the [`Linger`] settings of a client connection's close.
 
 use std::time::Duration;
 
@@ -16,6 +16,12 @@ pub struct Connections {
     /// Upstream connections open at once; requests beyond it wait for one (within their
     /// upstream timeout).
     pub max_upstream: usize,
+    /// How long a kept-alive upstream connection may sit idle in the pool before the proxy
+    /// closes it. It must stay below the upstream's own keep-alive timeout: a request sent
+    /// on a connection the upstream is closing at that moment fails after it was written,
+    /// which the proxy cannot tell from a request the upstream read, so on a protected
+    /// route its key is held as outcome-unknown, and elsewhere it is a 502.
+    pub upstream_idle_timeout: Duration,
     /// Longest gap between two reads of a pass-through answer's body.
     pub upstream_read_timeout: Duration,
     /// How a client connection closes (after an answer sent before its request was read
@@ -41,6 +47,12 @@ impl Default for Connections {
         Self {
             max_client: 10_000,
             max_upstream: 1024,
+            // 1 s: below the keep-alive timeouts of common servers, the shortest of which
+            // is gunicorn's 2 s (Node, uvicorn and Apache: 5 s; nginx: 75 s), with a second
+            // to spare for a request taken just before it. Under load connections are
+            // reused long before it, so it barely matters there; after an idle second, a
+            // new connection (to the usual upstream nearby) costs little.
+            upstream_idle_timeout: Duration::from_secs(1),
             upstream_read_timeout: Duration::from_secs(60),
             linger: Linger {
                 time: Duration::from_secs(30),
@@ -56,6 +68,9 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
     let c = Connections {
         max_client: raw.max_client.unwrap_or(d.max_client),
         max_upstream: raw.max_upstream.unwrap_or(d.max_upstream),
+        upstream_idle_timeout: raw
+            .upstream_idle_timeout
+            .map_or(d.upstream_idle_timeout, |t| t.0),
         upstream_read_timeout: raw
             .upstream_read_timeout
             .map_or(d.upstream_read_timeout, |t| t.0),
@@ -68,6 +83,7 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
     let zero = [
         ("max_client", c.max_client == 0),
         ("max_upstream", c.max_upstream == 0),
+        ("upstream_idle_timeout", c.upstream_idle_timeout.is_zero()),
         ("upstream_read_timeout", c.upstream_read_timeout.is_zero()),
     ];
     if let Some((key, _)) = zero.iter().find(|(_, is_zero)| *is_zero) {

@@ -137,13 +137,15 @@ pub struct RawTls {
     pub client_ca: Option<String>,
 }
 
-/// `connections:` — caps on client and upstream connections, the read timeout of
-/// pass-through answers, and the lingering close after an early answer.
+/// `connections:` — caps on client and upstream connections, the idle timeout of kept-alive
+/// upstream connections, the read timeout of pass-through answers, and the lingering close
+/// after an early answer.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConnections {
     pub max_client: Option<usize>,
     pub max_upstream: Option<usize>,
+    pub upstream_idle_timeout: Option<ConfigDuration>,
     pub upstream_read_timeout: Option<ConfigDuration>,
     pub lingering_time: Option<ConfigDuration>,
     pub lingering_timeout: Option<ConfigDuration>,

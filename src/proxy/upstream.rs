@@ -38,7 +38,7 @@ pub struct UpstreamClient {
 
 impl UpstreamClient {
     /// A client with a keep-alive pool of at most `connections.max_upstream` connections
-    /// to `upstream`.
+    /// to `upstream`, each closed after `connections.upstream_idle_timeout` idle.
     pub fn new(upstream: &Upstream, connections: &Connections, metrics: &Arc<Metrics>) -> Self {
         let authority = &upstream.authority;
         let https = upstream.scheme == Scheme::HTTPS;
@@ -56,6 +56,7 @@ impl UpstreamClient {
         let pool = pool::Pool::new(
             connector::Connector::new(authority.host(), port, tls),
             connections.max_upstream,
+            connections.upstream_idle_timeout,
             Arc::clone(metrics),
         );
         Self {

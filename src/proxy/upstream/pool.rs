@@ -11,7 +11,10 @@
 //! socket at once, e.g. after an answer that arrived while the upload was still going out.
 //! With one origin there is no pool key to hash, and the end of the body is the hand-back
 //! point, so no task per request watches for the connection to become idle. One task per
-//! pool ([`sweep`]) closes idle connections at [`IDLE_TIMEOUT`].
+//! pool ([`sweep`]) closes idle connections at its idle timeout
+//! (`connections.upstream_idle_timeout`), before the upstream closes them itself: a request
+//! sent on a connection the upstream is closing at that moment fails after it was written,
+//! which the proxy cannot tell from a request the upstream read.
 //!
 //! A connection's slot under the cap and its count in `idemgate_upstream_connections` go
 //! with its socket ([`Leased`]): after `101 Switching Protocols` the socket leaves hyper's
@@ -36,11 +39,6 @@ use super::connector::{Connector, Io};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::proxy::body::ProxyBody;
-
-/// Idle connections are closed this long after they came back, whether or not a checkout
-/// comes by: under the keep-alive timeouts of common servers (nginx 75 s; Node's 5 s shows
-/// up as a closed connection, which checkout skips).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One upstream connection: the sending half of hyper's connection. Dropping it ends the
 /// connection's task, which closes the socket and only then frees its slot under the cap.
@@ -69,13 +67,13 @@ pub struct Checkout {
 struct Idle {
     conn: Conn,
     /// When it came back. tokio's clock rather than std's: the same time in production,
-    /// and one a test can pause and move past [`IDLE_TIMEOUT`] without waiting for it.
+    /// and one a test can pause and move past the idle timeout without waiting for it.
     since: Instant,
 }
 
 impl Idle {
-    fn expired(&self, now: Instant) -> bool {
-        now >= self.since + IDLE_TIMEOUT
+    fn expired(&self, now: Instant, timeout: Duration) -> bool {
+        now >= self.since + timeout
     }
 }
 
@@ -85,6 +83,9 @@ pub struct Pool {
     builder: http1::Builder,
     /// Oldest first: [`Pool::put`] pushes at the end, [`Pool::take_idle`] pops from it.
     idle: Mutex<Vec<Idle>>,
+    /// How long a connection may sit idle before it is closed
+    /// (`connections.upstream_idle_timeout`), whether or not a checkout comes by.
+    idle_timeout: Duration,
     /// One permit per open connection (`connections.max_upstream`).
     slots: Arc<Semaphore>,
     /// Wakes a request waiting for a slot when a connection comes back idle.
@@ -100,14 +101,21 @@ impl std::fmt::Debug for Pool {
         f.debug_struct("Pool")
             .field("connector", &self.connector)
             .field("idle", &crate::sync::lock(&self.idle).len())
+            .field("idle_timeout", &self.idle_timeout)
             .field("free_slots", &self.slots.available_permits())
             .finish()
     }
 }
 
 impl Pool {
-    /// A pool of at most `max` connections made by `connector`.
-    pub fn new(connector: Connector, max: usize, metrics: Arc<Metrics>) -> Self {
+    /// A pool of at most `max` connections made by `connector`, each closed once it has
+    /// been idle for `idle_timeout`.
+    pub fn new(
+        connector: Connector,
+        max: usize,
+        idle_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let mut builder = http1::Builder::new();
         // One buffer per write (head and body copied in) rather than a queue of them for
         // `writev`: a request is mostly a head and one small body, and managing the queue
@@ -117,6 +125,7 @@ impl Pool {
             connector,
             builder,
             idle: Mutex::new(Vec::new()),
+            idle_timeout,
             slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
             returned: Notify::new(),
             sweeper: Once::new(),
@@ -177,7 +186,7 @@ impl Pool {
         let mut idle = crate::sync::lock(&self.idle);
         while let Some(entry) = idle.pop() {
             // Closed: the upstream closed it while it sat idle (hyper's task noticed).
-            if !entry.expired(now) && !entry.conn.sender.is_closed() {
+            if !entry.expired(now, self.idle_timeout) && !entry.conn.sender.is_closed() {
                 return Some(entry.conn);
             }
         }
@@ -197,14 +206,15 @@ impl Pool {
         self.returned.notify_one();
     }
 
-    /// Closes the idle connections past [`IDLE_TIMEOUT`] and those the upstream closed;
+    /// Closes the idle connections past the idle timeout and those the upstream closed;
     /// returns when the next one will be past it.
     fn close_expired(&self, now: Instant) -> Instant {
+        let timeout = self.idle_timeout;
         let mut idle = crate::sync::lock(&self.idle);
-        idle.retain(|entry| !entry.expired(now) && !entry.conn.sender.is_closed());
+        idle.retain(|entry| !entry.expired(now, timeout) && !entry.conn.sender.is_closed());
         // The oldest expires first; one that comes back later, a full timeout from now.
         idle.first()
-            .map_or(now + IDLE_TIMEOUT, |entry| entry.since + IDLE_TIMEOUT)
+            .map_or(now + timeout, |entry| entry.since + timeout)
     }
 
     /// Opens a connection in `slot` and starts its task.
@@ -223,7 +233,7 @@ impl Pool {
             .await
             .map_err(|e| ProxyError::UpstreamUnreachable(format!("HTTP/1.1 handshake: {e}")))?;
         self.sweeper
-            .call_once(|| drop(tokio::spawn(sweep(Arc::downgrade(self)))));
+            .call_once(|| drop(tokio::spawn(sweep(Arc::downgrade(self), self.idle_timeout))));
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(async move {
             // Ending drops the connection and with it the socket, unless an upgrade took it.
@@ -244,13 +254,14 @@ impl Pool {
     }
 }
 
-/// Closes a pool's idle connections as they pass [`IDLE_TIMEOUT`]: checkout takes the most
-/// recently used, so without this an older one would stay open, holding a slot, for as
-/// long as newer ones serve, and with no traffic at all nothing would close any. It holds
-/// the pool only while it looks: a pool a reload replaced is dropped (closing its idle
-/// connections) and this ends at its next look.
-async fn sweep(pool: Weak<Pool>) {
-    let mut next = Instant::now() + IDLE_TIMEOUT;
+/// Closes a pool's idle connections as they pass its `idle_timeout`: checkout takes the
+/// most recently used, so without this an older one would stay open, holding a slot, for
+/// as long as newer ones serve, and with no traffic at all nothing would close any: the
+/// upstream would, at its own keep-alive timeout. It holds the pool only while it looks: a
+/// pool a reload replaced is dropped (closing its idle connections) and this ends at its
+/// next look.
+async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
+    let mut next = Instant::now() + idle_timeout;
     loop {
         tokio::time::sleep_until(next).await;
         let Some(pool) = pool.upgrade() else { return };

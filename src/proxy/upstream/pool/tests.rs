@@ -20,6 +20,15 @@ use crate::proxy::upstream::{request, UpstreamBody};
 /// the test instead of hanging it.
 const HANG: Duration = Duration::from_secs(10);
 
+/// The idle timeout of pools in tests that do not test it, on a running clock: longer
+/// than any of them, so a busy machine never expires a connection a test means to reuse.
+const NEVER_IDLE: Duration = Duration::from_secs(3600);
+
+/// The idle timeout the tests of it use: the configured default, on a paused clock.
+fn idle_timeout() -> Duration {
+    crate::config::Connections::default().upstream_idle_timeout
+}
+
 /// What the upstream answers: the raw bytes for a request, given the number of its
 /// connection and its own number (both from 0, in the order the upstream saw them).
 type Answer = fn(usize, usize) -> Vec<u8>;
@@ -117,8 +126,17 @@ async fn serve(mut stream: TcpStream, connection: usize, answer: Answer, seen: &
 }
 
 fn pool(upstream: &Upstream, max: usize, metrics: &Arc<Metrics>) -> Arc<Pool> {
+    idle_pool(upstream, max, NEVER_IDLE, metrics)
+}
+
+fn idle_pool(
+    upstream: &Upstream,
+    max: usize,
+    idle_timeout: Duration,
+    metrics: &Arc<Metrics>,
+) -> Arc<Pool> {
     let connector = Connector::new("127.0.0.1", upstream.port, None);
-    Arc::new(Pool::new(connector, max, Arc::clone(metrics)))
+    Arc::new(Pool::new(connector, max, idle_timeout, Arc::clone(metrics)))
 }
 
 /// Sends `GET /` on the checked-out connection as `UpstreamClient::send_untimed` does: the
@@ -207,17 +225,18 @@ async fn an_idle_connection_past_its_timeout_is_not_reused() {
     let _still = hold_clock();
     tokio::time::pause();
     let mut upstream = Upstream::start(numbered).await;
-    let pool = pool(&upstream, 4, &Arc::new(Metrics::new()));
+    let idle = idle_timeout();
+    let pool = idle_pool(&upstream, 4, idle, &Arc::new(Metrics::new()));
     let first = pool.checkout().await.unwrap();
     assert_eq!(get_all(&pool, first).await, "0");
 
     // Within the timeout: reused, so what ends it below is its age.
-    tokio::time::advance(IDLE_TIMEOUT - Duration::from_millis(1)).await;
+    tokio::time::advance(idle - Duration::from_millis(1)).await;
     let second = pool.checkout().await.unwrap();
     assert!(second.reused);
     assert_eq!(get_all(&pool, second).await, "0");
 
-    tokio::time::advance(IDLE_TIMEOUT + Duration::from_millis(1)).await;
+    tokio::time::advance(idle + Duration::from_millis(1)).await;
     let third = pool.checkout().await.unwrap();
     assert!(!third.reused);
     assert_eq!(get_all(&pool, third).await, "1");
@@ -312,14 +331,17 @@ async fn an_idle_connection_is_closed_at_its_timeout_while_a_newer_one_serves() 
     let _still = hold_clock();
     tokio::time::pause();
     let mut upstream = Upstream::start(numbered).await;
-    let pool = pool(&upstream, 4, &Arc::new(Metrics::new()));
+    let idle = idle_timeout();
+    let pool = idle_pool(&upstream, 4, idle, &Arc::new(Metrics::new()));
     let older = pool.checkout().await.unwrap();
     let newer = pool.checkout().await.unwrap();
     assert_eq!(get_all(&pool, older).await, "0");
     assert_eq!(get_all(&pool, newer).await, "1");
 
-    for _ in 0..5 {
-        tokio::time::advance(Duration::from_secs(10)).await;
+    // The newer one serves every tenth of the timeout, the older one stays idle.
+    let step = idle / 10;
+    for _ in 0..9 {
+        tokio::time::advance(step).await;
         let checkout = pool.checkout().await.unwrap();
         assert!(checkout.reused);
         assert_eq!(get_all(&pool, checkout).await, "1");
@@ -332,7 +354,7 @@ async fn an_idle_connection_is_closed_at_its_timeout_while_a_newer_one_serves() 
 
     // Past the older one's timeout (tokio's timers fire on the millisecond after their
     // deadline); no checkout comes by.
-    tokio::time::advance(IDLE_TIMEOUT - Duration::from_secs(50) + Duration::from_millis(1)).await;
+    tokio::time::advance(idle - step * 9 + Duration::from_millis(1)).await;
     assert_eq!(upstream.next_closed().await, 0);
     let checkout = pool.checkout().await.unwrap();
     assert!(checkout.reused);
@@ -346,13 +368,14 @@ async fn a_pool_without_traffic_closes_its_idle_connections_at_their_timeout() {
     tokio::time::pause();
     let mut upstream = Upstream::start(numbered).await;
     let metrics = Arc::new(Metrics::new());
-    let pool = pool(&upstream, 4, &metrics);
+    let idle = idle_timeout();
+    let pool = idle_pool(&upstream, 4, idle, &metrics);
     let first = pool.checkout().await.unwrap();
     let second = pool.checkout().await.unwrap();
     assert_eq!(get_all(&pool, first).await, "0");
     assert_eq!(get_all(&pool, second).await, "1");
 
-    tokio::time::advance(IDLE_TIMEOUT - Duration::from_millis(1)).await;
+    tokio::time::advance(idle - Duration::from_millis(1)).await;
     tokio::task::yield_now().await;
     assert_eq!(idle_count(&pool), 2, "closed before their timeout");
 
