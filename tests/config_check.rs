@@ -180,6 +180,11 @@ fn a_config_of_listen_and_upstream_alone_has_the_readme_defaults() {
         "upstream_read_timeout: 60s"
     );
     assert_eq!(
+        secs(conn.upstream_idle_timeout),
+        S as f64,
+        "upstream_idle_timeout: 1s"
+    );
+    assert_eq!(
         secs(conn.linger.time),
         (30 * S) as f64,
         "lingering_time: 30s"
