@@ -41,8 +41,14 @@ pub fn explain_key(
     config: &Config,
     request: &Request,
 ) -> Result<(String, Option<Digest>), ProxyError> {
-    let host = request
-        .headers
+    // As the proxy does: an absolute-form target's authority is the request's Host.
+    let mut headers = request.headers.clone();
+    if let Some(authority) = request.uri.authority() {
+        if let Ok(value) = http::HeaderValue::from_str(authority.as_str()) {
+            headers.insert(http::header::HOST, value);
+        }
+    }
+    let host = headers
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok());
     let raw_path = request.uri.path();
@@ -100,7 +106,7 @@ pub fn explain_key(
         method: &request.method,
         path,
         query: request.uri.query(),
-        headers: &request.headers,
+        headers: &headers,
         peer: request.client_ip,
         identity: &rule.identity,
         client_cert: None,

@@ -395,3 +395,32 @@ async fn the_same_request_to_two_hosts_is_two_requests() {
     assert!(replayed(&again), "host names are case-insensitive");
     assert_eq!(upstream.seen().len(), 2);
 }
+
+/// An absolute-form target names the host its request is keyed by, over any `Host` field
+/// (RFC 9112 §3.2.2), in the proxy and in `explain` alike: the digest `explain` prints is
+/// the key the proxy stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absolute_form_target_keys_by_its_authority_in_explain_too() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let request = b"POST http://tenant-b.example.com/orders/invite HTTP/1.1\r\nhost: tenant-a.example.com\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+    let answer = raw_exchange_from("127.0.0.1", proxy.addr, request).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    let digest =
+        |path: &str, host: &str| common::stored_key(&proxy, path, &[("host", host)], b"{}");
+    let explained = digest(
+        "http://tenant-b.example.com/orders/invite",
+        "tenant-a.example.com",
+    );
+    assert_eq!(explained, digest("/orders/invite", "tenant-b.example.com"));
+    assert_ne!(explained, digest("/orders/invite", "tenant-a.example.com"));
+    let stored = proxy
+        .store
+        .inspect(idemgate::key::Digest::from_hex(&explained).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        stored.is_some(),
+        "explain's digest is the key the proxy stored"
+    );
+}
