@@ -436,3 +436,64 @@ async fn a_duplicate_of_an_owner_that_failed_without_a_shareable_answer_gets_502
     );
     assert_eq!(upstream.executed(), 1, "the duplicate ran nothing");
 }
+
+/// A client that sends its request and leaves while its owner still waits for an upstream
+/// connection (all taken): the owner stops at the client's `upstream_timeout` as it would
+/// had the client stayed, sends nothing even once a connection frees, and frees the key,
+/// so the client's retry runs it (once). Owners of clients that left never pile up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_whose_client_left_stops_waiting_for_a_connection_at_upstream_timeout() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        "connections: { max_upstream: 1 }\nroutes:\n  - name: create-order\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key, required: true }\n    upstream_timeout: 2s\n",
+    )
+    .await;
+    let owners = proxy.proxy.owners().clone();
+    // The only upstream connection is held by a request the upstream keeps at its gate.
+    let addr = proxy.addr;
+    let held = tokio::spawn(async move {
+        post(
+            addr,
+            "/orders",
+            &[("idempotency-key", "hold"), ("x-test-gate", "g")],
+            "{}",
+        )
+        .await
+    });
+    upstream.arrived("g", 1).await;
+    let until = |n: usize| {
+        let owners = owners.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(30), async {
+                while owners.len() != n {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("hang guard: {} owners, never {n}", owners.len()))
+        }
+    };
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nhost: {}\r\nidempotency-key: left\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}",
+        proxy.addr
+    );
+    client.write_all(request.as_bytes()).await.unwrap();
+    // Its owner runs (waiting for the connection), then its client leaves.
+    until(2).await;
+    drop(client);
+    // Detached, the owner gives up at its 2 s upstream_timeout; without that it would run
+    // on for background_timeout (10 min) and this wait would hit its hang guard.
+    until(1).await;
+    // The held request's client got its 504 at the same 2 s; its owner, detached, finishes
+    // once the gate opens and hands the connection back.
+    upstream.open("g");
+    held.await.unwrap();
+    until(0).await;
+    assert_eq!(upstream.executed_for("left"), 0, "nothing went out for it");
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "left")], "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "the key was freed");
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed_for("left"), 1);
+}

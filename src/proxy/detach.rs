@@ -13,6 +13,8 @@
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tracing::Instrument;
@@ -31,6 +33,9 @@ where
     span: tracing::Span,
     /// Once detached, how long it may run on: no timer is armed unless it is detached.
     bound: Option<std::time::Instant>,
+    /// Once detached, a flag raised at its instant, the future then polled again: what its
+    /// caller would have told it at that time, had it still been there.
+    signal: Option<(std::time::Instant, Arc<AtomicBool>)>,
 }
 
 /// The detachable future panicked; like a panicking spawned task, the panic was caught
@@ -48,7 +53,15 @@ where
             running: Some(Box::pin(future)),
             span: tracing::Span::current(),
             bound: None,
+            signal: None,
         }
+    }
+
+    /// Once detached, `flag` is raised at `at` and the future polled again (a caller still
+    /// waiting raises it itself). No timer is armed unless it is detached.
+    pub fn signal_at(mut self, at: std::time::Instant, flag: Arc<AtomicBool>) -> Self {
+        self.signal = Some((at, flag));
+        self
     }
 
     /// Once detached, it is dropped at `deadline` if it has not finished by then.
@@ -95,17 +108,29 @@ where
         // release what it held.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let span = self.span.clone();
-            match self.bound {
-                Some(deadline) => {
-                    let bounded = async move {
-                        let _ = tokio::time::timeout_at(deadline.into(), running).await;
-                    };
-                    runtime.spawn(bounded.instrument(span));
+            let signal = self.signal.take();
+            let bound = self.bound;
+            let detached = async move {
+                let mut running = running;
+                let run_on = async {
+                    if let Some((at, flag)) = signal {
+                        tokio::select! {
+                            _ = &mut running => return,
+                            _ = tokio::time::sleep_until(at.into()) => {
+                                flag.store(true, Ordering::SeqCst);
+                            }
+                        }
+                    }
+                    let _ = (&mut running).await;
+                };
+                match bound {
+                    Some(deadline) => {
+                        let _ = tokio::time::timeout_at(deadline.into(), run_on).await;
+                    }
+                    None => run_on.await,
                 }
-                None => {
-                    runtime.spawn(running.instrument(span));
-                }
-            }
+            };
+            runtime.spawn(detached.instrument(span));
         }
     }
 }
@@ -182,6 +207,35 @@ mod tests {
             .await
             .expect("the future outlived its bound")
             .unwrap();
+    }
+
+    /// Detached with a signal, the flag is raised at its instant and the future, polled
+    /// again, sees it (here: ends with what it saw).
+    #[tokio::test]
+    async fn a_detached_future_is_signalled_at_its_instant() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let seen = Arc::clone(&flag);
+        let (done, finished) = oneshot::channel::<bool>();
+        let mut done = Some(done);
+        let mut detachable = Detachable::new(std::future::poll_fn(move |_| {
+            if seen.load(Ordering::SeqCst) {
+                let _ = done.take().unwrap().send(true);
+                return Poll::Ready(());
+            }
+            // Never woken by anything but the signal.
+            Poll::Pending
+        }))
+        .signal_at(
+            std::time::Instant::now() + std::time::Duration::from_millis(20),
+            Arc::clone(&flag),
+        );
+        assert!(futures_poll_once(&mut detachable).is_pending());
+        drop(detachable);
+        let saw = tokio::time::timeout(std::time::Duration::from_secs(30), finished)
+            .await
+            .expect("hang guard: the signal never reached the future")
+            .unwrap();
+        assert!(saw && flag.load(Ordering::SeqCst));
     }
 
     fn futures_poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {

@@ -409,7 +409,10 @@ pub(super) async fn execute(
         let sealing = owner_rule.sealing.as_deref();
         settle(lease, policy, sealing, &route_metrics, answer, reissue).await
     })
-    .bounded(started + policy.background_timeout);
+    .bounded(started + policy.background_timeout)
+    // Detached (its client left) while still waiting for a connection, it stops at the
+    // client's deadline as an attached one does: nothing went out, the key is freed.
+    .signal_at(started + policy.upstream_timeout, Arc::clone(&give_up));
     let mut owner = owner;
     match cx
         .conn
