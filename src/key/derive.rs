@@ -57,9 +57,6 @@ pub struct DerivedKey {
     /// What a later request with the same key must match ([`Digest::NONE`] when the key
     /// already is the fingerprint or names the request's identity by itself).
     pub fingerprint: Digest,
-    /// The caller's own digest, [`scope_digest`] of the rule's scope: what a store that
-    /// limits each caller's share counts by.
-    pub caller: Digest,
 }
 
 /// Why no key could be derived; each maps to a 400 in [`crate::error`].
@@ -132,14 +129,12 @@ pub fn derive_key(
     hasher.field(req.route.as_bytes());
     hasher.field(req.method.as_str().as_bytes());
     hash_host(&mut hasher, req.headers);
-    hasher.tee(SCOPE_DOMAIN);
     hash_scope(
         &mut hasher,
         &rule.scope,
         req,
         trace.as_deref_mut().map(|t| &mut t.scope),
     );
-    let caller = hasher.untee();
     hasher.field(rule.source.as_str().as_bytes());
 
     let fingerprint = match &rule.source {
@@ -196,7 +191,6 @@ pub fn derive_key(
             return Ok(Some(DerivedKey {
                 key: token_digest(&rule.scope, req, &token),
                 fingerprint: payload_fingerprint(req, &rule.payload, trace),
-                caller,
             }));
         }
         KeySource::Fingerprint(fp) => {
@@ -215,7 +209,6 @@ pub fn derive_key(
     Ok(Some(DerivedKey {
         key: hasher.finish(),
         fingerprint,
-        caller,
     }))
 }
 
@@ -253,12 +246,9 @@ pub fn token_digest(scope: &[ScopePart], req: &RequestView<'_>, token: &[u8]) ->
     hasher.finish()
 }
 
-/// What a caller's own digest starts with.
-const SCOPE_DOMAIN: &[u8] = b"idemgate:scope:v1";
-
-/// A caller's own digest: its rate-limit bucket, and what the store counts its share by.
+/// The rate-limit bucket of a caller.
 pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
-    let mut hasher = KeyHasher::new(SCOPE_DOMAIN);
+    let mut hasher = KeyHasher::new(b"idemgate:scope:v1");
     hash_scope(&mut hasher, scope, req, None);
     hasher.finish()
 }
@@ -552,70 +542,47 @@ fn is_form(headers: &HeaderMap) -> bool {
 }
 
 /// SHA-256 over length-prefixed fields, so no two field lists hash the same input.
-struct KeyHasher {
-    main: Sha256,
-    /// A second digest fed the same fields while set ([`KeyHasher::tee`]): the caller's
-    /// own digest, taken while the key hashes the scope, so the scope is read once.
-    tee: Option<Sha256>,
-}
+struct KeyHasher(Sha256);
 
 impl KeyHasher {
     fn new(domain: &[u8]) -> Self {
-        Self {
-            main: Sha256::new_with_prefix(domain),
-            tee: None,
-        }
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        self.main.update(bytes);
-        if let Some(tee) = &mut self.tee {
-            tee.update(bytes);
-        }
+        let mut h = Sha256::new();
+        h.update(domain);
+        Self(h)
     }
 
     fn field(&mut self, bytes: &[u8]) {
-        self.update(&(bytes.len() as u64).to_be_bytes());
-        self.update(bytes);
+        self.0.update((bytes.len() as u64).to_be_bytes());
+        self.0.update(bytes);
     }
 
     /// `field` of `bytes` in ASCII lower case, without allocating.
     fn field_lowercase(&mut self, bytes: &[u8]) {
-        self.update(&(bytes.len() as u64).to_be_bytes());
+        self.0.update((bytes.len() as u64).to_be_bytes());
         let mut buf = [0u8; 64];
         for chunk in bytes.chunks(buf.len()) {
             let lower = &mut buf[..chunk.len()];
             lower.copy_from_slice(chunk);
             lower.make_ascii_lowercase();
-            self.update(lower);
+            self.0.update(lower);
         }
     }
 
     /// A scope part's label, as `field` of its `Display` text.
     fn label(&mut self, part: &ScopePart) {
         let (kind, name) = part.label();
-        self.update(&((kind.len() + name.len()) as u64).to_be_bytes());
-        self.update(kind.as_bytes());
-        self.update(name.as_bytes());
+        self.0
+            .update(((kind.len() + name.len()) as u64).to_be_bytes());
+        self.0.update(kind);
+        self.0.update(name);
     }
 
     fn absent(&mut self) {
-        self.update(&u64::MAX.to_be_bytes());
-    }
-
-    /// From here on, the fields also go to a digest of their own that starts with `domain`.
-    fn tee(&mut self, domain: &[u8]) {
-        self.tee = Some(Sha256::new_with_prefix(domain));
-    }
-
-    /// The digest [`KeyHasher::tee`] started, of the fields since.
-    fn untee(&mut self) -> Digest {
-        let tee = self.tee.take().expect("tee started");
-        Digest(tee.finalize().into())
+        self.0.update(u64::MAX.to_be_bytes());
     }
 
     fn finish(self) -> Digest {
-        Digest(self.main.finalize().into())
+        Digest(self.0.finalize().into())
     }
 }
 

@@ -19,7 +19,7 @@ use super::body::{BodyError, ProxyBody, RequestBody};
 use super::protected::{claim_args, execute, forward_unprotected, request_view, Context, Report};
 use crate::config::{InFlightMode, Protected};
 use crate::error::ProxyError;
-use crate::key::derive_key;
+use crate::key::{derive_key, DerivedKey};
 use crate::metrics::Outcome;
 use crate::store::{Claim, ClaimArgs, StoreError};
 
@@ -50,12 +50,12 @@ pub async fn handle(
         None => false,
     };
     let view = request_view(&cx, rule, &parts, &body);
-    let derived = match derive_key(&rule.key, &view, None) {
+    let (key, fingerprint) = match derive_key(&rule.key, &view, None) {
         _ if stale => {
             would(report, Outcome::WouldReject, false, None);
             return forward_unprotected(&cx, parts, body, policy).await;
         }
-        Ok(Some(derived)) => derived,
+        Ok(Some(DerivedKey { key, fingerprint })) => (key, fingerprint),
         Ok(None) => {
             report.outcome = Some(Outcome::Unkeyed);
             return forward_unprotected(&cx, parts, body, policy).await;
@@ -65,13 +65,12 @@ pub async fn handle(
             return forward_unprotected(&cx, parts, body, policy).await;
         }
     };
-    let key = derived.key;
     report.key = Some(key);
     let span = tracing::Span::current();
     if !span.is_disabled() {
         span.record("key", tracing::field::display(key.short()));
     }
-    let args = claim_args(&cx, rule, derived);
+    let args = claim_args(&cx, rule, &view, key, fingerprint);
     // A dry run never holds a request: nobody waits, nothing is refused.
     let args = ClaimArgs {
         waits: false,

@@ -25,6 +25,7 @@ use super::detach::Detachable;
 use super::upstream::{timed_out, UpstreamClient};
 use crate::config::{InFlightMode, OnStoreError, OnUnknownOutcome, Protected};
 use crate::error::ProxyError;
+use crate::key::derive::scope_digest;
 use crate::key::{derive_key, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::store::seal::KeyRing;
@@ -176,11 +177,10 @@ pub async fn handle(
     }
     // Phase 2: derive the key.
     let view = request_view(&cx, rule, &parts, &body);
-    let Some(derived) = derive_key(&rule.key, &view, None)? else {
+    let Some(DerivedKey { key, fingerprint }) = derive_key(&rule.key, &view, None)? else {
         report.outcome = Some(Outcome::Unkeyed);
         return forward_unprotected(&cx, parts, body, policy).await;
     };
-    let key = derived.key;
     report.key = Some(key);
     let span = tracing::Span::current();
     if !span.is_disabled() {
@@ -190,7 +190,7 @@ pub async fn handle(
     // Phase 3: claim; a duplicate in wait mode claims again each time it is woken, naming
     // the owner it waited on, until wait_timeout after it first found the key in flight.
     // Token routes only start from an issued token; a failed attempt hands it back.
-    let mut args = claim_args(&cx, rule, derived);
+    let mut args = claim_args(&cx, rule, &view, key, fingerprint);
     let mut waiting_since: Option<Instant> = None;
     let waited = |since: Option<Instant>| {
         if let Some(since) = since {
@@ -291,17 +291,23 @@ pub async fn handle(
     }
 }
 
-/// How a request on `rule` with `derived` claims it: token routes only start from an
-/// issued token, and hand it back for `reissue_ttl` when an attempt fails.
-pub(super) fn claim_args(cx: &Context<'_>, rule: &Protected, derived: DerivedKey) -> ClaimArgs {
+/// How a request on `rule` with `key` claims it: token routes only start from an issued
+/// token, and hand it back for `reissue_ttl` when an attempt fails.
+pub(super) fn claim_args(
+    cx: &Context<'_>,
+    rule: &Protected,
+    view: &RequestView<'_>,
+    key: Digest,
+    fingerprint: Digest,
+) -> ClaimArgs {
     let policy = &rule.policy;
     let (mode, reissue) = match &rule.key.source {
         KeySource::Token(t) => (ClaimMode::IssuedOnly, Some(t.reissue_ttl)),
         _ => (ClaimMode::Any, None),
     };
     ClaimArgs {
-        key: derived.key,
-        fingerprint: derived.fingerprint,
+        key,
+        fingerprint,
         lease: policy.lease,
         lapse: policy.lapse(),
         mode,
@@ -309,9 +315,9 @@ pub(super) fn claim_args(cx: &Context<'_>, rule: &Protected, derived: DerivedKey
         waits: policy.in_flight == InFlightMode::Wait,
         after: None,
         route: cx.route_metrics.tag(),
-        // Counted only where the store limits each caller's share.
+        // Counted only where the store limits each caller's share: a second digest.
         caller: if cx.store.counts_callers() {
-            CallerTag::of(&derived.caller)
+            CallerTag::of(&scope_digest(&rule.key.scope, view))
         } else {
             CallerTag::NONE
         },
