@@ -169,7 +169,6 @@ impl MemoryStore {
     pub fn remove(&self, key: Digest) -> bool {
         let (_, ticks) = self.now();
         let mut shard = self.shard(&key);
-        shard.forget_seen(&key);
         let live = shard.map.get(&key).is_some_and(|e| !e.is_expired(ticks));
         shard.remove(&key, &self.totals) && live
     }

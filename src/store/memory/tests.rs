@@ -280,3 +280,79 @@ fn a_claim_replacing_its_callers_own_record_fits_the_share() {
         Ok(RawClaim::Owner { .. })
     ));
 }
+
+fn seen_counts(store: &MemoryStore) -> usize {
+    store
+        .shards
+        .iter()
+        .map(|s| s.lock().unwrap().seen.len())
+        .sum()
+}
+
+fn owned(k: Digest, token: OwnerToken) -> Ownership {
+    Ownership {
+        key: k,
+        token,
+        fingerprint: FINGERPRINT,
+        lapse: ClaimArgs::new(k, FINGERPRINT, LEASE).lapse,
+    }
+}
+
+/// Observe mode's count of a key's duplicates goes with the key's record, on every path
+/// that removes it: a claim released unsent, a failure with no room to be shared, a token
+/// issued over the key. (`seen` is charged to no bound, so a count left behind would
+/// grow without one.)
+#[test]
+fn a_removed_record_leaves_no_seen_count_behind() {
+    let store = MemoryStore::new(MemoryLimits {
+        max_entries: 10,
+        max_bytes: 4096,
+        ..MemoryLimits::default()
+    });
+    let too_big = StoredResponse::new(
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        &http::HeaderMap::new(),
+        &[b'x'; 8192],
+    );
+    for n in 0..20u8 {
+        let k = key(n);
+        let (token, _liveness) = owner(&store, k, LEASE);
+        assert!(store.saw_duplicate(k).is_some());
+        let settlement = if n % 2 == 0 {
+            Settlement::Release { reissue: None }
+        } else {
+            Settlement::Failed {
+                response: too_big.clone(),
+                linger: Duration::from_secs(5),
+                reissue: None,
+            }
+        };
+        assert_eq!(store.settle(&owned(k, token), settlement), Settled::Written);
+    }
+    assert_eq!(store.stats().entries, 0);
+    for n in 20..25u8 {
+        let k = key(n);
+        let (_token, _liveness) = owner(&store, k, LEASE);
+        assert!(store.saw_duplicate(k).is_some());
+        store.issue(k, Duration::from_secs(60)).unwrap();
+    }
+    assert_eq!(store.stats().entries, 5);
+    assert_eq!(seen_counts(&store), 0, "seen counts left behind");
+}
+
+/// A claim settled with its outcome is the same request: the duplicates observed while
+/// it ran still count after it is done.
+#[test]
+fn a_settled_claim_keeps_its_seen_count() {
+    let store = store(10);
+    let (token, _liveness) = owner(&store, key(1), LEASE);
+    assert!(store.saw_duplicate(key(1)).is_some());
+    let response = StoredResponse::new(http::StatusCode::OK, &http::HeaderMap::new(), b"ok");
+    let done = Settlement::Done {
+        response,
+        ttl: Duration::from_secs(60),
+    };
+    assert_eq!(store.settle(&owned(key(1), token), done), Settled::Written);
+    let seen = store.inspect(key(1)).and_then(|info| info.seen);
+    assert_eq!(seen.map(|s| s.times), Some(2));
+}
