@@ -1,6 +1,7 @@
 //! The memory store's own invariants (expiry order, queue bounds, what is shown); the store
 //! contract itself is `tests/store_conformance.rs`.
 
+use super::rate::{Counters, TEST_MOST_STEPS};
 use super::shard::TEST_COMPACT_SLACK;
 use super::*;
 use crate::store::{
@@ -355,4 +356,76 @@ fn a_settled_claim_keeps_its_seen_count() {
     assert_eq!(store.settle(&owned(key(1), token), done), Settled::Written);
     let seen = store.inspect(key(1)).and_then(|info| info.seen);
     assert_eq!(seen.map(|s| s.times), Some(2));
+}
+
+fn caller(n: u32) -> Digest {
+    let mut d = Digest([9; 32]);
+    d.0[..4].copy_from_slice(&n.to_le_bytes());
+    d
+}
+
+/// Token rate counters (one per caller per window) are at most `max_entries`: a client
+/// naming a new caller on every request (a random `Authorization`) cannot grow them. Past
+/// the bound a new caller counts as over any rate (429 until a window ends), while the
+/// callers already counted keep being counted.
+#[test]
+fn rate_counters_stay_within_max_entries() {
+    let store = store(10);
+    let window = Duration::from_secs(60);
+    for n in 0..1000 {
+        store.hit(caller(n), window);
+    }
+    assert!(store.hit(caller(5000), window) > u64::from(u32::MAX));
+    assert_eq!(store.hit(caller(0), window), 2);
+    let held = store.counters.lock().unwrap().len();
+    assert!(held <= 10, "{held} counters held with max_entries 10");
+}
+
+/// Counters whose window has ended make room for new callers, without a timer: the hits
+/// that follow drop them.
+#[test]
+fn ended_rate_windows_make_room_for_new_callers() {
+    let store = store(10);
+    let window = Duration::from_millis(50);
+    for round in 0..3 {
+        for n in 10 * round..10 * round + 10 {
+            assert_eq!(store.hit(caller(n), window), 1, "caller {n}");
+        }
+        std::thread::sleep(window * 2);
+    }
+    let held = store.counters.lock().unwrap().len();
+    assert!(held <= 10, "{held} counters held with max_entries 10");
+}
+
+/// A hit does a bounded amount of expiry work, however many counters run or end at once:
+/// no scan of all counters under the lock. Callers coming back after their window (each
+/// leaving a stale queue entry) keep the queues within twice the counters.
+#[test]
+fn a_rate_hit_does_bounded_work() {
+    let most = 5000;
+    let window = Duration::from_secs(1);
+    let second = 1_000_000_000;
+    let mut counters = Counters::default();
+    let mut worst = 0;
+    for round in 0..6u64 {
+        // Half of the callers come back each round, half are new; all windows of the
+        // round before have ended.
+        let now = round * second;
+        for n in 0..most as u32 {
+            let n = if n % 2 == 0 {
+                n
+            } else {
+                n + round as u32 * most as u32
+            };
+            assert_eq!(counters.hit(caller(n), now, window, most), 1);
+            worst = worst.max(counters.steps);
+        }
+        assert!(counters.len() <= most, "{} counters", counters.len());
+        assert!(
+            counters.queued() <= 2 * most,
+            "{} queued",
+            counters.queued()
+        );
+    }
+    assert!(worst <= TEST_MOST_STEPS, "{worst} steps in one hit");
 }
