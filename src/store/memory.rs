@@ -13,13 +13,14 @@
 //! This file holds the store itself (its shards, clock and the small operations); each larger
 //! job has its own file: `claim` (what a claim finds and takes), `settle` (how an owner's
 //! outcome is written), `inspect` (the admin API's view and observe mode's count), `limits`
-//! (the bounds, and making room by expiry or eviction), `record` (one key's record), `shard`
-//! (one shard's map and expiry index) and `totals` (what all shards hold, in all and by
-//! caller).
+//! (the bounds, and making room by expiry or eviction), `rate` (the rate-limit counters,
+//! at most `max_entries` beside the records), `record` (one key's record), `shard` (one
+//! shard's map and expiry index) and `totals` (what all shards hold, in all and by caller).
 
 mod claim;
 mod inspect;
 mod limits;
+mod rate;
 mod record;
 mod settle;
 mod shard;
@@ -33,8 +34,9 @@ use std::time::{Duration, Instant, SystemTime};
 use super::report::StoreStats;
 use super::response::ENTRY_OVERHEAD;
 use super::{RouteTag, StoreError};
-use crate::key::{Digest, DigestMap};
+use crate::key::Digest;
 use crate::sync::lock;
+use rate::Counters;
 use record::{Entry, Ticks};
 use shard::Shard;
 use totals::Totals;
@@ -49,8 +51,8 @@ pub struct MemoryStore {
     epoch: Instant,
     limits: MemoryLimits,
     totals: Totals,
-    /// Fixed-window counters for rate limits: key → (window end, hits).
-    counters: Mutex<DigestMap<(Instant, u64)>>,
+    /// Fixed-window counters for rate limits, at most `max_entries` (see `rate`).
+    counters: Mutex<Counters>,
     /// Live records evicted, by route.
     evictions: Mutex<BTreeMap<RouteTag, u64>>,
     /// When an eviction was last logged (ms since `epoch`), so a full store logs once in a
@@ -67,8 +69,6 @@ const MIN_ENTRIES_PER_SHARD: usize = 1024;
 const MAX_SHARDS: usize = 64;
 /// Expired records swept per write, so expiry costs O(1) amortized and needs no timer.
 const SWEEP_PER_WRITE: usize = 4;
-/// Rate counters are pruned of finished windows once this many exist.
-const COUNTER_SWEEP_AT: usize = 4096;
 
 impl MemoryStore {
     /// An empty store with these bounds.
@@ -150,26 +150,17 @@ impl MemoryStore {
         Ok(())
     }
 
-    /// See [`super::Store::hit`].
+    /// See [`super::Store::hit`]. A caller without a counter while `max_entries` run is
+    /// not counted and gets a count over any rate (a 429 for the token endpoint).
     pub fn hit(&self, key: Digest, window: Duration) -> u64 {
-        let now = Instant::now();
-        let mut counters = lock(&self.counters);
-        if counters.len() >= COUNTER_SWEEP_AT {
-            counters.retain(|_, (end, _)| *end > now);
-        }
-        let slot = counters.entry(key).or_insert((now + window, 0));
-        if slot.0 <= now {
-            *slot = (now + window, 0);
-        }
-        slot.1 += 1;
-        slot.1
+        let (_, now) = self.now();
+        lock(&self.counters).hit(key, now, window, self.limits.max_entries)
     }
 
     /// See [`super::Store::remove`].
     pub fn remove(&self, key: Digest) -> bool {
         let (_, ticks) = self.now();
         let mut shard = self.shard(&key);
-        shard.forget_seen(&key);
         let live = shard.map.get(&key).is_some_and(|e| !e.is_expired(ticks));
         shard.remove(&key, &self.totals) && live
     }

@@ -61,7 +61,6 @@ impl MemoryStore {
             return Err(StoreError::Full);
         }
         shard.remove(&key, &self.totals);
-        shard.forget_seen(&key);
         let token = OwnerToken::random();
         let (liveness, alive) = Liveness::new();
         shard.insert(
@@ -191,10 +190,11 @@ impl MemoryStore {
         };
         let (token, fingerprint) = (record.token, record.fingerprint);
         let (route, caller) = (record.route, record.caller);
-        shard.remove(&args.key, &self.totals);
+        let seen = shard.remove_for_outcome(&args.key, &self.totals);
         let (entry, cost) =
             SettledRecord::now(Outcome::Unknown, token, fingerprint, route, caller).into_entry();
         shard.put(args.key, entry, ticks, ttl, cost, &self.totals);
+        shard.keep_seen(args.key, seen);
         RawClaim::Other(if mismatched(&fingerprint, &args.fingerprint) {
             Claim::Mismatch
         } else {

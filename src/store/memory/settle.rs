@@ -39,43 +39,42 @@ impl MemoryStore {
             _ => (RouteTag::default(), CallerTag::NONE, Settled::WrittenBack),
         };
         // Removed (its waiters wake as the record's channel closes) before the new record
-        // asks for room, so the claim's own bytes count as free.
-        shard.remove(&key, &self.totals);
+        // asks for room, so the claim's own bytes count as free. What observe mode saw of
+        // the claim goes to its outcome, and with the claim if none follows.
+        let seen = shard.remove_for_outcome(&key, &self.totals);
         let record =
             |outcome| SettledRecord::now(outcome, token, fingerprint, route, caller).into_entry();
-        let (entry, ttl, cost) = match settlement {
-            Settlement::Release { reissue: None } => return written,
-            Settlement::Release { reissue: Some(ttl) } => {
-                (Entry::Issued { expires_at: 0 }, ttl, ENTRY_OVERHEAD)
-            }
-            Settlement::Done { ttl, .. } if ttl.is_zero() => return written,
+        let issued = |ttl| (Entry::Issued { expires_at: 0 }, ttl, ENTRY_OVERHEAD);
+        let (next, settled) = match settlement {
+            Settlement::Release { reissue } => (reissue.map(issued), written),
+            Settlement::Done { ttl, .. } if ttl.is_zero() => (None, written),
             Settlement::Done { response, ttl } => {
                 let cost = response.cost();
                 let fits = !self.over_caller_share(caller, (0, cost), (0, 0))
                     && self.room_for_bytes(&mut shard, index, ticks, cost);
-                if !fits {
+                if fits {
+                    let response = response.with_fingerprint(fingerprint);
+                    let entry = Entry::Done {
+                        response,
+                        expires_at: 0,
+                        route,
+                        caller,
+                    };
+                    (Some((entry, ttl, cost)), written)
+                } else {
                     // The claim's own slot is free again, so this small record has room.
                     let status = response.status();
                     let (entry, cost) = record(Outcome::NotStored { status });
-                    shard.put(key, entry, ticks, ttl, cost, &self.totals);
-                    return Settled::AnswerNotKept;
+                    (Some((entry, ttl, cost)), Settled::AnswerNotKept)
                 }
-                let response = response.with_fingerprint(fingerprint);
-                let entry = Entry::Done {
-                    response,
-                    expires_at: 0,
-                    route,
-                    caller,
-                };
-                (entry, ttl, cost)
             }
             Settlement::NotStored { status, ttl } => {
                 let (entry, cost) = record(Outcome::NotStored { status });
-                (entry, ttl, cost)
+                (Some((entry, ttl, cost)), written)
             }
             Settlement::Unknown { ttl } => {
                 let (entry, cost) = record(Outcome::Unknown);
-                (entry, ttl, cost)
+                (Some((entry, ttl, cost)), written)
             }
             Settlement::Failed {
                 response,
@@ -83,26 +82,23 @@ impl MemoryStore {
                 reissue,
             } => {
                 let cost = response.cost();
-                let fits = self.room_for_bytes(&mut shard, index, ticks, cost);
-                if !fits {
+                if self.room_for_bytes(&mut shard, index, ticks, cost) {
+                    let ttl = linger.max(reissue.unwrap_or_default());
+                    let issued = reissue.is_some();
+                    let (entry, cost) = record(Outcome::Failed { response, issued });
+                    (Some((entry, ttl, cost)), written)
+                } else {
                     // No room to share the failure: waiters are told their owner failed,
                     // without its answer; a one-time token is still given back.
-                    if let Some(ttl) = reissue {
-                        let issued = Entry::Issued { expires_at: 0 };
-                        shard.put(key, issued, ticks, ttl, ENTRY_OVERHEAD, &self.totals);
-                    }
-                    return written;
+                    (reissue.map(issued), written)
                 }
-                let ttl = linger.max(reissue.unwrap_or_default());
-                let issued = reissue.is_some();
-                let (entry, cost) = record(Outcome::Failed { response, issued });
-                (entry, ttl, cost)
             }
         };
-        if !ttl.is_zero() {
+        if let Some((entry, ttl, cost)) = next.filter(|(_, ttl, _)| !ttl.is_zero()) {
             shard.put(key, entry, ticks, ttl, cost, &self.totals);
+            shard.keep_seen(key, seen);
             shard.sweep(ticks, SWEEP_PER_WRITE, &self.totals);
         }
-        written
+        settled
     }
 }

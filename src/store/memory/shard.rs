@@ -28,8 +28,11 @@ pub(super) struct Shard {
     pub in_flight: usize,
     /// Keys seen more than once on routes in observe mode: how often, and when last.
     /// Empty (and never looked at) unless such a route saw a duplicate.
-    pub seen: DigestMap<(u64, SystemTime)>,
+    pub seen: DigestMap<Seen>,
 }
+
+/// How often observe mode saw a key, and when last.
+pub(super) type Seen = (u64, SystemTime);
 
 /// Records written with one TTL, oldest first: their expiry times ascend.
 #[derive(Debug)]
@@ -113,8 +116,36 @@ impl Shard {
     }
 
     /// Removes a record of any state, keeping the counters right (its expiry-queue entry,
-    /// if any, goes stale). Whether there was one.
+    /// if any, goes stale), and what observe mode saw of it: a count never outlives its
+    /// record (`seen` is charged to no bound). Whether there was one.
     pub fn remove(&mut self, key: &Digest, totals: &Totals) -> bool {
+        if !self.seen.is_empty() {
+            self.seen.remove(key);
+        }
+        self.take(key, totals)
+    }
+
+    /// Removes the record at `key` to put its own outcome in its place (the same request,
+    /// so the duplicates observed while it ran still count): what observe mode saw of it,
+    /// for [`Shard::keep_seen`] once the outcome is in.
+    pub fn remove_for_outcome(&mut self, key: &Digest, totals: &Totals) -> Option<Seen> {
+        let seen = self.seen.remove(key);
+        self.take(key, totals);
+        seen
+    }
+
+    /// Gives the record at `key` back what observe mode saw of the record it succeeds; kept
+    /// only if a record is there, so a count never outlives its record.
+    pub fn keep_seen(&mut self, key: Digest, seen: Option<Seen>) {
+        if let Some(seen) = seen {
+            if self.map.contains_key(&key) {
+                self.seen.insert(key, seen);
+            }
+        }
+    }
+
+    /// Removes the record at `key` alone; see [`Shard::remove`].
+    fn take(&mut self, key: &Digest, totals: &Totals) -> bool {
         let Some(entry) = self.map.remove(key) else {
             return false;
         };
@@ -125,13 +156,6 @@ impl Shard {
         totals.bytes.fetch_sub(entry.cost(), Ordering::Relaxed);
         totals.entries.fetch_sub(1, Ordering::Relaxed);
         true
-    }
-
-    /// Forgets how often `key` was seen: its record is gone, or starts over.
-    pub fn forget_seen(&mut self, key: &Digest) {
-        if !self.seen.is_empty() {
-            self.seen.remove(key);
-        }
     }
 
     /// Pops the queue entry that expires first, if it expires no later than `by`.
@@ -162,7 +186,6 @@ impl Shard {
             if is_live(&self.map, at, &key) {
                 let route = self.map.get(&key).map(Entry::route).unwrap_or_default();
                 self.remove(&key, totals);
-                self.forget_seen(&key);
                 return Some(route);
             }
         }
@@ -178,7 +201,6 @@ impl Shard {
             };
             if is_live(&self.map, at, &key) {
                 self.remove(&key, totals);
-                self.forget_seen(&key);
             }
         }
     }

@@ -1,6 +1,7 @@
 //! The memory store's own invariants (expiry order, queue bounds, what is shown); the store
 //! contract itself is `tests/store_conformance.rs`.
 
+use super::rate::{Counters, TEST_MOST_STEPS};
 use super::shard::TEST_COMPACT_SLACK;
 use super::*;
 use crate::store::{
@@ -279,4 +280,152 @@ fn a_claim_replacing_its_callers_own_record_fits_the_share() {
         store.claim(&args(key(1))),
         Ok(RawClaim::Owner { .. })
     ));
+}
+
+fn seen_counts(store: &MemoryStore) -> usize {
+    store
+        .shards
+        .iter()
+        .map(|s| s.lock().unwrap().seen.len())
+        .sum()
+}
+
+fn owned(k: Digest, token: OwnerToken) -> Ownership {
+    Ownership {
+        key: k,
+        token,
+        fingerprint: FINGERPRINT,
+        lapse: ClaimArgs::new(k, FINGERPRINT, LEASE).lapse,
+    }
+}
+
+/// Observe mode's count of a key's duplicates goes with the key's record, on every path
+/// that removes it: a claim released unsent, a failure with no room to be shared, a token
+/// issued over the key. (`seen` is charged to no bound, so a count left behind would
+/// grow without one.)
+#[test]
+fn a_removed_record_leaves_no_seen_count_behind() {
+    let store = MemoryStore::new(MemoryLimits {
+        max_entries: 10,
+        max_bytes: 4096,
+        ..MemoryLimits::default()
+    });
+    let too_big = StoredResponse::new(
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        &http::HeaderMap::new(),
+        &[b'x'; 8192],
+    );
+    for n in 0..20u8 {
+        let k = key(n);
+        let (token, _liveness) = owner(&store, k, LEASE);
+        assert!(store.saw_duplicate(k).is_some());
+        let settlement = if n % 2 == 0 {
+            Settlement::Release { reissue: None }
+        } else {
+            Settlement::Failed {
+                response: too_big.clone(),
+                linger: Duration::from_secs(5),
+                reissue: None,
+            }
+        };
+        assert_eq!(store.settle(&owned(k, token), settlement), Settled::Written);
+    }
+    assert_eq!(store.stats().entries, 0);
+    for n in 20..25u8 {
+        let k = key(n);
+        let (_token, _liveness) = owner(&store, k, LEASE);
+        assert!(store.saw_duplicate(k).is_some());
+        store.issue(k, Duration::from_secs(60)).unwrap();
+    }
+    assert_eq!(store.stats().entries, 5);
+    assert_eq!(seen_counts(&store), 0, "seen counts left behind");
+}
+
+/// A claim settled with its outcome is the same request: the duplicates observed while
+/// it ran still count after it is done.
+#[test]
+fn a_settled_claim_keeps_its_seen_count() {
+    let store = store(10);
+    let (token, _liveness) = owner(&store, key(1), LEASE);
+    assert!(store.saw_duplicate(key(1)).is_some());
+    let response = StoredResponse::new(http::StatusCode::OK, &http::HeaderMap::new(), b"ok");
+    let done = Settlement::Done {
+        response,
+        ttl: Duration::from_secs(60),
+    };
+    assert_eq!(store.settle(&owned(key(1), token), done), Settled::Written);
+    let seen = store.inspect(key(1)).and_then(|info| info.seen);
+    assert_eq!(seen.map(|s| s.times), Some(2));
+}
+
+fn caller(n: u32) -> Digest {
+    let mut d = Digest([9; 32]);
+    d.0[..4].copy_from_slice(&n.to_le_bytes());
+    d
+}
+
+/// Token rate counters (one per caller per window) are at most `max_entries`: a client
+/// naming a new caller on every request (a random `Authorization`) cannot grow them. Past
+/// the bound a new caller counts as over any rate (429 until a window ends), while the
+/// callers already counted keep being counted.
+#[test]
+fn rate_counters_stay_within_max_entries() {
+    let store = store(10);
+    let window = Duration::from_secs(60);
+    for n in 0..1000 {
+        store.hit(caller(n), window);
+    }
+    assert!(store.hit(caller(5000), window) > u64::from(u32::MAX));
+    assert_eq!(store.hit(caller(0), window), 2);
+    let held = store.counters.lock().unwrap().len();
+    assert!(held <= 10, "{held} counters held with max_entries 10");
+}
+
+/// Counters whose window has ended make room for new callers, without a timer: the hits
+/// that follow drop them.
+#[test]
+fn ended_rate_windows_make_room_for_new_callers() {
+    let store = store(10);
+    let window = Duration::from_millis(50);
+    for round in 0..3 {
+        for n in 10 * round..10 * round + 10 {
+            assert_eq!(store.hit(caller(n), window), 1, "caller {n}");
+        }
+        std::thread::sleep(window * 2);
+    }
+    let held = store.counters.lock().unwrap().len();
+    assert!(held <= 10, "{held} counters held with max_entries 10");
+}
+
+/// A hit does a bounded amount of expiry work, however many counters run or end at once:
+/// no scan of all counters under the lock. Callers coming back after their window (each
+/// leaving a stale queue entry) keep the queues within twice the counters.
+#[test]
+fn a_rate_hit_does_bounded_work() {
+    let most = 5000;
+    let window = Duration::from_secs(1);
+    let second = 1_000_000_000;
+    let mut counters = Counters::default();
+    let mut worst = 0;
+    for round in 0..6u64 {
+        // Half of the callers come back each round, half are new; all windows of the
+        // round before have ended.
+        let now = round * second;
+        for n in 0..most as u32 {
+            let n = if n % 2 == 0 {
+                n
+            } else {
+                n + round as u32 * most as u32
+            };
+            assert_eq!(counters.hit(caller(n), now, window, most), 1);
+            worst = worst.max(counters.steps);
+        }
+        assert!(counters.len() <= most, "{} counters", counters.len());
+        assert!(
+            counters.queued() <= 2 * most,
+            "{} queued",
+            counters.queued()
+        );
+    }
+    assert!(worst <= TEST_MOST_STEPS, "{worst} steps in one hit");
 }
