@@ -2,7 +2,9 @@
 //! by hyper-util's auto builder) and the optional admin port, each with a graceful drain: on
 //! shutdown, stop accepting, let open connections finish their requests, then return. The
 //! proxy port serves at most `connections.max_client` connections at once and closes each
-//! lingering ([`linger`]).
+//! lingering ([`linger`]). On both, a connection without a request for the head timeout,
+//! or whose client takes nothing of an answer for `connections.client_send_timeout`, is
+//! closed ([`watchdog`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -31,8 +33,10 @@ use sha2::{Digest as _, Sha256};
 mod header_timer;
 pub mod linger;
 mod stop;
+mod watchdog;
 use header_timer::ConnTimer;
 use stop::StopSignal;
+use watchdog::{Expired, Metered, Watch, Watchdog, Watched};
 
 /// Builds the store a config names. Redis and the SQL stores connect lazily: a server that
 /// is down at start is reported (and `/readyz` fails) but does not stop the proxy.
@@ -62,6 +66,7 @@ pub async fn serve_proxy(
         ))),
         linger: Some(config.connections.linger),
         idle: proxy.idle_timeout(),
+        send: config.connections.client_send_timeout,
         metrics: Some(Arc::clone(proxy.metrics())),
     };
     let tls_source = proxy.clone();
@@ -88,7 +93,8 @@ pub async fn serve_admin(
     let limits = Limits {
         slots: None,
         linger: None,
-        idle: IDLE_TIMEOUT,
+        idle: proxy.idle_timeout(),
+        send: proxy.config().connections.client_send_timeout,
         metrics: None,
     };
     let token: Option<Arc<str>> = token.map(Arc::from);
@@ -118,8 +124,12 @@ struct Limits {
     slots: Option<Arc<Semaphore>>,
     /// How connections close; `None`: at once.
     linger: Option<Linger>,
-    /// How long a kept-alive connection may go without a request head.
+    /// How long a connection may go without a request: from accept to its first request
+    /// head, and between an answer's end and the next head.
     idle: Duration,
+    /// How long an answer may wait for its client to take something
+    /// (`connections.client_send_timeout`, read at start).
+    send: Duration,
     /// Where connections are counted; `None`: not at all.
     metrics: Option<Arc<Metrics>>,
 }
@@ -169,6 +179,7 @@ async fn accept_loop<F, S>(
     let template = Arc::new(template);
     let make_service = Arc::new(make_service);
     let linger = limits.linger;
+    let (idle, send) = (limits.idle, limits.send);
     let metrics = limits.metrics;
     // Each connection holds a sender; when all are dropped, every connection has closed.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
@@ -216,26 +227,30 @@ async fn accept_loop<F, S>(
             let _counted = metrics
                 .as_ref()
                 .map(|m| Counted::new(m.connections().client_open.clone()));
+            // From accept: the head timeout counts the TLS handshake and the protocol choice.
+            let watch = Watch::new(idle, send);
             let (stream, returned) = linger::Returning::new(stream);
+            let stream = Metered::new(stream, Arc::clone(&watch));
             let builder = connection_builder(&template);
             match tls {
                 None => {
                     let service = make_service(ConnInfo::cleartext(peer));
-                    serve_one(&builder, TokioIo::new(stream), service, stop, peer).await;
+                    let io = TokioIo::new(stream);
+                    serve_one(&builder, io, service, stop, peer, watch).await;
                 }
                 Some(config) => {
                     // The handshake runs here, off the accept loop, bounded so a silent
                     // client cannot hold a task forever.
                     let handshake = tokio_rustls::TlsAcceptor::from(config).accept(stream);
-                    let stream =
-                        match tokio::time::timeout(Duration::from_secs(10), handshake).await {
-                            Ok(Ok(stream)) => stream,
-                            Ok(Err(e)) => {
-                                tracing::debug!(error = %e, %peer, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => return,
-                        };
+                    let bound = HANDSHAKE_TIMEOUT.min(idle);
+                    let stream = match tokio::time::timeout(bound, handshake).await {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
                     let client_cert = stream
                         .get_ref()
                         .1
@@ -243,7 +258,8 @@ async fn accept_loop<F, S>(
                         .and_then(|chain| chain.first())
                         .map(|leaf| Digest(Sha256::digest(leaf.as_ref()).into()));
                     let service = make_service(ConnInfo::new(peer, Transport::Tls { client_cert }));
-                    serve_one(&builder, TokioIo::new(stream), service, stop, peer).await;
+                    let io = TokioIo::new(stream);
+                    serve_one(&builder, io, service, stop, peer, watch).await;
                 }
             }
             // hyper has dropped the socket by now (unless an upgrade took it along).
@@ -263,8 +279,8 @@ async fn accept_loop<F, S>(
     }
 }
 
-/// How long a kept-alive connection of the admin listener may wait for its next request.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a TLS handshake may take (and never longer than the head timeout).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The server builder for one connection: the template with the connection's own header
 /// timer (see `header_timer`).
@@ -291,30 +307,48 @@ impl Drop for Counted {
 }
 
 /// Serves one connection (HTTP/1.1 or HTTP/2 by ALPN or preface) until it closes, or until
-/// `stop` fires: then the request in progress finishes and no new one is taken.
+/// `stop` fires: then the request in progress finishes and no new one is taken; or until
+/// its `watch` says it should close (see [`watchdog`]).
 async fn serve_one<I, S>(
     builder: &auto::Builder<TokioExecutor>,
     io: I,
     service: S,
     stop: StopSignal,
     peer: SocketAddr,
+    watch: Arc<Watch>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: ConnService,
 {
+    let idle = watch.head();
+    let service = Watched::new(service, Arc::clone(&watch));
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
-    until_stopped(conn, |conn| conn.graceful_shutdown(), stop, peer).await;
+    let watchdog = Watchdog::new(watch);
+    until_stopped(
+        conn,
+        |conn| conn.graceful_shutdown(),
+        stop,
+        peer,
+        watchdog,
+        idle,
+    )
+    .await;
 }
 
 /// Drives `conn` until it ends, or until `stop` fires: then `shutdown` lets the request in
-/// progress finish and takes no new one. (`conn` is pinned by the caller: moved in, it
+/// progress finish and takes no new one. When `watchdog` fires, an idle connection is shut
+/// down the same way, given `grace` to end; one whose client does not take its answer is
+/// dropped at once, and with it the requests it carries (a protected owner detaches and
+/// runs on, see [`crate::proxy::detach`]). (`conn` is pinned by the caller: moved in, it
 /// would take room in both futures' state.)
 async fn until_stopped<C, E>(
     mut conn: Pin<&mut C>,
     shutdown: impl FnOnce(Pin<&mut C>),
     stop: StopSignal,
     peer: SocketAddr,
+    mut watchdog: Watchdog,
+    grace: Duration,
 ) where
     C: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
@@ -325,10 +359,32 @@ async fn until_stopped<C, E>(
         result = conn.as_mut() => result,
         () = stop.stopped() => {
             shutdown(conn.as_mut());
-            conn.await
+            tokio::select! {
+                biased;
+                result = conn.as_mut() => result,
+                expired = &mut watchdog => return closed(expired, peer),
+            }
+        }
+        expired = &mut watchdog => match expired {
+            Expired::Send => return closed(expired, peer),
+            Expired::Idle => {
+                shutdown(conn.as_mut());
+                match tokio::time::timeout(grace, conn.as_mut()).await {
+                    Ok(result) => result,
+                    Err(_) => return closed(expired, peer),
+                }
+            }
         }
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, %peer, "connection ended with an error");
+    }
+}
+
+/// Logs why the proxy closed a connection; dropping it is the caller's.
+fn closed(expired: Expired, peer: SocketAddr) {
+    match expired {
+        Expired::Idle => tracing::debug!(%peer, "connection closed: no request"),
+        Expired::Send => tracing::debug!(%peer, "connection closed: the client takes nothing"),
     }
 }

@@ -185,6 +185,11 @@ fn a_config_of_listen_and_upstream_alone_has_the_readme_defaults() {
         "upstream_idle_timeout: 1s"
     );
     assert_eq!(
+        secs(conn.client_send_timeout),
+        (60 * S) as f64,
+        "client_send_timeout: 60s"
+    );
+    assert_eq!(
         secs(conn.linger.time),
         (30 * S) as f64,
         "lingering_time: 30s"
@@ -445,6 +450,24 @@ fn a_zero_upstream_idle_timeout_is_refused_where_it_is_written() {
     ));
     assert_eq!((line, column), (5, 3));
     assert_eq!(key, "connections.upstream_idle_timeout");
+    assert_eq!(message, "must be above zero");
+}
+
+/// A zero send timeout would close a client connection at the first write that has to
+/// wait: refused, naming the key and its place, rather than read as "no timeout".
+#[test]
+fn a_zero_client_send_timeout_is_refused_where_it_is_written() {
+    let config =
+        Config::parse(&top("connections: { client_send_timeout: 5s }\n"), "p.yaml").unwrap();
+    assert_eq!(
+        config.connections.client_send_timeout,
+        std::time::Duration::from_secs(5)
+    );
+    let (line, column, key, message) = invalid(&top(
+        "connections:\n  max_client: 8\n  client_send_timeout: 0s\n",
+    ));
+    assert_eq!((line, column), (5, 3));
+    assert_eq!(key, "connections.client_send_timeout");
     assert_eq!(message, "must be above zero");
 }
 

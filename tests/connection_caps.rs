@@ -270,3 +270,99 @@ routes:
     assert!(!retry.replayed());
     assert_eq!(*upstream.keys.lock().unwrap(), ["queued"]);
 }
+
+/// Whether a new connection gets a pass-through answer within `within`: its client slot
+/// (`max_client: 1` below) is free.
+async fn served_within(addr: SocketAddr, within: Duration) -> bool {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /plain/x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    matches!(
+        tokio::time::timeout(within, stream.read_to_end(&mut answer)).await,
+        Ok(Ok(_)) if answer.starts_with(b"HTTP/1.1 200")
+    )
+}
+
+/// The only client slot, with a head timeout of 300 ms (`Proxy::with_idle_timeout`; 30 s
+/// by default).
+async fn one_slot_short_head_timeout() -> (common::Upstream, common::ProxyHandle) {
+    let upstream = start_upstream().await;
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://{}\nconnections: {{ max_client: 1 }}\n{ROUTES}",
+        upstream.addr
+    );
+    let proxy = common::start_proxy_tuned(&text, None, |proxy| {
+        proxy.with_idle_timeout(Duration::from_millis(300))
+    })
+    .await;
+    (upstream, proxy)
+}
+
+/// Waits for the proxy to close `stream`, reading and dropping what it sends first (such
+/// as HTTP/2 SETTINGS); false if it is still open after the 10 s hang guard.
+async fn closed_by_the_proxy(stream: &mut TcpStream) -> bool {
+    let mut buf = vec![0u8; 4096];
+    let closed = async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .is_ok()
+}
+
+/// A connection that sends nothing is closed once the head timeout passes from its
+/// accept, before any protocol is known, so it cannot hold a `max_client` slot; so is one
+/// to the admin port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_nothing_is_closed_and_frees_its_client_slot() {
+    let (_upstream, proxy) = one_slot_short_head_timeout().await;
+    let mut silent = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut admin = TcpStream::connect(proxy.admin).await.unwrap();
+    assert!(
+        closed_by_the_proxy(&mut silent).await,
+        "a silent connection is still open after 10 s (head timeout 300 ms)"
+    );
+    assert!(served_within(proxy.addr, Duration::from_secs(10)).await);
+    assert!(
+        closed_by_the_proxy(&mut admin).await,
+        "a silent admin connection is still open after 10 s (head timeout 300 ms)"
+    );
+}
+
+/// A connection that sends the start of the HTTP/2 preface and then nothing (the protocol
+/// is still being chosen) is closed at the head timeout and frees its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_stuck_in_the_http2_preface_is_closed_and_frees_its_client_slot() {
+    let (_upstream, proxy) = one_slot_short_head_timeout().await;
+    let mut stuck = TcpStream::connect(proxy.addr).await.unwrap();
+    stuck.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    assert!(
+        closed_by_the_proxy(&mut stuck).await,
+        "a partial preface is still open after 10 s (head timeout 300 ms)"
+    );
+    assert!(served_within(proxy.addr, Duration::from_secs(10)).await);
+}
+
+/// An HTTP/2 connection that sends its preface and SETTINGS and then no request is closed
+/// when it has had no open stream for the head timeout (with a GOAWAY), as an idle
+/// HTTP/1.1 connection is, and frees its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_without_a_request_is_closed_and_frees_its_client_slot() {
+    let (_upstream, proxy) = one_slot_short_head_timeout().await;
+    let mut idle = TcpStream::connect(proxy.addr).await.unwrap();
+    idle.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    assert!(
+        closed_by_the_proxy(&mut idle).await,
+        "an idle HTTP/2 connection is still open after 10 s (head timeout 300 ms)"
+    );
+    assert!(served_within(proxy.addr, Duration::from_secs(10)).await);
+}

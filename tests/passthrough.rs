@@ -443,6 +443,43 @@ async fn a_pass_through_answer_stalled_mid_body_is_cut_off() {
     assert_eq!(body, "0123456789", "the part that came, and no more");
 }
 
+/// A client that asks for a large pass-through answer and stops reading it is cut off
+/// once nothing has reached it for `connections.client_send_timeout` (nginx's
+/// `send_timeout`): its connection is closed, and the upstream connection the answer
+/// streamed from is freed, so with `max_upstream: 1` the next request is served. (The
+/// timeout is 1 s; the 30 s bounds are hang guards only.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_its_answer_is_cut_off_and_frees_the_upstream_connection() {
+    let upstream = start_upstream().await;
+    let routes = format!("connections: {{ max_upstream: 1, client_send_timeout: 1s }}\n{ROUTES}");
+    let proxy = start_proxy(upstream.addr, &routes).await;
+    let mut reader = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    reader
+        .write_all(b"GET /download?bytes=268435456 HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    // The answer streams (the only upstream connection is taken); then it is not read.
+    let head = read_head(&mut reader).await.expect("the answer's head");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let next = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        send(proxy.addr, Method::GET, "/download?bytes=10", &[], ""),
+    )
+    .await
+    .expect("hang guard: a client that does not read holds the only upstream connection");
+    assert_eq!(next.status, StatusCode::OK);
+    assert_eq!(next.body, pattern_bytes(10));
+    // The reader's connection was closed: what was sent before ends short of the length.
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        reader.read_to_end(&mut rest),
+    )
+    .await
+    .expect("hang guard: the connection of a client that does not read stays open");
+    assert!(rest.len() < 268_435_456, "cut off short of the answer");
+}
+
 /// A client that sends part of a pass-through upload and then nothing is cut off after
 /// the body read timeout (nginx's `client_body_timeout`): it gets a 408 problem, and the
 /// upstream sees the upload end short instead of waiting on it. (The timeout is 300 ms;

@@ -1,6 +1,7 @@
 //! `connections:` compiled into [`Connections`]: caps on client and upstream connections,
 //! the idle timeout of kept-alive upstream connections, the read timeout of pass-through
-//! answers, and the [`Linger`] settings of a client connection's close.
+//! answers, the send timeout of answers to clients, and the [`Linger`] settings of a client
+//! connection's close.
 
 use std::time::Duration;
 
@@ -24,6 +25,10 @@ pub struct Connections {
     pub upstream_idle_timeout: Duration,
     /// Longest gap between two reads of a pass-through answer's body.
     pub upstream_read_timeout: Duration,
+    /// Longest a write of an answer to a client may make no progress (nginx's
+    /// `send_timeout`): past it the client connection is closed, and with it the requests
+    /// it carries (a protected owner runs on detached) and their upstream connections.
+    pub client_send_timeout: Duration,
     /// How a client connection closes (after an answer sent before its request was read
     /// whole, above all).
     pub linger: Linger,
@@ -54,6 +59,8 @@ impl Default for Connections {
             // new connection (to the usual upstream nearby) costs little.
             upstream_idle_timeout: Duration::from_secs(1),
             upstream_read_timeout: Duration::from_secs(60),
+            // nginx's `send_timeout` default.
+            client_send_timeout: Duration::from_secs(60),
             linger: Linger {
                 time: Duration::from_secs(30),
                 timeout: Duration::from_secs(5),
@@ -74,6 +81,9 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
         upstream_read_timeout: raw
             .upstream_read_timeout
             .map_or(d.upstream_read_timeout, |t| t.0),
+        client_send_timeout: raw
+            .client_send_timeout
+            .map_or(d.client_send_timeout, |t| t.0),
         linger: Linger {
             time: raw.lingering_time.map_or(d.linger.time, |t| t.0),
             timeout: raw.lingering_timeout.map_or(d.linger.timeout, |t| t.0),
@@ -85,6 +95,7 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
         ("max_upstream", c.max_upstream == 0),
         ("upstream_idle_timeout", c.upstream_idle_timeout.is_zero()),
         ("upstream_read_timeout", c.upstream_read_timeout.is_zero()),
+        ("client_send_timeout", c.client_send_timeout.is_zero()),
     ];
     if let Some((key, _)) = zero.iter().find(|(_, is_zero)| *is_zero) {
         return Err(CompileError::new(

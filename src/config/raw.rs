@@ -138,8 +138,8 @@ pub struct RawTls {
 }
 
 /// `connections:` — caps on client and upstream connections, the idle timeout of kept-alive
-/// upstream connections, the read timeout of pass-through answers, and the lingering close
-/// after an early answer.
+/// upstream connections, the read timeout of pass-through answers, the send timeout of
+/// answers to clients, and the lingering close after an early answer.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConnections {
@@ -147,6 +147,7 @@ pub struct RawConnections {
     pub max_upstream: Option<usize>,
     pub upstream_idle_timeout: Option<ConfigDuration>,
     pub upstream_read_timeout: Option<ConfigDuration>,
+    pub client_send_timeout: Option<ConfigDuration>,
     pub lingering_time: Option<ConfigDuration>,
     pub lingering_timeout: Option<ConfigDuration>,
     pub lingering_bytes: Option<ByteSize>,
