@@ -317,24 +317,6 @@ pub async fn read_limited(
     Ok(join(chunks))
 }
 
-/// Reads all of `body`'s data (trailers are dropped) into one `Bytes`. Unlike
-/// http-body-util's `collect`, which queues and copies every answer, a body of one chunk
-/// (most answers) is returned as that chunk without a copy.
-pub async fn collect_bytes<B>(mut body: B) -> Result<Bytes, B::Error>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
-    let mut chunks: Vec<Bytes> = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            if !data.is_empty() {
-                chunks.push(data);
-            }
-        }
-    }
-    Ok(join(chunks))
-}
-
 /// One `Bytes` of `chunks`, copied only if there is more than one.
 fn join(mut chunks: Vec<Bytes>) -> Bytes {
     match chunks.len() {
