@@ -40,12 +40,22 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
-const MIB: usize = 1 << 20;
+/// The bound of every test: `max_body` and `max_answer` are `512KiB`.
+const LIMIT: usize = 512 * 1024;
 
-/// What a buffered body may cost the proxy, as a multiple of its bound: the buffer (which
-/// may grow to about twice what it holds while it grows), the answer stored for replay,
-/// and hyper's connection buffers.
+/// What a buffered body may cost the proxy, as a multiple of its bound: the buffer (under
+/// twice what it holds, while it grows), and what it sends on.
 const FACTOR: usize = 4;
+
+/// What an answer stored for replay may cost, as a multiple of its bound: [`FACTOR`], and
+/// the stored record, which the store copies while it records it (`StoredResponse::new`,
+/// `with_fingerprint` of a record the client's answer shares).
+const STORED_FACTOR: usize = FACTOR + 2;
+
+/// hyper's buffers of the connections a request uses, whatever the bound: each may read
+/// and write up to about 400 KiB at once, and a read buffer holding data not yet consumed
+/// grows to about twice that.
+const CONNECTION_BUFFERS: usize = 2 << 20;
 
 /// Runs `test` alone on a runtime of its own, which is dropped (with every task and
 /// server it started) before the next test runs: the allocator counts the whole process.
@@ -150,8 +160,8 @@ async fn head_of(mut r: impl AsyncRead + Unpin) -> (String, usize) {
     (String::from_utf8_lossy(&head).into_owned(), len)
 }
 
-/// A client's body of `max_body` (1 MiB) sent as one-byte chunks is buffered (to derive
-/// its key) in about `max_body`, not in a handle per chunk.
+/// A client's body of `max_body` sent as one-byte chunks is buffered (to derive its key) in
+/// about `max_body`, not in a handle per chunk.
 #[test]
 fn a_request_body_in_one_byte_chunks_stays_near_max_body() {
     alone(async {
@@ -160,7 +170,7 @@ fn a_request_body_in_one_byte_chunks_stays_near_max_body() {
         let proxy = common::start_proxy(
             upstream.addr,
             r#"
-defaults: { max_body: 1MiB }
+defaults: { max_body: 512KiB }
 routes:
   - name: upload
     match: { methods: [POST], path: /upload }
@@ -168,59 +178,96 @@ routes:
 "#,
         )
         .await;
-        let body = one_byte_chunks(MIB);
+        let body = one_byte_chunks(LIMIT);
         let s = TcpStream::connect(proxy.addr).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
         let base = baseline();
         let (r, mut w) = s.into_split();
+        // The test's copy is shared, not freed while the proxy reads: that would make room
+        // under the peak.
+        let sent = body.clone();
         let writer = tokio::spawn(async move {
             w.write_all(b"POST /upload HTTP/1.1\r\nhost: x\r\nidempotency-key: chunky\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n").await.unwrap();
-            w.write_all(&body).await.unwrap();
+            w.write_all(&sent).await.unwrap();
             w
         });
         let (head, _) = head_of(r).await;
         let _w = writer.await.unwrap();
         let grown = PEAK.load(Ordering::SeqCst) - base;
+        drop(body);
         eprintln!("answer: {head:?}; peak growth: {} KiB", grown >> 10);
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        assert!(head.contains(&format!("\r\n\r\n{MIB} ")), "{head}");
+        assert!(head.contains(&format!("\r\n\r\n{LIMIT} ")), "{head}");
         assert!(
-            grown < FACTOR * MIB,
-            "buffering a 1 MiB body took {} KiB",
+            grown < FACTOR * LIMIT + CONNECTION_BUFFERS,
+            "buffering a body of {} KiB took {} KiB",
+            LIMIT >> 10,
             grown >> 10
         );
     })
 }
 
-/// An upstream's answer of `max_answer` (1 MiB) sent as one-byte chunks is buffered (to be
-/// stored and replayed) in about `max_answer`, not in a handle per chunk.
-#[test]
-fn an_answer_in_one_byte_chunks_stays_near_max_answer() {
-    alone(async {
-        let upstream = chunky_upstream(one_byte_chunks(MIB)).await;
-        let proxy = common::start_proxy(
-            upstream,
-            r#"
-defaults: { max_answer: 1MiB }
+/// Asks `proxy` (with `max_answer: 512KiB`) for an answer on a protected route: the head and
+/// length of what its client got, and how much the process's peak allocation grew meanwhile.
+async fn ask(proxy: std::net::SocketAddr) -> (String, usize, usize) {
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let base = baseline();
+    s.write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: chunky\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}").await.unwrap();
+    let (head, len) = head_of(&mut s).await;
+    let grown = PEAK.load(Ordering::SeqCst) - base;
+    eprintln!("answer: {head:?}; peak growth: {} KiB", grown >> 10);
+    (head, len, grown)
+}
+
+const ANSWER_ROUTE: &str = r#"
+defaults: { max_answer: 512KiB }
 routes:
   - name: orders
     match: { methods: [POST], path: /orders }
     key: { header: Idempotency-Key, required: true }
-"#,
-        )
-        .await;
-        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let base = baseline();
-        s.write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: chunky\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}").await.unwrap();
-        let (head, len) = head_of(&mut s).await;
-        let grown = PEAK.load(Ordering::SeqCst) - base;
-        eprintln!("answer: {head:?}; peak growth: {} KiB", grown >> 10);
+"#;
+
+/// An upstream's answer of `max_answer` sent as one-byte chunks is buffered (to be stored
+/// and replayed) in about `max_answer`, not in a handle per chunk.
+#[test]
+fn an_answer_in_one_byte_chunks_stays_near_max_answer() {
+    alone(async {
+        let upstream = chunky_upstream(one_byte_chunks(LIMIT)).await;
+        let proxy = common::start_proxy(upstream, ANSWER_ROUTE).await;
+        let (head, len, grown) = ask(proxy.addr).await;
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        assert!(len > MIB, "the whole answer came: {len} bytes");
         assert!(
-            grown < FACTOR * MIB,
-            "buffering a 1 MiB answer took {} KiB",
+            head.contains(&format!("content-length: {LIMIT}\r\n")),
+            "{head}"
+        );
+        assert!(len > LIMIT, "the whole answer came: {len} bytes");
+        assert!(
+            grown < STORED_FACTOR * LIMIT + CONNECTION_BUFFERS,
+            "buffering and storing an answer of {} KiB took {} KiB",
+            LIMIT >> 10,
+            grown >> 10
+        );
+    })
+}
+
+/// An upstream's answer larger than `max_answer`, sent as one-byte chunks, holds about
+/// `max_answer` before it streams on (the part read first), however long it is.
+#[test]
+fn a_larger_answer_in_one_byte_chunks_holds_near_max_answer() {
+    alone(async {
+        let upstream = chunky_upstream(one_byte_chunks(LIMIT + LIMIT / 4)).await;
+        let proxy = common::start_proxy(upstream, ANSWER_ROUTE).await;
+        let (head, len, grown) = ask(proxy.addr).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(
+            len > LIMIT + LIMIT / 4,
+            "the whole answer came: {len} bytes"
+        );
+        assert!(
+            grown < FACTOR * LIMIT + CONNECTION_BUFFERS,
+            "an answer past {} KiB held {} KiB",
+            LIMIT >> 10,
             grown >> 10
         );
     })
