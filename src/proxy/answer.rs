@@ -6,7 +6,6 @@
 //! head), trailers filtered ([`ProxyBody::upstream`]). The same bound lets an observed
 //! request larger than `max_body` go on unchanged.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -15,7 +14,7 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use super::body::{BodyError, ProxyBody, ReadGap};
+use super::body::{BodyError, Joined, ProxyBody, ReadGap};
 use super::headers::strip_hop_by_hop;
 use crate::error::ProxyError;
 
@@ -86,7 +85,9 @@ where
     bounded_then(body, max, ProxyBody::boxed).await
 }
 
-/// [`bounded`], the body past the bound made into a [`ProxyBody`] by `stream_on`.
+/// [`bounded`], the body past the bound made into a [`ProxyBody`] by `stream_on`. What it
+/// holds stays within `max` ([`Joined`]); the frame that would pass the bound is not
+/// copied in but streams on after the part read before it.
 async fn bounded_then<B>(
     mut body: B,
     max: usize,
@@ -96,39 +97,36 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BodyError>,
 {
-    let mut chunks: VecDeque<Bytes> = VecDeque::new();
-    let mut len = 0usize;
     let declared = body.size_hint().exact();
-    if declared.is_none_or(|n| n <= max as u64) {
-        loop {
-            let Some(frame) = body.frame().await else {
-                let whole = match chunks.len() {
-                    0 => Bytes::new(),
-                    1 => chunks.pop_front().expect("one chunk"),
-                    _ => Bytes::from(chunks.into_iter().collect::<Vec<_>>().concat()),
-                };
-                return Ok(AnswerBody::Whole(whole));
-            };
-            if let Ok(data) = frame?.into_data() {
-                len += data.len();
-                if !data.is_empty() {
-                    chunks.push_back(data);
-                }
-                if len > max {
-                    break;
-                }
-            }
-        }
+    if declared.is_some_and(|n| n > max as u64) {
+        return Ok(AnswerBody::TooLarge(stream_on(Prefixed {
+            prefix: [None, None],
+            rest: body,
+        })));
     }
+    let mut joined = Joined::new(declared, max);
+    let past = loop {
+        let Some(frame) = body.frame().await else {
+            return Ok(AnswerBody::Whole(joined.into_bytes()));
+        };
+        if let Ok(data) = frame?.into_data() {
+            if joined.len() + data.len() > max {
+                break data;
+            }
+            joined.push(data);
+        }
+    };
+    let read = joined.into_bytes();
     Ok(AnswerBody::TooLarge(stream_on(Prefixed {
-        prefix: chunks,
+        prefix: [(!read.is_empty()).then_some(read), Some(past)],
         rest: body,
     })))
 }
 
-/// `prefix`, then the rest of the body it was read from.
+/// `prefix` (the part read within the bound, then the frame that passed it), then the rest
+/// of the body it was read from.
 struct Prefixed<B> {
-    prefix: VecDeque<Bytes>,
+    prefix: [Option<Bytes>; 2],
     rest: B,
 }
 
@@ -145,7 +143,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        if let Some(chunk) = this.prefix.pop_front() {
+        if let Some(chunk) = this.prefix.iter_mut().find_map(Option::take) {
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
         Pin::new(&mut this.rest)
@@ -154,11 +152,11 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.prefix.is_empty() && self.rest.is_end_stream()
+        self.prefix.iter().all(Option::is_none) && self.rest.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        let read: u64 = self.prefix.iter().map(|c| c.len() as u64).sum();
+        let read: u64 = self.prefix.iter().flatten().map(|c| c.len() as u64).sum();
         let rest = self.rest.size_hint();
         let mut hint = SizeHint::new();
         hint.set_lower(rest.lower() + read);
@@ -172,6 +170,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::VecDeque;
 
     /// A body of prepared chunks, with no declared length.
     struct Chunks(VecDeque<Bytes>);

@@ -274,6 +274,7 @@ impl RequestBody {
 /// that sends nothing for `gap` while the body is incomplete gets a 408 (nginx's
 /// `client_body_timeout`): the key is derived from the whole body, so until it is in the
 /// request holds its connection and buffer, and a stalled client would hold them forever.
+/// The body is held in about its own size however it is cut into frames ([`Joined`]).
 pub async fn read_limited(
     headers: &HeaderMap,
     body: RequestBody,
@@ -289,7 +290,7 @@ pub async fn read_limited(
     }
     let RequestBody::Incoming(body) = body;
     let mut body = http_body_util::Limited::new(body, limit);
-    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut joined = Joined::new(declared, limit);
     loop {
         // A body that has arrived with the head (most do) is read without arming a timer.
         let mut next = body.frame();
@@ -303,9 +304,7 @@ pub async fn read_limited(
             None => break,
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    if !data.is_empty() {
-                        chunks.push(data);
-                    }
+                    joined.push(data);
                 }
             }
             Some(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
@@ -314,33 +313,93 @@ pub async fn read_limited(
             Some(Err(e)) => return Err(ProxyError::BodyRead(e.to_string())),
         }
     }
-    Ok(join(chunks))
+    Ok(joined.into_bytes())
 }
 
-/// Reads all of `body`'s data (trailers are dropped) into one `Bytes`. Unlike
-/// http-body-util's `collect`, which queues and copies every answer, a body of one chunk
-/// (most answers) is returned as that chunk without a copy.
-pub async fn collect_bytes<B>(mut body: B) -> Result<Bytes, B::Error>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
-    let mut chunks: Vec<Bytes> = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            if !data.is_empty() {
-                chunks.push(data);
-            }
+/// A body's data frames joined into one `Bytes` as they arrive, in memory about the size
+/// of the data: a body of one frame (most are) is kept as that frame, without a copy; from
+/// the second frame on, every frame is copied into one buffer and dropped.
+///
+/// No frame is kept as a handle once a second one comes, however large: a handle holds the
+/// whole read buffer it was cut from (hyper's grows to about 400 KiB) and costs a handle's
+/// size besides, so a client or upstream that sends small frames would make `limit` bytes
+/// of data hold many times `limit`, and keeping only large frames (say from 4 KiB) would
+/// still let each pin a buffer many times its size. A body of several frames has to be
+/// copied into one `Bytes` anyway: copying as they come is that same one copy.
+///
+/// The buffer grows by doubling, never past `limit` (the caller keeps the data within
+/// it), or is made at once of the declared length: with the copy of a growth step, the
+/// peak is under twice `limit`.
+pub(crate) struct Joined {
+    /// The only frame so far, or nothing.
+    first: Bytes,
+    /// The frames so far, copied, once a second came.
+    copied: Vec<u8>,
+    /// The declared length, at most `limit`: the buffer's size when one is needed.
+    declared: usize,
+    /// The most the buffer grows to.
+    limit: usize,
+}
+
+impl Joined {
+    /// The smallest buffer made for a body of unknown length.
+    const MIN_BUFFER: usize = 8 * 1024;
+
+    /// Nothing yet, for a body of at most `limit` bytes that declared `declared` bytes.
+    pub(crate) fn new(declared: Option<u64>, limit: usize) -> Self {
+        Self {
+            first: Bytes::new(),
+            copied: Vec::new(),
+            declared: declared.map_or(0, |n| n.min(limit as u64) as usize),
+            limit,
         }
     }
-    Ok(join(chunks))
-}
 
-/// One `Bytes` of `chunks`, copied only if there is more than one.
-fn join(mut chunks: Vec<Bytes>) -> Bytes {
-    match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.pop().expect("one chunk"),
-        _ => Bytes::from(chunks.concat()),
+    /// The bytes so far.
+    pub(crate) fn len(&self) -> usize {
+        self.first.len() + self.copied.len()
+    }
+
+    /// Adds `data`, which the caller keeps within the limit.
+    pub(crate) fn push(&mut self, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        if self.copied.is_empty() {
+            if self.first.is_empty() {
+                self.first = data;
+                return;
+            }
+            let first = std::mem::take(&mut self.first);
+            self.reserve(first.len() + data.len());
+            self.copied.extend_from_slice(&first);
+        }
+        self.reserve(data.len());
+        self.copied.extend_from_slice(&data);
+    }
+
+    /// Room for `additional` more bytes: the declared length, or twice the buffer, within
+    /// the limit.
+    fn reserve(&mut self, additional: usize) {
+        let needed = self.copied.len() + additional;
+        if needed <= self.copied.capacity() {
+            return;
+        }
+        let size = (self.copied.capacity() * 2)
+            .max(self.declared)
+            .max(Self::MIN_BUFFER)
+            .min(self.limit)
+            .max(needed);
+        self.copied.reserve_exact(size - self.copied.len());
+    }
+
+    /// The whole data (a buffer's spare room, if any, is kept rather than copied away).
+    pub(crate) fn into_bytes(self) -> Bytes {
+        if self.copied.is_empty() {
+            self.first
+        } else {
+            Bytes::from(self.copied)
+        }
     }
 }
 
@@ -389,6 +448,35 @@ mod tests {
             .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
             .collect();
         assert_eq!(kept, [("x-checksum", "1"), ("x-checksum", "2")]);
+    }
+
+    /// A body of one frame is that frame, not a copy of it: the hot path of every
+    /// protected request.
+    #[test]
+    fn a_body_of_one_frame_is_kept_without_a_copy() {
+        let frame = Bytes::from(vec![7u8; 1000]);
+        let mut joined = Joined::new(Some(1000), 4096);
+        joined.push(Bytes::new());
+        joined.push(frame.clone());
+        joined.push(Bytes::new());
+        let whole = joined.into_bytes();
+        assert_eq!(whole.as_ptr(), frame.as_ptr());
+        assert_eq!(whole.len(), 1000);
+    }
+
+    /// Many small frames are copied into one buffer that never grows past the limit.
+    #[test]
+    fn small_frames_are_joined_in_one_buffer_within_the_limit() {
+        for declared in [None, Some(10_000)] {
+            let mut joined = Joined::new(declared, 10_000);
+            for i in 0..10_000u32 {
+                joined.push(Bytes::from(vec![i as u8]));
+                assert!(joined.copied.capacity() <= 10_000, "{declared:?}");
+            }
+            let whole = joined.into_bytes();
+            assert_eq!(whole.len(), 10_000);
+            assert!(whole.iter().enumerate().all(|(i, b)| *b == i as u8));
+        }
     }
 
     /// Trailers of which nothing may go on end the body without a trailers frame.

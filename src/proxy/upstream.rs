@@ -20,8 +20,8 @@ use http::{HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
 
-use super::body::{collect_bytes, BodyError, ProxyBody, ReadGap};
-use super::headers::{strip_hop_by_hop, Forwarding};
+use super::body::{BodyError, ProxyBody, ReadGap};
+use super::headers::Forwarding;
 use crate::config::{Connections, Upstream};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
@@ -87,32 +87,6 @@ impl UpstreamClient {
                 deadline,
                 self.send_untimed(request, conn, upgrade, &sending),
             )
-            .await
-            .unwrap_or_else(|| Err(timed_out(&sending)))
-    }
-
-    /// Forwards a buffered request and reads the whole answer by `deadline` (one deadline
-    /// for head and body); its hop-by-hop fields are removed.
-    pub async fn send_buffered(
-        &self,
-        parts: http::request::Parts,
-        body: Bytes,
-        conn: &super::ConnInfo,
-        deadline: Instant,
-    ) -> Result<Response<Bytes>, ProxyError> {
-        let sending = AtomicBool::new(false);
-        let exchange = async {
-            let request = Request::from_parts(parts, ProxyBody::full(body));
-            let response = self.send_untimed(request, conn, false, &sending).await?;
-            let (mut head, incoming) = response.into_parts();
-            let body = collect_bytes(incoming)
-                .await
-                .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
-            strip_hop_by_hop(&mut head.headers, false);
-            Ok(Response::from_parts(head, body))
-        };
-        conn.upstream_timer
-            .timeout_at(deadline, exchange)
             .await
             .unwrap_or_else(|| Err(timed_out(&sending)))
     }
