@@ -23,13 +23,21 @@
 //!   frame hyper took and could not pass on.
 //!
 //! Its state lives in atomics so that HTTP/2 streams, which run on tasks of their own, can
-//! feed it; they wake the connection's task when a change gives it a new deadline.
+//! feed it. Feeding it is cheap, because nothing that feeds it touches the timer or wakes
+//! the connection's task: every deadline a change can set lies at least `check` (the
+//! shorter of the two timeouts) after the change, and the watchdog's timer is never armed
+//! further out than `check` (both to the clock's millisecond). When the timer fires, the
+//! watchdog reads the true deadline and fires or re-arms (the lazy idle timer of nginx and
+//! Envoy); between firings, a poll costs an atomic load or two. The one change that can
+//! bring a deadline into the past, a waiting write progressing on an idle connection (its
+//! head timeout, paused while the write waited, may have passed), asks for a check at the
+//! next poll: the write runs on the connection's task, which polls the watchdog after it.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
@@ -39,7 +47,13 @@ use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use crate::sync::lock;
+// Orderings. The counts (`open`, `handed`) and `write_waits_since` say which deadlines
+// apply; the times (`idle_since`, `progress_at`) say where. A writer stores the time, then
+// changes the count with Release; the watchdog loads the count with Acquire, then the time,
+// so a count it sees comes with a time at least as new as the one written before it. The
+// times themselves, and the decrements that only drop a deadline, need no ordering of
+// their own (Relaxed); nothing here needs a single total order (SeqCst).
+use Ordering::{Acquire, Relaxed, Release};
 
 /// Why a [`Watchdog`] fired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +65,7 @@ pub enum Expired {
 }
 
 /// One connection's state; see the [module docs](self). Times are milliseconds since
-/// `epoch` (the accept).
+/// `epoch` (the accept): the bounds are seconds, so a millisecond clock is fine.
 #[derive(Debug)]
 pub struct Watch {
     epoch: Instant,
@@ -67,8 +81,9 @@ pub struct Watch {
     progress_at: AtomicU64,
     /// Since when a write to the socket waits, plus one (0: none waits).
     write_waits_since: AtomicU64,
-    /// The connection's task, to wake when another task changes a deadline.
-    waker: Mutex<Option<Waker>>,
+    /// A change may have brought a deadline into the past: the watchdog checks at its
+    /// next poll instead of waiting for its timer.
+    recheck: AtomicBool,
 }
 
 impl Watch {
@@ -84,7 +99,7 @@ impl Watch {
             handed: AtomicUsize::new(0),
             progress_at: AtomicU64::new(0),
             write_waits_since: AtomicU64::new(0),
-            waker: Mutex::new(None),
+            recheck: AtomicBool::new(false),
         })
     }
 
@@ -93,18 +108,18 @@ impl Watch {
         self.head
     }
 
+    /// The longest the watchdog's timer may be armed for: no change sets a deadline
+    /// sooner than this after it (at least a millisecond, the clock's grain).
+    fn check(&self) -> Duration {
+        self.head.min(self.send).max(Duration::from_millis(1))
+    }
+
     fn now(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     fn at(&self, millis: u64) -> Instant {
         self.epoch + Duration::from_millis(millis)
-    }
-
-    fn wake(&self) {
-        if let Some(waker) = lock(&self.waker).as_ref() {
-            waker.wake_by_ref();
-        }
     }
 
     /// The next deadline, and what passing it means; `None`: nothing to watch for now (a
@@ -116,21 +131,21 @@ impl Watch {
                 due = Some((at, why));
             }
         };
-        let waits_since = self.write_waits_since.load(SeqCst);
+        let waits_since = self.write_waits_since.load(Acquire);
         if waits_since != 0 {
             sooner(self.at(waits_since - 1) + self.send, Expired::Send);
         }
-        if self.handed.load(SeqCst) > 0 {
+        if self.handed.load(Acquire) > 0 {
             sooner(
-                self.at(self.progress_at.load(SeqCst)) + self.send,
+                self.at(self.progress_at.load(Relaxed)) + self.send,
                 Expired::Send,
             );
         }
         // An answer still being written (HTTP/1.1 writes a whole small answer after hyper
         // dropped its body) is the send timeout's to bound.
-        if self.open.load(SeqCst) == 0 && waits_since == 0 {
+        if self.open.load(Acquire) == 0 && waits_since == 0 {
             sooner(
-                self.at(self.idle_since.load(SeqCst)) + self.head,
+                self.at(self.idle_since.load(Relaxed)) + self.head,
                 Expired::Idle,
             );
         }
@@ -138,15 +153,19 @@ impl Watch {
     }
 
     fn write_waits(&self) {
-        if self.write_waits_since.load(SeqCst) == 0 {
-            self.write_waits_since.store(self.now() + 1, SeqCst);
+        // Only the connection's task writes: a load then a store do not race.
+        if self.write_waits_since.load(Relaxed) == 0 {
+            self.write_waits_since.store(self.now() + 1, Release);
         }
     }
 
     fn write_progressed(&self) {
-        if self.write_waits_since.load(SeqCst) != 0 {
-            self.progress_at.store(self.now(), SeqCst);
-            self.write_waits_since.store(0, SeqCst);
+        if self.write_waits_since.load(Relaxed) != 0 {
+            self.progress_at.fetch_max(self.now(), Relaxed);
+            self.write_waits_since.store(0, Release);
+            // With no request open, the head timeout applies again, from the end of the
+            // last answer: it may have passed while the write waited.
+            self.recheck.store(true, Release);
         }
     }
 }
@@ -156,42 +175,67 @@ impl Watch {
 pub struct Watchdog {
     watch: Arc<Watch>,
     sleep: Pin<Box<Sleep>>,
+    /// The waker the armed timer holds; `None`: the timer was not polled since it was
+    /// armed.
+    waker: Option<Waker>,
 }
 
 impl Watchdog {
     /// Watches `watch`.
     pub fn new(watch: Arc<Watch>) -> Self {
-        let sleep = Box::pin(tokio::time::sleep_until(watch.epoch + watch.head));
-        Self { watch, sleep }
+        let sleep = Box::pin(tokio::time::sleep_until(watch.epoch + watch.check()));
+        Self {
+            watch,
+            sleep,
+            waker: None,
+        }
+    }
+}
+
+impl Watchdog {
+    /// The timer fired, or may not hold this task's waker, or a change asked for a check:
+    /// reads the true deadline, and fires or re-arms. Out of line, so that the usual poll
+    /// stays a few instructions.
+    #[cold]
+    #[inline(never)]
+    fn rearm(&mut self, cx: &mut Context<'_>) -> Poll<Expired> {
+        self.watch.recheck.store(false, Relaxed);
+        loop {
+            let now = Instant::now();
+            // Never further out than `check`: a change after now sets no sooner deadline.
+            let mut next = now + self.watch.check();
+            if let Some((at, why)) = self.watch.due() {
+                if at <= now {
+                    return Poll::Ready(why);
+                }
+                next = next.min(at);
+            }
+            self.sleep.as_mut().reset(next);
+            if self.sleep.as_mut().poll(cx).is_pending() {
+                if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    self.waker = Some(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+        }
     }
 }
 
 impl Future for Watchdog {
     type Output = Expired;
 
+    #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Expired> {
+        let this = &mut *self;
+        // The usual poll (the connection's task woke for its socket): the armed timer
+        // holds this task's waker and has not fired, and no change asked for a check.
+        if !this.watch.recheck.load(Acquire)
+            && this.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+            && !this.sleep.is_elapsed()
         {
-            let mut waker = lock(&self.watch.waker);
-            if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                *waker = Some(cx.waker().clone());
-            }
+            return Poll::Pending;
         }
-        loop {
-            let Some((due, why)) = self.watch.due() else {
-                return Poll::Pending;
-            };
-            if due <= Instant::now() {
-                return Poll::Ready(why);
-            }
-            // A later deadline (the usual case: progress moved it) waits for the armed
-            // sleep to fire first, so the timer is not re-registered at every frame.
-            if due < self.sleep.deadline() || self.sleep.is_elapsed() {
-                self.sleep.as_mut().reset(due);
-            }
-            if self.sleep.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-        }
+        this.rearm(cx)
     }
 }
 
@@ -201,19 +245,19 @@ struct Open(Arc<Watch>);
 
 impl Open {
     fn new(watch: &Arc<Watch>) -> Self {
-        watch.open.fetch_add(1, SeqCst);
+        // Only drops the idle deadline: no ordering needed.
+        watch.open.fetch_add(1, Relaxed);
         Self(Arc::clone(watch))
     }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        // The end time first: a watchdog that sees no request open must not read the
-        // previous one.
-        self.0.idle_since.store(self.0.now(), SeqCst);
-        if self.0.open.fetch_sub(1, SeqCst) == 1 {
-            self.0.wake();
-        }
+        // The end time first, then the count with Release: a watchdog that sees no request
+        // open must not read the previous end. The maximum: HTTP/2 streams that end at once
+        // store in any order. No wake: the head timeout from now ends after the armed timer.
+        self.0.idle_since.fetch_max(self.0.now(), Relaxed);
+        self.0.open.fetch_sub(1, Release);
     }
 }
 
@@ -289,7 +333,7 @@ pub struct Tracked<B> {
 impl<B> Drop for Tracked<B> {
     fn drop(&mut self) {
         if self.handed {
-            self.open.0.handed.fetch_sub(1, SeqCst);
+            self.open.0.handed.fetch_sub(1, Relaxed);
         }
     }
 }
@@ -304,17 +348,20 @@ impl<B: Body + Unpin> Body for Tracked<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let this = self.get_mut();
         let watch = &this.open.0;
+        // hyper came back: this answer no longer waits for the client (it only drops a
+        // deadline, so Relaxed).
         if std::mem::take(&mut this.handed) {
-            watch.handed.fetch_sub(1, SeqCst);
+            watch.handed.fetch_sub(1, Relaxed);
         }
         let frame = Pin::new(&mut this.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(_))) = &frame {
             if !this.inner.is_end_stream() {
-                watch.progress_at.store(watch.now(), SeqCst);
+                // The time, then the count with Release (see the orderings above); the
+                // maximum, as streams on other tasks store too. No wake: the send timeout
+                // from now ends after the armed timer.
+                watch.progress_at.fetch_max(watch.now(), Relaxed);
                 this.handed = true;
-                if watch.handed.fetch_add(1, SeqCst) == 0 {
-                    watch.wake();
-                }
+                watch.handed.fetch_add(1, Release);
             }
         }
         frame
