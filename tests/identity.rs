@@ -424,3 +424,34 @@ async fn an_absolute_form_target_keys_by_its_authority_in_explain_too() {
         "explain's digest is the key the proxy stored"
     );
 }
+
+/// Behind one shared basic-auth password, a Rails app's users (`_<app>_session`, matched
+/// by the default pattern `*_session`) are told apart by their session; each one's retry
+/// replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_named_session_cookie_keeps_users_behind_a_shared_gate_apart() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let gate = ("authorization", "Basic c3RhZmY6c3RhZmYtcGFzc3dvcmQ=");
+    let as_user = |user: &'static str| [gate, ("cookie", user)];
+    let alice = post(
+        proxy.addr,
+        "/cart/pay",
+        &as_user("_shop_session=alice"),
+        "{}",
+    )
+    .await;
+    let bob = post(proxy.addr, "/cart/pay", &as_user("_shop_session=bob"), "{}").await;
+    assert!(!alice.replayed());
+    assert!(!bob.replayed(), "bob got alice's answer");
+    let retry = post(
+        proxy.addr,
+        "/cart/pay",
+        &as_user("_shop_session=alice"),
+        "{}",
+    )
+    .await;
+    assert!(retry.replayed(), "alice's own retry replays");
+    assert_eq!(retry.body, alice.body);
+    assert_eq!(upstream.executed(), 2);
+}

@@ -38,8 +38,8 @@ use http::header::{self, HeaderMap, HeaderName};
 use crate::proxy::headers::X_FORWARDED_FOR;
 
 /// Cookie names taken as a session by default: the session cookies of the common web
-/// frameworks (Django, Flask, Express, Java servlets, Spring Session, PHP, Rails' default
-/// store, Laravel, Rack, ASP.NET).
+/// frameworks (Django, Flask, Express, Java servlets, Spring Session, PHP, Rails, Laravel,
+/// Rack, ASP.NET). A name with a `*` is a pattern: `*` stands for any run of characters.
 pub const DEFAULT_SESSION_COOKIES: &[&str] = &[
     "session",
     "sessionid",
@@ -55,6 +55,8 @@ pub const DEFAULT_SESSION_COOKIES: &[&str] = &[
     "ASP.NET_SessionId",
     ".AspNetCore.Session",
     ".AspNetCore.Cookies",
+    // Rails (`_<app>_session`) and Laravel (`<app>_session`) name theirs after the app.
+    "*_session",
 ];
 
 /// Header names that carry a credential besides `Authorization`, by default: API keys and
@@ -98,9 +100,21 @@ impl Default for Identity {
 }
 
 impl Identity {
-    /// Whether a cookie called `name` holds a session.
+    /// Whether a cookie called `name` holds a session: a listed name, or one a listed
+    /// pattern (`*_session`: one `*`, any run of characters, none too) matches.
     pub fn is_session_cookie(&self, name: &[u8]) -> bool {
-        self.session_cookies.iter().any(|n| n.as_bytes() == name)
+        self.session_cookies.iter().any(|listed| {
+            let listed = listed.as_bytes();
+            match listed.iter().position(|&b| b == b'*') {
+                None => listed == name,
+                Some(star) => {
+                    let (prefix, suffix) = (&listed[..star], &listed[star + 1..]);
+                    name.len() >= prefix.len() + suffix.len()
+                        && name.starts_with(prefix)
+                        && name.ends_with(suffix)
+                }
+            }
+        })
     }
 }
 
@@ -532,6 +546,26 @@ mod tests {
         ] {
             assert!(!carries_credential(anonymous.as_bytes()), "{anonymous:?}");
         }
+    }
+
+    /// Rails names its session cookie `_<app>_session`, Laravel `<app>_session`: the
+    /// default pattern `*_session` takes both; a name only ending alike is no pattern match
+    /// without its `_`.
+    #[test]
+    fn session_cookie_patterns_match_app_named_sessions() {
+        let identity = Identity::default();
+        for session in ["_shop_session", "myapp_session", "_session", "sessionid"] {
+            assert!(identity.is_session_cookie(session.as_bytes()), "{session}");
+        }
+        for other in ["theme", "usersession", "_session_x", "session_"] {
+            assert!(!identity.is_session_cookie(other.as_bytes()), "{other}");
+        }
+        let listed = Identity {
+            session_cookies: vec!["app_*".into()],
+            ..Identity::default()
+        };
+        assert!(listed.is_session_cookie(b"app_sid") && listed.is_session_cookie(b"app_"));
+        assert!(!listed.is_session_cookie(b"ap_sid"));
     }
 
     #[test]
