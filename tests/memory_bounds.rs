@@ -48,9 +48,9 @@ const LIMIT: usize = 512 * 1024;
 const FACTOR: usize = 4;
 
 /// What an answer stored for replay may cost, as a multiple of its bound: [`FACTOR`], and
-/// the stored record, which the store copies while it records it (`StoredResponse::new`,
-/// `with_fingerprint` of a record the client's answer shares).
-const STORED_FACTOR: usize = FACTOR + 2;
+/// the stored record (`StoredResponse::new` builds it in a `Vec`, then moves it into an
+/// `Arc`, which copies it once).
+const STORED_FACTOR: usize = FACTOR + 1;
 
 /// hyper's buffers of the connections a request uses, whatever the bound: each may read
 /// and write up to about 400 KiB at once, and a read buffer holding data not yet consumed

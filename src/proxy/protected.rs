@@ -479,7 +479,7 @@ async fn settle(
     reissue: Option<Duration>,
 ) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
     let key = lease.key();
-    let answer = match answer {
+    let mut answer = match answer {
         Ok(answer) => answer,
         // Never sent: free for a retry; waiters share the 502.
         Err(e @ ProxyError::UpstreamUnreachable(_)) => {
@@ -511,9 +511,13 @@ async fn settle(
             write(lease, settlement).await;
             return Ok((answer.into_response(), Outcome::ExecutedNotStored));
         }
-        AnswerBody::Whole(ref body) => body.clone(),
+        // Taken out, so the answer's buffer is freed as soon as the record holds its copy.
+        AnswerBody::Whole(ref mut body) => std::mem::take(body),
     };
-    let stored = StoredResponse::new(status, &answer.headers, &body);
+    // Stamped while the record is this function's alone: in place, where the store, once
+    // the client's answer shares the record, would have to copy it.
+    let stored =
+        StoredResponse::new(status, &answer.headers, &body).with_fingerprint(lease.fingerprint());
     // The response the client gets shares the stored record's bytes (unless sealed).
     let body = stored.body();
     let stored = match sealing {
