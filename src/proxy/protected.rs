@@ -519,14 +519,18 @@ async fn settle(
     let stored =
         StoredResponse::new(status, &answer.headers, &body).with_fingerprint(lease.fingerprint());
     // The response the client gets shares the stored record's bytes (unless sealed).
-    let body = stored.body();
+    let response = Answer {
+        body: AnswerBody::Whole(stored.body()),
+        ..answer
+    }
+    .into_response();
     let stored = match sealing {
         Some(ring) => stored.seal(ring, key),
         None => stored,
     };
     if !policy.replays(status.as_u16()) {
         write(lease, failure(stored, reissue)).await;
-        return Ok((answer.into_response(), Outcome::Released));
+        return Ok((response, Outcome::Released));
     }
     let outcome = match write(
         lease,
@@ -542,14 +546,7 @@ async fn settle(
         // Not settled: the claim lapses by its lease, as an unknown outcome when held.
         None => Outcome::Unknown,
     };
-    Ok((
-        Answer {
-            body: AnswerBody::Whole(body),
-            ..answer
-        }
-        .into_response(),
-        outcome,
-    ))
+    Ok((response, outcome))
 }
 
 /// What the owner's waiters get when it failed; a one-time token goes back to issued.
