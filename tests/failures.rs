@@ -627,8 +627,7 @@ async fn leave_mid_claim(
 async fn a_client_that_leaves_mid_claim_leaves_its_key_free() {
     let (redis, relay, upstream, proxy) = behind_held_replies(&route("")).await;
     // The connection to Redis is open before replies are held.
-    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
-    assert_eq!(warm.status, StatusCode::CREATED);
+    warm_up(&proxy).await;
     let request = common::raw_post("/orders", &["idempotency-key: left"], "{}");
     leave_mid_claim(&redis, &relay, &proxy, &request).await;
     until(|| record_kinds(&redis) == ["D"], "the key freed").await;
@@ -746,8 +745,7 @@ async fn claim_unanswered(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_answered_past_the_store_timeout_leaves_its_key_free() {
     let (redis, relay, upstream, proxy) = timing_out_behind_held_replies(&route("")).await;
-    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
-    assert_eq!(warm.status, StatusCode::CREATED);
+    warm_up(&proxy).await;
     claim_unanswered(&relay, &proxy, "/orders", &[("idempotency-key", "late")]).await;
     relay.hold.send_replace(false);
     until(
@@ -783,9 +781,29 @@ async fn failing_open_behind_held_replies(
     let (redis, relay, upstream, proxy) =
         timing_out_behind_held_replies(&route("on_store_error: fail_open\n    wait_timeout: 30s"))
             .await;
+    warm_up(&proxy).await;
+    (redis, relay, upstream, proxy)
+}
+
+/// An owner held at the upstream's gate `pay` ([`owner_at_gate`]), and any duplicate of it.
+const PAY: [(&str, &str); 2] = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
+
+/// The proxy's first request, so its connection to Redis is open (and, on Redis, how it
+/// swaps is known) before replies are held or dropped.
+async fn warm_up(proxy: &ProxyHandle) {
     let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
     assert_eq!(warm.status, StatusCode::CREATED);
-    (redis, relay, upstream, proxy)
+}
+
+/// An owner of key `pay`, once the upstream holds it at its gate.
+async fn owner_at_gate(
+    proxy: &ProxyHandle,
+    upstream: &common::Upstream,
+) -> tokio::task::JoinHandle<common::Answer> {
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move { post(addr, "/orders", &PAY, "{}").await });
+    upstream.arrived("pay", 1).await;
+    owner
 }
 
 /// The duplicate's answer, or a panic if it reached the upstream first (it arrived at
@@ -829,11 +847,9 @@ async fn the_duplicate_got_409_and_the_owner_ran_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_fail_open_a_waiting_duplicate_is_never_forwarded_when_the_store_fails() {
     let (_redis, relay, upstream, proxy) = failing_open_behind_held_replies().await;
+    let owner = owner_at_gate(&proxy, &upstream).await;
     let addr = proxy.addr;
-    let headers = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
-    let owner = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
-    upstream.arrived("pay", 1).await;
-    let duplicate = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
+    let duplicate = tokio::spawn(async move { post(addr, "/orders", &PAY, "{}").await });
     proxy.metric_reaches("idemgate_waiting", 1.0).await;
     // Its next look (within a second, or when woken) gets no reply.
     relay.hold.send_replace(true);
@@ -847,13 +863,11 @@ async fn with_fail_open_a_waiting_duplicate_is_never_forwarded_when_the_store_fa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_fail_open_a_duplicate_found_in_flight_is_never_forwarded_when_the_store_fails() {
     let (_redis, relay, upstream, proxy) = failing_open_behind_held_replies().await;
+    let owner = owner_at_gate(&proxy, &upstream).await;
     let addr = proxy.addr;
-    let headers = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
-    let owner = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
-    upstream.arrived("pay", 1).await;
     // The duplicate's first look is the next command (the owner renews every 10 s).
     relay.hold_after_next.store(true, Ordering::SeqCst);
-    let duplicate = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
+    let duplicate = tokio::spawn(async move { post(addr, "/orders", &PAY, "{}").await });
     let duplicate = answered_without_running(&upstream, duplicate).await;
     the_duplicate_got_409_and_the_owner_ran_once(&relay, &upstream, owner, duplicate).await;
 }
@@ -866,12 +880,8 @@ async fn with_fail_open_a_duplicate_found_in_flight_is_never_forwarded_when_the_
 async fn a_completion_retried_after_its_reply_was_lost_counts_as_stored() {
     let (_redis, relay, upstream, proxy) = behind_held_replies(&route("")).await;
     // The connection is open, and the server's way of swapping is known.
-    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
-    assert_eq!(warm.status, StatusCode::CREATED);
-    let addr = proxy.addr;
-    let headers = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
-    let owner = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
-    upstream.arrived("pay", 1).await;
+    warm_up(&proxy).await;
+    let owner = owner_at_gate(&proxy, &upstream).await;
     // The owner's next command is its completion (it renews every 10 s).
     relay.drop_next.store(true, Ordering::SeqCst);
     upstream.open("pay");
@@ -892,7 +902,7 @@ async fn a_completion_retried_after_its_reply_was_lost_counts_as_stored() {
     .await;
     assert_eq!(executed("executed_not_stored"), 0.0);
     assert_eq!(executed("executed"), 2.0, "the warm-up and the owner");
-    let repeat = post(proxy.addr, "/orders", &headers, "{}").await;
+    let repeat = post(proxy.addr, "/orders", &PAY, "{}").await;
     assert_eq!(repeat.status, StatusCode::CREATED);
     assert!(repeat.replayed());
     assert_eq!(upstream.executed_for("pay"), 1);
@@ -905,12 +915,8 @@ async fn a_completion_retried_after_its_reply_was_lost_counts_as_stored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_the_store_failed_is_made_again_once_it_is_back() {
     let (redis, relay, upstream, proxy) = behind_held_replies(&route("")).await;
-    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
-    assert_eq!(warm.status, StatusCode::CREATED);
-    let addr = proxy.addr;
-    let headers = [("idempotency-key", "pay"), ("x-test-gate", "pay")];
-    let owner = tokio::spawn(async move { post(addr, "/orders", &headers, "{}").await });
-    upstream.arrived("pay", 1).await;
+    warm_up(&proxy).await;
+    let owner = owner_at_gate(&proxy, &upstream).await;
     relay.cut.store(true, Ordering::SeqCst);
     upstream.open("pay");
     assert_eq!(owner.await.unwrap().status, StatusCode::CREATED);
@@ -927,7 +933,7 @@ async fn a_completion_the_store_failed_is_made_again_once_it_is_back() {
         "the completion made again",
     )
     .await;
-    let repeat = post(proxy.addr, "/orders", &headers, "{}").await;
+    let repeat = post(proxy.addr, "/orders", &PAY, "{}").await;
     assert_eq!(repeat.status, StatusCode::CREATED);
     assert!(repeat.replayed());
     assert_eq!(upstream.executed_for("pay"), 1);
