@@ -372,34 +372,19 @@ async fn stored_bodies_are_shown_only_behind_the_admin_token() {
 async fn redis_holds_no_client_key_request_body_or_authorization() {
     let redis = RedisServer::start();
     let upstream = common::start_upstream().await;
-    let config = format!(
-        "listen: 127.0.0.1:0\nupstream: http://{}\nstore:\n  redis: {{ url: \"{}\", prefix: \"p:\" }}\nroutes:\n  - name: keyed\n    match: {{ path: /buy }}\n    key: {{ header: Idempotency-Key }}\n  - name: watched\n    match: {{ path: /watched }}\n    key: {{ header: Idempotency-Key }}\n    idempotency: observe\n",
-        upstream.addr,
-        redis.url()
+    let store = format!(
+        "store:\n  redis: {{ url: \"{}\", prefix: \"p:\" }}\n{}",
+        redis.url(),
+        common::SECRET_ROUTES
     );
-    let proxy = common::start_proxy_from(&config, None).await;
-    let (key, auth, body) = (
-        "ck-9f8e7d6c5b4a",
-        "Bearer tok-5e5e5e5e5e",
-        r#"{"card":"4111111111111111"}"#,
-    );
-    for path in ["/buy", "/watched", "/other"] {
-        for _ in 0..2 {
-            post(
-                proxy.addr,
-                path,
-                &[("idempotency-key", key), ("authorization", auth)],
-                body,
-            )
-            .await;
-        }
-    }
+    let proxy = common::start_proxy(upstream.addr, &store).await;
+    common::send_secrets(proxy.addr).await;
     let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_connection().unwrap();
     let names: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
     assert!(!names.is_empty());
     let values = redis_values(&redis);
-    for needle in [key, "tok-5e5e5e5e5e", "4111111111111111"] {
+    for needle in common::SECRETS {
         for name in &names {
             assert!(!name.contains(needle), "key name {name} holds {needle}");
         }

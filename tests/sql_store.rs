@@ -519,26 +519,13 @@ async fn postgres_holds_no_client_key_request_body_or_authorization() {
     let db = PostgresServer::start();
     let upstream = start_upstream().await;
     let config = format!(
-        "store:\n  postgres: {{ url: \"{}\" }}\nroutes:\n  - name: keyed\n    match: {{ path: /buy }}\n    key: {{ header: Idempotency-Key }}\n  - name: watched\n    match: {{ path: /watched }}\n    key: {{ header: Idempotency-Key }}\n    idempotency: observe\n",
-        db.url()
+        "store:\n  postgres: {{ url: \"{}\" }}\n{}",
+        db.url(),
+        common::SECRET_ROUTES
     );
     let proxy = start_proxy(upstream.addr, &config).await;
-    let (key, auth, body) = (
-        "ck-9f8e7d6c5b4a",
-        "Bearer tok-5e5e5e5e5e",
-        r#"{"card":"4111111111111111"}"#,
-    );
-    for path in ["/buy", "/watched", "/other"] {
-        for _ in 0..2 {
-            let answer = post(
-                proxy.addr,
-                path,
-                &[("idempotency-key", key), ("authorization", auth)],
-                body,
-            )
-            .await;
-            assert_eq!(answer.status, StatusCode::OK, "{path}");
-        }
+    for answer in common::send_secrets(proxy.addr).await {
+        assert_eq!(answer.status, StatusCode::OK);
     }
     // Three keys, three stored answers; the observed key is seen twice.
     let done =
@@ -549,7 +536,7 @@ async fn postgres_holds_no_client_key_request_body_or_authorization() {
         tables.iter().any(|t| t == "public.idemgate_keys_seen"),
         "{tables:?}"
     );
-    for needle in [key, "tok-5e5e5e5e5e", "4111111111111111"] {
+    for needle in common::SECRETS {
         assert!(
             !rows.windows(needle.len()).any(|w| w == needle.as_bytes()),
             "a row holds {needle}"

@@ -773,6 +773,31 @@ pub async fn raw_exchange_from(source: &str, addr: SocketAddr, request: &[u8]) -
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// Routes for the tests that no store holds a client's secrets in clear: a client-keyed
+/// route `/buy` and an observed one `/watched`; other POSTs are fingerprinted by default.
+pub const SECRET_ROUTES: &str = "routes:\n  - name: keyed\n    match: { path: /buy }\n    key: { header: Idempotency-Key }\n  - name: watched\n    match: { path: /watched }\n    key: { header: Idempotency-Key }\n    idempotency: observe\n";
+
+/// What [`send_secrets`] sends that no store may hold in clear: a client key, the token of
+/// an `Authorization` and a card number in a body.
+pub const SECRETS: [&str; 3] = ["ck-9f8e7d6c5b4a", "tok-5e5e5e5e5e", "4111111111111111"];
+
+/// Sends [`SECRETS`] twice each to `/buy`, `/watched` and `/other` (outside the upstream's
+/// `/orders`, which echoes them into its answer, so a stored answer would hold them
+/// rightly), and returns the answers.
+pub async fn send_secrets(addr: SocketAddr) -> Vec<Answer> {
+    let [key, token, card] = SECRETS;
+    let auth = format!("Bearer {token}");
+    let body = format!(r#"{{"card":"{card}"}}"#);
+    let mut answers = Vec::new();
+    for path in ["/buy", "/watched", "/other"] {
+        for _ in 0..2 {
+            let headers = [("idempotency-key", key), ("authorization", auth.as_str())];
+            answers.push(post(addr, path, &headers, &body).await);
+        }
+    }
+    answers
+}
+
 /// A JSON POST of `body` to `path` as raw HTTP/1.1 with `extra` header lines
 /// (`"name: value"`), closing the connection after the answer. Its `Host` is the one
 /// [`post`] and [`send`] name without their port, so their requests share keys with it.
