@@ -15,6 +15,15 @@ use http::StatusCode;
 
 const ROUTE: &str = "routes:\n  - name: env-orders\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key, required: true }\n";
 
+/// Writes a config of `rest` behind `listen` and `upstream` to `path`.
+fn write_config(path: &Path, rest: &str) {
+    std::fs::write(
+        path,
+        format!("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n{rest}"),
+    )
+    .unwrap();
+}
+
 fn idemgate(cwd: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_idemgate"));
     command.current_dir(cwd).env_remove("IDEMGATE_CONFIG");
@@ -28,11 +37,7 @@ fn check_reads_the_config_path_from_idemgate_config() {
     let dir = tempfile::tempdir().unwrap();
     let cwd = tempfile::tempdir().unwrap();
     let good = dir.path().join("from-env.yaml");
-    std::fs::write(
-        &good,
-        format!("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n{ROUTE}"),
-    )
-    .unwrap();
+    write_config(&good, ROUTE);
     let out = idemgate(cwd.path())
         .arg("check")
         .env("IDEMGATE_CONFIG", &good)
@@ -183,20 +188,12 @@ fn explain_reads_the_config_path_from_idemgate_config() {
     let dir = tempfile::tempdir().unwrap();
     let cwd = tempfile::tempdir().unwrap();
     let config = dir.path().join("from-env.yaml");
-    std::fs::write(
-        &config,
-        format!("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n{ROUTE}"),
-    )
-    .unwrap();
+    write_config(&config, ROUTE);
     // The default path holds another route on the same path: reading it would show it.
-    std::fs::write(
-        cwd.path().join("proxy.yaml"),
-        ROUTE.replace("env-orders", "default-path-orders").replace(
-            "routes:",
-            "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:",
-        ),
-    )
-    .unwrap();
+    write_config(
+        &cwd.path().join("proxy.yaml"),
+        &ROUTE.replace("env-orders", "default-path-orders"),
+    );
     let out = idemgate(cwd.path())
         .args(["explain", "--method", "POST", "--path", "/orders"])
         .args(["-H", "Idempotency-Key: k-env", "--client-ip", "127.0.0.1"])
