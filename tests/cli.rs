@@ -24,6 +24,17 @@ fn write_config(path: &Path, rest: &str) {
     .unwrap();
 }
 
+/// What a command that must succeed printed; a failure shows both its outputs.
+fn succeeded(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 fn idemgate(cwd: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_idemgate"));
     command.current_dir(cwd).env_remove("IDEMGATE_CONFIG");
@@ -43,12 +54,7 @@ fn check_reads_the_config_path_from_idemgate_config() {
         .env("IDEMGATE_CONFIG", &good)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert!(stdout.contains("env-orders"), "the route table: {stdout}");
     assert!(stdout.contains("from-env.yaml: ok"), "{stdout}");
 
@@ -146,12 +152,7 @@ fn explain_digest(config: &Path, body_arg: &str, stdin: &[u8]) -> String {
         .unwrap();
     child.stdin.take().unwrap().write_all(stdin).unwrap();
     let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded(&out);
     text.lines()
         .find_map(|l| l.strip_prefix("key digest:"))
         .unwrap_or_else(|| panic!("no key digest in {text}"))
@@ -200,12 +201,7 @@ fn explain_reads_the_config_path_from_idemgate_config() {
         .env("IDEMGATE_CONFIG", &config)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     let route = stdout
         .lines()
         .find_map(|l| l.strip_prefix("route:"))
