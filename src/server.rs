@@ -30,11 +30,9 @@ use crate::proxy::{ConnInfo, Proxy, Transport};
 use crate::store::{MemoryStore, MysqlStore, PostgresStore, RedisStore, Store, StoreError};
 use sha2::{Digest as _, Sha256};
 
-mod header_timer;
 pub mod linger;
 mod stop;
 mod watchdog;
-use header_timer::ConnTimer;
 use stop::StopSignal;
 use watchdog::{Expired, Metered, Watch, Watchdog, Watched};
 
@@ -169,10 +167,10 @@ async fn accept_loop<F, S>(
     S: ConnService,
 {
     let mut template = auto::Builder::new(TokioExecutor::new());
-    // Each connection gets its own copy with its own header timer (see `header_timer`);
-    // HTTP/2 uses tokio's. The header-read timeout also bounds how long a kept-alive
-    // connection waits for its next request.
-    template.http1().header_read_timeout(limits.idle);
+    // No HTTP/1.1 header-read timeout of hyper's: the connection's watchdog bounds a head
+    // (from accept, or from the last answer's end) on every protocol, with a lazy timer
+    // per connection rather than one sleep per head.
+    template.http1().header_read_timeout(None);
     // Answers are written flattened, as upstream requests are (see `Pool::new`).
     template.http1().writev(false);
     template.http2().timer(TokioTimer::new());
@@ -231,12 +229,12 @@ async fn accept_loop<F, S>(
             let watch = Watch::new(idle, send);
             let (stream, returned) = linger::Returning::new(stream);
             let stream = Metered::new(stream, Arc::clone(&watch));
-            let builder = connection_builder(&template);
+            let builder = &*template;
             match tls {
                 None => {
                     let service = make_service(ConnInfo::cleartext(peer));
                     let io = TokioIo::new(stream);
-                    serve_one(&builder, io, service, stop, peer, watch).await;
+                    serve_one(builder, io, service, stop, peer, watch).await;
                 }
                 Some(config) => {
                     // The handshake runs here, off the accept loop, bounded so a silent
@@ -259,7 +257,7 @@ async fn accept_loop<F, S>(
                         .map(|leaf| Digest(Sha256::digest(leaf.as_ref()).into()));
                     let service = make_service(ConnInfo::new(peer, Transport::Tls { client_cert }));
                     let io = TokioIo::new(stream);
-                    serve_one(&builder, io, service, stop, peer, watch).await;
+                    serve_one(builder, io, service, stop, peer, watch).await;
                 }
             }
             // hyper has dropped the socket by now (unless an upgrade took it along).
@@ -281,14 +279,6 @@ async fn accept_loop<F, S>(
 
 /// Longest a TLS handshake may take (and never longer than the head timeout).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The server builder for one connection: the template with the connection's own header
-/// timer (see `header_timer`).
-fn connection_builder(template: &auto::Builder<TokioExecutor>) -> auto::Builder<TokioExecutor> {
-    let mut builder = template.clone();
-    builder.http1().timer(ConnTimer::default());
-    builder
-}
 
 /// A gauge up while the value lives.
 struct Counted(Gauge);
