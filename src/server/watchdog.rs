@@ -446,3 +446,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Metered<T> {
         this.noted(shut)
     }
 }
+
+#[cfg(test)]
+mod tests;
