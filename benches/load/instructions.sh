@@ -23,7 +23,8 @@
 # about twenty times cheaper natively.
 #
 # Prints a table and writes it to benches/load/INSTRUCTIONS.md (RESULTS overrides).
-# Knobs: N (3000 counted requests), SKIP_BUILD=1, PORT_BASE (21280), RESULTS, KEEP (a
+# Knobs: N (3000 counted requests), SKIP_BUILD=1, IDEMGATE (the binary to count, default
+# target/release/idemgate), PORT_BASE (21280), RESULTS, KEEP (a
 # directory to copy the callgrind dumps into, for `callgrind_annotate` or kcachegrind),
 # ROWS (which rows to count, default all: b bf bg c cg d2 do2 e f fv), CONNS (oha's
 # connections, 16), EXTRA_YAML (lines appended to idemgate's configs, e.g. a
@@ -63,7 +64,7 @@ wants fv && VALKEY_SERVER=$("$ROOT/scripts/fetch-valkey")
 if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     (cd "$ROOT" && cargo build --release --bin idemgate --quiet)
 fi
-IDEMGATE=$ROOT/target/release/idemgate
+IDEMGATE=${IDEMGATE:-$ROOT/target/release/idemgate}
 
 WORK=$(mktemp -d /tmp/idemgate-instr.XXXXXX)
 PIDS=()
