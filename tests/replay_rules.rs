@@ -282,3 +282,54 @@ routes:
     assert_eq!(moved.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(upstream.executed(), 2);
 }
+
+/// An answer that is neither replayed nor says the work was not done (a 5xx or a "not
+/// now"), such as the `303` of a form's post/redirect/get, may come from work that was
+/// done: its key records "executed, answer not stored", and the retry is refused, never
+/// run. A route that lists `3xx` replays the redirect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_neither_replayed_nor_a_failure_is_never_run_again() {
+    let upstream = start_upstream().await;
+    let routes = r#"
+routes:
+  - name: form
+    match: { path: /orders/form }
+    key: { header: Idempotency-Key }
+  - name: only-2xx
+    match: { path: /orders/strict }
+    key: { header: Idempotency-Key }
+    replay_statuses: [2xx]
+  - name: redirects
+    match: { path: /orders/redirects }
+    key: { header: Idempotency-Key }
+    replay_statuses: [2xx, 3xx, 4xx]
+"#;
+    let proxy = start_proxy(upstream.addr, routes).await;
+    for (path, status) in [("/orders/form", "303"), ("/orders/strict", "404")] {
+        let key = format!("k{path}");
+        let headers = [("idempotency-key", key.as_str()), ("x-test-status", status)];
+        let first = post(proxy.addr, path, &headers, "{}").await;
+        assert_eq!(first.status.as_str(), status);
+        let retry = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
+        assert_eq!(retry.status, StatusCode::CONFLICT, "{path}");
+        assert_eq!(
+            retry.json()["type"],
+            "urn:idemgate:problem:answer-not-stored",
+            "{path}"
+        );
+    }
+    assert_eq!(upstream.executed(), 2, "a retry ran again");
+
+    let headers = [("idempotency-key", "k-303"), ("x-test-status", "303")];
+    post(proxy.addr, "/orders/redirects", &headers, "{}").await;
+    let again = post(
+        proxy.addr,
+        "/orders/redirects",
+        &[("idempotency-key", "k-303")],
+        "{}",
+    )
+    .await;
+    assert!(again.replayed());
+    assert_eq!(again.status, StatusCode::SEE_OTHER);
+    assert_eq!(upstream.executed(), 3);
+}

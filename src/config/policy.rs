@@ -55,6 +55,15 @@ impl Policy {
         self.replay_statuses.iter().any(|p| p.covers(status))
     }
 
+    /// Whether an answer with `status` that is not replayed releases its key, so that a
+    /// later request runs again: a 5xx or a transient status, which say the work was not
+    /// done. Any other answer not replayed (a `3xx` with the default `replay_statuses`)
+    /// may come from work that was done, such as a form's post/redirect/get: its key
+    /// records "executed, answer not stored" instead, and its repeats never run.
+    pub fn releases(&self, status: u16) -> bool {
+        !self.replays(status) && (status >= 500 || TRANSIENT_STATUSES.contains(&status))
+    }
+
     /// What this route's claim means once its owner stopped renewing it: held as an
     /// unknown outcome for the route's window, or taken over once the dead owner's call
     /// cannot still run (its lease plus the background bound after its last renewal).

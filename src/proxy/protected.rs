@@ -528,9 +528,17 @@ async fn settle(
         Some(ring) => stored.seal(ring, key),
         None => stored,
     };
-    if !policy.replays(status.as_u16()) {
+    if policy.releases(status.as_u16()) {
         write(lease, failure(stored, reissue)).await;
         return Ok((response, Outcome::Released));
+    }
+    if !policy.replays(status.as_u16()) {
+        let settlement = Settlement::NotStored {
+            status,
+            ttl: policy.ttl,
+        };
+        write(lease, settlement).await;
+        return Ok((response, Outcome::ExecutedNotStored));
     }
     let outcome = match write(
         lease,
