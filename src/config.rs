@@ -134,7 +134,7 @@ impl Config {
                 let mut with_caller = parts.clone();
                 with_caller.push("caller".into());
                 notes.push(format!(
-                    "route {name}: scope [{}] has no part every request carries, so requests without it share one key across callers; write `scope: [{}]` (or drop `scope` for the default, `caller`)",
+                    "route {name}: scope [{}] names no caller, so every caller that sends the same values shares their keys (requests that send none are keyed by caller); unless a gateway in front sets them, write `scope: [{}]` (or drop `scope` for the default, `caller`)",
                     parts.join(", "),
                     with_caller.join(", ")
                 ));

@@ -455,3 +455,72 @@ async fn an_app_named_session_cookie_keeps_users_behind_a_shared_gate_apart() {
     assert_eq!(retry.body, alice.body);
     assert_eq!(upstream.executed(), 2);
 }
+
+/// One browser's cookies with no listed session name, sent as separate `cookie` fields
+/// over HTTP/2 (RFC 9113 §8.2.3 lets a client split them) and as one `Cookie` field over
+/// HTTP/1.1 on its retry: one jar, one caller, one execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookies_split_over_http2_are_the_caller_of_one_cookie_field() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let body = r#"{"sku":"C1"}"#;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::post(format!("http://{}/orders", proxy.addr))
+        .header("content-type", "application/json")
+        .header("cookie", "cart=77")
+        .header("cookie", "theme=dark")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let first = h2.send_request(request).await.unwrap();
+    assert!(first.headers().get("idempotent-replayed").is_none());
+
+    let raw = raw_post("/orders", &["cookie: cart=77;theme=dark"], body);
+    let again = raw_exchange_from("127.0.0.1", proxy.addr, &raw).await;
+    assert!(replayed(&again), "the HTTP/1.1 retry ran again: {again}");
+    assert_eq!(upstream.executed(), 1);
+
+    let raw = raw_post("/orders", &["cookie: cart=78; theme=dark"], body);
+    let other = raw_exchange_from("127.0.0.1", proxy.addr, &raw).await;
+    assert!(!replayed(&other), "another jar got the first one's answer");
+    assert_eq!(upstream.executed(), 2);
+}
+
+/// A scope of headers only (`[header: Authorization]`, as a gateway-fed route might write
+/// it) from callers that send none of them: the default caller stands in, so two
+/// anonymous callers with one client key never share its answer, and each one's retry
+/// still replays. Callers that send the header are keyed by it, as configured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_whose_parts_are_all_absent_falls_back_to_the_caller() {
+    let upstream = start_upstream().await;
+    let routes = r#"
+routes:
+  - name: orders
+    match: { path: /orders }
+    key: { header: Idempotency-Key, scope: [header: Authorization] }
+"#;
+    let proxy = start_proxy(upstream.addr, routes).await;
+    let request = raw_post("/orders", &["idempotency-key: k1"], r#"{"amount":10}"#);
+    let first = raw_exchange_from("127.0.0.2", proxy.addr, &request).await;
+    let other = raw_exchange_from("127.0.0.3", proxy.addr, &request).await;
+    assert!(!replayed(&first));
+    assert!(!replayed(&other), "another anonymous caller got the answer");
+    assert_eq!(upstream.executed(), 2);
+    let retry = raw_exchange_from("127.0.0.3", proxy.addr, &request).await;
+    assert!(replayed(&retry), "the caller's own retry ran again");
+
+    let token = ["idempotency-key: k2", "authorization: Bearer t-1"];
+    let request = raw_post("/orders", &token, r#"{"amount":10}"#);
+    raw_exchange_from("127.0.0.2", proxy.addr, &request).await;
+    let elsewhere = raw_exchange_from("127.0.0.3", proxy.addr, &request).await;
+    assert!(replayed(&elsewhere), "the same token from another address");
+    assert_eq!(upstream.executed(), 3);
+}

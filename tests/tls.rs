@@ -186,6 +186,40 @@ async fn mtls_refuses_clients_without_a_certificate_and_scopes_by_certificate() 
     assert_eq!(upstream.executed(), 2);
 }
 
+/// With mutual TLS on, the default scope (`caller`) counts the verified certificate as a
+/// credential: two services with their own certificates, sending no `Authorization`, from
+/// one address (one node, one NAT), never share a key; one service's retry over the
+/// other protocol is still the same caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_callers_at_one_address_never_share_a_key_by_default() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("server", &["localhost"]);
+    let (alice_cert, alice_key) = pki.issue("alice", &["alice"]);
+    let (bob_cert, bob_key) = pki.issue("bob", &["bob"]);
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &tls_yaml(&cert, &key, Some(&pki.path("ca.pem"))),
+    )
+    .await;
+    let alice = pki.client(b"h2", Some((&alice_cert, &alice_key)));
+    let bob = pki.client(b"h2", Some((&bob_cert, &bob_key)));
+    let first = post_tls(proxy.addr, &alice, b"h2", "same").await.unwrap();
+    assert!(!first.replayed());
+    let other = post_tls(proxy.addr, &bob, b"h2", "same").await.unwrap();
+    assert!(
+        !other.replayed(),
+        "bob's certificate got alice's stored answer"
+    );
+    assert_eq!(upstream.executed(), 2);
+    let alice_http1 = pki.client(b"http/1.1", Some((&alice_cert, &alice_key)));
+    let again = post_tls(proxy.addr, &alice_http1, b"http/1.1", "same")
+        .await
+        .unwrap();
+    assert!(again.replayed(), "alice's retry ran again");
+    assert_eq!(upstream.executed(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_upstreams_are_verified_against_the_given_ca() {
     let pki = Pki::new();

@@ -254,15 +254,22 @@ pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
 }
 
 /// Hashes each scope part's label and value; `trace` hears which were present, or which
-/// tier named the caller, never a value.
+/// tier named the caller, never a value. A scope whose every part is absent (only
+/// headers or cookies, none sent: `[header: Authorization]` from anonymous callers) would
+/// be one key for everyone who sends none: the default caller stands in for it.
 fn hash_scope(
     hasher: &mut KeyHasher,
     scope: &[ScopePart],
     req: &RequestView<'_>,
     mut trace: Option<&mut Vec<String>>,
 ) {
+    let mut named = false;
     for part in scope {
         hasher.label(part);
+        named |= matches!(
+            part,
+            ScopePart::Caller | ScopePart::ClientIp | ScopePart::ClientCert
+        );
         let value = match part {
             ScopePart::Caller => {
                 let caller = hash_caller(hasher, req);
@@ -299,10 +306,19 @@ fn hash_scope(
             let state = if value.is_some() { "present" } else { "absent" };
             t.push(format!("{part} ({state})"));
         }
+        named |= value.is_some();
         match value {
             Some(v) => hasher.field(&v),
             // Distinct from every present value, including an empty one.
             None => hasher.absent(),
+        }
+    }
+    if !named {
+        // After the absent markers, where no present value can be.
+        hasher.label(&ScopePart::Caller);
+        let caller = hash_caller(hasher, req);
+        if let Some(t) = trace.as_deref_mut() {
+            t.push(format!("none sent: {}", describe_caller(caller, req)));
         }
     }
 }
@@ -311,6 +327,7 @@ fn hash_scope(
 #[derive(Debug, Default, Clone, Copy)]
 struct Caller {
     authorization: bool,
+    client_certificate: bool,
     session: bool,
     credential_headers: bool,
     /// Neither an `Authorization` credential nor a session: the client address, with the
@@ -332,6 +349,11 @@ fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Caller {
             hasher.field(&auth);
             caller.authorization = true;
         }
+    }
+    if let Some(certificate) = req.client_cert {
+        hasher.field(Tier::ClientCertificate.as_str().as_bytes());
+        hasher.field(certificate);
+        caller.client_certificate = true;
     }
     // One pass over the cookies, in the order sent (a browser sends its jar in one order).
     // Beside an `Authorization` too: one shared credential (a basic-auth gate) in front of
@@ -361,17 +383,17 @@ fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Caller {
             caller.credential_headers = true;
         }
     }
-    if caller.authorization || caller.session {
+    if caller.authorization || caller.client_certificate || caller.session {
         return caller;
     }
     // A credential header alone may be one key for every user of an app: the address
     // still tells them apart.
-    if let Some(all) = header_value(headers, &header::COOKIE) {
+    if headers.contains_key(header::COOKIE) {
         // Cookies of no listed name may be a session under another name, or may be the
         // same consent or theme cookie many people send: with the address, a session
         // keeps two browsers apart and a shared cookie cannot merge two people.
         hasher.field(Tier::CookieHeader.as_str().as_bytes());
-        hasher.field(&all);
+        hash_cookie_jar(hasher, headers);
         hash_ip(hasher, req.client_address());
         caller.fallback = Some(Tier::CookieHeader);
         return caller;
@@ -380,6 +402,26 @@ fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Caller {
     hash_ip(hasher, req.client_address());
     caller.fallback = Some(Tier::ClientAddress);
     caller
+}
+
+/// Every cookie sent, as one field in one spelling: one `Cookie` field (`a=1; b=2`,
+/// HTTP/1.1) and the same cookies as separate fields (HTTP/2 may send each on its own, RFC
+/// 9113 §8.2.3) are one jar, and a retry over the other protocol is the same caller.
+fn hash_cookie_jar(hasher: &mut KeyHasher, headers: &HeaderMap) {
+    let crumbs = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .flat_map(|field| field.as_bytes().split(|&b| b == b';'))
+        .map(<[u8]>::trim_ascii)
+        .filter(|crumb| !crumb.is_empty());
+    let mut jar = Vec::new();
+    for crumb in crumbs {
+        if !jar.is_empty() {
+            jar.extend_from_slice(b"; ");
+        }
+        jar.extend_from_slice(crumb);
+    }
+    hasher.field(&jar);
 }
 
 /// Whether any `Authorization` field carries a credential ([`carries_credential`]).
@@ -409,6 +451,9 @@ fn describe_caller(caller: Caller, req: &RequestView<'_>) -> String {
     let mut parts = Vec::new();
     if caller.authorization {
         parts.push("Authorization header".to_owned());
+    }
+    if caller.client_certificate {
+        parts.push("client certificate".to_owned());
     }
     if caller.session {
         let names: Vec<String> = cookies(req.headers)
