@@ -317,7 +317,7 @@ fn hash_scope(
         // After the absent markers, where no present value can be.
         hasher.label(&ScopePart::Caller);
         let caller = hash_caller(hasher, req);
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace {
             t.push(format!("none sent: {}", describe_caller(caller, req)));
         }
     }
