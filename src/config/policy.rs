@@ -65,11 +65,17 @@ impl Policy {
     }
 
     /// What this route's claim means once its owner stopped renewing it: held as an
-    /// unknown outcome for the route's window, or taken over once the dead owner's call
-    /// cannot still run (its lease plus the background bound after its last renewal).
+    /// unknown outcome for the route's window (or the background bound, if longer), or
+    /// taken over once the dead owner's call cannot still run (its lease plus the
+    /// background bound after its last renewal).
     pub fn lapse(&self) -> crate::store::Lapse {
         match self.on_unknown_outcome {
-            OnUnknownOutcome::Hold => crate::store::Lapse::Hold { ttl: self.ttl },
+            // Held at least as long as the dead owner's call could still run: an owner cut
+            // off from its store (not dead at all) may run until `background_timeout`, and
+            // a key that expired before that could run a second time beside it.
+            OnUnknownOutcome::Hold => crate::store::Lapse::Hold {
+                ttl: self.ttl.max(self.background_timeout),
+            },
             OnUnknownOutcome::Release => crate::store::Lapse::Release {
                 grace: self.background_timeout,
             },
@@ -233,5 +239,50 @@ impl OnUnknownOutcome {
             Self::Hold => "hold",
             Self::Release => "release",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Lapse;
+
+    #[test]
+    fn a_held_key_outlives_every_call_its_dead_owner_could_still_run() {
+        // A key idemgate derives itself lives 2 minutes; its owner's call up to 10.
+        let derived = Policy {
+            ttl: DEFAULT_FINGERPRINT_TTL,
+            ..Policy::default()
+        };
+        assert_eq!(
+            derived.lapse(),
+            Lapse::Hold {
+                ttl: derived.background_timeout
+            }
+        );
+        let client_key = Policy::default();
+        assert_eq!(
+            client_key.lapse(),
+            Lapse::Hold {
+                ttl: client_key.ttl
+            }
+        );
+    }
+
+    #[test]
+    fn only_failures_release_a_key_and_listed_statuses_never_do() {
+        let policy = Policy::default();
+        for released in [500, 502, 503, 504, 408, 409, 425, 429] {
+            assert!(policy.releases(released), "{released}");
+        }
+        for kept in [200, 201, 204, 301, 302, 303, 304, 307, 400, 404, 422] {
+            assert!(!policy.releases(kept), "{kept}");
+        }
+        let listed = Policy {
+            replay_statuses: vec![StatusPattern::Class(2), StatusPattern::Exact(503)],
+            ..Policy::default()
+        };
+        assert!(!listed.releases(503));
+        assert!(listed.releases(500));
     }
 }
