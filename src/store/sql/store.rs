@@ -249,6 +249,12 @@ impl<D: Dialect> SqlStore<D> {
             .await
             .map_err(|_| StoreError::Unavailable("not listening for notifications".into()))?;
         let (signal, interest) = self.common.interests.join(args.key, owner);
+        // Looked at as the owner's waiter: if the owner failed since the first look, this
+        // duplicate gets its failure, never a turn of its own on the failure record.
+        let args = &ClaimArgs {
+            after: Some(owner),
+            ..*args
+        };
         match decide(args, token, self.look(args, token, true).await?)? {
             Decided::Claim(claim) => Ok(claim),
             Decided::InFlight { owner, recheck } => {
