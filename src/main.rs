@@ -274,6 +274,10 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             old.connections.max_client != new.connections.max_client,
         ),
         (
+            "connections.max_streams",
+            old.connections.max_streams != new.connections.max_streams,
+        ),
+        (
             "connections.lingering_*",
             old.connections.linger != new.connections.linger,
         ),

@@ -65,6 +65,7 @@ pub async fn serve_proxy(
         linger: Some(config.connections.linger),
         idle: proxy.idle_timeout(),
         send: config.connections.client_send_timeout,
+        streams: config.connections.max_streams,
         metrics: Some(Arc::clone(proxy.metrics())),
     };
     let tls_source = proxy.clone();
@@ -93,6 +94,7 @@ pub async fn serve_admin(
         linger: None,
         idle: proxy.idle_timeout(),
         send: proxy.config().connections.client_send_timeout,
+        streams: proxy.config().connections.max_streams,
         metrics: None,
     };
     let token: Option<Arc<str>> = token.map(Arc::from);
@@ -128,6 +130,9 @@ struct Limits {
     /// How long an answer may wait for its client to take something
     /// (`connections.client_send_timeout`, read at start).
     send: Duration,
+    /// Requests one HTTP/2 connection may have open at once (`connections.max_streams`,
+    /// read at start).
+    streams: u32,
     /// Where connections are counted; `None`: not at all.
     metrics: Option<Arc<Metrics>>,
 }
@@ -173,7 +178,10 @@ async fn accept_loop<F, S>(
     template.http1().header_read_timeout(None);
     // Answers are written flattened, as upstream requests are (see `Pool::new`).
     template.http1().writev(false);
-    template.http2().timer(TokioTimer::new());
+    template
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.streams);
     let template = Arc::new(template);
     let make_service = Arc::new(make_service);
     let linger = limits.linger;

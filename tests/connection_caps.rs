@@ -366,3 +366,47 @@ async fn an_http2_connection_without_a_request_is_closed_and_frees_its_client_sl
     );
     assert!(served_within(proxy.addr, Duration::from_secs(10)).await);
 }
+
+/// The server's first SETTINGS frame on a cleartext HTTP/2 connection, as (id, value)
+/// pairs (RFC 9113 §6.5.1).
+async fn server_settings(addr: SocketAddr) -> Vec<(u16, u32)> {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    loop {
+        let mut head = [0u8; 9];
+        stream.read_exact(&mut head).await.unwrap();
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0; len];
+        stream.read_exact(&mut payload).await.unwrap();
+        // SETTINGS, not the ACK of ours.
+        if head[3] == 4 && head[4] & 1 == 0 {
+            return payload
+                .chunks_exact(6)
+                .map(|s| {
+                    let id = u16::from_be_bytes([s[0], s[1]]);
+                    (id, u32::from_be_bytes([s[2], s[3], s[4], s[5]]))
+                })
+                .collect();
+        }
+    }
+}
+
+/// `connections.max_streams` is what an HTTP/2 client is told it may have open at once
+/// (`SETTINGS_MAX_CONCURRENT_STREAMS`, id 3): 128 by default, as nginx, rather than
+/// hyper's 200, so memory is bounded by settings a user sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_told_max_streams() {
+    const MAX_CONCURRENT_STREAMS: u16 = 3;
+    let upstream = start_upstream().await;
+    for (yaml, expected) in [("", 128), ("connections: { max_streams: 7 }\n", 7)] {
+        let proxy = start_proxy(upstream.addr, yaml).await;
+        let settings = server_settings(proxy.addr).await;
+        assert!(
+            settings.contains(&(MAX_CONCURRENT_STREAMS, expected)),
+            "{yaml:?}: {settings:?}"
+        );
+    }
+}

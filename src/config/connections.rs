@@ -1,4 +1,5 @@
-//! `connections:` compiled into [`Connections`]: caps on client and upstream connections,
+//! `connections:` compiled into [`Connections`]: caps on client and upstream connections
+//! and on the requests one HTTP/2 connection may have open,
 //! the idle timeout of kept-alive upstream connections, the read timeout of pass-through
 //! answers, the send timeout of answers to clients, and the [`Linger`] settings of a client
 //! connection's close.
@@ -14,6 +15,10 @@ pub struct Connections {
     /// Client connections served at once; more wait in the listen backlog until one
     /// closes. Read at start.
     pub max_client: usize,
+    /// Requests one HTTP/2 connection may have open at once (its
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`): with `max_client`, `max_body` and `max_answer`,
+    /// what bounds the memory clients can make the proxy hold. Read at start.
+    pub max_streams: u32,
     /// Upstream connections open at once; requests beyond it wait for one (within their
     /// upstream timeout).
     pub max_upstream: usize,
@@ -51,6 +56,8 @@ impl Default for Connections {
     fn default() -> Self {
         Self {
             max_client: 10_000,
+            // nginx's `http2_max_concurrent_streams` (hyper's own default is 200).
+            max_streams: 128,
             max_upstream: 1024,
             // 1 s: below the keep-alive timeouts of common servers, the shortest of which
             // is gunicorn's 2 s (Node, uvicorn and Apache: 5 s; nginx: 75 s), with a second
@@ -74,6 +81,7 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
     let d = Connections::default();
     let c = Connections {
         max_client: raw.max_client.unwrap_or(d.max_client),
+        max_streams: raw.max_streams.unwrap_or(d.max_streams),
         max_upstream: raw.max_upstream.unwrap_or(d.max_upstream),
         upstream_idle_timeout: raw
             .upstream_idle_timeout
@@ -92,6 +100,7 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
     };
     let zero = [
         ("max_client", c.max_client == 0),
+        ("max_streams", c.max_streams == 0),
         ("max_upstream", c.max_upstream == 0),
         ("upstream_idle_timeout", c.upstream_idle_timeout.is_zero()),
         ("upstream_read_timeout", c.upstream_read_timeout.is_zero()),

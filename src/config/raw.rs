@@ -144,6 +144,7 @@ pub struct RawTls {
 #[serde(deny_unknown_fields)]
 pub struct RawConnections {
     pub max_client: Option<usize>,
+    pub max_streams: Option<u32>,
     pub max_upstream: Option<usize>,
     pub upstream_idle_timeout: Option<ConfigDuration>,
     pub upstream_read_timeout: Option<ConfigDuration>,
