@@ -198,7 +198,14 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
         mutual_tls,
     )?;
     let mut routes = routing.routes;
-    let tokens = tokens::compile_tokens(raw.tokens, &mut routes, &identity, mutual_tls)?;
+    let mut fallback = routing.fallback;
+    let tokens = tokens::compile_tokens(
+        raw.tokens,
+        &mut routes,
+        &mut fallback,
+        &identity,
+        mutual_tls,
+    )?;
     Ok(Config {
         listen: raw.listen.0,
         upstream,
@@ -208,7 +215,7 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
         tokens,
         store,
         passthrough_timeout: routing.passthrough_timeout,
-        fallback: routing.fallback,
+        fallback,
         routes,
         identity,
         encrypt,

@@ -455,3 +455,53 @@ async fn redelivered_notices_apply_once_and_get_the_first_answer(redis: bool) {
     assert_eq!(answers.iter().filter(|a| a.replayed()).count(), 4);
     assert_eq!(upstream.executed(), 1, "the app applied the payment once");
 }
+
+/// `defaults.key` may key on tokens too (every POST and PATCH matching no route): the
+/// token endpoint is served for it, and an attempt that never reached the upstream hands
+/// its token back for `tokens.ttl`, as on a route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_default_key_gets_the_endpoint_and_its_tokens_handed_back() {
+    // An address nothing listens on: connect refused, nothing sent.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let proxy = start_proxy(
+        dead_addr,
+        "tokens: { ttl: 5m }\ndefaults:\n  key: { token: {} }\n",
+    )
+    .await;
+    let token = token_for(&proxy, "Bearer alice").await;
+    let headers = [
+        ("authorization", "Bearer alice"),
+        ("idempotency-token", token.as_str()),
+    ];
+    let unsent = post(proxy.addr, "/orders/x", &headers, "{}").await;
+    assert_eq!(
+        unsent.json()["type"],
+        "urn:idemgate:problem:upstream-unreachable"
+    );
+    // The token's record as the store holds it: kept for `tokens.ttl`, to be used again,
+    // not for the seconds a failure lingers for its waiters.
+    let mut map = http::HeaderMap::new();
+    map.insert("authorization", "Bearer alice".parse().unwrap());
+    map.insert("idempotency-token", token.parse().unwrap());
+    let request = idemgate::explain::Request {
+        method: http::Method::POST,
+        uri: "/orders/x".parse().unwrap(),
+        headers: map,
+        body: b"{}".to_vec(),
+        client_ip: Some([127, 0, 0, 1].into()),
+    };
+    let (_, key) = idemgate::explain::explain_key(&proxy.proxy.config(), &request).unwrap();
+    let info = proxy
+        .store
+        .inspect(key.unwrap())
+        .await
+        .unwrap()
+        .expect("the token's record");
+    let lives = info.expires.duration_since(info.created).unwrap();
+    assert!(
+        lives >= Duration::from_secs(299),
+        "the token is handed back for {lives:?}, not tokens.ttl (5m)"
+    );
+}

@@ -37,12 +37,13 @@ pub struct TokenIssuer {
 pub(super) fn compile_tokens(
     raw: Option<RawTokens>,
     routes: &mut [Route],
+    fallback: &mut Protection,
     identity: &Arc<Identity>,
     mutual_tls: bool,
 ) -> Result<Option<TokenIssuer>, CompileError> {
-    let uses_tokens = routes.iter().any(|r| {
-        matches!(&r.protection, Protection::On(p) if matches!(p.key.source, KeySource::Token(_)))
-    });
+    let keys_on_tokens = |protection: &Protection| matches!(protection, Protection::On(p) if matches!(p.key.source, KeySource::Token(_)));
+    let uses_tokens =
+        keys_on_tokens(fallback) || routes.iter().any(|r| keys_on_tokens(&r.protection));
     if raw.is_none() && !uses_tokens {
         return Ok(None);
     }
@@ -74,8 +75,21 @@ pub(super) fn compile_tokens(
         .after("tokens:"));
     }
     let mut header = None;
-    for (i, route) in routes.iter_mut().enumerate() {
-        let Protection::On(p) = &mut route.protection else {
+    // The fallback (`defaults.key`, for POST and PATCH matching no route) like a route.
+    let fallback = std::iter::once((
+        "defaults.key.scope".to_owned(),
+        "defaults:".to_owned(),
+        fallback,
+    ));
+    let routes = routes.iter_mut().enumerate().map(|(i, route)| {
+        (
+            format!("routes[{i}].key.scope"),
+            format!("name: {}", route.name),
+            &mut route.protection,
+        )
+    });
+    for (key_path, place, protection) in fallback.chain(routes) {
+        let Protection::On(p) = protection else {
             continue;
         };
         let KeySource::Token(rule) = &p.key.source else {
@@ -83,9 +97,9 @@ pub(super) fn compile_tokens(
         };
         if p.key.scope != issuer.scope {
             return Err(CompileError::new(
-                format!("routes[{i}].key.scope"),
+                key_path,
                 "a token route must use the same scope as `tokens.scope` (whose token it is)",
-                format!("name: {}", route.name),
+                place,
             ));
         }
         header.get_or_insert(rule.header.clone());
