@@ -3,7 +3,7 @@
 //! "outcome unknown"), and let duplicates wait for that outcome.
 //!
 //! Backends form a closed set, so [`Store`] is an enum; every backend passes the same
-//! conformance suite (`tests/store_conformance.rs`). Ownership is a type: a successful claim
+//! conformance suite (`tests/store_conformance/`). Ownership is a type: a successful claim
 //! yields a [`Lease`] that keeps the claim while alive (renewing it on the shared stores,
 //! Redis, PostgreSQL and MySQL; holding it alive on the memory store). Settling is fenced by
 //! the owner's token, and a record the store lost (a restarted Redis) is written back rather

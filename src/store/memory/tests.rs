@@ -1,5 +1,5 @@
 //! The memory store's own invariants (expiry order, queue bounds, what is shown); the store
-//! contract itself is `tests/store_conformance.rs`.
+//! contract itself is `tests/store_conformance/`.
 
 use super::rate::{Counters, TEST_MOST_STEPS};
 use super::shard::TEST_COMPACT_SLACK;

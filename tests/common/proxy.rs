@@ -1,0 +1,326 @@
+//! idemgate under test: in process ([`ProxyHandle`], with its store and metrics) or as a
+//! process of the real binary ([`ProxyProcess`]), the key it derives, `idemgate explain`,
+//! `/metrics`, and two processes sharing a store.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+
+use idemgate::config::Config;
+use idemgate::proxy::Proxy;
+use idemgate::store::Store;
+
+use super::client::{post, send};
+use super::redis_server;
+use super::upstream::start_upstream;
+
+/// An in-process idemgate.
+pub struct ProxyHandle {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub store: Store,
+    pub proxy: Proxy,
+}
+
+impl ProxyHandle {
+    /// The value of one metric series (`name{labels}` as `/metrics` writes it; 0 when
+    /// absent).
+    pub fn metric(&self, series: &str) -> f64 {
+        let text = self.proxy.metrics().render(self.store.stats());
+        metric_in(&text, series)
+    }
+
+    /// Waits until the series reaches `n` (hang guard: 30 s): the proxy's own signal that
+    /// something happened, such as duplicates parked waiting (`idemgate_waiting`).
+    pub async fn metric_reaches(&self, series: &str, n: f64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.metric(series) < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "hang guard: {series} never reached {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// The value of `series` in a `/metrics` text (0 when absent).
+pub fn metric_in(text: &str, series: &str) -> f64 {
+    let prefix = format!("{series} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Starts idemgate in front of `upstream`; `rest` is the YAML after `listen`/`upstream`.
+pub async fn start_proxy(upstream: SocketAddr, rest: &str) -> ProxyHandle {
+    start_proxy_with_admin(upstream, rest, None).await
+}
+
+/// Same, with an admin listener (optionally behind a bearer token) on 127.0.0.1:0.
+pub async fn start_proxy_with_admin(
+    upstream: SocketAddr,
+    rest: &str,
+    admin_token: Option<&str>,
+) -> ProxyHandle {
+    let text = format!("listen: 127.0.0.1:0\nupstream: http://{upstream}\n{rest}");
+    start_proxy_from(&text, admin_token).await
+}
+
+/// Starts idemgate from a whole config text (its `listen` is ignored: 127.0.0.1:0).
+pub async fn start_proxy_from(text: &str, admin_token: Option<&str>) -> ProxyHandle {
+    start_proxy_tuned(text, admin_token, |proxy| proxy).await
+}
+
+/// [`start_proxy_from`], with `tune` applied to the `Proxy` before it serves (settings
+/// that are not in the config file, such as the body read timeout).
+pub async fn start_proxy_tuned(
+    text: &str,
+    admin_token: Option<&str>,
+    tune: impl FnOnce(Proxy) -> Proxy,
+) -> ProxyHandle {
+    let config = Arc::new(Config::parse(text, "test.yaml").expect("test config"));
+    let store = idemgate::server::open_store(&config).expect("store");
+    let proxy = tune(Proxy::new(
+        Arc::clone(&config),
+        store.clone(),
+        Arc::new(idemgate::metrics::Metrics::new()),
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = admin_listener.local_addr().unwrap();
+    tokio::spawn(idemgate::server::serve_admin(
+        admin_listener,
+        proxy.clone(),
+        admin_token.map(str::to_owned),
+        std::future::pending(),
+    ));
+    tokio::spawn(idemgate::server::serve_proxy(
+        listener,
+        proxy.clone(),
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    ProxyHandle {
+        addr,
+        admin,
+        store,
+        proxy,
+    }
+}
+
+/// A real `idemgate run` process (so it can be signalled or SIGKILLed like a replica).
+pub struct ProxyProcess {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub config: std::path::PathBuf,
+    log: std::path::PathBuf,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl ProxyProcess {
+    /// Starts the binary with `rest` appended to generated listen/upstream/admin lines, and
+    /// waits until it accepts connections.
+    pub fn start(upstream: SocketAddr, rest: &str) -> Self {
+        Self::start_logging(upstream, rest, "warn")
+    }
+
+    /// Same, with `IDEMGATE_LOG=level`; the log goes to a file, see [`ProxyProcess::log`].
+    pub fn start_logging(upstream: SocketAddr, rest: &str, level: &str) -> Self {
+        Self::start_with_args(upstream, rest, level, &[])
+    }
+
+    /// Same, with extra arguments after `run --config FILE`.
+    pub fn start_with_args(upstream: SocketAddr, rest: &str, level: &str, args: &[&str]) -> Self {
+        let port = redis_server::free_port();
+        let admin_port = redis_server::free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("proxy.yaml");
+        let log = dir.path().join("idemgate.log");
+        std::fs::write(
+            &config,
+            format!(
+                "listen: 127.0.0.1:{port}\nupstream: http://{upstream}\nadmin: 127.0.0.1:{admin_port}\n{rest}"
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .args(args)
+            .env("IDEMGATE_LOG", level)
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        redis_server::wait_until(
+            || std::net::TcpStream::connect(addr).is_ok(),
+            "the proxy process to listen",
+        );
+        Self {
+            addr,
+            admin: format!("127.0.0.1:{admin_port}").parse().unwrap(),
+            config,
+            log,
+            child,
+            _dir: dir,
+        }
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends a signal (`HUP`, `TERM`, …) with kill(1).
+    pub fn signal(&self, name: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit by itself (hang guard: 60 s).
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "hang guard: still running"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL: no cleanup, no release, like a crashed replica.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The store key the proxy derives for a request from 127.0.0.1 (hex), as
+/// `idemgate explain` shows it: what the admin API takes.
+pub fn stored_key(
+    proxy: &ProxyHandle,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> String {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        map.append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            http::HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    // The host is part of the key: the one [`post`] and [`send`] name, unless given.
+    if !map.contains_key(http::header::HOST) {
+        map.insert(
+            http::header::HOST,
+            http::HeaderValue::from_str(&proxy.addr.to_string()).unwrap(),
+        );
+    }
+    let request = idemgate::explain::Request {
+        method: Method::POST,
+        uri: path.parse().unwrap(),
+        headers: map,
+        body: body.to_vec(),
+        client_ip: Some(std::net::Ipv4Addr::LOCALHOST.into()),
+    };
+    let text = idemgate::explain::explain(&proxy.proxy.config(), &request).expect("a key");
+    text.lines()
+        .find_map(|l| l.strip_prefix("key digest:"))
+        .map(|d| d.trim().to_owned())
+        .unwrap_or_else(|| panic!("no key digest in {text}"))
+}
+
+/// Runs `idemgate explain --config CONFIG ARGS…` and returns what it printed; fails the
+/// test if it does not succeed.
+pub fn explain_cli(config: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["explain", "--config"])
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The admin listener's `/metrics` text (an admin without a token).
+pub async fn metrics_text(admin: SocketAddr) -> String {
+    let answer = send(admin, Method::GET, "/metrics", &[], "").await;
+    assert_eq!(answer.status, StatusCode::OK);
+    String::from_utf8_lossy(&answer.body).into_owned()
+}
+
+/// The value of one sample line of `/metrics` (`name` with its labels, if any), 0 if absent.
+pub async fn metric(admin: SocketAddr, name: &str) -> f64 {
+    metric_in(&metrics_text(admin).await, name)
+}
+
+/// 200 concurrent requests over 10 keys, alternating between two proxy processes started
+/// with `config` (a shared store): each key executes once and every answer for it is the
+/// same on both replicas.
+pub async fn two_proxies_execute_each_key_once(config: &str) {
+    let upstream = start_upstream().await;
+    let a = ProxyProcess::start(upstream.addr, config);
+    let b = ProxyProcess::start(upstream.addr, config);
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let target = if i % 2 == 0 { a.addr } else { b.addr };
+        tasks.push(tokio::spawn(async move {
+            let key = format!("key-{}", i % 10);
+            let answer = post(
+                target,
+                "/orders",
+                &[("idempotency-key", &key), ("x-test-delay-ms", "50")],
+                "{\"sku\":\"A1\"}",
+            )
+            .await;
+            (key, answer)
+        }));
+    }
+    let mut bodies: std::collections::HashMap<String, Bytes> = Default::default();
+    for t in tasks {
+        let (key, answer) = t.await.unwrap();
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        let first = bodies.entry(key).or_insert_with(|| answer.body.clone());
+        assert_eq!(*first, answer.body, "identical answers on both replicas");
+    }
+    assert_eq!(upstream.executed(), 10);
+    assert_eq!(upstream.most_executions_of_one_key(), 1);
+}

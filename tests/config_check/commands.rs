@@ -1,0 +1,150 @@
+//! `idemgate check` and `idemgate explain`: the routes printed and the exit status by
+//! validity, a key and what was ignored, and the notes on scopes that let callers share a
+//! key and on trusted proxies with public addresses.
+
+use std::process::Command;
+
+use idemgate::config::Config;
+
+use crate::common;
+use crate::{top, SPEC_PROXY};
+
+#[test]
+fn check_command_prints_routes_and_exits_by_validity() {
+    let bin = env!("CARGO_BIN_EXE_idemgate");
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yaml");
+    std::fs::write(&good, SPEC_PROXY).unwrap();
+    let out = Command::new(bin)
+        .args(["check", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "create-order",
+        "repayment-callback",
+        "/api/polls/{poll}/votes",
+        "fields",
+        "30d",
+    ] {
+        assert!(table.contains(expected), "{expected} missing from\n{table}");
+    }
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "listen: 127.0.0.1:1\nupstream: http://x\ndefaults:\n  lease: soon\n",
+    )
+    .unwrap();
+    let out = Command::new(bin)
+        .args(["check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bad.yaml:4:10: defaults.lease: invalid duration"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn explain_command_shows_the_key_and_what_was_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    std::fs::write(&config, SPEC_PROXY).unwrap();
+    let body = dir.path().join("body.json");
+    std::fs::write(&body, r#"{"choice":"b","timestamp":1700000000,"lat":1.5}"#).unwrap();
+    let run = |body_file: &std::path::Path| {
+        let body_file = body_file.to_str().unwrap();
+        common::explain_cli(
+            &config,
+            &[
+                "--method",
+                "POST",
+                "--path",
+                "/api/polls/7/votes",
+                "-H",
+                "X-User-Id: u1",
+                "--body",
+                body_file,
+            ],
+        )
+    };
+    let text = run(&body);
+    assert!(text.contains("route:             vote"), "{text}");
+    assert!(
+        text.contains("/timestamp") && text.contains("/lat"),
+        "{text}"
+    );
+    assert!(text.contains("header:x-user-id (present)"), "{text}");
+    let digest = |t: &str| {
+        t.lines()
+            .find(|l| l.starts_with("key digest:"))
+            .unwrap()
+            .to_owned()
+    };
+    std::fs::write(&body, r#"{ "lat": 9, "choice": "b" }"#).unwrap();
+    assert_eq!(
+        digest(&text),
+        digest(&run(&body)),
+        "ignored fields do not change the key"
+    );
+}
+
+/// A scope of only a header lets every request without it share one key: `check` says so,
+/// and what to write instead; the default scope draws no note.
+#[test]
+fn check_notes_scopes_that_let_callers_share_a_key() {
+    let config = Config::parse(SPEC_PROXY, "spec.yaml").unwrap();
+    let notes = config.notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("route vote") && notes[0].contains("`scope: [header:x-user-id, caller]`"),
+        "{notes:?}"
+    );
+    let plain = Config::parse(&top(""), "p.yaml").unwrap();
+    assert!(plain.notes().is_empty());
+}
+
+/// A trusted proxy block with public addresses lets a client there name any client
+/// address in `X-Forwarded-For`: `check` says so; private and loopback blocks draw no note.
+#[test]
+fn check_notes_trusted_proxies_with_public_addresses() {
+    let config = |blocks: &[&str]| {
+        let list: Vec<String> = blocks.iter().map(|b| format!("\"{b}\"")).collect();
+        let yaml = format!("trusted_proxies: [{}]\n", list.join(", "));
+        Config::parse(&top(&yaml), "p.yaml").unwrap()
+    };
+    for private in [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.1.0/24",
+        "127.0.0.1",
+        "100.64.0.0/10",
+        "fd00::/8",
+        "::1",
+    ] {
+        assert!(config(&[private]).notes().is_empty(), "{private}");
+    }
+    for public in [
+        "0.0.0.0/0",
+        "10.0.0.0/7",
+        "203.0.113.7",
+        "::/0",
+        "2001:db8::/32",
+    ] {
+        let notes = config(&["10.0.0.0/8", public]).notes();
+        assert_eq!(notes.len(), 1, "{public}: {notes:?}");
+        assert!(
+            notes[0].contains("trusted_proxies") && notes[0].contains("public addresses"),
+            "{notes:?}"
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! Mistakes refused where they are written (file, line, column and key): unknown keys, bad
+//! durations and JSON pointers, rule-level mistakes, timeouts that contradict each other or
+//! are zero, identity settings, a client-cert scope without mutual TLS.
+
+use std::process::Command;
+
+use idemgate::config::Config;
+
+use crate::{invalid, route_with_key, top};
+
+/// "`background_timeout` must be at least `upstream_timeout`": a file that sets it below,
+/// in `defaults:` or on a route (where the route's `upstream_timeout` outgrows the
+/// inherited 10m), is refused, the error naming where and both keys; equal is accepted.
+#[test]
+fn a_background_timeout_below_the_upstream_timeout_is_refused() {
+    let (line, _, key, message) = invalid(&top(
+        "defaults:\n  upstream_timeout: 2m\n  background_timeout: 1m\n",
+    ));
+    // Where: the key, placed at its section (line 3).
+    assert_eq!((line, key.as_str()), (3, "defaults.background_timeout"));
+    assert!(
+        message.contains("background_timeout (1m) must be at least upstream_timeout (2m)"),
+        "{message}"
+    );
+    let on_a_route = top(
+        "routes:\n  - name: slow\n    match: { path: /slow }\n    key: { header: K }\n    upstream_timeout: 15m\n",
+    );
+    let (line, _, key, message) = invalid(&on_a_route);
+    assert_eq!((line, key.as_str()), (4, "routes[0].background_timeout"));
+    assert!(
+        message.contains("background_timeout") && message.contains("upstream_timeout"),
+        "{message}"
+    );
+    let err = Config::parse(&on_a_route, "proxy.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("proxy.yaml:"), "{err}");
+    Config::parse(
+        &top("defaults:\n  upstream_timeout: 2m\n  background_timeout: 2m\n"),
+        "p.yaml",
+    )
+    .expect("equal is at least");
+}
+
+#[test]
+fn unknown_key_names_file_line_column_and_key() {
+    let text = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: a\n    match: { path: /a }\n    tll: 5m\n";
+    let (line, column, key, message) = invalid(text);
+    assert_eq!((line, column), (6, 5));
+    assert_eq!(key, "routes[0].tll");
+    assert!(message.contains("unknown field `tll`"), "{message}");
+    let err = Config::parse(text, "proxy.yaml").unwrap_err().to_string();
+    assert!(
+        err.starts_with("proxy.yaml:6:5: routes[0].tll: unknown field `tll`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_duration_names_its_place() {
+    let text = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\ndefaults:\n  ttl: 24x\n";
+    let (line, column, key, message) = invalid(text);
+    assert_eq!((line, column), (4, 8));
+    assert_eq!(key, "defaults.ttl");
+    assert!(message.contains("invalid duration \"24x\""), "{message}");
+}
+
+#[test]
+fn bad_json_pointer_names_its_place() {
+    let text = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: cb\n    match: { path: /cb }\n    key: { fields: [/ok, alipayNo] }\n";
+    let (line, column, key, message) = invalid(text);
+    assert_eq!(line, 6);
+    assert!(column > 1, "column {column}");
+    assert_eq!(key, "routes[0].key.fields[1]");
+    assert!(message.contains("alipayNo"), "{message}");
+}
+
+#[test]
+fn rule_level_mistakes_are_refused() {
+    let two_sources = route_with_key("key: { header: K, fields: [/a] }\n");
+    let (line, _, _, message) = invalid(&two_sources);
+    assert_eq!(line, 6);
+    assert!(message.contains("exactly one source"), "{message}");
+    let (_, _, key, message) = invalid(&route_with_key("match2: 1\n"));
+    assert!(
+        message.contains("unknown field `match2`"),
+        "{key}: {message}"
+    );
+    let safe = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: g\n    match: { methods: [GET], path: /g }\n";
+    let (line, _, key, message) = invalid(safe);
+    assert_eq!((line, key.as_str()), (5, "routes[0].match.methods[0]"));
+    assert!(message.contains("safe method"), "{message}");
+    let dup = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: a\n    match: { path: /a }\n  - name: a\n    match: { path: /b }\n";
+    let (line, _, key, message) = invalid(dup);
+    assert_eq!((line, key.as_str()), (4, "routes[1].name"));
+    assert!(message.contains("used twice"), "{message}");
+    let (_, _, key, _) = invalid("listen: 127.0.0.1:8080\nupstream: ftp://x\n");
+    assert_eq!(key, "upstream");
+    let (_, _, key, _) =
+        invalid("listen: 127.0.0.1:8080\nupstream: http://x\ndefaults: { max_body: 1TB }\n");
+    assert_eq!(key, "defaults.max_body");
+}
+
+#[test]
+fn identity_settings_parse_and_their_mistakes_name_the_fix() {
+    let config = Config::parse(
+        &top("trusted_proxies: [10.0.0.0/8, 192.168.1.7, \"fd00::/8\"]\nsession_cookies: [my_sess]\n"),
+        "p.yaml",
+    )
+    .unwrap();
+    assert_eq!(config.identity.trusted_proxies.blocks().len(), 3);
+    assert_eq!(config.identity.session_cookies, ["my_sess"]);
+    let (line, _, key, message) = invalid(&top("trusted_proxies: [10.0.0.1/8]\n"));
+    assert_eq!((line, key.as_str()), (3, "trusted_proxies[0]"));
+    assert!(message.contains("write 10.0.0.0/8"), "{message}");
+    let (_, _, key, message) = invalid(&top("session_cookies: [\"a b\"]\n"));
+    assert_eq!(key, "session_cookies");
+    assert!(message.contains("not a cookie name"), "{message}");
+}
+
+/// A zero idle timeout would close every upstream connection the moment it came back:
+/// refused, naming the key and its place, rather than read as "no keep-alive".
+#[test]
+fn a_zero_upstream_idle_timeout_is_refused_where_it_is_written() {
+    let config = Config::parse(
+        &top("connections: { upstream_idle_timeout: 250ms }\n"),
+        "p.yaml",
+    )
+    .unwrap();
+    assert_eq!(
+        config.connections.upstream_idle_timeout,
+        std::time::Duration::from_millis(250)
+    );
+    let (line, column, key, message) = invalid(&top(
+        "connections:\n  max_upstream: 8\n  upstream_idle_timeout: 0s\n",
+    ));
+    assert_eq!((line, column), (5, 3));
+    assert_eq!(key, "connections.upstream_idle_timeout");
+    assert_eq!(message, "must be above zero");
+}
+
+/// A zero send timeout would close a client connection at the first write that has to
+/// wait: refused, naming the key and its place, rather than read as "no timeout".
+#[test]
+fn a_zero_client_send_timeout_is_refused_where_it_is_written() {
+    let config =
+        Config::parse(&top("connections: { client_send_timeout: 5s }\n"), "p.yaml").unwrap();
+    assert_eq!(
+        config.connections.client_send_timeout,
+        std::time::Duration::from_secs(5)
+    );
+    let (line, column, key, message) = invalid(&top(
+        "connections:\n  max_client: 8\n  client_send_timeout: 0s\n",
+    ));
+    assert_eq!((line, column), (5, 3));
+    assert_eq!(key, "connections.client_send_timeout");
+    assert_eq!(message, "must be above zero");
+}
+
+/// `client_cert` has a value only on a mutual-TLS listener: scoped by it anywhere else,
+/// every caller would share one key, so the config is refused (by `check`, `run` and a
+/// reload alike) at the scope, naming the route.
+#[test]
+fn a_client_cert_scope_without_mutual_tls_is_refused_where_it_is_written() {
+    let routes = "routes:\n  - name: a\n    match: { path: /a }\n    key: { fingerprint: {}, scope: [client_cert] }\n  - name: b\n    match: { path: /b }\n    key:\n      header: K\n      scope: [caller, client_cert]\n";
+    let (line, column, key, message) = invalid(&top(routes));
+    assert_eq!((line, column, key.as_str()), (6, 37, "routes[0].key.scope"));
+    assert!(
+        message.contains("route a:")
+            && message.contains("`client_cert`")
+            && message.contains("tls.client_ca"),
+        "{message}"
+    );
+    // The error is placed at the scope of the route that names it.
+    let later = routes.replace(
+        "/a }\n    key: { fingerprint: {}, scope: [client_cert] }\n",
+        "/a }\n    idempotency: off\n",
+    );
+    let (line, column, key, message) = invalid(&top(&later));
+    assert_eq!(
+        (line, column, key.as_str()),
+        (11, 23, "routes[1].key.scope")
+    );
+    assert!(
+        message.contains("route b:") && message.contains("`client_cert`"),
+        "{message}"
+    );
+    let (line, _, key, message) = invalid(&top(
+        "defaults:\n  key: { fingerprint: {}, scope: [client_cert] }\n",
+    ));
+    assert_eq!((line, key.as_str()), (4, "defaults.key.scope"));
+    assert!(
+        message.contains("defaults.key") && message.contains("`client_cert`"),
+        "{message}"
+    );
+    let (line, _, key, _) = invalid(&top("tokens: { scope: [client_cert] }\n"));
+    assert_eq!((line, key.as_str()), (3, "tokens.scope"));
+    Config::parse(
+        &top(&later.replace("caller, client_cert", "caller")),
+        "p.yaml",
+    )
+    .expect("no client_cert, no error");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxy.yaml");
+    std::fs::write(&path, top(routes)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(":6:37: routes[0].key.scope: route a:"),
+        "{stderr}"
+    );
+}

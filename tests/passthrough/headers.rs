@@ -1,0 +1,138 @@
+//! Headers per RFC 9110: hop-by-hop fields stripped and forwarded fields added,
+//! `Expect: 100-continue` on both paths, and trailers stripped of the fields that may only
+//! be headers.
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioExecutor;
+
+use crate::common::{self, send, start_proxy, start_upstream};
+use crate::{raw_answering, raw_exchange, ROUTES};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_are_stripped_and_forwarded_headers_added() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let a = send(
+        proxy.addr,
+        Method::GET,
+        "/echo-headers",
+        &[
+            ("host", "shop.example:8443"),
+            ("connection", "x-drop-me, keep-alive"),
+            ("x-drop-me", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("proxy-authorization", "Basic abc"),
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-kept", "yes"),
+        ],
+        "",
+    )
+    .await;
+    let seen = &a.json()["headers"];
+    for gone in [
+        "x-drop-me",
+        "keep-alive",
+        "te",
+        "proxy-authorization",
+        "transfer-encoding",
+    ] {
+        assert!(
+            seen.get(gone).is_none(),
+            "{gone} must not reach the upstream: {seen}"
+        );
+    }
+    assert_eq!(seen["host"][0], "shop.example:8443", "Host is kept");
+    assert_eq!(seen["x-kept"][0], "yes");
+    assert_eq!(seen["x-forwarded-for"][0], "203.0.113.9, 127.0.0.1");
+    assert_eq!(seen["x-forwarded-proto"][0], "http");
+    assert_eq!(seen["x-forwarded-host"][0], "shop.example:8443");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expect_100_continue_works_on_both_paths() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let body = b"{\"expect\":true}";
+    let head = |path: &str, extra: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n",
+            body.len()
+        )
+    };
+    let streamed = raw_exchange(proxy.addr, &head("/upload", ""), body).await;
+    assert!(streamed.contains("200 OK"), "{streamed}");
+    assert!(streamed.contains(&format!("{} ", body.len())), "{streamed}");
+    let protected = raw_exchange(
+        proxy.addr,
+        &head("/orders", "idempotency-key: cont\r\n"),
+        body,
+    )
+    .await;
+    assert!(protected.contains("201 Created"), "{protected}");
+    assert_eq!(upstream.executed(), 1);
+}
+
+/// A request's trailers go on without the fields only a header section may carry: a second
+/// `Host` or a length in the trailers, or a forged client address, would be taken as the
+/// request's own by an upstream that merges trailers into its headers. (Trailers go on
+/// when the request declares them in `Trailer`, as RFC 9110 §6.6.2 asks of a sender; the
+/// forbidden names are declared here too, and dropped all the same.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_trailers_lose_framing_routing_and_forwarding_fields() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let raw = common::raw_exchange(
+        proxy.addr,
+        b"POST /echo-headers HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\
+          trailer: content-length, host, connection, x-forwarded-for, authorization, x-checksum\r\n\r\n\
+          3\r\nabc\r\n0\r\ncontent-length: 0\r\nhost: evil.example\r\nconnection: close\r\n\
+          x-forwarded-for: 10.9.9.9\r\nauthorization: Bearer forged\r\nx-checksum: 7\r\n\r\n",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    let json: serde_json::Value = serde_json::from_str(&raw[raw.find("\r\n\r\n").unwrap() + 4..])
+        .unwrap_or_else(|e| panic!("{e}: {raw}"));
+    assert_eq!(json["body_len"], 3);
+    assert_eq!(
+        json["trailers"],
+        serde_json::json!({ "x-checksum": ["7"] }),
+        "{raw}"
+    );
+    assert_eq!(json["headers"]["host"], serde_json::json!(["x"]));
+    assert_eq!(
+        json["headers"]["trailer"],
+        serde_json::json!(["x-checksum"]),
+        "{raw}"
+    );
+}
+
+/// An upstream's answer trailers reach an HTTP/2 client (hyper forwards them there) without
+/// the fields only a head may carry: a client merging them into the head would take a
+/// length or a cookie from them as the answer's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_trailers_lose_header_only_fields() {
+    let upstream = raw_answering(Some(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum, content-length, set-cookie\r\n\r\n\
+          5\r\nhello\r\n0\r\nx-checksum: 1\r\ncontent-length: 5\r\nset-cookie: a=b\r\n\r\n",
+    ))
+    .await;
+    let proxy = start_proxy(upstream, ROUTES).await;
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let request = Request::get(format!("http://{}/upload", proxy.addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers");
+    assert_eq!(collected.to_bytes(), "hello");
+    let names: Vec<_> = trailers.keys().map(|n| n.as_str()).collect();
+    assert_eq!(names, ["x-checksum"], "{trailers:?}");
+    assert_eq!(trailers["x-checksum"], "1");
+}

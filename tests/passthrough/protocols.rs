@@ -1,0 +1,108 @@
+//! Protocols beyond plain HTTP/1.1: upgrades spliced through, HTTP/2 clients served and
+//! protected.
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::{self, start_proxy, start_upstream};
+use crate::{read_head, ROUTES};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_upgrades_are_spliced_through() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    // On a new connection, and on one that has already carried a request.
+    for after_a_request in [false, true] {
+        let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        if after_a_request {
+            stream
+                .write_all(b"GET /echo-headers HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let head = read_head(&mut stream).await.expect("an answer head");
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+            let mut body = vec![0u8; common::content_length_of(&head)];
+            stream.read_exact(&mut body).await.unwrap();
+        }
+        stream
+            .write_all(
+                b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let head = read_head(&mut stream).await.expect("an answer head");
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        assert!(head.contains("upgrade: echo"), "{head}");
+        for message in [&b"ping"[..], b"second frame", &[0u8, 159, 146, 150]] {
+            stream.write_all(message).await.unwrap();
+            let mut back = vec![0u8; message.len()];
+            stream.read_exact(&mut back).await.unwrap();
+            assert_eq!(back, message);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_served_and_protected() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let call = |method: Method, path: &str, key: Option<&str>| {
+        let mut b = Request::builder().method(method).uri(format!(
+            "http://api.example:9/{}",
+            path.trim_start_matches('/')
+        ));
+        if let Some(k) = key {
+            b = b.header("idempotency-key", k);
+        }
+        let request = b.body(Full::new(Bytes::from_static(b"{}"))).unwrap();
+        // Send to the proxy's socket while keeping the client's authority in the URI.
+        let addr = proxy.addr;
+        let client = client.clone();
+        async move {
+            let mut request = request;
+            let original = request.uri().clone();
+            *request.uri_mut() = format!("http://{addr}{}", original.path()).parse().unwrap();
+            request
+                .headers_mut()
+                .insert("host", "api.example:9".parse().unwrap());
+            let response = client.request(request).await.unwrap();
+            assert_eq!(response.version(), http::Version::HTTP_2);
+            let status = response.status();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, replayed, body)
+        }
+    };
+    let (status, replayed, _) = call(Method::POST, "/orders", Some("h2-key")).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (status, replayed, _) = call(Method::POST, "/orders", Some("h2-key")).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(upstream.executed(), 1);
+    let (status, _, body) = call(Method::GET, "/echo-headers", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    // The request's `:authority` is the proxy's address (the client connects by it) and its
+    // `Host` field says api.example:9: the upstream gets the authority, once (RFC 9113
+    // §8.3.1: an intermediary that makes a `Host` for HTTP/1.1 takes `:authority`).
+    assert_eq!(
+        seen["headers"]["host"],
+        serde_json::json!([proxy.addr.to_string()])
+    );
+    // No `Host` field, only `:authority`: admitted (the rule is HTTP/1.1's), and the
+    // upstream gets the authority as its `Host`.
+    let bare = Request::get(format!("http://{}/echo-headers", proxy.addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert!(!bare.headers().contains_key("host"));
+    let response = client.request(bare).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(seen["headers"]["host"][0], proxy.addr.to_string());
+}

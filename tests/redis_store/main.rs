@@ -1,0 +1,53 @@
+//! The Redis store across replicas: exactly once between proxy processes, takeover of a
+//! killed owner, store faults in both `on_store_error` modes, round trips per request,
+//! Redis Cluster, and the fence on an unanswered claim's release. Every test starts its own redis-server(s) on free loopback ports.
+//!
+//! The config and the helpers several modules use are here; the tests are in one module
+//! per topic: `replicas.rs` (exactly once between proxy processes, a killed or slow owner,
+//! Redis restarted empty), `faults.rs` (Redis down, in both modes), `round_trips.rs`,
+//! `cluster.rs` and `unanswered_release.rs`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod cluster;
+mod faults;
+mod replicas;
+mod round_trips;
+mod unanswered_release;
+
+use common::redis_server::RedisServer;
+
+fn redis_yaml(url: &str, extra_defaults: &str) -> String {
+    format!(
+        "store:\n  redis: {{ url: \"{url}\", prefix: \"t:\", timeout: 500ms }}\ndefaults: {{ {extra_defaults} }}\nroutes:\n  - name: create-order\n    match: {{ methods: [POST], path: /orders }}\n    key: {{ header: Idempotency-Key, required: true }}\n"
+    )
+}
+
+fn problem(answer: &common::Answer) -> String {
+    answer.json()["type"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The commands Redis ran since the last `CONFIG RESETSTAT`, by name, as `name=calls`
+/// (the test's own `INFO` and `CONFIG` left out). Commands a script runs count too, so
+/// the mix says both what was sent and what the scripts did.
+fn commands(redis: &RedisServer) -> Vec<String> {
+    let mut mix: Vec<String> = redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            if ["info", "config"].contains(&name.split('|').next()?) {
+                return None;
+            }
+            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some(format!("{name}={calls}"))
+        })
+        .collect();
+    mix.sort();
+    mix
+}

@@ -1,0 +1,94 @@
+//! Records over time and through the admin side: duplicates counted in observe mode, TTL
+//! expiry, a zero TTL, inspect, and remove.
+
+use std::time::Duration;
+
+use idemgate::store::Store;
+
+use crate::support::*;
+
+/// Observe mode counts the duplicates a key sees while it has a record (the first
+/// request counts as one), and learns when that record was made; a key with no
+/// record counts nothing, and a purge forgets the count.
+pub async fn duplicates_seen_in_observe_mode_are_counted_on_their_key(store: &Store) {
+    let k = fresh_key();
+    assert_eq!(
+        store.saw_duplicate(k).await.unwrap(),
+        None,
+        "no record, no count"
+    );
+    let before = std::time::SystemTime::now() - Duration::from_secs(1);
+    let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    let made = store
+        .saw_duplicate(k)
+        .await
+        .unwrap()
+        .expect("the claim's time");
+    assert!(made >= before, "{made:?}");
+    assert!(lease.complete(response(b"a"), LONG_TTL).await.unwrap());
+    assert!(store.saw_duplicate(k).await.unwrap().is_some());
+    let seen = store.inspect(k).await.unwrap().expect("a record").seen;
+    assert_eq!(seen.map(|s| s.times), Some(3), "{seen:?}");
+    assert!(store.remove(k).await.unwrap());
+    assert!(store.inspect(k).await.unwrap().is_none());
+    let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert_eq!(store.inspect(k).await.unwrap().expect("a claim").seen, None);
+    assert!(again.release().await.unwrap());
+}
+
+/// A done record expires with its TTL: the key eventually executes again.
+pub async fn a_done_key_is_free_again_after_its_ttl(store: &Store) {
+    let k = complete_fresh(store, b"short-lived", Duration::from_millis(200)).await;
+    let again = claim_until_owner(store, k, fingerprint(1), LONG_LEASE).await;
+    assert!(again.release().await.unwrap());
+}
+
+/// A zero TTL completes (the owner did own the key) but stores nothing.
+pub async fn a_zero_ttl_completes_without_storing(store: &Store) {
+    let k = complete_fresh(store, b"not kept", Duration::ZERO).await;
+    assert!(store.inspect(k).await.unwrap().is_none());
+    let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert!(again.release().await.unwrap());
+}
+
+/// Inspect shows nothing for an unknown key, an in-flight record without a response,
+/// and a done record with it; it claims nothing.
+pub async fn inspect_reports_in_flight_and_done_records(store: &Store) {
+    let k = fresh_key();
+    assert!(store.inspect(k).await.unwrap().is_none());
+
+    let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    let info = store.inspect(k).await.unwrap().expect("in-flight record");
+    assert_eq!(info.state, "in_flight");
+    assert!(info.response.is_none());
+
+    let want = response(&binary_body());
+    assert!(lease.complete(want.clone(), LONG_TTL).await.unwrap());
+    let info = store.inspect(k).await.unwrap().expect("done record");
+    assert_eq!(info.state, "done");
+    assert_same_response(&info.response.expect("stored response"), &want);
+    // Inspecting did not consume or change anything.
+    let got = expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert_same_response(&got, &want);
+}
+
+/// Remove deletes a done or an in-flight record; the removed owner is fenced off.
+pub async fn remove_frees_a_key_in_any_state(store: &Store) {
+    let k = fresh_key();
+    assert!(!store.remove(k).await.unwrap(), "removed an unknown key");
+
+    let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert!(lease.complete(response(b"a"), LONG_TTL).await.unwrap());
+    assert!(store.remove(k).await.unwrap());
+    assert!(store.inspect(k).await.unwrap().is_none());
+
+    let removed = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert!(store.remove(k).await.unwrap());
+    let current = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert!(!removed
+        .complete(response(b"stale"), LONG_TTL)
+        .await
+        .unwrap());
+    expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert!(current.release().await.unwrap());
+}

@@ -1,0 +1,73 @@
+//! One-time tokens: issue, then consume atomically (see `Store::issue`, `ClaimMode`).
+
+use idemgate::key::Digest;
+use idemgate::store::{Claim, ClaimArgs, ClaimMode, Settled, Settlement, Store};
+
+use crate::support::*;
+
+async fn claim_issued(store: &Store, key: Digest) -> Claim {
+    store
+        .claim_with(ClaimArgs {
+            mode: ClaimMode::IssuedOnly,
+            ..ClaimArgs::new(key, Digest::NONE, LONG_LEASE)
+        })
+        .await
+        .expect("claim")
+}
+
+pub async fn an_issued_key_is_owned_once_by_concurrent_issued_claims(store: &Store) {
+    let key = fresh_key();
+    store.issue(key, LONG_TTL).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move { claim_issued(&store, key).await }));
+    }
+    let mut owners = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Claim::Owner(lease) => owners.push(lease),
+            Claim::InFlight(_) | Claim::Done(_) => {}
+            other => panic!("an issued key answered {}", other.as_str()),
+        }
+    }
+    assert_eq!(owners.len(), 1, "issue and consume are one atomic step");
+    let lease = owners.pop().unwrap();
+    assert!(lease.complete(response(b"paid"), LONG_TTL).await.unwrap());
+    expect_done(claim_issued(store, key).await);
+}
+
+pub async fn an_issued_claim_of_a_key_never_issued_is_unknown(store: &Store) {
+    assert_eq!(
+        claim_issued(store, fresh_key()).await.as_str(),
+        "not_issued"
+    );
+    // An ordinary claim of the same kind of key is unaffected.
+    let lease = expect_owner(claim(store, fresh_key(), Digest::NONE, LONG_LEASE).await);
+    assert!(lease.release().await.unwrap());
+}
+
+pub async fn a_reissued_release_makes_the_key_claimable_again(store: &Store) {
+    let key = fresh_key();
+    store.issue(key, LONG_TTL).await.unwrap();
+    let lease = expect_owner(claim_issued(store, key).await);
+    let reissue = Settlement::Release {
+        reissue: Some(LONG_TTL),
+    };
+    assert_eq!(lease.settle(reissue).await.unwrap(), Settled::Written);
+    let again = expect_owner(claim_issued(store, key).await);
+    assert!(again.release().await.unwrap());
+    assert_eq!(
+        claim_issued(store, key).await.as_str(),
+        "not_issued",
+        "spent after a plain release"
+    );
+}
+
+pub async fn hits_count_within_a_window_per_key(store: &Store) {
+    let (a, b) = (fresh_key(), fresh_key());
+    for n in 1..=3 {
+        assert_eq!(store.hit(a, LONG_TTL).await.unwrap(), n);
+    }
+    assert_eq!(store.hit(b, LONG_TTL).await.unwrap(), 1);
+}
