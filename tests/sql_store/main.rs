@@ -12,6 +12,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod lapses;
 mod reaper;
 mod replicas;
 mod round_trips;

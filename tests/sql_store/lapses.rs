@@ -1,0 +1,310 @@
+//! Owners that are not dead: one cut off from the database while its call still runs is
+//! never run a second time beside it (its lapsed claim is held at least
+//! `background_timeout`), and a duplicate that found the owner in flight shares the
+//! owner's failure even when it lands between the duplicate's two looks (PostgreSQL).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use tokio::io::AsyncWriteExt;
+
+use crate::common::mariadb_server::MariadbServer;
+use crate::common::postgres_server::PostgresServer;
+use crate::common::{post, start_upstream, Answer, ProxyProcess};
+use crate::{config, Database};
+
+/// A TCP relay to a database whose link can be cut: while `cut` is set every connection
+/// through it is closed and new ones are closed at once (a partition between one replica
+/// and its database; the database stays up for the others).
+struct Partition {
+    addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl Partition {
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+    fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+}
+
+async fn partition_to(port: u16) -> Partition {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cut = Arc::<AtomicBool>::default();
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let (cutting, changing) = (Arc::clone(&cut), Arc::clone(&changed));
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            if cutting.load(Ordering::SeqCst) {
+                let _ = client.shutdown().await;
+                continue;
+            }
+            let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                continue;
+            };
+            let (cutting, changing) = (Arc::clone(&cutting), Arc::clone(&changing));
+            tokio::spawn(async move {
+                loop {
+                    let notified = changing.notified();
+                    if cutting.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
+                        () = notified => {}
+                    }
+                }
+            });
+        }
+    });
+    Partition { addr, cut, changed }
+}
+
+fn problem(answer: &Answer) -> String {
+    answer.json()["type"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// `db`'s `store:` section with its address replaced by `port` (a relay in front of it).
+fn store_via(db: &dyn Database, db_port: u16, port: u16) -> String {
+    db.store_yaml()
+        .replace(&format!(":{db_port}/"), &format!(":{port}/"))
+}
+
+/// A replica's owner still waits on a slow upstream (well within `background_timeout`)
+/// when its link to the database breaks, so its renewals fail and its claim lapses.
+/// Retries through another replica hear "in flight", then "outcome unknown"; past the
+/// route's `ttl` (shorter than `background_timeout`, as a fingerprint key's is by default)
+/// they must still not run the request beside the first, which is still running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_owner_cut_off_from_the_database_is_never_run_again_while_it_runs() {
+    let db = PostgresServer::start();
+    cut_off_owner_is_never_run_again(&db, db.port).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_owner_cut_off_from_the_database_is_never_run_again_while_it_runs() {
+    let db = MariadbServer::start();
+    cut_off_owner_is_never_run_again(&db, db.port).await;
+}
+
+async fn cut_off_owner_is_never_run_again(db: &dyn Database, db_port: u16) {
+    let link = partition_to(db_port).await;
+    let upstream = start_upstream().await;
+    let defaults =
+        "lease: 600ms, ttl: 1s, upstream_timeout: 30s, background_timeout: 60s, wait_timeout: 100ms";
+    let cut_off = config(db, defaults).replacen(
+        &db.store_yaml(),
+        &store_via(db, db_port, link.addr.port()),
+        1,
+    );
+    let a = ProxyProcess::start(upstream.addr, &cut_off);
+    let b = ProxyProcess::start(upstream.addr, &config(db, defaults));
+    let owner = at_gate(a.addr, "slow", "slow");
+    upstream.arrived("slow", 1).await;
+    link.cut();
+    // Past lease + ttl, with room to spare: what the hold used to be.
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut seen = Vec::new();
+    while Instant::now() < until {
+        let retry = post(b.addr, "/orders", &[("idempotency-key", "slow")], "{}").await;
+        assert_eq!(
+            retry.status,
+            StatusCode::CONFLICT,
+            "a retry ran beside the owner, which still runs, after {seen:?}: {:?}",
+            retry.body
+        );
+        let kind = problem(&retry);
+        if seen.last() != Some(&kind) {
+            seen.push(kind);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!owner.is_finished(), "the owner still runs");
+    assert_eq!(upstream.executed_for("slow"), 1);
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("urn:idemgate:problem:outcome-unknown"),
+        "the claim lapsed and is held: {seen:?}"
+    );
+    link.heal();
+    upstream.open("slow");
+    let _ = owner.await;
+}
+
+/// Sends a request through `addr` that waits at the upstream's gate `gate`.
+fn at_gate(
+    addr: SocketAddr,
+    key: &'static str,
+    gate: &'static str,
+) -> tokio::task::JoinHandle<Answer> {
+    tokio::spawn(async move {
+        post(
+            addr,
+            "/orders",
+            &[("idempotency-key", key), ("x-test-gate", gate)],
+            "{}",
+        )
+        .await
+    })
+}
+
+/// A TCP relay to a database that can hold what the proxy sends: armed, the next reply
+/// the database sends passes, and from then on every byte the proxy sends waits (counted
+/// in `held`) until `release`.
+struct HoldAfterReply {
+    addr: SocketAddr,
+    armed: Arc<AtomicBool>,
+    hold: Arc<tokio::sync::watch::Sender<bool>>,
+    held: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn hold_after_reply_to(port: u16) -> HoldAfterReply {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let armed = Arc::<AtomicBool>::default();
+    let hold = Arc::new(tokio::sync::watch::channel(false).0);
+    let held = Arc::<std::sync::atomic::AtomicUsize>::default();
+    let (arming, holding, counting) = (Arc::clone(&armed), Arc::clone(&hold), Arc::clone(&held));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                continue;
+            };
+            let (mut from_client, mut to_client) = client.into_split();
+            let (mut from_server, mut to_server) = server.into_split();
+            let mut gate = holding.subscribe();
+            let counting = Arc::clone(&counting);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match from_client.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if *gate.borrow() {
+                        counting.fetch_add(n, Ordering::SeqCst);
+                    }
+                    if gate.wait_for(|hold| !*hold).await.is_err() {
+                        return;
+                    }
+                    if to_server.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            let (arming, holding) = (Arc::clone(&arming), Arc::clone(&holding));
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match from_server.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if to_client.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    if arming.swap(false, Ordering::SeqCst) {
+                        holding.send_replace(true);
+                    }
+                }
+            });
+        }
+    });
+    HoldAfterReply {
+        addr,
+        armed,
+        hold,
+        held,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_duplicate_shares_a_failure_its_owner_settles_between_its_two_looks() {
+    let db = PostgresServer::start();
+    let relay = hold_after_reply_to(db.port).await;
+    let upstream = start_upstream().await;
+    let a = ProxyProcess::start(upstream.addr, &config(&db, "wait_timeout: 30s"));
+    let b_store = format!(
+        "  postgres: {{ url: \"postgres://idemgate@127.0.0.1:{}/postgres\", timeout: 30s }}\n",
+        relay.addr.port()
+    );
+    let b = ProxyProcess::start(
+        upstream.addr,
+        &config(&db, "wait_timeout: 30s").replacen(&db.store_yaml(), &b_store, 1),
+    );
+    for (proxy, key) in [(&a, "warm-a"), (&b, "warm-b")] {
+        let warm = post(proxy.addr, "/orders", &[("idempotency-key", key)], "{}").await;
+        assert_eq!(warm.status, StatusCode::CREATED);
+    }
+    let aa = a.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [
+            ("idempotency-key", "fails"),
+            ("x-test-gate", "fails"),
+            ("x-test-status", "500"),
+        ];
+        post(aa, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("fails", 1).await;
+    // The duplicate's first look passes; what b sends after its answer waits.
+    let marker = db.psql("SELECT clock_timestamp()").trim().to_owned();
+    relay.armed.store(true, Ordering::SeqCst);
+    let bb = b.addr;
+    let duplicate =
+        tokio::spawn(
+            async move { post(bb, "/orders", &[("idempotency-key", "fails")], "{}").await },
+        );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while relay.held.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "hang guard: the second look never came"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The first look ran in the database (and found the owner in flight): what is held
+    // is the second.
+    let looked = db.psql(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%claim_v1%'
+         AND state = 'idle' AND query_start > '{marker}'"
+    ));
+    assert_eq!(looked.trim(), "1", "the first look ran once");
+    // The owner fails now, between the duplicate's two looks.
+    upstream.open("fails");
+    let owner = owner.await.unwrap();
+    assert_eq!(
+        owner.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{:?}",
+        owner.body
+    );
+    relay.hold.send_replace(false);
+    let duplicate = duplicate.await.unwrap();
+    assert_eq!(
+        upstream.executed_for("fails"),
+        1,
+        "the duplicate that found the owner in flight ran it again: {:?} {:?}",
+        duplicate.status,
+        duplicate.body
+    );
+    assert_eq!(
+        duplicate.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{:?}",
+        duplicate.body
+    );
+    assert!(duplicate.replayed());
+}
