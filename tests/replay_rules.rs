@@ -1,6 +1,8 @@
 //! What counts as a repeat, and for how long: a key idemgate derives itself is a short
 //! window, business words about time and place are data, a "not now" answer is not kept,
-//! and a header route's payload check is the route's own.
+//! and a header route's payload check is the route's own; an answer that is neither
+//! replayed nor a failure is never run again; safe methods always pass and a listed
+//! DELETE is protected; `ignore_defaults: false` makes the timestamp data.
 
 mod common;
 
@@ -331,5 +333,67 @@ routes:
     .await;
     assert!(again.replayed());
     assert_eq!(again.status, StatusCode::SEE_OTHER);
+    assert_eq!(upstream.executed(), 3);
+}
+
+/// GET, HEAD, OPTIONS and TRACE always pass through, whatever key they carry; DELETE is
+/// protected where a route lists it (once, then replayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safe_methods_always_pass_and_a_listed_delete_runs_once() {
+    use http::Method;
+    let upstream = start_upstream().await;
+    let routes = r#"
+routes:
+  - name: orders
+    match: { methods: [POST, DELETE], path: "/orders/*" }
+    key: { header: Idempotency-Key }
+"#;
+    let proxy = start_proxy(upstream.addr, routes).await;
+    let key = [("idempotency-key", "same")];
+    for method in [Method::HEAD, Method::OPTIONS, Method::TRACE] {
+        for _ in 0..2 {
+            let answer = common::send(proxy.addr, method.clone(), "/orders/1", &key, "").await;
+            assert!(!answer.replayed(), "{method} was replayed");
+        }
+    }
+    assert_eq!(
+        upstream.executed(),
+        6,
+        "every safe request reached the upstream"
+    );
+    let key = [("idempotency-key", "delete-1")];
+    let first = common::send(proxy.addr, Method::DELETE, "/orders/1", &key, "").await;
+    let again = common::send(proxy.addr, Method::DELETE, "/orders/1", &key, "").await;
+    assert!(!first.replayed());
+    assert!(again.replayed(), "a listed DELETE ran twice");
+    assert_eq!(upstream.executed(), 7);
+}
+
+/// `ignore_defaults: false` drops the default list of fields that say when a request was
+/// sent: two requests that differ only in `timestamp` are then two requests, where the
+/// default route takes them for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignore_defaults_false_counts_the_timestamp() {
+    let upstream = start_upstream().await;
+    let routes = r#"
+routes:
+  - name: strict
+    match: { path: /orders/strict }
+    key: { fingerprint: { body: true, ignore_defaults: false } }
+  - name: usual
+    match: { path: /orders/usual }
+    key: { fingerprint: { body: true } }
+"#;
+    let proxy = start_proxy(upstream.addr, routes).await;
+    let (one, two) = (
+        r#"{"sku":"A","timestamp":1}"#,
+        r#"{"sku":"A","timestamp":2}"#,
+    );
+    post(proxy.addr, "/orders/usual", &[], one).await;
+    let usual = post(proxy.addr, "/orders/usual", &[], two).await;
+    assert!(usual.replayed(), "the default list ignores timestamp");
+    post(proxy.addr, "/orders/strict", &[], one).await;
+    let strict = post(proxy.addr, "/orders/strict", &[], two).await;
+    assert!(!strict.replayed(), "without the list, timestamp is data");
     assert_eq!(upstream.executed(), 3);
 }
