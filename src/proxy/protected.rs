@@ -573,7 +573,7 @@ fn stored_problem(error: &ProxyError) -> StoredResponse {
 }
 
 /// Settles the lease; a store failure is logged, and the lease makes the settlement again
-/// in the background until its lease has passed (the claim lapses then).
+/// in the background while the claim's record lasts (see `Lease::settle`).
 async fn write(lease: Lease, settlement: Settlement) -> Option<Settled> {
     let what = settlement.as_str();
     match lease.settle(settlement).await {
@@ -595,7 +595,7 @@ async fn write(lease: Lease, settlement: Settlement) -> Option<Settled> {
             tracing::error!(
                 settled = what,
                 error = %e,
-                "could not settle the claim; retrying in the background within its lease"
+                "could not settle the claim; retrying in the background while its record lasts"
             );
             None
         }

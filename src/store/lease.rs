@@ -59,16 +59,18 @@ pub struct Lease {
     sent: Arc<AtomicBool>,
     /// A one-time token's: how long it goes back to issued when the claim is released.
     reissue: Option<Duration>,
-    /// How long the claim outlives an owner that stops renewing it: how long a failed
-    /// settlement is retried.
+    /// How long the claim outlives an owner that stops renewing it.
     lease: Duration,
     finished: bool,
 }
 
 /// The first pause before a failed settlement is made again; each next one doubles, up
-/// to [`SETTLE_RETRY_MAX`].
+/// to [`SETTLE_RETRY_MAX`] while the claim's lease runs, and to [`SETTLE_RETRY_LATE_MAX`]
+/// once it has lapsed (a store down that long should not get a storm of retries when it
+/// comes back).
 const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(100);
 const SETTLE_RETRY_MAX: Duration = Duration::from_secs(2);
+const SETTLE_RETRY_LATE_MAX: Duration = Duration::from_secs(30);
 
 impl Lease {
     pub(crate) fn start(
@@ -147,7 +149,9 @@ impl Lease {
 
     /// Ends the claim with `settlement` (see [`Store::settle`]). A store error is
     /// returned at once, and the settlement made again in the background until it lands
-    /// or the lease has passed.
+    /// or the claim's record is gone: its lease, then its lapse span (held as an unknown
+    /// outcome, or waiting for a takeover), during which the record is still this owner's
+    /// and the settlement, fenced by its token, can still land.
     pub async fn settle(mut self, settlement: Settlement) -> Result<Settled, StoreError> {
         self.finished = true;
         // A renewal still out must land before the settlement: one that landed after a
@@ -158,10 +162,11 @@ impl Lease {
         // A clone shares the answer's bytes.
         let settled = self.store.settle(&self.owned, settlement.clone()).await;
         if settled.is_err() {
-            let until = Instant::now() + self.lease;
+            let lapses = Instant::now() + self.lease;
+            let until = lapses + self.owned.lapse.span();
             let (store, owned) = (self.store.clone(), self.owned);
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(settle_again(store, owned, settlement, until));
+                rt.spawn(settle_again(store, owned, settlement, lapses, until));
             }
         }
         settled
@@ -232,7 +237,9 @@ impl Drop for Lease {
                 }
                 if let Err(e) = store.settle(&owned, settlement.clone()).await {
                     tracing::warn!(%key, error = %e, "could not settle a dropped claim; retrying");
-                    settle_again(store, owned, settlement, Instant::now() + lease).await;
+                    let lapses = Instant::now() + lease;
+                    let until = lapses + owned.lapse.span();
+                    settle_again(store, owned, settlement, lapses, until).await;
                 }
             });
         }
@@ -241,7 +248,13 @@ impl Drop for Lease {
 
 /// Makes a settlement the store failed again, backing off, until it lands or `until`
 /// passes (the claim has lapsed by then, and the store holds it as its lapse rule says).
-async fn settle_again(store: Store, owned: Ownership, settlement: Settlement, until: Instant) {
+async fn settle_again(
+    store: Store,
+    owned: Ownership,
+    settlement: Settlement,
+    lapses: Instant,
+    until: Instant,
+) {
     let key = owned.key.short();
     let what = settlement.as_str();
     let mut pause = SETTLE_RETRY_FIRST;
@@ -250,12 +263,17 @@ async fn settle_again(store: Store, owned: Ownership, settlement: Settlement, un
             tracing::error!(
                 %key,
                 settled = what,
-                "could not settle the claim within its lease; it lapses"
+                "could not settle the claim before its record expired; the settlement is lost"
             );
             return;
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(SETTLE_RETRY_MAX);
+        let most = if Instant::now() < lapses {
+            SETTLE_RETRY_MAX
+        } else {
+            SETTLE_RETRY_LATE_MAX
+        };
+        pause = (pause * 2).min(most);
         match store.settle(&owned, settlement.clone()).await {
             Ok(settled) => {
                 tracing::info!(%key, settled = what, result = ?settled, "settled the claim on a retry");

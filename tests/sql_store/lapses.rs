@@ -308,3 +308,54 @@ async fn postgres_a_duplicate_shares_a_failure_its_owner_settles_between_its_two
     );
     assert!(duplicate.replayed());
 }
+
+/// The owner's link to the database is down when its answer comes back, for longer than
+/// the lease (the database stays up for another replica): its client gets the answer, the
+/// claim lapses and is held, and once the link is back the owner's settlement, made again
+/// in the background, lands: retries replay the answer instead of hearing "outcome unknown"
+/// for the rest of the key's ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_answer_the_database_missed_past_the_lease_is_recorded_once_it_is_back() {
+    let db = PostgresServer::start();
+    let link = partition_to(db.port).await;
+    let upstream = start_upstream().await;
+    let defaults = "lease: 1s, wait_timeout: 100ms";
+    let cut_off = config(&db, defaults).replacen(
+        &db.store_yaml(),
+        &store_via(&db, db.port, link.addr.port()),
+        1,
+    );
+    let a = ProxyProcess::start(upstream.addr, &cut_off);
+    let b = ProxyProcess::start(upstream.addr, &config(&db, defaults));
+    let owner = at_gate(a.addr, "late", "late");
+    upstream.arrived("late", 1).await;
+    link.cut();
+    upstream.open("late");
+    assert_eq!(owner.await.unwrap().status, StatusCode::CREATED);
+    // Past the lease: the claim lapsed unsettled and is held.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let retry = post(b.addr, "/orders", &[("idempotency-key", "late")], "{}").await;
+        if problem(&retry) == "urn:idemgate:problem:outcome-unknown" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "hang guard: never lapsed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    link.heal();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let retry = post(b.addr, "/orders", &[("idempotency-key", "late")], "{}").await;
+        if retry.replayed() {
+            assert_eq!(retry.status, StatusCode::CREATED);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "hang guard: the answer was never recorded: {}",
+            problem(&retry)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(upstream.executed_for("late"), 1);
+}

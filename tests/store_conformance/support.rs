@@ -124,7 +124,9 @@ pub(crate) async fn within<F: Future>(what: &str, f: F) -> F::Output {
 }
 
 /// Claims until this request owns `key`: the key must become free (released, expired,
-/// or its owner's lease run out).
+/// or its owner's lease run out). A claim that found the owner in flight and saw it end
+/// without an answer is that owner's duplicate and gets its failure (`failed`, on a store
+/// that looks twice within one claim); the next claim is a new request.
 pub(crate) async fn claim_until_owner(
     store: &Store,
     key: Digest,
@@ -143,7 +145,7 @@ pub(crate) async fn claim_until_owner_with(store: &Store, args: ClaimArgs) -> Le
                 Claim::InFlight(waiter) => {
                     waiter.wait(Instant::now() + POLL).await;
                 }
-                Claim::Done(_) => tokio::time::sleep(POLL).await,
+                Claim::Done(_) | Claim::Failed(None) => tokio::time::sleep(POLL).await,
                 other => panic!(
                     "unexpected {} while waiting for {:?}",
                     other.as_str(),
