@@ -13,12 +13,7 @@ use crate::{problem_type, route};
 /// Sends `request` on a connection of its own, waits until Redis holds a claim in flight
 /// while its reply is held back, then leaves, and lets the reply through once the proxy
 /// has seen the client go (its connection closed, the request's future dropped).
-async fn leave_mid_claim(
-    redis: &RedisServer,
-    relay: &HeldReplies,
-    proxy: &ProxyHandle,
-    request: &[u8],
-) {
+async fn leave_mid_claim(redis: &RedisServer, relay: &Relay, proxy: &ProxyHandle, request: &[u8]) {
     relay.hold.send_replace(true);
     let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     client.write_all(request).await.unwrap();
@@ -121,7 +116,7 @@ async fn token_issued_again_and_retried(
 /// client gets a 503 (`fail_closed`), and the claim has run in Redis all the same (its
 /// reply reached the relay). The replies stay held: let them through.
 async fn claim_unanswered(
-    relay: &HeldReplies,
+    relay: &Relay,
     proxy: &ProxyHandle,
     path: &str,
     headers: &[(&str, &str)],

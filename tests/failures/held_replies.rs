@@ -1,120 +1,14 @@
-//! A proxy on Redis through a TCP relay that can hold, drop or cut Redis's replies, and
-//! the helpers the store-failure tests share: records in Redis by kind, a warm-up request,
+//! A proxy on Redis through a relay that can hold, drop or cut Redis's replies
+//! (`common::relay`), and the helpers the store-failure tests share: records in Redis by kind, a warm-up request,
 //! an owner held at the upstream's gate.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::redis_server::RedisServer;
+pub(crate) use crate::common::relay::{relay_to, Relay};
 use crate::common::{self, post, start_proxy, start_upstream, ProxyHandle};
-
-/// A TCP relay to a Redis server whose replies can be held back: what the proxy sends
-/// reaches Redis at once, what Redis answers waits while `hold` is set.
-pub(crate) struct HeldReplies {
-    pub(crate) addr: SocketAddr,
-    pub(crate) hold: Arc<tokio::sync::watch::Sender<bool>>,
-    /// Set: the next reply read from Redis goes through, and every one after it is held.
-    pub(crate) hold_after_next: Arc<AtomicBool>,
-    /// Set: the next reply read from Redis is dropped with its connection (the command
-    /// ran, the proxy never hears so).
-    pub(crate) drop_next: Arc<AtomicBool>,
-    /// Set: Redis is cut off; a command sent through the relay is dropped with its
-    /// connection (it never runs).
-    pub(crate) cut: Arc<AtomicBool>,
-    /// Bytes of replies the relay has read from Redis (held back or not): once a command
-    /// sent through it has a reply here, Redis has run it.
-    pub(crate) received: Arc<AtomicUsize>,
-}
-
-impl HeldReplies {
-    pub(crate) fn received(&self) -> usize {
-        self.received.load(Ordering::SeqCst)
-    }
-}
-
-pub(crate) async fn relay_to(port: u16) -> HeldReplies {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (hold, held) = tokio::sync::watch::channel(false);
-    let hold = Arc::new(hold);
-    let hold_after_next = Arc::<AtomicBool>::default();
-    let drop_next = Arc::<AtomicBool>::default();
-    let received = Arc::<AtomicUsize>::default();
-    let counted = Arc::clone(&received);
-    let (holding, then_hold) = (Arc::clone(&hold), Arc::clone(&hold_after_next));
-    let dropping = Arc::clone(&drop_next);
-    let cut = Arc::<AtomicBool>::default();
-    let cutting = Arc::clone(&cut);
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            // Redis is gone once a test ends; the proxy may still try to reconnect.
-            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-                continue;
-            };
-            let (mut from_client, mut to_client) = client.into_split();
-            let (mut from_server, mut to_server) = server.into_split();
-            let cutting = Arc::clone(&cutting);
-            // Returning drops both halves: Redis sees the connection end, and so does the
-            // proxy once Redis has closed it.
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = match from_client.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    if cutting.load(Ordering::SeqCst)
-                        || to_server.write_all(&buf[..n]).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-            let mut held = held.clone();
-            let counted = Arc::clone(&counted);
-            let (holding, then_hold) = (Arc::clone(&holding), Arc::clone(&then_hold));
-            let dropping = Arc::clone(&dropping);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = match from_server.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    counted.fetch_add(n, Ordering::SeqCst);
-                    // Returning drops the reply and closes the proxy's side.
-                    if dropping.swap(false, Ordering::SeqCst) {
-                        return;
-                    }
-                    if held.wait_for(|hold| !*hold).await.is_err() {
-                        return;
-                    }
-                    // Held before this reply is passed on: whatever the proxy sends in
-                    // answer to it gets its reply held.
-                    if then_hold.swap(false, Ordering::SeqCst) {
-                        holding.send_replace(true);
-                    }
-                    if to_client.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    HeldReplies {
-        addr,
-        hold,
-        hold_after_next,
-        drop_next,
-        cut,
-        received,
-    }
-}
 
 /// Waits until `condition` holds (a hang guard of 30 s, never a timing assertion).
 pub(crate) async fn until(mut condition: impl FnMut() -> bool, what: &str) {
@@ -144,7 +38,7 @@ pub(crate) fn record_kinds(redis: &RedisServer) -> Vec<String> {
 /// A proxy on Redis through a relay whose replies can be held, with `routes`.
 pub(crate) async fn behind_held_replies(
     routes: &str,
-) -> (RedisServer, HeldReplies, common::Upstream, ProxyHandle) {
+) -> (RedisServer, Relay, common::Upstream, ProxyHandle) {
     let redis = RedisServer::start();
     let relay = relay_to(redis.port).await;
     let upstream = start_upstream().await;
@@ -162,7 +56,7 @@ pub(crate) async fn behind_held_replies(
 /// request with `warm`'s headers.
 pub(crate) async fn timing_out_behind_held_replies(
     routes: &str,
-) -> (RedisServer, HeldReplies, common::Upstream, ProxyHandle) {
+) -> (RedisServer, Relay, common::Upstream, ProxyHandle) {
     let redis = RedisServer::start();
     let relay = relay_to(redis.port).await;
     let upstream = start_upstream().await;

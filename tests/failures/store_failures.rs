@@ -12,8 +12,7 @@ use crate::{problem_type, route};
 
 /// A fail-open route on Redis through a relay whose replies can be held, with a store
 /// `timeout` of 200 ms; its connection to Redis is open.
-async fn failing_open_behind_held_replies(
-) -> (RedisServer, HeldReplies, common::Upstream, ProxyHandle) {
+async fn failing_open_behind_held_replies() -> (RedisServer, Relay, common::Upstream, ProxyHandle) {
     let (redis, relay, upstream, proxy) =
         timing_out_behind_held_replies(&route("on_store_error: fail_open\n    wait_timeout: 30s"))
             .await;
@@ -38,7 +37,7 @@ async fn answered_without_running(
 /// Once the store has failed the duplicate, the owner finishes: it executed once, and
 /// the duplicate got the in-flight 409 with `Retry-After`.
 async fn the_duplicate_got_409_and_the_owner_ran_once(
-    relay: &HeldReplies,
+    relay: &Relay,
     upstream: &common::Upstream,
     owner: tokio::task::JoinHandle<common::Answer>,
     duplicate: common::Answer,

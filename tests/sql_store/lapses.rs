@@ -4,70 +4,16 @@
 //! owner's failure even when it lands between the duplicate's two looks (PostgreSQL).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use tokio::io::AsyncWriteExt;
 
 use crate::common::mariadb_server::MariadbServer;
 use crate::common::postgres_server::PostgresServer;
+use crate::common::relay::relay_to;
 use crate::common::{post, start_upstream, Answer, ProxyProcess};
 use crate::{config, Database};
-
-/// A TCP relay to a database whose link can be cut: while `cut` is set every connection
-/// through it is closed and new ones are closed at once (a partition between one replica
-/// and its database; the database stays up for the others).
-struct Partition {
-    addr: SocketAddr,
-    cut: Arc<AtomicBool>,
-    changed: Arc<tokio::sync::Notify>,
-}
-
-impl Partition {
-    fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        self.changed.notify_waiters();
-    }
-    fn heal(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-        self.changed.notify_waiters();
-    }
-}
-
-async fn partition_to(port: u16) -> Partition {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let cut = Arc::<AtomicBool>::default();
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let (cutting, changing) = (Arc::clone(&cut), Arc::clone(&changed));
-    tokio::spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            if cutting.load(Ordering::SeqCst) {
-                let _ = client.shutdown().await;
-                continue;
-            }
-            let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-                continue;
-            };
-            let (cutting, changing) = (Arc::clone(&cutting), Arc::clone(&changing));
-            tokio::spawn(async move {
-                loop {
-                    let notified = changing.notified();
-                    if cutting.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
-                        () = notified => {}
-                    }
-                }
-            });
-        }
-    });
-    Partition { addr, cut, changed }
-}
 
 fn problem(answer: &Answer) -> String {
     answer.json()["type"]
@@ -100,7 +46,7 @@ async fn mariadb_owner_cut_off_from_the_database_is_never_run_again_while_it_run
 }
 
 async fn cut_off_owner_is_never_run_again(db: &dyn Database, db_port: u16) {
-    let link = partition_to(db_port).await;
+    let link = relay_to(db_port).await;
     let upstream = start_upstream().await;
     let defaults =
         "lease: 600ms, ttl: 1s, upstream_timeout: 30s, background_timeout: 60s, wait_timeout: 100ms";
@@ -113,7 +59,7 @@ async fn cut_off_owner_is_never_run_again(db: &dyn Database, db_port: u16) {
     let b = ProxyProcess::start(upstream.addr, &config(db, defaults));
     let owner = at_gate(a.addr, "slow", "slow");
     upstream.arrived("slow", 1).await;
-    link.cut();
+    link.cut.store(true, Ordering::SeqCst);
     // Past lease + ttl, with room to spare: what the hold used to be.
     let until = Instant::now() + Duration::from_secs(5);
     let mut seen = Vec::new();
@@ -138,7 +84,7 @@ async fn cut_off_owner_is_never_run_again(db: &dyn Database, db_port: u16) {
         Some("urn:idemgate:problem:outcome-unknown"),
         "the claim lapsed and is held: {seen:?}"
     );
-    link.heal();
+    link.cut.store(false, Ordering::SeqCst);
     upstream.open("slow");
     let _ = owner.await;
 }
@@ -160,81 +106,15 @@ fn at_gate(
     })
 }
 
-/// A TCP relay to a database that can hold what the proxy sends: armed, the next reply
-/// the database sends passes, and from then on every byte the proxy sends waits (counted
-/// in `held`) until `release`.
-struct HoldAfterReply {
-    addr: SocketAddr,
-    armed: Arc<AtomicBool>,
-    hold: Arc<tokio::sync::watch::Sender<bool>>,
-    held: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-async fn hold_after_reply_to(port: u16) -> HoldAfterReply {
-    use tokio::io::AsyncReadExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let armed = Arc::<AtomicBool>::default();
-    let hold = Arc::new(tokio::sync::watch::channel(false).0);
-    let held = Arc::<std::sync::atomic::AtomicUsize>::default();
-    let (arming, holding, counting) = (Arc::clone(&armed), Arc::clone(&hold), Arc::clone(&held));
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
-                continue;
-            };
-            let (mut from_client, mut to_client) = client.into_split();
-            let (mut from_server, mut to_server) = server.into_split();
-            let mut gate = holding.subscribe();
-            let counting = Arc::clone(&counting);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = match from_client.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    if *gate.borrow() {
-                        counting.fetch_add(n, Ordering::SeqCst);
-                    }
-                    if gate.wait_for(|hold| !*hold).await.is_err() {
-                        return;
-                    }
-                    if to_server.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            });
-            let (arming, holding) = (Arc::clone(&arming), Arc::clone(&holding));
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = match from_server.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    if to_client.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                    if arming.swap(false, Ordering::SeqCst) {
-                        holding.send_replace(true);
-                    }
-                }
-            });
-        }
-    });
-    HoldAfterReply {
-        addr,
-        armed,
-        hold,
-        held,
-    }
-}
-
+/// On PostgreSQL a duplicate's claim looks twice: once plainly, then, after joining the
+/// key's waiters, again. If the owner settles a failure (its 5xx) between the two looks,
+/// the duplicate, which found the request in flight, must share the owner's 500, never
+/// take the failure record over and run the request itself. A relay holds the second look
+/// so that the owner's failure lands between them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_duplicate_shares_a_failure_its_owner_settles_between_its_two_looks() {
     let db = PostgresServer::start();
-    let relay = hold_after_reply_to(db.port).await;
+    let relay = relay_to(db.port).await;
     let upstream = start_upstream().await;
     let a = ProxyProcess::start(upstream.addr, &config(&db, "wait_timeout: 30s"));
     let b_store = format!(
@@ -261,14 +141,16 @@ async fn postgres_a_duplicate_shares_a_failure_its_owner_settles_between_its_two
     upstream.arrived("fails", 1).await;
     // The duplicate's first look passes; what b sends after its answer waits.
     let marker = db.psql("SELECT clock_timestamp()").trim().to_owned();
-    relay.armed.store(true, Ordering::SeqCst);
+    relay
+        .hold_requests_after_next_reply
+        .store(true, Ordering::SeqCst);
     let bb = b.addr;
     let duplicate =
         tokio::spawn(
             async move { post(bb, "/orders", &[("idempotency-key", "fails")], "{}").await },
         );
     let deadline = Instant::now() + Duration::from_secs(30);
-    while relay.held.load(Ordering::SeqCst) == 0 {
+    while relay.requests_held() == 0 {
         assert!(
             Instant::now() < deadline,
             "hang guard: the second look never came"
@@ -291,7 +173,7 @@ async fn postgres_a_duplicate_shares_a_failure_its_owner_settles_between_its_two
         "{:?}",
         owner.body
     );
-    relay.hold.send_replace(false);
+    relay.hold_requests.send_replace(false);
     let duplicate = duplicate.await.unwrap();
     assert_eq!(
         upstream.executed_for("fails"),
@@ -317,7 +199,7 @@ async fn postgres_a_duplicate_shares_a_failure_its_owner_settles_between_its_two
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_an_answer_the_database_missed_past_the_lease_is_recorded_once_it_is_back() {
     let db = PostgresServer::start();
-    let link = partition_to(db.port).await;
+    let link = relay_to(db.port).await;
     let upstream = start_upstream().await;
     let defaults = "lease: 1s, wait_timeout: 100ms";
     let cut_off = config(&db, defaults).replacen(
@@ -329,7 +211,7 @@ async fn postgres_an_answer_the_database_missed_past_the_lease_is_recorded_once_
     let b = ProxyProcess::start(upstream.addr, &config(&db, defaults));
     let owner = at_gate(a.addr, "late", "late");
     upstream.arrived("late", 1).await;
-    link.cut();
+    link.cut.store(true, Ordering::SeqCst);
     upstream.open("late");
     assert_eq!(owner.await.unwrap().status, StatusCode::CREATED);
     // Past the lease: the claim lapsed unsettled and is held.
@@ -342,7 +224,7 @@ async fn postgres_an_answer_the_database_missed_past_the_lease_is_recorded_once_
         assert!(Instant::now() < deadline, "hang guard: never lapsed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    link.heal();
+    link.cut.store(false, Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let retry = post(b.addr, "/orders", &[("idempotency-key", "late")], "{}").await;

@@ -1,0 +1,149 @@
+//! A TCP relay between a proxy and its store (Redis, PostgreSQL, MariaDB) that a test
+//! steers: hold what either side sends, drop a reply with its connection, cut the link.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A TCP relay to a store (Redis, a database) whose traffic a test controls: what the
+/// proxy sends reaches the store at once unless `hold_requests` is set, what the store
+/// answers waits while `hold` is set; a reply can be dropped with its connection, and the
+/// link cut.
+pub struct Relay {
+    pub addr: SocketAddr,
+    pub hold: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Set: the next reply read from Redis goes through, and every one after it is held.
+    pub hold_after_next: Arc<AtomicBool>,
+    /// Set: the next reply read from Redis is dropped with its connection (the command
+    /// ran, the proxy never hears so).
+    pub drop_next: Arc<AtomicBool>,
+    /// Set: Redis is cut off; a command sent through the relay is dropped with its
+    /// connection (it never runs).
+    pub cut: Arc<AtomicBool>,
+    /// Bytes of replies the relay has read from Redis (held back or not): once a command
+    /// sent through it has a reply here, Redis has run it.
+    pub received: Arc<AtomicUsize>,
+    /// Set: what the proxy sends waits (it has not reached the store) until it is unset.
+    pub hold_requests: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Set: the next reply from the store goes through, and what the proxy sends after it
+    /// is held (`hold_requests`).
+    pub hold_requests_after_next_reply: Arc<AtomicBool>,
+    /// Bytes the proxy sent that arrived while requests were held.
+    pub requests_held: Arc<AtomicUsize>,
+}
+
+impl Relay {
+    pub fn received(&self) -> usize {
+        self.received.load(Ordering::SeqCst)
+    }
+
+    pub fn requests_held(&self) -> usize {
+        self.requests_held.load(Ordering::SeqCst)
+    }
+}
+
+/// A relay to the store on `port`, passing everything until a test says otherwise.
+pub async fn relay_to(port: u16) -> Relay {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (hold, held) = tokio::sync::watch::channel(false);
+    let hold = Arc::new(hold);
+    let hold_after_next = Arc::<AtomicBool>::default();
+    let drop_next = Arc::<AtomicBool>::default();
+    let received = Arc::<AtomicUsize>::default();
+    let counted = Arc::clone(&received);
+    let (holding, then_hold) = (Arc::clone(&hold), Arc::clone(&hold_after_next));
+    let dropping = Arc::clone(&drop_next);
+    let cut = Arc::<AtomicBool>::default();
+    let cutting = Arc::clone(&cut);
+    let hold_requests = Arc::new(tokio::sync::watch::channel(false).0);
+    let hold_requests_after_next_reply = Arc::<AtomicBool>::default();
+    let requests_held = Arc::<AtomicUsize>::default();
+    let (requests, then_hold_requests) = (
+        Arc::clone(&hold_requests),
+        Arc::clone(&hold_requests_after_next_reply),
+    );
+    let counted_held = Arc::clone(&requests_held);
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            // Redis is gone once a test ends; the proxy may still try to reconnect.
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                continue;
+            };
+            let (mut from_client, mut to_client) = client.into_split();
+            let (mut from_server, mut to_server) = server.into_split();
+            let cutting = Arc::clone(&cutting);
+            let mut requests_held = requests.subscribe();
+            let counted_held = Arc::clone(&counted_held);
+            // Returning drops both halves: Redis sees the connection end, and so does the
+            // proxy once Redis has closed it.
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match from_client.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if *requests_held.borrow() {
+                        counted_held.fetch_add(n, Ordering::SeqCst);
+                    }
+                    if requests_held.wait_for(|hold| !*hold).await.is_err() {
+                        return;
+                    }
+                    if cutting.load(Ordering::SeqCst)
+                        || to_server.write_all(&buf[..n]).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+            let mut held = held.clone();
+            let counted = Arc::clone(&counted);
+            let (holding, then_hold) = (Arc::clone(&holding), Arc::clone(&then_hold));
+            let dropping = Arc::clone(&dropping);
+            let (requests, then_hold_requests) =
+                (Arc::clone(&requests), Arc::clone(&then_hold_requests));
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match from_server.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    counted.fetch_add(n, Ordering::SeqCst);
+                    // Returning drops the reply and closes the proxy's side.
+                    if dropping.swap(false, Ordering::SeqCst) {
+                        return;
+                    }
+                    if held.wait_for(|hold| !*hold).await.is_err() {
+                        return;
+                    }
+                    // Held before this reply is passed on: whatever the proxy sends in
+                    // answer to it gets its reply held.
+                    if then_hold.swap(false, Ordering::SeqCst) {
+                        holding.send_replace(true);
+                    }
+                    if to_client.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    if then_hold_requests.swap(false, Ordering::SeqCst) {
+                        requests.send_replace(true);
+                    }
+                }
+            });
+        }
+    });
+    Relay {
+        addr,
+        hold,
+        hold_after_next,
+        drop_next,
+        cut,
+        received,
+        hold_requests,
+        hold_requests_after_next_reply,
+        requests_held,
+    }
+}
