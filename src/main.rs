@@ -379,6 +379,14 @@ fn route_table(config: &Config) -> String {
             "{name:<22} {methods:<16} {path:<32} {key:<12} {ttl:<8} {in_flight:<8} {max_body}\n"
         ));
     }
+    if let Some(tokens) = &config.tokens {
+        // Served by the proxy itself, before any route: the tokens live `ttl`.
+        let (name, ttl) = ("(token endpoint)", format_duration(tokens.ttl));
+        out.push_str(&format!(
+            "{name:<22} {:<16} {:<32} {:<12} {ttl:<8} {:<8} -\n",
+            "POST", tokens.path, "issues", "-"
+        ));
+    }
     out
 }
 

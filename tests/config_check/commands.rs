@@ -1,5 +1,5 @@
 //! `idemgate check` and `idemgate explain`: the routes printed and the exit status by
-//! validity, a key and what was ignored, and the notes on scopes that let callers share a
+//! validity, a key and what was ignored, the token endpoint, and the notes on scopes that let callers share a
 //! key and on trusted proxies with public addresses.
 
 use std::process::Command;
@@ -52,6 +52,39 @@ fn check_command_prints_routes_and_exits_by_validity() {
         stderr.contains("bad.yaml:4:10: defaults.lease: invalid duration"),
         "{stderr}"
     );
+}
+
+/// A config that issues one-time tokens shows the endpoint in `check`'s table, where a
+/// user looks for what answers which path, and `explain` of a POST to it says so.
+#[test]
+fn check_and_explain_show_the_token_endpoint() {
+    let bin = env!("CARGO_BIN_EXE_idemgate");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tokens.yaml");
+    let yaml = "listen: 127.0.0.1:1\nupstream: http://127.0.0.1:2\ntokens: { path: /issue, ttl: 10m }\nroutes:\n  - name: pay\n    match: { path: /pay }\n    key: { token: {} }\n";
+    std::fs::write(&config, yaml).unwrap();
+    let out = Command::new(bin)
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table
+        .lines()
+        .find(|line| line.starts_with("(token endpoint)"))
+        .unwrap_or_else(|| panic!("no token endpoint in\n{table}"));
+    assert!(row.contains("/issue") && row.contains("10m"), "{row}");
+    let explained = common::explain_cli(&config, &["--method", "POST", "--path", "/issue"]);
+    assert!(
+        explained.contains("route:             (token endpoint)"),
+        "{explained}"
+    );
+    assert!(!explained.contains("key digest"), "{explained}");
 }
 
 #[test]
