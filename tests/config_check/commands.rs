@@ -1,6 +1,6 @@
 //! `idemgate check` and `idemgate explain`: the routes printed and the exit status by
-//! validity, a key and what was ignored, the token endpoint, and the notes on scopes that let callers share a
-//! key and on trusted proxies with public addresses.
+//! validity, a key and what was ignored, the token endpoint, and the notes on scopes that
+//! let callers share a key and on trusted proxies with public addresses.
 
 use std::process::Command;
 
