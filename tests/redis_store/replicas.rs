@@ -1,6 +1,7 @@
 //! Exactly once between replicas on Redis and Valkey: two proxy processes, a killed
 //! owner's key held as unknown or taken over once after its grace, an owner slower than
-//! several leases, and Redis restarted empty mid-claim.
+//! several leases, Redis restarted empty mid-claim, and a duplicate whose owner fails
+//! between its two looks.
 
 use std::time::Duration;
 
@@ -214,4 +215,74 @@ async fn redis_restarted_empty_mid_claim_still_executes_each_key_once() {
     }
     assert_eq!(upstream.executed(), 10);
     assert_eq!(upstream.most_executions_of_one_key(), 1);
+}
+
+/// A duplicate on another replica found the owner in flight, then looks again once
+/// subscribed to the key's channel. If the owner settles a failure (its 500) between those
+/// two looks, the duplicate shares that 500, never takes the failure record over and runs
+/// the request itself. A relay in front of the duplicate's replica holds what it sends
+/// after its first look's reply, so the owner's failure lands between the looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_shares_a_failure_its_owner_settles_between_its_two_looks() {
+    use std::sync::atomic::Ordering;
+    let redis = RedisServer::start();
+    let relay = crate::common::relay::relay_to(redis.port).await;
+    let upstream = start_upstream().await;
+    let yaml = |url: &str| redis_yaml(url, "wait_timeout: 30s").replace("500ms", "30s");
+    let a = ProxyProcess::start(upstream.addr, &yaml(&redis.url()));
+    let relayed = redis.url().replace(
+        &format!(":{}", redis.port),
+        &format!(":{}", relay.addr.port()),
+    );
+    let b = ProxyProcess::start(upstream.addr, &yaml(&relayed));
+    for (proxy, key) in [(&a, "warm-a"), (&b, "warm-b")] {
+        let warm = post(proxy.addr, "/orders", &[("idempotency-key", key)], "{}").await;
+        assert_eq!(warm.status, StatusCode::CREATED);
+    }
+    let owner_addr = a.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [
+            ("idempotency-key", "fails"),
+            ("x-test-gate", "fails"),
+            ("x-test-status", "500"),
+        ];
+        post(owner_addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("fails", 1).await;
+    // The duplicate's first look passes (and finds the owner in flight); what its replica
+    // sends after that reply waits at the relay.
+    relay
+        .hold_requests_after_next_reply
+        .store(true, Ordering::SeqCst);
+    let duplicate_addr = b.addr;
+    let duplicate = tokio::spawn(async move {
+        post(
+            duplicate_addr,
+            "/orders",
+            &[("idempotency-key", "fails")],
+            "{}",
+        )
+        .await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while relay.requests_held() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: the duplicate never looked again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    upstream.open("fails");
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.status, StatusCode::INTERNAL_SERVER_ERROR);
+    relay.hold_requests.send_replace(false);
+    let duplicate = duplicate.await.unwrap();
+    assert_eq!(
+        upstream.executed_for("fails"),
+        1,
+        "the duplicate that found the owner in flight ran it again: {:?}",
+        duplicate.status
+    );
+    assert_eq!(duplicate.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(duplicate.replayed());
 }

@@ -174,13 +174,19 @@ impl RedisStore {
             }
             look => look,
         };
-        match decide(args, token, look)? {
+        let owner = match decide(args, token, look)? {
             Decided::Claim(claim) => return Ok(claim),
             Decided::InFlight { .. } if !args.waits => {
                 return Ok(RawClaim::Other(Claim::InFlight(Waiter::unwatched())))
             }
-            Decided::InFlight { .. } => {}
-        }
+            Decided::InFlight { owner, .. } => owner,
+        };
+        // Looked at again as the owner's waiter: if the owner failed since the first look,
+        // this duplicate gets its failure, never a turn of its own on the failure record.
+        let args = &ClaimArgs {
+            after: Some(owner),
+            ..*args
+        };
         // The key was seen in flight: a failure from here on must not read as "the store
         // could not say" (which `fail_open` forwards).
         self.wait_on(args, token, &value, px)
