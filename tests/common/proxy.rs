@@ -261,8 +261,14 @@ pub fn stored_key(
 /// Runs `idemgate explain --config CONFIG ARGS…` and returns what it printed; fails the
 /// test if it does not succeed.
 pub fn explain_cli(config: &std::path::Path, args: &[&str]) -> String {
+    cli("explain", config, args)
+}
+
+/// Runs `idemgate COMMAND --config CONFIG ARGS…` and returns what it printed; fails the
+/// test if it does not succeed.
+pub fn cli(command: &str, config: &std::path::Path, args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
-        .args(["explain", "--config"])
+        .args([command, "--config"])
         .arg(config)
         .args(args)
         .output()

@@ -15,17 +15,7 @@ fn check_command_prints_routes_and_exits_by_validity() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.yaml");
     std::fs::write(&good, SPEC_PROXY).unwrap();
-    let out = Command::new(bin)
-        .args(["check", "--config"])
-        .arg(&good)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = String::from_utf8_lossy(&out.stdout);
+    let table = common::cli("check", &good, &[]);
     for expected in [
         "create-order",
         "repayment-callback",
@@ -58,22 +48,11 @@ fn check_command_prints_routes_and_exits_by_validity() {
 /// user looks for what answers which path, and `explain` of a POST to it says so.
 #[test]
 fn check_and_explain_show_the_token_endpoint() {
-    let bin = env!("CARGO_BIN_EXE_idemgate");
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("tokens.yaml");
     let yaml = "listen: 127.0.0.1:1\nupstream: http://127.0.0.1:2\ntokens: { path: /issue, ttl: 10m }\nroutes:\n  - name: pay\n    match: { path: /pay }\n    key: { token: {} }\n";
     std::fs::write(&config, yaml).unwrap();
-    let out = Command::new(bin)
-        .args(["check", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = String::from_utf8_lossy(&out.stdout);
+    let table = common::cli("check", &config, &[]);
     let row = table
         .lines()
         .find(|line| line.starts_with("(token endpoint)"))
