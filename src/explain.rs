@@ -28,6 +28,9 @@ pub struct Request {
     /// The TCP peer's address (`--client-ip`), for the client address a key is scoped
     /// by; `trusted_proxies` and `X-Forwarded-For` among `headers` apply as in the proxy.
     pub client_ip: Option<IpAddr>,
+    /// The SHA-256 of the client certificate the request's TLS connection verified
+    /// (`--client-cert`), part of the default caller and of `scope: [client_cert]`.
+    pub client_cert: Option<Digest>,
 }
 
 /// Renders the explanation as text; `Err` when the proxy would answer 400.
@@ -119,7 +122,7 @@ pub fn explain_key(
         headers: &headers,
         peer: request.client_ip,
         identity: &rule.identity,
-        client_cert: None,
+        client_cert: request.client_cert.as_ref().map(|d| &d.0[..]),
         body: &request.body,
     };
     let mut trace = Trace::default();

@@ -61,6 +61,9 @@ enum Command {
         /// `trusted_proxies`, give the proxy's and an `X-Forwarded-For` header).
         #[arg(long)]
         client_ip: Option<std::net::IpAddr>,
+        /// The client certificate (PEM) a mutual-TLS caller presents: part of its key.
+        #[arg(long)]
+        client_cert: Option<PathBuf>,
     },
 }
 
@@ -116,10 +119,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             headers,
             body,
             client_ip,
+            client_cert,
         } => {
             let loaded = Config::load(&config)?;
             let mut request = explain_request(&method, &path, &headers, body.as_deref())?;
             request.client_ip = client_ip;
+            request.client_cert = client_cert
+                .map(|path| certificate_digest(&path))
+                .transpose()?;
             let (text, key) = idemgate::explain::explain_key(&loaded, &request)
                 .map_err(|e| anyhow::anyhow!("the proxy would answer 400: {e}"))?;
             print!("{text}");
@@ -390,6 +397,18 @@ fn route_table(config: &Config) -> String {
     out
 }
 
+/// The SHA-256 of the first certificate in a PEM file, as the proxy takes it from a
+/// verified client's TLS connection.
+fn certificate_digest(path: &std::path::Path) -> anyhow::Result<idemgate::key::Digest> {
+    use rustls::pki_types::pem::PemObject;
+    use sha2::Digest as _;
+    let cert = rustls::pki_types::CertificateDer::from_pem_file(path)
+        .with_context(|| format!("--client-cert {}", path.display()))?;
+    Ok(idemgate::key::Digest(
+        sha2::Sha256::digest(cert.as_ref()).into(),
+    ))
+}
+
 /// `redis://user:secret@host:6379/0` → `redis://host:6379/0`.
 fn redact(url: &str) -> String {
     match (url.split_once("://"), url.rfind('@')) {
@@ -433,5 +452,6 @@ fn explain_request(
         headers: map,
         body,
         client_ip: None,
+        client_cert: None,
     })
 }

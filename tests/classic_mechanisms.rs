@@ -491,6 +491,7 @@ async fn a_token_default_key_gets_the_endpoint_and_its_tokens_handed_back() {
         headers: map,
         body: b"{}".to_vec(),
         client_ip: Some([127, 0, 0, 1].into()),
+        client_cert: None,
     };
     let (_, key) = idemgate::explain::explain_key(&proxy.proxy.config(), &request).unwrap();
     let info = proxy

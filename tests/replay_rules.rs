@@ -31,6 +31,7 @@ fn digest_of(proxy: &ProxyHandle, path: &str, headers: &[(&str, &str)], body: &s
         headers: map,
         body: body.as_bytes().to_vec(),
         client_ip: Some([127, 0, 0, 1].into()),
+        client_cert: None,
     };
     let text = idemgate::explain::explain(&proxy.proxy.config(), &request).unwrap();
     let hex = text

@@ -43,6 +43,7 @@ fn digest_of(proxy: &ProxyHandle, key: &str) -> Digest {
         headers,
         body: b"{}".to_vec(),
         client_ip: Some([127, 0, 0, 1].into()),
+        client_cert: None,
     };
     let text = idemgate::explain::explain(&proxy.proxy.config(), &request).unwrap();
     let hex = text

@@ -218,6 +218,39 @@ async fn mtls_callers_at_one_address_never_share_a_key_by_default() {
         .unwrap();
     assert!(again.replayed(), "alice's retry ran again");
     assert_eq!(upstream.executed(), 2);
+
+    // `explain --client-cert` derives the key the proxy stored for alice's request.
+    let config = pki.path("proxy.yaml");
+    let yaml = format!(
+        "listen: 127.0.0.1:1\nupstream: http://{}\n{}",
+        upstream.addr,
+        tls_yaml(&cert, &key, Some(&pki.path("ca.pem")))
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let explain = |certificate: &Path| {
+        let text = common::explain_cli(
+            &config,
+            &[
+                "--method",
+                "POST",
+                "--path",
+                "/orders",
+                "-H",
+                "host: localhost",
+                "-H",
+                "idempotency-key: same",
+                "--client-ip",
+                "127.0.0.1",
+                "--client-cert",
+                certificate.to_str().unwrap(),
+            ],
+        );
+        let hex = common::digest_line(&text);
+        idemgate::key::Digest::from_hex(&hex).expect("a hex digest")
+    };
+    let stored = proxy.store.inspect(explain(&alice_cert)).await.unwrap();
+    assert_eq!(stored.expect("alice's key stored").state, "done");
+    assert_ne!(explain(&alice_cert), explain(&bob_cert));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -250,8 +250,14 @@ pub fn stored_key(
         headers: map,
         body: body.to_vec(),
         client_ip: Some(std::net::Ipv4Addr::LOCALHOST.into()),
+        client_cert: None,
     };
     let text = idemgate::explain::explain(&proxy.proxy.config(), &request).expect("a key");
+    digest_line(&text)
+}
+
+/// The `key digest:` `idemgate explain` printed (hex).
+pub fn digest_line(text: &str) -> String {
     text.lines()
         .find_map(|l| l.strip_prefix("key digest:"))
         .map(|d| d.trim().to_owned())
