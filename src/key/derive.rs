@@ -125,7 +125,7 @@ pub fn derive_key(
     req: &RequestView<'_>,
     mut trace: Option<&mut Trace>,
 ) -> Result<Option<DerivedKey>, KeyError> {
-    let mut hasher = KeyHasher::new(b"idemgate:key:v2");
+    let mut hasher = KeyHasher::new(b"idemgate:key:v3");
     hasher.field(req.route.as_bytes());
     hasher.field(req.method.as_str().as_bytes());
     hash_host(&mut hasher, req.headers);
@@ -298,6 +298,11 @@ fn hash_scope(
                 }
                 continue;
             }
+            // One jar however the client split it (HTTP/2 may send a field per cookie).
+            ScopePart::Header(name) if *name == header::COOKIE => req
+                .headers
+                .contains_key(header::COOKIE)
+                .then(|| Cow::Owned(cookie_jar(req.headers))),
             ScopePart::Header(name) => header_value(req.headers, name),
             ScopePart::Cookie(name) => find_cookie(req.headers, name).map(Cow::Borrowed),
             ScopePart::ClientCert => req.client_cert.map(Cow::Borrowed),
@@ -350,6 +355,8 @@ fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Caller {
             caller.authorization = true;
         }
     }
+    // Beside the others, never instead of them: a gateway or a mesh sidecar may present
+    // one certificate for every user it relays.
     if let Some(certificate) = req.client_cert {
         hasher.field(Tier::ClientCertificate.as_str().as_bytes());
         hasher.field(certificate);
@@ -383,7 +390,7 @@ fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Caller {
             caller.credential_headers = true;
         }
     }
-    if caller.authorization || caller.client_certificate || caller.session {
+    if caller.authorization || caller.session {
         return caller;
     }
     // A credential header alone may be one key for every user of an app: the address
@@ -408,6 +415,11 @@ fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Caller {
 /// HTTP/1.1) and the same cookies as separate fields (HTTP/2 may send each on its own, RFC
 /// 9113 §8.2.3) are one jar, and a retry over the other protocol is the same caller.
 fn hash_cookie_jar(hasher: &mut KeyHasher, headers: &HeaderMap) {
+    hasher.field(&cookie_jar(headers));
+}
+
+/// The cookies sent, in the one spelling `a=1; b=2` whatever fields carried them.
+fn cookie_jar(headers: &HeaderMap) -> Vec<u8> {
     let crumbs = headers
         .get_all(header::COOKIE)
         .iter()
@@ -421,7 +433,7 @@ fn hash_cookie_jar(hasher: &mut KeyHasher, headers: &HeaderMap) {
         }
         jar.extend_from_slice(crumb);
     }
-    hasher.field(&jar);
+    jar
 }
 
 /// Whether any `Authorization` field carries a credential ([`carries_credential`]).

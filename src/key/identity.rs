@@ -2,14 +2,14 @@
 //! the client address behind trusted proxies.
 //!
 //! The default identity is every credential the request carries: the `Authorization`
-//! header when it carries one ([`carries_credential`]), the client certificate verified
-//! on its TLS connection (`tls.client_ca`), and the session cookie(s) (names from
-//! `session_cookies`, cleared values skipped), all that are sent, since one shared
-//! `Authorization` (a staging site's basic-auth gate) would otherwise merge every user
-//! behind it. With neither, the whole `Cookie` header (a session cookie of a name not
+//! header when it carries one ([`carries_credential`]) and the session cookie(s) (names
+//! from `session_cookies`, cleared values skipped), both when both are sent, since one
+//! shared `Authorization` (a staging site's basic-auth gate) would otherwise merge every
+//! user behind it. With neither, the whole `Cookie` header (a session cookie of a name not
 //! listed still keeps two browsers apart) with the client address, else the client address.
-//! Headers in `credential_headers` (`X-Api-Key`, …) are mixed in beside whichever of those
-//! applies, never instead of it. Each part is hashed after its tier's name, so a caller
+//! The client certificate verified on the TLS connection (`tls.client_ca`) and headers in
+//! `credential_headers` (`X-Api-Key`, …) are mixed in beside whichever of those applies,
+//! never instead of it: one certificate or key may be a gateway's, shared by its users. Each part is hashed after its tier's name, so a caller
 //! known by a cookie can never share a key with one known by an address whose bytes happen
 //! to be the same.
 //!
@@ -133,8 +133,8 @@ pub enum Tier {
     ClientAddress,
     /// A header named in `credential_headers`: mixed in beside the others, never alone.
     CredentialHeader,
-    /// The client certificate verified on the connection (mutual TLS): as much a
-    /// credential as an `Authorization` header, and one no other caller can present.
+    /// The client certificate verified on the connection (mutual TLS): mixed in beside the
+    /// others, never alone (a gateway may present one certificate for all its users).
     ClientCertificate,
 }
 

@@ -463,3 +463,48 @@ fn without_a_certificate_a_client_cert_scope_is_the_caller() {
     assert_ne!(cert_key(a, Some(&alice)), cert_key(a, Some(&[8u8; 32])));
     assert_ne!(cert_key(a, Some(&alice)), cert_key(a, None));
 }
+
+/// A certificate is mixed into the caller beside what else the request carries, never
+/// instead of it: a gateway that presents one certificate for every user it relays does
+/// not merge those users, and two services with their own certificates at one address
+/// stay apart.
+#[test]
+fn a_client_certificate_is_mixed_in_beside_the_rest_of_the_caller() {
+    let key = |peer: [u8; 4], cert: &[u8]| {
+        let h = HeaderMap::new();
+        let v = RequestView {
+            peer: Some(IpAddr::from(peer)),
+            client_cert: Some(cert),
+            ..view(&h, b"{}")
+        };
+        derive_key(&fingerprint_rule(), &v, None)
+            .unwrap()
+            .unwrap()
+            .key
+    };
+    let gateway = [1u8; 32];
+    assert_ne!(key([192, 0, 2, 1], &gateway), key([192, 0, 2, 2], &gateway));
+    assert_ne!(
+        key([192, 0, 2, 1], &[2u8; 32]),
+        key([192, 0, 2, 1], &[3u8; 32])
+    );
+    assert_eq!(key([192, 0, 2, 1], &gateway), key([192, 0, 2, 1], &gateway));
+}
+
+/// `scope: [header: Cookie]` reads one jar however the client split it into fields.
+#[test]
+fn a_cookie_header_scope_reads_one_jar() {
+    let rule = KeyRule {
+        scope: vec![ScopePart::Header(http::header::COOKIE)],
+        ..fingerprint_rule()
+    };
+    let key = |h: &HeaderMap| {
+        derive_key(&rule, &view(h, b"{}"), None)
+            .unwrap()
+            .unwrap()
+            .key
+    };
+    let split = with(&[("cookie", "a=1"), ("cookie", "b=2")]);
+    assert_eq!(key(&split), key(&with(&[("cookie", "a=1; b=2")])));
+    assert_ne!(key(&split), key(&with(&[("cookie", "a=1; b=3")])));
+}
