@@ -162,11 +162,9 @@ impl Lease {
         // A clone shares the answer's bytes.
         let settled = self.store.settle(&self.owned, settlement.clone()).await;
         if settled.is_err() {
-            let lapses = Instant::now() + self.lease;
-            let until = lapses + self.owned.lapse.span();
             let (store, owned) = (self.store.clone(), self.owned);
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(settle_again(store, owned, settlement, lapses, until));
+                rt.spawn(settle_again(store, owned, settlement, self.lease));
             }
         }
         settled
@@ -237,24 +235,19 @@ impl Drop for Lease {
                 }
                 if let Err(e) = store.settle(&owned, settlement.clone()).await {
                     tracing::warn!(%key, error = %e, "could not settle a dropped claim; retrying");
-                    let lapses = Instant::now() + lease;
-                    let until = lapses + owned.lapse.span();
-                    settle_again(store, owned, settlement, lapses, until).await;
+                    settle_again(store, owned, settlement, lease).await;
                 }
             });
         }
     }
 }
 
-/// Makes a settlement the store failed again, backing off, until it lands or `until`
-/// passes (the claim has lapsed by then, and the store holds it as its lapse rule says).
-async fn settle_again(
-    store: Store,
-    owned: Ownership,
-    settlement: Settlement,
-    lapses: Instant,
-    until: Instant,
-) {
+/// Makes a settlement the store failed again, backing off, until it lands or the claim's
+/// record is gone: it lapses `lease` from now, and the store keeps it for its lapse span
+/// after that, still this owner's, so the settlement can land until then.
+async fn settle_again(store: Store, owned: Ownership, settlement: Settlement, lease: Duration) {
+    let lapses = Instant::now() + lease;
+    let until = lapses + owned.lapse.span();
     let key = owned.key.short();
     let what = settlement.as_str();
     let mut pause = SETTLE_RETRY_FIRST;
