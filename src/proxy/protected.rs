@@ -502,8 +502,14 @@ async fn settle(
         }
     };
     let status = answer.status;
+    // An answer neither replayed nor shared with the waiters of a failure (a `3xx` with the
+    // default list), like one over `max_answer`, leaves only the record that the request
+    // ran: no copy of it is made, let alone sealed.
+    let kept = policy.replays(status.as_u16()) || policy.releases(status.as_u16());
     let body = match answer.body {
-        AnswerBody::TooLarge(_) => {
+        // Taken out, so the answer's buffer is freed as soon as the record holds its copy.
+        AnswerBody::Whole(ref mut body) if kept => std::mem::take(body),
+        AnswerBody::Whole(_) | AnswerBody::TooLarge(_) => {
             let settlement = Settlement::NotStored {
                 status,
                 ttl: policy.ttl,
@@ -511,8 +517,6 @@ async fn settle(
             write(lease, settlement).await;
             return Ok((answer.into_response(), Outcome::ExecutedNotStored));
         }
-        // Taken out, so the answer's buffer is freed as soon as the record holds its copy.
-        AnswerBody::Whole(ref mut body) => std::mem::take(body),
     };
     // Stamped while the record is this function's alone: in place, where the store, once
     // the client's answer shares the record, would have to copy it.
@@ -531,14 +535,6 @@ async fn settle(
     if policy.releases(status.as_u16()) {
         write(lease, failure(stored, reissue)).await;
         return Ok((response, Outcome::Released));
-    }
-    if !policy.replays(status.as_u16()) {
-        let settlement = Settlement::NotStored {
-            status,
-            ttl: policy.ttl,
-        };
-        write(lease, settlement).await;
-        return Ok((response, Outcome::ExecutedNotStored));
     }
     let outcome = match write(
         lease,
