@@ -288,6 +288,10 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             "connections.lingering_*",
             old.connections.linger != new.connections.linger,
         ),
+        (
+            "connections.client_send_timeout",
+            old.connections.client_send_timeout != new.connections.client_send_timeout,
+        ),
     ];
     checks
         .into_iter()
@@ -454,4 +458,48 @@ fn explain_request(
         client_ip: None,
         client_cert: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Config {
+        let text = format!("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n{extra}");
+        Config::parse(&text, "proxy.yaml").unwrap()
+    }
+
+    #[test]
+    fn every_setting_read_once_at_start_is_named_by_a_reload() {
+        let base = config("");
+        let cases = [
+            ("store: { memory: { max_entries: 10 } }\n", "store"),
+            ("drain_timeout: 7s\n", "drain_timeout"),
+            ("admin: 127.0.0.1:9901\n", "admin"),
+            (
+                "connections: { max_client: 10 }\n",
+                "connections.max_client",
+            ),
+            (
+                "connections: { max_streams: 10 }\n",
+                "connections.max_streams",
+            ),
+            (
+                "connections: { lingering_time: 1s }\n",
+                "connections.lingering_*",
+            ),
+            (
+                "connections: { client_send_timeout: 1s }\n",
+                "connections.client_send_timeout",
+            ),
+        ];
+        for (extra, name) in cases {
+            assert_eq!(
+                restart_only_changes(&base, &config(extra)),
+                [name],
+                "{extra}"
+            );
+        }
+        assert!(restart_only_changes(&base, &config("defaults: { ttl: 1h }\n")).is_empty());
+    }
 }
