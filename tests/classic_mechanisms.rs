@@ -116,6 +116,21 @@ async fn pay(proxy: &ProxyHandle, caller: &str, token: &str, body: &str) -> Answ
     .await
 }
 
+/// The token endpoint reads no body: one sent with a token request ends the connection,
+/// so whether a request pipelined behind it is read never depends on how much had arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_request_with_a_body_ends_its_connection() {
+    let (_upstream, proxy, _server) = setup(false, "").await;
+    let request = b"POST /.idemgate/token HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer a\r\ncontent-length: 5\r\n\r\nhelloGET /after HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n";
+    let answer = common::raw_exchange(proxy.addr, request).await;
+    assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{answer}");
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+}
+
 async fn a_token_is_used_once_and_its_repeats_replay(redis: bool) {
     let (upstream, proxy, _server) = setup(redis, "").await;
     let token = token_for(&proxy, "Bearer alice").await;

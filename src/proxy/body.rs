@@ -261,6 +261,13 @@ pub enum RequestBody {
 }
 
 impl RequestBody {
+    /// Whether the client declared no body (or an empty one): nothing is left to read.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Self::Incoming(inner) => inner.is_end_stream(),
+        }
+    }
+
     /// The body to forward: streamed on, cut off once the client sends nothing for `gap`.
     pub fn into_proxy_body(self, gap: Option<Duration>) -> ProxyBody {
         match self {

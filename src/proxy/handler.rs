@@ -175,11 +175,17 @@ impl Proxy {
         admission::host_from_target(&mut request);
         if let Some(issuer) = &live.config.tokens {
             if request.method() == http::Method::POST && request.uri().path() == issuer.path {
-                let response = match super::tokens::issue(&self.store, issuer, &request, conn).await
-                {
-                    Ok(response) => response,
-                    Err(error) => error.into_response(),
-                };
+                let mut response =
+                    match super::tokens::issue(&self.store, issuer, &request, conn).await {
+                        Ok(response) => response,
+                        Err(error) => error.into_response(),
+                    };
+                // The endpoint reads no body: one sent ends the connection, as for any
+                // answer given before its request's body was read (`leaves_body_unread`).
+                if !request.body().is_empty() && version < Version::HTTP_2 {
+                    let close = HeaderValue::from_static("close");
+                    response.headers_mut().insert(header::CONNECTION, close);
+                }
                 tracing::info!(target: "access", status = response.status().as_u16(), "token request");
                 return response;
             }
