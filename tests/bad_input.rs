@@ -387,3 +387,28 @@ async fn a_declared_length_over_max_body_gets_413_without_100_continue() {
     assert_eq!(problem["type"], "urn:idemgate:problem:payload-too-large");
     assert_eq!(upstream.executed(), 0);
 }
+
+/// A protected request whose chunked body is badly framed (a chunk size that is not hex)
+/// gets `400 body-unreadable` and a closed connection, nothing reaches the upstream, the
+/// key stays free, and the proxy keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_badly_framed_chunked_body_is_400_body_unreadable_and_nothing_executes() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let answer = common::raw_exchange(
+        proxy.addr,
+        b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: framed\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\nzz\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("urn:idemgate:problem:body-unreadable"),
+        "{answer}"
+    );
+    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    assert_eq!(upstream.executed(), 0);
+    let a = post(proxy.addr, "/orders", &[("idempotency-key", "framed")], "{}").await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    assert!(!a.replayed());
+    still_serving(proxy.addr, "after-body-unreadable").await;
+}
