@@ -405,9 +405,18 @@ async fn a_badly_framed_chunked_body_is_400_body_unreadable_and_nothing_executes
         answer.contains("urn:idemgate:problem:body-unreadable"),
         "{answer}"
     );
-    assert!(answer.to_ascii_lowercase().contains("connection: close"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
     assert_eq!(upstream.executed(), 0);
-    let a = post(proxy.addr, "/orders", &[("idempotency-key", "framed")], "{}").await;
+    let a = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "framed")],
+        "{}",
+    )
+    .await;
     assert_eq!(a.status, StatusCode::CREATED);
     assert!(!a.replayed());
     still_serving(proxy.addr, "after-body-unreadable").await;

@@ -317,6 +317,53 @@ async fn sighup_reloads_routes_and_a_broken_file_keeps_the_old_ones() {
     assert!(!line.contains("admin"), "{line}");
 }
 
+/// SIGHUP swaps the upstream for the requests that follow, and a client's open keep-alive
+/// connection goes on being served across the reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_swaps_the_upstream_and_open_client_connections_stay() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::TokioIo;
+
+    let first = start_upstream().await;
+    let second = start_upstream().await;
+    let proxy = ProxyProcess::start_logging(first.addr, ROUTES, "info");
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let connection = tokio::spawn(conn);
+    let order = |key: &str| {
+        http::Request::post("/orders")
+            .header("host", "127.0.0.1")
+            .header("idempotency-key", key)
+            .body(Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    let a = sender.send_request(order("before")).await.unwrap();
+    assert_eq!(a.status(), StatusCode::CREATED);
+    a.into_body().collect().await.unwrap();
+    assert_eq!((first.executed(), second.executed()), (1, 0));
+
+    let text = std::fs::read_to_string(&proxy.config).unwrap();
+    let swapped = text.replace(&first.addr.to_string(), &second.addr.to_string());
+    assert_ne!(swapped, text);
+    std::fs::write(&proxy.config, swapped).unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().contains("config reloaded"),
+        "the reload log line",
+    );
+    sender
+        .ready()
+        .await
+        .expect("the connection outlives the reload");
+    let b = sender.send_request(order("after")).await.unwrap();
+    assert_eq!(b.status(), StatusCode::CREATED);
+    b.into_body().collect().await.unwrap();
+    assert_eq!((first.executed(), second.executed()), (1, 1));
+    assert!(!connection.is_finished());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_slow_call_finish_and_stores_its_answer() {
     let redis = RedisServer::start();
