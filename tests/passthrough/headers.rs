@@ -136,3 +136,45 @@ async fn answer_trailers_lose_header_only_fields() {
     assert_eq!(names, ["x-checksum"], "{trailers:?}");
     assert_eq!(trailers["x-checksum"], "1");
 }
+
+/// A protected answer is stored and replayed without trailers, so the first caller and
+/// its repeats get the same answer; one over `max_answer` streams, trailers included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protected_answers_lose_trailers_unless_they_stream_over_max_answer() {
+    let upstream = raw_answering(Some(
+        b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum\r\nconnection: close\r\n\r\n\
+          5\r\nhello\r\n0\r\nx-checksum: 1\r\n\r\n",
+    ))
+    .await;
+    let routes = "routes:\n  - name: stored\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key }\n  - name: streamed\n    match: { methods: [POST], path: /big }\n    key: { header: Idempotency-Key }\n    max_answer: 3B\n";
+    let proxy = start_proxy(upstream, routes).await;
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let post = |path: &str, key: &str| {
+        Request::post(format!("http://{}{path}", proxy.addr))
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    for replayed in [false, true] {
+        let response = client.request(post("/orders", "stored")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(
+            response.headers().contains_key("idempotent-replayed"),
+            replayed
+        );
+        let collected = response.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers(), None, "replayed: {replayed}");
+        assert_eq!(collected.to_bytes(), "hello");
+    }
+    let response = client.request(post("/big", "streamed")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected
+        .trailers()
+        .cloned()
+        .expect("trailers of a streamed answer");
+    assert_eq!(collected.to_bytes(), "hello");
+    assert_eq!(trailers["x-checksum"], "1");
+}
