@@ -215,3 +215,40 @@ fn explain_names_the_caller_tier_and_never_its_value() {
     assert!(address.contains("caller by client address"), "{address}");
     assert!(!address.contains("192.0.2.44"), "{address}");
 }
+
+/// Repeated parameters are an ordered list to the applications that read them (Rails'
+/// `a[]=`, PHP arrays, servlet `getParameterValues`, `URLSearchParams.getAll`): a form
+/// that reorders a list (drag and drop) sends the same values in another order, and that
+/// is another request. Parameters of different names still sort.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_parameters_keep_their_order() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let form = |path: &'static str, body: &'static str| {
+        send(
+            proxy.addr,
+            Method::POST,
+            path,
+            &[("content-type", "application/x-www-form-urlencoded")],
+            body,
+        )
+    };
+    assert!(!form("/orders/form", "list=7&order=3&order=1&order=2")
+        .await
+        .replayed());
+    assert!(
+        !form("/orders/form", "list=7&order=1&order=2&order=3")
+            .await
+            .replayed(),
+        "the reordered list got the first order's answer"
+    );
+    assert!(form("/orders/form", "order=1&order=2&list=7&order=3")
+        .await
+        .replayed());
+    assert!(!form("/orders/form?pick=b&pick=a", "").await.replayed());
+    assert!(
+        !form("/orders/form?pick=a&pick=b", "").await.replayed(),
+        "the reordered query got the first one's answer"
+    );
+    assert_eq!(upstream.executed(), 4);
+}

@@ -41,8 +41,11 @@ pub fn canonical_query(input: &str, ignore: &IgnoreSet, out: &mut Vec<u8>, ignor
 /// and `%XX` to its byte, while a `%` not followed by two hex digits is kept literally (decoded
 /// bytes need not be UTF-8). Pairs whose decoded name is in `ignore` (ASCII case-insensitive; its
 /// pointers do not apply here) are dropped, and `query:<name>` is pushed to `ignored` for each.
-/// The rest are sorted by (name, value) bytes and re-emitted as `name=value` joined by `&`, with
-/// every byte other than ALPHA DIGIT `-` `.` `_` `~` percent-encoded in upper-case hex.
+/// The rest are sorted by name bytes, stably: the values of a repeated name keep their order,
+/// since applications read them as an ordered list (`a[]=2&a[]=1` is not `a[]=1&a[]=2` to
+/// Rails, PHP, servlets or `URLSearchParams.getAll`). They are re-emitted as `name=value`
+/// joined by `&`, with every byte other than ALPHA DIGIT `-` `.` `_` `~` percent-encoded in
+/// upper-case hex.
 ///
 /// A piece without `=` is emitted as `name=`: `a` and `a=` are the same parameter here, as they
 /// are to common form parsers. Nothing in this format can be invalid, so there is no error case.
@@ -77,12 +80,8 @@ pub fn canonical_form(
         decode_component(value, &mut decoded);
         pairs.push((name_range.clone(), name_range.end..decoded.len()));
     }
-    // Pairs comparing equal are byte-identical, so an unstable sort loses nothing.
-    pairs.sort_unstable_by(|a, b| {
-        decoded[a.0.clone()]
-            .cmp(&decoded[b.0.clone()])
-            .then_with(|| decoded[a.1.clone()].cmp(&decoded[b.1.clone()]))
-    });
+    // By name only, and stable: a repeated name's values are a list whose order is data.
+    pairs.sort_by(|a, b| decoded[a.0.clone()].cmp(&decoded[b.0.clone()]));
     for (i, (name, value)) in pairs.into_iter().enumerate() {
         if i > 0 {
             out.push(b'&');
@@ -210,10 +209,19 @@ mod tests {
     }
 
     #[test]
-    fn pairs_sort_by_name_then_value_and_duplicates_are_kept() {
-        assert_eq!(canon("a=2&a=1&a=1"), "a=1&a=1&a=2");
+    fn pairs_sort_by_name_and_duplicates_are_kept() {
+        assert_eq!(canon("a=2&a=1&a=1"), "a=2&a=1&a=1");
         assert_eq!(canon("b=1&a=z&ab=0"), "a=z&ab=0&b=1");
         assert_ne!(canon("a=1&a=1"), canon("a=1"));
+    }
+
+    /// A repeated name is an ordered list to the applications that read it: a reordered
+    /// list is another request, wherever the other names stand.
+    #[test]
+    fn a_repeated_name_keeps_its_values_in_order() {
+        assert_ne!(canon("pos=b&pos=a"), canon("pos=a&pos=b"));
+        assert_eq!(canon("pos=b&x=1&pos=a"), "pos=b&pos=a&x=1");
+        assert_eq!(canon("x=1&pos=b&pos=a"), canon("pos=b&x=1&pos=a"));
     }
 
     #[test]
