@@ -252,3 +252,33 @@ async fn repeated_parameters_keep_their_order() {
     );
     assert_eq!(upstream.executed(), 4);
 }
+
+/// A `fields` key names the business request within its route, but a route whose path has
+/// parameters (or the fallback, which takes every path) serves many resources: the same
+/// identifiers sent to two of them by one caller are two requests, never one replayed for
+/// the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fields_key_is_per_path_on_a_route_with_parameters() {
+    let upstream = start_upstream().await;
+    let config = r#"
+routes:
+  - name: merchant-callback
+    match: { methods: [POST], path: "/orders/{merchant}/callbacks" }
+    key: { fields: [/paymentOrderNo] }
+"#;
+    let proxy = start_proxy(upstream.addr, config).await;
+    let notice = r#"{"paymentOrderNo":"PO-1","amount":"12.50"}"#;
+    let m1 = post(proxy.addr, "/orders/m1/callbacks", &[], notice).await;
+    assert!(!m1.replayed());
+    let m2 = post(proxy.addr, "/orders/m2/callbacks", &[], notice).await;
+    assert!(
+        !m2.replayed(),
+        "merchant m2's callback got merchant m1's answer"
+    );
+    let again = post(proxy.addr, "/orders/m1/callbacks", &[], notice).await;
+    assert!(
+        again.replayed(),
+        "a redelivery to the same path still replays"
+    );
+    assert_eq!(upstream.executed(), 2);
+}

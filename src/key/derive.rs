@@ -125,7 +125,7 @@ pub fn derive_key(
     req: &RequestView<'_>,
     mut trace: Option<&mut Trace>,
 ) -> Result<Option<DerivedKey>, KeyError> {
-    let mut hasher = KeyHasher::new(b"idemgate:key:v3");
+    let mut hasher = KeyHasher::new(b"idemgate:key:v4");
     hasher.field(req.route.as_bytes());
     hasher.field(req.method.as_str().as_bytes());
     hash_host(&mut hasher, req.headers);
@@ -152,7 +152,11 @@ pub fn derive_key(
         }
         KeySource::Fields(pointers) => {
             let values = extract_fields(req.body, pointers)?;
-            let mut shown = Vec::new();
+            // The fields name a request within one resource: a route with path parameters
+            // (or the fallback, which takes every path) serves many, and the same
+            // identifiers sent to two of them are two requests.
+            hasher.field(req.path.as_bytes());
+            let mut shown = vec![req.path.to_owned()];
             for (pointer, value) in pointers.iter().zip(&values) {
                 match value {
                     Some(v) => {
