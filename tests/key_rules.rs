@@ -282,3 +282,43 @@ routes:
     );
     assert_eq!(upstream.executed(), 2);
 }
+
+/// A one-time token is never accepted twice for different work: its key is the token and
+/// the caller, so what it was spent on (method, path, query, body and host) is its stored
+/// fingerprint, and the same request to another tenant's host is refused as a reuse,
+/// never answered with the first tenant's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_spent_on_one_host_is_not_replayed_on_another() {
+    let upstream = start_upstream().await;
+    let config = r#"
+tokens: { ttl: 5m }
+routes:
+  - name: pay
+    match: { methods: [POST], path: /orders/pay }
+    key: { token: { header: Idempotency-Token } }
+"#;
+    let proxy = start_proxy(upstream.addr, config).await;
+    let caller = ("authorization", "Bearer alice");
+    let issued = post(proxy.addr, "/.idemgate/token", &[caller], "").await;
+    assert_eq!(issued.status, StatusCode::CREATED);
+    let token = issued.json()["token"].as_str().unwrap().to_owned();
+    let pay = |host: &'static str| {
+        let token = token.clone();
+        async move {
+            post(
+                proxy.addr,
+                "/orders/pay",
+                &[caller, ("idempotency-token", &token), ("host", host)],
+                r#"{"amount":5}"#,
+            )
+            .await
+        }
+    };
+    let a = pay("tenant-a.example").await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    assert!(pay("tenant-a.example").await.replayed());
+    let b = pay("tenant-b.example").await;
+    assert!(!b.replayed(), "tenant-b's payment got tenant-a's answer");
+    assert_eq!(b.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(upstream.executed(), 1);
+}

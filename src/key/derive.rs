@@ -148,7 +148,7 @@ pub fn derive_key(
                 t.material = format!("{name}: {}", String::from_utf8_lossy(&client_key));
             }
             hasher.field(&client_key);
-            payload_fingerprint(req, &rule.payload, trace.as_deref_mut())
+            payload_fingerprint(req, &rule.payload, trace.as_deref_mut(), Host::InKey)
         }
         KeySource::Fields(pointers) => {
             let values = extract_fields(req.body, pointers)?;
@@ -191,10 +191,12 @@ pub fn derive_key(
             if let Some(t) = trace.as_deref_mut() {
                 t.material = format!("{}: {}", token_rule.header, String::from_utf8_lossy(&token));
             }
-            // The token's own digest, not the route-bound one: see `token_digest`.
+            // The token's own digest, not the route-bound one: see `token_digest`. What
+            // the token is spent on is its fingerprint, the host among it: the same request
+            // to another tenant is other work.
             return Ok(Some(DerivedKey {
                 key: token_digest(&rule.scope, req, &token),
-                fingerprint: payload_fingerprint(req, &rule.payload, trace),
+                fingerprint: payload_fingerprint(req, &rule.payload, trace, Host::Included),
             }));
         }
         KeySource::Fingerprint(fp) => {
@@ -241,8 +243,8 @@ fn is_token(token: &[u8]) -> bool {
 
 /// The store key of a one-time token: the token bound to the caller's scope. Route,
 /// method and host are left out because the token is issued before the request it is for
-/// is known; the payload fingerprint (which holds method and path) catches its reuse
-/// elsewhere, and a token is only ever its own caller's.
+/// is known; the payload fingerprint (which holds method, path and, for tokens, the host)
+/// catches its reuse elsewhere, and a token is only ever its own caller's.
 pub fn token_digest(scope: &[ScopePart], req: &RequestView<'_>, token: &[u8]) -> Digest {
     let mut hasher = KeyHasher::new(b"idemgate:token:v1");
     hash_scope(&mut hasher, scope, req, None);
@@ -526,6 +528,7 @@ fn payload_fingerprint(
     req: &RequestView<'_>,
     rule: &FingerprintRule,
     trace: Option<&mut Trace>,
+    host: Host,
 ) -> Digest {
     SCRATCH.with_borrow_mut(|buf| {
         buf.clear();
@@ -545,8 +548,19 @@ fn payload_fingerprint(
         }
         let mut hasher = KeyHasher::new(b"idemgate:fp:v1");
         hasher.field(buf);
+        if host == Host::Included {
+            hash_host(&mut hasher, req.headers);
+        }
         hasher.finish()
     })
+}
+
+/// Whether a payload fingerprint covers the host: a client key's store key has it already,
+/// a one-time token's (issued before its request was known) does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Host {
+    InKey,
+    Included,
 }
 
 /// Writes `method path\nquery\nbody` in canonical form: query and form bodies sorted, JSON
