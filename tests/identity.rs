@@ -524,3 +524,49 @@ routes:
     assert!(replayed(&elsewhere), "the same token from another address");
     assert_eq!(upstream.executed(), 3);
 }
+
+/// A scope part sent with no one in it is not sent: an `Authorization` without a
+/// credential (`Bearer null`, what every logged-out page of a single-page app sends), an
+/// empty header, an emptied cookie. Keyed by it, every anonymous caller anywhere would
+/// share one key; the default caller stands in, as for a part that is absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_part_that_names_no_one_falls_back_to_the_caller() {
+    let upstream = start_upstream().await;
+    let routes = r#"
+routes:
+  - name: orders
+    match: { path: /orders }
+    key: { header: Idempotency-Key, scope: [header: Authorization] }
+  - name: votes
+    match: { path: /orders/votes }
+    key: { fingerprint: { body: true }, scope: [header: X-User-Id, cookie: uid] }
+"#;
+    let proxy = start_proxy(upstream.addr, routes).await;
+    let mut executed = 0;
+    for (n, (path, anonymous)) in [
+        ("/orders", "authorization: Bearer null"),
+        ("/orders", "authorization: Bearer"),
+        ("/orders/votes", "x-user-id: "),
+        ("/orders/votes", "cookie: uid="),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let client_key = format!("idempotency-key: k{n}");
+        let request = raw_post(path, &[&client_key, anonymous], r#"{"n":1}"#);
+        let first = raw_exchange_from("127.0.0.2", proxy.addr, &request).await;
+        let other = raw_exchange_from("127.0.0.3", proxy.addr, &request).await;
+        assert!(!replayed(&first), "{anonymous}");
+        assert!(
+            !replayed(&other),
+            "{anonymous}: another anonymous caller got the answer"
+        );
+        executed += 2;
+        assert_eq!(upstream.executed(), executed);
+        let retry = raw_exchange_from("127.0.0.3", proxy.addr, &request).await;
+        assert!(
+            replayed(&retry),
+            "{anonymous}: the caller's own retry ran again"
+        );
+    }
+}

@@ -9,7 +9,9 @@ use http::{header, HeaderMap, Method};
 use sha2::{Digest as _, Sha256};
 
 use super::client_key::{read_client_key, ClientKeyError};
-use super::identity::{carries_credential, cookies, find_cookie, names_a_session, Identity, Tier};
+use super::identity::{
+    carries_credential, cookies, find_cookie, names_a_session, names_someone, Identity, Tier,
+};
 use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::query::canonical_form;
 use crate::canonical::{canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError};
@@ -262,7 +264,8 @@ pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
 /// Hashes each scope part's label and value; `trace` hears which were present, or which
 /// tier named the caller, never a value. A scope whose every part is absent (only
 /// headers or cookies, none sent: `[header: Authorization]` from anonymous callers) would
-/// be one key for everyone who sends none: the default caller stands in for it.
+/// be one key for everyone who sends none: the default caller stands in for it. A value
+/// that names no one (`Bearer null`, empty) counts as not sent.
 fn hash_scope(
     hasher: &mut KeyHasher,
     scope: &[ScopePart],
@@ -308,9 +311,19 @@ fn hash_scope(
             ScopePart::Header(name) if *name == header::COOKIE => req
                 .headers
                 .contains_key(header::COOKIE)
-                .then(|| Cow::Owned(cookie_jar(req.headers))),
-            ScopePart::Header(name) => header_value(req.headers, name),
-            ScopePart::Cookie(name) => find_cookie(req.headers, name).map(Cow::Borrowed),
+                .then(|| cookie_jar(req.headers))
+                .filter(|jar| !jar.is_empty())
+                .map(Cow::Owned),
+            // A value that names no one (`Bearer null`, an empty field, an emptied cookie) is
+            // what every anonymous caller sends alike: it counts as not sent.
+            ScopePart::Header(name) if *name == header::AUTHORIZATION => {
+                header_value(req.headers, name).filter(|_| has_credential(req.headers))
+            }
+            ScopePart::Header(name) => header_value(req.headers, name)
+                .filter(|v| v.split(|&b| b == b'\n').any(names_someone)),
+            ScopePart::Cookie(name) => find_cookie(req.headers, name)
+                .filter(|v| names_a_session(v))
+                .map(Cow::Borrowed),
             ScopePart::ClientCert => req.client_cert.map(Cow::Borrowed),
         };
         if let Some(t) = trace.as_deref_mut() {

@@ -198,14 +198,18 @@ pub fn carries_credential(value: &[u8]) -> bool {
     }
 }
 
-/// Whether a session cookie's value names a session: not empty, not a script's placeholder
-/// (`null`, `undefined`, …) and not `deleted`, the value servers (PHP among them) write
-/// when they clear one. Such values are shared by every logged-out browser that sends them.
+/// Whether a session cookie's value names a session: it names someone ([`names_someone`])
+/// and is not `deleted`, the value servers (PHP among them) write when they clear one.
+/// Such values are shared by every logged-out browser that sends them.
 pub fn names_a_session(value: &[u8]) -> bool {
+    names_someone(value) && !value.trim_ascii().eq_ignore_ascii_case(b"deleted")
+}
+
+/// Whether a value names someone: not empty and not a script's placeholder (`null`,
+/// `undefined`, `""`; any case), which every anonymous caller sends alike.
+pub fn names_someone(value: &[u8]) -> bool {
     let value = value.trim_ascii();
-    !value.is_empty()
-        && !value.eq_ignore_ascii_case(b"deleted")
-        && !PLACEHOLDERS.iter().any(|p| p.eq_ignore_ascii_case(value))
+    !value.is_empty() && !PLACEHOLDERS.iter().any(|p| p.eq_ignore_ascii_case(value))
 }
 
 /// The cookies of a request as `(name, value)` pairs, over every `Cookie` field.

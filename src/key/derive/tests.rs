@@ -508,3 +508,47 @@ fn a_cookie_header_scope_reads_one_jar() {
     assert_eq!(key(&split), key(&with(&[("cookie", "a=1; b=2")])));
     assert_ne!(key(&split), key(&with(&[("cookie", "a=1; b=3")])));
 }
+
+/// A scope part whose value names no one (`Bearer null`, an empty header, an emptied
+/// cookie or jar) counts as not sent: the caller stands in, so anonymous callers at two
+/// addresses never share a key, while a real value still names its caller from anywhere.
+#[test]
+fn a_scope_part_that_names_no_one_is_not_sent() {
+    let key = |part: &ScopePart, h: &HeaderMap, peer: [u8; 4]| {
+        let rule = KeyRule {
+            scope: vec![part.clone()],
+            ..fingerprint_rule()
+        };
+        let v = RequestView {
+            peer: Some(IpAddr::from(peer)),
+            ..view(h, b"{}")
+        };
+        derive_key(&rule, &v, None).unwrap().unwrap().key
+    };
+    let auth = ScopePart::Header(header::AUTHORIZATION);
+    let user = ScopePart::Header(http::HeaderName::from_static("x-user-id"));
+    let uid = ScopePart::Cookie("uid".into());
+    let jar = ScopePart::Header(header::COOKIE);
+    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
+    for (part, anonymous) in [
+        (&auth, &[("authorization", "Bearer null")][..]),
+        (&auth, &[("authorization", "Basic")]),
+        (&user, &[("x-user-id", "")]),
+        (&user, &[("x-user-id", "undefined")]),
+        (&uid, &[("cookie", "uid=deleted")]),
+        (&uid, &[("cookie", "uid=")]),
+        (&jar, &[("cookie", ";")]),
+    ] {
+        let h = with(anonymous);
+        assert_ne!(key(part, &h, a), key(part, &h, b), "{anonymous:?}");
+    }
+    for (part, named) in [
+        (&auth, &[("authorization", "Bearer t-1")][..]),
+        (&user, &[("x-user-id", "u-7")]),
+        (&user, &[("x-user-id", ""), ("x-user-id", "u-7")]),
+        (&uid, &[("cookie", "uid=u-7")]),
+    ] {
+        let h = with(named);
+        assert_eq!(key(part, &h, a), key(part, &h, b), "{named:?}");
+    }
+}
