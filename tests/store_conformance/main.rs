@@ -93,6 +93,9 @@ macro_rules! store_conformance {
             an_issued_key_is_owned_once_by_concurrent_issued_claims,
             an_issued_claim_of_a_key_never_issued_is_unknown,
             a_reissued_release_makes_the_key_claimable_again,
+            a_failed_token_attempt_hands_the_token_back,
+            a_token_whose_request_may_have_run_is_never_owned_again,
+            a_token_is_spent_past_its_ttl_and_past_its_reissue_window,
             hits_count_within_a_window_per_key,
         );
     };

@@ -1,5 +1,7 @@
 //! One-time tokens: issue, then consume atomically (see `Store::issue`, `ClaimMode`).
 
+use std::time::Duration;
+
 use idemgate::key::Digest;
 use idemgate::store::{Claim, ClaimArgs, ClaimMode, Settled, Settlement, Store};
 
@@ -62,6 +64,79 @@ pub async fn a_reissued_release_makes_the_key_claimable_again(store: &Store) {
         "not_issued",
         "spent after a plain release"
     );
+}
+
+/// A token whose attempt failed is handed back with the failure (as the proxy settles a
+/// 5xx or an upstream never reached): the client's retry owns it again. A failure that
+/// hands nothing back spends it.
+pub async fn a_failed_token_attempt_hands_the_token_back(store: &Store) {
+    let key = fresh_key();
+    store.issue(key, LONG_TTL).await.unwrap();
+    let failed = |reissue| Settlement::Failed {
+        response: failure_response(),
+        linger: LONG_TTL,
+        reissue,
+    };
+    let lease = expect_owner(claim_issued(store, key).await);
+    assert_eq!(
+        lease.settle(failed(Some(LONG_TTL))).await.unwrap(),
+        Settled::Written
+    );
+    let again = expect_owner(claim_issued(store, key).await);
+    assert_eq!(again.settle(failed(None)).await.unwrap(), Settled::Written);
+    assert_eq!(
+        claim_issued(store, key).await.as_str(),
+        "not_issued",
+        "spent by a failure that hands nothing back"
+    );
+}
+
+/// A token spent on a request whose outcome is unknown, or whose answer was not stored,
+/// is never handed back: its repeats are answered from that record, and a claim never
+/// owns it again.
+pub async fn a_token_whose_request_may_have_run_is_never_owned_again(store: &Store) {
+    for (settlement, state) in [
+        (Settlement::Unknown { ttl: LONG_TTL }, "outcome_unknown"),
+        (
+            Settlement::NotStored {
+                status: http::StatusCode::SEE_OTHER,
+                ttl: LONG_TTL,
+            },
+            "not_stored",
+        ),
+    ] {
+        let key = fresh_key();
+        store.issue(key, LONG_TTL).await.unwrap();
+        let lease = expect_owner(claim_issued(store, key).await);
+        assert_eq!(lease.settle(settlement).await.unwrap(), Settled::Written);
+        assert_eq!(claim_issued(store, key).await.as_str(), state);
+    }
+}
+
+/// A token lives its `ttl`, and a failure hands it back for its reissue window only:
+/// past either, it is spent.
+pub async fn a_token_is_spent_past_its_ttl_and_past_its_reissue_window(store: &Store) {
+    let short = Duration::from_millis(200);
+    let unused = fresh_key();
+    store.issue(unused, short).await.unwrap();
+    let failed = fresh_key();
+    store.issue(failed, LONG_TTL).await.unwrap();
+    let lease = expect_owner(claim_issued(store, failed).await);
+    let handed_back = Settlement::Failed {
+        response: failure_response(),
+        linger: short,
+        reissue: Some(short),
+    };
+    assert_eq!(lease.settle(handed_back).await.unwrap(), Settled::Written);
+    for key in [unused, failed] {
+        within("the token's record to expire", async {
+            while store.inspect(key).await.unwrap().is_some() {
+                tokio::time::sleep(POLL).await;
+            }
+        })
+        .await;
+        assert_eq!(claim_issued(store, key).await.as_str(), "not_issued");
+    }
 }
 
 pub async fn hits_count_within_a_window_per_key(store: &Store) {
