@@ -281,6 +281,17 @@ routes:
         "a redelivery to the same path still replays"
     );
     assert_eq!(upstream.executed(), 2);
+    // `explain` derives the key the proxy stored, path and all.
+    let explained = common::stored_key(&proxy, "/orders/m2/callbacks", &[], notice.as_bytes());
+    let stored = proxy
+        .store
+        .inspect(idemgate::key::Digest::from_hex(&explained).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        stored.is_some(),
+        "explain's digest is the key the proxy stored"
+    );
 }
 
 /// A one-time token is never accepted twice for different work: its key is the token and
