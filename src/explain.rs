@@ -55,9 +55,16 @@ pub fn explain_key(
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok());
     let raw_path = request.uri.path();
-    // As the proxy does: the token endpoint answers before any route is looked at.
+    let normal = if crate::route::is_safe(&request.method) {
+        std::borrow::Cow::Borrowed(raw_path)
+    } else {
+        normalize_path(raw_path).map_err(ProxyError::BadPath)?
+    };
+    let path = normal.as_ref();
+    // As the proxy does: the token endpoint, at its normalised path, answers before any
+    // route is looked at.
     if let Some(issuer) = &config.tokens {
-        if request.method == http::Method::POST && raw_path == issuer.path {
+        if request.method == http::Method::POST && path == issuer.path {
             let text = format!(
                 "route:             (token endpoint)\nprotection:        issues a one-time token bound to the caller, valid {} (no key, never forwarded)\n",
                 crate::config::units::format_duration(issuer.ttl)
@@ -65,12 +72,6 @@ pub fn explain_key(
             return Ok((text, None));
         }
     }
-    let normal = if crate::route::is_safe(&request.method) {
-        std::borrow::Cow::Borrowed(raw_path)
-    } else {
-        normalize_path(raw_path).map_err(ProxyError::BadPath)?
-    };
-    let path = normal.as_ref();
     let (route, protection) = config.protection_for(host, &request.method, path);
     let mut out = String::new();
     if path != raw_path {
