@@ -1,0 +1,180 @@
+//! The default caller ([`ScopePart::Caller`](crate::key::ScopePart::Caller)): every
+//! credential a request carries, each hashed after its tier's name, and what `explain`
+//! says of them (never their values). The rules are in [`crate::key::identity`].
+
+use std::net::IpAddr;
+
+use http::{header, HeaderMap};
+
+use super::{header_value, KeyHasher, RequestView};
+use crate::key::identity::{carries_credential, cookies, names_a_session, Tier};
+
+/// The parts of the default identity a request was told apart by.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Caller {
+    authorization: bool,
+    client_certificate: bool,
+    session: bool,
+    credential_headers: bool,
+    /// Neither an `Authorization` credential nor a session: the client address, with the
+    /// whole `Cookie` header when cookies were sent ([`Tier::CookieHeader`]).
+    fallback: Option<Tier>,
+}
+
+/// The default identity ([`ScopePart::Caller`](crate::key::ScopePart::Caller)): every
+/// credential the request carries, each part's name hashed before its value so parts never
+/// collide. See [`crate::key::identity`].
+pub(super) fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Caller {
+    let headers = req.headers;
+    let mut caller = Caller::default();
+    // An empty or placeholder value (`Bearer null` from a logged-out page) is sent alike by
+    // every anonymous caller: it names no one, so it is left out.
+    if has_credential(headers) {
+        if let Some(auth) = header_value(headers, &header::AUTHORIZATION) {
+            hasher.field(Tier::Authorization.as_str().as_bytes());
+            hasher.field(&auth);
+            caller.authorization = true;
+        }
+    }
+    // Beside the others, never instead of them: a gateway or a mesh sidecar may present
+    // one certificate for every user it relays.
+    if let Some(certificate) = req.client_cert {
+        hasher.field(Tier::ClientCertificate.as_str().as_bytes());
+        hasher.field(certificate);
+        caller.client_certificate = true;
+    }
+    // One pass over the cookies, in the order sent (a browser sends its jar in one order).
+    // Beside an `Authorization` too: one shared credential (a basic-auth gate) in front of
+    // per-user sessions must not merge the users.
+    for (name, value) in cookies(headers) {
+        // A cleared session (empty, `deleted`, a placeholder) is shared by every
+        // logged-out browser.
+        if !req.identity.is_session_cookie(name) || !names_a_session(value) {
+            continue;
+        }
+        if !caller.session {
+            hasher.field(Tier::SessionCookie.as_str().as_bytes());
+            caller.session = true;
+        }
+        hasher.field(name);
+        hasher.field(value);
+    }
+    // Most requests carry none: one pass over the names sent before any lookup, which
+    // then goes in the configured order, whatever order the request has.
+    let credentials = &req.identity.credential_headers;
+    let any_credential = headers.keys().any(|sent| credentials.contains(sent));
+    for name in credentials.iter().filter(|_| any_credential) {
+        if let Some(value) = header_value(headers, name) {
+            hasher.field(Tier::CredentialHeader.as_str().as_bytes());
+            hasher.field(name.as_str().as_bytes());
+            hasher.field(&value);
+            caller.credential_headers = true;
+        }
+    }
+    if caller.authorization || caller.session {
+        return caller;
+    }
+    // A credential header alone may be one key for every user of an app: the address
+    // still tells them apart.
+    if headers.contains_key(header::COOKIE) {
+        // Cookies of no listed name may be a session under another name, or may be the
+        // same consent or theme cookie many people send: with the address, a session
+        // keeps two browsers apart and a shared cookie cannot merge two people.
+        hasher.field(Tier::CookieHeader.as_str().as_bytes());
+        hash_cookie_jar(hasher, headers);
+        hash_ip(hasher, req.client_address());
+        caller.fallback = Some(Tier::CookieHeader);
+        return caller;
+    }
+    hasher.field(Tier::ClientAddress.as_str().as_bytes());
+    hash_ip(hasher, req.client_address());
+    caller.fallback = Some(Tier::ClientAddress);
+    caller
+}
+
+/// Every cookie sent, as one field in one spelling: one `Cookie` field (`a=1; b=2`,
+/// HTTP/1.1) and the same cookies as separate fields (HTTP/2 may send each on its own, RFC
+/// 9113 §8.2.3) are one jar, and a retry over the other protocol is the same caller.
+pub(super) fn hash_cookie_jar(hasher: &mut KeyHasher, headers: &HeaderMap) {
+    hasher.field(&cookie_jar(headers));
+}
+
+/// The cookies sent, in the one spelling `a=1; b=2` whatever fields carried them.
+pub(super) fn cookie_jar(headers: &HeaderMap) -> Vec<u8> {
+    let crumbs = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .flat_map(|field| field.as_bytes().split(|&b| b == b';'))
+        .map(<[u8]>::trim_ascii)
+        .filter(|crumb| !crumb.is_empty());
+    let mut jar = Vec::new();
+    for crumb in crumbs {
+        if !jar.is_empty() {
+            jar.extend_from_slice(b"; ");
+        }
+        jar.extend_from_slice(crumb);
+    }
+    jar
+}
+
+/// Whether any `Authorization` field carries a credential ([`carries_credential`]).
+pub(super) fn has_credential(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .any(|v| carries_credential(v.as_bytes()))
+}
+
+/// An address as its octets (no formatting per request), or the absent marker.
+pub(super) fn hash_ip(hasher: &mut KeyHasher, ip: Option<IpAddr>) {
+    match ip.map(|ip| ip.to_canonical()) {
+        Some(IpAddr::V4(v4)) => hasher.field(&v4.octets()),
+        Some(IpAddr::V6(v6)) => hasher.field(&v6.octets()),
+        None => hasher.absent(),
+    }
+}
+
+/// What `idemgate explain` says of the parts that named the caller, without their values.
+pub(super) fn describe_caller(caller: Caller, req: &RequestView<'_>) -> String {
+    let address = if req.peer.is_none() {
+        "client address (not known here: give --client-ip)"
+    } else {
+        "client address"
+    };
+    let mut parts = Vec::new();
+    if caller.authorization {
+        parts.push("Authorization header".to_owned());
+    }
+    if caller.client_certificate {
+        parts.push("client certificate".to_owned());
+    }
+    if caller.session {
+        let names: Vec<String> = cookies(req.headers)
+            .filter(|(n, v)| req.identity.is_session_cookie(n) && names_a_session(v))
+            .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
+            .collect();
+        parts.push(format!("session cookie ({})", names.join(", ")));
+    }
+    match caller.fallback {
+        Some(Tier::CookieHeader) => parts.push(format!(
+            "whole Cookie header and {address} (no listed session cookie)"
+        )),
+        Some(_) => parts.push(address.to_owned()),
+        None => {}
+    }
+    if caller.credential_headers {
+        let names: Vec<&str> = req
+            .identity
+            .credential_headers
+            .iter()
+            .filter(|n| req.headers.contains_key(*n))
+            .map(http::HeaderName::as_str)
+            .collect();
+        parts.push(format!("credential header ({})", names.join(", ")));
+    }
+    let mut described = format!("caller by {}", parts.join(" + "));
+    if !caller.authorization && req.headers.contains_key(header::AUTHORIZATION) {
+        described.push_str(" (the Authorization header carries no credential)");
+    }
+    described
+}
