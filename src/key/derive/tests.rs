@@ -552,3 +552,34 @@ fn a_scope_part_that_names_no_one_is_not_sent() {
         assert_eq!(key(part, &h, a), key(part, &h, b), "{named:?}");
     }
 }
+
+/// One client is one caller whether a dual-stack listener saw its IPv4 address mapped
+/// into IPv6 or not, and whether a trusted proxy wrote it mapped; two clients stay two.
+#[test]
+fn an_ipv4_mapped_address_is_its_ipv4_caller() {
+    let identity = Identity {
+        trusted_proxies: ["10.0.0.0/8"].iter().map(|c| c.parse().unwrap()).collect(),
+        ..Identity::default()
+    };
+    let key = |peer: &str, xff: Option<&str>| {
+        let mut h = HeaderMap::new();
+        if let Some(xff) = xff {
+            h.insert("x-forwarded-for", HeaderValue::from_str(xff).unwrap());
+        }
+        let v = RequestView {
+            peer: Some(peer.parse().unwrap()),
+            identity: &identity,
+            ..view(&h, b"{}")
+        };
+        derive_key(&fingerprint_rule(), &v, None)
+            .unwrap()
+            .unwrap()
+            .key
+    };
+    assert_eq!(key("192.0.2.1", None), key("::ffff:192.0.2.1", None));
+    assert_ne!(key("192.0.2.1", None), key("::ffff:192.0.2.2", None));
+    let behind = key("10.0.0.2", Some("203.0.113.9"));
+    assert_eq!(behind, key("::ffff:10.0.0.2", Some("::ffff:203.0.113.9")));
+    assert_eq!(behind, key("203.0.113.9", None));
+    assert_ne!(behind, key("10.0.0.2", Some("203.0.113.8")));
+}
