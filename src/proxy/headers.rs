@@ -3,7 +3,7 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-const HOP_BY_HOP_COUNT: usize = 8;
+const HOP_BY_HOP_COUNT: usize = 9;
 
 /// Headers that describe one connection, never forwarded (in the order of the bits
 /// [`strip_hop_by_hop`] keeps).
@@ -16,6 +16,7 @@ static HOP_BY_HOP: [HeaderName; HOP_BY_HOP_COUNT] = [
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
+    HeaderName::from_static("http2-settings"),
 ];
 
 /// The `X-Forwarded-*` headers.
@@ -88,6 +89,8 @@ fn hop_by_hop_bit(name: &str) -> Option<usize> {
         "te" => 5,
         "trailer" => 6,
         "transfer-encoding" => 7,
+        // Connection-specific by definition (RFC 7540 §3.2.1), named in `Connection` or not.
+        "http2-settings" => 8,
         "upgrade" => UPGRADE_BIT,
         _ => return None,
     })
@@ -128,9 +131,34 @@ pub fn connection_names_headers(headers: &HeaderMap) -> bool {
         .any(|v| !connection_names_no_header(v.as_bytes()))
 }
 
-/// Whether an HTTP/1.1 request asks to switch protocols (e.g. WebSocket).
+/// Whether an HTTP/1.1 request asks to switch protocols (e.g. WebSocket) to a protocol
+/// whose switch this proxy forwards: any but HTTP itself ([`upgrades_to_http`]).
 pub fn wants_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")
+    headers.contains_key(header::UPGRADE)
+        && connection_has(headers, "upgrade")
+        && !upgrades_to_http(headers)
+}
+
+/// Whether `Upgrade` offers HTTP itself (`h2c`, `h2`, `HTTP/2.0`): a switch the proxy never
+/// forwards. An upstream that took it (Jetty's h2c upgrade does, for one) would
+/// give the client an HTTP connection of its own spliced past the proxy, on which every
+/// request, to protected routes too, runs unseen ("h2c smuggling"). Such a request goes on
+/// as a plain one, without its upgrade fields.
+fn upgrades_to_http(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::UPGRADE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|protocol| {
+            let protocol = protocol.trim_ascii();
+            let name = protocol.split(|&b| b == b'/').next().unwrap_or(protocol);
+            name.trim_ascii()
+        })
+        .any(|name| {
+            name.eq_ignore_ascii_case(b"h2c")
+                || name.eq_ignore_ascii_case(b"h2")
+                || name.eq_ignore_ascii_case(b"http")
+        })
 }
 
 /// Whether any `Connection` field lists `option` (`close`, `upgrade`, …).
@@ -332,6 +360,20 @@ mod tests {
         assert!(connection_names_headers(&h));
         strip_hop_by_hop(&mut h, false);
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn an_upgrade_to_http_itself_is_not_wanted() {
+        for offer in ["h2c", "websocket, H2C", "HTTP/2.0", "h2", "http/1.1"] {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+            h.insert(header::UPGRADE, HeaderValue::from_str(offer).unwrap());
+            assert!(!wants_upgrade(&h), "{offer}");
+        }
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(wants_upgrade(&h));
     }
 
     #[test]

@@ -106,3 +106,87 @@ async fn http2_clients_are_served_and_protected() {
     let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(seen["headers"]["host"][0], proxy.addr.to_string());
 }
+
+/// `Upgrade: h2c` is not forwarded: an upstream that takes the switch (Jetty's `http2c`
+/// module, for one) would hand the client an HTTP/2 connection of its own
+/// past the proxy, on which every request (a POST to a protected route among them) runs
+/// unseen ("h2c smuggling"). The upstream gets a plain request without the upgrade fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_upgrade_is_not_forwarded() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    // An upstream that switches to HTTP/2 when asked to, as Jetty does, and counts the
+    // POSTs it runs on the switched connection.
+    let posts = Arc::new(AtomicUsize::new(0));
+    let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (counted, seen) = (Arc::clone(&posts), Arc::clone(&heads));
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let (posts, heads) = (Arc::clone(&counted), Arc::clone(&seen));
+            tokio::spawn(async move {
+                while let Some(head) = read_head(&mut stream).await {
+                    heads.lock().unwrap().push(head.clone());
+                    if !head.contains("upgrade: h2c") {
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        stream.write_all(ok).await.unwrap();
+                        continue;
+                    }
+                    let switch = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n";
+                    stream.write_all(switch).await.unwrap();
+                    let service = hyper::service::service_fn(move |request: Request<_>| {
+                        if request.method() == Method::POST {
+                            posts.fetch_add(1, Ordering::SeqCst);
+                        }
+                        async {
+                            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                                Bytes::from_static(b"ran"),
+                            )))
+                        }
+                    });
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, service)
+                        .await;
+                    return;
+                }
+            });
+        }
+    });
+    let proxy = start_proxy(upstream, ROUTES).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET / HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: h2c\r\n\
+              http2-settings: AAMAAABkAARAAP__\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let head = read_head(&mut stream).await.expect("an answer head");
+    if head.starts_with("http/1.1 101") {
+        // What a client does with the switch: POSTs to /orders, which needs a key, without one.
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        for _ in 0..2 {
+            let post = Request::post("http://x/orders")
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .unwrap();
+            let answer = sender.send_request(post).await.unwrap();
+            let _ = answer.into_body().collect().await;
+        }
+    }
+    assert_eq!(
+        posts.load(Ordering::SeqCst),
+        0,
+        "POSTs to a protected route ran past the proxy on a switched connection"
+    );
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let heads = heads.lock().unwrap();
+    assert_eq!(heads.len(), 1);
+    assert!(!heads[0].contains("upgrade"), "{}", heads[0]);
+    assert!(!heads[0].contains("http2-settings"), "{}", heads[0]);
+}
