@@ -52,7 +52,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
             .flat_map(|v| v.as_bytes().split(|&b| b == b','))
             .map(<[u8]>::trim_ascii)
         {
-            if !is_connection_option(token) {
+            // `Host` is for every recipient (RFC 9110 §7.6.1 forbids naming such a field):
+            // dropped, the upstream would get an HTTP/1.1 request without one, read by its
+            // default host rather than the one the request was routed by.
+            if !is_connection_option(token) && !token.eq_ignore_ascii_case(b"host") {
                 if let Ok(name) = HeaderName::from_bytes(token) {
                     listed.push(name);
                 }
@@ -325,6 +328,17 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn a_connection_option_naming_host_keeps_it() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Host, x-a"));
+        h.insert(header::HOST, HeaderValue::from_static("shop.example"));
+        h.insert("x-a", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[header::HOST], "shop.example");
     }
 
     #[test]

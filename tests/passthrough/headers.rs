@@ -178,3 +178,33 @@ async fn protected_answers_lose_trailers_unless_they_stream_over_max_answer() {
     assert_eq!(collected.to_bytes(), "hello");
     assert_eq!(trailers["x-checksum"], "1");
 }
+
+/// A `Connection` option naming `Host` does not leave the forwarded request without one:
+/// an HTTP/1.1 request must have a `Host` (RFC 9112 §3.2), and the upstream must read the
+/// host the request was routed by, not fall back to its default one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_option_naming_host_keeps_the_host() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    for connection in ["host", "keep-alive, Host"] {
+        let a = send(
+            proxy.addr,
+            Method::POST,
+            "/echo-headers",
+            &[("host", "shop.example"), ("connection", connection)],
+            "",
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::OK);
+        let seen = &a.json()["headers"];
+        assert_eq!(
+            seen["host"],
+            serde_json::json!(["shop.example"]),
+            "{connection}: {seen}"
+        );
+        assert_eq!(
+            seen["x-forwarded-host"][0], "shop.example",
+            "{connection}: {seen}"
+        );
+    }
+}
