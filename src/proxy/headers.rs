@@ -219,7 +219,8 @@ pub fn write_forwarded_fields(
     let mut forwarded_for: Vec<&HeaderValue> = Vec::new();
     for (name, value) in headers {
         match name.as_str() {
-            "content-length" | "expect" | "x-forwarded-proto" | "x-forwarded-host" => continue,
+            "content-length" | "expect" | "x-forwarded-proto" | "x-forwarded-host"
+            | "forwarded" => continue,
             "upgrade" if forwarding.upgrade => {}
             "x-forwarded-for" => {
                 forwarded_for.push(value);

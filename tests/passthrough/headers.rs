@@ -208,3 +208,27 @@ async fn a_connection_option_naming_host_keeps_the_host() {
         );
     }
 }
+
+/// A client's `Forwarded` (RFC 7239) is not passed on: it says what `X-Forwarded-Host`,
+/// `-Proto` and `-For` say, which the proxy sets itself, and upstreams that read it first
+/// (Spring's `ForwardedHeaderFilter`) would take a client's word for its address, scheme and
+/// host (a password-reset link to another host).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_forwarded_field_does_not_reach_the_upstream() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let a = send(
+        proxy.addr,
+        Method::GET,
+        "/echo-headers",
+        &[
+            ("host", "shop.example"),
+            ("forwarded", "for=203.0.113.1;proto=https;host=evil.example"),
+        ],
+        "",
+    )
+    .await;
+    let seen = &a.json()["headers"];
+    assert!(seen.get("forwarded").is_none(), "{seen}");
+    assert_eq!(seen["x-forwarded-host"][0], "shop.example");
+}

@@ -17,7 +17,10 @@ use crate::proxy::headers::{
 /// without `Expect` (answered here, not forwarded) and without framing fields (hyper writes
 /// those for the body actually sent); `Host` kept, or `fallback_host` when the client sent
 /// none (HTTP/2's `:authority`, or the upstream's for HTTP/1.0); `X-Forwarded-For`
-/// appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set. Trailer fields the client
+/// appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set, and the client's
+/// `Forwarded` (RFC 7239, which says the same and which some upstreams read first, Spring's
+/// `ForwardedHeaderFilter` among them) removed, so a client cannot name its own scheme,
+/// host or address to the upstream. Trailer fields the client
 /// declared in `Trailer` are declared again, less those only a header section may carry:
 /// hyper sends only declared trailers.
 pub fn prepare(
@@ -40,6 +43,7 @@ pub fn prepare(
             "expect" => seen.remove |= 2,
             "x-forwarded-proto" => seen.remove |= 4,
             "x-forwarded-host" => seen.remove |= 8,
+            "forwarded" => seen.remove |= 16,
             "x-forwarded-for" => seen.forwarded_for = true,
             "trailer" => seen.trailer = true,
             "cookie" => seen.cookie = true,
@@ -63,6 +67,9 @@ pub fn prepare(
     }
     if seen.remove & 8 != 0 {
         headers.remove(&X_FORWARDED_HOST);
+    }
+    if seen.remove & 16 != 0 {
+        headers.remove(header::FORWARDED);
     }
     let forwarded_for = if seen.forwarded_for {
         let mut list = Vec::new();
@@ -114,7 +121,8 @@ pub fn prepare(
 struct Seen {
     host: bool,
     /// Which of the fields that are never forwarded as they came are there: bit 0
-    /// `Content-Length`, 1 `Expect`, 2 `X-Forwarded-Proto`, 3 `X-Forwarded-Host`.
+    /// `Content-Length`, 1 `Expect`, 2 `X-Forwarded-Proto`, 3 `X-Forwarded-Host`, 4
+    /// `Forwarded`.
     remove: u8,
     forwarded_for: bool,
     trailer: bool,
