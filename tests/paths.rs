@@ -187,3 +187,30 @@ async fn a_host_list_is_a_400() {
     }
     assert_eq!(upstream.executed(), 0);
 }
+
+/// Method names are case-sensitive (RFC 9110 §9.1), yet Django and Flask (Werkzeug) upper-case
+/// the method they are given: a `post` runs their POST view while no route, nor
+/// `defaults.key`, took it for a POST. A method with a lower-case letter is a 400 problem
+/// before anything runs, and the proxy goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_in_lower_case_is_a_400() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, REQUIRED).await;
+    for method in [
+        "post", "Post", "pOST", "patch", "put", "delete", "get", "purge",
+    ] {
+        let request = format!(
+            "{method} /api/orders HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        );
+        let raw = raw_exchange(proxy.addr, request.as_bytes()).await;
+        assert!(raw.starts_with("HTTP/1.1 400"), "{method}: {raw}");
+        assert!(raw.contains("application/problem+json"), "{method}: {raw}");
+        assert!(
+            raw.contains("urn:idemgate:problem:bad-request"),
+            "{method}: {raw}"
+        );
+    }
+    assert_eq!(upstream.executed(), 0);
+    let answer = post(proxy.addr, "/api/orders", &[("idempotency-key", "k")], "{}").await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+}

@@ -1,6 +1,7 @@
 //! Requests refused before routing: what HTTP/1.1 requires a server to refuse (RFC 9112
 //! §3.2: no `Host` field, more than one, or one that is not one host; the target `*` on
-//! another method than OPTIONS, §3.2.4), a path that has no
+//! another method than OPTIONS, §3.2.4), a method with a lower-case letter (which some
+//! upstreams upper-case, so it would reach them as a method no route saw), a path that has no
 //! one safe normal form ([`normalize_target`]), and what this proxy
 //! does not forward (a `CONNECT` tunnel; a transfer coding besides `chunked`, RFC 9112
 //! §6.1: hyper itself answers 400 to codings that do not end in `chunked`, so the ones
@@ -23,6 +24,19 @@ use crate::route::normalize::normalize_path;
 /// its `Host` field. The `Host` field is checked either way; [`host_from_target`] then
 /// makes it the authority the request was routed by.
 pub fn admit<B>(request: &Request<B>) -> Result<Option<&str>, ProxyError> {
+    // RFC 9110 §9.1: method names are case-sensitive, and every registered one is upper
+    // case. But Django and Werkzeug (Flask) upper-case the method they are given: a `post`
+    // would run their POST view while neither a route nor `defaults.key` took it for one.
+    if request
+        .method()
+        .as_str()
+        .bytes()
+        .any(|b| b.is_ascii_lowercase())
+    {
+        return Err(ProxyError::BadRequest(
+            "the method has a lower-case letter; method names are upper case".into(),
+        ));
+    }
     if request.method() == Method::CONNECT {
         return Err(ProxyError::NotImplemented(
             "CONNECT is not forwarded: this is a reverse proxy, not a tunnel",
@@ -284,6 +298,16 @@ mod tests {
         assert_eq!(refusal(&r), 400);
         let r = Request::options("*").header(HOST, "a").body(()).unwrap();
         assert_eq!(admit(&r).unwrap(), Some("a"));
+    }
+
+    #[test]
+    fn a_method_with_a_lower_case_letter_is_a_400() {
+        for method in ["post", "Post", "get", "purge"] {
+            let r = request(method, Version::HTTP_11, &[("host", "h")]);
+            assert_eq!(refusal(&r), 400, "{method}");
+        }
+        let r = request("PURGE", Version::HTTP_11, &[("host", "h")]);
+        assert!(admit(&r).is_ok());
     }
 
     #[test]
