@@ -3,6 +3,7 @@
 //! Paths are matched in their [`normalize`]d form, without each segment's `;` parameters:
 //! Java servers (Tomcat, Jetty, Spring) drop them before they route, so
 //! `/api/orders;jsessionid=1` is `/api/orders` to them and must be to the routes too.
+//! Literal segments match in any ASCII case, as case-insensitive upstreams route them.
 
 pub mod normalize;
 
@@ -78,6 +79,9 @@ impl PathPattern {
 
     /// Whether `path` (the request path, without query) matches. One trailing slash is not
     /// significant, so `/api/orders/` cannot slip past a rule written for `/api/orders`.
+    /// Nor is the ASCII case of a literal segment: Express, ASP.NET Core and IIS route
+    /// `/API/Orders` where `/api/orders` goes, so a rule written for one covers the other
+    /// (the path as sent stays part of the payload fingerprint).
     /// Nor are a segment's `;` parameters (from its first `;`): `/api/orders;x=1` is
     /// `/api/orders`, and a segment of parameters alone (`/api/;x/orders`) is no segment,
     /// as a server that drops them and then merges the empty segment reads it.
@@ -99,7 +103,10 @@ impl PathPattern {
                 // it and then ends, has a '/' or has the piece's parameters.
                 Segment::Literal(text) => {
                     let text = text.as_bytes();
-                    if !left.starts_with(text) {
+                    if !left
+                        .get(..text.len())
+                        .is_some_and(|piece| piece.eq_ignore_ascii_case(text))
+                    {
                         return false;
                     }
                     match left.get(text.len()) {
@@ -288,6 +295,15 @@ mod tests {
     }
 
     #[test]
+    fn literal_segments_match_in_any_ascii_case() {
+        let p = PathPattern::parse("/api/orders/{id}/cancel").unwrap();
+        assert!(p.matches("/API/Orders/7/CANCEL"));
+        assert!(p.matches("/api/orders;x/7/Cancel/"));
+        assert!(!p.matches("/api/ordersx/7/cancel"));
+        assert!(!p.matches("/api/order/7/cancel"));
+    }
+
+    #[test]
     fn params_match_one_nonempty_segment() {
         let p = PathPattern::parse("/api/polls/{poll}/votes").unwrap();
         assert!(p.matches("/api/polls/42/votes"));
@@ -392,7 +408,7 @@ mod tests {
                     return false;
                 };
                 match segment {
-                    Segment::Literal(text) if text != piece => return false,
+                    Segment::Literal(text) if !text.eq_ignore_ascii_case(piece) => return false,
                     Segment::Param if piece.is_empty() => return false,
                     _ => {}
                 }
@@ -443,6 +459,8 @@ mod tests {
             "/a//b;x",
             "/a/;x/;y/b",
             "/a/x;",
+            "/A/B",
+            "/Ab;x/Y",
         ];
         for pattern in patterns {
             let p = PathPattern::parse(pattern).unwrap();

@@ -214,3 +214,50 @@ async fn a_method_in_lower_case_is_a_400() {
     let answer = post(proxy.addr, "/api/orders", &[("idempotency-key", "k")], "{}").await;
     assert_eq!(answer.status, StatusCode::CREATED);
 }
+
+const ANY_CASE: &str = r#"
+routes:
+  - name: pay
+    match: { methods: [POST], path: /api/orders }
+    key: { header: Idempotency-Key, required: true }
+  - name: update-user
+    match: { methods: [PUT], path: "/api/users/{id}" }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+/// Express, ASP.NET Core and IIS route paths in any case: `/API/Orders` runs what
+/// `/api/orders` runs there. A route's literal segments match in any ASCII case, so such a
+/// spelling is refused as the route requires rather than let through on the default key
+/// (a POST) or unprotected (a PUT); the upstream still gets the path as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_matches_its_path_in_any_case() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, ANY_CASE).await;
+    for path in [
+        "/API/orders",
+        "/api/Orders",
+        "/Api/ORDERS/",
+        "/api/%4Frders",
+    ] {
+        let answer = post(proxy.addr, path, &[], r#"{"amount":5}"#).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(
+            answer.json()["type"],
+            "urn:idemgate:problem:key-invalid",
+            "{path}"
+        );
+    }
+    for path in ["/API/users/1", "/api/USERS/1"] {
+        let answer = common::send(proxy.addr, http::Method::PUT, path, &[], "{}").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
+    }
+    assert_eq!(upstream.executed(), 0);
+    let key = [("idempotency-key", "k1")];
+    let first = post(proxy.addr, "/API/Orders", &key, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(upstream.seen()[0].target, "/API/Orders");
+    // The path is still part of the payload: another spelling under the same key is 422.
+    let other = post(proxy.addr, "/api/orders", &key, "{}").await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(upstream.executed(), 1);
+}
