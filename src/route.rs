@@ -67,6 +67,7 @@ impl PathPattern {
                     "path pattern {source:?}: segment {piece:?} mixes text and a placeholder"
                 ));
             } else {
+                check_literal(source, piece)?;
                 segments.push(Segment::Literal((*piece).to_owned()));
             }
         }
@@ -154,6 +155,66 @@ impl fmt::Display for PathPattern {
         f.write_str(&self.source)
     }
 }
+
+/// Refuses a literal segment that no normalised request path has, which would never match
+/// ([`normalize`]): an empty or dot segment, an escape the normal form decodes or refuses,
+/// or a character a path carries only percent-encoded (a space, `?`, non-ASCII).
+fn check_literal(source: &str, piece: &str) -> Result<(), String> {
+    let never = |why: String| Err(format!("path pattern {source:?} never matches: {why}"));
+    if piece.is_empty() {
+        return never("it has an empty segment, and repeated slashes are merged".into());
+    }
+    if piece == "." || piece == ".." {
+        return never(format!(
+            "{piece:?} is a dot segment, removed from request paths"
+        ));
+    }
+    if let Some(c) = piece.chars().find(|&c| !is_path_char(c)) {
+        let encoded = percent_encoding::utf8_percent_encode(source, NOT_PATH).to_string();
+        return never(format!(
+            "{c:?} reaches it only percent-encoded; write {encoded:?}"
+        ));
+    }
+    match normalize::normalize_path(&format!("/{piece}")) {
+        Ok(std::borrow::Cow::Borrowed(_)) => Ok(()),
+        Ok(std::borrow::Cow::Owned(normal)) => never(format!(
+            "requests spell {piece:?} as {:?}; write {:?}",
+            &normal[1..],
+            source.replacen(piece, &normal[1..], 1)
+        )),
+        Err(e) => never(format!("{e}, which requests are refused for")),
+    }
+}
+
+/// Whether `c` may stand for itself in a path segment (RFC 3986 `pchar`, or the `%` of an
+/// escape).
+fn is_path_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-._~!$&'()*+,;=:@%".contains(c)
+}
+
+/// What [`check_literal`] suggests escaping: all but `pchar`, `%` and `/`.
+const NOT_PATH: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'!')
+    .remove(b'$')
+    .remove(b'&')
+    .remove(b'\'')
+    .remove(b'(')
+    .remove(b')')
+    .remove(b'*')
+    .remove(b'+')
+    .remove(b',')
+    .remove(b';')
+    .remove(b'=')
+    .remove(b':')
+    .remove(b'@')
+    .remove(b'%')
+    .remove(b'/')
+    .remove(b'{')
+    .remove(b'}');
 
 /// Where the first piece of `path` ends (its '/', or the end).
 fn piece_end(path: &[u8]) -> usize {
@@ -383,6 +444,33 @@ mod tests {
     }
 
     #[test]
+    fn a_literal_no_request_path_has_is_rejected() {
+        for bad in [
+            "/a//b",
+            "/a/./b",
+            "/a/../b",
+            "/a/%6F",
+            "/a/%2F",
+            "/a/%zz",
+            "/a b",
+            "/caf\u{e9}",
+            "/a?b",
+            "/a#b",
+        ] {
+            assert!(PathPattern::parse(bad).is_err(), "{bad}");
+        }
+        for good in [
+            "/caf%C3%A9",
+            "/a:b@c!$&'()+,=",
+            "/a-b_c~d.e",
+            "/a/",
+            "/{x}/b",
+        ] {
+            assert!(PathPattern::parse(good).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
     fn a_pattern_with_params_is_rejected() {
         assert!(PathPattern::parse("/api/orders;v=2").is_err());
     }
@@ -426,7 +514,6 @@ mod tests {
             "/{x}",
             "/*",
             "/ab/{x}/*",
-            "/a//b",
         ];
         let paths = [
             "",

@@ -261,3 +261,42 @@ async fn a_route_matches_its_path_in_any_case() {
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(upstream.executed(), 1);
 }
+
+/// A route path that no normalised request path can have would never match, and its
+/// requests would go to `defaults.key` (a POST) or through unprotected (a PUT): it is
+/// refused at load, the error naming the form to write.
+#[test]
+fn a_route_path_no_request_can_have_is_refused_at_load() {
+    for (path, hint) in [
+        ("/api/%6Frders", "/api/orders"),
+        ("/api/./orders", "dot segment"),
+        ("/api/x/../orders", "dot segment"),
+        ("/api//orders", "empty segment"),
+        ("/api/café", "/api/caf%C3%A9"),
+        ("/api/order items", "/api/order%20items"),
+        ("/api/a%2Fb", "%2F"),
+        ("/api/orders?x=1", "/api/orders%3Fx=1"),
+    ] {
+        let text = format!(
+            "listen: 127.0.0.1:0\nupstream: http://127.0.0.1:1\nroutes:\n  - name: r\n    match: {{ methods: [PUT], path: \"{path}\" }}\n    key: {{ header: K }}\n"
+        );
+        let err = idemgate::config::Config::parse(&text, "p.yaml")
+            .map(|_| ())
+            .expect_err(path)
+            .to_string();
+        assert!(err.contains(hint), "{path}: {err}");
+    }
+    for path in [
+        "/api/caf%C3%A9",
+        "/api/{id}/orders",
+        "/api/*",
+        "/",
+        "/api/orders/",
+        "/a:b@c!$&'()+,=",
+    ] {
+        let text = format!(
+            "listen: 127.0.0.1:0\nupstream: http://127.0.0.1:1\nroutes:\n  - name: r\n    match: {{ methods: [PUT], path: \"{path}\" }}\n    key: {{ header: K }}\n"
+        );
+        idemgate::config::Config::parse(&text, "p.yaml").expect(path);
+    }
+}
