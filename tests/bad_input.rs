@@ -15,6 +15,9 @@ routes:
   - name: callback
     match: { methods: [POST], path: /orders/callback }
     key: { fields: [/alipayNo, /paymentOrderNo] }
+  - name: optional-callback
+    match: { methods: [POST], path: /orders/optional-callback }
+    key: { fields: [/alipayNo], required: false }
   - name: fingerprinted
     match: { methods: [POST, PUT], path: "/orders/{id}/notes" }
     key: { fingerprint: { body: true } }
@@ -420,4 +423,18 @@ async fn a_badly_framed_chunked_body_is_400_body_unreadable_and_nothing_executes
     assert_eq!(a.status, StatusCode::CREATED);
     assert!(!a.replayed());
     still_serving(proxy.addr, "after-body-unreadable").await;
+}
+
+/// With `required: false` a `fields` route lets a body that is not JSON through
+/// unprotected, as it does one without the fields: the route asked for no refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_is_not_json_passes_a_fields_route_that_does_not_require_them() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    for body in ["not json", "not json", "{}"] {
+        let a = post(proxy.addr, "/orders/optional-callback", &[], body).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{body}");
+        assert!(!a.replayed());
+    }
+    assert_eq!(upstream.executed(), 3);
 }

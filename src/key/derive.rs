@@ -152,7 +152,13 @@ pub fn derive_key(
             payload_fingerprint(req, &rule.payload, trace.as_deref_mut(), Host::InKey)
         }
         KeySource::Fields(pointers) => {
-            let values = extract_fields(req.body, pointers)?;
+            // A body that is not JSON has none of the fields: refused, or let through
+            // unprotected where the route does not require them, as when one is absent.
+            let values = match extract_fields(req.body, pointers) {
+                Ok(values) => values,
+                Err(_) if !rule.required => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
             // The fields name a request within one resource: a route with path parameters
             // (or the fallback, which takes every path) serves many, and the same
             // identifiers sent to two of them are two requests.
