@@ -281,6 +281,7 @@ pub async fn handle(
                 }
                 let since = *waiting_since.get_or_insert_with(Instant::now);
                 args.after = waiter.owner();
+                args.takes_over = waiter.owner_lapsed();
                 let _waiting = cx.metrics.duplicate_waiting();
                 if !waiter.wait(since + policy.wait_timeout).await {
                     waited(waiting_since);
@@ -314,6 +315,7 @@ pub(super) fn claim_args(
         reissue,
         waits: policy.in_flight == InFlightMode::Wait,
         after: None,
+        takes_over: false,
         route: cx.route_metrics.tag(),
         // Counted only where the store limits each caller's share: a second digest.
         caller: if cx.store.counts_callers() {

@@ -86,6 +86,13 @@ pub struct ClaimArgs {
     /// claim gets its failure ([`Claim::Failed`](super::Claim::Failed)) instead of a turn
     /// of its own.
     pub after: Option<OwnerToken>,
+    /// With [`ClaimArgs::after`]: the waiter's last look found that owner's claim lapsed
+    /// on a route that releases lapsed claims ([`Lapse::Release`]), so a key found free
+    /// now was freed by the lapse's end and this claim may take it over
+    /// ([`Waiter::owner_lapsed`](super::Waiter::owner_lapsed)). Otherwise a waiter never
+    /// takes a free key: its owner settled it (released it, or its failure's record
+    /// expired before the waiter looked), and only a later request executes again.
+    pub takes_over: bool,
     /// The route's tag for the store's own metrics (evictions by route).
     pub route: RouteTag,
     /// Whose request it is, for a store that limits what one caller may hold
@@ -108,6 +115,7 @@ impl ClaimArgs {
             reissue: None,
             waits: true,
             after: None,
+            takes_over: false,
             route: RouteTag::default(),
             caller: CallerTag::NONE,
         }

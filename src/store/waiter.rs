@@ -18,7 +18,8 @@ use super::sql::Interest as SqlInterest;
 /// A duplicate's handle on an in-flight key: resolves when the owner finishes (a
 /// notification), or when the owner's lease as seen at claim time runs out (it may have
 /// vanished), whichever comes first; the caller then claims again, naming
-/// [`Waiter::owner`] as [`ClaimArgs::after`](super::ClaimArgs::after). A live owner's
+/// [`Waiter::owner`] as [`ClaimArgs::after`](super::ClaimArgs::after) (and
+/// [`Waiter::owner_lapsed`] as [`ClaimArgs::takes_over`](super::ClaimArgs::takes_over)). A live owner's
 /// claim moves its lease on (renewed on Redis; on the memory store the claim that looks
 /// extends it), so that is one look per lease period (Redis: per second at most), never a
 /// busy loop.
@@ -27,6 +28,8 @@ pub struct Waiter {
     signal: watch::Receiver<()>,
     lease_until: Instant,
     owner: Option<OwnerToken>,
+    /// The owner's claim was found lapsed (its route releases lapsed claims).
+    owner_lapsed: bool,
     // Keeps the owner's wake-ups coming while someone waits on them.
     _subscription: Option<Subscription>,
 }
@@ -41,15 +44,18 @@ enum Subscription {
 }
 
 impl Waiter {
+    /// A waiter on `owner`'s claim, found lapsed when `owner_lapsed`.
     pub(crate) fn new(
         signal: watch::Receiver<()>,
         lease_until: Instant,
         owner: OwnerToken,
+        owner_lapsed: bool,
     ) -> Self {
         Self {
             signal,
             lease_until,
             owner: Some(owner),
+            owner_lapsed,
             _subscription: None,
         }
     }
@@ -61,6 +67,7 @@ impl Waiter {
             signal: watch::channel(()).1,
             lease_until: Instant::now(),
             owner: None,
+            owner_lapsed: false,
             _subscription: None,
         }
     }
@@ -71,12 +78,14 @@ impl Waiter {
         signal: watch::Receiver<()>,
         recheck_at: Instant,
         owner: OwnerToken,
+        owner_lapsed: bool,
         subscription: RedisSubscription,
     ) -> Self {
         Self {
             signal,
             lease_until: recheck_at,
             owner: Some(owner),
+            owner_lapsed,
             _subscription: Some(Subscription::Redis {
                 _channel: subscription,
             }),
@@ -89,12 +98,14 @@ impl Waiter {
         signal: watch::Receiver<()>,
         recheck_at: Instant,
         owner: OwnerToken,
+        owner_lapsed: bool,
         interest: SqlInterest,
     ) -> Self {
         Self {
             signal,
             lease_until: recheck_at,
             owner: Some(owner),
+            owner_lapsed,
             _subscription: Some(Subscription::Sql { _key: interest }),
         }
     }
@@ -102,6 +113,14 @@ impl Waiter {
     /// The owner this duplicate waits on.
     pub fn owner(&self) -> Option<OwnerToken> {
         self.owner
+    }
+
+    /// Whether the owner's claim was found lapsed, on a route that lets a lapsed claim be
+    /// taken over once its grace has passed: the next claim then names it as
+    /// [`ClaimArgs::takes_over`](super::ClaimArgs::takes_over), and may take a key it finds
+    /// free. A waiter on a live owner never does: a key it finds free was settled.
+    pub fn owner_lapsed(&self) -> bool {
+        self.owner_lapsed
     }
 
     /// Waits until the owner settles, the lease runs out, or `deadline`. Returns `false`

@@ -4,7 +4,8 @@
 //! One job per module: `upstream.rs` the counting upstream, `recorder.rs` the recording
 //! one, `proxy.rs` idemgate in process or as a process, `client.rs` the requests; the
 //! database and Redis servers have a module each, and `relay.rs` a relay a test steers
-//! between a proxy and its store. Every item is re-exported here, so tests
+//! between a proxy and its store, `shared_store.rs` scenarios run alike on every shared
+//! store. Every item is re-exported here, so tests
 //! write `common::post`.
 #![allow(dead_code)]
 
@@ -12,6 +13,7 @@ pub mod mariadb_server;
 pub mod postgres_server;
 pub mod redis_server;
 pub mod relay;
+pub mod shared_store;
 pub mod unprivileged;
 
 mod client;

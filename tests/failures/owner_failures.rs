@@ -182,3 +182,54 @@ async fn a_reset_after_sending_holds_the_key_unless_release_is_configured() {
     assert_eq!(retry.status, StatusCode::CREATED);
     assert_eq!(upstream.executed(), 2);
 }
+
+/// With `on_unknown_outcome: release`, an owner whose upstream never answers is given up
+/// at `background_timeout` and its key freed for a later request. A duplicate that was
+/// waiting on it all along is not a later request: its owner's request went out and may
+/// have run, so it gets the owner's failure, never a turn of its own.
+/// (`background_timeout` is only the margin the duplicate has to park before the owner
+/// gives up; parking later would hang the test, never pass it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_waiting_on_an_owner_given_up_at_background_timeout_does_not_execute() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &route(
+            "upstream_timeout: 200ms\n    background_timeout: 3s\n    wait_timeout: 60s\n    on_unknown_outcome: release",
+        ),
+    )
+    .await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [("idempotency-key", "given-up"), ("x-test-gate", "never")];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("never", 1).await;
+    let duplicates = park_duplicates(&proxy, "given-up", 1).await;
+    assert_eq!(owner.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
+    for duplicate in duplicates {
+        let duplicate = duplicate.await.unwrap();
+        assert_eq!(
+            upstream.executed(),
+            1,
+            "the duplicate that waited on the owner ran its request again: {:?} {}",
+            duplicate.status,
+            String::from_utf8_lossy(&duplicate.body)
+        );
+        assert_eq!(duplicate.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            problem_type(&duplicate),
+            "urn:idemgate:problem:duplicate-of-failed-request"
+        );
+    }
+    // A request after the owner was given up is a new attempt, as the route chose.
+    let later = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "given-up")],
+        "{}",
+    )
+    .await;
+    assert_eq!(later.status, StatusCode::CREATED);
+    assert_eq!(upstream.executed(), 2);
+}

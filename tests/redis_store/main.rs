@@ -4,7 +4,8 @@
 //!
 //! The config and the helpers several modules use are here; the tests are in one module
 //! per topic: `replicas.rs` (exactly once between proxy processes, a killed or slow owner,
-//! Redis restarted empty), `faults.rs` (Redis down, in both modes), `round_trips.rs`,
+//! Redis restarted empty), `faults.rs` (Redis down, in both modes), `late_waiters.rs` (a duplicate that
+//! looks again only after its owner's failure expired), `round_trips.rs`,
 //! `cluster.rs` and `unanswered_release.rs`.
 
 #[path = "../common/mod.rs"]
@@ -12,6 +13,7 @@ mod common;
 
 mod cluster;
 mod faults;
+mod late_waiters;
 mod replicas;
 mod round_trips;
 mod unanswered_release;

@@ -91,11 +91,12 @@ impl MemoryStore {
         use Decision::{Answer, Take};
         let issued_only = args.mode == ClaimMode::IssuedOnly;
         // A waiter never takes a turn of its own from a key that was settled meanwhile,
-        // unless the route lets a lapsed claim be taken over (its owner may have died).
-        let releases = matches!(args.lapse, Lapse::Release { .. });
+        // unless it saw its owner's claim lapse on a route that lets a lapsed claim be
+        // taken over (its owner may have died, and the grace has passed since).
+        let takes_over = args.takes_over && matches!(args.lapse, Lapse::Release { .. });
         let free = || match (args.after, issued_only) {
             (_, true) => Answer(Claim::NotIssued),
-            (Some(_), false) if !releases => Answer(Claim::Failed(None)),
+            (Some(_), false) if !takes_over => Answer(Claim::Failed(None)),
             (_, false) => Take,
         };
         let fp = &args.fingerprint;
@@ -159,14 +160,14 @@ impl MemoryStore {
                     record.lease_until = now + record.lease;
                 }
                 let until = record.lease_until;
-                wait_on(record, fp, until)
+                wait_on(record, fp, until, false)
             }
             // The owner vanished without settling: its request may have gone out.
             Entry::InFlight(record) => match record.lapse {
                 Lapse::Hold { ttl } => Decision::Lapsed { ttl },
                 Lapse::Release { grace } if now < record.lease_until + grace => {
                     let until = record.lease_until + grace;
-                    wait_on(record, fp, until)
+                    wait_on(record, fp, until, true)
                 }
                 // A token whose owner vanished is spent (as on Redis, where its records
                 // are gone by then); the client asks for a new one.
@@ -205,9 +206,10 @@ impl MemoryStore {
     }
 }
 
-/// A duplicate's answer from another owner's claim in flight: a waiter on the claim's
-/// channel (made by the first duplicate) until `until`, unless the payloads disagree.
-fn wait_on(record: &mut InFlight, fingerprint: &Digest, until: Instant) -> Decision {
+/// A duplicate's answer from another owner's claim in flight (`lapsed`: its owner vanished,
+/// and it may be taken over after its grace): a waiter on the claim's channel (made by the
+/// first duplicate) until `until`, unless the payloads disagree.
+fn wait_on(record: &mut InFlight, fingerprint: &Digest, until: Instant, lapsed: bool) -> Decision {
     if mismatched(&record.fingerprint, fingerprint) {
         return Decision::Answer(Claim::Mismatch);
     }
@@ -216,5 +218,6 @@ fn wait_on(record: &mut InFlight, fingerprint: &Digest, until: Instant) -> Decis
         done.subscribe(),
         until,
         record.token,
+        lapsed,
     )))
 }

@@ -36,10 +36,12 @@ enum Look {
 enum Decided {
     Claim(RawClaim),
     /// Another owner's claim, alive or lapsed but possibly still running: `owner` runs it,
-    /// and a waiter looks again after `recheck` at the latest.
+    /// and a waiter looks again after `recheck` at the latest; `lapsed`: the claim lapsed
+    /// and is taken over once its record expires.
     InFlight {
         owner: OwnerToken,
         recheck: Duration,
+        lapsed: bool,
     },
 }
 
@@ -130,7 +132,9 @@ impl RedisStore {
             .arg(flag(args.mode == ClaimMode::IssuedOnly))
             .arg(flag(mark == Mark::WaitedOn))
             .arg(after.as_ref().map_or(&[][..], |a| &a[..]))
-            .arg(flag(matches!(args.lapse, Lapse::Release { .. })));
+            .arg(flag(
+                args.takes_over && matches!(args.lapse, Lapse::Release { .. }),
+            ));
         match self.run(invocation).await? {
             Value::Int(0) => Ok(Look::Claimed),
             Value::Int(1) => Ok(Look::Free),
@@ -174,17 +178,19 @@ impl RedisStore {
             }
             look => look,
         };
-        let owner = match decide(args, token, look)? {
+        let (owner, lapsed) = match decide(args, token, look)? {
             Decided::Claim(claim) => return Ok(claim),
             Decided::InFlight { .. } if !args.waits => {
                 return Ok(RawClaim::Other(Claim::InFlight(Waiter::unwatched())))
             }
-            Decided::InFlight { owner, .. } => owner,
+            Decided::InFlight { owner, lapsed, .. } => (owner, lapsed),
         };
         // Looked at again as the owner's waiter: if the owner failed since the first look,
-        // this duplicate gets its failure, never a turn of its own on the failure record.
+        // this duplicate gets its failure, never a turn of its own on the failure record
+        // (nor on a key it freed, unless its claim had lapsed).
         let args = &ClaimArgs {
             after: Some(owner),
+            takes_over: lapsed,
             ..*args
         };
         // The key was seen in flight: a failure from here on must not read as "the store
@@ -212,9 +218,17 @@ impl RedisStore {
             self.look(args, value, px, Mark::WaitedOn).await?,
         )? {
             Decided::Claim(claim) => Ok(claim),
-            Decided::InFlight { owner, recheck } => Ok(RawClaim::Other(Claim::InFlight(
-                Waiter::with_subscription(signal, Instant::now() + recheck, owner, subscription),
-            ))),
+            Decided::InFlight {
+                owner,
+                recheck,
+                lapsed,
+            } => Ok(RawClaim::Other(Claim::InFlight(Waiter::with_subscription(
+                signal,
+                Instant::now() + recheck,
+                owner,
+                lapsed,
+                subscription,
+            )))),
         }
     }
 
@@ -276,10 +290,12 @@ fn decide(args: &ClaimArgs, token: OwnerToken, look: Look) -> Result<Decided, St
                 (None, _) => Ok(Decided::InFlight {
                     owner,
                     recheck: FALLBACK_RECHECK,
+                    lapsed: false,
                 }),
                 (Some(p), _) if p > span || p < 0 => Ok(Decided::InFlight {
                     owner,
                     recheck: Duration::from_millis((p - span).max(1) as u64).min(FALLBACK_RECHECK),
+                    lapsed: false,
                 }),
                 (Some(_), Lapse::Hold { .. }) => {
                     answer(Claim::OutcomeUnknown(Unknown { until: until(pttl) }))
@@ -288,6 +304,7 @@ fn decide(args: &ClaimArgs, token: OwnerToken, look: Look) -> Result<Decided, St
                 (Some(p), Lapse::Release { .. }) => Ok(Decided::InFlight {
                     owner,
                     recheck: Duration::from_millis(p.max(1) as u64).min(FALLBACK_RECHECK),
+                    lapsed: true,
                 }),
             }
         }

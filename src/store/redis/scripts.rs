@@ -5,15 +5,16 @@
 use redis::Script;
 
 /// Claims a key: takes a free key (unless only an issued one may be taken, or the caller
-/// is a waiter, which never takes a turn of its own unless the route lets lapsed claims be
-/// taken over), an issued token, or a failure record left for another owner's waiters;
+/// is a waiter, which never takes a turn of its own unless it saw its owner's claim lapse
+/// on a route that lets lapsed claims be taken over), an issued token, or a failure record
+/// left for another owner's waiters;
 /// marks another owner's unmarked in-flight record as waited on when asked to; otherwise
 /// returns the record and its remaining TTL.
 ///
 /// `KEYS[1]` record. ARGV: `[1]` the claim's in-flight value, `[2]` its PX, `[3]` `1` for
 /// issued-only, `[4]` `1` to mark, `[5]` the token a waiter waited on (16 bytes) or empty,
-/// `[6]` `1` when a waiter may take a free key. Returns 0 (claimed), 1 (free, and not
-/// taken), or `{value, pttl}`.
+/// `[6]` `1` when a waiter may take a free key (it saw its owner's claim lapse). Returns 0
+/// (claimed), 1 (free, and not taken), or `{value, pttl}`.
 const CLAIM: &str = r"
 local v = redis.call('GET', KEYS[1])
 local waiter = ARGV[5] ~= ''

@@ -43,10 +43,12 @@ pub(super) enum Look {
 pub(super) enum Decided {
     Claim(RawClaim),
     /// Another owner's claim: `owner` runs it; a waiter looks again after `recheck` at the
-    /// latest (when its lease runs out, or a lapsed claim's span ends).
+    /// latest (when its lease runs out, or a lapsed claim's span ends); `lapsed`: the claim
+    /// lapsed and is taken over once its row expires.
     InFlight {
         owner: OwnerToken,
         recheck: Duration,
+        lapsed: bool,
     },
 }
 
@@ -178,6 +180,7 @@ pub(super) fn decide(
                 (false, _) => Ok(Decided::InFlight {
                     owner,
                     recheck: ms(found.lease_ms.unwrap_or(1)).max(Duration::from_millis(1)),
+                    lapsed: false,
                 }),
                 (true, true) => answer(Claim::OutcomeUnknown(Unknown {
                     until: found.until(),
@@ -186,6 +189,7 @@ pub(super) fn decide(
                 (true, false) => Ok(Decided::InFlight {
                     owner,
                     recheck: ms(found.expires_ms).max(Duration::from_millis(1)),
+                    lapsed: true,
                 }),
             }
         }

@@ -174,7 +174,14 @@ impl<D: Dialect> SqlStore<D> {
             Arg::Bytes(&args.fingerprint.0),
             Arg::Int(millis(args.lease)),
             Arg::Int(millis(args.lapse.span())),
-            Arg::Flag(matches!(args.lapse, Lapse::Hold { .. })),
+            // A waiter takes a free key only on a route that releases lapsed claims, and
+            // only once it saw its owner's claim lapse (`takes_over`): the routine lets
+            // a waiter take one unless `p_hold`, which it writes only into a claim it
+            // takes, so a waiter that may not take one passes it set.
+            Arg::Flag(
+                matches!(args.lapse, Lapse::Hold { .. })
+                    || (args.after.is_some() && !args.takes_over),
+            ),
             Arg::Flag(args.mode == ClaimMode::IssuedOnly),
             Arg::Flag(args.after.is_some()),
             Arg::Flag(mark),
@@ -209,12 +216,17 @@ impl<D: Dialect> SqlStore<D> {
 
     /// A claim by `token`.
     async fn claim_as(&self, args: &ClaimArgs, token: OwnerToken) -> Result<RawClaim, StoreError> {
-        let (owner, recheck) = match decide(args, token, self.look(args, token, false).await?)? {
+        let look = self.look(args, token, false).await?;
+        let (owner, recheck, lapsed) = match decide(args, token, look)? {
             Decided::Claim(claim) => return Ok(claim),
             Decided::InFlight { .. } if !args.waits => {
                 return Ok(RawClaim::Other(Claim::InFlight(Waiter::unwatched())))
             }
-            Decided::InFlight { owner, recheck } => (owner, recheck),
+            Decided::InFlight {
+                owner,
+                recheck,
+                lapsed,
+            } => (owner, recheck, lapsed),
         };
         let Some(trusted) = D::NOTIFICATIONS else {
             // The re-check's next look compares the row with this owner: a settlement
@@ -224,18 +236,25 @@ impl<D: Dialect> SqlStore<D> {
                 signal,
                 Instant::now() + recheck,
                 owner,
+                lapsed,
                 interest,
             ))));
         };
         // The key was seen in flight: a failure from here on must not read as "the store
         // could not say" (which `fail_open` forwards).
+        let args = &ClaimArgs {
+            after: Some(owner),
+            takes_over: lapsed,
+            ..*args
+        };
         self.wait_on(args, token, owner, trusted)
             .await
             .map_err(StoreError::after_in_flight)
     }
 
     /// A waiter's claim with notifications, once its first look found `owner`'s claim in
-    /// flight; `trusted`: how long a wake-up may be waited for before looking again.
+    /// flight (`args` name it as [`ClaimArgs::after`]); `trusted`: how long a wake-up may
+    /// be waited for before looking again.
     async fn wait_on(
         &self,
         args: &ClaimArgs,
@@ -250,21 +269,21 @@ impl<D: Dialect> SqlStore<D> {
             .map_err(|_| StoreError::Unavailable("not listening for notifications".into()))?;
         let (signal, interest) = self.common.interests.join(args.key, owner);
         // Looked at as the owner's waiter: if the owner failed since the first look, this
-        // duplicate gets its failure, never a turn of its own on the failure record.
-        let args = &ClaimArgs {
-            after: Some(owner),
-            ..*args
-        };
+        // duplicate gets its failure, never a turn of its own on the failure record (nor
+        // on a key it freed, unless its claim had lapsed).
         match decide(args, token, self.look(args, token, true).await?)? {
             Decided::Claim(claim) => Ok(claim),
-            Decided::InFlight { owner, recheck } => {
-                Ok(RawClaim::Other(Claim::InFlight(Waiter::watching(
-                    signal,
-                    Instant::now() + recheck.min(trusted),
-                    owner,
-                    interest,
-                ))))
-            }
+            Decided::InFlight {
+                owner,
+                recheck,
+                lapsed,
+            } => Ok(RawClaim::Other(Claim::InFlight(Waiter::watching(
+                signal,
+                Instant::now() + recheck.min(trusted),
+                owner,
+                lapsed,
+                interest,
+            )))),
         }
     }
 

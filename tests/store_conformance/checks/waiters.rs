@@ -156,3 +156,90 @@ pub async fn a_waiter_never_owns_a_key_freed_meanwhile(store: &Store) {
     let later = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
     assert!(later.release().await.unwrap());
 }
+
+/// On a route that releases lapsed claims (`on_unknown_outcome: release`) too, a waiter
+/// whose owner freed the key meanwhile (a plain release: its request never went out, or
+/// went out and the owner gave up on it) never takes the key itself: only a later request
+/// executes again.
+pub async fn a_waiter_never_owns_a_key_freed_meanwhile_when_lapses_are_released(store: &Store) {
+    let k = fresh_key();
+    let args = releasing(k, fingerprint(1), LONG_LEASE, LONG_LEASE);
+    let lease = expect_owner(store.claim_with(args).await.unwrap());
+    let waiter = expect_in_flight(store.claim_with(args).await.unwrap());
+    let after = ClaimArgs {
+        after: waiter.owner(),
+        ..args
+    };
+    assert!(lease.release().await.unwrap());
+    match store.claim_with(after).await.unwrap() {
+        Claim::Failed(None) => {}
+        other => panic!(
+            "a waiter took a turn of its own on a key its owner freed: {}",
+            other.as_str()
+        ),
+    }
+    let later = expect_owner(store.claim_with(args).await.unwrap());
+    assert!(later.release().await.unwrap());
+}
+
+/// A waiter that looks again only after its owner's failure record has expired (the
+/// failure's linger passed first: a slow store, a stalled process) finds the key free.
+/// Even on a route that releases lapsed claims it must not execute: its owner did not
+/// vanish, it failed, and only a later request executes again.
+pub async fn a_waiter_that_missed_its_owners_failure_never_owns_the_key(store: &Store) {
+    let k = fresh_key();
+    let args = releasing(k, fingerprint(1), LONG_LEASE, LONG_LEASE);
+    let lease = expect_owner(store.claim_with(args).await.unwrap());
+    let waiter = expect_in_flight(store.claim_with(args).await.unwrap());
+    let after = ClaimArgs {
+        after: waiter.owner(),
+        ..args
+    };
+    let failed = Settlement::Failed {
+        response: failure_response(),
+        linger: Duration::from_millis(1),
+        reissue: None,
+    };
+    assert_eq!(lease.settle(failed).await.unwrap(), Settled::Written);
+    within("the failure record to expire", async {
+        while store.inspect(k).await.unwrap().is_some() {
+            tokio::time::sleep(POLL).await;
+        }
+    })
+    .await;
+    match store.claim_with(after).await.unwrap() {
+        Claim::Failed(None) => {}
+        other => panic!(
+            "a waiter took a turn of its own after its owner failed: {}",
+            other.as_str()
+        ),
+    }
+}
+
+/// A waiter of a vanished owner on a route that releases lapsed claims, claiming again as
+/// the proxy does (naming the owner it waited on, and whether it saw that claim lapse),
+/// takes the key over once the grace has passed.
+pub async fn a_waiter_claiming_after_its_vanished_owner_takes_over_when_released(store: &Store) {
+    let k = fresh_key();
+    let args = releasing(k, fingerprint(1), SHORT_LEASE, SHORT_LEASE);
+    claim_abandoned_with(store, args).await;
+    let mut claim = store.claim_with(args).await.unwrap();
+    let lease = within("the takeover", async {
+        loop {
+            let waiter = match claim {
+                Claim::Owner(lease) => return lease,
+                Claim::InFlight(waiter) => waiter,
+                other => panic!("expected in flight or owner, got {}", other.as_str()),
+            };
+            let again = ClaimArgs {
+                after: waiter.owner(),
+                takes_over: waiter.owner_lapsed(),
+                ..args
+            };
+            assert!(waiter.wait(Instant::now() + HANG_GUARD).await);
+            claim = store.claim_with(again).await.unwrap();
+        }
+    })
+    .await;
+    assert!(lease.release().await.unwrap());
+}
