@@ -23,7 +23,7 @@ use super::claim::{ClaimArgs, Lapse, OwnerToken, Ownership};
 use super::renewals::{HeldClaim, Renewal};
 use super::response::StoredResponse;
 use super::settlement::{Settled, Settlement};
-use super::{Store, StoreError};
+use super::{unanswered, Store, StoreError};
 use crate::key::Digest;
 
 /// Held by the owner of a memory-store claim: while it lives the claim does not lapse, so
@@ -155,17 +155,29 @@ impl Lease {
     pub async fn settle(mut self, settlement: Settlement) -> Result<Settled, StoreError> {
         self.finished = true;
         // A renewal still out must land before the settlement: one that landed after a
-        // release would find the record gone and write the claim back.
-        if let Some(renewal) = self.renewal.take() {
-            renewal.finish().await;
-        }
+        // release would find the record gone and write the claim back. One that went
+        // unanswered may land later still (on a SQL database): the settlement is made
+        // again then.
+        let unanswered = match self.renewal.take() {
+            Some(renewal) => renewal.finish().await,
+            None => false,
+        };
         // A clone shares the answer's bytes.
         let settled = self.store.settle(&self.owned, settlement.clone()).await;
         if settled.is_err() {
             let (store, owned) = (self.store.clone(), self.owned);
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(settle_again(store, owned, settlement, self.lease));
+                rt.spawn(settle_again(
+                    store, owned, settlement, self.lease, unanswered,
+                ));
             }
+        } else if unanswered {
+            unanswered::settle_after_unanswered_renewal(
+                &self.store,
+                self.owned,
+                settlement,
+                self.lease,
+            );
         }
         settled
     }
@@ -230,12 +242,21 @@ impl Drop for Lease {
         let lease = self.lease;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                if let Some(renewal) = renewal {
-                    renewal.finish().await;
-                }
-                if let Err(e) = store.settle(&owned, settlement.clone()).await {
-                    tracing::warn!(%key, error = %e, "could not settle a dropped claim; retrying");
-                    settle_again(store, owned, settlement, lease).await;
+                let unanswered = match renewal {
+                    Some(renewal) => renewal.finish().await,
+                    None => false,
+                };
+                match store.settle(&owned, settlement.clone()).await {
+                    Err(e) => {
+                        tracing::warn!(%key, error = %e, "could not settle a dropped claim; retrying");
+                        settle_again(store, owned, settlement, lease, unanswered).await;
+                    }
+                    Ok(_) if unanswered => {
+                        unanswered::settle_after_unanswered_renewal(
+                            &store, owned, settlement, lease,
+                        );
+                    }
+                    Ok(_) => {}
                 }
             });
         }
@@ -245,7 +266,15 @@ impl Drop for Lease {
 /// Makes a settlement the store failed again, backing off, until it lands or the claim's
 /// record is gone: it lapses `lease` from now, and the store keeps it for its lapse span
 /// after that, still this owner's, so the settlement can land until then.
-async fn settle_again(store: Store, owned: Ownership, settlement: Settlement, lease: Duration) {
+/// `unanswered`: a renewal of the claim went unanswered, and the settlement, once made, is
+/// made again as [`unanswered::settle_after_unanswered_renewal`] says.
+async fn settle_again(
+    store: Store,
+    owned: Ownership,
+    settlement: Settlement,
+    lease: Duration,
+    unanswered: bool,
+) {
     let lapses = Instant::now() + lease;
     let until = lapses + owned.lapse.span();
     let key = owned.key.short();
@@ -270,6 +299,9 @@ async fn settle_again(store: Store, owned: Ownership, settlement: Settlement, le
         match store.settle(&owned, settlement.clone()).await {
             Ok(settled) => {
                 tracing::info!(%key, settled = what, result = ?settled, "settled the claim on a retry");
+                if unanswered {
+                    unanswered::settle_after_unanswered_renewal(&store, owned, settlement, lease);
+                }
                 return;
             }
             Err(e) => {

@@ -84,13 +84,19 @@ struct Claim {
     renewing: bool,
     /// Its lease is settling and waits for the renewal that is out; none is sent again.
     finishing: bool,
+    /// A renewal got no answer (the store failed, or timed out): on a SQL database its
+    /// statement may still commit, later than anything sent after it.
+    unanswered: bool,
 }
 
 /// What a renewal's answer means for renewing the claim again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Answer {
-    /// Renewed, restored, or failed for now: renew it again when due.
+    /// Renewed or restored: renew it again when due.
     Renewable,
+    /// No answer (the store failed or timed out): renew it again when due; the renewal may
+    /// still land.
+    Unanswered,
     /// Another owner holds the key: never renew it again.
     Lost,
 }
@@ -104,34 +110,39 @@ struct Due {
 /// One claim kept renewed until this is dropped.
 #[derive(Debug)]
 pub(crate) struct Renewal {
-    /// `None` once [`Renewal::finish`] took over.
+    /// The store's renewals, where the claim is removed once it is finished or dropped.
     renewals: Option<Arc<Renewals>>,
     id: u64,
 }
 
 impl Renewal {
     /// Stops renewing, once no renewal of this claim is out any more: a settlement sent
-    /// after this lands after every renewal.
-    pub(crate) async fn finish(mut self) {
-        let Some(renewals) = self.renewals.take() else {
-            return;
+    /// after this lands after every renewal that was answered. Returns whether one went
+    /// unanswered: on a SQL database it may still land after the settlement
+    /// (`store::unanswered` makes such a settlement again).
+    pub(crate) async fn finish(self) -> bool {
+        let Some(renewals) = &self.renewals else {
+            return false;
         };
         let id = self.id;
-        {
-            let mut state = lock(&renewals.state);
-            match state.claims.get_mut(&id) {
-                Some(claim) if claim.renewing => claim.finishing = true,
-                _ => {
-                    state.claims.remove(&id);
-                    return;
-                }
-            }
-        }
-        // The renewal's answer removes the claim now (`self` is disarmed).
+        // A renewal's answer leaves a finishing claim here to be removed once no renewal is
+        // out (or by `self`'s drop, should this future be dropped first).
         loop {
             let settled = renewals.settled.notified();
-            if !lock(&renewals.state).claims.contains_key(&id) {
-                return;
+            let unanswered = {
+                let mut state = lock(&renewals.state);
+                match state.claims.get_mut(&id) {
+                    Some(claim) if claim.renewing => {
+                        claim.finishing = true;
+                        None
+                    }
+                    // Removed under the lock, so no renewal is sent in between.
+                    Some(_) => state.claims.remove(&id).map(|claim| claim.unanswered),
+                    None => Some(false),
+                }
+            };
+            if let Some(unanswered) = unanswered {
+                return unanswered;
             }
             settled.await;
         }
@@ -169,6 +180,7 @@ impl Renewals {
                     due,
                     renewing: false,
                     finishing: false,
+                    unanswered: false,
                 },
             );
             let start = !state.task_started && runtime.is_some();
@@ -217,15 +229,16 @@ impl Renewals {
     }
 
     /// A renewal of claim `id` answered; whether the claim is still held (a lease that
-    /// finished meanwhile makes its renewal's answer no news). With [`Answer::Lost`], the
+    /// is finishing makes its renewal's answer no news, but for whether it was one). With [`Answer::Lost`], the
     /// store said the claim is no longer its token's, and it is not renewed again.
     fn answered(&self, id: u64, answer: Answer) -> bool {
         let mut state = lock(&self.state);
         let Some(claim) = state.claims.get_mut(&id) else {
             return false;
         };
+        claim.unanswered |= answer == Answer::Unanswered;
         if claim.finishing {
-            state.claims.remove(&id);
+            claim.renewing = false;
             drop(state);
             self.settled.notify_waiters();
             return false;
@@ -285,7 +298,7 @@ async fn renew_due<S: Renew>(alive: TaskAlive, store: Weak<S>) {
                         tracing::warn!(%key, "lost the claim while still running");
                     }
                     Ok(Renewed::Lost) => {}
-                    Err(e) if renewals.answered(id, Answer::Renewable) => {
+                    Err(e) if renewals.answered(id, Answer::Unanswered) => {
                         tracing::warn!(%key, error = %e, "could not renew the claim");
                     }
                     Err(_) => {}

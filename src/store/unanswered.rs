@@ -132,7 +132,71 @@ pub(crate) async fn release_now(
 /// The fenced release of `orphan`, tried again until an answer is final or the lease has
 /// passed (at least three store timeouts, so a short lease still gets a few tries).
 async fn release(store: &Store, orphan: Orphan) -> Option<Settled> {
-    let key = orphan.owned.key.short();
+    let settlement = Settlement::Release {
+        reissue: orphan.reissue,
+    };
+    repeat(
+        store,
+        &orphan.owned,
+        &settlement,
+        orphan.lease,
+        "unanswered claim",
+    )
+    .await
+}
+
+/// Settles `owned` once more, in the background, after its owner settled it with
+/// `settlement` while a renewal of its claim had gone unanswered. On a SQL database that
+/// renewal's statement may still commit after the settlement, find the claim's record gone
+/// and write the claim back: an orphan claim that would hold the key in flight, then as an
+/// unknown outcome, though its owner is done. So a settlement that leaves no record this
+/// owner's renewal would meet (a release, a failure past its linger, a zero ttl) is made
+/// again, fenced by the owner's token, as an unanswered claim's release is: it frees the
+/// orphan and touches nothing else. On Redis the renewal went out on the connection the
+/// settlement followed it on, so it landed first.
+pub(crate) fn settle_after_unanswered_renewal(
+    store: &Store,
+    owned: Ownership,
+    settlement: Settlement,
+    lease: Duration,
+) {
+    if settlement.writes_back() || matches!(store, Store::Redis(_) | Store::Memory(_)) {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if RELEASING.fetch_add(1, Ordering::Relaxed) >= MAX_RELEASING {
+        RELEASING.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    tracing::debug!(key = %owned.key.short(), "a renewal went unanswered; settling again");
+    let store = store.clone();
+    rt.spawn(async move {
+        let _releasing = Releasing;
+        repeat(
+            &store,
+            &owned,
+            &settlement,
+            lease,
+            "settlement after an unanswered renewal",
+        )
+        .await;
+    });
+}
+
+/// Makes `settlement` of `owned`, tried again until an answer is final or `lease` has
+/// passed (at least three store timeouts, so a short lease still gets a few tries): on a
+/// SQL database a statement sent before may still commit after any answer, so every try
+/// until then is made; on Redis the first answer is final.
+async fn repeat(
+    store: &Store,
+    owned: &Ownership,
+    settlement: &Settlement,
+    lease: Duration,
+    what: &'static str,
+) -> Option<Settled> {
+    let key = owned.key.short();
     let (timeout, ordered) = match store {
         Store::Redis(r) => (r.timeout(), true),
         Store::Postgres(p) => (p.timeout(), false),
@@ -140,27 +204,24 @@ async fn release(store: &Store, orphan: Orphan) -> Option<Settled> {
         // Its claims are answered at once; nothing is ever unanswered there.
         Store::Memory(_) => return None,
     };
-    let deadline = Instant::now() + orphan.lease.max(timeout * 3);
+    let deadline = Instant::now() + lease.max(timeout * 3);
     let mut pause = timeout.max(MIN_PAUSE);
     let mut last = None;
     loop {
-        let settlement = Settlement::Release {
-            reissue: orphan.reissue,
-        };
-        match store.settle(&orphan.owned, settlement).await {
+        match store.settle(owned, settlement.clone()).await {
             Ok(settled) => {
-                tracing::debug!(%key, ?settled, "unanswered claim: released");
+                tracing::debug!(%key, ?settled, "{what}: settled");
                 if ordered {
                     return Some(settled);
                 }
                 last = Some(settled);
             }
-            Err(e) => tracing::debug!(%key, error = %e, "unanswered claim: release failed"),
+            Err(e) => tracing::debug!(%key, error = %e, "{what}: settling failed"),
         }
         let now = Instant::now();
         if now >= deadline {
             if last.is_none() {
-                tracing::warn!(%key, "could not release an unanswered claim; it lapses");
+                tracing::warn!(%key, "{what}: could not settle it; it lapses");
             }
             return last;
         }

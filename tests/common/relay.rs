@@ -1,8 +1,9 @@
 //! A TCP relay between a proxy and its store (Redis, PostgreSQL, MariaDB) that a test
-//! steers: hold what either side sends, drop a reply with its connection, cut the link.
+//! steers: hold what either side sends (on every connection, or on one only), drop a
+//! reply with its connection, cut the link.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,6 +33,12 @@ pub struct Relay {
     pub hold_requests_after_next_reply: Arc<AtomicBool>,
     /// Bytes the proxy sent that arrived while requests were held.
     pub requests_held: Arc<AtomicUsize>,
+    /// Set: the next connection the proxy sends on is the held one
+    /// ([`Relay::hold_next_sender`]), if what it sends starts with the byte after 1.
+    hold_next_sender: Arc<AtomicU16>,
+    /// The connection (numbered in the order accepted) whose requests wait; `u64::MAX`:
+    /// none.
+    held_connection: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Relay {
@@ -41,6 +48,21 @@ impl Relay {
 
     pub fn requests_held(&self) -> usize {
         self.requests_held.load(Ordering::SeqCst)
+    }
+
+    /// Holds what the proxy sends next that starts with `first` (PostgreSQL's `B`: a
+    /// prepared statement's execution), and everything after it on that connection
+    /// (counted in `requests_held`), until [`Relay::release_held_sender`]; the other
+    /// connections pass. So one statement can reach the store after later ones sent on
+    /// other connections, as a connection whose packets are delayed delivers it.
+    pub fn hold_next_sender(&self, first: u8) {
+        self.hold_next_sender
+            .store(1 + u16::from(first), Ordering::SeqCst);
+    }
+
+    /// Lets what [`Relay::hold_next_sender`] held go on.
+    pub fn release_held_sender(&self) {
+        self.held_connection.send_replace(u64::MAX);
     }
 }
 
@@ -66,8 +88,15 @@ pub async fn relay_to(port: u16) -> Relay {
         Arc::clone(&hold_requests_after_next_reply),
     );
     let counted_held = Arc::clone(&requests_held);
+    let hold_next_sender = Arc::<AtomicU16>::default();
+    let held_connection = Arc::new(tokio::sync::watch::channel(u64::MAX).0);
+    let (next_sender, holding_one) = (Arc::clone(&hold_next_sender), Arc::clone(&held_connection));
+    let accepted = AtomicU64::new(0);
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
+            let number = accepted.fetch_add(1, Ordering::SeqCst);
+            let (next_sender, holding_one) = (Arc::clone(&next_sender), Arc::clone(&holding_one));
+            let mut held_one = holding_one.subscribe();
             // Redis is gone once a test ends; the proxy may still try to reconnect.
             let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
                 continue;
@@ -86,10 +115,19 @@ pub async fn relay_to(port: u16) -> Relay {
                         Ok(0) | Err(_) => return,
                         Ok(n) => n,
                     };
-                    if *requests_held.borrow() {
+                    let first = 1 + u16::from(buf[0]);
+                    if next_sender
+                        .compare_exchange(first, 0, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                    {
+                        holding_one.send_replace(number);
+                    }
+                    if *requests_held.borrow() || *held_one.borrow() == number {
                         counted_held.fetch_add(n, Ordering::SeqCst);
                     }
-                    if requests_held.wait_for(|hold| !*hold).await.is_err() {
+                    if requests_held.wait_for(|hold| !*hold).await.is_err()
+                        || held_one.wait_for(|held| *held != number).await.is_err()
+                    {
                         return;
                     }
                     if cutting.load(Ordering::SeqCst)
@@ -145,5 +183,7 @@ pub async fn relay_to(port: u16) -> Relay {
         hold_requests,
         hold_requests_after_next_reply,
         requests_held,
+        hold_next_sender,
+        held_connection,
     }
 }

@@ -7,14 +7,16 @@
 //! The `Database` trait over both servers and the helpers every test uses are here; the
 //! tests are in one module per topic: `replicas.rs` (two proxies on one database, and the
 //! database restarted under their load), `lapses.rs` (owners cut off from the
-//! database, a duplicate's two looks), `late_waiters.rs` (a duplicate that looks again
-//! only after its owner's failure expired), `round_trips.rs`, `reaper.rs`, `table.rs` (what
+//! database, a duplicate's two looks), `late_renewals.rs` (a renewal that lands after its
+//! owner settled), `late_waiters.rs` (a duplicate that looks again only after its
+//! owner's failure expired), `round_trips.rs`, `reaper.rs`, `table.rs` (what
 //! the database holds, the table, the config section) and `unanswered_release.rs`.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod lapses;
+mod late_renewals;
 mod late_waiters;
 mod reaper;
 mod replicas;
