@@ -25,6 +25,7 @@ use super::response::StoredResponse;
 use super::settlement::{Settled, Settlement};
 use super::{unanswered, Store, StoreError};
 use crate::key::Digest;
+use tracing::Instrument;
 
 /// Held by the owner of a memory-store claim: while it lives the claim does not lapse, so
 /// an owner in this process needs no renewal timer (a timer registration and a task per
@@ -167,9 +168,8 @@ impl Lease {
         if settled.is_err() {
             let (store, owned) = (self.store.clone(), self.owned);
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(settle_again(
-                    store, owned, settlement, self.lease, unanswered,
-                ));
+                let retry = settle_again(store, owned, settlement, self.lease, unanswered);
+                rt.spawn(retry.instrument(tracing::Span::current()));
             }
         } else if unanswered {
             unanswered::settle_after_unanswered_renewal(
@@ -241,6 +241,7 @@ impl Drop for Lease {
         let (store, owned) = (self.store.clone(), self.owned);
         let lease = self.lease;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let span = tracing::Span::current();
             rt.spawn(async move {
                 let unanswered = match renewal {
                     Some(renewal) => renewal.finish().await,
@@ -258,7 +259,8 @@ impl Drop for Lease {
                     }
                     Ok(_) => {}
                 }
-            });
+            }
+            .instrument(span));
         }
     }
 }

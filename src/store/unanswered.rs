@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use super::claim::{ClaimArgs, OwnerToken, Ownership};
 use super::settlement::{Settled, Settlement};
 use super::Store;
+use tracing::Instrument;
 
 /// At most this many unanswered claims are being released at once in a process (each is a
 /// task until its lease has passed); past it, one is left to lapse, with a warning. A store
@@ -102,10 +103,11 @@ impl<F: FnOnce() -> Store> Drop for Unanswered<F> {
         }
         tracing::warn!(%key, "claim unanswered; releasing it in the background");
         let store = store();
-        rt.spawn(async move {
+        let release = async move {
             let _releasing = Releasing;
             release(&store, orphan).await;
-        });
+        };
+        rt.spawn(release.instrument(tracing::Span::current()));
     }
 }
 
@@ -172,7 +174,7 @@ pub(crate) fn settle_after_unanswered_renewal(
     }
     tracing::debug!(key = %owned.key.short(), "a renewal went unanswered; settling again");
     let store = store.clone();
-    rt.spawn(async move {
+    let repeated = async move {
         let _releasing = Releasing;
         repeat(
             &store,
@@ -182,7 +184,8 @@ pub(crate) fn settle_after_unanswered_renewal(
             "settlement after an unanswered renewal",
         )
         .await;
-    });
+    };
+    rt.spawn(repeated.instrument(tracing::Span::current()));
 }
 
 /// Makes `settlement` of `owned`, tried again until an answer is final or `lease` has

@@ -160,3 +160,47 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A settlement Redis missed is made again in the background, and what that retry logs
+/// carries the request's span (method, route, key) like every line the request causes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_retried_in_the_background_logs_in_its_requests_span() {
+    use std::sync::atomic::Ordering;
+
+    let redis = RedisServer::start();
+    let relay = crate::common::relay::relay_to(redis.port).await;
+    let upstream = start_upstream().await;
+    let url = format!("redis://{}", relay.addr);
+    let proxy = ProxyProcess::start_logging(upstream.addr, &redis_yaml(&url, ""), "info");
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [("idempotency-key", "retried"), ("x-test-gate", "settle")];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("settle", 1).await;
+    relay.cut.store(true, Ordering::SeqCst);
+    upstream.open("settle");
+    assert_eq!(owner.await.unwrap().status, StatusCode::CREATED);
+    assert!(proxy.log().contains("could not settle the claim"));
+    relay.cut.store(false, Ordering::SeqCst);
+    crate::common::redis_server::wait_until(
+        || proxy.log().contains("settled the claim on a retry"),
+        "the background settlement",
+    );
+    let log = proxy.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("settled the claim on a retry"))
+        .unwrap();
+    assert!(line.contains("route=create-order"), "{line}");
+    assert!(line.contains("method=POST"), "{line}");
+    let replay = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "retried")],
+        "{}",
+    )
+    .await;
+    assert!(replay.replayed());
+    assert_eq!(upstream.executed(), 1);
+}
