@@ -128,17 +128,38 @@ pub async fn handle<B>(
             Ok(None) => text(StatusCode::NOT_FOUND, "no such key\n"),
             Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
         },
-        Method::DELETE => match proxy.store().remove(digest).await {
-            Ok(true) => {
-                tracing::info!(key = %digest.short(), "key deleted through the admin API");
-                let mut r = Response::new(ProxyBody::empty());
-                *r.status_mut() = StatusCode::NO_CONTENT;
-                r
-            }
-            Ok(false) => text(StatusCode::NOT_FOUND, "no such key\n"),
-            Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
-        },
+        Method::DELETE => purge(proxy, digest).await,
         _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE\n"),
+    }
+}
+
+/// `DELETE /keys/{digest}`. A key in flight is refused: its owner is running (or, on a
+/// shared store, its lease has not lapsed, or a takeover must wait for the dead owner's
+/// call): removing it would tell the duplicates waiting on it that their owner failed and
+/// let the next retry run the request beside the first. Once it settled, or lapsed as an
+/// unknown outcome, it can be purged.
+async fn purge(proxy: &Proxy, digest: Digest) -> Response<ProxyBody> {
+    match proxy.store().inspect(digest).await {
+        Ok(Some(info)) if info.state == "in_flight" => {
+            return text(
+                StatusCode::CONFLICT,
+                "the key is in flight: its request may still be running upstream, and a \
+                 purge would let a retry run it again; purge it once it has settled\n",
+            )
+        }
+        Ok(Some(_)) => {}
+        Ok(None) => return text(StatusCode::NOT_FOUND, "no such key\n"),
+        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    }
+    match proxy.store().remove(digest).await {
+        Ok(true) => {
+            tracing::info!(key = %digest.short(), "key deleted through the admin API");
+            let mut r = Response::new(ProxyBody::empty());
+            *r.status_mut() = StatusCode::NO_CONTENT;
+            r
+        }
+        Ok(false) => text(StatusCode::NOT_FOUND, "no such key\n"),
+        Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
 }
 
