@@ -1,7 +1,8 @@
 //! The proxy pipeline. [`handler`] refuses what [`admission`] does not admit, matches the
 //! route and picks a path: [`passthrough`] streams unprotected requests untouched;
 //! [`protected`] runs the phases buffer → derive key → claim → forward, wait or replay →
-//! complete or release.
+//! complete or release. [`stopping`] tells the duplicates it holds when a shutdown must
+//! have answered them.
 
 pub mod admission;
 pub mod answer;
@@ -14,6 +15,7 @@ pub mod observe;
 pub mod passthrough;
 mod problem;
 pub mod protected;
+pub mod stopping;
 pub mod tokens;
 pub mod upstream;
 pub mod upstream_timer;

@@ -68,6 +68,13 @@ pub async fn serve_proxy(
         streams: config.connections.max_streams,
         metrics: Some(Arc::clone(proxy.metrics())),
     };
+    // The drain starts with the shutdown: duplicates held waiting are answered before it
+    // ends (see `crate::proxy::stopping`).
+    let stopping = proxy.clone();
+    let shutdown = async move {
+        shutdown.await;
+        stopping.stopping().begin(drain);
+    };
     let tls_source = proxy.clone();
     let tls = move || tls_source.config().tls.clone();
     let service = move |conn: ConnInfo| {

@@ -65,3 +65,70 @@ async fn purging_a_key_in_flight_is_refused_while_its_owner_runs() {
     let purge = send(proxy.admin, Method::DELETE, &path, &[], "").await;
     assert_eq!(purge.status, StatusCode::NO_CONTENT);
 }
+
+/// One raw POST to `/orders` with `headers`: the client's result, a connection the proxy
+/// cut without an answer included.
+async fn try_post(
+    addr: std::net::SocketAddr,
+    headers: &[(&str, &str)],
+) -> Result<common::Answer, String> {
+    use http_body_util::BodyExt;
+    let mut request = http::Request::post(format!("http://{addr}/orders"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    let response = common::client()
+        .request(request)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let (head, body) = response.into_parts();
+    let body = body.collect().await.map_err(|e| format!("{e:?}"))?;
+    Ok(common::Answer {
+        status: head.status,
+        headers: head.headers,
+        body: body.to_bytes(),
+    })
+}
+
+/// SIGTERM while a duplicate waits on an owner that outlives the drain: the duplicate is
+/// answered before the process exits (a 409 `in-flight` with `Retry-After`, so its client
+/// retries where the key's answer will be), never cut off without an answer, even when its
+/// `wait_timeout` reaches past `drain_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_waiting_at_shutdown_is_answered_before_the_exit() {
+    let upstream = start_upstream().await;
+    let config = format!("drain_timeout: 2s\ndefaults: {{ wait_timeout: 60s }}\n{ROUTES}");
+    let mut proxy = common::ProxyProcess::start(upstream.addr, &config);
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        try_post(
+            addr,
+            &[("idempotency-key", "stop"), ("x-test-gate", "stop")],
+        )
+        .await
+    });
+    upstream.arrived("stop", 1).await;
+    let duplicate =
+        tokio::spawn(async move { try_post(addr, &[("idempotency-key", "stop")]).await });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while common::metric(proxy.admin, "idemgate_waiting").await < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: no waiter"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    proxy.signal("TERM");
+    assert!(proxy.wait_exit().success());
+    let duplicate = duplicate.await.unwrap();
+    let duplicate = duplicate.expect("the waiting duplicate got an answer");
+    assert_eq!(duplicate.status, StatusCode::CONFLICT);
+    assert_eq!(duplicate.json()["type"], "urn:idemgate:problem:in-flight");
+    assert!(duplicate.headers.contains_key(http::header::RETRY_AFTER));
+    let _ = owner.await;
+    upstream.open("stop");
+    assert_eq!(upstream.executed_for("stop"), 1);
+}

@@ -16,6 +16,7 @@ use super::body::ProxyBody;
 use super::observe;
 use super::passthrough;
 use super::protected::{self, Owners, Report};
+use super::stopping::Stopping;
 use super::upstream::UpstreamClient;
 use crate::config::{Config, Protection};
 use crate::error::ProxyError;
@@ -36,6 +37,7 @@ pub struct Proxy {
     store: Store,
     metrics: Arc<Metrics>,
     owners: Arc<Owners>,
+    stopping: Arc<Stopping>,
     body_read_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -58,6 +60,7 @@ impl Proxy {
             store,
             metrics,
             owners,
+            stopping: Arc::default(),
             body_read_timeout: BODY_READ_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
         }
@@ -83,6 +86,12 @@ impl Proxy {
     /// The keys this process owns right now.
     pub fn owners(&self) -> &Arc<Owners> {
         &self.owners
+    }
+
+    /// When a shutdown must have answered the duplicates held waiting; the proxy's
+    /// listener starts it with the drain.
+    pub fn stopping(&self) -> &Stopping {
+        &self.stopping
     }
 
     /// The store in use.
@@ -216,6 +225,7 @@ impl Proxy {
                     metrics: &self.metrics,
                     route_metrics: &route_metrics,
                     owners: &self.owners,
+                    stopping: &self.stopping,
                     body_read_timeout: self.body_read_timeout,
                 };
                 if rule.policy.observe {

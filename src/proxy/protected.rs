@@ -10,7 +10,7 @@
 //! unknown outcome (`on_unknown_outcome: hold`), never free for a blind re-run.
 
 use std::future::Future as _;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -22,6 +22,8 @@ use http::{HeaderValue, Request, Response};
 use super::answer::{self, Answer, AnswerBody};
 use super::body::{read_limited, ProxyBody, RequestBody};
 use super::detach::Detachable;
+pub use super::stopping::Owners;
+use super::stopping::Stopping;
 use super::upstream::{timed_out, UpstreamClient};
 use crate::config::{InFlightMode, OnStoreError, OnUnknownOutcome, Protected};
 use crate::error::ProxyError;
@@ -47,72 +49,6 @@ const RETRY_AFTER_SECS: u64 = 1;
 /// when a notification was missed.
 const FAILURE_LINGER: Duration = Duration::from_secs(5);
 
-/// The owners running in this process right now, so a shutdown can wait for them. Those
-/// still running when the drain ends keep their claims: their requests went out, so no
-/// other replica may run them again (it treats them as dead owners once their leases
-/// lapse).
-///
-/// Holding a claim here is two atomic operations.
-#[derive(Debug, Default)]
-pub struct Owners {
-    running: AtomicUsize,
-    /// Set once a shutdown waits in [`Owners::finished`]; until then finishing owners
-    /// notify no one (a notification takes a lock).
-    draining: AtomicBool,
-    changed: tokio::sync::Notify,
-}
-
-impl Owners {
-    fn hold(self: &Arc<Self>) -> OwnedGuard {
-        self.running.fetch_add(1, Ordering::SeqCst);
-        OwnedGuard {
-            owners: Arc::clone(self),
-        }
-    }
-
-    /// How many claims are owned now.
-    pub fn len(&self) -> usize {
-        self.running.load(Ordering::SeqCst)
-    }
-
-    /// Whether no claim is owned.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Waits until every owner has finished, or `deadline`.
-    pub async fn finished(&self, deadline: Instant) {
-        // SeqCst on both sides: an owner finishing now either sees `draining` and notifies,
-        // or finished before the count below is read.
-        self.draining.store(true, Ordering::SeqCst);
-        loop {
-            let changed = self.changed.notified();
-            if self.is_empty() {
-                return;
-            }
-            if tokio::time::timeout_at(deadline.into(), changed)
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    }
-}
-
-struct OwnedGuard {
-    owners: Arc<Owners>,
-}
-
-impl Drop for OwnedGuard {
-    fn drop(&mut self) {
-        self.owners.running.fetch_sub(1, Ordering::SeqCst);
-        if self.owners.draining.load(Ordering::SeqCst) {
-            self.owners.changed.notify_waiters();
-        }
-    }
-}
-
 /// What the protected path needs from the proxy.
 pub struct Context<'a> {
     /// The store keys are claimed in.
@@ -127,6 +63,8 @@ pub struct Context<'a> {
     pub route_metrics: &'a Arc<RouteMetrics>,
     /// The keys this process owns.
     pub owners: &'a Arc<Owners>,
+    /// When a shutdown must have answered the duplicates waiting here.
+    pub stopping: &'a Stopping,
     /// How long the client may pause while sending the body.
     pub body_read_timeout: Duration,
 }
@@ -283,7 +221,13 @@ pub async fn handle(
                 args.after = waiter.owner();
                 args.takes_over = waiter.owner_lapsed();
                 let _waiting = cx.metrics.duplicate_waiting();
-                if !waiter.wait(since + policy.wait_timeout).await {
+                // A shutdown whose drain would end first answers it as a wait that timed
+                // out, rather than cutting it off without an answer.
+                let woken = tokio::select! {
+                    woken = waiter.wait(since + policy.wait_timeout) => woken,
+                    () = cx.stopping.answer_now() => false,
+                };
+                if !woken {
                     waited(waiting_since);
                     return Err(in_flight);
                 }

@@ -1,0 +1,149 @@
+//! What a shutdown needs from the proxy: the owners to wait for ([`Owners`]), and when
+//! the duplicates it holds must have been answered ([`Stopping`]).
+//!
+//! A shutdown lets open requests finish for `drain_timeout`, then the process exits and
+//! every connection still open is cut without an answer. A duplicate waiting on an owner
+//! that outlives the drain (its `wait_timeout` may well be longer) would be cut that way,
+//! and its client left to guess. So once the drain starts, a waiting duplicate stops
+//! waiting a little before the drain ends and gets what a wait that timed out gets: `409
+//! in-flight` with `Retry-After`, which sends its client to retry where the key's answer
+//! will be. The owner it waited on is left alone: its claim stays (see [`Owners`]).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+/// The owners running in this process right now, so a shutdown can wait for them. Those
+/// still running when the drain ends keep their claims: their requests went out, so no
+/// other replica may run them again (it treats them as dead owners once their leases
+/// lapse).
+///
+/// Holding a claim here is two atomic operations.
+#[derive(Debug, Default)]
+pub struct Owners {
+    running: AtomicUsize,
+    /// Set once a shutdown waits in [`Owners::finished`]; until then finishing owners
+    /// notify no one (a notification takes a lock).
+    draining: AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+impl Owners {
+    /// Counts an owner until the guard drops.
+    pub(super) fn hold(self: &Arc<Self>) -> OwnedGuard {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        OwnedGuard {
+            owners: Arc::clone(self),
+        }
+    }
+
+    /// How many claims are owned now.
+    pub fn len(&self) -> usize {
+        self.running.load(Ordering::SeqCst)
+    }
+
+    /// Whether no claim is owned.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until every owner has finished, or `deadline`.
+    pub async fn finished(&self, deadline: Instant) {
+        // SeqCst on both sides: an owner finishing now either sees `draining` and notifies,
+        // or finished before the count below is read.
+        self.draining.store(true, Ordering::SeqCst);
+        loop {
+            let changed = self.changed.notified();
+            if self.is_empty() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline.into(), changed)
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// One owner counted in [`Owners`].
+pub(super) struct OwnedGuard {
+    owners: Arc<Owners>,
+}
+
+impl Drop for OwnedGuard {
+    fn drop(&mut self) {
+        self.owners.running.fetch_sub(1, Ordering::SeqCst);
+        if self.owners.draining.load(Ordering::SeqCst) {
+            self.owners.changed.notify_waiters();
+        }
+    }
+}
+
+/// The longest a duplicate's answer is given, before the drain ends, to reach its client;
+/// never more than half the drain.
+const ANSWER_MARGIN: Duration = Duration::from_secs(1);
+
+/// See the [module docs](self).
+#[derive(Debug, Default)]
+pub struct Stopping {
+    /// When held duplicates are answered; set once, when the drain starts.
+    answer_at: OnceLock<Instant>,
+    started: Notify,
+}
+
+impl Stopping {
+    /// The drain started now and lasts `drain`: held duplicates are answered shortly
+    /// before it ends.
+    pub fn begin(&self, drain: Duration) {
+        let margin = ANSWER_MARGIN.min(drain / 2);
+        let _ = self.answer_at.set(Instant::now() + drain - margin);
+        self.started.notify_waiters();
+    }
+
+    /// Resolves when a duplicate still waiting must be answered (never, unless a drain
+    /// started).
+    pub async fn answer_now(&self) {
+        loop {
+            // Made before the look at `answer_at`: `notify_waiters` reaches a `Notified`
+            // that exists, polled or not, so no start falls in between.
+            let started = self.started.notified();
+            if let Some(at) = self.answer_at.get() {
+                tokio::time::sleep_until((*at).into()).await;
+                return;
+            }
+            started.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A drain started while someone waits answers it before the drain ends; a drain
+    /// started before the wait too.
+    #[tokio::test]
+    async fn a_wait_ends_before_the_drain_does() {
+        let stopping = std::sync::Arc::new(Stopping::default());
+        let waiting = tokio::spawn({
+            let stopping = std::sync::Arc::clone(&stopping);
+            async move { stopping.answer_now().await }
+        });
+        tokio::task::yield_now().await;
+        let drain = Duration::from_millis(100);
+        let started = Instant::now();
+        stopping.begin(drain);
+        tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("hang guard: the wait never ended")
+            .unwrap();
+        assert!(*stopping.answer_at.get().expect("set") < started + drain);
+        tokio::time::timeout(Duration::from_secs(30), stopping.answer_now())
+            .await
+            .expect("hang guard: a later wait never ended");
+    }
+}
