@@ -106,6 +106,42 @@ async fn a_full_store_counts_its_evictions_or_refuses_new_keys() {
     );
 }
 
+/// The failure an owner shares with its waiters is kept a few seconds only: it never
+/// evicts a stored answer to make room (whose repeats would then run again). Without room
+/// the waiters are told their owner failed, without its answer, and every stored answer
+/// still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_to_share_never_evicts_a_stored_answer() {
+    let upstream = start_upstream().await;
+    let config = format!("store:\n  memory: {{ max_bytes: 4KiB }}\n{}", route(""));
+    let proxy = start_proxy(upstream.addr, &config).await;
+    for key in ["k0", "k1", "k2"] {
+        let stored = post(proxy.addr, "/orders", &[("idempotency-key", key)], "{}").await;
+        assert_eq!(stored.status, StatusCode::CREATED);
+    }
+    let headers = [
+        ("idempotency-key", "boom"),
+        ("x-test-status", "500"),
+        ("x-test-bytes", "3000"),
+    ];
+    let failed = post(proxy.addr, "/orders", &headers, "{}").await;
+    assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        failed.body.len(),
+        3000,
+        "the owner's client got the answer whole"
+    );
+    for key in ["k0", "k1", "k2"] {
+        let again = post(proxy.addr, "/orders", &[("idempotency-key", key)], "{}").await;
+        assert!(again.replayed(), "{key} was evicted and ran again");
+    }
+    assert_eq!(upstream.executed(), 4);
+    assert_eq!(
+        proxy.metric(r#"idemgate_store_evictions_total{route="orders"}"#),
+        0.0
+    );
+}
+
 /// A full store with `when_full: reject` refuses new keys with a 503 even on a route that
 /// fails open: a full store is no outage, and forwarding would run the request unprotected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

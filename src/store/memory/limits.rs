@@ -75,24 +75,27 @@ impl MemoryStore {
     /// token); whether there is.
     pub(super) fn room_for_entry(&self, own: &mut Shard, own_index: usize, now: Ticks) -> bool {
         let limits = self.limits;
-        self.make_room(own, own_index, now, |t| {
+        self.make_room(own, own_index, now, self.limits.when_full, |t| {
             t.entries.load(Ordering::Relaxed) >= limits.max_entries
                 || t.bytes.load(Ordering::Relaxed) + ENTRY_OVERHEAD > limits.max_bytes
         })
     }
 
     /// Makes room for `cost` more bytes (an answer replacing its claim's slot); whether
-    /// there is.
+    /// there is. `when_full` says whether live records may go for it: an answer to replay
+    /// is worth the store's own choice; a failure shared for a few seconds is never worth
+    /// a live record (whose repeats would run again), so it asks with `Reject`.
     pub(super) fn room_for_bytes(
         &self,
         own: &mut Shard,
         own_index: usize,
         now: Ticks,
         cost: usize,
+        when_full: WhenFull,
     ) -> bool {
         let max = self.limits.max_bytes;
         cost <= max
-            && self.make_room(own, own_index, now, |t| {
+            && self.make_room(own, own_index, now, when_full, |t| {
                 t.bytes.load(Ordering::Relaxed) + cost > max
             })
     }
@@ -106,6 +109,7 @@ impl MemoryStore {
         own: &mut Shard,
         own_index: usize,
         now: Ticks,
+        when_full: WhenFull,
         over: impl Fn(&Totals) -> bool,
     ) -> bool {
         if !over(&self.totals) {
@@ -126,7 +130,7 @@ impl MemoryStore {
         if !over(totals) {
             return true;
         }
-        if self.limits.when_full == WhenFull::Reject {
+        if when_full == WhenFull::Reject {
             return false;
         }
         while over(totals) {

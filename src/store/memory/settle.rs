@@ -1,9 +1,10 @@
 //! An owner's settlement on the memory store: fenced by its token, the claim's record is
 //! replaced by the outcome (or removed), which wakes its waiters as the record's channel
 //! closes. An answer that finds no room is kept as "executed, answer not stored"; a
-//! failure that finds none is shared without its answer.
+//! failure that finds none (it never evicts a live record) is shared without its answer.
 
 use super::record::{Entry, Outcome, SettledRecord};
+use super::WhenFull;
 use super::{MemoryStore, SWEEP_PER_WRITE};
 use crate::store::response::ENTRY_OVERHEAD;
 use crate::store::{CallerTag, Ownership, RouteTag, Settled, Settlement};
@@ -51,7 +52,7 @@ impl MemoryStore {
             Settlement::Done { response, ttl } => {
                 let cost = response.cost();
                 let fits = !self.over_caller_share(caller, (0, cost), (0, 0))
-                    && self.room_for_bytes(&mut shard, index, ticks, cost);
+                    && self.room_for_bytes(&mut shard, index, ticks, cost, self.limits.when_full);
                 if fits {
                     let response = response.with_fingerprint(fingerprint);
                     let entry = Entry::Done {
@@ -81,8 +82,9 @@ impl MemoryStore {
                 linger,
                 reissue,
             } => {
+                // Shared for a few seconds: never at the cost of a live record.
                 let cost = response.cost();
-                if self.room_for_bytes(&mut shard, index, ticks, cost) {
+                if self.room_for_bytes(&mut shard, index, ticks, cost, WhenFull::Reject) {
                     let ttl = linger.max(reissue.unwrap_or_default());
                     let issued = reissue.is_some();
                     let (entry, cost) = record(Outcome::Failed { response, issued });
