@@ -132,3 +132,42 @@ async fn a_duplicate_waiting_at_shutdown_is_answered_before_the_exit() {
     upstream.open("stop");
     assert_eq!(upstream.executed_for("stop"), 1);
 }
+
+/// A client that goes away while its owner's call runs: the owner runs on, stores the
+/// answer for the retry, and is counted as `executed` like any owner, so the executions
+/// `/metrics` reports match the upstream's even when clients time out first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_whose_client_left_is_counted_when_it_finishes() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nhost: {}\r\nidempotency-key: left\r\nx-test-gate: left\r\ncontent-length: 2\r\n\r\n{{}}",
+        proxy.addr
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    upstream.arrived("left", 1).await;
+    drop(stream);
+    // The proxy's own signal that the client is gone: its connection closed.
+    let gone = "idemgate_client_connections";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while proxy.metric(gone) > 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: still connected"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    upstream.open("left");
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "left")], "{}").await;
+    assert!(retry.replayed(), "the retry got the stored answer");
+    assert_eq!(upstream.executed_for("left"), 1);
+    let series = |outcome: &str| {
+        proxy.metric(&format!(
+            r#"idemgate_requests_total{{route="orders",outcome="{outcome}"}}"#
+        ))
+    };
+    assert_eq!(series("replayed") + series("waited"), 1.0);
+    assert_eq!(series("executed"), 1.0, "the owner that ran is counted");
+}

@@ -5,7 +5,9 @@
 //! The owner of a claim must reach the upstream and store the answer even if its client
 //! disconnected, or stopped waiting at its own deadline, so that client's retry finds the
 //! answer. Detached, it runs at most until its bound ([`Detachable::bounded`]); past it the
-//! future is dropped, and the guards it holds (the claim's lease) settle what it leaves. Spawning the owner's work up
+//! future is dropped, and the guards it holds (the claim's lease) settle what it leaves.
+//! What its caller would have done with the output (count the request's outcome) is done
+//! by [`Detachable::when_detached_ends`]. Spawning the owner's work up
 //! front gives that too, but costs every first-seen request a task (its allocation, a
 //! scheduling round and a wake-up of the waiting request) and a copy of its future and
 //! output; a disconnect mid-request is rare, so it pays instead.
@@ -19,10 +21,16 @@ use std::task::{Context, Poll};
 
 use tracing::Instrument;
 
-/// See the [module docs](self).
-pub struct Detachable<F: Future + Send + 'static>
+/// What a detached future's end is told to (see [`Detachable::when_detached_ends`]): its
+/// output, or `None` when it was dropped at its bound.
+pub type Ended<F> = fn(Option<&<F as Future>::Output>);
+
+/// See the [module docs](self). `E` is told how a detached run ended (the caller that
+/// awaits it to the end learns that itself).
+pub struct Detachable<F: Future + Send + 'static, E = Ended<F>>
 where
     F::Output: Send + 'static,
+    E: FnOnce(Option<&F::Output>) + Send + 'static,
 {
     // Boxed so it can move to a task after having been polled (pinned) here.
     running: Option<Pin<Box<F>>>,
@@ -36,6 +44,8 @@ where
     /// Once detached, a flag raised at its instant, the future then polled again: what its
     /// caller would have told it at that time, had it still been there.
     signal: Option<(std::time::Instant, Arc<AtomicBool>)>,
+    /// Once detached, told how it ended; `None`: no one is.
+    ended: Option<E>,
 }
 
 /// The detachable future panicked; like a panicking spawned task, the panic was caught
@@ -54,7 +64,36 @@ where
             span: tracing::Span::current(),
             bound: None,
             signal: None,
+            ended: None,
         }
+    }
+
+    /// Once detached, `ended` is told how the run ended: with its output, or `None` if it
+    /// was dropped at its bound. What its caller, had it stayed, would have done with the
+    /// output (such as counting it). Held in place: no allocation.
+    pub fn when_detached_ends<E>(mut self, ended: E) -> Detachable<F, E>
+    where
+        E: FnOnce(Option<&F::Output>) + Send + 'static,
+    {
+        Detachable {
+            running: self.running.take(),
+            span: self.span.clone(),
+            bound: self.bound,
+            signal: self.signal.take(),
+            ended: Some(ended),
+        }
+    }
+}
+
+impl<F: Future + Send + 'static, E> Detachable<F, E>
+where
+    F::Output: Send + 'static,
+    E: FnOnce(Option<&F::Output>) + Send + 'static,
+{
+    /// Its caller has answered for it (it will not await it to the end, and has already
+    /// accounted for the request): a detached run ends untold.
+    pub fn disown(&mut self) {
+        self.ended = None;
     }
 
     /// Once detached, `flag` is raised at `at` and the future polled again (a caller still
@@ -71,9 +110,10 @@ where
     }
 }
 
-impl<F: Future + Send + 'static> Future for Detachable<F>
+impl<F: Future + Send + 'static, E> Future for Detachable<F, E>
 where
     F::Output: Send + 'static,
+    E: FnOnce(Option<&F::Output>) + Send + 'static + Unpin,
 {
     type Output = Result<F::Output, Panicked>;
 
@@ -96,9 +136,10 @@ where
     }
 }
 
-impl<F: Future + Send + 'static> Drop for Detachable<F>
+impl<F: Future + Send + 'static, E> Drop for Detachable<F, E>
 where
     F::Output: Send + 'static,
+    E: FnOnce(Option<&F::Output>) + Send + 'static,
 {
     fn drop(&mut self) {
         let Some(running) = self.running.take() else {
@@ -110,24 +151,28 @@ where
             let span = self.span.clone();
             let signal = self.signal.take();
             let bound = self.bound;
+            let ended = self.ended.take();
             let detached = async move {
                 let mut running = running;
                 let run_on = async {
                     if let Some((at, flag)) = signal {
                         tokio::select! {
-                            _ = &mut running => return,
+                            output = &mut running => return output,
                             _ = tokio::time::sleep_until(at.into()) => {
                                 flag.store(true, Ordering::SeqCst);
                             }
                         }
                     }
-                    let _ = (&mut running).await;
+                    (&mut running).await
                 };
-                match bound {
-                    Some(deadline) => {
-                        let _ = tokio::time::timeout_at(deadline.into(), run_on).await;
-                    }
-                    None => run_on.await,
+                let output = match bound {
+                    Some(deadline) => tokio::time::timeout_at(deadline.into(), run_on).await.ok(),
+                    None => Some(run_on.await),
+                };
+                // Past its bound the future is gone (its guards ran) before `ended` hears.
+                drop(running);
+                if let Some(ended) = ended {
+                    ended(output.as_ref());
                 }
             };
             runtime.spawn(detached.instrument(span));
@@ -236,6 +281,47 @@ mod tests {
             .expect("hang guard: the signal never reached the future")
             .unwrap();
         assert!(saw && flag.load(Ordering::SeqCst));
+    }
+
+    /// Detached, its end is told the output, or `None` past its bound; awaited by its
+    /// caller, or disowned, it is told nothing.
+    #[tokio::test]
+    async fn a_detached_end_is_told_how_it_ended() {
+        let (tell, told) = tokio::sync::mpsc::unbounded_channel::<Option<u32>>();
+        let detached = |future: Pin<Box<dyn Future<Output = u32> + Send>>| {
+            let tell = tell.clone();
+            Detachable::new(future).when_detached_ends(move |ended: Option<&u32>| {
+                tell.send(ended.copied()).unwrap();
+            })
+        };
+        let (go, wait) = oneshot::channel::<()>();
+        let mut finishing = detached(Box::pin(async move {
+            wait.await.unwrap();
+            7
+        }));
+        assert!(futures_poll_once(&mut finishing).is_pending());
+        drop(finishing);
+        go.send(()).unwrap();
+        let mut stuck = detached(Box::pin(std::future::pending()))
+            .bounded(std::time::Instant::now() + std::time::Duration::from_millis(20));
+        assert!(futures_poll_once(&mut stuck).is_pending());
+        drop(stuck);
+        assert_eq!(detached(Box::pin(async { 5 })).await, Ok(5));
+        let mut disowned = detached(Box::pin(async { 9 }));
+        disowned.disown();
+        drop(disowned);
+        drop(tell);
+        let mut told = told;
+        let mut heard = Vec::new();
+        while let Some(ended) =
+            tokio::time::timeout(std::time::Duration::from_secs(30), told.recv())
+                .await
+                .expect("hang guard: a detached end was never told")
+        {
+            heard.push(ended);
+        }
+        heard.sort();
+        assert_eq!(heard, [None, Some(7)]);
     }
 
     fn futures_poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {

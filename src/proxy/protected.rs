@@ -364,7 +364,20 @@ pub(super) async fn execute(
     .bounded(started + policy.background_timeout)
     // Detached (its client left) while still waiting for a connection, it stops at the
     // client's deadline as an attached one does: nothing went out, the key is freed.
-    .signal_at(started + policy.upstream_timeout, Arc::clone(&give_up));
+    .signal_at(started + policy.upstream_timeout, Arc::clone(&give_up))
+    // Detached because its client left, the owner's outcome is counted when it ends, as
+    // the handler would have counted it: the executions `/metrics` shows are all there.
+    .when_detached_ends({
+        let route_metrics = Arc::clone(cx.route_metrics);
+        move |ended: Option<&Result<(Response<ProxyBody>, Outcome), ProxyError>>| {
+            route_metrics.count(match ended {
+                Some(Ok((_, outcome))) => *outcome,
+                Some(Err(e)) => e.outcome(),
+                // Dropped at `background_timeout`, its request out and unanswered.
+                None => Outcome::Unknown,
+            })
+        }
+    });
     let mut owner = owner;
     match cx
         .conn
@@ -388,8 +401,12 @@ pub(super) async fn execute(
                 )),
             }
         }
-        // The owner runs on, detached; the retries of this client get its answer.
-        None => Err(ProxyError::UpstreamTimeout),
+        // The owner runs on, detached; the retries of this client get its answer. This
+        // request is counted with its 504 (`unknown`), not again when the owner ends.
+        None => {
+            owner.disown();
+            Err(ProxyError::UpstreamTimeout)
+        }
     }
 }
 
