@@ -171,3 +171,64 @@ async fn an_owner_whose_client_left_is_counted_when_it_finishes() {
     assert_eq!(series("replayed") + series("waited"), 1.0);
     assert_eq!(series("executed"), 1.0, "the owner that ran is counted");
 }
+
+/// SIGTERM past the drain while an owner still waits for an upstream connection (all of
+/// `max_upstream` busy): its request never went out, so its claim must not outlive the
+/// process as a held "outcome unknown" that no retry can get past for the key's `ttl`.
+/// Another replica's retry executes it once the dead process's claim is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_still_unsent_at_the_end_of_the_drain_leaves_its_key_free() {
+    let redis = common::redis_server::RedisServer::start();
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  redis: {{ url: \"{}\" }}\ndrain_timeout: 2s\nconnections: {{ max_upstream: 1 }}\ndefaults: {{ lease: 1s, wait_timeout: 100ms }}\n{ROUTES}",
+        redis.url()
+    );
+    let mut a = common::ProxyProcess::start(upstream.addr, &config);
+    let b = common::ProxyProcess::start(upstream.addr, &config);
+    let addr = a.addr;
+    let busy = tokio::spawn(async move {
+        try_post(
+            addr,
+            &[("idempotency-key", "busy"), ("x-test-gate", "busy")],
+        )
+        .await
+    });
+    upstream.arrived("busy", 1).await;
+    let queued =
+        tokio::spawn(async move { try_post(addr, &[("idempotency-key", "queued")]).await });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while common::metric(a.admin, "idemgate_upstream_connections_waited_total").await < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: nothing queued"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    a.signal("TERM");
+    assert!(a.wait_exit().success());
+    let _ = (busy.await, queued.await);
+    assert_eq!(upstream.executed_for("queued"), 0, "it never went out");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let retry = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: still in flight"
+        );
+        let retry = post(b.addr, "/orders", &[("idempotency-key", "queued")], "{}").await;
+        if retry.status != StatusCode::CONFLICT
+            || retry.json()["type"] != "urn:idemgate:problem:in-flight"
+        {
+            break retry;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "the retry ran it: {}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(upstream.executed_for("queued"), 1);
+    upstream.open("busy");
+}

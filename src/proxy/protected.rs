@@ -63,8 +63,9 @@ pub struct Context<'a> {
     pub route_metrics: &'a Arc<RouteMetrics>,
     /// The keys this process owns.
     pub owners: &'a Arc<Owners>,
-    /// When a shutdown must have answered the duplicates waiting here.
-    pub stopping: &'a Stopping,
+    /// When a shutdown must have answered the duplicates waiting here, and freed the keys
+    /// of owners whose request has not gone out.
+    pub stopping: &'a Arc<Stopping>,
     /// How long the client may pause while sending the body.
     pub body_read_timeout: Duration,
 }
@@ -325,6 +326,7 @@ pub(super) async fn execute(
     // waiting for a connection and settles the key as never sent.
     let give_up = Arc::new(AtomicBool::new(false));
     let stop = Arc::clone(&give_up);
+    let stopping = Arc::clone(cx.stopping);
     let owner = Detachable::new(async move {
         let _running = running;
         let _owned = owned;
@@ -345,13 +347,27 @@ pub(super) async fn execute(
             }
         };
         let mut exchange = std::pin::pin!(exchange);
+        let mut stopped = std::pin::pin!(stopping.answer_now());
         // Checked before the exchange is polled: `sending` changes only while this task
         // polls it, so what the client's side saw still holds here.
         let answer = std::future::poll_fn(|task| {
             if stop.load(Ordering::SeqCst) && !sending.load(Ordering::SeqCst) {
                 return Poll::Ready(Err(timed_out(&sending)));
             }
-            exchange.as_mut().poll(task)
+            let polled = exchange.as_mut().poll(task);
+            // Still waiting for a connection when a shutdown's drain is about to end:
+            // nothing went out, so the key is freed now rather than left to lapse into a
+            // held unknown outcome. Looked at only while unsent (after the exchange's
+            // poll, which usually sends at once), so most owners never register for it.
+            if polled.is_pending()
+                && !sending.load(Ordering::SeqCst)
+                && stopped.as_mut().poll(task).is_ready()
+            {
+                return Poll::Ready(Err(ProxyError::UpstreamUnreachable(
+                    "the proxy stopped before a connection took the request".into(),
+                )));
+            }
+            polled
         })
         .await;
         route_metrics.upstream_latency(started.elapsed());

@@ -7,7 +7,10 @@
 //! and its client left to guess. So once the drain starts, a waiting duplicate stops
 //! waiting a little before the drain ends and gets what a wait that timed out gets: `409
 //! in-flight` with `Retry-After`, which sends its client to retry where the key's answer
-//! will be. The owner it waited on is left alone: its claim stays (see [`Owners`]).
+//! will be. The owner it waited on keeps its claim if its request went out (see
+//! [`Owners`]); one still waiting for an upstream connection then gives up and frees its
+//! key, as it would at its `upstream_timeout`, instead of leaving a claim that lapses into
+//! a held unknown outcome for a request that never went out.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -104,8 +107,8 @@ impl Stopping {
         self.started.notify_waiters();
     }
 
-    /// Resolves when a duplicate still waiting must be answered (never, unless a drain
-    /// started).
+    /// Resolves when a duplicate still waiting must be answered, and an owner whose request
+    /// has not gone out must give its key up (never, unless a drain started).
     pub async fn answer_now(&self) {
         loop {
             // Made before the look at `answer_at`: `notify_waiters` reaches a `Notified`
