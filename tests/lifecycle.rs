@@ -18,8 +18,24 @@ routes:
 /// a second time while the first call still runs. Once the owner settled, the purge works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purging_a_key_in_flight_is_refused_while_its_owner_runs() {
+    purge_in_flight_is_refused("").await;
+}
+
+/// The same on Redis, where a purged claim would also be written back by its owner's next
+/// renewal, after a retry may have run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purging_a_key_in_flight_on_redis_is_refused_while_its_owner_runs() {
+    let redis = common::redis_server::RedisServer::start();
+    purge_in_flight_is_refused(&format!(
+        "store:\n  redis: {{ url: \"{}\" }}\n",
+        redis.url()
+    ))
+    .await;
+}
+
+async fn purge_in_flight_is_refused(store: &str) {
     let upstream = start_upstream().await;
-    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let proxy = start_proxy_with_admin(upstream.addr, &format!("{store}{ROUTES}"), None).await;
     let addr = proxy.addr;
     let owner = tokio::spawn(async move {
         let headers = [("idempotency-key", "purged"), ("x-test-gate", "owner")];
