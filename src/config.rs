@@ -37,7 +37,7 @@ use crate::store::seal::KeyRing;
 use error::CompileError;
 use raw::RawConfig;
 
-pub use connections::{Connections, Linger};
+pub use connections::{Connections, Linger, UpstreamProtocol};
 pub use error::ConfigError;
 pub use listen::Admin;
 pub use policy::{

@@ -1,13 +1,13 @@
 //! `connections:` compiled into [`Connections`]: caps on client and upstream connections
 //! and on the requests one HTTP/2 connection may have open,
-//! the idle timeout of kept-alive upstream connections, the read timeout of pass-through
+//! the protocol and idle timeout of upstream connections, the read timeout of pass-through
 //! answers, the send timeout of answers to clients, and the [`Linger`] settings of a client
 //! connection's close.
 
 use std::time::Duration;
 
 use super::error::CompileError;
-use super::raw::RawConnections;
+use super::raw::{RawConnections, RawUpstreamProtocol};
 
 /// Bounds on connections, both sides (`connections:`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,8 @@ pub struct Connections {
     pub upstream_idle_timeout: Duration,
     /// Longest gap between two reads of a pass-through answer's body.
     pub upstream_read_timeout: Duration,
+    /// What upstream connections speak (`connections.upstream_protocol`).
+    pub upstream_protocol: UpstreamProtocol,
     /// Longest a write of an answer to a client may make no progress (nginx's
     /// `send_timeout`): past it the client connection is closed, and with it the requests
     /// it carries (a protected owner runs on detached) and their upstream connections.
@@ -37,6 +39,27 @@ pub struct Connections {
     /// How a client connection closes (after an answer sent before its request was read
     /// whole, above all).
     pub linger: Linger,
+}
+
+/// The protocol of upstream connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1: one request at a time on each connection (the default).
+    #[default]
+    Http1,
+    /// HTTP/2, many requests on each connection: h2c with prior knowledge to an `http://`
+    /// upstream, ALPN `h2` (and nothing else) to an `https://` one.
+    Http2,
+}
+
+impl UpstreamProtocol {
+    /// The name in the configuration, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http1 => "http1",
+            Self::Http2 => "http2",
+        }
+    }
 }
 
 /// A lingering close (nginx's `lingering_close`): after the last answer the proxy closes
@@ -66,6 +89,7 @@ impl Default for Connections {
             // new connection (to the usual upstream nearby) costs little.
             upstream_idle_timeout: Duration::from_secs(1),
             upstream_read_timeout: Duration::from_secs(60),
+            upstream_protocol: UpstreamProtocol::Http1,
             // nginx's `send_timeout` default.
             client_send_timeout: Duration::from_secs(60),
             linger: Linger {
@@ -89,6 +113,11 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
         upstream_read_timeout: raw
             .upstream_read_timeout
             .map_or(d.upstream_read_timeout, |t| t.0),
+        upstream_protocol: match raw.upstream_protocol {
+            None => d.upstream_protocol,
+            Some(RawUpstreamProtocol::Http1) => UpstreamProtocol::Http1,
+            Some(RawUpstreamProtocol::Http2) => UpstreamProtocol::Http2,
+        },
         client_send_timeout: raw
             .client_send_timeout
             .map_or(d.client_send_timeout, |t| t.0),

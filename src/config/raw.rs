@@ -137,6 +137,16 @@ pub struct RawTls {
     pub client_ca: Option<String>,
 }
 
+/// `connections.upstream_protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RawUpstreamProtocol {
+    /// HTTP/1.1 connections, one request at a time each.
+    Http1,
+    /// HTTP/2 connections, many requests on each.
+    Http2,
+}
+
 /// `connections:` — caps on client and upstream connections, the idle timeout of kept-alive
 /// upstream connections, the read timeout of pass-through answers, the send timeout of
 /// answers to clients, and the lingering close after an early answer.
@@ -148,6 +158,7 @@ pub struct RawConnections {
     pub max_upstream: Option<usize>,
     pub upstream_idle_timeout: Option<ConfigDuration>,
     pub upstream_read_timeout: Option<ConfigDuration>,
+    pub upstream_protocol: Option<RawUpstreamProtocol>,
     pub client_send_timeout: Option<ConfigDuration>,
     pub lingering_time: Option<ConfigDuration>,
     pub lingering_timeout: Option<ConfigDuration>,

@@ -1,5 +1,6 @@
 //! The connection to the application: a keep-alive [`pool`] of hyper's HTTP/1.1 client
-//! connections (TLS for `https://` upstreams), requests rewritten to origin form
+//! connections, or of HTTP/2 ones (`connections.upstream_protocol: http2`, [`pool::h2`]),
+//! TLS for `https://` upstreams, requests rewritten to origin form
 //! ([`request`]), and failures classified by whether the request may have reached the
 //! upstream: only one that provably never went out is [`ProxyError::UpstreamUnreachable`]
 //! (its key may be released); anything after that is [`ProxyError::UpstreamFailed`] or
@@ -22,14 +23,23 @@ use std::pin::Pin;
 
 use super::body::{BodyError, ProxyBody, ReadGap};
 use super::headers::Forwarding;
-use crate::config::{Connections, Upstream};
+use crate::config::{Connections, Upstream, UpstreamProtocol};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
+
+/// The connections of one protocol.
+#[derive(Debug, Clone)]
+enum Pools {
+    Http1(Arc<pool::Pool>),
+    Http2(Arc<pool::h2::Pool>),
+}
 
 /// A pooled client for one upstream origin.
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
-    pool: Arc<pool::Pool>,
+    pool: Pools,
+    /// `http` or `https`: HTTP/2's `:scheme`.
+    scheme: Scheme,
     /// `host[:port]`, the `Host` of requests that arrive without one (HTTP/1.0).
     host: Option<HeaderValue>,
     /// `connections.upstream_read_timeout`, which its answers' bodies carry ([`ReadGap`]).
@@ -53,14 +63,18 @@ impl UpstreamClient {
                 )
             })
         });
-        let pool = pool::Pool::new(
-            connector::Connector::new(authority.host(), port, tls),
-            connections.max_upstream,
-            connections.upstream_idle_timeout,
-            Arc::clone(metrics),
-        );
+        let h2 = connections.upstream_protocol == UpstreamProtocol::Http2;
+        let connector = connector::Connector::new(authority.host(), port, tls, h2);
+        let (max, idle) = (connections.max_upstream, connections.upstream_idle_timeout);
+        let metrics = Arc::clone(metrics);
+        let pool = if h2 {
+            Pools::Http2(Arc::new(pool::h2::Pool::new(connector, max, idle, metrics)))
+        } else {
+            Pools::Http1(Arc::new(pool::Pool::new(connector, max, idle, metrics)))
+        };
         Self {
-            pool: Arc::new(pool),
+            pool,
+            scheme: upstream.scheme.clone(),
             host: HeaderValue::from_str(authority.as_str()).ok(),
             read_gap: connections.upstream_read_timeout,
         }
@@ -115,9 +129,22 @@ impl UpstreamClient {
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
                 .or_else(|| self.host.clone())
         });
+        let pool = match &self.pool {
+            Pools::Http1(pool) => pool,
+            Pools::Http2(pool) => {
+                if upgrade {
+                    return Err(ProxyError::NotImplemented(
+                        "protocol upgrades (WebSocket) to an HTTP/2 upstream",
+                    ));
+                }
+                request::to_http2(&mut parts, &self.scheme).map_err(ProxyError::BadRequest)?;
+                let request = Request::from_parts(parts, body);
+                return self.send_h2(pool, request, method, sending).await;
+            }
+        };
         let mut request = Request::from_parts(parts, body);
         loop {
-            let mut checkout = self.pool.checkout().await?;
+            let mut checkout = pool.checkout().await?;
             if checkout.conn.sender().ready().await.is_err() {
                 // Closed before it took the request: nothing was sent on it.
                 if checkout.reused {
@@ -155,20 +182,87 @@ impl UpstreamClient {
                 return Err(ProxyError::UpstreamFailed(why.into()));
             }
             let keep = request::keeps_alive(head.version, &head.headers);
-            let body = pool::PooledBody::new(
-                incoming,
-                checkout.conn,
-                keep.then(|| Arc::clone(&self.pool)),
-            );
+            let body =
+                pool::PooledBody::new(incoming, checkout.conn, keep.then(|| Arc::clone(pool)));
             return Ok(Response::from_parts(
                 head,
                 UpstreamBody {
-                    body,
+                    body: Held::Http1(body),
                     read_gap: self.read_gap,
                 },
             ));
         }
     }
+
+    /// Sends `request` on a stream of an HTTP/2 connection. Only a request hyper gave back
+    /// unsent, or one the upstream provably did not process ([`h2_failed`]), is
+    /// [`ProxyError::UpstreamUnreachable`].
+    async fn send_h2(
+        &self,
+        pool: &Arc<pool::h2::Pool>,
+        mut request: Request<ProxyBody>,
+        method: http::Method,
+        sending: &AtomicBool,
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
+        loop {
+            let stream = pool.checkout().await?;
+            sending.store(true, Ordering::Relaxed);
+            let sent = stream.sender().try_send_request(request).await;
+            let response = match sent {
+                Ok(response) => response,
+                Err(mut e) => match e.take_message() {
+                    // The connection's task ended before it took the request (hyper gives
+                    // it back only then): not a byte of it went out.
+                    Some(unsent) => {
+                        pool.forget(&stream);
+                        if stream.reused {
+                            sending.store(false, Ordering::Relaxed);
+                            request = unsent;
+                            continue;
+                        }
+                        tracing::warn!(error = %e.error(), "upstream request not sent");
+                        return Err(ProxyError::UpstreamUnreachable(e.error().to_string()));
+                    }
+                    None => return Err(h2_failed(e.into_error())),
+                },
+            };
+            let (mut head, incoming) = response.into_parts();
+            if let Err(why) = request::check_answer(&method, head.status, &mut head.headers, false)
+            {
+                tracing::warn!(error = why, "upstream answer refused");
+                return Err(ProxyError::UpstreamFailed(why.into()));
+            }
+            return Ok(Response::from_parts(
+                head,
+                UpstreamBody {
+                    body: Held::Http2(incoming, Some(stream)),
+                    read_gap: self.read_gap,
+                },
+            ));
+        }
+    }
+}
+
+/// A failed HTTP/2 exchange after hyper took the request. RFC 9113 §8.7: a stream the
+/// server reset with `REFUSED_STREAM`, or one above the last stream id of its GOAWAY
+/// (h2 fails exactly those, and requests made after it, with the GOAWAY's error), was not
+/// processed: [`ProxyError::UpstreamUnreachable`]. Anything else may have reached it.
+fn h2_failed(e: hyper::Error) -> ProxyError {
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            let refused = h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+            if h2.is_remote() && (refused || h2.is_go_away()) {
+                tracing::warn!(error = %h2, "upstream did not process the request");
+                return ProxyError::UpstreamUnreachable(format!(
+                    "the upstream refused the stream: {h2}"
+                ));
+            }
+            break;
+        }
+        source = cause.source();
+    }
+    failed(e)
 }
 
 /// The error of a deadline that passed: see [`UpstreamClient::send`].
@@ -205,8 +299,17 @@ fn body_failed(e: &BodyError) -> ProxyError {
 /// An upstream answer's body; at its end the connection goes back to the pool.
 #[derive(Debug)]
 pub struct UpstreamBody {
-    body: pool::PooledBody,
+    body: Held,
     read_gap: Duration,
+}
+
+/// An answer's body with what it holds of its connection.
+#[derive(Debug)]
+enum Held {
+    /// The HTTP/1.1 connection, handed back at the end.
+    Http1(pool::PooledBody),
+    /// The HTTP/2 stream, let go at the end (or on an error).
+    Http2(hyper::body::Incoming, Option<pool::h2::Stream>),
 }
 
 impl ReadGap for UpstreamBody {
@@ -223,17 +326,31 @@ impl Body for UpstreamBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        Pin::new(&mut self.get_mut().body)
-            .poll_frame(cx)
-            .map(|frame| frame.map(|r| r.map_err(BodyError::Upstream)))
+        let polled = match &mut self.get_mut().body {
+            Held::Http1(body) => Pin::new(body).poll_frame(cx),
+            Held::Http2(body, stream) => {
+                let polled = Pin::new(&mut *body).poll_frame(cx);
+                if matches!(polled, Poll::Ready(None | Some(Err(_)))) || body.is_end_stream() {
+                    *stream = None;
+                }
+                polled
+            }
+        };
+        polled.map(|frame| frame.map(|r| r.map_err(BodyError::Upstream)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.body {
+            Held::Http1(body) => body.is_end_stream(),
+            Held::Http2(body, _) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match &self.body {
+            Held::Http1(body) => body.size_hint(),
+            Held::Http2(body, _) => body.size_hint(),
+        }
     }
 }
 

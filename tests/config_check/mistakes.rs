@@ -57,6 +57,21 @@ fn unknown_key_names_file_line_column_and_key() {
 }
 
 #[test]
+fn unknown_upstream_protocol_names_its_place() {
+    let text = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nconnections:\n  upstream_protocol: h3\n";
+    let (line, column, key, message) = invalid(text);
+    assert_eq!((line, column), (4, 22));
+    assert_eq!(key, "connections.upstream_protocol");
+    assert!(message.contains("unknown variant `h3`"), "{message}");
+    let ok = "listen: 127.0.0.1:8080\nupstream: https://app.internal\nconnections:\n  upstream_protocol: http2\n";
+    let config = Config::parse(ok, "proxy.yaml").unwrap();
+    assert_eq!(
+        config.connections.upstream_protocol,
+        idemgate::config::UpstreamProtocol::Http2
+    );
+}
+
+#[test]
 fn bad_duration_names_its_place() {
     let text = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\ndefaults:\n  ttl: 24x\n";
     let (line, column, key, message) = invalid(text);

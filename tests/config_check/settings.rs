@@ -96,6 +96,11 @@ fn a_config_of_listen_and_upstream_alone_has_the_readme_defaults() {
     assert_eq!(conn.max_client, 10_000, "connections.max_client");
     assert_eq!(conn.max_upstream, 1024, "connections.max_upstream");
     assert_eq!(
+        conn.upstream_protocol,
+        idemgate::config::UpstreamProtocol::Http1,
+        "upstream_protocol: http1"
+    );
+    assert_eq!(
         secs(conn.upstream_read_timeout),
         (60 * S) as f64,
         "upstream_read_timeout: 60s"

@@ -1,5 +1,5 @@
 //! Opening a connection to the upstream: TCP, then TLS for `https://` upstreams (ALPN
-//! `http/1.1`), bounded by [`CONNECT_TIMEOUT`]. Every failure here happens before a byte
+//! `http/1.1`, or `h2` alone for HTTP/2, which the upstream must then select), bounded by [`CONNECT_TIMEOUT`]. Every failure here happens before a byte
 //! of any request was written, so it is [`ProxyError::UpstreamUnreachable`].
 
 use std::io;
@@ -34,6 +34,8 @@ pub struct Connector {
     /// For `https://`: the connector and the name the certificate must carry (or why the
     /// host is no such name: then every connect fails).
     tls: Option<(TlsConnector, Result<ServerName<'static>, String>)>,
+    /// Whether TLS offers `h2` alone and requires the upstream to select it.
+    h2: bool,
 }
 
 impl std::fmt::Debug for Connector {
@@ -46,11 +48,13 @@ impl std::fmt::Debug for Connector {
 }
 
 impl Connector {
-    /// A connector for `host:port`; `tls` is `Some` for `https://` upstreams.
-    pub fn new(host: &str, port: u16, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
+    /// A connector for `host:port`; `tls` is `Some` for `https://` upstreams; `h2`: the
+    /// connections speak HTTP/2.
+    pub fn new(host: &str, port: u16, tls: Option<Arc<rustls::ClientConfig>>, h2: bool) -> Self {
         let tls = tls.map(|config| {
             let mut config = (*config).clone();
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let alpn: &[u8] = if h2 { b"h2" } else { b"http/1.1" };
+            config.alpn_protocols = vec![alpn.to_vec()];
             let name = host
                 .trim_start_matches('[')
                 .trim_end_matches(']')
@@ -61,7 +65,13 @@ impl Connector {
         Self {
             address: format!("{host}:{port}"),
             tls,
+            h2,
         }
+    }
+
+    /// `host:port`, for messages.
+    pub fn address(&self) -> &str {
+        &self.address
     }
 
     /// Opens a connection, within [`CONNECT_TIMEOUT`].
@@ -81,11 +91,18 @@ impl Connector {
                     let name = name
                         .clone()
                         .map_err(|e| unreachable("TLS server name of", &e))?;
-                    connector
+                    let tls = connector
                         .connect(name, tcp)
                         .await
-                        .map(|tls| Io::Tls(Box::new(tls)))
-                        .map_err(|e| unreachable("TLS handshake with", &e))
+                        .map_err(|e| unreachable("TLS handshake with", &e))?;
+                    // A server that ignores ALPN would get HTTP/2 frames it cannot read.
+                    if self.h2 && tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+                        return Err(unreachable(
+                            "ALPN with",
+                            &"the upstream did not select h2 (connections.upstream_protocol: http2)",
+                        ));
+                    }
+                    Ok(Io::Tls(Box::new(tls)))
                 }
             }
         };

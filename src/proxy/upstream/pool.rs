@@ -36,6 +36,8 @@ use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::connector::{Connector, Io};
+
+pub mod h2;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::proxy::body::ProxyBody;

@@ -1,5 +1,6 @@
-//! A client's request made ready for hyper's HTTP/1.1 client connection, and the checks
-//! on the answer head that hyper's client leaves to its user.
+//! A client's request made ready for hyper's HTTP/1.1 client connection (or, from that,
+//! for an HTTP/2 one: [`to_http2`]), and the checks on the answer head that hyper's client
+//! leaves to its user.
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Uri, Version};
@@ -114,6 +115,35 @@ pub fn prepare(
             headers.insert(header::TRAILER, trailers);
         }
     }
+}
+
+/// Turns a request [`prepare`] made for HTTP/1.1 into one for an HTTP/2 connection: the
+/// `Host` it carries becomes `:authority` (RFC 9113 §8.3.1: a client that makes HTTP/2
+/// requests uses `:authority`, not `Host`), `scheme` becomes `:scheme`, and the framing
+/// field HTTP/2 forbids goes (`Transfer-Encoding`; the other connection-specific fields
+/// `prepare` already removed). hyper's HTTP/2 client takes both pseudo-fields from an
+/// absolute URI. An error: the `Host` is no authority (HTTP/1.1 servers may accept one,
+/// `:authority` cannot carry it).
+pub fn to_http2(
+    parts: &mut http::request::Parts,
+    scheme: &http::uri::Scheme,
+) -> Result<(), String> {
+    parts.version = Version::HTTP_2;
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    let Some(host) = parts.headers.remove(header::HOST) else {
+        return Err("a request without a host cannot go to an HTTP/2 upstream".into());
+    };
+    let authority = http::uri::Authority::try_from(host.as_bytes())
+        .map_err(|_| "the request's Host is not a host[:port]".to_string())?;
+    let target = parts.uri.path_and_query().cloned();
+    let mut uri = Uri::builder().scheme(scheme.clone()).authority(authority);
+    if let Some(target) = target {
+        uri = uri.path_and_query(target);
+    } else {
+        uri = uri.path_and_query("/");
+    }
+    parts.uri = uri.build().map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// What [`prepare`] looks for in one pass over the field names.

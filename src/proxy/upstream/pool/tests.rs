@@ -135,7 +135,7 @@ fn idle_pool(
     idle_timeout: Duration,
     metrics: &Arc<Metrics>,
 ) -> Arc<Pool> {
-    let connector = Connector::new("127.0.0.1", upstream.port, None);
+    let connector = Connector::new("127.0.0.1", upstream.port, None, false);
     Arc::new(Pool::new(connector, max, idle_timeout, Arc::clone(metrics)))
 }
 

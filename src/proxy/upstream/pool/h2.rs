@@ -1,0 +1,365 @@
+//! HTTP/2 connections to the upstream (`connections.upstream_protocol: http2`), each one of
+//! hyper's client connections (`hyper::client::conn::http2`) shared by the requests that
+//! run on it at once.
+//!
+//! A request takes the oldest open connection with room for another stream under the
+//! server's `SETTINGS_MAX_CONCURRENT_STREAMS`; when none has room a new one is dialed (one
+//! dial at a time, so a burst of first requests shares one connection), and when the cap
+//! (`connections.max_upstream`) allows no more, the least busy takes it and hyper queues the
+//! stream until one ends. A request holds its connection through a [`Stream`] until its
+//! answer's body ends; a connection without streams for `upstream_idle_timeout` is closed,
+//! and one whose task ended (GOAWAY, an error, the socket closed) is dropped from the pool.
+//!
+//! A new connection is handed out only once the upstream's first frame, which RFC 9113 §3.4
+//! says is its SETTINGS, arrived ([`Preface`]): a server that does not speak HTTP/2 then
+//! fails the dial, before any request was written, instead of failing a request that the
+//! proxy could not tell from one the upstream read.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::client::conn::http2::{self, SendRequest};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::{Connector, Leased, OpenGuard};
+use crate::error::ProxyError;
+use crate::metrics::Metrics;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::upstream::connector::CONNECT_TIMEOUT;
+
+/// One HTTP/2 connection, shared by its streams.
+struct Shared {
+    sender: SendRequest<ProxyBody>,
+    /// The server's limit on concurrent streams, as the connection last saw it.
+    limit: Arc<AtomicUsize>,
+    /// Streams open on it, and since when it has had none.
+    use_: Mutex<Use>,
+    /// Dropped with the last reference: the connection's task stops, and hyper closes the
+    /// connection once its streams are done.
+    _stop: oneshot::Sender<()>,
+}
+
+struct Use {
+    streams: usize,
+    idle_since: Instant,
+    /// Whether a stream ran on it before: only a request a used connection gave back
+    /// unsent is sent again (the upstream may have closed it in between).
+    used: bool,
+}
+
+impl Shared {
+    fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+
+    fn expired(&self, now: Instant, timeout: Duration) -> bool {
+        let use_ = crate::sync::lock(&self.use_);
+        use_.streams == 0 && now >= use_.idle_since + timeout
+    }
+
+    fn has_room(&self) -> bool {
+        crate::sync::lock(&self.use_).streams < self.limit.load(Ordering::Relaxed).max(1)
+    }
+
+    fn streams(&self) -> usize {
+        crate::sync::lock(&self.use_).streams
+    }
+}
+
+/// One request's hold on an HTTP/2 connection, from checkout to the end of its answer's
+/// body (or its failure): while any is held the connection is not idle.
+pub struct Stream {
+    conn: Arc<Shared>,
+    /// Whether the connection served a stream before this one.
+    pub reused: bool,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("reused", &self.reused)
+            .finish()
+    }
+}
+
+impl Stream {
+    fn open(conn: Arc<Shared>) -> Self {
+        let mut use_ = crate::sync::lock(&conn.use_);
+        use_.streams += 1;
+        let reused = std::mem::replace(&mut use_.used, true);
+        drop(use_);
+        Self { conn, reused }
+    }
+
+    /// hyper's sending half (a clone of the connection's).
+    pub fn sender(&self) -> SendRequest<ProxyBody> {
+        self.conn.sender.clone()
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let mut use_ = crate::sync::lock(&self.conn.use_);
+        use_.streams -= 1;
+        if use_.streams == 0 {
+            use_.idle_since = Instant::now();
+        }
+    }
+}
+
+/// The HTTP/2 connections to one upstream origin.
+pub struct Pool {
+    connector: Connector,
+    builder: http2::Builder<TokioExecutor>,
+    /// Oldest first.
+    conns: Mutex<Vec<Arc<Shared>>>,
+    idle_timeout: Duration,
+    /// One permit per open connection (`connections.max_upstream`).
+    slots: Arc<Semaphore>,
+    /// Held while dialing, so that requests arriving meanwhile share the new connection.
+    dialing: tokio::sync::Mutex<()>,
+    sweeper: Once,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("h2::Pool")
+            .field("connector", &self.connector)
+            .field("conns", &crate::sync::lock(&self.conns).len())
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
+}
+
+impl Pool {
+    /// A pool of at most `max` HTTP/2 connections made by `connector`, each closed once it
+    /// has had no stream for `idle_timeout`.
+    pub fn new(
+        connector: Connector,
+        max: usize,
+        idle_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            connector,
+            builder: http2::Builder::new(TokioExecutor::new()),
+            conns: Mutex::new(Vec::new()),
+            idle_timeout,
+            slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            dialing: tokio::sync::Mutex::new(()),
+            sweeper: Once::new(),
+            metrics,
+        }
+    }
+
+    /// A stream on an open connection with room for it, else on a new one if the cap
+    /// allows, else on the least busy. Unbounded in time: the caller bounds it.
+    pub async fn checkout(self: &Arc<Self>) -> Result<Stream, ProxyError> {
+        if let Some(conn) = self.pick(false) {
+            return Ok(Stream::open(conn));
+        }
+        let _dialing = self.dialing.lock().await;
+        if let Some(conn) = self.pick(false) {
+            return Ok(Stream::open(conn));
+        }
+        let slot = match Arc::clone(&self.slots).try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if let Some(conn) = self.pick(true) {
+                    return Ok(Stream::open(conn));
+                }
+                // At the cap with none open: sockets still closing. Wait for one.
+                self.metrics.connections().upstream_waited.inc();
+                Arc::clone(&self.slots)
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| ProxyError::UpstreamUnreachable("pool closed".into()))?
+            }
+        };
+        let conn = Box::pin(self.dial(slot)).await?;
+        crate::sync::lock(&self.conns).push(Arc::clone(&conn));
+        Ok(Stream::open(conn))
+    }
+
+    /// Drops closed and expired connections; returns the first open one with room, or
+    /// with `any`, the least busy.
+    fn pick(&self, any: bool) -> Option<Arc<Shared>> {
+        let now = Instant::now();
+        let mut conns = crate::sync::lock(&self.conns);
+        conns.retain(|c| !c.is_closed() && !c.expired(now, self.idle_timeout));
+        if any {
+            conns.iter().min_by_key(|c| c.streams()).cloned()
+        } else {
+            conns.iter().find(|c| c.has_room()).cloned()
+        }
+    }
+
+    /// Drops `stream`'s connection from the pool: hyper gave a request back on it, so its
+    /// task ended.
+    pub fn forget(&self, stream: &Stream) {
+        crate::sync::lock(&self.conns).retain(|c| !Arc::ptr_eq(c, &stream.conn));
+    }
+
+    /// Closes connections without streams past the idle timeout and those that ended;
+    /// returns when to look next.
+    fn close_expired(&self, now: Instant) -> Instant {
+        let timeout = self.idle_timeout;
+        let mut conns = crate::sync::lock(&self.conns);
+        conns.retain(|c| !c.is_closed() && !c.expired(now, timeout));
+        conns
+            .iter()
+            .filter_map(|c| {
+                let use_ = crate::sync::lock(&c.use_);
+                (use_.streams == 0).then_some(use_.idle_since + timeout)
+            })
+            .min()
+            .unwrap_or(now + timeout)
+    }
+
+    /// Opens a connection in `slot`, starts its task and waits for the server's preface.
+    async fn dial(self: &Arc<Self>, slot: OwnedSemaphorePermit) -> Result<Arc<Shared>, ProxyError> {
+        let io = self.connector.connect().await?;
+        let open = self.metrics.connections().upstream_open.clone();
+        open.inc();
+        let (heard, hear) = oneshot::channel();
+        let io = Preface {
+            io: Leased {
+                io,
+                _slot: slot,
+                _open: OpenGuard(open),
+            },
+            head: [0; 4],
+            seen: 0,
+            heard: Some(heard),
+        };
+        let (sender, mut conn) = self
+            .builder
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| ProxyError::UpstreamUnreachable(format!("HTTP/2 handshake: {e}")))?;
+        self.sweeper
+            .call_once(|| drop(tokio::spawn(sweep(Arc::downgrade(self), self.idle_timeout))));
+        let limit = Arc::new(AtomicUsize::new(conn.current_max_send_streams()));
+        let seen_limit = Arc::clone(&limit);
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let driven = std::future::poll_fn(|cx| {
+                let polled = Pin::new(&mut conn).poll(cx);
+                seen_limit.store(conn.current_max_send_streams(), Ordering::Relaxed);
+                polled
+            });
+            tokio::select! {
+                biased;
+                _ = stopped => {}
+                result = driven => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
+                    }
+                }
+            }
+        });
+        let settings = tokio::time::timeout(CONNECT_TIMEOUT, hear).await;
+        if !matches!(settings, Ok(Ok(true))) {
+            return Err(ProxyError::UpstreamUnreachable(format!(
+                "{}: the upstream did not answer the HTTP/2 preface with SETTINGS \
+                 (connections.upstream_protocol: http2)",
+                self.connector.address()
+            )));
+        }
+        Ok(Arc::new(Shared {
+            sender,
+            limit,
+            use_: Mutex::new(Use {
+                streams: 0,
+                idle_since: Instant::now(),
+                used: false,
+            }),
+            _stop: stop,
+        }))
+    }
+}
+
+/// Closes a pool's idle connections as they pass its idle timeout (see the HTTP/1.1
+/// pool's `sweep`), until the pool is dropped.
+async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
+    let mut next = Instant::now() + idle_timeout;
+    loop {
+        tokio::time::sleep_until(next).await;
+        let Some(pool) = pool.upgrade() else { return };
+        next = pool.close_expired(Instant::now());
+    }
+}
+
+/// A new connection's socket that reports whether the first frame the server sent is a
+/// SETTINGS frame (type 0x4, the fourth byte of its header): a server that does not speak
+/// HTTP/2 answers something else, or closes.
+struct Preface {
+    io: Leased,
+    head: [u8; 4],
+    seen: usize,
+    heard: Option<oneshot::Sender<bool>>,
+}
+
+impl AsyncRead for Preface {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        if this.heard.is_some() {
+            if let Poll::Ready(result) = &polled {
+                let new = &buf.filled()[before..];
+                let take = new.len().min(4 - this.seen);
+                this.head[this.seen..this.seen + take].copy_from_slice(&new[..take]);
+                this.seen += take;
+                if this.seen == 4 || new.is_empty() || result.is_err() {
+                    let settings = this.seen == 4 && this.head[3] == 0x4;
+                    let _ = this.heard.take().map(|heard| heard.send(settings));
+                }
+            }
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Preface {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
