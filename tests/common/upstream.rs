@@ -115,7 +115,8 @@ impl Upstream {
 /// Starts the test upstream. Behaviour per path:
 /// - non-GET `/orders…`: counts, sleeps `x-test-delay-ms`, answers `x-test-status` (201 by
 ///   default) with JSON `{"n", "body", "auth"}` and two `Set-Cookie` headers;
-/// - `/echo-headers`: answers the received headers and trailers as JSON;
+/// - `/echo-headers`: answers the received headers and trailers as JSON, with the HTTP
+///   version and the request target (absolute over HTTP/2: `:scheme` and `:authority`);
 /// - `/upload`: hashes the streamed body without buffering it, answers `"<len> <sha256>"`;
 /// - GET `/download?bytes=N`: streams N deterministic bytes;
 /// - `Upgrade: echo` anywhere: switches protocols and echoes bytes.
@@ -236,6 +237,7 @@ async fn upstream_handle(
         return Ok(Response::new(StreamBody::new(stream).boxed()));
     }
     if path == "/echo-headers" {
+        let (version, uri) = (req.version(), req.uri().to_string());
         let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (name, value) in req.headers() {
             seen.entry(name.to_string())
@@ -251,8 +253,13 @@ async fn upstream_handle(
                 .push(value.to_str().unwrap_or("?").to_owned());
         }
         let body = collected.to_bytes();
-        let answer =
-            serde_json::json!({ "headers": seen, "trailers": trailers, "body_len": body.len() });
+        let answer = serde_json::json!({
+            "headers": seen,
+            "trailers": trailers,
+            "body_len": body.len(),
+            "version": format!("{version:?}"),
+            "uri": uri,
+        });
         return Ok(Response::new(full(answer.to_string())));
     }
     if path.starts_with("/orders") && method != Method::GET {

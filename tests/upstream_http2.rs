@@ -1,0 +1,286 @@
+//! `connections.upstream_protocol: http2`: requests reach the upstream over HTTP/2 (h2c
+//! with prior knowledge, or TLS with ALPN `h2`) on few shared connections, and the
+//! never-twice rule holds: only a request the upstream provably did not process (nothing
+//! listening, `REFUSED_STREAM`) releases its key; a stream reset after the upstream read
+//! it holds the key as outcome unknown.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::{post, send, start_proxy, start_upstream, Answer};
+use http::{Method, StatusCode};
+
+const ROUTES: &str = r#"
+routes:
+  - name: orders
+    match: { methods: [POST], path: /orders }
+    key: { header: Idempotency-Key, required: true }
+  - name: plain
+    match: { path: "/plain/*" }
+    idempotency: off
+"#;
+
+/// The config after `listen`/`upstream`: HTTP/2 upstream connections, an idle timeout no
+/// pause in these tests reaches (so counted connections are reused, never expired).
+fn h2(rest: &str) -> String {
+    format!("connections:\n  upstream_protocol: http2\n  upstream_idle_timeout: 1h\n{rest}")
+}
+
+fn problem_type(a: &Answer) -> String {
+    a.json()["type"].as_str().unwrap_or_default().to_owned()
+}
+
+/// A TCP relay to `to` that counts the connections it accepts.
+async fn counting_relay(to: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((mut down, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut up = tokio::net::TcpStream::connect(to).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_reach_the_upstream_as_http2_when_configured_and_http11_by_default() {
+    let upstream = start_upstream().await;
+    let plain = start_proxy(upstream.addr, ROUTES).await;
+    let seen = send(plain.addr, Method::GET, "/echo-headers", &[], "")
+        .await
+        .json();
+    assert_eq!(seen["version"], "HTTP/1.1", "{seen}");
+
+    let proxy = start_proxy(upstream.addr, &h2(ROUTES)).await;
+    let host = proxy.addr.to_string();
+    let asked = [("connection", "keep-alive, x-private"), ("x-private", "1")];
+    let seen = send(proxy.addr, Method::GET, "/echo-headers?a=1", &asked, "")
+        .await
+        .json();
+    assert_eq!(seen["version"], "HTTP/2.0", "{seen}");
+    // `:authority` carries what `Host` carries over HTTP/1.1; `X-Forwarded-*` as ever.
+    assert_eq!(
+        seen["uri"],
+        format!("http://{host}/echo-headers?a=1"),
+        "{seen}"
+    );
+    let headers = &seen["headers"];
+    assert_eq!(headers["x-forwarded-host"][0], host.as_str(), "{seen}");
+    assert_eq!(headers["x-forwarded-proto"][0], "http", "{seen}");
+    assert_eq!(headers["x-forwarded-for"][0], "127.0.0.1", "{seen}");
+    for gone in [
+        "host",
+        "connection",
+        "x-private",
+        "transfer-encoding",
+        "keep-alive",
+    ] {
+        assert!(headers.get(gone).is_none(), "{gone} forwarded: {seen}");
+    }
+    // A protected route's request too.
+    let created = post(proxy.addr, "/orders", &[("idempotency-key", "v")], "{}").await;
+    assert_eq!(created.status, StatusCode::CREATED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_with_one_key_execute_once_over_h2() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &h2(ROUTES)).await;
+    let headers = [("idempotency-key", "dup"), ("x-test-gate", "dup")];
+    let sends: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(async move { post(proxy.addr, "/orders", &headers, "{}").await }))
+        .collect();
+    upstream.arrived("dup", 1).await;
+    upstream.open("dup");
+    let mut bodies = Vec::new();
+    for send in sends {
+        let answer = send.await.unwrap();
+        assert_eq!(answer.status, StatusCode::CREATED);
+        bodies.push(answer.body);
+    }
+    assert!(
+        bodies.windows(2).all(|w| w[0] == w[1]),
+        "one answer for all"
+    );
+    assert_eq!(upstream.executed_for("dup"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_one_connection_and_later_ones_reuse_it() {
+    let upstream = start_upstream().await;
+    let (relay, accepted) = counting_relay(upstream.addr).await;
+    let proxy = start_proxy(relay, &h2(ROUTES)).await;
+    let sends: Vec<_> = (0..6)
+        .map(|i| {
+            tokio::spawn(async move {
+                let key = format!("k{i}");
+                let headers = [("idempotency-key", key.as_str()), ("x-test-gate", "many")];
+                post(proxy.addr, "/orders", &headers, "{}").await
+            })
+        })
+        .collect();
+    // All six are open on the upstream at once.
+    upstream.arrived("many", 6).await;
+    upstream.open("many");
+    for send in sends {
+        assert_eq!(send.await.unwrap().status, StatusCode::CREATED);
+    }
+    for i in 0..4 {
+        let path = format!("/plain/{i}");
+        assert_eq!(
+            send(proxy.addr, Method::GET, &path, &[], "").await.status,
+            200
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1, "one HTTP/2 connection");
+    assert_eq!(upstream.executed(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_not_listening_is_502_unreachable_and_releases_the_key() {
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let proxy = start_proxy(dead, &h2(ROUTES)).await;
+    for _ in 0..2 {
+        // Released, so the second is tried again (502 again), not held (409).
+        let a = post(proxy.addr, "/orders", &[("idempotency-key", "dead")], "{}").await;
+        assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            problem_type(&a),
+            "urn:idemgate:problem:upstream-unreachable"
+        );
+    }
+}
+
+/// The upstream reads the request, then resets its stream: it may have run it. The key is
+/// held as outcome unknown and the retry never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reset_after_the_upstream_read_the_request_holds_the_key() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &h2(ROUTES)).await;
+    let reset = [("idempotency-key", "reset"), ("x-test-reset", "1")];
+    let broken = post(proxy.addr, "/orders", &reset, "{}").await;
+    assert_eq!(broken.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        problem_type(&broken),
+        "urn:idemgate:problem:upstream-failed"
+    );
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "reset")], "{}").await;
+    assert_eq!(problem_type(&retry), "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(upstream.executed(), 1);
+    // The connection survives a reset stream: the next request is served.
+    let next = post(proxy.addr, "/orders", &[("idempotency-key", "next")], "{}").await;
+    assert_eq!(next.status, StatusCode::CREATED);
+}
+
+/// An HTTP/2 upstream (h2 itself) that refuses every stream with `REFUSED_STREAM`, which
+/// RFC 9113 §8.7 says it did not process, until `accept` is set; then it answers 201.
+async fn refusing_upstream(accept: Arc<std::sync::atomic::AtomicBool>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let accept = Arc::clone(&accept);
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                while let Some(Ok((_request, mut respond))) = conn.accept().await {
+                    if accept.load(Ordering::SeqCst) {
+                        let answer = http::Response::builder().status(201).body(()).unwrap();
+                        let _ = respond.send_response(answer, true);
+                    } else {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_was_never_processed_and_releases_the_key() {
+    let accept = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let upstream = refusing_upstream(Arc::clone(&accept)).await;
+    let proxy = start_proxy(upstream, &h2(ROUTES)).await;
+    let refused = post(proxy.addr, "/orders", &[("idempotency-key", "r")], "{}").await;
+    assert_eq!(refused.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        problem_type(&refused),
+        "urn:idemgate:problem:upstream-unreachable"
+    );
+    accept.store(true, Ordering::SeqCst);
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "r")], "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "released, so run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_body_streams_through_on_an_unprotected_route() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &h2(ROUTES)).await;
+    let n = 3 << 20;
+    let got = send(
+        proxy.addr,
+        Method::GET,
+        &format!("/download?bytes={n}"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.body.len(), n);
+    assert!(got.body == common::pattern_bytes(n), "byte for byte");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_to_an_http2_upstream_is_501() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &h2(ROUTES)).await;
+    let answer = common::raw_exchange(
+        proxy.addr,
+        b"GET /plain/ws HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 501"), "{answer}");
+    assert!(answer.contains("not-implemented"), "{answer}");
+}
+
+/// An HTTP/1.1-only upstream (h2c not spoken): the dial fails on the missing SETTINGS,
+/// before any request went out, so the key is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_does_not_speak_http2_is_unreachable() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let proxy = start_proxy(addr, &h2(ROUTES)).await;
+    let a = post(proxy.addr, "/orders", &[("idempotency-key", "h1")], "{}").await;
+    assert_eq!(
+        problem_type(&a),
+        "urn:idemgate:problem:upstream-unreachable"
+    );
+}
