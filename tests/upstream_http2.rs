@@ -284,3 +284,26 @@ async fn an_upstream_that_does_not_speak_http2_is_unreachable() {
         "urn:idemgate:problem:upstream-unreachable"
     );
 }
+
+/// A client that stops sending a pass-through upload gets the 408 it gets over an
+/// HTTP/1.1 upstream, although hyper's HTTP/2 client reports only the stream it reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_to_an_http2_upstream_is_408() {
+    let upstream = start_upstream().await;
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://{}\n{}",
+        upstream.addr,
+        h2(ROUTES)
+    );
+    let proxy = common::start_proxy_tuned(&text, None, |p| {
+        p.with_body_read_timeout(std::time::Duration::from_millis(300))
+    })
+    .await;
+    let answer = common::raw_exchange(
+        proxy.addr,
+        b"POST /plain/up HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n0123456789",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body-timeout"), "{answer}");
+}

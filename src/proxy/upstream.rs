@@ -138,8 +138,23 @@ impl UpstreamClient {
                     ));
                 }
                 request::to_http2(&mut parts, &self.scheme).map_err(ProxyError::BadRequest)?;
+                // hyper's HTTP/2 client resets the stream on a body error and reports the
+                // reset, not the error: the watcher keeps it, to answer as HTTP/1.1 does.
+                let client_failed = Arc::new(std::sync::Mutex::new(None));
+                let body = if body.is_end_stream() {
+                    body
+                } else {
+                    ProxyBody::boxed(Watched {
+                        inner: body,
+                        failed: Arc::clone(&client_failed),
+                    })
+                };
                 let request = Request::from_parts(parts, body);
-                return self.send_h2(pool, request, method, sending).await;
+                let result = self.send_h2(pool, request, method, sending).await;
+                return match (result, crate::sync::lock(&client_failed).take()) {
+                    (Err(ProxyError::UpstreamFailed(_)), Some(client)) => Err(client),
+                    (result, _) => result,
+                };
             }
         };
         let mut request = Request::from_parts(parts, body);
@@ -286,6 +301,37 @@ fn failed(e: hyper::Error) -> ProxyError {
     }
     tracing::warn!(error = %e, "upstream request failed");
     ProxyError::UpstreamFailed(e.to_string())
+}
+
+/// A client's body on its way to an HTTP/2 upstream that keeps what its failure means.
+struct Watched {
+    inner: ProxyBody,
+    failed: Arc<std::sync::Mutex<Option<ProxyError>>>,
+}
+
+impl Body for Watched {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Err(e))) = &polled {
+            *crate::sync::lock(&this.failed) = Some(body_failed(e));
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 fn body_failed(e: &BodyError) -> ProxyError {
