@@ -246,6 +246,18 @@ impl Pool {
             .handshake(TokioIo::new(io))
             .await
             .map_err(|e| ProxyError::UpstreamUnreachable(format!("HTTP/2 handshake: {e}")))?;
+        // hyper reads the socket in a task of its own, so the server's preface arrives
+        // before this connection's own task runs; it is processed in the same read, so
+        // its stream limit is known by then (and refreshed whenever the task runs).
+        let settings = tokio::time::timeout(CONNECT_TIMEOUT, hear).await;
+        if !matches!(settings, Ok(Ok(true))) {
+            return Err(ProxyError::UpstreamUnreachable(format!(
+                "{}: the upstream did not answer the HTTP/2 preface with SETTINGS \
+                 (connections.upstream_protocol: http2)",
+                self.connector.address()
+            )));
+        }
+        tokio::task::yield_now().await;
         self.sweeper
             .call_once(|| drop(tokio::spawn(sweep(Arc::downgrade(self), self.idle_timeout))));
         let limit = Arc::new(AtomicUsize::new(conn.current_max_send_streams()));
@@ -267,14 +279,6 @@ impl Pool {
                 }
             }
         });
-        let settings = tokio::time::timeout(CONNECT_TIMEOUT, hear).await;
-        if !matches!(settings, Ok(Ok(true))) {
-            return Err(ProxyError::UpstreamUnreachable(format!(
-                "{}: the upstream did not answer the HTTP/2 preface with SETTINGS \
-                 (connections.upstream_protocol: http2)",
-                self.connector.address()
-            )));
-        }
         Ok(Arc::new(Shared {
             sender,
             limit,
@@ -363,3 +367,6 @@ impl AsyncWrite for Preface {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests;

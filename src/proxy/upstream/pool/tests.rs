@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::proxy::upstream::{request, UpstreamBody};
+use crate::proxy::upstream::{request, Held, UpstreamBody};
 
 /// The longest a test waits for something that should happen at once; reaching it fails
 /// the test instead of hanging it.
@@ -416,7 +416,7 @@ async fn an_upgraded_connection_holds_its_slot_until_its_stream_is_dropped() {
     let (head, body) = get(&pool, checkout).await.into_parts();
     assert_eq!(head.status, StatusCode::SWITCHING_PROTOCOLS);
     let body = UpstreamBody {
-        body,
+        body: Held::Http1(body),
         read_gap: Duration::from_secs(60),
     };
     let response = Response::from_parts(head, body);
