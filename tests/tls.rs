@@ -324,3 +324,55 @@ async fn unreadable_certificates_are_config_errors() {
     assert!(err.starts_with("proxy.yaml:3:1: tls:"), "{err}");
     assert!(err.contains("/nonexistent/cert.pem"), "{err}");
 }
+
+/// `connections.upstream_protocol: http2` to an `https://` upstream offers ALPN `h2` alone:
+/// a server that selects it (a TLS-terminating idemgate here) is spoken to in HTTP/2; one
+/// that speaks only `http/1.1` fails the connection before any request went out, so the
+/// request is `upstream-unreachable` and its key released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_is_spoken_to_in_http2_only_if_it_selects_alpn_h2() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("upstream", &["localhost"]);
+    let upstream = start_upstream().await;
+    let https_app = start_proxy(upstream.addr, &tls_yaml(&cert, &key, None)).await;
+    let ca = pki.path("ca.pem");
+    let front = |port: u16| {
+        format!(
+            "listen: 127.0.0.1:0\nupstream: https://localhost:{port}\nupstream_ca: \"{}\"\nconnections: {{ upstream_protocol: http2 }}\n{ROUTES}",
+            ca.display()
+        )
+    };
+    let proxy = common::start_proxy_from(&front(https_app.addr.port()), None).await;
+    let ok = common::post(proxy.addr, "/orders", &[("idempotency-key", "h2")], "{}").await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{ok:?}");
+    assert_eq!(upstream.executed(), 1);
+
+    // A TLS server that knows only http/1.1.
+    let mut server = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_file(&cert).unwrap()],
+            PrivateKeyDer::from_pem_file(&key).unwrap(),
+        )
+        .unwrap();
+    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = acceptor.accept(tcp).await;
+            });
+        }
+    });
+    let proxy = common::start_proxy_from(&front(port), None).await;
+    let refused = common::post(proxy.addr, "/orders", &[("idempotency-key", "h1")], "{}").await;
+    assert_eq!(refused.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        refused.json()["type"],
+        "urn:idemgate:problem:upstream-unreachable"
+    );
+    assert_eq!(upstream.executed(), 1);
+}
