@@ -63,7 +63,11 @@ async fn requests_reach_the_upstream_as_http2_when_configured_and_http11_by_defa
 
     let proxy = start_proxy(upstream.addr, &h2(ROUTES)).await;
     let host = proxy.addr.to_string();
-    let asked = [("connection", "keep-alive, x-private"), ("x-private", "1")];
+    let asked = [
+        ("connection", "keep-alive, x-private, te"),
+        ("x-private", "1"),
+        ("te", "trailers"),
+    ];
     let seen = send(proxy.addr, Method::GET, "/echo-headers?a=1", &asked, "")
         .await
         .json();
@@ -78,6 +82,8 @@ async fn requests_reach_the_upstream_as_http2_when_configured_and_http11_by_defa
     assert_eq!(headers["x-forwarded-host"][0], host.as_str(), "{seen}");
     assert_eq!(headers["x-forwarded-proto"][0], "http", "{seen}");
     assert_eq!(headers["x-forwarded-for"][0], "127.0.0.1", "{seen}");
+    // The one connection-specific field HTTP/2 allows (gRPC needs it).
+    assert_eq!(headers["te"][0], "trailers", "{seen}");
     for gone in [
         "host",
         "connection",

@@ -124,6 +124,10 @@ impl UpstreamClient {
         // HTTP/2 clients name the host in `:authority`; an HTTP/1.0 client may name none,
         // and then the upstream's own is sent.
         let authority = parts.uri.authority().cloned();
+        // `TE: trailers` is the one connection-specific field HTTP/2 allows (RFC 9113
+        // §8.2.2), and gRPC servers require it: it goes on to an HTTP/2 upstream.
+        let te_trailers =
+            matches!(self.pool, Pools::Http2(_)) && request::asks_for_trailers(&parts.headers);
         request::prepare(&mut parts, &body, &forwarding, || {
             authority
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
@@ -137,7 +141,8 @@ impl UpstreamClient {
                         "protocol upgrades (WebSocket) to an HTTP/2 upstream",
                     ));
                 }
-                request::to_http2(&mut parts, &self.scheme).map_err(ProxyError::BadRequest)?;
+                request::to_http2(&mut parts, &self.scheme, te_trailers)
+                    .map_err(ProxyError::BadRequest)?;
                 // hyper's HTTP/2 client resets the stream on a body error and reports the
                 // reset, not the error: the watcher keeps it, to answer as HTTP/1.1 does.
                 let client_failed = Arc::new(std::sync::Mutex::new(None));

@@ -19,6 +19,9 @@
 //! A connection's slot under the cap and its count in `idemgate_upstream_connections` go
 //! with its socket ([`Leased`]): after `101 Switching Protocols` the socket leaves hyper's
 //! connection for the upgraded stream, and both stay taken until that stream is dropped.
+//!
+//! HTTP/2 connections, shared by concurrent requests rather than handed out whole, are
+//! pooled by [`h2`].
 
 use std::io;
 use std::pin::Pin;

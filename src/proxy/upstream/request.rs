@@ -121,15 +121,22 @@ pub fn prepare(
 /// `Host` it carries becomes `:authority` (RFC 9113 §8.3.1: a client that makes HTTP/2
 /// requests uses `:authority`, not `Host`), `scheme` becomes `:scheme`, and the framing
 /// field HTTP/2 forbids goes (`Transfer-Encoding`; the other connection-specific fields
-/// `prepare` already removed). hyper's HTTP/2 client takes both pseudo-fields from an
+/// `prepare` already removed); with `te_trailers`, `TE: trailers` goes back (the client
+/// sent it: [`asks_for_trailers`]). hyper's HTTP/2 client takes both pseudo-fields from an
 /// absolute URI. An error: the `Host` is no authority (HTTP/1.1 servers may accept one,
 /// `:authority` cannot carry it).
 pub fn to_http2(
     parts: &mut http::request::Parts,
     scheme: &http::uri::Scheme,
+    te_trailers: bool,
 ) -> Result<(), String> {
     parts.version = Version::HTTP_2;
     parts.headers.remove(header::TRANSFER_ENCODING);
+    if te_trailers {
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
     let Some(host) = parts.headers.remove(header::HOST) else {
         return Err("a request without a host cannot go to an HTTP/2 upstream".into());
     };
@@ -144,6 +151,16 @@ pub fn to_http2(
     }
     parts.uri = uri.build().map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Whether the request's `TE` lists `trailers`.
+pub fn asks_for_trailers(headers: &HeaderMap) -> bool {
+    headers.get_all(header::TE).iter().any(|v| {
+        v.as_bytes().split(|&b| b == b',').any(|t| {
+            let coding = t.split(|&b| b == b';').next().unwrap_or(t);
+            coding.trim_ascii().eq_ignore_ascii_case(b"trailers")
+        })
+    })
 }
 
 /// What [`prepare`] looks for in one pass over the field names.
