@@ -82,7 +82,8 @@ pub async fn start_proxy_tuned(
     admin_token: Option<&str>,
     tune: impl FnOnce(Proxy) -> Proxy,
 ) -> ProxyHandle {
-    let config = Arc::new(Config::parse(text, "test.yaml").expect("test config"));
+    let text = with_upstream_protocol(text);
+    let config = Arc::new(Config::parse(&text, "test.yaml").expect("test config"));
     let store = idemgate::server::open_store(&config).expect("store");
     let proxy = tune(Proxy::new(
         Arc::clone(&config),
@@ -110,6 +111,18 @@ pub async fn start_proxy_tuned(
         admin,
         store,
         proxy,
+    }
+}
+
+/// `text` speaking to its upstream in the protocol `IDEMGATE_TEST_UPSTREAM_PROTOCOL` names
+/// (`scripts/test` runs the exactly-once and failure suites again with `http2`), unless
+/// the test sets its own `connections:`.
+pub fn with_upstream_protocol(text: &str) -> String {
+    match std::env::var("IDEMGATE_TEST_UPSTREAM_PROTOCOL") {
+        Ok(protocol) if !text.contains("\nconnections:") && !text.starts_with("connections:") => {
+            format!("{text}\nconnections: {{ upstream_protocol: {protocol} }}\n")
+        }
+        _ => text.to_owned(),
     }
 }
 
@@ -145,7 +158,8 @@ impl ProxyProcess {
         std::fs::write(
             &config,
             format!(
-                "listen: 127.0.0.1:{port}\nupstream: http://{upstream}\nadmin: 127.0.0.1:{admin_port}\n{rest}"
+                "listen: 127.0.0.1:{port}\nupstream: http://{upstream}\nadmin: 127.0.0.1:{admin_port}\n{}",
+                with_upstream_protocol(rest)
             ),
         )
         .unwrap();
