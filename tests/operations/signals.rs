@@ -1,0 +1,205 @@
+//! SIGHUP reloads (refusing a broken file, swapping the upstream under open connections) and
+//! SIGTERM drains, keeping the claims of calls still running.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::common::redis_server::{wait_until, RedisServer};
+use crate::common::{self, post, start_upstream, ProxyProcess};
+use crate::ROUTES;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_routes_and_a_broken_file_keeps_the_old_ones() {
+    let upstream = start_upstream().await;
+    let original = "routes:\n  - name: keyed\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key, required: true }\n";
+    let proxy = ProxyProcess::start_logging(upstream.addr, original, "info");
+    assert_eq!(
+        post(proxy.addr, "/orders", &[], "{}").await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let text = std::fs::read_to_string(&proxy.config).unwrap();
+    std::fs::write(&proxy.config, format!("{text}    ttl: never\n")).unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().contains("reload refused"),
+        "the refusal log line",
+    );
+    let log = proxy.log();
+    let line = log.lines().find(|l| l.contains("reload refused")).unwrap();
+    assert!(line.contains("proxy.yaml:8:10: routes[0].ttl"), "{line}");
+    assert_eq!(
+        post(proxy.addr, "/orders", &[], "{}").await.status,
+        StatusCode::BAD_REQUEST,
+        "old routes serve"
+    );
+    // A good file takes effect without a restart: the route is now unprotected.
+    std::fs::write(
+        &proxy.config,
+        text.replace(
+            "key: { header: Idempotency-Key, required: true }",
+            "idempotency: off",
+        ),
+    )
+    .unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().contains("config reloaded"),
+        "the reload log line",
+    );
+    assert_eq!(
+        post(proxy.addr, "/orders", &[], "{}").await.status,
+        StatusCode::CREATED
+    );
+    assert!(!proxy.log().contains("take effect on restart"));
+    // What only a restart changes is named, not passed over quietly.
+    let routes_only = std::fs::read_to_string(&proxy.config).unwrap();
+    std::fs::write(&proxy.config, format!("{routes_only}drain_timeout: 7s\n")).unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().matches("config reloaded").count() == 2,
+        "the second reload log line",
+    );
+    let log = proxy.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("take effect on restart"))
+        .expect("a warning names the restart-only setting");
+    assert!(line.contains("drain_timeout"), "{line}");
+    assert!(!line.contains("admin"), "{line}");
+}
+
+/// SIGHUP swaps the upstream for the requests that follow, and a client's open keep-alive
+/// connection goes on being served across the reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_swaps_the_upstream_and_open_client_connections_stay() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::TokioIo;
+
+    let first = start_upstream().await;
+    let second = start_upstream().await;
+    let proxy = ProxyProcess::start_logging(first.addr, ROUTES, "info");
+    let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let connection = tokio::spawn(conn);
+    let order = |key: &str| {
+        http::Request::post("/orders")
+            .header("host", "127.0.0.1")
+            .header("idempotency-key", key)
+            .body(Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    let a = sender.send_request(order("before")).await.unwrap();
+    assert_eq!(a.status(), StatusCode::CREATED);
+    a.into_body().collect().await.unwrap();
+    assert_eq!((first.executed(), second.executed()), (1, 0));
+
+    let text = std::fs::read_to_string(&proxy.config).unwrap();
+    let swapped = text.replace(&first.addr.to_string(), &second.addr.to_string());
+    assert_ne!(swapped, text);
+    std::fs::write(&proxy.config, swapped).unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().contains("config reloaded"),
+        "the reload log line",
+    );
+    sender
+        .ready()
+        .await
+        .expect("the connection outlives the reload");
+    let b = sender.send_request(order("after")).await.unwrap();
+    assert_eq!(b.status(), StatusCode::CREATED);
+    b.into_body().collect().await.unwrap();
+    assert_eq!((first.executed(), second.executed()), (1, 1));
+    assert!(!connection.is_finished());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_slow_call_finish_and_stores_its_answer() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  redis: {{ url: \"{}\" }}\ndrain_timeout: 20s\nroutes:\n  - name: o\n    match: {{ path: /orders }}\n    key: {{ header: Idempotency-Key }}\n",
+        redis.url()
+    );
+    let mut a = ProxyProcess::start(upstream.addr, &config);
+    let b = ProxyProcess::start(upstream.addr, &config);
+    let addr = a.addr;
+    let slow = tokio::spawn(async move {
+        post(
+            addr,
+            "/orders",
+            &[("idempotency-key", "drain"), ("x-test-delay-ms", "800")],
+            "{}",
+        )
+        .await
+    });
+    while upstream.executed() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.signal("TERM");
+    let answer = slow.await.unwrap();
+    assert_eq!(
+        answer.status,
+        StatusCode::CREATED,
+        "the call in progress finished"
+    );
+    assert!(a.wait_exit().success());
+    let retry = post(b.addr, "/orders", &[("idempotency-key", "drain")], "{}").await;
+    assert!(retry.replayed(), "its answer was stored before exit");
+    assert_eq!(upstream.executed(), 1);
+}
+
+/// SIGTERM past the drain: the call still running upstream went out, so its claim is not
+/// released. Another replica's retry is told it is in flight, and once the dead process's
+/// lease lapsed, that its outcome is unknown; it never executes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_drain_keeps_the_claims_of_calls_still_running() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  redis: {{ url: \"{}\" }}\ndrain_timeout: 300ms\ndefaults: {{ lease: 1s, wait_timeout: 200ms }}\nroutes:\n  - name: o\n    match: {{ path: /orders }}\n    key: {{ header: Idempotency-Key }}\n",
+        redis.url()
+    );
+    let mut a = ProxyProcess::start(upstream.addr, &config);
+    let b = ProxyProcess::start(upstream.addr, &config);
+    let addr = a.addr;
+    let stuck = tokio::spawn(async move {
+        let client = common::client();
+        let request = http::Request::post(format!("http://{addr}/orders"))
+            .header("idempotency-key", "stuck")
+            .header("x-test-gate", "stuck")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap();
+        client.request(request).await
+    });
+    upstream.arrived("stuck", 1).await;
+    a.signal("TERM");
+    assert!(a.wait_exit().success());
+    let _ = stuck.await;
+    assert!(
+        a.log().contains("their keys stay claimed"),
+        "the exit said so: {}",
+        a.log()
+    );
+    let retry = post(b.addr, "/orders", &[("idempotency-key", "stuck")], "{}").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let held = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: still in flight"
+        );
+        let retry = post(b.addr, "/orders", &[("idempotency-key", "stuck")], "{}").await;
+        assert_eq!(retry.status, StatusCode::CONFLICT);
+        if retry.json()["type"] != "urn:idemgate:problem:in-flight" {
+            break retry;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(held.json()["type"], "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(upstream.executed_for("stuck"), 1, "never run again");
+    upstream.open("stuck");
+}
