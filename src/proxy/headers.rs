@@ -142,11 +142,11 @@ pub fn wants_upgrade(headers: &HeaderMap) -> bool {
         && !upgrades_to_http(headers)
 }
 
-/// Whether `Upgrade` offers HTTP itself (`h2c`, `h2`, `HTTP/2.0`): a switch the proxy never
-/// forwards. An upstream that took it (Jetty's h2c upgrade does, for one) would
-/// give the client an HTTP connection of its own spliced past the proxy, on which every
-/// request, to protected routes too, runs unseen ("h2c smuggling"). Such a request goes on
-/// as a plain one, without its upgrade fields.
+/// Whether `Upgrade` offers HTTP itself (`h2c`, `h2`, their drafts' `h2c-14`, `HTTP/2.0`):
+/// a switch the proxy never forwards. An upstream that took it (Jetty's h2c upgrade does,
+/// for one) would give the client an HTTP connection of its own spliced past the proxy, on
+/// which every request, to protected routes too, runs unseen ("h2c smuggling"). Such a
+/// request goes on as a plain one, without its upgrade fields.
 fn upgrades_to_http(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::UPGRADE)
@@ -157,11 +157,18 @@ fn upgrades_to_http(headers: &HeaderMap) -> bool {
             let name = protocol.split(|&b| b == b'/').next().unwrap_or(protocol);
             name.trim_ascii()
         })
-        .any(|name| {
-            name.eq_ignore_ascii_case(b"h2c")
-                || name.eq_ignore_ascii_case(b"h2")
-                || name.eq_ignore_ascii_case(b"http")
-        })
+        .any(|name| name.eq_ignore_ascii_case(b"http") || names_http2(name))
+}
+
+/// `h2c`, `h2`, or one of their drafts' names (`h2c-14` … `h2c-17`, `h2-14`), which
+/// servers still upgrade on: Apache's mod_http2 takes `h2c-14` and `h2c-16`, Jetty
+/// `h2c-14` to `h2c-17` when configured with them.
+fn names_http2(name: &[u8]) -> bool {
+    let base = match name.iter().position(|&b| b == b'-') {
+        Some(dash) => &name[..dash],
+        None => name,
+    };
+    base.eq_ignore_ascii_case(b"h2c") || base.eq_ignore_ascii_case(b"h2")
 }
 
 /// Whether any `Connection` field lists `option` (`close`, `upgrade`, …).
@@ -389,6 +396,18 @@ mod tests {
         h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         assert!(wants_upgrade(&h));
+    }
+
+    /// The draft names of HTTP/2 (`h2c-14` … `h2c-17`, `h2-14`), which Apache's mod_http2,
+    /// Jetty and others still upgrade on, are HTTP itself too.
+    #[test]
+    fn an_upgrade_to_a_draft_of_http2_is_not_wanted() {
+        for offer in ["h2c-14", "h2c-16", "H2C-17", "websocket, h2c-14", "h2-14"] {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+            h.insert(header::UPGRADE, HeaderValue::from_str(offer).unwrap());
+            assert!(!wants_upgrade(&h), "{offer}");
+        }
     }
 
     #[test]
