@@ -300,3 +300,41 @@ fn a_route_path_no_request_can_have_is_refused_at_load() {
         idemgate::config::Config::parse(&text, "p.yaml").expect(path);
     }
 }
+
+const ESCAPED: &str = r#"
+routes:
+  - name: update-cafe
+    match: { methods: [PUT], path: "/api/caf%C3%A9/{id}" }
+    key: { header: Idempotency-Key, required: true }
+  - name: update-pair
+    match: { methods: [PUT], path: "/api/a%7Cb" }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+/// A route's literal holds a non-ASCII letter, or a character such as `|`, only
+/// percent-encoded (the config refuses them raw), yet hyper takes a request target with them
+/// raw (`PUT /api/café/1`, as curl sends it), and upstreams decode both spellings to one path.
+/// The raw spelling is the route's too: refused as the route requires, not let through
+/// unprotected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_character_is_its_escape_to_a_route() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, ESCAPED).await;
+    for path in ["/api/café/1", "/api/CAFé/1", "/api/a|b"] {
+        let request = format!(
+            "PUT {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        );
+        let raw = raw_exchange(proxy.addr, request.as_bytes()).await;
+        assert!(raw.starts_with("HTTP/1.1 400"), "{path}: {raw}");
+        assert!(
+            raw.contains("urn:idemgate:problem:key-invalid"),
+            "{path}: {raw}"
+        );
+    }
+    assert_eq!(upstream.executed(), 0, "a raw spelling ran unprotected");
+    // With a key, both spellings are the one route, and the upstream gets the escaped one.
+    let request = "PUT /api/café/1 HTTP/1.1\r\nhost: x\r\nidempotency-key: k1\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+    let raw = raw_exchange(proxy.addr, request.as_bytes()).await;
+    assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
+    assert_eq!(upstream.seen()[0].target, "/api/caf%C3%A9/1");
+}

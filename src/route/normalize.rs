@@ -3,7 +3,8 @@
 //! written for `/api/orders` while the upstream reads them as that very path.
 //!
 //! Percent-escapes of unreserved characters are decoded and the others' hex digits
-//! upper-cased (RFC 3986 §6.2.2), repeated slashes merged, then dot segments removed
+//! upper-cased (RFC 3986 §6.2.2), the characters a path carries only escaped but hyper
+//! takes raw (UTF-8, `|`, `[`, …) escaped, repeated slashes merged, then dot segments removed
 //! (§5.2.4). Forms that cannot be normalised without guessing how the upstream reads them
 //! are refused: an encoded `/` or `\`, an encoded NUL, a `%` that is not an escape, a
 //! raw backslash (which some servers take for a slash), and a dot segment with parameters
@@ -77,6 +78,7 @@ fn is_normal(path: &[u8]) -> Result<bool, PathError> {
         match b {
             b'\\' => return Err(PathError::Backslash),
             b'%' => normal = false,
+            b if must_escape(b) => normal = false,
             b'/' => {
                 // An empty segment, or one of one or two dots ending the path, a segment or
                 // its name (`..;x`, refused on the slow path).
@@ -94,6 +96,14 @@ fn is_normal(path: &[u8]) -> Result<bool, PathError> {
     Ok(normal)
 }
 
+/// A byte a path may carry only percent-encoded (RFC 3986 §3.3) that hyper still takes raw
+/// (the `http` crate accepts `"`, `{`, `}`, `[`, `]`, `^`, `|` and UTF-8 in a target, as
+/// clients send them): servers decode the escape and the raw byte to the same path, so the
+/// normal form escapes it, as routes write it.
+fn must_escape(b: u8) -> bool {
+    !b.is_ascii() || matches!(b, b'"' | b'{' | b'}' | b'[' | b']' | b'^' | b'|' | b'`')
+}
+
 /// Unreserved characters (RFC 3986 §2.3): the only ones whose escape means the same as the
 /// character itself.
 fn is_unreserved(b: u8) -> bool {
@@ -109,8 +119,8 @@ fn hex_value(b: u8) -> Option<u8> {
     }
 }
 
-/// Decodes escapes of unreserved characters, upper-cases the hex of the others, refuses
-/// the unsafe ones.
+/// Decodes escapes of unreserved characters, upper-cases the hex of the others, escapes
+/// the bytes a path carries only escaped ([`must_escape`]), refuses the unsafe ones.
 fn decode(path: &[u8]) -> Result<Vec<u8>, PathError> {
     let mut out = Vec::with_capacity(path.len());
     let mut i = 0;
@@ -138,6 +148,11 @@ fn decode(path: &[u8]) -> Result<Vec<u8>, PathError> {
                 i += 3;
             }
             b'\\' => return Err(PathError::Backslash),
+            b if must_escape(b) => {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+                i += 1;
+            }
             b => {
                 out.push(b);
                 i += 1;
@@ -173,7 +188,8 @@ fn remove_dot_segments(path: &[u8]) -> Result<String, PathError> {
             _ => {
                 starts.push(out.len());
                 out.push('/');
-                // The path is ASCII: a URI's bytes, escapes decoded only to ASCII.
+                // The path is ASCII: a URI's bytes, escapes decoded only to ASCII, the others
+                // escaped.
                 out.push_str(std::str::from_utf8(piece).unwrap_or_default());
                 trailing = false;
                 continue;
@@ -256,6 +272,16 @@ mod tests {
         assert_eq!(norm("/a%20b%3Fc%25"), "/a%20b%3Fc%25");
         // `%25` stays an escape: no double decoding.
         assert_eq!(norm("/%256F"), "/%256F");
+    }
+
+    /// What a path carries only escaped, but hyper takes raw, is its escape: one path to
+    /// routes however the client spelled it.
+    #[test]
+    fn raw_characters_a_path_carries_escaped_are_escaped() {
+        assert_eq!(norm("/caf\u{e9}"), "/caf%C3%A9");
+        assert_eq!(norm("/a|b/[c]^\"{d}\""), "/a%7Cb/%5Bc%5D%5E%22%7Bd%7D%22");
+        assert_eq!(norm("/x/../caf\u{e9}%C3%A9"), "/caf%C3%A9%C3%A9");
+        assert_eq!(norm("/caf\u{e9}"), norm("/caf%c3%a9"));
     }
 
     #[test]
