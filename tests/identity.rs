@@ -570,3 +570,41 @@ routes:
         );
     }
 }
+
+/// `scope: [header: Cookie]` keys by the whole jar. A jar whose every cookie names no one
+/// (`token=null`, what a logged-out single-page app writes; an emptied `session=`) is sent
+/// alike by every anonymous caller: keyed by it, one caller got another's answer. It counts
+/// as not sent, and the default caller stands in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_jar_that_names_no_one_falls_back_to_the_caller() {
+    let upstream = start_upstream().await;
+    let routes = r#"
+routes:
+  - name: orders
+    match: { path: /orders }
+    key: { header: Idempotency-Key, scope: [header: Cookie] }
+"#;
+    let proxy = start_proxy(upstream.addr, routes).await;
+    let mut executed = 0;
+    for (n, anonymous) in ["cookie: token=null", "cookie: session=; sid=deleted"]
+        .into_iter()
+        .enumerate()
+    {
+        let client_key = format!("idempotency-key: k{n}");
+        let request = raw_post("/orders", &[&client_key, anonymous], r#"{"n":1}"#);
+        let first = raw_exchange_from("127.0.0.2", proxy.addr, &request).await;
+        let other = raw_exchange_from("127.0.0.3", proxy.addr, &request).await;
+        assert!(!replayed(&first), "{anonymous}");
+        assert!(
+            !replayed(&other),
+            "{anonymous}: another anonymous caller got the answer"
+        );
+        executed += 2;
+        assert_eq!(upstream.executed(), executed);
+        let retry = raw_exchange_from("127.0.0.3", proxy.addr, &request).await;
+        assert!(
+            replayed(&retry),
+            "{anonymous}: the caller's own retry ran again"
+        );
+    }
+}

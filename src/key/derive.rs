@@ -312,12 +312,14 @@ fn hash_scope(
                 }
                 continue;
             }
-            // One jar however the client split it (HTTP/2 may send a field per cookie).
+            // One jar however the client split it (HTTP/2 may send a field per cookie); a
+            // jar whose every cookie names no one (`token=null`, `sid=deleted`) is sent
+            // alike by every anonymous caller.
             ScopePart::Header(name) if *name == header::COOKIE => req
                 .headers
                 .contains_key(header::COOKIE)
                 .then(|| cookie_jar(req.headers))
-                .filter(|jar| !jar.is_empty())
+                .filter(|jar| jar_names_someone(jar))
                 .map(Cow::Owned),
             // A value that names no one (`Bearer null`, an empty field, an emptied cookie) is
             // what every anonymous caller sends alike: it counts as not sent.
@@ -350,6 +352,18 @@ fn hash_scope(
             t.push(format!("none sent: {}", describe_caller(caller, req)));
         }
     }
+}
+
+/// Whether a cookie jar (`a=1; b=2`) has a cookie whose value names a session
+/// ([`names_a_session`]); a piece without `=` counts as its own value.
+fn jar_names_someone(jar: &[u8]) -> bool {
+    jar.split(|&b| b == b';').any(|crumb| {
+        let value = match crumb.iter().position(|&b| b == b'=') {
+            Some(eq) => &crumb[eq + 1..],
+            None => crumb,
+        };
+        names_a_session(value)
+    })
 }
 
 /// All values of a header, joined by newlines when repeated.
