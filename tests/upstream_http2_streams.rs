@@ -1,20 +1,176 @@
 //! HTTP/2 upstream streams against hand-made servers (h2's own server API, or raw frames):
 //! a GOAWAY with an error after the server read a request holds its key, one below the
-//! request's stream releases it.
+//! request's stream releases it, and a request waiting for a stream under the server's
+//! `SETTINGS_MAX_CONCURRENT_STREAMS` at the connection cap is one that was never sent.
 
 #[path = "common/mod.rs"]
 mod common;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use common::{post, start_proxy};
-use http::StatusCode;
+use common::{post, send, start_proxy};
+use http::{Method, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 fn problem_type(a: &common::Answer) -> String {
     a.json()["type"].as_str().unwrap_or_default().to_owned()
+}
+
+/// An HTTP/2 upstream allowing `streams` concurrent streams: records each request's path as
+/// its head arrives, answers `/plain/hold` once `release` has a permit and anything else
+/// at once (201).
+struct Limited {
+    addr: SocketAddr,
+    paths: Arc<Mutex<Vec<String>>>,
+    arrived: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Limited {
+    async fn start(streams: u32) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let paths: Arc<Mutex<Vec<String>>> = Arc::default();
+        let arrived = Arc::new(tokio::sync::Notify::new());
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let (seen, told, gate) = (
+            Arc::clone(&paths),
+            Arc::clone(&arrived),
+            Arc::clone(&release),
+        );
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (seen, told, gate) = (Arc::clone(&seen), Arc::clone(&told), Arc::clone(&gate));
+                tokio::spawn(async move {
+                    let mut conn = h2::server::Builder::new()
+                        .max_concurrent_streams(streams)
+                        .handshake::<_, bytes::Bytes>(stream)
+                        .await
+                        .unwrap();
+                    while let Some(Ok((request, mut respond))) = conn.accept().await {
+                        let path = request.uri().path().to_owned();
+                        seen.lock().unwrap().push(path.clone());
+                        told.notify_waiters();
+                        let gate = Arc::clone(&gate);
+                        tokio::spawn(async move {
+                            if path == "/plain/hold" {
+                                gate.acquire().await.unwrap().forget();
+                            }
+                            let answer = http::Response::builder().status(201).body(()).unwrap();
+                            let _ = respond.send_response(answer, true);
+                        });
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            paths,
+            arrived,
+            release,
+        }
+    }
+
+    fn paths(&self) -> Vec<String> {
+        self.paths.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` requests arrived (hang guard: 30 s).
+    async fn arrived(&self, n: usize) {
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            loop {
+                let changed = self.arrived.notified();
+                if self.paths.lock().unwrap().len() >= n {
+                    return;
+                }
+                changed.await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("hang guard: {n} requests never arrived"));
+    }
+}
+
+/// One HTTP/2 connection to the upstream, on which the server allows one stream at a time;
+/// `/plain/hold` waits for its answer as long as the test needs.
+const ONE_STREAM: &str = r#"
+connections: { upstream_protocol: http2, max_upstream: 1, upstream_idle_timeout: 1h }
+routes:
+  - name: orders
+    match: { methods: [POST], path: /orders }
+    key: { header: Idempotency-Key, required: true }
+    upstream_timeout: 300ms
+  - name: hold
+    match: { path: /plain/hold }
+    idempotency: off
+    upstream_timeout: 1h
+  - name: plain
+    match: { path: "/plain/*" }
+    idempotency: off
+    upstream_timeout: 300ms
+"#;
+
+/// The connection is at the cap and its one stream is busy: a pass-through request whose
+/// `upstream_timeout` passes while it waits for a stream is answered 504 and must never
+/// reach the upstream afterwards (its client was told it failed, and may have retried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_given_up_while_waiting_for_a_stream_is_never_sent_later() {
+    let upstream = Limited::start(1).await;
+    let proxy = start_proxy(upstream.addr, ONE_STREAM).await;
+    let addr = proxy.addr;
+    let busy = tokio::spawn(async move { send(addr, Method::POST, "/plain/hold", &[], "").await });
+    upstream.arrived(1).await;
+    let late = send(proxy.addr, Method::POST, "/plain/late", &[], "").await;
+    assert!(
+        late.status == StatusCode::GATEWAY_TIMEOUT || late.status == StatusCode::BAD_GATEWAY,
+        "{late:?}"
+    );
+    upstream.release.add_permits(1);
+    assert_eq!(busy.await.unwrap().status, StatusCode::CREATED);
+    // On the same connection, after the stream freed: were `/plain/late` still to go out,
+    // it would reach the server before this one.
+    let after = send(proxy.addr, Method::POST, "/plain/after", &[], "").await;
+    assert_eq!(after.status, StatusCode::CREATED);
+    assert_eq!(upstream.paths(), ["/plain/hold", "/plain/after"]);
+}
+
+/// As over HTTP/1.1 (`connection_caps.rs`), waiting for room on the upstream is waiting
+/// before anything was sent: a protected request whose `upstream_timeout` passes then is a
+/// 502 that releases its key, and its retry executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protected_request_that_timed_out_waiting_for_a_stream_was_not_sent() {
+    let upstream = Limited::start(1).await;
+    let proxy = start_proxy(upstream.addr, ONE_STREAM).await;
+    let addr = proxy.addr;
+    let busy = tokio::spawn(async move { send(addr, Method::POST, "/plain/hold", &[], "").await });
+    upstream.arrived(1).await;
+    let waited = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "queued")],
+        "{}",
+    )
+    .await;
+    assert_eq!(waited.status, StatusCode::BAD_GATEWAY, "{waited:?}");
+    assert_eq!(
+        problem_type(&waited),
+        "urn:idemgate:problem:upstream-unreachable"
+    );
+    upstream.release.add_permits(1);
+    assert_eq!(busy.await.unwrap().status, StatusCode::CREATED);
+    let retry = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "queued")],
+        "{}",
+    )
+    .await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(upstream.paths(), ["/plain/hold", "/orders"]);
 }
 
 const ORDERS: &str = r#"

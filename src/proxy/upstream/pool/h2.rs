@@ -5,8 +5,12 @@
 //! A request takes the oldest open connection with room for another stream under the
 //! server's `SETTINGS_MAX_CONCURRENT_STREAMS`; when none has room a new one is dialed (one
 //! dial at a time, so a burst of first requests shares one connection), and when the cap
-//! (`connections.max_upstream`) allows no more, the least busy takes it and hyper queues the
-//! stream until one ends. A request holds its connection through a [`Stream`] until its
+//! (`connections.max_upstream`) allows no more, the request waits here until a stream ends
+//! or a connection closes. It is not handed to hyper to queue: h2 sends a queued stream's
+//! HEADERS once a stream frees even if its request was given up meanwhile (a deadline
+//! passed, the proxy answered 504), and while it waits here nothing went out, so a deadline
+//! that passes is `upstream-unreachable`, as when the HTTP/1.1 pool has no connection free.
+//! A request holds its connection through a [`Stream`] until its
 //! answer's body ends; a connection without streams for `upstream_idle_timeout` is closed,
 //! and one whose task ended (GOAWAY, an error, the socket closed) is dropped from the pool.
 //!
@@ -26,7 +30,7 @@ use std::time::Duration;
 use hyper::client::conn::http2::{self, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::{Connector, Leased, OpenGuard};
@@ -42,6 +46,8 @@ struct Shared {
     limit: Arc<AtomicUsize>,
     /// Streams open on it, and since when it has had none.
     use_: Mutex<Use>,
+    /// The pool's: told when a stream ends, for requests waiting for room.
+    freed: Arc<Notify>,
     /// Dropped with the last reference: the connection's task stops, and hyper closes the
     /// connection once its streams are done.
     _stop: oneshot::Sender<()>,
@@ -64,14 +70,6 @@ impl Shared {
         let use_ = crate::sync::lock(&self.use_);
         use_.streams == 0 && now >= use_.idle_since + timeout
     }
-
-    fn has_room(&self) -> bool {
-        crate::sync::lock(&self.use_).streams < self.limit.load(Ordering::Relaxed).max(1)
-    }
-
-    fn streams(&self) -> usize {
-        crate::sync::lock(&self.use_).streams
-    }
 }
 
 /// One request's hold on an HTTP/2 connection, from checkout to the end of its answer's
@@ -91,12 +89,29 @@ impl std::fmt::Debug for Stream {
 }
 
 impl Stream {
+    /// The first stream of a new connection.
     fn open(conn: Arc<Shared>) -> Self {
         let mut use_ = crate::sync::lock(&conn.use_);
         use_.streams += 1;
         let reused = std::mem::replace(&mut use_.used, true);
         drop(use_);
         Self { conn, reused }
+    }
+
+    /// A stream on `conn` if it has room under the server's limit: looked at and taken
+    /// under one lock, so two requests never both take its last one.
+    fn open_if_room(conn: &Arc<Shared>) -> Option<Self> {
+        let mut use_ = crate::sync::lock(&conn.use_);
+        if use_.streams >= conn.limit.load(Ordering::Relaxed).max(1) {
+            return None;
+        }
+        use_.streams += 1;
+        let reused = std::mem::replace(&mut use_.used, true);
+        drop(use_);
+        Some(Self {
+            conn: Arc::clone(conn),
+            reused,
+        })
     }
 
     /// hyper's sending half (a clone of the connection's).
@@ -112,6 +127,8 @@ impl Drop for Stream {
         if use_.streams == 0 {
             use_.idle_since = Instant::now();
         }
+        drop(use_);
+        self.conn.freed.notify_waiters();
     }
 }
 
@@ -126,6 +143,8 @@ pub struct Pool {
     slots: Arc<Semaphore>,
     /// Held while dialing, so that requests arriving meanwhile share the new connection.
     dialing: tokio::sync::Mutex<()>,
+    /// Told when a stream ends: requests waiting at the cap look for room again.
+    freed: Arc<Notify>,
     sweeper: Once,
     metrics: Arc<Metrics>,
 }
@@ -156,51 +175,69 @@ impl Pool {
             idle_timeout,
             slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
             dialing: tokio::sync::Mutex::new(()),
+            freed: Arc::new(Notify::new()),
             sweeper: Once::new(),
             metrics,
         }
     }
 
     /// A stream on an open connection with room for it, else on a new one if the cap
-    /// allows, else on the least busy. Unbounded in time: the caller bounds it.
+    /// allows, else, once a stream ended or a connection closed, on whichever has room then.
+    /// Unbounded in time: the caller bounds it, and until this returns nothing was sent.
     pub async fn checkout(self: &Arc<Self>) -> Result<Stream, ProxyError> {
-        if let Some(conn) = self.pick(false) {
-            return Ok(Stream::open(conn));
-        }
-        let _dialing = self.dialing.lock().await;
-        if let Some(conn) = self.pick(false) {
-            return Ok(Stream::open(conn));
-        }
-        let slot = match Arc::clone(&self.slots).try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                if let Some(conn) = self.pick(true) {
-                    return Ok(Stream::open(conn));
-                }
-                // At the cap with none open: sockets still closing. Wait for one.
-                self.metrics.connections().upstream_waited.inc();
-                Arc::clone(&self.slots)
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| ProxyError::UpstreamUnreachable("pool closed".into()))?
+        let mut counted = false;
+        loop {
+            // Made before looking: a stream that ends after the look still wakes it.
+            let freed = self.freed.notified();
+            if let Some(stream) = self.pick() {
+                return Ok(stream);
             }
-        };
+            let dialing = self.dialing.lock().await;
+            if let Some(stream) = self.pick() {
+                return Ok(stream);
+            }
+            if let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() {
+                return self.open_new(slot, dialing).await;
+            }
+            drop(dialing);
+            // At the cap, every stream the servers allow taken (or sockets still closing).
+            if !counted {
+                self.metrics.connections().upstream_waited.inc();
+                counted = true;
+            }
+            let slot = tokio::select! {
+                () = freed => continue,
+                slot = Arc::clone(&self.slots).acquire_owned() => {
+                    slot.map_err(|_| ProxyError::UpstreamUnreachable("pool closed".into()))?
+                }
+            };
+            // A connection closed: its slot opens another, unless one has room by now.
+            let dialing = self.dialing.lock().await;
+            if let Some(stream) = self.pick() {
+                return Ok(stream);
+            }
+            return self.open_new(slot, dialing).await;
+        }
+    }
+
+    /// Dials a connection in `slot` (`dialing` held) and opens its first stream.
+    async fn open_new(
+        self: &Arc<Self>,
+        slot: OwnedSemaphorePermit,
+        _dialing: tokio::sync::MutexGuard<'_, ()>,
+    ) -> Result<Stream, ProxyError> {
         let conn = Box::pin(self.dial(slot)).await?;
         crate::sync::lock(&self.conns).push(Arc::clone(&conn));
         Ok(Stream::open(conn))
     }
 
-    /// Drops closed and expired connections; returns the first open one with room, or
-    /// with `any`, the least busy.
-    fn pick(&self, any: bool) -> Option<Arc<Shared>> {
+    /// Drops closed and expired connections; returns a stream on the first open one with
+    /// room.
+    fn pick(&self) -> Option<Stream> {
         let now = Instant::now();
         let mut conns = crate::sync::lock(&self.conns);
         conns.retain(|c| !c.is_closed() && !c.expired(now, self.idle_timeout));
-        if any {
-            conns.iter().min_by_key(|c| c.streams()).cloned()
-        } else {
-            conns.iter().find(|c| c.has_room()).cloned()
-        }
+        conns.iter().find_map(Stream::open_if_room)
     }
 
     /// Drops `stream`'s connection from the pool: hyper gave a request back on it, so its
@@ -287,6 +324,7 @@ impl Pool {
                 idle_since: Instant::now(),
                 used: false,
             }),
+            freed: Arc::clone(&self.freed),
             _stop: stop,
         }))
     }

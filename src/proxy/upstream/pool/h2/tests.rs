@@ -102,15 +102,23 @@ async fn streams_share_one_connection_until_the_server_limit_then_a_second_opens
     assert_eq!(upstream.connections.load(SeqCst), 2);
 }
 
+/// At the cap, a stream past the server's limit waits in the pool (nothing handed to
+/// hyper, which would send it whenever room frees, given up or not) until one ends.
 #[tokio::test]
-async fn at_the_cap_a_stream_goes_on_the_least_busy_connection() {
+async fn at_the_cap_a_stream_waits_for_one_to_end() {
     let upstream = Upstream::start(1).await;
     let pool = pool(upstream.port, 1, Duration::from_secs(3600));
     let first = within(pool.checkout(), "a checkout").await.unwrap();
-    let second = within(pool.checkout(), "a checkout").await.unwrap();
-    assert!(second.reused, "the one connection, past the server's limit");
+    let mut second = Box::pin(pool.checkout());
+    let polled = std::future::poll_fn(|cx| Poll::Ready(second.as_mut().poll(cx))).await;
+    assert!(polled.is_pending(), "no room: it waits");
+    assert_eq!(pool.metrics.connections().upstream_waited.get(), 1);
+    let conn = Arc::clone(&first.conn);
+    drop(first);
+    let second = within(second, "the waiting checkout").await.unwrap();
+    assert!(second.reused, "the one connection, once its stream ended");
     assert_eq!(upstream.connections.load(SeqCst), 1);
-    assert!(Arc::ptr_eq(&first.conn, &second.conn));
+    assert!(Arc::ptr_eq(&conn, &second.conn));
 }
 
 #[tokio::test(start_paused = true)]
