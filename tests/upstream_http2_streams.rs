@@ -1,7 +1,8 @@
 //! HTTP/2 upstream streams against hand-made servers (h2's own server API, or raw frames):
 //! a GOAWAY with an error after the server read a request holds its key, one below the
 //! request's stream releases it, and a request waiting for a stream under the server's
-//! `SETTINGS_MAX_CONCURRENT_STREAMS` at the connection cap is one that was never sent.
+//! `SETTINGS_MAX_CONCURRENT_STREAMS` at the connection cap is one that was never sent, and
+//! an answer head as large as HTTP/1.1 takes passes without ending the connection.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -270,4 +271,129 @@ async fn a_goaway_below_the_stream_releases_the_key() {
         );
         assert_eq!(heads.load(Ordering::SeqCst), n, "released, so sent again");
     }
+}
+
+/// An upstream speaking HTTP/1.1 and h2c (hyper's auto server): `/orders/big?kb=N` answers
+/// 201 with about N KiB of `Set-Cookie` fields (ASP.NET's chunked auth cookies, a long
+/// CSP), `/orders/held` waits for `release`; both count what they execute.
+async fn big_heads() -> (
+    SocketAddr,
+    Arc<AtomicUsize>,
+    Arc<tokio::sync::Notify>,
+    Arc<tokio::sync::Semaphore>,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let executed = Arc::new(AtomicUsize::new(0));
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let state = (
+        Arc::clone(&executed),
+        Arc::clone(&arrived),
+        Arc::clone(&release),
+    );
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let state = state.clone();
+            let service = hyper::service::service_fn(move |request: http::Request<_>| {
+                let (count, told, gate) = state.clone();
+                async move {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let mut answer = http::Response::builder().status(201);
+                    if request.uri().path() == "/orders/held" {
+                        told.notify_one();
+                        gate.acquire().await.unwrap().forget();
+                    }
+                    let kb: usize = request
+                        .uri()
+                        .query()
+                        .and_then(|q| q.strip_prefix("kb="))
+                        .map_or(0, |n| n.parse().unwrap());
+                    for i in 0..kb {
+                        answer = answer.header("set-cookie", format!("c{i}={:x<1000}", i));
+                    }
+                    Ok::<_, std::convert::Infallible>(answer.body(String::new()).unwrap())
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, executed, arrived, release)
+}
+
+const BIG: &str = r#"
+routes:
+  - name: orders
+    match: { methods: [POST], path: "/orders/*" }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+/// An answer head of 20 KiB (the upstream ran the request) reaches the client over an
+/// HTTP/1.1 upstream connection, and must over an HTTP/2 one too: hyper's HTTP/2 client
+/// takes 16 KiB by default, and past it resets the stream, so the answer was lost and the
+/// key held as outcome unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_head_of_20_kib_passes_over_http2_as_over_http11() {
+    let (upstream, executed, _, _) = big_heads().await;
+    for (n, protocol) in ["http1", "http2"].into_iter().enumerate() {
+        let config = format!("connections: {{ upstream_protocol: {protocol} }}\n{BIG}");
+        let proxy = start_proxy(upstream, &config).await;
+        let key = format!("big-{protocol}");
+        let a = post(
+            proxy.addr,
+            "/orders/big?kb=20",
+            &[("idempotency-key", &key)],
+            "{}",
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::CREATED, "{protocol}: {a:?}");
+        assert_eq!(
+            a.headers.get_all("set-cookie").iter().count(),
+            20,
+            "{protocol}"
+        );
+        assert_eq!(executed.load(Ordering::SeqCst), n + 1);
+    }
+}
+
+/// A 40 KiB answer head on one stream must not end the HTTP/2 connection under the other
+/// streams: h2 answers a header block past its limit that spans CONTINUATION frames with
+/// GOAWAY(COMPRESSION_ERROR), and every request then open on the connection (another
+/// caller's, which the upstream ran) failed with its outcome unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_answer_head_does_not_fail_the_other_streams_of_its_connection() {
+    let (upstream, executed, arrived, release) = big_heads().await;
+    let config =
+        format!("connections: {{ upstream_protocol: http2, upstream_idle_timeout: 1h }}\n{BIG}");
+    let proxy = start_proxy(upstream, &config).await;
+    let addr = proxy.addr;
+    let innocent = tokio::spawn(async move {
+        post(
+            addr,
+            "/orders/held",
+            &[("idempotency-key", "innocent")],
+            "{}",
+        )
+        .await
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(30), arrived.notified())
+        .await
+        .expect("hang guard: the held request never arrived");
+    let big = post(
+        proxy.addr,
+        "/orders/big?kb=40",
+        &[("idempotency-key", "big")],
+        "{}",
+    )
+    .await;
+    release.add_permits(1);
+    let innocent = innocent.await.unwrap();
+    assert_eq!(innocent.status, StatusCode::CREATED, "{innocent:?}");
+    assert_eq!(big.status, StatusCode::CREATED, "{big:?}");
+    assert_eq!(executed.load(Ordering::SeqCst), 2);
 }

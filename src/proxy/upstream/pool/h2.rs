@@ -39,6 +39,10 @@ use crate::metrics::Metrics;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::upstream::connector::CONNECT_TIMEOUT;
 
+/// The largest answer head taken (`SETTINGS_MAX_HEADER_LIST_SIZE`), about what hyper's
+/// HTTP/1.1 client reads into its buffer (8 KiB + 100 × 4 KiB).
+const MAX_ANSWER_HEAD: u32 = 400 * 1024;
+
 /// One HTTP/2 connection, shared by its streams.
 struct Shared {
     sender: SendRequest<ProxyBody>,
@@ -168,9 +172,16 @@ impl Pool {
         idle_timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let mut builder = http2::Builder::new(TokioExecutor::new());
+        // Answer heads as large as the HTTP/1.1 client reads (hyper's 408 KiB buffer), not
+        // hyper's HTTP/2 default of 16 KiB: past the limit the stream is reset after the
+        // upstream ran the request (its answer lost, the key held as outcome unknown), and
+        // a head spanning CONTINUATION frames past it ends the whole connection
+        // (GOAWAY COMPRESSION_ERROR), failing every other caller's stream open on it.
+        builder.max_header_list_size(MAX_ANSWER_HEAD);
         Self {
             connector,
-            builder: http2::Builder::new(TokioExecutor::new()),
+            builder,
             conns: Mutex::new(Vec::new()),
             idle_timeout,
             slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
