@@ -43,6 +43,9 @@ use crate::proxy::upstream::connector::CONNECT_TIMEOUT;
 /// HTTP/1.1 client reads into its buffer (8 KiB + 100 × 4 KiB).
 const MAX_ANSWER_HEAD: u32 = 400 * 1024;
 
+/// The connection-level flow-control window: HTTP/2's largest (RFC 9113 §6.9.1).
+const CONNECTION_WINDOW: u32 = (1 << 31) - 1;
+
 /// One HTTP/2 connection, shared by its streams.
 struct Shared {
     sender: SendRequest<ProxyBody>,
@@ -179,6 +182,12 @@ impl Pool {
         // a head spanning CONTINUATION frames past it ends the whole connection
         // (GOAWAY COMPRESSION_ERROR), failing every other caller's stream open on it.
         builder.max_header_list_size(MAX_ANSWER_HEAD);
+        // A connection window no set of streams can fill: the streams share it, so with
+        // hyper's 5 MiB (under three 2 MiB stream windows) a few answers their clients
+        // stopped reading held all of it, and no other answer on the connection moved
+        // until those clients were cut off. What is buffered stays bounded per stream by
+        // its window (hyper's 2 MiB), as an HTTP/1.1 connection's read buffer bounds it.
+        builder.initial_connection_window_size(CONNECTION_WINDOW);
         Self {
             connector,
             builder,
