@@ -188,6 +188,10 @@ impl Pool {
         // until those clients were cut off. What is buffered stays bounded per stream by
         // its window (hyper's 2 MiB), as an HTTP/1.1 connection's read buffer bounds it.
         builder.initial_connection_window_size(CONNECTION_WINDOW);
+        // Until the server's SETTINGS are applied, one stream (hyper assumes 100): a
+        // connection's limit read before they were (see `dial`) makes the pool open or wait
+        // for another rather than give h2 streams to queue past the server's real limit.
+        builder.initial_max_send_streams(1);
         Self {
             connector,
             builder,
