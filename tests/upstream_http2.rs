@@ -313,3 +313,36 @@ async fn a_stalled_upload_to_an_http2_upstream_is_408() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("body-timeout"), "{answer}");
 }
+
+/// A client's request trailers reach the upstream without the fields only a header section
+/// may carry or that say where the request came from, over either protocol: over HTTP/1.1
+/// hyper sends only the trailers the proxy declared, but its HTTP/2 client sends all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_trailers_lose_header_only_and_forwarding_fields_over_http2_too() {
+    let upstream = start_upstream().await;
+    let routes =
+        "routes:\n  - name: echo\n    match: { path: /echo-headers }\n    idempotency: off\n";
+    for protocol in ["http1", "http2"] {
+        let config = format!("connections: {{ upstream_protocol: {protocol} }}\n{routes}");
+        let proxy = start_proxy(upstream.addr, &config).await;
+        let answer = common::raw_exchange(
+            proxy.addr,
+            b"POST /echo-headers HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\
+              trailer: x-checksum, x-forwarded-for, authorization\r\nconnection: close\r\n\r\n\
+              3\r\nabc\r\n0\r\nx-checksum: 1\r\nx-forwarded-for: 6.6.6.6\r\n\
+              authorization: Bearer forged\r\n\r\n",
+        )
+        .await;
+        let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+        let seen: serde_json::Value = serde_json::from_str(body).expect(&answer);
+        assert_eq!(seen["body_len"], 3, "{protocol}: {seen}");
+        let trailers = &seen["trailers"];
+        assert_eq!(trailers["x-checksum"][0], "1", "{protocol}: {seen}");
+        for refused in ["x-forwarded-for", "authorization"] {
+            assert!(
+                trailers.get(refused).is_none(),
+                "{protocol}: {refused} forwarded: {seen}"
+            );
+        }
+    }
+}

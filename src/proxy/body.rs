@@ -41,7 +41,7 @@ pub enum ProxyBody {
         /// The bytes, taken by the first poll.
         data: Option<Bytes>,
     },
-    /// Streamed from the client as it arrives.
+    /// Streamed from the client as it arrives, its trailers filtered.
     Stream {
         /// hyper's body of the other connection (`Unpin`, so no pin projection is needed).
         inner: Incoming,
@@ -184,6 +184,13 @@ impl Body for ProxyBody {
                     Some(limit) => Poll::Ready(Some(Err(BodyError::ClientStalled(limit)))),
                     None => Poll::Pending,
                 },
+                // Filtered here whatever the upstream protocol: hyper's HTTP/1.1 client
+                // sends only the trailers `request::prepare` declared, its HTTP/2 client
+                // all of them.
+                Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
+                    gap.progressed();
+                    Poll::Ready(forwardable_trailers(frame).map(Ok))
+                }
                 Poll::Ready(frame) => {
                     gap.progressed();
                     Poll::Ready(frame.map(|result| result.map_err(BodyError::Client)))
@@ -228,9 +235,9 @@ impl Body for ProxyBody {
     }
 }
 
-/// An answer's trailers frame without the fields [`is_forwardable_trailer`] refuses (a
-/// length, a `Set-Cookie`, a client address the client would take as the answer's own);
-/// `None` when none is left. Copied only when one has to go.
+/// A trailers frame without the fields [`is_forwardable_trailer`] refuses (a length, a
+/// `Set-Cookie` or `Authorization`, a client address the recipient would take as the
+/// message's own); `None` when none is left. Copied only when one has to go.
 fn forwardable_trailers(frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
     let trailers = match frame.into_trailers() {
         Ok(trailers) => trailers,
