@@ -155,7 +155,9 @@ impl UpstreamClient {
                     })
                 };
                 let request = Request::from_parts(parts, body);
-                let result = self.send_h2(pool, request, method, sending).await;
+                // Boxed: held inline, the HTTP/2 exchange's state would grow the future
+                // of every HTTP/1.1 request too, and with it what each poll copies.
+                let result = Box::pin(self.send_h2(pool, request, method, sending)).await;
                 return match (result, crate::sync::lock(&client_failed).take()) {
                     (Err(ProxyError::UpstreamFailed(_)), Some(client)) => Err(client),
                     (result, _) => result,
