@@ -155,31 +155,8 @@ impl Lease {
     /// and the settlement, fenced by its token, can still land.
     pub async fn settle(mut self, settlement: Settlement) -> Result<Settled, StoreError> {
         self.finished = true;
-        // A renewal still out must land before the settlement: one that landed after a
-        // release would find the record gone and write the claim back. One that went
-        // unanswered may land later still (on a SQL database): the settlement is made
-        // again then.
-        let unanswered = match self.renewal.take() {
-            Some(renewal) => renewal.finish().await,
-            None => false,
-        };
-        // A clone shares the answer's bytes.
-        let settled = self.store.settle(&self.owned, settlement.clone()).await;
-        if settled.is_err() {
-            let (store, owned) = (self.store.clone(), self.owned);
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let retry = settle_again(store, owned, settlement, self.lease, unanswered);
-                rt.spawn(retry.instrument(tracing::Span::current()));
-            }
-        } else if unanswered {
-            unanswered::settle_after_unanswered_renewal(
-                &self.store,
-                self.owned,
-                settlement,
-                self.lease,
-            );
-        }
-        settled
+        let renewal = self.renewal.take();
+        settle_and_follow_up(&self.store, self.owned, settlement, self.lease, renewal).await
     }
 
     /// Stores the response for `ttl`. `Ok(false)`: it was not kept as asked (another
@@ -243,26 +220,43 @@ impl Drop for Lease {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let span = tracing::Span::current();
             rt.spawn(async move {
-                let unanswered = match renewal {
-                    Some(renewal) => renewal.finish().await,
-                    None => false,
-                };
-                match store.settle(&owned, settlement.clone()).await {
-                    Err(e) => {
-                        tracing::warn!(%key, error = %e, "could not settle a dropped claim; retrying");
-                        settle_again(store, owned, settlement, lease, unanswered).await;
-                    }
-                    Ok(_) if unanswered => {
-                        unanswered::settle_after_unanswered_renewal(
-                            &store, owned, settlement, lease,
-                        );
-                    }
-                    Ok(_) => {}
+                if let Err(e) = settle_and_follow_up(&store, owned, settlement, lease, renewal).await {
+                    tracing::warn!(%key, error = %e, "could not settle a dropped claim; retrying");
                 }
             }
             .instrument(span));
         }
     }
+}
+
+/// Makes `settlement` once a renewal still out has landed (one that landed after a release
+/// would find the record gone and write the claim back). A store error is returned at
+/// once and the settlement made again in the background, in the current span, until it
+/// lands or the claim's record is gone; one made after a renewal went unanswered (which on
+/// a SQL database may land later still) is made again as
+/// [`unanswered::settle_after_unanswered_renewal`] says.
+async fn settle_and_follow_up(
+    store: &Store,
+    owned: Ownership,
+    settlement: Settlement,
+    lease: Duration,
+    renewal: Option<Renewal>,
+) -> Result<Settled, StoreError> {
+    let unanswered = match renewal {
+        Some(renewal) => renewal.finish().await,
+        None => false,
+    };
+    // A clone shares the answer's bytes.
+    let settled = store.settle(&owned, settlement.clone()).await;
+    if settled.is_err() {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let retry = settle_again(store.clone(), owned, settlement, lease, unanswered);
+            rt.spawn(retry.instrument(tracing::Span::current()));
+        }
+    } else if unanswered {
+        unanswered::settle_after_unanswered_renewal(store, owned, settlement, lease);
+    }
+    settled
 }
 
 /// Makes a settlement the store failed again, backing off, until it lands or the claim's
