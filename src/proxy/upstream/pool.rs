@@ -211,17 +211,6 @@ impl Pool {
         self.returned.notify_one();
     }
 
-    /// Closes the idle connections past the idle timeout and those the upstream closed;
-    /// returns when the next one will be past it.
-    fn close_expired(&self, now: Instant) -> Instant {
-        let timeout = self.idle_timeout;
-        let mut idle = crate::sync::lock(&self.idle);
-        idle.retain(|entry| !entry.expired(now, timeout) && !entry.conn.sender.is_closed());
-        // The oldest expires first; one that comes back later, a full timeout from now.
-        idle.first()
-            .map_or(now + timeout, |entry| entry.since + timeout)
-    }
-
     /// Opens a connection in `slot` and starts its task.
     async fn dial(self: &Arc<Self>, slot: OwnedSemaphorePermit) -> Result<Conn, ProxyError> {
         let io = self.connector.connect().await?;
@@ -259,13 +248,31 @@ impl Pool {
     }
 }
 
+/// A pool whose idle connections [`sweep`] closes.
+pub(super) trait Expiring: Send + Sync + 'static {
+    /// Closes the idle connections past the idle timeout and those the upstream closed;
+    /// returns when the next one will be past it.
+    fn close_expired(&self, now: Instant) -> Instant;
+}
+
+impl Expiring for Pool {
+    fn close_expired(&self, now: Instant) -> Instant {
+        let timeout = self.idle_timeout;
+        let mut idle = crate::sync::lock(&self.idle);
+        idle.retain(|entry| !entry.expired(now, timeout) && !entry.conn.sender.is_closed());
+        // The oldest expires first; one that comes back later, a full timeout from now.
+        idle.first()
+            .map_or(now + timeout, |entry| entry.since + timeout)
+    }
+}
+
 /// Closes a pool's idle connections as they pass its `idle_timeout`: checkout takes the
 /// most recently used, so without this an older one would stay open, holding a slot, for
 /// as long as newer ones serve, and with no traffic at all nothing would close any: the
 /// upstream would, at its own keep-alive timeout. It holds the pool only while it looks: a
 /// pool a reload replaced is dropped (closing its idle connections) and this ends at its
 /// next look.
-async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
+pub(super) async fn sweep<P: Expiring>(pool: Weak<P>, idle_timeout: Duration) {
     let mut next = Instant::now() + idle_timeout;
     loop {
         tokio::time::sleep_until(next).await;

@@ -23,7 +23,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Once, Weak};
+use std::sync::{Arc, Mutex, Once};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -33,7 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::{Connector, Leased, OpenGuard};
+use super::{sweep, Connector, Expiring, Leased, OpenGuard};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::proxy::body::ProxyBody;
@@ -68,6 +68,14 @@ struct Use {
     used: bool,
 }
 
+impl Use {
+    /// Takes a stream; returns whether the connection served one before.
+    fn take(&mut self) -> bool {
+        self.streams += 1;
+        std::mem::replace(&mut self.used, true)
+    }
+}
+
 impl Shared {
     fn is_closed(&self) -> bool {
         self.sender.is_closed()
@@ -98,10 +106,7 @@ impl std::fmt::Debug for Stream {
 impl Stream {
     /// The first stream of a new connection.
     fn open(conn: Arc<Shared>) -> Self {
-        let mut use_ = crate::sync::lock(&conn.use_);
-        use_.streams += 1;
-        let reused = std::mem::replace(&mut use_.used, true);
-        drop(use_);
+        let reused = crate::sync::lock(&conn.use_).take();
         Self { conn, reused }
     }
 
@@ -112,8 +117,7 @@ impl Stream {
         if use_.streams >= conn.limit.load(Ordering::Relaxed).max(1) {
             return None;
         }
-        use_.streams += 1;
-        let reused = std::mem::replace(&mut use_.used, true);
+        let reused = use_.take();
         drop(use_);
         Some(Self {
             conn: Arc::clone(conn),
@@ -270,22 +274,6 @@ impl Pool {
         crate::sync::lock(&self.conns).retain(|c| !Arc::ptr_eq(c, &stream.conn));
     }
 
-    /// Closes connections without streams past the idle timeout and those that ended;
-    /// returns when to look next.
-    fn close_expired(&self, now: Instant) -> Instant {
-        let timeout = self.idle_timeout;
-        let mut conns = crate::sync::lock(&self.conns);
-        conns.retain(|c| !c.is_closed() && !c.expired(now, timeout));
-        conns
-            .iter()
-            .filter_map(|c| {
-                let use_ = crate::sync::lock(&c.use_);
-                (use_.streams == 0).then_some(use_.idle_since + timeout)
-            })
-            .min()
-            .unwrap_or(now + timeout)
-    }
-
     /// Opens a connection in `slot`, starts its task and waits for the server's preface.
     async fn dial(self: &Arc<Self>, slot: OwnedSemaphorePermit) -> Result<Arc<Shared>, ProxyError> {
         let io = self.connector.connect().await?;
@@ -354,14 +342,21 @@ impl Pool {
     }
 }
 
-/// Closes a pool's idle connections as they pass its idle timeout (see the HTTP/1.1
-/// pool's `sweep`), until the pool is dropped.
-async fn sweep(pool: Weak<Pool>, idle_timeout: Duration) {
-    let mut next = Instant::now() + idle_timeout;
-    loop {
-        tokio::time::sleep_until(next).await;
-        let Some(pool) = pool.upgrade() else { return };
-        next = pool.close_expired(Instant::now());
+impl Expiring for Pool {
+    /// Closes connections without streams past the idle timeout and those that ended;
+    /// returns when to look next.
+    fn close_expired(&self, now: Instant) -> Instant {
+        let timeout = self.idle_timeout;
+        let mut conns = crate::sync::lock(&self.conns);
+        conns.retain(|c| !c.is_closed() && !c.expired(now, timeout));
+        conns
+            .iter()
+            .filter_map(|c| {
+                let use_ = crate::sync::lock(&c.use_);
+                (use_.streams == 0).then_some(use_.idle_since + timeout)
+            })
+            .min()
+            .unwrap_or(now + timeout)
     }
 }
 
