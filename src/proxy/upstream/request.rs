@@ -142,14 +142,17 @@ pub fn to_http2(
     };
     let authority = http::uri::Authority::try_from(host.as_bytes())
         .map_err(|_| "the request's Host is not a host[:port]".to_string())?;
-    let target = parts.uri.path_and_query().cloned();
-    let mut uri = Uri::builder().scheme(scheme.clone()).authority(authority);
-    if let Some(target) = target {
-        uri = uri.path_and_query(target);
-    } else {
-        uri = uri.path_and_query("/");
-    }
-    parts.uri = uri.build().map_err(|e| e.to_string())?;
+    let target = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    parts.uri = Uri::builder()
+        .scheme(scheme.clone())
+        .authority(authority)
+        .path_and_query(target)
+        .build()
+        .map_err(|e| e.to_string())?;
     Ok(())
 }
 
