@@ -205,66 +205,6 @@ pub struct Forwarding<'a> {
     pub upgrade: bool,
 }
 
-/// Writes the header fields of a request forwarded upstream, as HTTP/1.1 field lines: the
-/// client's fields without hop-by-hop ones, `Expect` (answered here, not forwarded) and
-/// the framing fields (the caller writes those for the body it sends); `Host` kept, or
-/// `fallback_host` when the client sent none (HTTP/2's `:authority`, or the upstream's for
-/// HTTP/1.0); `X-Forwarded-For` appended to, `X-Forwarded-Proto` and `X-Forwarded-Host`
-/// set. Fields that the client's `Connection` names must have been removed before
-/// ([`strip_hop_by_hop`], needed only when [`connection_names_headers`]).
-///
-/// Written straight into the request head rather than inserted into the header map and
-/// encoded from there: each insert and removal hashes a name and moves entries, which was
-/// most of what preparing a request cost.
-pub fn write_forwarded_fields(
-    headers: &HeaderMap,
-    forwarding: &Forwarding<'_>,
-    fallback_host: impl FnOnce() -> Option<HeaderValue>,
-    out: &mut Vec<u8>,
-) {
-    let mut host: Option<&HeaderValue> = None;
-    let mut forwarded_for: Vec<&HeaderValue> = Vec::new();
-    for (name, value) in headers {
-        match name.as_str() {
-            "content-length" | "expect" | "x-forwarded-proto" | "x-forwarded-host"
-            | "forwarded" => continue,
-            "upgrade" if forwarding.upgrade => {}
-            "x-forwarded-for" => {
-                forwarded_for.push(value);
-                continue;
-            }
-            "host" => host = Some(value),
-            other if is_hop_by_hop(other) => continue,
-            _ => {}
-        }
-        write_field(out, name.as_str(), value.as_bytes());
-    }
-    let fallback = if host.is_none() {
-        fallback_host()
-    } else {
-        None
-    };
-    if let Some(fallback) = &fallback {
-        write_field(out, "host", fallback.as_bytes());
-    }
-    let host = host.or(fallback.as_ref());
-    out.extend_from_slice(X_FORWARDED_FOR.as_str().as_bytes());
-    out.extend_from_slice(b": ");
-    for previous in forwarded_for {
-        out.extend_from_slice(previous.as_bytes());
-        out.extend_from_slice(b", ");
-    }
-    out.extend_from_slice(forwarding.client_ip.as_bytes());
-    out.extend_from_slice(b"\r\n");
-    write_field(out, X_FORWARDED_PROTO.as_str(), forwarding.proto.as_bytes());
-    if let Some(host) = host {
-        write_field(out, X_FORWARDED_HOST.as_str(), host.as_bytes());
-    }
-    if forwarding.upgrade {
-        write_field(out, "connection", b"upgrade");
-    }
-}
-
 /// Whether a trailer field may go on: not a hop-by-hop one (RFC 9110 §7.6.1), nor one only
 /// a header section may carry (§6.5.1: framing, routing, authentication, request
 /// modifiers, what the content is), nor one that says where a request came from
@@ -308,14 +248,6 @@ pub fn is_chunked_alone<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> bool 
         .next()
         .is_some_and(|first| first.eq_ignore_ascii_case(b"chunked"))
         && codings.next().is_none()
-}
-
-/// Appends one `name: value` field line.
-pub fn write_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 #[cfg(test)]
@@ -421,55 +353,5 @@ mod tests {
         assert_eq!(kept[header::CONNECTION], "upgrade");
         strip_hop_by_hop(&mut h, false);
         assert!(h.is_empty());
-    }
-
-    fn forwarded(headers: &HeaderMap, upgrade: bool, fallback: Option<&str>) -> String {
-        let ip = HeaderValue::from_static("127.0.0.1");
-        let forwarding = Forwarding {
-            client_ip: &ip,
-            proto: "http",
-            upgrade,
-        };
-        let mut out = Vec::new();
-        let fallback = fallback.map(HeaderValue::from_str).and_then(Result::ok);
-        write_forwarded_fields(headers, &forwarding, || fallback, &mut out);
-        String::from_utf8(out).unwrap()
-    }
-
-    #[test]
-    fn forwarded_for_is_appended_and_the_rest_set() {
-        let mut h = HeaderMap::new();
-        h.insert(header::HOST, HeaderValue::from_static("shop.example"));
-        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.9"));
-        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.2"));
-        h.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("https"));
-        h.insert(&X_FORWARDED_HOST, HeaderValue::from_static("evil.example"));
-        h.insert(header::EXPECT, HeaderValue::from_static("100-continue"));
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("2"));
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        h.insert("x-kept", HeaderValue::from_static("1"));
-        assert_eq!(
-            forwarded(&h, false, Some("unused.example")),
-            "host: shop.example\r\nx-kept: 1\r\n\
-             x-forwarded-for: 203.0.113.9, 198.51.100.2, 127.0.0.1\r\n\
-             x-forwarded-proto: http\r\nx-forwarded-host: shop.example\r\n"
-        );
-    }
-
-    #[test]
-    fn host_is_filled_when_missing_and_upgrades_keep_their_fields() {
-        let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        assert_eq!(
-            forwarded(&h, true, Some("shop.example:8080")),
-            "upgrade: websocket\r\nhost: shop.example:8080\r\nx-forwarded-for: 127.0.0.1\r\n\
-             x-forwarded-proto: http\r\nx-forwarded-host: shop.example:8080\r\nconnection: upgrade\r\n"
-        );
-        assert_eq!(
-            forwarded(&HeaderMap::new(), false, None),
-            "x-forwarded-for: 127.0.0.1\r\nx-forwarded-proto: http\r\n"
-        );
     }
 }
