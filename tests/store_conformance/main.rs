@@ -99,6 +99,8 @@ macro_rules! store_conformance {
             a_failed_token_attempt_hands_the_token_back,
             a_token_whose_request_may_have_run_is_never_owned_again,
             a_token_is_spent_past_its_ttl_and_past_its_reissue_window,
+            a_waiter_on_a_vanished_token_owner_finds_the_token_spent,
+            a_waiter_on_a_purged_token_finds_it_spent,
             hits_count_within_a_window_per_key,
         );
     };

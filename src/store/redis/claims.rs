@@ -262,8 +262,12 @@ fn decide(args: &ClaimArgs, token: OwnerToken, look: Look) -> Result<Decided, St
                 liveness: None,
             }))
         }
-        // A waiter never takes a turn of its own from a key settled meanwhile.
-        Look::Free if args.after.is_some() => return answer(Claim::Failed(None)),
+        // A waiter never takes a turn of its own from a key settled meanwhile. A one-time
+        // token's key found free is spent, for its waiters too (its owner vanished, or an
+        // operator purged it): as on the memory store, the client asks for a new token.
+        Look::Free if args.after.is_some() && args.mode == ClaimMode::Any => {
+            return answer(Claim::Failed(None))
+        }
         Look::Free => return answer(Claim::NotIssued),
         Look::Found { data, pttl } => (data, pttl),
     };

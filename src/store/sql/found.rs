@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::ms;
 use crate::key::Digest;
 use crate::store::{
-    mismatched, Claim, ClaimArgs, KeyInfo, NotStored, OwnerToken, RawClaim, Seen, StoreError,
-    StoredResponse, Unknown,
+    mismatched, Claim, ClaimArgs, ClaimMode, KeyInfo, NotStored, OwnerToken, RawClaim, Seen,
+    StoreError, StoredResponse, Unknown,
 };
 
 /// A record as a claim or an inspection found it.
@@ -158,8 +158,12 @@ pub(super) fn decide(
     };
     let found = match look {
         Look::Claimed => return owner(),
-        // A waiter never takes a turn of its own from a key settled meanwhile.
-        Look::Free if args.after.is_some() => return answer(Claim::Failed(None)),
+        // A waiter never takes a turn of its own from a key settled meanwhile. A one-time
+        // token's key found free is spent, for its waiters too (its owner vanished, or an
+        // operator purged it): as on the memory store, the client asks for a new token.
+        Look::Free if args.after.is_some() && args.mode == ClaimMode::Any => {
+            return answer(Claim::Failed(None))
+        }
         Look::Free => return answer(Claim::NotIssued),
         Look::Found(found) => found,
     };

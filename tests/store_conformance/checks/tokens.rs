@@ -146,3 +146,61 @@ pub async fn hits_count_within_a_window_per_key(store: &Store) {
     }
     assert_eq!(store.hit(b, LONG_TTL).await.unwrap(), 1);
 }
+
+/// A duplicate that waited on a token's owner which vanished (on a route that releases
+/// lapsed claims) finds the token spent once the grace has passed, as a later request
+/// does: `not_issued` (the client asks for a new token), on every store alike. Not a
+/// failure of its owner: nobody knows how that request ended.
+pub async fn a_waiter_on_a_vanished_token_owner_finds_the_token_spent(store: &Store) {
+    let k = fresh_key();
+    store.issue(k, LONG_TTL).await.unwrap();
+    let args = ClaimArgs {
+        mode: ClaimMode::IssuedOnly,
+        reissue: Some(LONG_TTL),
+        ..releasing(k, Digest::NONE, SHORT_LEASE, SHORT_LEASE)
+    };
+    claim_abandoned_with(store, args).await;
+    let mut claim = store.claim_with(args).await.unwrap();
+    let last = within("the waiter's last claim", async {
+        loop {
+            let waiter = match claim {
+                Claim::InFlight(waiter) => waiter,
+                other => return other,
+            };
+            let again = ClaimArgs {
+                after: waiter.owner(),
+                takes_over: waiter.owner_lapsed(),
+                ..args
+            };
+            waiter.wait(std::time::Instant::now() + HANG_GUARD).await;
+            claim = store.claim_with(again).await.unwrap();
+        }
+    })
+    .await;
+    assert_eq!(last.as_str(), "not_issued");
+    assert_eq!(claim_issued(store, k).await.as_str(), "not_issued");
+}
+
+/// A duplicate waiting on a token's owner when an operator purges the key (`DELETE
+/// /keys/…`) is told the token is spent, as a later request is: the same answer on every
+/// store.
+pub async fn a_waiter_on_a_purged_token_finds_it_spent(store: &Store) {
+    let k = fresh_key();
+    store.issue(k, LONG_TTL).await.unwrap();
+    let args = ClaimArgs {
+        mode: ClaimMode::IssuedOnly,
+        reissue: Some(LONG_TTL),
+        ..ClaimArgs::new(k, Digest::NONE, LONG_LEASE)
+    };
+    let lease = expect_owner(store.claim_with(args).await.unwrap());
+    let waiter = expect_in_flight(store.claim_with(args).await.unwrap());
+    let again = ClaimArgs {
+        after: waiter.owner(),
+        takes_over: waiter.owner_lapsed(),
+        ..args
+    };
+    assert!(store.remove(k).await.unwrap());
+    let last = store.claim_with(again).await.unwrap();
+    assert_eq!(last.as_str(), "not_issued");
+    lease.abandon();
+}
