@@ -261,3 +261,42 @@ async fn observe_in_defaults_applies_to_requests_matching_no_route() {
     assert_eq!(counted("would_replay"), 1.0);
     assert_eq!(counted("replayed"), 0.0);
 }
+
+/// A dry run answers with the upstream's answer, whatever the store does meanwhile: an
+/// observed owner whose store is slow to record the outcome (Redis answers the claim,
+/// then nothing until its `timeout`, longer than the route's `upstream_timeout`) gets the
+/// upstream's `201` once the store has failed, not a `504` for an upstream that did
+/// answer: observe replays nothing, so the 504 would only make the client retry, and the
+/// retry run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observed_answer_is_never_turned_into_a_504_by_a_slow_store() {
+    use std::sync::atomic::Ordering;
+    let redis = common::redis_server::RedisServer::start();
+    let relay = common::relay::relay_to(redis.port).await;
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  redis: {{ url: \"redis://{}\", timeout: 1s }}\n{}",
+        relay.addr,
+        OBSERVED.replace(
+            "idempotency: observe\n",
+            "idempotency: observe\n    upstream_timeout: 300ms\n"
+        )
+    );
+    let proxy = common::start_proxy(upstream.addr, &config).await;
+    // The connection to Redis is open, and how it swaps is known.
+    let warm = post(proxy.addr, "/orders", &[("idempotency-key", "warm")], "{}").await;
+    assert_eq!(warm.status, StatusCode::CREATED);
+    // The claim is answered; the outcome's write then gets no reply.
+    relay.hold_after_next.store(true, Ordering::SeqCst);
+    let answer = post(proxy.addr, "/orders", &[("idempotency-key", "slow-store")], "{}").await;
+    relay.hold.send_replace(false);
+    assert_eq!(upstream.executed(), 2);
+    assert_eq!(
+        answer.status,
+        StatusCode::CREATED,
+        "the upstream answered 201; the client got {} {}",
+        answer.status,
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(answer.json()["n"], 2);
+}

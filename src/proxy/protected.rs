@@ -326,6 +326,10 @@ pub(super) async fn execute(
     // waiting for a connection and settles the key as never sent.
     let give_up = Arc::new(AtomicBool::new(false));
     let stop = Arc::clone(&give_up);
+    // Set once the exchange with the upstream has ended (its answer is in hand, or it
+    // failed): only the settlement is left, which the store's own timeout bounds.
+    let exchanged = Arc::new(AtomicBool::new(false));
+    let ended = Arc::clone(&exchanged);
     let stopping = Arc::clone(cx.stopping);
     let owner = Detachable::new(async move {
         let _running = running;
@@ -370,6 +374,7 @@ pub(super) async fn execute(
             polled
         })
         .await;
+        ended.store(true, Ordering::SeqCst);
         route_metrics.upstream_latency(started.elapsed());
         let mut guard = guard;
         let lease = guard.lease.take().expect("settled once");
@@ -417,6 +422,16 @@ pub(super) async fn execute(
                 )),
             }
         }
+        // The upstream answered in time (or failed) and the owner is writing the outcome: the
+        // client gets what the upstream said once the store has it or has failed to take
+        // it, never a 504 for an upstream that did answer (a slow store is no slow
+        // upstream; in observe mode the 504 would even send the client's retry upstream).
+        None if exchanged.load(Ordering::SeqCst) => match owner.await {
+            Ok(result) => result,
+            Err(_panicked) => Err(ProxyError::UpstreamFailed(
+                "the owner's upstream call panicked".into(),
+            )),
+        },
         // The owner runs on, detached; the retries of this client get its answer. This
         // request is counted with its 504 (`unknown`), not again when the owner ends.
         None => {
