@@ -204,3 +204,24 @@ pub async fn a_waiter_on_a_purged_token_finds_it_spent(store: &Store) {
     assert_eq!(last.as_str(), "not_issued");
     lease.abandon();
 }
+
+/// A token whose answer was stored replays it while the answer lasts; once the answer's
+/// record has expired the token is spent, never issued again: its reuse is refused, not
+/// run a second time.
+pub async fn a_token_is_spent_once_its_answer_has_expired(store: &Store) {
+    let key = fresh_key();
+    store.issue(key, LONG_TTL).await.unwrap();
+    let lease = expect_owner(claim_issued(store, key).await);
+    assert!(lease
+        .complete(response(b"paid"), Duration::from_millis(200))
+        .await
+        .unwrap());
+    expect_done(claim_issued(store, key).await);
+    within("the answer's record to expire", async {
+        while store.inspect(key).await.unwrap().is_some() {
+            tokio::time::sleep(POLL).await;
+        }
+    })
+    .await;
+    assert_eq!(claim_issued(store, key).await.as_str(), "not_issued");
+}
