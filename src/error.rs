@@ -116,7 +116,9 @@ impl ProxyError {
             | Self::BadRequest(_)
             | Self::BadPath(_)
             | Self::Stale(_) => StatusCode::BAD_REQUEST,
-            Self::Unsealable(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Unsealable(_) | Self::Store(StoreError::Unreadable(_)) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             Self::RateLimited { .. } | Self::CallerOverShare => StatusCode::TOO_MANY_REQUESTS,
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight { .. } | Self::OutcomeUnknown { .. } | Self::AnswerNotStored { .. } => {
@@ -175,6 +177,7 @@ impl ProxyError {
             Self::PayloadTooLarge { .. } => "payload-too-large",
             Self::BodyRead(_) => "body-unreadable",
             Self::BodyTimeout(_) => "body-timeout",
+            Self::Store(StoreError::Unreadable(_)) => "stored-answer-unreadable",
             Self::Store(_) => "store-unavailable",
             Self::UpstreamUnreachable(_) => "upstream-unreachable",
             Self::UpstreamFailed(_) => "upstream-failed",
@@ -223,7 +226,9 @@ impl ProxyError {
             Self::OwnerFailed => "The original request failed",
             Self::PayloadTooLarge { .. } => "Payload too large",
             Self::BodyRead(_) | Self::BadRequest(_) | Self::BadPath(_) => "Bad request",
-            Self::Unsealable(_) => "Stored answer unreadable",
+            Self::Unsealable(_) | Self::Store(StoreError::Unreadable(_)) => {
+                "Stored answer unreadable"
+            }
             Self::BodyTimeout(_) => "Request timeout",
             Self::Store(_) => "Idempotency store unavailable",
             Self::UpstreamUnreachable(_) | Self::UpstreamFailed(_) => "Bad gateway",
@@ -237,6 +242,10 @@ impl ProxyError {
     /// with the same key will meet.
     fn public_detail(&self) -> String {
         match self {
+            // The record says the key was taken: the request may have run.
+            Self::Store(StoreError::Unreadable(_)) => "the stored record of this request \
+                 cannot be read; it may have been executed and is not executed again"
+                .into(),
             Self::Store(_) => {
                 format!("{self}; the request was not executed, so it can be retried")
             }

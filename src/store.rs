@@ -136,6 +136,12 @@ pub enum StoreError {
     /// that may be running, so it must not be forwarded unprotected.
     #[error("store unavailable after finding the key in flight: {0}")]
     FoundInFlight(String),
+    /// The store answered with a record for this key that cannot be read (damaged, cut
+    /// short): the request it records may have run, so the key is neither free nor the
+    /// store down, and the request is neither forwarded (whatever `on_store_error` says)
+    /// nor run.
+    #[error("unreadable record: {0}")]
+    Unreadable(String),
 }
 
 impl StoreError {

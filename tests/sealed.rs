@@ -32,9 +32,14 @@ fn routes(store: &str, upstream: std::net::SocketAddr) -> String {
 /// The key the proxy derives for `key` on the `login` route (no Authorization, the
 /// session cookie `sessionid`).
 fn digest_of(proxy: &ProxyHandle, key: &str) -> Digest {
+    digest_as(proxy, key, SECRET)
+}
+
+/// [`digest_of`] for the caller whose session cookie is `session`.
+fn digest_as(proxy: &ProxyHandle, key: &str, session: &str) -> Digest {
     let mut headers = http::HeaderMap::new();
     headers.insert("idempotency-key", key.parse().unwrap());
-    headers.insert("cookie", format!("sessionid={SECRET}").parse().unwrap());
+    headers.insert("cookie", format!("sessionid={session}").parse().unwrap());
     // The host is part of the key; routes and keys read it without its port.
     headers.insert("host", "127.0.0.1".parse().unwrap());
     let request = idemgate::explain::Request {
@@ -55,12 +60,17 @@ fn digest_of(proxy: &ProxyHandle, key: &str) -> Digest {
 }
 
 async fn login(addr: std::net::SocketAddr, key: &str) -> common::Answer {
+    login_as(addr, key, SECRET).await
+}
+
+/// [`login`] by the caller whose session cookie is `session`.
+async fn login_as(addr: std::net::SocketAddr, key: &str, session: &str) -> common::Answer {
     post(
         addr,
         "/login",
         &[
             ("idempotency-key", key),
-            ("cookie", &format!("sessionid={SECRET}")),
+            ("cookie", &format!("sessionid={session}")),
         ],
         "{}",
     )
@@ -393,4 +403,148 @@ async fn redis_holds_no_client_key_request_body_or_authorization() {
             assert!(!holds(value, needle), "a value holds {needle}");
         }
     }
+}
+
+/// The Redis name of the record of `digest` under the prefix `s:`.
+fn redis_name(digest: Digest) -> String {
+    format!("s:{{{digest}}}")
+}
+
+/// Asserts `answer` is the 500 that says a stored answer cannot be read, showing nothing
+/// of the stored answer.
+fn assert_unreadable(answer: &common::Answer, what: &str) {
+    assert_eq!(
+        answer.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{what}: {:?}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(
+        answer.json()["type"],
+        "urn:idemgate:problem:stored-answer-unreadable",
+        "{what}"
+    );
+    assert!(!holds(&answer.body, SECRET), "{what}: the answer leaked");
+    assert!(!answer.replayed(), "{what}");
+}
+
+/// Whoever can write to Redis can copy one caller's sealed record under another caller's
+/// key. The record is bound to the key it was sealed for: bob's request finds it and gets
+/// a 500, never alice's answer (her session cookie), and nothing runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_record_copied_under_another_callers_key_is_not_replayed() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let k1 = write_key(dir.path(), "k1", 1);
+    let upstream = start_recorder().await;
+    let store = format!(
+        "store:\n  redis: {{ url: \"{}\", prefix: \"s:\", timeout: 500ms }}\n  encrypt: {{ key_file: {} }}",
+        redis.url(),
+        k1.display()
+    );
+    let proxy = common::start_proxy_from(&routes(&store, upstream.addr), None).await;
+    assert_eq!(login(proxy.addr, "same").await.status, StatusCode::CREATED);
+    let alice = digest_of(&proxy, "same");
+    let bob = digest_as(&proxy, "same", "bob-session");
+    assert_ne!(alice, bob);
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let record: Vec<u8> = redis::cmd("GET")
+        .arg(redis_name(alice))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(record.first(), Some(&b'D'), "alice's answer is stored");
+    let _: () = redis::cmd("SET")
+        .arg(redis_name(bob))
+        .arg(&record)
+        .arg("PX")
+        .arg(600_000)
+        .query(&mut conn)
+        .unwrap();
+
+    let copied = login_as(proxy.addr, "same", "bob-session").await;
+    assert_unreadable(&copied, "a record copied under bob's key");
+    assert_eq!(upstream.executed(), 1);
+}
+
+/// A record damaged in Redis (a byte flipped, or cut short by a bad restore or a tool that
+/// rewrote it) belongs to a request that ran: its retry gets a 500 that says the stored
+/// answer cannot be read, never a replay of garbage and never a second run, even on a
+/// route that fails open (the store answered; it is not down), and never a 503 that tells
+/// the client the request was not executed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_record_in_redis_is_never_run_again_even_failing_open() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let k1 = write_key(dir.path(), "k1", 1);
+    let upstream = start_recorder().await;
+    let store = format!(
+        "store:\n  redis: {{ url: \"{}\", prefix: \"s:\", timeout: 500ms }}\n  encrypt: {{ key_file: {} }}",
+        redis.url(),
+        k1.display()
+    );
+    let closed = common::start_proxy_from(&routes(&store, upstream.addr), None).await;
+    let open_routes = routes(&store, upstream.addr).replace(
+        "routes:\n",
+        "defaults:\n  on_store_error: fail_open\nroutes:\n",
+    );
+    let open = common::start_proxy_from(&open_routes, None).await;
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let mut damage = |key: &str, how: &dyn Fn(&mut Vec<u8>)| {
+        let name = redis_name(digest_of(&closed, key));
+        let mut record: Vec<u8> = redis::cmd("GET").arg(&name).query(&mut conn).unwrap();
+        assert_eq!(record.first(), Some(&b'D'), "{key} is stored");
+        how(&mut record);
+        let _: () = redis::cmd("SET")
+            .arg(&name)
+            .arg(&record)
+            .arg("PX")
+            .arg(600_000)
+            .query(&mut conn)
+            .unwrap();
+    };
+    for key in ["flipped", "cut"] {
+        assert_eq!(login(closed.addr, key).await.status, StatusCode::CREATED);
+    }
+    // A byte of the ciphertext flipped: it does not authenticate.
+    damage("flipped", &|r| {
+        let at = r.len() - 20;
+        r[at] ^= 1;
+    });
+    // Cut inside the sealed part's header: not even a sealed record's length.
+    damage("cut", &|r| r.truncate(40));
+    let executed = upstream.executed();
+    for key in ["flipped", "cut"] {
+        for (proxy, policy) in [(&open, "fail_open"), (&closed, "fail_closed")] {
+            let retry = login(proxy.addr, key).await;
+            assert_unreadable(&retry, &format!("{key}, {policy}"));
+            assert_eq!(upstream.executed(), executed, "{key}, {policy}: ran again");
+        }
+    }
+}
+
+/// The same in PostgreSQL: an answer cut short in the dedupe table is not run again and
+/// answers the 500 that says it cannot be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_answer_in_postgres_is_never_run_again() {
+    let pg = PostgresServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let key = write_key(dir.path(), "k1", 1);
+    let upstream = start_recorder().await;
+    let store = format!(
+        "store:\n  postgres: {{ url: \"{}\", table: cut_keys, timeout: 2s }}\n  encrypt: {{ key_file: {} }}",
+        pg.url(),
+        key.display()
+    );
+    let open_routes = routes(&store, upstream.addr).replace(
+        "routes:\n",
+        "defaults:\n  on_store_error: fail_open\nroutes:\n",
+    );
+    let proxy = common::start_proxy_from(&open_routes, None).await;
+    assert_eq!(login(proxy.addr, "p").await.status, StatusCode::CREATED);
+    pg.psql("UPDATE cut_keys SET response = substring(response from 1 for 8) WHERE response IS NOT NULL");
+    let retry = login(proxy.addr, "p").await;
+    assert_unreadable(&retry, "a truncated row");
+    assert_eq!(upstream.executed(), 1, "ran again");
 }

@@ -148,6 +148,13 @@ pub async fn handle(
                 waited(waiting_since);
                 return Err(e.into());
             }
+            // Nor is a record that cannot be read: the store answered that the key is
+            // taken, by a request that may have run, so it is never forwarded.
+            Err(e @ StoreError::Unreadable(_)) => {
+                tracing::warn!(error = %e, "store holds an unreadable record for this key");
+                waited(waiting_since);
+                return Err(e.into());
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "store failed during claim");
                 waited(waiting_since);

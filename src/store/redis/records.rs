@@ -63,7 +63,7 @@ pub(super) enum Record {
 }
 
 fn malformed() -> StoreError {
-    StoreError::Unavailable("malformed record in Redis".into())
+    StoreError::Unreadable("malformed record in Redis".into())
 }
 
 fn token_at(data: &[u8], at: usize) -> Result<OwnerToken, StoreError> {

@@ -80,7 +80,7 @@ pub(super) fn seen_of(times: Option<i64>, last_ms: Option<i64>) -> Option<Seen> 
 }
 
 fn malformed() -> StoreError {
-    StoreError::Unavailable("malformed row in the dedupe table".into())
+    StoreError::Unreadable("malformed row in the dedupe table".into())
 }
 
 impl Found {
