@@ -79,13 +79,30 @@ async fn post_tls(
     alpn: &[u8],
     key: &str,
 ) -> Result<Answer, String> {
+    let tls = connect_tls(addr, connector).await?;
+    post_on(tls, alpn, key).await
+}
+
+/// A TLS connection to the proxy, as `localhost`.
+async fn connect_tls(
+    addr: std::net::SocketAddr,
+    connector: &tokio_rustls::TlsConnector,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
-    let tls = connector
+    connector
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+}
+
+/// One POST over the connection `tls`, which agreed on `alpn`.
+async fn post_on(
+    tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    alpn: &[u8],
+    key: &str,
+) -> Result<Answer, String> {
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(alpn), "ALPN agreed");
     let request = Request::post("https://localhost/orders")
         .header("host", "localhost")
@@ -251,6 +268,45 @@ async fn mtls_callers_at_one_address_never_share_a_key_by_default() {
     let stored = proxy.store.inspect(explain(&alice_cert)).await.unwrap();
     assert_eq!(stored.expect("alice's key stored").state, "done");
     assert_ne!(explain(&alice_cert), explain(&bob_cert));
+}
+
+/// A client that resumes its TLS session presents no certificate in that handshake: the
+/// proxy still knows it by the certificate its session was verified with, so its retry on
+/// a resumed connection replays rather than running again as a new caller, and another
+/// certificate is still another caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_a_resumed_session_is_the_same_caller() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("server", &["localhost"]);
+    let (alice_cert, alice_key) = pki.issue("alice", &["alice"]);
+    let (bob_cert, bob_key) = pki.issue("bob", &["bob"]);
+    let upstream = start_upstream().await;
+    let routes = ROUTES.replace("required: true }", "required: true, scope: [client_cert] }");
+    let yaml = tls_yaml(&cert, &key, Some(&pki.path("ca.pem"))).replace(ROUTES, &routes);
+    let proxy = start_proxy(upstream.addr, &yaml).await;
+    let alice = pki.client(b"h2", Some((&alice_cert, &alice_key)));
+    let first = connect_tls(proxy.addr, &alice).await.unwrap();
+    assert_eq!(
+        first.get_ref().1.handshake_kind(),
+        Some(rustls::HandshakeKind::Full)
+    );
+    assert!(!post_on(first, b"h2", "r").await.unwrap().replayed());
+    let resumed = connect_tls(proxy.addr, &alice).await.unwrap();
+    assert_eq!(
+        resumed.get_ref().1.handshake_kind(),
+        Some(rustls::HandshakeKind::Resumed),
+        "the second connection resumes the session"
+    );
+    assert!(
+        post_on(resumed, b"h2", "r").await.unwrap().replayed(),
+        "a resumed session is another caller"
+    );
+    let bob = pki.client(b"h2", Some((&bob_cert, &bob_key)));
+    assert!(!post_tls(proxy.addr, &bob, b"h2", "r")
+        .await
+        .unwrap()
+        .replayed());
+    assert_eq!(upstream.executed(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
