@@ -149,6 +149,11 @@ async fn purge(proxy: &Proxy, digest: Digest) -> Response<ProxyBody> {
         }
         Ok(Some(_)) => {}
         Ok(None) => return text(StatusCode::NOT_FOUND, "no such key\n"),
+        // A damaged record answers every retry 500 until it expires: a purge is the only
+        // way to let the customer retry, and the operator's call.
+        Err(e @ crate::store::StoreError::Unreadable(_)) => {
+            tracing::warn!(key = %digest.short(), error = %e, "purging an unreadable record");
+        }
         Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
     match proxy.store().remove(digest).await {

@@ -522,6 +522,24 @@ async fn a_damaged_record_in_redis_is_never_run_again_even_failing_open() {
             assert_eq!(upstream.executed(), executed, "{key}, {policy}: ran again");
         }
     }
+    // Support can still let the customer retry: the damaged record is purged.
+    let cut = digest_of(&closed, "cut");
+    let purged = send(
+        closed.admin,
+        Method::DELETE,
+        &format!("/keys/{cut}"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(
+        purged.status,
+        StatusCode::NO_CONTENT,
+        "{:?}",
+        String::from_utf8_lossy(&purged.body)
+    );
+    assert_eq!(login(closed.addr, "cut").await.status, StatusCode::CREATED);
+    assert_eq!(upstream.executed(), executed + 1);
 }
 
 /// The same in PostgreSQL: an answer cut short in the dedupe table is not run again and
