@@ -6,8 +6,8 @@
 //! millions misses the CPU caches on every pointer it follows, and this leaves one.
 //!
 //! With `store.encrypt`, the record the store keeps is sealed ([`StoredResponse::seal`]):
-//! the payload fingerprint (which the store compares) and the time it was stored stay in
-//! clear; status, headers and body are AES-256-GCM ciphertext until
+//! the payload fingerprint (which the store compares), the time it was stored and a copy of
+//! the status stay in clear; status, headers and body are AES-256-GCM ciphertext until
 //! [`StoredResponse::open`].
 
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use crate::key::Digest;
 pub struct StoredResponse {
     /// `[fingerprint 32][1][u16 status][u64 stored ms][u32 head len][head][body]`, the head
     /// being `[u16 name len][name][u32 value len][value]` per header in the order received;
-    /// sealed, `[fingerprint 32][2][u16 0][u64 stored ms][key id 4][nonce 12][ciphertext of
+    /// sealed, `[fingerprint 32][2][u16 status][u64 stored ms][key id 4][nonce 12][ciphertext of
     /// status, head len, head and body][tag 16]`.
     /// Everything after the fingerprint is [`StoredResponse::encode`].
     record: Arc<[u8]>,
