@@ -38,17 +38,43 @@ async fn fire_concurrently(
     answers
 }
 
+/// Fires `n` requests with `headers` and `body(i)` at once, each carrying the upstream gate
+/// `gate`: the first to claim the key is held there until the proxy reports the other
+/// `n - 1` parked waiting for it, so every duplicate meets its owner in flight (none comes
+/// after it finished and merely replays). A duplicate the proxy forwarded would be held at
+/// the gate too and counted once it opens.
+async fn fire_while_the_owner_is_held(
+    proxy: &common::ProxyHandle,
+    upstream: &common::Upstream,
+    gate: &'static str,
+    n: usize,
+    mut headers: Vec<(&'static str, String)>,
+    body: impl Fn(usize) -> String,
+) -> Vec<common::Answer> {
+    headers.push(("x-test-gate", gate.into()));
+    let (answers, ()) = tokio::join!(fire_concurrently(proxy.addr, n, headers, body), async {
+        upstream.arrived(gate, 1).await;
+        proxy
+            .metric_reaches("idemgate_waiting", (n - 1) as f64)
+            .await;
+        upstream.open(gate);
+    });
+    answers
+}
+
+/// `wait_timeout` as a hang guard: the duplicates wait for an owner held at a gate.
+const WAIT_LONG: &str = "defaults: { wait_timeout: 30s }\n";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicates_with_one_key_execute_once() {
     let upstream = start_upstream().await;
-    let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
-    let answers = fire_concurrently(
-        proxy.addr,
+    let proxy = start_proxy(upstream.addr, &format!("{WAIT_LONG}{HEADER_ROUTE}")).await;
+    let answers = fire_while_the_owner_is_held(
+        &proxy,
+        &upstream,
+        "one-key",
         50,
-        vec![
-            ("idempotency-key", "order-42".into()),
-            ("x-test-delay-ms", "100".into()),
-        ],
+        vec![("idempotency-key", "order-42".into())],
         |_| r#"{"sku":"A1","qty":1}"#.into(),
     )
     .await;
@@ -70,6 +96,7 @@ async fn concurrent_duplicates_on_a_fingerprint_route_execute_once() {
     let proxy = start_proxy(
         upstream.addr,
         r#"
+defaults: { wait_timeout: 30s }
 routes:
   - name: vote
     match: { methods: [POST], path: /orders }
@@ -78,13 +105,12 @@ routes:
     )
     .await;
     // Same business request, spelled 50 different ways: key order, spacing, timestamps, GPS.
-    let answers = fire_concurrently(
-        proxy.addr,
+    let answers = fire_while_the_owner_is_held(
+        &proxy,
+        &upstream,
+        "fingerprint",
         50,
-        vec![
-            ("x-user-id", "u-7".into()),
-            ("x-test-delay-ms", "100".into()),
-        ],
+        vec![("x-user-id", "u-7".into())],
         |i| {
             if i % 2 == 0 {
                 format!(r#"{{"item":"A1","amount":100,"timestamp":{i},"lat":{i}.5,"lng":1}}"#)
@@ -316,29 +342,38 @@ async fn a_live_owner_slower_than_its_lease_keeps_the_key() {
     assert_eq!(upstream.executed(), 1);
 }
 
+/// The client leaves while the upstream holds its request at a gate (the proxy saw it go);
+/// its retry comes while the owner still runs (the proxy reports it parked waiting) and gets the one answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_gives_up_still_gets_its_answer_on_retry() {
     let upstream = start_upstream().await;
-    let proxy = start_proxy(upstream.addr, HEADER_ROUTE).await;
+    let proxy = start_proxy(upstream.addr, &format!("{WAIT_LONG}{HEADER_ROUTE}")).await;
     let body = r#"{"sku":"gone"}"#;
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let request = format!(
-        "POST /orders HTTP/1.1\r\nhost: {}\r\nidempotency-key: lost-answer\r\nx-test-delay-ms: 500\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /orders HTTP/1.1\r\nhost: {}\r\nidempotency-key: lost-answer\r\nx-test-gate: lost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         proxy.addr,
         body.len()
     );
     stream.write_all(request.as_bytes()).await.unwrap();
-    while upstream.executed() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    upstream.arrived("lost", 1).await;
     drop(stream); // the client times out and goes away mid-request
-    let retry = post(
-        proxy.addr,
-        "/orders",
-        &[("idempotency-key", "lost-answer")],
-        body,
-    )
-    .await;
+                  // The proxy's own signal that it saw the client go: its connection closed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while proxy.metric("idemgate_client_connections") > 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: still connected"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let addr = proxy.addr;
+    let retry = tokio::spawn(async move {
+        post(addr, "/orders", &[("idempotency-key", "lost-answer")], body).await
+    });
+    proxy.metric_reaches("idemgate_waiting", 1.0).await;
+    upstream.open("lost");
+    let retry = retry.await.unwrap();
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(retry.replayed(), "the retry got the stored answer");
     assert_eq!(retry.json()["n"], 1);
