@@ -314,8 +314,11 @@ pub async fn metric(admin: SocketAddr, name: &str) -> f64 {
 }
 
 /// 200 concurrent requests over 10 keys, alternating between two proxy processes started
-/// with `config` (a shared store): each key executes once and every answer for it is the
-/// same on both replicas.
+/// with `config` (a shared store, a `wait_timeout` long enough for all to park): each key
+/// executes once and every answer for it is the same on both replicas. The owners are held
+/// at the upstream's gate until both replicas report the other 190 parked waiting, so every
+/// duplicate meets its owner in flight, on its replica or the other (none merely replays a
+/// finished answer); a duplicate forwarded would be held at the gate too and counted.
 pub async fn two_proxies_execute_each_key_once(config: &str) {
     let upstream = start_upstream().await;
     let a = ProxyProcess::start(upstream.addr, config);
@@ -328,13 +331,25 @@ pub async fn two_proxies_execute_each_key_once(config: &str) {
             let answer = post(
                 target,
                 "/orders",
-                &[("idempotency-key", &key), ("x-test-delay-ms", "50")],
+                &[("idempotency-key", &key), ("x-test-gate", "replicas")],
                 "{\"sku\":\"A1\"}",
             )
             .await;
             (key, answer)
         }));
     }
+    upstream.arrived("replicas", 10).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while metric(a.admin, "idemgate_waiting").await + metric(b.admin, "idemgate_waiting").await
+        < 190.0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: the duplicates never all parked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    upstream.open("replicas");
     let mut bodies: std::collections::HashMap<String, Bytes> = Default::default();
     for t in tasks {
         let (key, answer) = t.await.unwrap();
