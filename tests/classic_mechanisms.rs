@@ -191,6 +191,9 @@ async fn token_for_ttl(proxy: &ProxyHandle, caller: &str) -> String {
     a.json()["token"].as_str().unwrap().to_owned()
 }
 
+/// The use that consumed the token is held at the upstream's gate until the proxy reports
+/// the other 99 parked waiting for it: each meets it in flight (none merely replays a
+/// finished answer), and one forwarded would be held at the gate too and counted.
 async fn concurrent_uses_of_one_token_execute_once(redis: bool) {
     let (upstream, proxy, _server) = setup(redis, "defaults: { wait_timeout: 30s }\n").await;
     let token = token_for(&proxy, "Bearer alice").await;
@@ -204,13 +207,16 @@ async fn concurrent_uses_of_one_token_execute_once(redis: bool) {
                 &[
                     ("authorization", "Bearer alice"),
                     ("idempotency-token", &token),
-                    ("x-test-delay-ms", "100"),
+                    ("x-test-gate", "token"),
                 ],
                 "{}",
             )
             .await
         }));
     }
+    upstream.arrived("token", 1).await;
+    proxy.metric_reaches("idemgate_waiting", 99.0).await;
+    upstream.open("token");
     let mut replayed = 0;
     for t in tasks {
         let a = t.await.unwrap();
