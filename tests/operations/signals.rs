@@ -116,6 +116,8 @@ async fn a_reload_swaps_the_upstream_and_open_client_connections_stay() {
     assert!(!connection.is_finished());
 }
 
+/// The call is held at the upstream's gate until the process logged that it is draining,
+/// so the SIGTERM always meets it in progress.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_slow_call_finish_and_stores_its_answer() {
     let redis = RedisServer::start();
@@ -124,22 +126,25 @@ async fn sigterm_lets_a_slow_call_finish_and_stores_its_answer() {
         "store:\n  redis: {{ url: \"{}\" }}\ndrain_timeout: 20s\nroutes:\n  - name: o\n    match: {{ path: /orders }}\n    key: {{ header: Idempotency-Key }}\n",
         redis.url()
     );
-    let mut a = ProxyProcess::start(upstream.addr, &config);
+    let mut a = ProxyProcess::start_logging(upstream.addr, &config, "info");
     let b = ProxyProcess::start(upstream.addr, &config);
     let addr = a.addr;
     let slow = tokio::spawn(async move {
         post(
             addr,
             "/orders",
-            &[("idempotency-key", "drain"), ("x-test-delay-ms", "800")],
+            &[("idempotency-key", "drain"), ("x-test-gate", "drain")],
             "{}",
         )
         .await
     });
-    while upstream.executed() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    upstream.arrived("drain", 1).await;
     a.signal("TERM");
+    wait_until(
+        || a.log().contains("stopping: no new connections, draining"),
+        "the drain to start",
+    );
+    upstream.open("drain");
     let answer = slow.await.unwrap();
     assert_eq!(
         answer.status,
