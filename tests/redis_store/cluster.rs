@@ -29,8 +29,9 @@ async fn duplicates_execute_once_on_a_valkey_cluster() {
 }
 
 /// 120 requests over 12 keys, alternating between two proxies on `cluster`: each key
-/// executes once, and the records spread over the masters. Returns one proxy and the
-/// upstream, still running.
+/// executes once, and the records spread over the masters. The owners are held at the
+/// upstream's gate until the proxies report the other 108 parked waiting, so each duplicate
+/// meets its owner in flight. Returns one proxy and the upstream, still running.
 async fn duplicates_execute_once_on(cluster: &RedisCluster) -> (ProxyHandle, Upstream) {
     let upstream = start_upstream().await;
     let seeds = cluster
@@ -52,12 +53,22 @@ async fn duplicates_execute_once_on(cluster: &RedisCluster) -> (ProxyHandle, Ups
             post(
                 target,
                 "/orders",
-                &[("idempotency-key", &key), ("x-test-delay-ms", "50")],
+                &[("idempotency-key", &key), ("x-test-gate", "cluster")],
                 "{}",
             )
             .await
         }));
     }
+    upstream.arrived("cluster", 12).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while a.metric("idemgate_waiting") + b.metric("idemgate_waiting") < 108.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: the duplicates never all parked"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    upstream.open("cluster");
     for t in tasks {
         assert_eq!(t.await.unwrap().status, StatusCode::CREATED);
     }
