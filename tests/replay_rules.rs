@@ -337,29 +337,36 @@ routes:
     assert_eq!(upstream.executed(), 3);
 }
 
-/// GET, HEAD, OPTIONS and TRACE always pass through, whatever key they carry; DELETE is
-/// protected where a route lists it (once, then replayed).
+/// GET, HEAD, OPTIONS and TRACE always pass through, whatever key they carry, even on a
+/// route that matches every method; DELETE is protected where a route lists it (once,
+/// then replayed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn safe_methods_always_pass_and_a_listed_delete_runs_once() {
     use http::Method;
     let upstream = start_upstream().await;
     let routes = r#"
 routes:
+  - name: every-method
+    match: { path: "/orders/any/*" }
+    key: { header: Idempotency-Key }
   - name: orders
     match: { methods: [POST, DELETE], path: "/orders/*" }
     key: { header: Idempotency-Key }
 "#;
     let proxy = start_proxy(upstream.addr, routes).await;
     let key = [("idempotency-key", "same")];
-    for method in [Method::HEAD, Method::OPTIONS, Method::TRACE] {
-        for _ in 0..2 {
-            let answer = common::send(proxy.addr, method.clone(), "/orders/1", &key, "").await;
-            assert!(!answer.replayed(), "{method} was replayed");
+    for path in ["/orders/any/1", "/orders/1"] {
+        for method in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
+            for _ in 0..2 {
+                let answer = common::send(proxy.addr, method.clone(), path, &key, "").await;
+                assert!(!answer.replayed(), "{method} {path} was replayed");
+            }
         }
     }
+    // The upstream counts all but GET.
     assert_eq!(
         upstream.executed(),
-        6,
+        12,
         "every safe request reached the upstream"
     );
     let key = [("idempotency-key", "delete-1")];
@@ -367,7 +374,7 @@ routes:
     let again = common::send(proxy.addr, Method::DELETE, "/orders/1", &key, "").await;
     assert!(!first.replayed());
     assert!(again.replayed(), "a listed DELETE ran twice");
-    assert_eq!(upstream.executed(), 7);
+    assert_eq!(upstream.executed(), 13);
 }
 
 /// `ignore_defaults: false` drops the default list of fields that say when a request was
