@@ -106,7 +106,9 @@ async fn concurrent_duplicates_with_one_key_execute_once_over_h2() {
     let sends: Vec<_> = (0..8)
         .map(|_| tokio::spawn(async move { post(proxy.addr, "/orders", &headers, "{}").await }))
         .collect();
+    // The owner is held until the other seven wait on it, so each meets it in flight.
     upstream.arrived("dup", 1).await;
+    proxy.metric_reaches("idemgate_waiting", 7.0).await;
     upstream.open("dup");
     let mut bodies = Vec::new();
     for send in sends {
