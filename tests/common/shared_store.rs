@@ -78,5 +78,10 @@ pub async fn a_duplicate_that_looks_after_its_owners_failure_expired_does_not_ex
         duplicate.status,
         String::from_utf8_lossy(&duplicate.body)
     );
-    assert_ne!(duplicate.status, StatusCode::CREATED);
+    // What a duplicate of a failed owner gets when the failure itself is gone.
+    assert_eq!(duplicate.status, StatusCode::BAD_GATEWAY, "{duplicate:?}");
+    assert_eq!(
+        duplicate.json()["type"],
+        "urn:idemgate:problem:duplicate-of-failed-request"
+    );
 }
