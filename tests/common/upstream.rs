@@ -113,7 +113,7 @@ impl Upstream {
 }
 
 /// Starts the test upstream. Behaviour per path:
-/// - non-GET `/orders…`: counts, sleeps `x-test-delay-ms`, answers `x-test-status` (201 by
+/// - non-GET `/orders…`: counts, answers `x-test-status` (201 by
 ///   default) with JSON `{"n", "body", "auth"}` and two `Set-Cookie` headers;
 /// - `/echo-headers`: answers the received headers and trailers as JSON, with the HTTP
 ///   version and the request target (absolute over HTTP/2: `:scheme` and `:authority`);
@@ -272,9 +272,6 @@ async fn upstream_handle(
         if let Some(gate) = headers.get("x-test-gate").and_then(|v| v.to_str().ok()) {
             gates.arrive(gate);
             gates.pass(gate).await;
-        }
-        if let Some(ms) = header_u64(&headers, "x-test-delay-ms") {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         if headers.contains_key("x-test-reset") {
             // hyper closes a connection whose service failed, without an answer.
