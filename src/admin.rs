@@ -156,7 +156,7 @@ async fn purge(proxy: &Proxy, digest: Digest) -> Response<ProxyBody> {
         }
         Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
-    match proxy.store().remove(digest).await {
+    match proxy.store().forget(digest).await {
         Ok(true) => {
             tracing::info!(key = %digest.short(), "key deleted through the admin API");
             let mut r = Response::new(ProxyBody::empty());

@@ -293,14 +293,15 @@ impl Store {
         }
     }
 
-    /// Deletes a key whatever its state, so support can let a customer retry (an
-    /// outcome-unknown key is purged this way, once someone checked what happened).
-    pub async fn remove(&self, key: Digest) -> Result<bool, StoreError> {
+    /// Deletes `key`'s record whatever its state, a claim in flight included, and says
+    /// whether a live one was there: what a store that lost the record (a Redis restarted
+    /// empty) looks like. The admin API's purge looks first and refuses a claim in flight.
+    pub async fn forget(&self, key: Digest) -> Result<bool, StoreError> {
         match self {
-            Self::Memory(m) => Ok(m.remove(key)),
-            Self::Redis(r) => Box::pin(r.remove(key)).await,
-            Self::Postgres(p) => Box::pin(p.remove(key)).await,
-            Self::Mysql(m) => Box::pin(m.remove(key)).await,
+            Self::Memory(m) => Ok(m.forget(key)),
+            Self::Redis(r) => Box::pin(r.forget(key)).await,
+            Self::Postgres(p) => Box::pin(p.forget(key)).await,
+            Self::Mysql(m) => Box::pin(m.forget(key)).await,
         }
     }
 

@@ -157,8 +157,8 @@ impl MemoryStore {
         lock(&self.counters).hit(key, now, window, self.limits.max_entries)
     }
 
-    /// See [`super::Store::remove`].
-    pub fn remove(&self, key: Digest) -> bool {
+    /// See [`super::Store::forget`].
+    pub fn forget(&self, key: Digest) -> bool {
         let (_, ticks) = self.now();
         let mut shard = self.shard(&key);
         let live = shard.map.get(&key).is_some_and(|e| !e.is_expired(ticks));

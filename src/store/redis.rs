@@ -173,9 +173,9 @@ impl RedisStore {
         }
     }
 
-    /// See [`super::Store::remove`].
-    pub async fn remove(&self, key: Digest) -> Result<bool, StoreError> {
-        let mut invocation = self.scripts.remove.prepare_invoke();
+    /// See [`super::Store::forget`].
+    pub async fn forget(&self, key: Digest) -> Result<bool, StoreError> {
+        let mut invocation = self.scripts.forget.prepare_invoke();
         invocation
             .key(self.record(&key))
             .key(self.seen_counter(&key))

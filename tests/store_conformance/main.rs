@@ -2,7 +2,7 @@
 //!
 //! Each check in [`checks`] is an `async fn(&Store)` that states one behaviour of the
 //! contract in `src/store.rs` (atomic claims, replay, fingerprint mismatch, fencing, lease
-//! renewal and release on drop, waiters, TTL, inspect and remove). The
+//! renewal and release on drop, waiters, TTL, inspect, and a record the store forgot). The
 //! [`store_conformance!`] macro turns every check into a `#[tokio::test]` (multi-threaded
 //! runtime, so renewers and claimers really run in parallel) against a store built by a
 //! factory, once per backend module. Test names are the check names, prefixed by the
@@ -92,7 +92,7 @@ macro_rules! store_conformance {
             a_done_key_is_free_again_after_its_ttl,
             a_zero_ttl_completes_without_storing,
             inspect_reports_in_flight_and_done_records,
-            remove_frees_a_key_in_any_state,
+            a_forgotten_record_frees_its_key_and_fences_off_its_owner,
             an_issued_key_is_owned_once_by_concurrent_issued_claims,
             an_issued_claim_of_a_key_never_issued_is_unknown,
             a_reissued_release_makes_the_key_claimable_again,

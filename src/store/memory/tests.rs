@@ -71,7 +71,7 @@ fn eviction_takes_the_earliest_expiry_across_ttls() {
 fn a_stale_queue_entry_does_not_evict_the_key_stored_again() {
     let store = store(2);
     store_done(&store, key(1), Duration::from_secs(10));
-    assert!(store.remove(key(1)));
+    assert!(store.forget(key(1)));
     store_done(&store, key(1), Duration::from_secs(100));
     store_done(&store, key(2), Duration::from_secs(50));
     store_done(&store, key(3), Duration::from_secs(100));
@@ -94,7 +94,7 @@ fn stale_queue_entries_stay_bounded_by_live_records() {
         let mut k = Digest([0; 32]);
         k.0[..4].copy_from_slice(&round.to_le_bytes());
         store_done(&store, k, hour);
-        assert!(store.remove(k));
+        assert!(store.forget(k));
     }
     store_done(&store, key(1), hour);
     let shard = store.shards[0].lock().unwrap();
@@ -121,7 +121,7 @@ fn a_record_written_at_compaction_time_keeps_its_queue_entry() {
     for round in 0..3 * TEST_COMPACT_SLACK as u32 {
         let gone = numbered(1, round);
         store_done(&store, gone, hour);
-        assert!(store.remove(gone));
+        assert!(store.forget(gone));
         store_done(&store, numbered(2, round), Duration::from_nanos(1));
         assert!(store.shards[0].lock().unwrap().every_record_is_indexed());
     }
@@ -195,7 +195,7 @@ fn a_callers_share_frees_up_as_its_records_go() {
     assert!(matches!(claim(key(2), 7), Ok(RawClaim::Owner { .. })));
     assert!(matches!(claim(key(3), 7), Err(StoreError::CallerFull)));
     assert!(matches!(claim(key(4), 8), Ok(RawClaim::Owner { .. })));
-    assert!(store.remove(key(1)));
+    assert!(store.forget(key(1)));
     assert!(matches!(claim(key(3), 7), Ok(RawClaim::Owner { .. })));
 }
 
@@ -230,7 +230,7 @@ fn a_token_refused_over_the_callers_share_stays_issued() {
         Err(StoreError::CallerFull)
     ));
     assert_eq!(store.inspect(token).map(|info| info.state), Some("issued"));
-    assert!(store.remove(key(1)));
+    assert!(store.forget(key(1)));
     assert!(matches!(
         claim(token, ClaimMode::IssuedOnly),
         Ok(RawClaim::Owner { .. })

@@ -116,8 +116,8 @@ if not v then return 0 end
 return {v, redis.call('PTTL', KEYS[1]), redis.call('HMGET', KEYS[2], 'n', 'last')}
 ";
 
-/// Deletes a record and its seen counter, and wakes its waiters.
-const REMOVE: &str = r"
+/// Deletes a record and its seen counter whatever the record is, and wakes its waiters.
+const FORGET: &str = r"
 local n = redis.call('DEL', KEYS[1])
 redis.call('DEL', KEYS[2])
 redis.call('PUBLISH', ARGV[1], '1')
@@ -148,7 +148,7 @@ pub(super) struct Scripts {
     pub issue: Script,
     pub hit: Script,
     pub inspect: Script,
-    pub remove: Script,
+    pub forget: Script,
     pub seen: Script,
 }
 
@@ -162,7 +162,7 @@ impl Default for Scripts {
             issue: Script::new(ISSUE),
             hit: Script::new(HIT),
             inspect: Script::new(INSPECT),
-            remove: Script::new(REMOVE),
+            forget: Script::new(FORGET),
             seen: Script::new(SEEN),
         }
     }

@@ -59,10 +59,10 @@ pub fn check_url(url: &str) -> Result<(), String> {
 pub struct Mysql {
     pool: MySqlPool,
     sql: Statements,
-    /// Deletes a live record.
-    remove: String,
+    /// Deletes a record whatever it is.
+    forget: String,
     /// Deletes a key's observe-mode count.
-    remove_seen: String,
+    forget_seen: String,
     table: String,
 }
 
@@ -159,8 +159,8 @@ impl Dialect for Mysql {
         Ok(Self {
             pool: pool_options(settings, SESSION).connect_lazy_with(options),
             sql: statements(t),
-            remove: format!("DELETE FROM {t} WHERE digest = ? AND expires_at > UTC_TIMESTAMP(3)"),
-            remove_seen: format!("DELETE FROM {t}_seen WHERE digest = ?"),
+            forget: format!("DELETE FROM {t} WHERE digest = ? AND expires_at > UTC_TIMESTAMP(3)"),
+            forget_seen: format!("DELETE FROM {t}_seen WHERE digest = ?"),
             table: t.to_owned(),
         })
     }
@@ -196,10 +196,10 @@ impl Dialect for Mysql {
         Ok(kind.first().copied().unwrap_or(0))
     }
 
-    async fn remove(store: &MysqlStore, key: Digest) -> Result<bool, StoreError> {
+    async fn forget(store: &MysqlStore, key: Digest) -> Result<bool, StoreError> {
         let params = [Arg::Bytes(&key.0)];
-        let removed = store.execute(&store.dialect().remove, &params).await?;
-        store.execute(&store.dialect().remove_seen, &params).await?;
+        let removed = store.execute(&store.dialect().forget, &params).await?;
+        store.execute(&store.dialect().forget_seen, &params).await?;
         Ok(removed > 0)
     }
 }

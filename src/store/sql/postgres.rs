@@ -58,8 +58,9 @@ pub fn check_url(url: &str) -> Result<(), String> {
 pub struct Postgres {
     pool: PgPool,
     sql: Statements,
-    /// Deletes a live record and its count, notifying its waiters; answers how many.
-    remove: String,
+    /// Deletes a record whatever it is, and its count, notifying its waiters; answers
+    /// whether a live one was there.
+    forget: String,
     /// The channel settlements are notified on.
     channel: String,
 }
@@ -160,7 +161,7 @@ impl Dialect for Postgres {
         Ok(Self {
             pool: pool_options(settings, SESSION).connect_lazy_with(options),
             sql: statements(t),
-            remove: format!(
+            forget: format!(
                 "WITH gone AS (DELETE FROM {t} WHERE digest = $1 AND expires_at > now()
                     RETURNING 1),
                  seen AS (DELETE FROM {t}_seen WHERE digest = $1)
@@ -206,10 +207,10 @@ impl Dialect for Postgres {
         Ok(kind as u8)
     }
 
-    async fn remove(store: &PostgresStore, key: Digest) -> Result<bool, StoreError> {
+    async fn forget(store: &PostgresStore, key: Digest) -> Result<bool, StoreError> {
         let hex = hex::encode(key.0);
         let params = [Arg::Bytes(&key.0), Arg::Text(&hex)];
-        let row = store.fetch_one(&store.dialect().remove, &params).await?;
+        let row = store.fetch_one(&store.dialect().forget, &params).await?;
         Ok(row.int(0)? > 0)
     }
 }

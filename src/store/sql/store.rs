@@ -63,9 +63,9 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// A record's kind (`I`, `D`, …) from column `at`.
     fn kind(row: &Self::Row, at: usize) -> Result<u8, StoreError>;
 
-    /// Deletes `key`'s record and its observe-mode count, and tells the waiters in other
-    /// processes; says whether a live record was there.
-    fn remove(
+    /// Deletes `key`'s record whatever it is and its observe-mode count, and tells the
+    /// waiters in other processes; says whether a live record was there.
+    fn forget(
         store: &SqlStore<Self>,
         key: Digest,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
@@ -360,10 +360,10 @@ impl<D: Dialect> SqlStore<D> {
             .transpose()
     }
 
-    /// See [`crate::store::Store::remove`].
-    pub async fn remove(&self, key: Digest) -> Result<bool, StoreError> {
+    /// See [`crate::store::Store::forget`].
+    pub async fn forget(&self, key: Digest) -> Result<bool, StoreError> {
         self.ready_schema().await?;
-        let removed = D::remove(self, key).await?;
+        let removed = D::forget(self, key).await?;
         self.common.interests.wake(&key);
         Ok(removed)
     }

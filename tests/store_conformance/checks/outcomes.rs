@@ -30,7 +30,7 @@ pub async fn a_key_held_as_unknown_is_never_owned_until_purged(store: &Store) {
     expect_mismatch(claim(store, k, fingerprint(2), LONG_LEASE).await);
     let info = store.inspect(k).await.unwrap().expect("a record");
     assert_eq!(info.state, "outcome_unknown");
-    assert!(store.remove(k).await.unwrap());
+    assert!(store.forget(k).await.unwrap());
     let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
     assert!(again.release().await.unwrap());
 }
@@ -97,13 +97,13 @@ pub async fn an_answer_not_stored_is_answered_and_never_owned(store: &Store) {
     );
 }
 
-/// A store that lost an owner's record (purged here; a restarted Redis alike) is not a
+/// A store that lost an owner's record (a restarted Redis; forgotten here) is not a
 /// licence to re-run: the owner's answer, or its unknown outcome, is written back; a
 /// release has nothing to write.
 pub async fn an_owner_whose_record_vanished_writes_its_outcome_back(store: &Store) {
     let k = fresh_key();
     let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
-    assert!(store.remove(k).await.unwrap());
+    assert!(store.forget(k).await.unwrap());
     let want = response(b"written back");
     let done = Settlement::Done {
         response: want.clone(),
@@ -117,7 +117,7 @@ pub async fn an_owner_whose_record_vanished_writes_its_outcome_back(store: &Stor
 
     let k = fresh_key();
     let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
-    assert!(store.remove(k).await.unwrap());
+    assert!(store.forget(k).await.unwrap());
     let unknown = Settlement::Unknown { ttl: LONG_TTL };
     assert_eq!(lease.settle(unknown).await.unwrap(), Settled::WrittenBack);
     let held = claim(store, k, fingerprint(1), LONG_LEASE).await;
@@ -129,7 +129,7 @@ pub async fn an_owner_whose_record_vanished_writes_its_outcome_back(store: &Stor
 
     let k = fresh_key();
     let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
-    assert!(store.remove(k).await.unwrap());
+    assert!(store.forget(k).await.unwrap());
     assert!(lease.release().await.unwrap());
     assert!(store.inspect(k).await.unwrap().is_none());
 }

@@ -1,5 +1,5 @@
 //! Records over time and through the admin side: duplicates counted in observe mode, TTL
-//! expiry, a zero TTL, inspect, and remove.
+//! expiry, a zero TTL, inspect, and a record the store forgot.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use crate::support::*;
 
 /// Observe mode counts the duplicates a key sees while it has a record (the first
 /// request counts as one), and learns when that record was made; a key with no
-/// record counts nothing, and a purge forgets the count.
+/// record counts nothing, and a record forgotten takes its count along.
 pub async fn duplicates_seen_in_observe_mode_are_counted_on_their_key(store: &Store) {
     let k = fresh_key();
     assert_eq!(
@@ -29,7 +29,7 @@ pub async fn duplicates_seen_in_observe_mode_are_counted_on_their_key(store: &St
     assert!(store.saw_duplicate(k).await.unwrap().is_some());
     let seen = store.inspect(k).await.unwrap().expect("a record").seen;
     assert_eq!(seen.map(|s| s.times), Some(3), "{seen:?}");
-    assert!(store.remove(k).await.unwrap());
+    assert!(store.forget(k).await.unwrap());
     assert!(store.inspect(k).await.unwrap().is_none());
     let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
     assert_eq!(store.inspect(k).await.unwrap().expect("a claim").seen, None);
@@ -72,18 +72,19 @@ pub async fn inspect_reports_in_flight_and_done_records(store: &Store) {
     assert_same_response(&got, &want);
 }
 
-/// Remove deletes a done or an in-flight record; the removed owner is fenced off.
-pub async fn remove_frees_a_key_in_any_state(store: &Store) {
+/// A store that forgets a record (a done one, or a claim in flight, as a Redis restarted
+/// empty does) frees its key; the forgotten owner is fenced off from its successor.
+pub async fn a_forgotten_record_frees_its_key_and_fences_off_its_owner(store: &Store) {
     let k = fresh_key();
-    assert!(!store.remove(k).await.unwrap(), "removed an unknown key");
+    assert!(!store.forget(k).await.unwrap(), "forgot an unknown key");
 
     let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
     assert!(lease.complete(response(b"a"), LONG_TTL).await.unwrap());
-    assert!(store.remove(k).await.unwrap());
+    assert!(store.forget(k).await.unwrap());
     assert!(store.inspect(k).await.unwrap().is_none());
 
     let removed = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
-    assert!(store.remove(k).await.unwrap());
+    assert!(store.forget(k).await.unwrap());
     let current = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
     assert!(!removed
         .complete(response(b"stale"), LONG_TTL)
