@@ -13,6 +13,7 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use crate::key::Digest;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::Proxy;
+use crate::store::Purged;
 
 /// Answers one admin request.
 pub async fn handle<B>(
@@ -137,33 +138,23 @@ pub async fn handle<B>(
 /// shared store, its lease has not lapsed, or a takeover must wait for the dead owner's
 /// call): removing it would tell the duplicates waiting on it that their owner failed and
 /// let the next retry run the request beside the first. Once it settled, or lapsed as an
-/// unknown outcome, it can be purged.
+/// unknown outcome, it can be purged. The store decides and deletes in one step
+/// ([`Store::purge`](crate::store::Store::purge)): a look first and a delete after would
+/// remove a claim made in between (a failure record's retry, an issued token's request).
 async fn purge(proxy: &Proxy, digest: Digest) -> Response<ProxyBody> {
-    match proxy.store().inspect(digest).await {
-        Ok(Some(info)) if info.state == "in_flight" => {
-            return text(
-                StatusCode::CONFLICT,
-                "the key is in flight: its request may still be running upstream, and a \
-                 purge would let a retry run it again; purge it once it has settled\n",
-            )
-        }
-        Ok(Some(_)) => {}
-        Ok(None) => return text(StatusCode::NOT_FOUND, "no such key\n"),
-        // A damaged record answers every retry 500 until it expires: a purge is the only
-        // way to let the customer retry, and the operator's call.
-        Err(e @ crate::store::StoreError::Unreadable(_)) => {
-            tracing::warn!(key = %digest.short(), error = %e, "purging an unreadable record");
-        }
-        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
-    }
-    match proxy.store().forget(digest).await {
-        Ok(true) => {
+    match proxy.store().purge(digest).await {
+        Ok(Purged::Removed) => {
             tracing::info!(key = %digest.short(), "key deleted through the admin API");
             let mut r = Response::new(ProxyBody::empty());
             *r.status_mut() = StatusCode::NO_CONTENT;
             r
         }
-        Ok(false) => text(StatusCode::NOT_FOUND, "no such key\n"),
+        Ok(Purged::InFlight) => text(
+            StatusCode::CONFLICT,
+            "the key is in flight: its request may still be running upstream, and a \
+             purge would let a retry run it again; purge it once it has settled\n",
+        ),
+        Ok(Purged::Absent) => text(StatusCode::NOT_FOUND, "no such key\n"),
         Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
 }

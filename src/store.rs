@@ -13,7 +13,8 @@
 //! reached the upstream, so what that means is the route's [`Lapse`]: the key is held as
 //! "outcome unknown", or it is taken over once the dead owner's call cannot still run.
 //!
-//! This file holds the operations ([`Store`]) and what they answer ([`Claim`], [`StoreError`]).
+//! This file holds the operations ([`Store`]) and what they answer ([`Claim`], [`Purged`],
+//! [`StoreError`]).
 //! The values they take and return live beside it, each in its own file: `claim` (what a claim
 //! names), `settlement` (how a claim ends), `waiter` (a duplicate's wait), `report` (what the
 //! admin API and `/metrics` show), `response` (a stored answer), `seal` (answers encrypted at
@@ -99,6 +100,20 @@ impl Claim {
             Self::NotIssued => "not_issued",
         }
     }
+}
+
+/// What an operator's purge ([`Store::purge`]) did, decided and done in one atomic step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purged {
+    /// The key's record (an answer, a failure left for waiters, "executed, answer not
+    /// stored", an unknown outcome, a lapsed claim held as one, an issued token) was
+    /// deleted: the key's next request executes.
+    Removed,
+    /// A claim in flight, left as it is: its owner is running (or its lease has not run
+    /// out, or a takeover waits for the dead owner's call).
+    InFlight,
+    /// The key has no live record.
+    Absent,
 }
 
 /// What a key records about a request that executed but whose answer was not kept.
@@ -293,9 +308,27 @@ impl Store {
         }
     }
 
+    /// Deletes `key`'s record unless it is a claim in flight, in one atomic step, so
+    /// support can let a customer retry (an outcome-unknown key is purged this way, once
+    /// someone checked what happened upstream). A claim in flight is never deleted: its
+    /// waiters would take the owner for failed and the next retry would run the request
+    /// beside it. Deciding and deleting at once matters because a key changes under an
+    /// operator's eyes: a failure record's retry, an issued token's request or an expired
+    /// record's next request may claim it between a look and a delete.
+    pub async fn purge(&self, key: Digest) -> Result<Purged, StoreError> {
+        match self {
+            Self::Memory(m) => Ok(m.purge(key)),
+            Self::Redis(r) => Box::pin(r.purge(key)).await,
+            Self::Postgres(p) => Box::pin(p.purge(key)).await,
+            Self::Mysql(m) => Box::pin(m.purge(key)).await,
+        }
+    }
+
     /// Deletes `key`'s record whatever its state, a claim in flight included, and says
     /// whether a live one was there: what a store that lost the record (a Redis restarted
-    /// empty) looks like. The admin API's purge looks first and refuses a claim in flight.
+    /// empty) looks like, for tests of how owners and waiters cope. Operators purge with
+    /// [`Store::purge`].
+    #[doc(hidden)]
     pub async fn forget(&self, key: Digest) -> Result<bool, StoreError> {
         match self {
             Self::Memory(m) => Ok(m.forget(key)),

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::report::StoreStats;
 use super::response::ENTRY_OVERHEAD;
-use super::{RouteTag, StoreError};
+use super::{Purged, RouteTag, StoreError};
 use crate::key::Digest;
 use crate::sync::lock;
 use rate::Counters;
@@ -155,6 +155,21 @@ impl MemoryStore {
     pub fn hit(&self, key: Digest, window: Duration) -> u64 {
         let (_, now) = self.now();
         lock(&self.counters).hit(key, now, window, self.limits.max_entries)
+    }
+
+    /// See [`super::Store::purge`]: decided and done under the shard's lock.
+    pub fn purge(&self, key: Digest) -> Purged {
+        let (now, ticks) = self.now();
+        let mut shard = self.shard(&key);
+        match shard.map.get(&key) {
+            None => return Purged::Absent,
+            Some(entry) if entry.is_expired(ticks) => return Purged::Absent,
+            Some(Entry::InFlight(record)) if record.stands(now) => return Purged::InFlight,
+            Some(_) => {}
+        }
+        // Its waiters, if any, wake as the record's channel closes.
+        shard.remove(&key, &self.totals);
+        Purged::Removed
     }
 
     /// See [`super::Store::forget`].

@@ -23,7 +23,7 @@
 //! [`FALLBACK_RECHECK`]. A waiter subscribes (`subscriptions`), then looks at the record
 //! with the claim script, which appends a mark (`w`) to another owner's unmarked in-flight
 //! record it finds; a duplicate that will not wait does neither. Only the settle script
-//! and removal `PUBLISH`: a swap matches the unmarked record alone, so a record someone
+//! and a purge `PUBLISH`: a swap matches the unmarked record alone, so a record someone
 //! waits on always settles by the script that publishes, and the common completion, which
 //! nobody waits on, publishes nothing.
 //!
@@ -56,7 +56,7 @@ use self::records::Name;
 use self::scripts::Scripts;
 use self::subscriptions::Channels;
 use super::renewals::Renewals;
-use super::StoreError;
+use super::{Purged, StoreError};
 use crate::key::Digest;
 pub use subscriptions::Subscription;
 
@@ -169,6 +169,21 @@ impl RedisStore {
             .arg(window.as_millis().max(1) as u64);
         match self.run(invocation).await? {
             Value::Int(n) => Ok(n.max(0) as u64),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// See [`super::Store::purge`]: one script decides and deletes.
+    pub async fn purge(&self, key: Digest) -> Result<Purged, StoreError> {
+        let mut invocation = self.scripts.purge.prepare_invoke();
+        invocation
+            .key(self.record(&key))
+            .key(self.seen_counter(&key))
+            .arg(self.channel(&key));
+        match self.run(invocation).await? {
+            Value::Int(1) => Ok(Purged::Removed),
+            Value::Int(2) => Ok(Purged::InFlight),
+            Value::Int(0) => Ok(Purged::Absent),
             other => Err(unexpected(&other)),
         }
     }

@@ -4,6 +4,7 @@
 mod claims;
 mod leases;
 mod outcomes;
+mod purges;
 mod records;
 mod tokens;
 mod waiters;
@@ -11,6 +12,7 @@ mod waiters;
 pub use claims::*;
 pub use leases::*;
 pub use outcomes::*;
+pub use purges::*;
 pub use records::*;
 pub use tokens::*;
 pub use waiters::*;

@@ -2,7 +2,7 @@
 //!
 //! Each check in [`checks`] is an `async fn(&Store)` that states one behaviour of the
 //! contract in `src/store.rs` (atomic claims, replay, fingerprint mismatch, fencing, lease
-//! renewal and release on drop, waiters, TTL, inspect, and a record the store forgot). The
+//! renewal and release on drop, waiters, TTL, inspect, the operator's purge). The
 //! [`store_conformance!`] macro turns every check into a `#[tokio::test]` (multi-threaded
 //! runtime, so renewers and claimers really run in parallel) against a store built by a
 //! factory, once per backend module. Test names are the check names, prefixed by the
@@ -93,6 +93,11 @@ macro_rules! store_conformance {
             a_zero_ttl_completes_without_storing,
             inspect_reports_in_flight_and_done_records,
             a_forgotten_record_frees_its_key_and_fences_off_its_owner,
+            a_purge_removes_every_settled_record_and_frees_the_key,
+            a_purge_leaves_a_claim_in_flight_alone,
+            a_lapsed_claim_held_as_unknown_is_purged,
+            a_claim_made_after_a_purge_looked_is_never_purged,
+            purges_racing_claims_never_remove_a_claim,
             an_issued_key_is_owned_once_by_concurrent_issued_claims,
             an_issued_claim_of_a_key_never_issued_is_unknown,
             a_reissued_release_makes_the_key_claimable_again,

@@ -146,6 +146,18 @@ impl Entry {
     }
 }
 
+impl InFlight {
+    /// Whether the claim still stands at `now`, so a purge must leave it: its owner is
+    /// alive or its lease has not run out, or it lapsed on a route that releases lapsed
+    /// claims and the dead owner's call may still run (its grace). A lapsed claim held as
+    /// unknown does not: it is an unknown outcome, the operator's to purge.
+    pub fn stands(&self, now: Instant) -> bool {
+        self.alive.strong_count() > 0
+            || self.lease_until > now
+            || matches!(self.lapse, Lapse::Release { grace } if now < self.lease_until + grace)
+    }
+}
+
 impl SettledRecord {
     /// A key settled now by `token` with `outcome`, not yet indexed for expiry.
     pub fn now(

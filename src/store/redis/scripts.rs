@@ -116,7 +116,31 @@ if not v then return 0 end
 return {v, redis.call('PTTL', KEYS[1]), redis.call('HMGET', KEYS[2], 'n', 'last')}
 ";
 
-/// Deletes a record and its seen counter whatever the record is, and wakes its waiters.
+/// An operator's purge: deletes a record and its seen counter and wakes its waiters,
+/// unless the record is a claim in flight. An in-flight record (layout in
+/// [`super::records`]: the lapse span is bytes 58..65 in Lua's count, the lapse kind byte
+/// 66) stands while its remaining TTL is over the span (its lease runs), and after that
+/// too on a route that releases lapsed claims (the takeover waits for the record to
+/// expire); lapsed and held, it is an unknown outcome and is purged.
+///
+/// `KEYS[1]` record, `KEYS[2]` its seen counter; `ARGV[1]` channel. Returns 1 (deleted),
+/// 2 (a claim in flight, left alone), 0 (no record).
+const PURGE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if string.sub(v, 1, 1) == 'I' then
+  if #v < 66 or string.sub(v, 66, 66) ~= 'H' then return 2 end
+  local span = 0
+  for i = 58, 65 do span = span * 256 + string.byte(v, i) end
+  if redis.call('PTTL', KEYS[1]) > span then return 2 end
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('PUBLISH', ARGV[1], '1')
+return 1
+";
+
+/// Deletes a record and its seen counter whatever the record is, and wakes its waiters:
+/// a store that lost the record, for tests (`Store::forget`).
 const FORGET: &str = r"
 local n = redis.call('DEL', KEYS[1])
 redis.call('DEL', KEYS[2])
@@ -148,6 +172,7 @@ pub(super) struct Scripts {
     pub issue: Script,
     pub hit: Script,
     pub inspect: Script,
+    pub purge: Script,
     pub forget: Script,
     pub seen: Script,
 }
@@ -162,6 +187,7 @@ impl Default for Scripts {
             issue: Script::new(ISSUE),
             hit: Script::new(HIT),
             inspect: Script::new(INSPECT),
+            purge: Script::new(PURGE),
             forget: Script::new(FORGET),
             seen: Script::new(SEEN),
         }

@@ -15,7 +15,7 @@ use tokio::task::AbortHandle;
 use super::waiters::Interests;
 use super::{bounded, max_tries, Call, SqlSettings};
 use crate::store::renewals::{Renewals, Renewed};
-use crate::store::{Ownership, Settled, Settlement, StoreError};
+use crate::store::{Ownership, Purged, Settled, Settlement, StoreError};
 
 /// The state a SQL store keeps beside its pool and statements.
 pub(super) struct Common {
@@ -114,6 +114,16 @@ impl Common {
             1 => Renewed::Extended,
             2 => Renewed::Restored,
             0 => Renewed::Lost,
+            other => return Err(unexpected_code(other)),
+        })
+    }
+
+    /// What a purge routine's answer `code` means.
+    pub(super) fn purged(code: i64) -> Result<Purged, StoreError> {
+        Ok(match code {
+            1 => Purged::Removed,
+            2 => Purged::InFlight,
+            0 => Purged::Absent,
             other => return Err(unexpected_code(other)),
         })
     }

@@ -59,7 +59,7 @@ pub fn check_url(url: &str) -> Result<(), String> {
 pub struct Mysql {
     pool: MySqlPool,
     sql: Statements,
-    /// Deletes a record whatever it is.
+    /// Deletes a record whatever it is (`Store::forget`, for tests).
     forget: String,
     /// Deletes a key's observe-mode count.
     forget_seen: String,
@@ -95,6 +95,7 @@ fn statements(t: &str) -> Statements {
         claim: format!("CALL {t}_claim_v1(?, ?, ?, ?, ?, ?, ?, ?)"),
         settle: format!("CALL {t}_settle_v1(?, ?, ?, ?, ?, ?, ?, ?, ?)"),
         renew: format!("CALL {t}_renew_v1(?, ?, ?, ?, ?, ?)"),
+        purge: format!("CALL {t}_purge_v1(?)"),
         hit: format!("CALL {t}_hit_v1(?, ?)"),
         issue: format!(
             "INSERT INTO {t} (digest, kind, token, fingerprint, created_at, expires_at)

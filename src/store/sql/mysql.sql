@@ -247,6 +247,37 @@ BEGIN
     END LOOP;
 END
 -- ;;
+-- An operator's purge: deletes a key's record and its observe-mode count, unless the
+-- record is a claim in flight (its lease runs, or it lapsed on a route that releases
+-- lapsed claims, whose takeover waits for the row to expire); a lapsed claim held as
+-- unknown is an unknown outcome and is deleted. The look locks the row, so no claim can
+-- take the key between the decision and the delete. Returns 1 (deleted), 2 (a claim in
+-- flight, left alone) or 0 (no live record).
+CREATE PROCEDURE IF NOT EXISTS {t}_purge_v1(IN p_digest BINARY(32))
+BEGIN
+    DECLARE v_now DATETIME(3) DEFAULT UTC_TIMESTAMP(3);
+    DECLARE v_found BOOLEAN DEFAULT TRUE;
+    DECLARE v_code INT DEFAULT 1;
+    DECLARE r_kind CHAR(1) CHARACTER SET ascii;
+    DECLARE r_lease DATETIME(3);
+    DECLARE r_hold BOOLEAN;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = FALSE;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    SELECT kind, lease_until, lapse_hold INTO r_kind, r_lease, r_hold
+      FROM {t} WHERE digest = p_digest AND expires_at > v_now FOR UPDATE;
+    IF NOT v_found THEN
+        SET v_code = 0;
+    ELSEIF r_kind = 'I' AND (r_lease > v_now OR NOT r_hold) THEN
+        SET v_code = 2;
+    ELSE
+        DELETE FROM {t} WHERE digest = p_digest;
+        DELETE FROM {t}_seen WHERE digest = p_digest;
+    END IF;
+    COMMIT;
+    SELECT v_code AS code;
+END
+-- ;;
 -- Counts a hit in the key's current window, starting a new window when it ended.
 CREATE PROCEDURE IF NOT EXISTS {t}_hit_v1(IN p_digest BINARY(32), IN p_window_ms BIGINT)
 BEGIN

@@ -59,7 +59,7 @@ pub struct Postgres {
     pool: PgPool,
     sql: Statements,
     /// Deletes a record whatever it is, and its count, notifying its waiters; answers
-    /// whether a live one was there.
+    /// whether a live one was there (`Store::forget`, for tests).
     forget: String,
     /// The channel settlements are notified on.
     channel: String,
@@ -96,6 +96,7 @@ fn statements(t: &str) -> Statements {
         claim: format!("SELECT * FROM {t}_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
         settle: format!("SELECT {t}_settle_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)::bigint"),
         renew: format!("SELECT {t}_renew_v1($1, $2, $3, $4, $5, $6)::bigint"),
+        purge: format!("SELECT {t}_purge_v1($1)::bigint"),
         issue: format!(
             "INSERT INTO {t} (digest, kind, token, fingerprint, created_at, expires_at)
              VALUES ($1, 'T', NULL, $2, now(), now() + $3 * interval '1 millisecond')

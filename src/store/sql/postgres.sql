@@ -215,3 +215,30 @@ BEGIN
     END LOOP;
     RAISE EXCEPTION 'idemgate: the renewal of a key kept racing';
 END $$;
+
+-- An operator's purge: deletes a key's record and its observe-mode count and notifies its
+-- waiters, unless the record is a claim in flight (its lease runs, or it lapsed on a route
+-- that releases lapsed claims, whose takeover waits for the row to expire); a lapsed claim
+-- held as unknown is an unknown outcome and is deleted. The look locks the row, so no
+-- claim can take the key between the decision and the delete. Returns 1 (deleted), 2 (a
+-- claim in flight, left alone) or 0 (no live record).
+CREATE OR REPLACE FUNCTION {t}_purge_v1(p_digest bytea)
+RETURNS smallint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    SELECT t.kind, t.lease_until, t.lapse_hold INTO r
+    FROM {t} t WHERE t.digest = p_digest AND t.expires_at > now() FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    IF r.kind = 'I' AND (r.lease_until > now() OR NOT r.lapse_hold) THEN
+        RETURN 2;
+    END IF;
+    DELETE FROM {t} t WHERE t.digest = p_digest;
+    DELETE FROM {t}_seen s WHERE s.digest = p_digest;
+    PERFORM pg_notify('{t}_done', encode(p_digest, 'hex'));
+    RETURN 1;
+END $$;

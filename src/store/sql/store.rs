@@ -21,7 +21,7 @@ use crate::key::Digest;
 use crate::store::renewals::{self, HeldClaim, Renewals};
 use crate::store::unanswered::Unanswered;
 use crate::store::{
-    Claim, ClaimArgs, ClaimMode, KeyInfo, Lapse, OwnerToken, Ownership, RawClaim, Settled,
+    Claim, ClaimArgs, ClaimMode, KeyInfo, Lapse, OwnerToken, Ownership, Purged, RawClaim, Settled,
     Settlement, Store, StoreError, Waiter,
 };
 
@@ -64,7 +64,8 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     fn kind(row: &Self::Row, at: usize) -> Result<u8, StoreError>;
 
     /// Deletes `key`'s record whatever it is and its observe-mode count, and tells the
-    /// waiters in other processes; says whether a live record was there.
+    /// waiters in other processes; says whether a live record was there
+    /// (`Store::forget`, for tests; an operator's purge is a routine, `Statements::purge`).
     fn forget(
         store: &SqlStore<Self>,
         key: Digest,
@@ -358,6 +359,20 @@ impl<D: Dialect> SqlStore<D> {
         }
         made.map(|row| Ok(UNIX_EPOCH + Duration::from_millis(row.int(0)?.max(0) as u64)))
             .transpose()
+    }
+
+    /// See [`crate::store::Store::purge`]: one routine call locks the row, decides and
+    /// deletes.
+    pub async fn purge(&self, key: Digest) -> Result<Purged, StoreError> {
+        self.ready_schema().await?;
+        let row = self
+            .fetch_one(&self.statements().purge, &[Arg::Bytes(&key.0)])
+            .await?;
+        let purged = Common::purged(row.int(0)?)?;
+        if purged == Purged::Removed {
+            self.common.interests.wake(&key);
+        }
+        Ok(purged)
     }
 
     /// See [`crate::store::Store::forget`].

@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use idemgate::store::Store;
+use idemgate::store::{Purged, Store};
 
 use crate::support::*;
 
 /// Observe mode counts the duplicates a key sees while it has a record (the first
 /// request counts as one), and learns when that record was made; a key with no
-/// record counts nothing, and a record forgotten takes its count along.
+/// record counts nothing, and a purge forgets the count.
 pub async fn duplicates_seen_in_observe_mode_are_counted_on_their_key(store: &Store) {
     let k = fresh_key();
     assert_eq!(
@@ -29,7 +29,7 @@ pub async fn duplicates_seen_in_observe_mode_are_counted_on_their_key(store: &St
     assert!(store.saw_duplicate(k).await.unwrap().is_some());
     let seen = store.inspect(k).await.unwrap().expect("a record").seen;
     assert_eq!(seen.map(|s| s.times), Some(3), "{seen:?}");
-    assert!(store.forget(k).await.unwrap());
+    assert_eq!(store.purge(k).await.unwrap(), Purged::Removed);
     assert!(store.inspect(k).await.unwrap().is_none());
     let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
     assert_eq!(store.inspect(k).await.unwrap().expect("a claim").seen, None);
