@@ -173,6 +173,15 @@ impl Config {
     }
 }
 
+/// Whether two listeners would contend for one socket: the same port on the same address,
+/// or on a wildcard address that covers the other (`0.0.0.0` its family, `[::]` both).
+fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |w: SocketAddr, o: SocketAddr| {
+        w.ip().is_unspecified() && (w.is_ipv6() || w.is_ipv4() == o.is_ipv4())
+    };
+    a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
+}
+
 /// The parsed file checked and built one section at a time; of several errors, the one in
 /// the section checked first is reported.
 fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
@@ -185,6 +194,19 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
         .admin
         .map(|a| secrets::compile_admin(a, base))
         .transpose()?;
+    if let Some(a) = admin
+        .as_ref()
+        .filter(|a| same_socket(a.listen, raw.listen.0))
+    {
+        return Err(CompileError::new(
+            "admin",
+            format!(
+                "the admin listener {} takes the address the proxy listens on ({}): give it a port of its own",
+                a.listen, raw.listen.0
+            ),
+            "admin",
+        ));
+    }
     let identity = identity::compile_identity(
         raw.trusted_proxies,
         raw.session_cookies,

@@ -130,6 +130,16 @@ impl PathPattern {
         self.rest || skip_bare_params(rest).is_none()
     }
 
+    /// Whether the pattern is literal segments only: one path (in any case, with or
+    /// without a trailing slash), not a family of them.
+    pub fn is_literal(&self) -> bool {
+        !self.rest
+            && self
+                .segments
+                .iter()
+                .all(|s| matches!(s, Segment::Literal(_)))
+    }
+
     /// The pattern as written in the config.
     pub fn as_str(&self) -> &str {
         &self.source
@@ -253,6 +263,9 @@ impl HostPattern {
     /// Compiles a host pattern.
     pub fn parse(source: &str) -> Result<Self, String> {
         let lower = source.trim().to_ascii_lowercase();
+        // A fully qualified name's trailing dot, as `matches` leaves it off the request's
+        // host: kept, the pattern would match no request at all.
+        let lower = lower.strip_suffix('.').unwrap_or(&lower).to_owned();
         if lower.is_empty() || lower.contains(['/', ' ', ':']) {
             return Err(format!(
                 "host pattern {source:?} must be a host name without port or scheme"

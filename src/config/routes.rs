@@ -387,6 +387,14 @@ struct PolicyError {
 
 fn check_policy(p: &Policy) -> Result<(), PolicyError> {
     let refuse = |field, message: String| Err(PolicyError { field, message });
+    // No answer would outlive its own request: every repeat would run again, as on an
+    // unprotected route (and a zero read as "never expires" would be the opposite).
+    if p.ttl.is_zero() {
+        return refuse(
+            "ttl",
+            "ttl must be above zero: answers stored for no time are never replayed, so every repeat runs again".into(),
+        );
+    }
     if p.lease < Duration::from_millis(100) {
         return refuse(
             "lease",

@@ -22,13 +22,21 @@ pub(super) fn compile_admin(a: RawAdmin, base: &Path) -> Result<Admin, CompileEr
                 "admin:",
             ))
         }
-        (token, None) => token,
+        (token, None) => {
+            if let Some(why) = token.as_deref().and_then(unsendable) {
+                return Err(CompileError::new("admin.token", why, "token"));
+            }
+            token
+        }
         (None, Some(file)) => {
             let text = std::fs::read_to_string(base.join(&file))
                 .map_err(|e| err(format!("{file}: {e}")))?;
             let token = text.trim();
             if token.is_empty() {
                 return Err(err(format!("{file} is empty")));
+            }
+            if let Some(why) = unsendable(token) {
+                return Err(err(format!("{file}: {why}")));
             }
             Some(token.to_owned())
         }
@@ -37,6 +45,22 @@ pub(super) fn compile_admin(a: RawAdmin, base: &Path) -> Result<Admin, CompileEr
         listen: a.listen,
         token,
     })
+}
+
+/// Why no request could present `token` (compared with what follows `Bearer ` in its
+/// `Authorization` field), if none could: HTTP strips a field value's blanks at its ends,
+/// and the comparison reads visible ASCII only. Such a token would lock everyone out.
+fn unsendable(token: &str) -> Option<String> {
+    if token.trim() != token {
+        return Some("the admin token has blanks at its ends, which HTTP strips".into());
+    }
+    if !token.bytes().all(|b| b == b' ' || b.is_ascii_graphic()) {
+        return Some(
+            "the admin token is sent in an Authorization field: visible ASCII and spaces only"
+                .into(),
+        );
+    }
+    None
 }
 
 /// `store.encrypt`: the keys read from their files and variables, the first sealing.

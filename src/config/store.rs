@@ -95,11 +95,37 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
             if timeout.is_zero() {
                 return Err(err("store.redis.timeout", "must be above zero", "timeout"));
             }
+            // What opening the store refuses, refused here, so `check` and a reload see it:
+            // seeds of one scheme, and TLS roots only for `rediss://`, holding a certificate.
+            let urls = || url.iter().chain(&cluster);
+            let tls = |u: &String| u.starts_with("rediss://");
+            if urls().any(tls) && !urls().all(tls) {
+                return Err(err(
+                    "store.redis.cluster",
+                    "the seeds mix redis:// and rediss://; a cluster speaks TLS to every node or none",
+                    "cluster",
+                ));
+            }
             let ca = match &r.ca {
-                Some(path) => Some(
-                    std::fs::read(base.join(path))
-                        .map_err(|e| err("store.redis.ca", &format!("{path}: {e}"), "ca:"))?,
-                ),
+                Some(path) => {
+                    let pem = std::fs::read(base.join(path))
+                        .map_err(|e| err("store.redis.ca", &format!("{path}: {e}"), "ca:"))?;
+                    if !urls().all(tls) {
+                        return Err(err(
+                            "store.redis.ca",
+                            "`ca` is for a TLS connection: write the URL as rediss://",
+                            "ca:",
+                        ));
+                    }
+                    if !holds_certificates(&pem) {
+                        return Err(err(
+                            "store.redis.ca",
+                            &format!("{path}: no PEM certificate in it"),
+                            "ca:",
+                        ));
+                    }
+                    Some(pem)
+                }
                 None => None,
             };
             Ok(StoreConfig::Redis(RedisSettings {
@@ -151,4 +177,12 @@ fn compile_sql(s: RawSql, section: &str) -> Result<SqlSettings, CompileError> {
         ));
     }
     Ok(settings)
+}
+
+/// Whether `pem` holds at least one certificate and nothing that fails to parse.
+fn holds_certificates(pem: &[u8]) -> bool {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut certs = CertificateDer::pem_slice_iter(pem).peekable();
+    certs.peek().is_some() && certs.all(|c| c.is_ok())
 }

@@ -66,6 +66,7 @@ pub(super) fn compile_tokens(
             "tokens:",
         ));
     }
+    check_path(&issuer.path, routes)?;
     if !mutual_tls && issuer.scope.contains(&ScopePart::ClientCert) {
         return Err(CompileError::new(
             "tokens.scope",
@@ -113,4 +114,30 @@ pub(super) fn compile_tokens(
         header: header.unwrap_or(issuer.header.clone()),
         ..issuer
     }))
+}
+
+/// The endpoint answers a POST whose normalised path is exactly `path`, before any route is
+/// looked at. A path in a form no normalised request path has (a dot segment, `//`, an
+/// escape the normal form decodes, a placeholder) would never answer, its POSTs going on
+/// upstream; one a route names literally would take that route's every POST.
+fn check_path(path: &str, routes: &[Route]) -> Result<(), CompileError> {
+    let err = |m: String| CompileError::new("tokens.path", m, "tokens:");
+    if path.contains(['{', '}', '*', '?', '#']) {
+        return Err(err(format!(
+            "{path:?}: the token endpoint is one literal path, without placeholders or query"
+        )));
+    }
+    crate::route::PathPattern::parse(path).map_err(|e| err(format!("{path:?}: {e}")))?;
+    let hidden = routes.iter().find(|r| {
+        r.matcher.path.is_literal()
+            && r.matcher.methods.contains(&http::Method::POST)
+            && r.matcher.path.matches(path)
+    });
+    if let Some(route) = hidden {
+        return Err(err(format!(
+            "route {} matches POST {path}, where the token endpoint answers before any route: its requests would never reach the upstream; give the endpoint another `path`",
+            route.name
+        )));
+    }
+    Ok(())
 }

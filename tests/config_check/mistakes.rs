@@ -230,3 +230,139 @@ fn a_client_cert_scope_without_mutual_tls_is_refused_where_it_is_written() {
         "{stderr}"
     );
 }
+
+/// `ttl: 0` stores every answer for no time at all: each repeat of a key runs again, as if
+/// the route were unprotected (and many tools read a zero TTL as "never expires", the
+/// opposite). Refused where it is written, as a zero `fingerprint_ttl` is.
+#[test]
+fn a_zero_ttl_is_refused_where_it_is_written() {
+    let (line, _, key, message) = invalid(&top("defaults:\n  ttl: 0\n"));
+    assert_eq!((line, key.as_str()), (3, "defaults.ttl"));
+    assert!(message.contains("above zero"), "{message}");
+    let (line, _, key, message) = invalid(&top(
+        "routes:\n  - name: pay\n    match: { path: /pay }\n    key: { header: Idempotency-Key }\n    ttl: 0s\n",
+    ));
+    assert_eq!((line, key.as_str()), (4, "routes[0].ttl"));
+    assert!(message.contains("above zero"), "{message}");
+}
+
+/// The token endpoint answers before any route, at the exact normalised path: a `path` in
+/// a form no request path has never answers (its POSTs go upstream), and one that a
+/// route names literally takes that route's every POST away from the upstream.
+#[test]
+fn a_token_path_that_is_never_reached_or_hides_a_route_is_refused() {
+    for path in [
+        "/a/../token",
+        "/tokens//new",
+        "/.idemgate/%74oken",
+        "/t/{id}",
+        "/t/*",
+    ] {
+        let (line, _, key, message) = invalid(&top(&format!("tokens: {{ path: \"{path}\" }}\n")));
+        assert_eq!(
+            (line, key.as_str()),
+            (3, "tokens.path"),
+            "{path}: {message}"
+        );
+    }
+    let hidden = "tokens: { path: /orders }\nroutes:\n  - name: orders\n    match: { path: /Orders/ }\n    key: { header: Idempotency-Key }\n";
+    let (_, _, key, message) = invalid(&top(hidden));
+    assert_eq!(key, "tokens.path", "{message}");
+    assert!(message.contains("orders"), "{message}");
+    // A route of other methods, or one that covers the path by a wildcard, keeps its own.
+    Config::parse(
+        &top("tokens: { path: /orders }\nroutes:\n  - name: orders\n    match: { methods: [PUT], path: /orders }\n  - name: rest\n    match: { path: \"/*\" }\n    idempotency: off\n"),
+        "p.yaml",
+    )
+    .expect("no route named the token path");
+}
+
+/// `run` binds the admin listener after the proxy's: on the same address it fails there,
+/// so `check` (and a reload's validation) refuse it first.
+#[test]
+fn an_admin_listener_on_the_proxy_address_is_refused() {
+    for admin in [
+        "127.0.0.1:8080",
+        "0.0.0.0:8080",
+        "\"[::]:8080\"",
+        "{ listen: 127.0.0.1:8080, token: t }",
+    ] {
+        let (line, _, key, message) = invalid(&top(&format!("admin: {admin}\n")));
+        assert_eq!((line, key.as_str()), (3, "admin"), "{admin}: {message}");
+        assert!(message.contains("listen"), "{message}");
+    }
+    for admin in ["127.0.0.1:9901", "127.0.0.2:8080"] {
+        Config::parse(&top(&format!("admin: {admin}\n")), "p.yaml")
+            .unwrap_or_else(|e| panic!("{admin}: {e}"));
+    }
+}
+
+/// An admin token is compared with what follows `Bearer ` in the `Authorization` field: one
+/// that no field value can carry (a control character, non-ASCII, or blanks at its ends,
+/// which HTTP strips) would lock everyone out of the admin API.
+#[test]
+fn an_admin_token_no_request_can_send_is_refused() {
+    for token in ["\"tøken\"", "\" padded \"", "\"tab\\there\""] {
+        let (_, _, key, message) = invalid(&top(&format!(
+            "admin: {{ listen: 127.0.0.1:9901, token: {token} }}\n"
+        )));
+        assert_eq!(key, "admin.token", "{token}: {message}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token"), "line one\nline two\n").unwrap();
+    let path = dir.path().join("proxy.yaml");
+    std::fs::write(
+        &path,
+        top("admin: { listen: 127.0.0.1:9901, token_file: token }\n"),
+    )
+    .unwrap();
+    let err = Config::load(&path).unwrap_err().to_string();
+    assert!(err.contains("admin.token_file"), "{err}");
+    Config::parse(
+        &top("admin: { listen: 127.0.0.1:9901, token: \"a-Z_0.9~+/=\" }\n"),
+        "p.yaml",
+    )
+    .expect("a token of visible ASCII");
+}
+
+/// What `run` would refuse when it opens the Redis store is refused by `check` and a reload
+/// too: a `ca` beside a `redis://` URL (TLS needs `rediss://`), cluster seeds that mix the
+/// two, and a `ca` file that holds no certificate.
+#[test]
+fn a_redis_store_that_run_cannot_open_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("garbage.pem"), "garbage\n").unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["redis.internal".to_owned()]).unwrap();
+    std::fs::write(dir.path().join("ca.pem"), cert.cert.pem()).unwrap();
+    let path = dir.path().join("proxy.yaml");
+    let load = |store: &str| {
+        std::fs::write(&path, top(&format!("store:\n  redis: {store}\n"))).unwrap();
+        Config::load(&path)
+    };
+    for (store, key) in [
+        (
+            "{ url: \"redis://127.0.0.1:6379\", ca: ca.pem }",
+            "store.redis.ca",
+        ),
+        (
+            "{ url: \"rediss://127.0.0.1:6379\", ca: garbage.pem }",
+            "store.redis.ca",
+        ),
+        (
+            "{ cluster: [\"redis://10.0.0.1:6379\", \"rediss://10.0.0.2:6379\"] }",
+            "store.redis.cluster",
+        ),
+    ] {
+        match load(store) {
+            Err(idemgate::config::ConfigError::Invalid {
+                key: k, message, ..
+            }) => {
+                assert_eq!(k, key, "{store}: {message}")
+            }
+            other => panic!("{store}: expected an error, got {other:?}"),
+        }
+    }
+    load("{ url: \"rediss://127.0.0.1:6379\", ca: ca.pem }").expect("TLS with its roots");
+    load("{ cluster: [\"rediss://10.0.0.1:6379\", \"rediss://10.0.0.2:6379\"], ca: ca.pem }")
+        .expect("a TLS cluster");
+}

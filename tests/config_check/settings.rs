@@ -243,3 +243,25 @@ fn admin_tokens_and_store_keys_come_from_files() {
         }
     }
 }
+
+/// A host written as a fully qualified name (`pay.example.`) names the same host as
+/// `pay.example`, as requests are matched: the route covers that host's requests, sent
+/// with or without the dot, rather than none (which would leave them to `defaults.key`).
+#[test]
+fn a_host_pattern_with_a_trailing_dot_matches_its_host() {
+    let config = Config::parse(
+        &top("routes:\n  - name: pay\n    match: { path: /pay, host: \"pay.example.\" }\n    key: { header: Idempotency-Key }\n  - name: shop\n    match: { path: /shop, host: \"*.shop.example.\" }\n"),
+        "p.yaml",
+    )
+    .unwrap();
+    for (host, path, route) in [
+        ("pay.example", "/pay", "pay"),
+        ("Pay.Example.:8443", "/pay", "pay"),
+        ("a.shop.example", "/shop", "shop"),
+        ("a.shop.example.", "/shop", "shop"),
+        ("other.example", "/pay", "default"),
+    ] {
+        let (matched, _) = config.protection_for(Some(host), &http::Method::POST, path);
+        assert_eq!(matched, route, "{host}{path}");
+    }
+}
