@@ -23,9 +23,11 @@ pub async fn handle<B>(
 ) -> Response<ProxyBody> {
     let path = request.uri().path();
     let method = request.method();
-    match (method, path) {
-        (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok\n"),
-        (&Method::GET, "/readyz") => {
+    // The probes answer HEAD as GET (hyper sends no body for it).
+    let probe = matches!(*method, Method::GET | Method::HEAD);
+    match (probe, path) {
+        (true, "/healthz") => return text(StatusCode::OK, "ok\n"),
+        (true, "/readyz") => {
             return if proxy.store().ready().await {
                 text(StatusCode::OK, "ready\n")
             } else {
@@ -39,7 +41,7 @@ pub async fn handle<B>(
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(bearer_token);
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
             let mut r = text(StatusCode::UNAUTHORIZED, "admin token required\n");
             r.headers_mut()
@@ -157,6 +159,15 @@ async fn purge(proxy: &Proxy, digest: Digest) -> Response<ProxyBody> {
         Ok(Purged::Absent) => text(StatusCode::NOT_FOUND, "no such key\n"),
         Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
+}
+
+/// The credential of a `Bearer` authorization, its scheme name in any case (RFC 9110
+/// §11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, credential) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| credential.trim_start_matches(' '))
 }
 
 /// Compares without an early exit, so response timing does not reveal the token.

@@ -303,3 +303,40 @@ async fn admin_key_info_counts_the_duplicates_waiting_on_it() {
     assert!(duplicate.await.unwrap().replayed());
     assert_eq!(upstream.executed(), 1);
 }
+
+/// The admin token is a bearer credential, whose scheme name is case-insensitive (RFC 9110
+/// §11.1: `bearer`, `BEARER` are `Bearer`); and the probes answer HEAD as they answer GET
+/// (RFC 9110 §9.3.2), with no token, as load balancers send them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_reads_the_bearer_scheme_in_any_case_and_answers_head_probes() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, Some("s3cret")).await;
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let auth = format!("{scheme} s3cret");
+        let answer = send(
+            proxy.admin,
+            Method::GET,
+            "/metrics",
+            &[("authorization", &auth)],
+            "",
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::OK, "{scheme}");
+    }
+    for wrong in ["Bearer s3cre", "Basic s3cret", "Bearers3cret", "s3cret"] {
+        let answer = send(
+            proxy.admin,
+            Method::GET,
+            "/metrics",
+            &[("authorization", wrong)],
+            "",
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{wrong}");
+    }
+    for probe in ["/healthz", "/readyz"] {
+        let answer = send(proxy.admin, Method::HEAD, probe, &[], "").await;
+        assert_eq!(answer.status, StatusCode::OK, "HEAD {probe}");
+        assert!(answer.body.is_empty(), "HEAD {probe}");
+    }
+}
