@@ -112,7 +112,8 @@ impl Config {
     }
 
     /// What `idemgate check` (and `run`, as warnings) points out in a config that loads:
-    /// settings that work but let callers share keys, with what to write instead.
+    /// settings that work but let callers share keys, or let anyone delete them, with what
+    /// to write instead.
     pub fn notes(&self) -> Vec<String> {
         use crate::key::ScopePart;
         let fallback = std::iter::once((FALLBACK_ROUTE, &self.fallback));
@@ -137,6 +138,14 @@ impl Config {
                     "route {name}: scope [{}] names no caller, so every caller that sends the same values shares their keys (requests that send none are keyed by caller); unless a gateway in front sets them, write `scope: [{}]` (or drop `scope` for the default, `caller`)",
                     parts.join(", "),
                     with_caller.join(", ")
+                ));
+            }
+        }
+        if let Some(admin) = self.admin.as_ref().filter(|a| a.token.is_none()) {
+            if !admin.listen.ip().is_loopback() {
+                notes.push(format!(
+                    "admin: {} is not loopback and has no token, so anyone who reaches it can read every key's state and delete keys, whose requests then run again; set `admin.token_file`, or listen on 127.0.0.1",
+                    admin.listen
                 ));
             }
         }

@@ -192,9 +192,6 @@ async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         let admin_listener = tokio::net::TcpListener::bind(admin.listen)
             .await
             .with_context(|| format!("binding admin {}", admin.listen))?;
-        if !admin.listen.ip().is_loopback() && admin.token.is_none() {
-            tracing::warn!(listen = %admin.listen, "admin listener is not on loopback and has no token");
-        }
         tracing::info!(listen = %admin.listen, "admin serving");
         tokio::spawn(idemgate::server::serve_admin(
             admin_listener,

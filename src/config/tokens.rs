@@ -59,10 +59,14 @@ pub(super) fn compile_tokens(
         header: http::HeaderName::from_static("idempotency-token"),
         identity: Arc::clone(identity),
     };
-    if !issuer.path.starts_with('/') || issuer.rate == 0 || issuer.ttl.is_zero() {
+    if !issuer.path.starts_with('/')
+        || issuer.rate == 0
+        || issuer.ttl.is_zero()
+        || issuer.window.is_zero()
+    {
         return Err(CompileError::new(
             "tokens",
-            "path must start with '/', rate and ttl must be above zero",
+            "path must start with '/'; rate, ttl and window must be above zero",
             "tokens:",
         ));
     }

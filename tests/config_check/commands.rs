@@ -163,3 +163,30 @@ fn check_notes_trusted_proxies_with_public_addresses() {
         );
     }
 }
+
+/// An admin listener off loopback without a token lets anyone who reaches it delete keys
+/// (whose requests then run again) and read every key's state: `check` says so, as `run`
+/// does; on loopback, or behind a token, no note.
+#[test]
+fn check_notes_an_admin_listener_open_to_the_network_without_a_token() {
+    let notes = |admin: &str| {
+        Config::parse(&top(&format!("admin: {admin}\n")), "p.yaml")
+            .unwrap()
+            .notes()
+    };
+    for open in ["0.0.0.0:9901", "\"[::]:9901\"", "10.1.2.3:9901"] {
+        let found = notes(open);
+        assert_eq!(found.len(), 1, "{open}: {found:?}");
+        assert!(
+            found[0].contains("admin") && found[0].contains("token"),
+            "{found:?}"
+        );
+    }
+    for closed in [
+        "127.0.0.1:9901",
+        "\"[::1]:9901\"",
+        "{ listen: 0.0.0.0:9901, token: s3cret }",
+    ] {
+        assert!(notes(closed).is_empty(), "{closed}");
+    }
+}

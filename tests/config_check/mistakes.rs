@@ -246,6 +246,14 @@ fn a_zero_ttl_is_refused_where_it_is_written() {
     assert!(message.contains("above zero"), "{message}");
 }
 
+/// A zero rate window forgets every issue at once: the rate limit would never refuse.
+#[test]
+fn a_zero_token_rate_window_is_refused() {
+    let (line, _, key, message) = invalid(&top("tokens: { window: 0 }\n"));
+    assert_eq!((line, key.as_str()), (3, "tokens"));
+    assert!(message.contains("window"), "{message}");
+}
+
 /// The token endpoint answers before any route, at the exact normalised path: a `path` in
 /// a form no request path has never answers (its POSTs go upstream), and one that a
 /// route names literally takes that route's every POST away from the upstream.
