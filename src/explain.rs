@@ -127,7 +127,18 @@ pub fn explain_key(
         body: &request.body,
     };
     let mut trace = Trace::default();
-    let derived = derive_key(&rule.key, &view, Some(&mut trace))?;
+    let derived = match derive_key(&rule.key, &view, Some(&mut trace)) {
+        Ok(derived) => derived,
+        // As the proxy does: observe forwards what enforcement would refuse, and counts it.
+        Err(e) if rule.policy.observe => {
+            let _ = writeln!(
+                out,
+                "key digest:        (none: {e}; enforcing would answer 400, observe forwards it unchanged, counted as would_reject)"
+            );
+            return Ok((out, None));
+        }
+        Err(e) => return Err(ProxyError::from(e)),
+    };
     let host_shown = match host {
         Some(h) => crate::route::host_name(h).to_ascii_lowercase(),
         None => "(none; the proxy's key has the client's Host: give -H 'Host: …')".to_owned(),

@@ -190,3 +190,36 @@ fn check_notes_an_admin_listener_open_to_the_network_without_a_token() {
         assert!(notes(closed).is_empty(), "{closed}");
     }
 }
+
+/// On an observed route a request the key rule refuses (here a required key missing) is
+/// forwarded unchanged, counted as `would_reject`: `explain` says so, rather than that the
+/// proxy would answer 400, which only enforcement does.
+#[test]
+fn explain_of_a_refused_request_on_an_observed_route_says_it_is_forwarded() {
+    let text = |mode: &str| {
+        top(&format!(
+            "routes:\n  - name: pay\n    match: {{ path: /pay }}\n    key: {{ header: Idempotency-Key, required: true }}\n    idempotency: {mode}\n"
+        ))
+    };
+    let request = idemgate::explain::Request {
+        method: http::Method::POST,
+        uri: "/pay".parse().unwrap(),
+        headers: [(http::header::HOST, "pay.example".parse().unwrap())]
+            .into_iter()
+            .collect(),
+        body: b"{}".to_vec(),
+        client_ip: Some([192, 0, 2, 1].into()),
+        client_cert: None,
+    };
+    let enforced = Config::parse(&text("on"), "p.yaml").unwrap();
+    let refused = idemgate::explain::explain(&enforced, &request).unwrap_err();
+    assert_eq!(refused.status().as_u16(), 400);
+    let observed = Config::parse(&text("observe"), "p.yaml").unwrap();
+    let shown = idemgate::explain::explain(&observed, &request)
+        .expect("observe forwards what enforcement refuses");
+    assert!(shown.contains("route:             pay"), "{shown}");
+    assert!(
+        shown.contains("forwarded") && shown.contains("400"),
+        "{shown}"
+    );
+}
