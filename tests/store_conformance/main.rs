@@ -105,7 +105,7 @@ macro_rules! store_conformance {
             a_token_whose_request_may_have_run_is_never_owned_again,
             a_token_is_spent_past_its_ttl_and_past_its_reissue_window,
             a_waiter_on_a_vanished_token_owner_finds_the_token_spent,
-            a_waiter_on_a_purged_token_finds_it_spent,
+            a_waiter_on_a_lost_token_record_finds_it_spent,
             a_token_is_spent_once_its_answer_has_expired,
             hits_count_within_a_window_per_key,
         );

@@ -181,10 +181,10 @@ pub async fn a_waiter_on_a_vanished_token_owner_finds_the_token_spent(store: &St
     assert_eq!(claim_issued(store, k).await.as_str(), "not_issued");
 }
 
-/// A duplicate waiting on a token's owner when an operator purges the key (`DELETE
-/// /keys/…`) is told the token is spent, as a later request is: the same answer on every
-/// store.
-pub async fn a_waiter_on_a_purged_token_finds_it_spent(store: &Store) {
+/// A duplicate waiting on a token's owner whose record the store lost (a Redis restarted
+/// without persistence; a purge refuses a claim in flight) is told the token is spent, as
+/// a later request is: the same answer on every store.
+pub async fn a_waiter_on_a_lost_token_record_finds_it_spent(store: &Store) {
     let k = fresh_key();
     store.issue(k, LONG_TTL).await.unwrap();
     let args = ClaimArgs {
@@ -199,7 +199,7 @@ pub async fn a_waiter_on_a_purged_token_finds_it_spent(store: &Store) {
         takes_over: waiter.owner_lapsed(),
         ..args
     };
-    assert!(store.remove(k).await.unwrap());
+    assert!(store.forget(k).await.unwrap());
     let last = store.claim_with(again).await.unwrap();
     assert_eq!(last.as_str(), "not_issued");
     lease.abandon();
