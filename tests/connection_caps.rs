@@ -410,3 +410,74 @@ async fn http2_clients_are_told_max_streams() {
         );
     }
 }
+
+/// An HTTP/2 frame: the 9-byte header, then `payload` (RFC 9113 §4.1).
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.extend([kind, flags]);
+    out.extend(stream.to_be_bytes());
+    out.extend(payload);
+    out
+}
+
+/// A header block of HPACK "literal without indexing, new name" fields (RFC 7541
+/// §6.2.2), for names and values under 127 bytes.
+fn h2_fields(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in fields {
+        out.push(0);
+        out.push(name.len() as u8);
+        out.extend(name.as_bytes());
+        out.push(value.len() as u8);
+        out.extend(value.as_bytes());
+    }
+    out
+}
+
+/// A cleartext HTTP/2 connection whose client opens every stream's window at zero
+/// (`SETTINGS_INITIAL_WINDOW_SIZE` 0) and never sends a WINDOW_UPDATE, then asks for a
+/// replay of `key`'s stored answer on stream 1: it can take nothing of it.
+async fn h2_client_taking_nothing(addr: SocketAddr, key: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE (4) = 0.
+    hello.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    let head = h2_fields(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/orders"),
+        (":authority", "x"),
+        ("idempotency-key", key),
+        ("content-length", "2"),
+    ]);
+    // HEADERS (END_HEADERS), then DATA (END_STREAM).
+    hello.extend(h2_frame(1, 0x4, 1, &head));
+    hello.extend(h2_frame(0, 0x1, 1, b"{}"));
+    stream.write_all(&hello).await.unwrap();
+    stream
+}
+
+/// An HTTP/2 client whose flow-control window stays at zero takes nothing of its answer,
+/// as an HTTP/1.1 client that does not read: its connection is closed once
+/// `client_send_timeout` passes, and frees its `max_client` slot (hyper holds the answer's
+/// one frame waiting for window, so neither the socket nor the body shows the wait unless
+/// the answer's last frame counts as handed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_whose_window_stays_zero_is_closed_after_the_send_timeout() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &format!("connections: {{ max_client: 1, client_send_timeout: 1s }}\n{ROUTES}"),
+    )
+    .await;
+    // The answer is stored first, so the stuck client's is a replay.
+    let first = post(proxy.addr, "/orders", &[("idempotency-key", "stuck")], "{}").await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let mut stuck = h2_client_taking_nothing(proxy.addr, "stuck").await;
+    // Well within the head timeout (30 s): only the send timeout can close it this soon.
+    assert!(
+        closed_by_the_proxy(&mut stuck).await,
+        "an HTTP/2 client taking nothing is still served after 10 s (client_send_timeout 1 s)"
+    );
+    assert!(served_within(proxy.addr, Duration::from_secs(10)).await);
+}

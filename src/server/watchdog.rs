@@ -354,15 +354,17 @@ impl<B: Body + Unpin> Body for Tracked<B> {
             watch.handed.fetch_sub(1, Relaxed);
         }
         let frame = Pin::new(&mut this.inner).poll_frame(cx);
+        // The last frame counts too: hyper's HTTP/2 side holds a frame, and the body with
+        // it, until the client's flow-control window has room, so an answer of one frame
+        // to a client that never opens its window would wait forever, unseen by the
+        // socket. Once hyper sent it, it drops the body, and with it the count.
         if let Poll::Ready(Some(Ok(_))) = &frame {
-            if !this.inner.is_end_stream() {
-                // The time, then the count with Release (see the orderings above); the
-                // maximum, as streams on other tasks store too. No wake: the send timeout
-                // from now ends after the armed timer.
-                watch.progress_at.fetch_max(watch.now(), Relaxed);
-                this.handed = true;
-                watch.handed.fetch_add(1, Release);
-            }
+            // The time, then the count with Release (see the orderings above); the
+            // maximum, as streams on other tasks store too. No wake: the send timeout
+            // from now ends after the armed timer.
+            watch.progress_at.fetch_max(watch.now(), Relaxed);
+            this.handed = true;
+            watch.handed.fetch_add(1, Release);
         }
         frame
     }

@@ -115,6 +115,19 @@ async fn an_answer_the_client_does_not_take_is_cut_off_at_the_send_timeout() {
     assert_eq!(fires(dog, handed).await, (SEND, Expired::Send));
 }
 
+/// hyper's HTTP/2 side holds an answer's last frame, and its body, until the client's
+/// flow-control window has room: a client that never opens it takes nothing of an answer
+/// of one frame either.
+#[tokio::test(start_paused = true)]
+async fn an_answer_s_last_frame_the_client_does_not_take_is_cut_off_at_the_send_timeout() {
+    let watch = Watch::new(HEAD, SEND);
+    let dog = Watchdog::new(Arc::clone(&watch));
+    let mut body = answer(&watch, 1);
+    next_frame(&mut body).await;
+    let handed = Instant::now();
+    assert_eq!(fires(dog, handed).await, (SEND, Expired::Send));
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_answer_the_client_keeps_taking_is_never_cut_off() {
     let watch = Watch::new(HEAD, SEND);
