@@ -434,25 +434,39 @@ fn h2_fields(fields: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
-/// A cleartext HTTP/2 connection whose client opens every stream's window at zero
-/// (`SETTINGS_INITIAL_WINDOW_SIZE` 0) and never sends a WINDOW_UPDATE, then asks for a
-/// replay of `key`'s stored answer on stream 1: it can take nothing of it.
-async fn h2_client_taking_nothing(addr: SocketAddr, key: &str) -> TcpStream {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
+/// The start of a cleartext HTTP/2 connection whose client opens every stream's window at
+/// `window` bytes (`SETTINGS_INITIAL_WINDOW_SIZE`) and never sends a WINDOW_UPDATE.
+fn h2_hello(window: u32) -> Vec<u8> {
     let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    // SETTINGS_INITIAL_WINDOW_SIZE (4) = 0.
-    hello.extend(h2_frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
-    let head = h2_fields(&[
+    let mut setting = vec![0, 4];
+    setting.extend(window.to_be_bytes());
+    hello.extend(h2_frame(4, 0, 0, &setting));
+    hello
+}
+
+/// A POST of `{}` to `/orders` with `key` (and `extra` fields) on `stream`: HEADERS
+/// (END_HEADERS), then DATA (END_STREAM).
+fn h2_post(stream: u32, key: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+    let mut fields = vec![
         (":method", "POST"),
         (":scheme", "http"),
         (":path", "/orders"),
         (":authority", "x"),
         ("idempotency-key", key),
         ("content-length", "2"),
-    ]);
-    // HEADERS (END_HEADERS), then DATA (END_STREAM).
-    hello.extend(h2_frame(1, 0x4, 1, &head));
-    hello.extend(h2_frame(0, 0x1, 1, b"{}"));
+    ];
+    fields.extend_from_slice(extra);
+    let mut out = h2_frame(1, 0x4, stream, &h2_fields(&fields));
+    out.extend(h2_frame(0, 0x1, stream, b"{}"));
+    out
+}
+
+/// A client whose windows stay at zero asks for a replay of `key`'s stored answer on
+/// stream 1: it can take nothing of it.
+async fn h2_client_taking_nothing(addr: SocketAddr, key: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut hello = h2_hello(0);
+    hello.extend(h2_post(1, key, &[]));
     stream.write_all(&hello).await.unwrap();
     stream
 }
@@ -477,6 +491,47 @@ async fn an_http2_client_whose_window_stays_zero_is_closed_after_the_send_timeou
     // Well within the head timeout (30 s): only the send timeout can close it this soon.
     assert!(
         closed_by_the_proxy(&mut stuck).await,
+        "an HTTP/2 client taking nothing is still served after 10 s (client_send_timeout 1 s)"
+    );
+    assert!(served_within(proxy.addr, Duration::from_secs(10)).await);
+}
+
+/// An HTTP/2 client whose window lets one byte through, then never opens again, takes
+/// nothing more of its answer, even while another of its requests stays open (here held by
+/// the upstream; a slow upload does the same): its connection is closed once
+/// `client_send_timeout` passes. An answer handed to hyper as one frame is queued whole in
+/// the HTTP/2 connection, where nothing sees it wait, and stays there as long as the
+/// connection has a request open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_stops_taking_an_answer_is_closed_while_another_request_is_open() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &format!("connections: {{ max_client: 1, client_send_timeout: 1s }}\n{ROUTES}"),
+    )
+    .await;
+    let first = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "large"), ("x-test-bytes", "200000")],
+        "{}",
+    )
+    .await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let mut stuck = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut hello = h2_hello(1);
+    hello.extend(h2_post(1, "held", &[("x-test-gate", "held")]));
+    stuck.write_all(&hello).await.unwrap();
+    upstream.arrived("held", 1).await;
+    stuck
+        .write_all(&h2_post(3, "large", &[("x-test-bytes", "200000")]))
+        .await
+        .unwrap();
+    // Well within the head timeout (30 s): only the send timeout can close it this soon.
+    let closed = closed_by_the_proxy(&mut stuck).await;
+    upstream.open("held");
+    assert!(
+        closed,
         "an HTTP/2 client taking nothing is still served after 10 s (client_send_timeout 1 s)"
     );
     assert!(served_within(proxy.addr, Duration::from_secs(10)).await);

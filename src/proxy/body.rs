@@ -36,7 +36,8 @@ pub enum BodyError {
 
 /// A request or response body.
 pub enum ProxyBody {
-    /// Whole in memory; yields one frame.
+    /// Whole in memory; yields it in frames of at most [`FULL_FRAME`] bytes (slices of
+    /// the one buffer, not copies).
     Full {
         /// The bytes, taken by the first poll.
         data: Option<Bytes>,
@@ -120,6 +121,16 @@ impl ProxyBody {
     }
 }
 
+/// The largest frame a [`ProxyBody::Full`] hands on. hyper's HTTP/2 side queues a frame
+/// whole in the connection as soon as the client's window has any room, and drops the body
+/// once it queued the last: an answer handed as one frame would wait there, unseen by the
+/// connection's watchdog (`crate::server`), for as long as the client leaves its window
+/// shut and keeps another request open; in frames, the next one waits in the body, where
+/// the watchdog sees it, and the connection queues at most one frame per stream. Its
+/// HTTP/1.1 side copies each frame into its write buffer: a client that does not read then
+/// holds about that buffer, not a copy of the whole answer.
+pub const FULL_FRAME: usize = 64 * 1024;
+
 /// An upstream answer's body, which knows the longest it may go without a frame once it
 /// streams on to a client (`connections.upstream_read_timeout` of the client it came
 /// from; `None` for no bound).
@@ -178,7 +189,12 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
-            Self::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Self::Full { data } => Poll::Ready(match data {
+                Some(rest) if rest.len() > FULL_FRAME => {
+                    Some(Ok(Frame::data(rest.split_to(FULL_FRAME))))
+                }
+                _ => data.take().map(|d| Ok(Frame::data(d))),
+            }),
             Self::Stream { inner, gap } => match Pin::new(inner).poll_frame(cx) {
                 Poll::Pending => match gap.poll_expired(cx) {
                     Some(limit) => Poll::Ready(Some(Err(BodyError::ClientStalled(limit)))),
