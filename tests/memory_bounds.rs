@@ -272,3 +272,55 @@ fn a_larger_answer_in_one_byte_chunks_holds_near_max_answer() {
         );
     })
 }
+
+/// Clients that declare a body of `max_body` and then send two bytes of it, one at a time,
+/// and stall (a slowloris of bodies: one byte per `body_read_timeout` keeps it going)
+/// make the proxy hold about what they sent, not `max_body` each: the buffer grows with
+/// the data, the declared length only caps it. Otherwise a few bytes per connection (or
+/// per HTTP/2 stream) would make it allocate `max_body` for each.
+#[test]
+fn a_stalled_body_holds_about_what_it_sent_not_its_declared_length() {
+    const CLIENTS: usize = 16;
+    alone(async {
+        let upstream = common::start_upstream().await;
+        let proxy = common::start_proxy(
+            upstream.addr,
+            r#"
+defaults: { max_body: 512KiB }
+routes:
+  - name: upload
+    match: { methods: [POST], path: /upload }
+    key: { header: Idempotency-Key, required: true }
+"#,
+        )
+        .await;
+        let mut clients = Vec::new();
+        for _ in 0..CLIENTS {
+            clients.push(TcpStream::connect(proxy.addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let base = baseline();
+        for (i, client) in clients.iter_mut().enumerate() {
+            let head = format!("POST /upload HTTP/1.1\r\nhost: x\r\nidempotency-key: stalled-{i}\r\ncontent-length: {LIMIT}\r\n\r\nx");
+            client.write_all(head.as_bytes()).await.unwrap();
+        }
+        // The second byte as a frame of its own.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for client in &mut clients {
+            client.write_all(b"x").await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let held = CURRENT.load(Ordering::SeqCst).saturating_sub(base);
+        eprintln!(
+            "{CLIENTS} stalled bodies of 2 bytes hold {} KiB",
+            held >> 10
+        );
+        assert!(
+            held < CLIENTS * LIMIT / 8,
+            "{CLIENTS} bodies of 2 bytes declared as {} KiB hold {} KiB",
+            LIMIT >> 10,
+            held >> 10
+        );
+        drop(clients);
+    })
+}

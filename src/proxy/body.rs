@@ -357,18 +357,19 @@ pub async fn read_limited(
 /// still let each pin a buffer many times its size. A body of several frames has to be
 /// copied into one `Bytes` anyway: copying as they come is that same one copy.
 ///
-/// The buffer grows by doubling, never past `limit` (the caller keeps the data within
-/// it), or is made at once of the declared length: with the copy of a growth step, the
-/// peak is under twice `limit`.
+/// The buffer grows by doubling with the data, never past the declared length, or `limit`
+/// without one (the caller keeps the data within it): with the copy of a growth step, the
+/// peak is under twice `limit`. It is not made at once of the declared length: a client
+/// that declares `max_body` and sends two bytes, then a byte per body timeout, would make
+/// the proxy hold `max_body` for each of its connections and streams for the price of a
+/// few bytes; grown with the data, it holds at most about twice what came.
 pub(crate) struct Joined {
     /// The only frame so far, or nothing.
     first: Bytes,
     /// The frames so far, copied, once a second came.
     copied: Vec<u8>,
-    /// The declared length, at most `limit`: the buffer's size when one is needed.
-    declared: usize,
-    /// The most the buffer grows to.
-    limit: usize,
+    /// The most the buffer grows to: the declared length if any, at most `limit`.
+    cap: usize,
 }
 
 impl Joined {
@@ -380,8 +381,7 @@ impl Joined {
         Self {
             first: Bytes::new(),
             copied: Vec::new(),
-            declared: declared.map_or(0, |n| n.min(limit as u64) as usize),
-            limit,
+            cap: declared.map_or(limit, |n| n.min(limit as u64) as usize),
         }
     }
 
@@ -408,17 +408,15 @@ impl Joined {
         self.copied.extend_from_slice(&data);
     }
 
-    /// Room for `additional` more bytes: the declared length, or twice the buffer, within
-    /// the limit.
+    /// Room for `additional` more bytes: twice the buffer, within the cap.
     fn reserve(&mut self, additional: usize) {
         let needed = self.copied.len() + additional;
         if needed <= self.copied.capacity() {
             return;
         }
         let size = (self.copied.capacity() * 2)
-            .max(self.declared)
             .max(Self::MIN_BUFFER)
-            .min(self.limit)
+            .min(self.cap)
             .max(needed);
         self.copied.reserve_exact(size - self.copied.len());
     }
