@@ -536,3 +536,64 @@ async fn an_http2_client_that_stops_taking_an_answer_is_closed_while_another_req
     );
     assert!(served_within(proxy.addr, Duration::from_secs(10)).await);
 }
+
+/// A protected request whose client left before a connection took it never went out: its
+/// owner stops there and frees its key, rather than waiting on, detached, for a
+/// connection. Otherwise clients that send a request and leave at once (or reset their
+/// HTTP/2 stream: a rapid reset) pile up owners, each holding its buffered body (up to
+/// `max_body`) and a claim in the store, past every bound on clients (`max_client` ×
+/// `max_streams`), for `upstream_timeout` each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owners_whose_clients_left_before_their_request_went_out_do_not_pile_up() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &format!("connections: {{ max_client: 1, max_streams: 1, max_upstream: 1 }}\n{ROUTES}"),
+    )
+    .await;
+    // One request holds the only upstream connection; its client leaves, and its owner
+    // runs on, as it must: its request went out.
+    let mut held = TcpStream::connect(proxy.addr).await.unwrap();
+    held.write_all(&common::raw_post(
+        "/orders",
+        &["idempotency-key: held", "x-test-gate: held"],
+        "{}",
+    ))
+    .await
+    .unwrap();
+    upstream.arrived("held", 1).await;
+    drop(held);
+    const LEFT: usize = 8;
+    for i in 0..LEFT {
+        // Served once the previous connection closed (`max_client: 1`).
+        let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+        client
+            .write_all(&common::raw_post(
+                "/orders",
+                &[&format!("idempotency-key: left-{i}")],
+                "{}",
+            ))
+            .await
+            .unwrap();
+        proxy
+            .metric_reaches(
+                "idemgate_upstream_connections_waited_total",
+                (i + 1) as f64,
+            )
+            .await;
+        drop(client);
+    }
+    // The held owner, and at most the last one, not yet seen to be left.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut owners = proxy.metric("idemgate_in_flight");
+    while owners > 2.0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        owners = proxy.metric("idemgate_in_flight");
+    }
+    upstream.open("held");
+    assert!(
+        owners <= 2.0,
+        "{owners} owners run, {LEFT} of them for clients that left before their request went out \
+         (max_client 1, max_streams 1)"
+    );
+}

@@ -390,9 +390,13 @@ pub(super) async fn execute(
         settle(lease, policy, sealing, &route_metrics, answer, reissue).await
     })
     .bounded(started + policy.background_timeout)
-    // Detached (its client left) while still waiting for a connection, it stops at the
-    // client's deadline as an attached one does: nothing went out, the key is freed.
-    .signal_at(started + policy.upstream_timeout, Arc::clone(&give_up))
+    // Detached (its client left, or reset its stream) while still waiting for a
+    // connection, it stops at once, as an attached one does at its client's deadline:
+    // nothing went out, so the key is freed (its waiters get the 502 and their retries
+    // run). Waiting on for a connection, owners whose clients left would pile up past
+    // every bound on clients (`max_client` x `max_streams`), each holding its body, for
+    // `upstream_timeout`: a client that sends and leaves at once costs nothing to repeat.
+    .signal_at(started, Arc::clone(&give_up))
     // Detached because its client left, the owner's outcome is counted when it ends, as
     // the handler would have counted it: the executions `/metrics` shows are all there.
     .when_detached_ends({
