@@ -576,10 +576,7 @@ async fn owners_whose_clients_left_before_their_request_went_out_do_not_pile_up(
             .await
             .unwrap();
         proxy
-            .metric_reaches(
-                "idemgate_upstream_connections_waited_total",
-                (i + 1) as f64,
-            )
+            .metric_reaches("idemgate_upstream_connections_waited_total", (i + 1) as f64)
             .await;
         drop(client);
     }
