@@ -288,7 +288,13 @@ async fn an_observed_answer_is_never_turned_into_a_504_by_a_slow_store() {
     assert_eq!(warm.status, StatusCode::CREATED);
     // The claim is answered; the outcome's write then gets no reply.
     relay.hold_after_next.store(true, Ordering::SeqCst);
-    let answer = post(proxy.addr, "/orders", &[("idempotency-key", "slow-store")], "{}").await;
+    let answer = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "slow-store")],
+        "{}",
+    )
+    .await;
     relay.hold.send_replace(false);
     assert_eq!(upstream.executed(), 2);
     assert_eq!(

@@ -1,6 +1,8 @@
 //! Stored answers are secret: with `store.encrypt` a session cookie or token the upstream
 //! answered never sits in the store in clear (memory, Redis or PostgreSQL), keys rotate
 //! without losing records, and the admin API shows stored bodies only behind its token.
+//! They are bound too: a record moved to another key or given another fingerprint does not
+//! open, and with `clear_records: refuse` neither does one planted in clear.
 
 mod common;
 
@@ -565,4 +567,171 @@ async fn a_truncated_answer_in_postgres_is_never_run_again() {
     let retry = login(proxy.addr, "p").await;
     assert_unreadable(&retry, "a truncated row");
     assert_eq!(upstream.executed(), 1, "ran again");
+}
+
+/// Writes `record` into Redis under the name of `digest`, as whoever can write to the store
+/// could.
+fn plant(redis: &RedisServer, digest: Digest, record: &[u8]) {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(redis_name(digest))
+        .arg(record)
+        .arg("PX")
+        .arg(600_000)
+        .query(&mut conn)
+        .unwrap();
+}
+
+/// Whoever can write to Redis can plant an answer in clear under any caller's key; while
+/// `clear_records: accept` keeps the migration path open it is replayed as alice's own.
+/// Once the migration is over, `clear_records: refuse` answers it `500` as unreadable: never
+/// replayed, never run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clear_record_planted_in_redis_is_not_replayed_once_clear_records_are_refused() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let k1 = write_key(dir.path(), "k1", 1);
+    let upstream = start_recorder().await;
+    let sealed = |clear_records: &str| {
+        format!(
+            "store:\n  redis: {{ url: \"{}\", prefix: \"s:\", timeout: 500ms }}\n  encrypt: {{ key_file: {}{clear_records} }}",
+            redis.url(),
+            k1.display()
+        )
+    };
+    let refusing = common::start_proxy_from(
+        &routes(&sealed(", clear_records: refuse"), upstream.addr),
+        None,
+    )
+    .await;
+    let accepting = common::start_proxy_from(&routes(&sealed(""), upstream.addr), None).await;
+    // A clear done record matching any payload (no fingerprint), with a body of the
+    // writer's choosing.
+    let mut headers = http::HeaderMap::new();
+    headers.insert("set-cookie", "session=planted".parse().unwrap());
+    let forged =
+        idemgate::store::StoredResponse::new(StatusCode::CREATED, &headers, b"{\"planted\":1}");
+    let mut record = vec![b'D'];
+    record.extend_from_slice(&Digest::NONE.0);
+    record.extend_from_slice(forged.encode());
+    for key in ["accepted", "refused"] {
+        plant(&redis, digest_of(&refusing, key), &record);
+    }
+
+    let accepted = login(accepting.addr, "accepted").await;
+    assert!(
+        accepted.replayed() && holds(&accepted.body, "planted"),
+        "accept: the migration path replays what is in clear"
+    );
+    let refused = login(refusing.addr, "refused").await;
+    assert_unreadable(&refused, "a clear record, clear_records: refuse");
+    assert!(!holds(&refused.body, "planted"));
+    assert_eq!(upstream.executed(), 0, "nothing ran again");
+
+    // What the refusing replica seals itself, it replays.
+    assert_eq!(
+        login(refusing.addr, "own").await.status,
+        StatusCode::CREATED
+    );
+    assert!(login(refusing.addr, "own").await.replayed());
+    assert!(login(accepting.addr, "own").await.replayed());
+    assert_eq!(upstream.executed(), 1);
+}
+
+/// The payload fingerprint a sealed record keeps in clear (the store compares it) is bound
+/// by the seal: a store writer who sets it to none, which matches any payload, does not turn
+/// alice's `422` (same key, another payload) into a replay of her first answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_records_fingerprint_rewritten_in_redis_does_not_turn_a_422_into_a_replay() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let k1 = write_key(dir.path(), "k1", 1);
+    let upstream = start_recorder().await;
+    let store = format!(
+        "store:\n  redis: {{ url: \"{}\", prefix: \"s:\", timeout: 500ms }}\n  encrypt: {{ key_file: {} }}",
+        redis.url(),
+        k1.display()
+    );
+    let proxy = common::start_proxy_from(&routes(&store, upstream.addr), None).await;
+    let cookie = format!("sessionid={SECRET}");
+    let other = |addr| {
+        let cookie = cookie.clone();
+        async move {
+            post(
+                addr,
+                "/login",
+                &[("idempotency-key", "fp"), ("cookie", &cookie)],
+                "{\"amount\":2}",
+            )
+            .await
+        }
+    };
+    assert_eq!(login(proxy.addr, "fp").await.status, StatusCode::CREATED);
+    assert_eq!(
+        other(proxy.addr).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let digest = digest_of(&proxy, "fp");
+    let mut record: Vec<u8> = redis::cmd("GET")
+        .arg(redis_name(digest))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(record.first(), Some(&b'D'), "alice's answer is stored");
+    record[1..33].copy_from_slice(&Digest::NONE.0);
+    plant(&redis, digest, &record);
+
+    let rewritten = other(proxy.addr).await;
+    assert_unreadable(&rewritten, "a fingerprint rewritten to none");
+    assert_eq!(upstream.executed(), 1, "nothing ran again");
+}
+
+/// With `clear_records: refuse`, the proxy's own problem answer a failed owner shares with
+/// the duplicates waiting on it is sealed like any answer: they get the owner's 502, not a
+/// 500 for a record in clear, and run nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_shared_with_waiters_opens_when_clear_records_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let k1 = write_key(dir.path(), "k1", 1);
+    let upstream = common::start_upstream().await;
+    let config = format!(
+        "store: {{ encrypt: {{ key_file: {}, clear_records: refuse }} }}\nroutes:\n  - name: orders\n    match: {{ path: /orders }}\n    key: {{ header: Idempotency-Key }}\n    wait_timeout: 30s\n    on_unknown_outcome: release\n",
+        k1.display()
+    );
+    let proxy = start_proxy(upstream.addr, &config).await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [
+            ("idempotency-key", "reset"),
+            ("x-test-gate", "reset"),
+            ("x-test-reset", "1"),
+        ];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("reset", 1).await;
+    let duplicates: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(async move {
+                post(addr, "/orders", &[("idempotency-key", "reset")], "{}").await
+            })
+        })
+        .collect();
+    proxy.metric_reaches("idemgate_waiting", 2.0).await;
+    upstream.open("reset");
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.status, StatusCode::BAD_GATEWAY);
+    for duplicate in duplicates {
+        let duplicate = duplicate.await.unwrap();
+        assert_eq!(
+            duplicate.status,
+            StatusCode::BAD_GATEWAY,
+            "{:?}",
+            String::from_utf8_lossy(&duplicate.body)
+        );
+        assert!(duplicate.replayed(), "the owner's failure, shared");
+    }
+    assert_eq!(upstream.executed(), 1, "the waiting duplicates ran nothing");
 }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use super::error::CompileError;
 use super::listen::Admin;
-use super::raw::store::{RawEncrypt, RawKeySource};
+use super::raw::store::{ClearRecords as RawClearRecords, RawEncrypt, RawKeySource};
 use super::raw::RawAdmin;
-use crate::store::seal::KeyRing;
+use crate::store::seal::{ClearRecords, KeyRing};
 
 /// `admin:` with its token read from `token_file` (relative to the config) when given.
 pub(super) fn compile_admin(a: RawAdmin, base: &Path) -> Result<Admin, CompileError> {
@@ -63,7 +63,8 @@ fn unsendable(token: &str) -> Option<String> {
     None
 }
 
-/// `store.encrypt`: the keys read from their files and variables, the first sealing.
+/// `store.encrypt`: the keys read from their files and variables, the first sealing, and
+/// whether records in clear are still read (`clear_records`, `accept` unless written).
 pub(super) fn compile_encrypt(e: RawEncrypt, base: &Path) -> Result<Arc<KeyRing>, CompileError> {
     let err = |m: String| CompileError::new("store.encrypt", m, "encrypt");
     let mut sources = Vec::new();
@@ -95,5 +96,11 @@ pub(super) fn compile_encrypt(e: RawEncrypt, base: &Path) -> Result<Arc<KeyRing>
         };
         keys.push(crate::store::seal::parse_key(&data).map_err(|m| err(format!("{what}: {m}")))?);
     }
-    KeyRing::new(keys).map(Arc::new).map_err(err)
+    let clear_records = match e.clear_records {
+        None | Some(RawClearRecords::Accept) => ClearRecords::Accept,
+        Some(RawClearRecords::Refuse) => ClearRecords::Refuse,
+    };
+    KeyRing::new(keys)
+        .map(|ring| Arc::new(ring.with_clear_records(clear_records)))
+        .map_err(err)
 }

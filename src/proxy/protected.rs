@@ -484,11 +484,12 @@ async fn settle(
     reissue: Option<Duration>,
 ) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
     let key = lease.key();
+    let fingerprint = lease.fingerprint();
     let mut answer = match answer {
         Ok(answer) => answer,
         // Never sent: free for a retry; waiters share the 502.
         Err(e @ ProxyError::UpstreamUnreachable(_)) => {
-            let failed = failure(stored_problem(&e), reissue);
+            let failed = failure(stored_problem(&e, fingerprint, sealing, key), reissue);
             write(lease, failed).await;
             return Err(e);
         }
@@ -500,7 +501,9 @@ async fn settle(
                     tracing::warn!(error = %e, "upstream failed after the request went out: outcome unknown, key held");
                     Settlement::Unknown { ttl: policy.ttl }
                 }
-                OnUnknownOutcome::Release => failure(stored_problem(&e), reissue),
+                OnUnknownOutcome::Release => {
+                    failure(stored_problem(&e, fingerprint, sealing, key), reissue)
+                }
             };
             write(lease, settlement).await;
             return Err(e);
@@ -525,18 +528,14 @@ async fn settle(
     };
     // Stamped while the record is this function's alone: in place, where the store, once
     // the client's answer shares the record, would have to copy it.
-    let stored =
-        StoredResponse::new(status, &answer.headers, &body).with_fingerprint(lease.fingerprint());
+    let stored = StoredResponse::new(status, &answer.headers, &body).with_fingerprint(fingerprint);
     // The response the client gets shares the stored record's bytes (unless sealed).
     let response = Answer {
         body: AnswerBody::Whole(stored.body()),
         ..answer
     }
     .into_response();
-    let stored = match sealing {
-        Some(ring) => stored.seal(ring, key),
-        None => stored,
-    };
+    let stored = sealed(stored, sealing, key);
     if policy.releases(status.as_u16()) {
         write(lease, failure(stored, reissue)).await;
         return Ok((response, Outcome::Released));
@@ -567,10 +566,26 @@ fn failure(response: StoredResponse, reissue: Option<Duration>) -> Settlement {
     }
 }
 
-/// The proxy's own problem answer for `error`, as a record waiters can be answered from.
-fn stored_problem(error: &ProxyError) -> StoredResponse {
+/// The proxy's own problem answer for `error`, as a record waiters can be answered from:
+/// sealed like an upstream answer, so a ring that refuses records in clear still shares it.
+fn stored_problem(
+    error: &ProxyError,
+    fingerprint: Digest,
+    sealing: Option<&KeyRing>,
+    key: Digest,
+) -> StoredResponse {
     let (status, headers, body) = error.problem_parts();
-    StoredResponse::new(status, &headers, &body)
+    let stored = StoredResponse::new(status, &headers, &body).with_fingerprint(fingerprint);
+    sealed(stored, sealing, key)
+}
+
+/// `stored` sealed for `key` when `store.encrypt` is set (its fingerprint stamped first:
+/// the seal binds it).
+fn sealed(stored: StoredResponse, sealing: Option<&KeyRing>, key: Digest) -> StoredResponse {
+    match sealing {
+        Some(ring) => stored.seal(ring, key),
+        None => stored,
+    }
 }
 
 /// Settles the lease; a store failure is logged, and the lease makes the settlement again

@@ -7,8 +7,8 @@
 //!
 //! With `store.encrypt`, the record the store keeps is sealed ([`StoredResponse::seal`]):
 //! the payload fingerprint (which the store compares), the time it was stored and a copy of
-//! the status stay in clear; status, headers and body are AES-256-GCM ciphertext until
-//! [`StoredResponse::open`].
+//! the status stay in clear, authenticated with the store key as associated data; status,
+//! headers and body are AES-256-GCM ciphertext until [`StoredResponse::open`].
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use super::seal::{self, KeyRing, SealError};
+use super::seal::{self, ClearRecords, KeyRing, SealError};
 use super::unix_ms;
 use crate::key::Digest;
 
@@ -26,8 +26,9 @@ use crate::key::Digest;
 pub struct StoredResponse {
     /// `[fingerprint 32][1][u16 status][u64 stored ms][u32 head len][head][body]`, the head
     /// being `[u16 name len][name][u32 value len][value]` per header in the order received;
-    /// sealed, `[fingerprint 32][2][u16 status][u64 stored ms][key id 4][nonce 12][ciphertext of
-    /// status, head len, head and body][tag 16]`.
+    /// sealed, `[fingerprint 32][3][u16 status][u64 stored ms][key id 4][nonce 12][ciphertext of
+    /// status, head len, head and body][tag 16]` (version 2, the same, was written by earlier
+    /// builds, whose seal left the fingerprint and the status copy unbound).
     /// Everything after the fingerprint is [`StoredResponse::encode`].
     record: Arc<[u8]>,
 }
@@ -39,8 +40,11 @@ const STORED_AT: usize = STATUS_AT + 2;
 const HEAD_LEN_AT: usize = STORED_AT + 8;
 const HEAD_AT: usize = HEAD_LEN_AT + 4;
 const VERSION: u8 = 1;
-/// The version byte of a sealed record.
-const SEALED: u8 = 2;
+/// The version byte of a record sealed by earlier builds, bound to its store key and time
+/// stored only: a store writer could change its fingerprint.
+const SEALED_UNBOUND: u8 = 2;
+/// The version byte of a sealed record, bound to its store key and all it keeps in clear.
+const SEALED: u8 = 3;
 
 // A done record in the memory store holds this, so every byte is paid per stored key.
 const _: () = assert!(std::mem::size_of::<StoredResponse>() == 16);
@@ -98,7 +102,9 @@ impl StoredResponse {
     }
 
     /// This response recorded for a request with payload fingerprint `fingerprint`
-    /// (written in place while no one else holds the record, copied otherwise).
+    /// (written in place while no one else holds the record, copied otherwise). A sealed
+    /// record is bound to its fingerprint: stamp it before [`StoredResponse::seal`], as
+    /// another fingerprint stamped after makes it unopenable.
     pub fn with_fingerprint(mut self, fingerprint: Digest) -> Self {
         if self.record[..FINGERPRINT_LEN] == fingerprint.0 {
             return self;
@@ -197,7 +203,7 @@ impl StoredResponse {
                     return None;
                 }
             }
-            SEALED if record.len() >= HEAD_LEN_AT + seal::SEAL_OVERHEAD => {}
+            SEALED | SEALED_UNBOUND if record.len() >= HEAD_LEN_AT + seal::SEAL_OVERHEAD => {}
             _ => return None,
         }
         Some(Self {
@@ -207,12 +213,12 @@ impl StoredResponse {
 
     /// Whether status, headers and body are sealed (see [`StoredResponse::open`]).
     pub fn is_sealed(&self) -> bool {
-        self.record[VERSION_AT] == SEALED
+        matches!(self.record[VERSION_AT], SEALED | SEALED_UNBOUND)
     }
 
-    /// This response sealed under `ring` for the store key `key` (the fingerprint and
-    /// the time stored left in clear). The record is bound to `key`: it opens under no
-    /// other.
+    /// This response sealed under `ring` for the store key `key` (the fingerprint, the time
+    /// stored and a copy of the status left in clear). The record is bound to `key` and to
+    /// what it keeps in clear: it opens under no other key, nor with another fingerprint.
     pub fn seal(&self, ring: &KeyRing, key: Digest) -> Self {
         if self.is_sealed() {
             return self.clone();
@@ -224,7 +230,7 @@ impl StoredResponse {
         // and the admin view); the one a replay uses is the sealed copy.
         record.extend_from_slice(&self.record[STATUS_AT..STORED_AT]);
         record.extend_from_slice(&self.record[STORED_AT..HEAD_LEN_AT]);
-        let aad = sealed_aad(key, &self.record[STORED_AT..HEAD_LEN_AT]);
+        let aad = bound_aad(key, &record);
         // Status, head length, head and body: what follows the stored time, and the status.
         let mut plaintext = Vec::with_capacity(self.record.len() - STORED_AT);
         plaintext.extend_from_slice(&self.record[STATUS_AT..STORED_AT]);
@@ -235,16 +241,29 @@ impl StoredResponse {
         }
     }
 
-    /// The response with status, headers and body readable: itself when it was never
-    /// sealed (records from before `store.encrypt` was turned on stay readable), else
-    /// opened with the key its record names, for the store key `key`.
+    /// The response with status, headers and body readable, for the store key `key`:
+    /// opened with the key its record names, or itself when it was never sealed (records
+    /// from before `store.encrypt` was turned on stay readable, unless the ring refuses
+    /// them: [`ClearRecords::Refuse`], which refuses records of earlier builds whose seal
+    /// left the fingerprint unbound too).
     pub fn open(self, ring: Option<&KeyRing>, key: Digest) -> Result<Self, SealError> {
-        if !self.is_sealed() {
-            return Ok(self);
-        }
+        let refuses = ring.is_some_and(|r| r.clear_records() == ClearRecords::Refuse);
+        let (bound, unbound);
+        let aad: &[u8] = match self.record[VERSION_AT] {
+            SEALED => {
+                bound = bound_aad(key, &self.record[..HEAD_LEN_AT]);
+                &bound
+            }
+            SEALED_UNBOUND if refuses => return Err(SealError::FingerprintUnbound),
+            SEALED_UNBOUND => {
+                unbound = unbound_aad(key, &self.record[STORED_AT..HEAD_LEN_AT]);
+                &unbound
+            }
+            _ if refuses => return Err(SealError::InClear),
+            _ => return Ok(self),
+        };
         let ring = ring.ok_or(SealError::NoKeys)?;
-        let aad = sealed_aad(key, &self.record[STORED_AT..HEAD_LEN_AT]);
-        let plaintext = ring.open(&aad, &self.record[HEAD_LEN_AT..])?;
+        let plaintext = ring.open(aad, &self.record[HEAD_LEN_AT..])?;
         if plaintext.len() < 6 {
             return Err(SealError::Corrupt);
         }
@@ -258,8 +277,21 @@ impl StoredResponse {
     }
 }
 
-/// What a sealed record is bound to: its store key and the time it was stored.
-fn sealed_aad(key: Digest, stored_ms: &[u8]) -> [u8; 48] {
+/// What a sealed record is bound to: its store key and everything it keeps in clear
+/// (`clear`: fingerprint, version, status copy and time stored), so a store writer can
+/// change none of them, least of all the fingerprint that decides between a 422 and a
+/// replay.
+fn bound_aad(key: Digest, clear: &[u8]) -> [u8; 8 + 32 + HEAD_LEN_AT] {
+    let mut aad = [0u8; 8 + 32 + HEAD_LEN_AT];
+    aad[..8].copy_from_slice(b"idemgate");
+    aad[8..40].copy_from_slice(&key.0);
+    aad[40..].copy_from_slice(&clear[..HEAD_LEN_AT]);
+    aad
+}
+
+/// What a record sealed by earlier builds ([`SEALED_UNBOUND`]) is bound to: its store key
+/// and the time it was stored.
+fn unbound_aad(key: Digest, stored_ms: &[u8]) -> [u8; 48] {
     let mut aad = [0u8; 48];
     aad[..8].copy_from_slice(b"idemgate");
     aad[8..40].copy_from_slice(&key.0);

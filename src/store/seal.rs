@@ -3,10 +3,15 @@
 //! under the old one.
 //!
 //! Each sealed record names its key by a 4-byte id derived from the key itself (so the config
-//! lists key files, not ids), carries a random 96-bit nonce, and is bound to its store key as
-//! associated data: a record copied under another key does not open. Stores keep sealed records
-//! as opaque bytes; the proxy seals before completion and opens after a replay is found
-//! ([`crate::store::StoredResponse::seal`], [`crate::store::StoredResponse::open`]).
+//! lists key files, not ids), carries a random 96-bit nonce, and is bound to its store key and
+//! to what it keeps in clear (the payload fingerprint, the time stored) as associated data: a
+//! record copied under another key, or given another fingerprint, does not open. Stores keep
+//! sealed records as opaque bytes; the proxy seals before completion and opens after a replay
+//! is found ([`crate::store::StoredResponse::seal`], [`crate::store::StoredResponse::open`]).
+//!
+//! A record in clear (stored before `store.encrypt` was turned on) is read as it is, the
+//! migration path, unless the ring refuses it ([`ClearRecords::Refuse`]): whoever can write
+//! to the store could otherwise plant an answer of their choosing in clear.
 //!
 //! ```
 //! use idemgate::store::seal::KeyRing;
@@ -42,9 +47,45 @@ pub enum SealError {
     /// The record's key is not in the ring (removed too early in a rotation).
     #[error("a stored answer is encrypted under key id {0}, which store.encrypt does not list")]
     UnknownKey(String),
-    /// The record does not authenticate: damaged, truncated or not this key's.
+    /// The record does not authenticate: damaged, truncated, not this key's, or its clear
+    /// fields (payload fingerprint, time stored) changed.
     #[error("a stored answer does not decrypt: damaged, or not written for this key")]
     Corrupt,
+    /// The record is in clear and the ring refuses such records (`clear_records: refuse`).
+    #[error(
+        "a stored answer is in clear, and store.encrypt refuses records in clear (clear_records: refuse)"
+    )]
+    InClear,
+    /// The record was sealed by an earlier idemgate that left its payload fingerprint
+    /// outside the seal, and the ring refuses such records (`clear_records: refuse`).
+    #[error(
+        "a stored answer is sealed without its payload fingerprint bound (by an earlier idemgate), \
+         and store.encrypt refuses such records (clear_records: refuse)"
+    )]
+    FingerprintUnbound,
+}
+
+/// What `store.encrypt` does with a stored answer that is not sealed whole: one in clear
+/// (stored before encryption was turned on), or one sealed by an earlier idemgate that left
+/// its payload fingerprint unbound.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ClearRecords {
+    /// Replays it: the migration path while answers from before encryption live.
+    #[default]
+    Accept,
+    /// Refuses it as unreadable (500, never replayed, never run again): once the longest
+    /// `ttl` has passed since encryption was turned on, no such record is legitimate.
+    Refuse,
+}
+
+impl ClearRecords {
+    /// The setting as written (`accept` or `refuse`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accept => "accept",
+            Self::Refuse => "refuse",
+        }
+    }
 }
 
 /// One AES-256 key and its id.
@@ -53,9 +94,11 @@ struct SealKey {
     cipher: Aes256Gcm,
 }
 
-/// The keys of `store.encrypt`: the first seals, all open.
+/// The keys of `store.encrypt`: the first seals, all open; and whether records not sealed
+/// whole are still read ([`ClearRecords`]).
 pub struct KeyRing {
     keys: Vec<SealKey>,
+    clear_records: ClearRecords,
 }
 
 impl fmt::Debug for KeyRing {
@@ -95,7 +138,8 @@ pub fn parse_key(data: &[u8]) -> Result<[u8; 32], String> {
 }
 
 impl KeyRing {
-    /// A ring of `keys`, the first sealing; refuses none, and two keys that are the same.
+    /// A ring of `keys`, the first sealing, that accepts records in clear; refuses none, and
+    /// two keys that are the same.
     pub fn new(keys: Vec<[u8; 32]>) -> Result<Self, String> {
         if keys.is_empty() {
             return Err("store.encrypt needs at least one key".into());
@@ -109,7 +153,21 @@ impl KeyRing {
             let cipher = Aes256Gcm::new_from_slice(&key).map_err(|e| e.to_string())?;
             ring.push(SealKey { id, cipher });
         }
-        Ok(Self { keys: ring })
+        Ok(Self {
+            keys: ring,
+            clear_records: ClearRecords::default(),
+        })
+    }
+
+    /// This ring, accepting or refusing records not sealed whole.
+    pub fn with_clear_records(mut self, clear_records: ClearRecords) -> Self {
+        self.clear_records = clear_records;
+        self
+    }
+
+    /// What it does with records not sealed whole.
+    pub fn clear_records(&self) -> ClearRecords {
+        self.clear_records
     }
 
     /// The id of the key that seals, in hex.

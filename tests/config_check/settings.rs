@@ -1,11 +1,13 @@
 //! What parsed settings mean: the README's defaults, `fingerprint_ttl` and a fingerprint
-//! beside a client key, admin tokens and store keys read from files.
+//! beside a client key, admin tokens and store keys read from files, and whether records
+//! in clear are still read.
 
 use idemgate::config::{
     Config, ConfigError, InFlightMode, OnStoreError, OnUnknownOutcome, Protection, StatusPattern,
     StoreConfig,
 };
 use idemgate::key::{KeySource, ScopePart};
+use idemgate::store::seal::ClearRecords;
 use idemgate::store::WhenFull;
 
 use crate::{invalid, route_with_key, top};
@@ -241,6 +243,41 @@ fn admin_tokens_and_store_keys_come_from_files() {
             }
             other => panic!("{rest}: {other:?}"),
         }
+    }
+}
+
+/// `store.encrypt.clear_records`: `accept` unless written (answers stored before encryption
+/// stay readable), `refuse` once the migration is over; another word is an error at its
+/// place.
+#[test]
+fn clear_records_are_accepted_unless_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("store.key"), "ab".repeat(32)).unwrap();
+    let path = dir.path().join("proxy.yaml");
+    let load = |encrypt: &str| {
+        std::fs::write(&path, top(&format!("store: {{ encrypt: {encrypt} }}\n"))).unwrap();
+        Config::load(&path)
+    };
+    for (encrypt, expected) in [
+        ("{ key_file: store.key }", ClearRecords::Accept),
+        (
+            "{ key_file: store.key, clear_records: accept }",
+            ClearRecords::Accept,
+        ),
+        (
+            "{ keys: [{ file: store.key }], clear_records: refuse }",
+            ClearRecords::Refuse,
+        ),
+    ] {
+        let ring = load(encrypt).unwrap().encrypt.unwrap();
+        assert_eq!(ring.clear_records(), expected, "{encrypt}");
+    }
+    match load("{ key_file: store.key, clear_records: reject }") {
+        Err(ConfigError::Invalid { key, message, .. }) => {
+            assert_eq!(key, "store.encrypt.clear_records");
+            assert!(message.contains("unknown variant `reject`"), "{message}");
+        }
+        other => panic!("{other:?}"),
     }
 }
 

@@ -21,13 +21,25 @@ pub struct RawStore {
 }
 
 /// `store.encrypt` — keys that seal stored answers: `key_file` or `key_env` for one, or
-/// `keys: [{file} | {env}, …]` for a rotation (the first key written seals).
+/// `keys: [{file} | {env}, …]` for a rotation (the first key written seals); and
+/// `clear_records`, whether answers stored in clear are still read.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawEncrypt {
     pub key_file: Option<String>,
     pub key_env: Option<String>,
     pub keys: Option<Vec<RawKeySource>>,
+    pub clear_records: Option<ClearRecords>,
+}
+
+/// `store.encrypt.clear_records`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClearRecords {
+    /// Replay answers stored before encryption was turned on (the migration path).
+    Accept,
+    /// Answer them `500 stored-answer-unreadable`, never replayed, never run again.
+    Refuse,
 }
 
 /// One key of `store.encrypt.keys`.

@@ -1,6 +1,7 @@
 //! The stored response's encoding: what goes in comes out, sealed or not.
 
 use super::*;
+use crate::store::seal::ClearRecords;
 
 #[test]
 fn repeated_headers_survive_in_order() {
@@ -81,6 +82,83 @@ fn sealed_records_hide_status_headers_and_body_and_open_for_their_key_only() {
     );
     assert_eq!(sealed.clone().open(None, key), Err(SealError::NoKeys));
     assert_eq!(plain.clone().open(Some(&ring), key).unwrap(), plain);
+}
+
+/// A store writer who changes a sealed record's clear fingerprint (to the next request's, or
+/// to none, which matches every payload) would turn a 422 into a replay: the seal binds it,
+/// with the status copy and the time stored.
+#[test]
+fn a_sealed_record_whose_clear_fields_changed_does_not_open() {
+    let plain = StoredResponse::new(StatusCode::CREATED, &HeaderMap::new(), b"{\"id\":1}")
+        .with_fingerprint(Digest([5; 32]));
+    let ring = KeyRing::new(vec![[9; 32]]).unwrap();
+    let key = Digest([1; 32]);
+    let sealed = plain.seal(&ring, key);
+    assert_eq!(sealed.encode()[0], SEALED);
+    for fingerprint in [Digest::NONE, Digest([6; 32])] {
+        let moved = StoredResponse::decode(fingerprint, sealed.encode()).unwrap();
+        assert_eq!(moved.open(Some(&ring), key), Err(SealError::Corrupt));
+    }
+    for at in [STATUS_AT + 1, STORED_AT + 7] {
+        let mut bytes = sealed.encode().to_vec();
+        bytes[at - VERSION_AT] ^= 1;
+        let changed = StoredResponse::decode(Digest([5; 32]), &bytes).unwrap();
+        assert_eq!(changed.open(Some(&ring), key), Err(SealError::Corrupt));
+    }
+    // Nor is it read as the earlier, unbound format.
+    let mut bytes = sealed.encode().to_vec();
+    bytes[0] = SEALED_UNBOUND;
+    let downgraded = StoredResponse::decode(Digest::NONE, &bytes).unwrap();
+    assert_eq!(downgraded.open(Some(&ring), key), Err(SealError::Corrupt));
+}
+
+/// A record as builds before the fingerprint was bound sealed it (version 2).
+fn sealed_unbound(plain: &StoredResponse, ring: &KeyRing, key: Digest) -> StoredResponse {
+    let r = &plain.record;
+    let mut record = r[..VERSION_AT].to_vec();
+    record.push(SEALED_UNBOUND);
+    record.extend_from_slice(&r[STATUS_AT..HEAD_LEN_AT]);
+    let mut plaintext = r[STATUS_AT..STORED_AT].to_vec();
+    plaintext.extend_from_slice(&r[HEAD_LEN_AT..]);
+    ring.seal(
+        &unbound_aad(key, &r[STORED_AT..HEAD_LEN_AT]),
+        &plaintext,
+        &mut record,
+    );
+    StoredResponse::checked(record).unwrap()
+}
+
+/// `clear_records: accept` (the default) reads records in clear and those sealed by earlier
+/// builds; `refuse` reads neither, and still opens what is sealed now.
+#[test]
+fn a_ring_that_refuses_clear_records_opens_only_bound_seals() {
+    let plain = StoredResponse::new(StatusCode::CREATED, &HeaderMap::new(), b"{\"id\":1}")
+        .with_fingerprint(Digest([5; 32]));
+    let key = Digest([1; 32]);
+    let accepting = KeyRing::new(vec![[9; 32]]).unwrap();
+    assert_eq!(accepting.clear_records(), ClearRecords::Accept);
+    let refusing = KeyRing::new(vec![[9; 32]])
+        .unwrap()
+        .with_clear_records(ClearRecords::Refuse);
+    let older = sealed_unbound(&plain, &accepting, key);
+    assert!(older.is_sealed());
+    let sealed = plain.seal(&accepting, key);
+
+    assert_eq!(plain.clone().open(Some(&accepting), key).unwrap(), plain);
+    assert_eq!(older.clone().open(Some(&accepting), key).unwrap(), plain);
+    assert_eq!(sealed.clone().open(Some(&accepting), key).unwrap(), plain);
+
+    assert_eq!(
+        plain.clone().open(Some(&refusing), key),
+        Err(SealError::InClear)
+    );
+    assert_eq!(
+        older.clone().open(Some(&refusing), key),
+        Err(SealError::FingerprintUnbound)
+    );
+    assert_eq!(sealed.open(Some(&refusing), key).unwrap(), plain);
+    // Without store.encrypt, nothing is refused for being in clear.
+    assert_eq!(plain.clone().open(None, key).unwrap(), plain);
 }
 
 #[test]
