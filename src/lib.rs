@@ -42,6 +42,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod route;
 pub mod server;
+mod signal;
 pub mod store;
 mod sync;
 pub mod tls;

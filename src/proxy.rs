@@ -1,8 +1,8 @@
 //! The proxy pipeline. [`handler`] refuses what [`admission`] does not admit, matches the
 //! route and picks a path: [`passthrough`] streams unprotected requests untouched;
 //! [`protected`] runs the phases buffer → derive key → claim → forward, wait or replay →
-//! complete or release. [`stopping`] tells the duplicates it holds when a shutdown must
-//! have answered them.
+//! complete or release. [`stopping`] tells the duplicates and owners' clients it holds when a
+//! shutdown must have answered them.
 
 pub mod admission;
 pub mod answer;

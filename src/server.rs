@@ -31,9 +31,8 @@ use crate::store::{MemoryStore, MysqlStore, PostgresStore, RedisStore, Store, St
 use sha2::{Digest as _, Sha256};
 
 pub mod linger;
-mod stop;
 mod watchdog;
-use stop::StopSignal;
+use crate::signal::Signal;
 use watchdog::{Expired, Metered, Watch, Watchdog, Watched};
 
 /// Builds the store a config names. Redis and the SQL stores connect lazily: a server that
@@ -196,7 +195,7 @@ async fn accept_loop<F, S>(
     let metrics = limits.metrics;
     // Each connection holds a sender; when all are dropped, every connection has closed.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
-    let stop = StopSignal::default();
+    let stop = Signal::default();
     tokio::pin!(shutdown);
     loop {
         // A slot first: over the cap, new connections wait in the listen backlog.
@@ -286,7 +285,7 @@ async fn accept_loop<F, S>(
     }
     drop(listener);
     drop(open_tx);
-    stop.stop();
+    stop.send();
     if tokio::time::timeout(drain, open_rx.recv()).await.is_err() {
         tracing::warn!(?drain, "drain timeout: closing connections still open");
     }
@@ -318,7 +317,7 @@ async fn serve_one<I, S>(
     builder: &auto::Builder<TokioExecutor>,
     io: I,
     service: S,
-    stop: StopSignal,
+    stop: Signal,
     peer: SocketAddr,
     watch: Arc<Watch>,
 ) where
@@ -350,7 +349,7 @@ async fn serve_one<I, S>(
 async fn until_stopped<C, E>(
     mut conn: Pin<&mut C>,
     shutdown: impl FnOnce(Pin<&mut C>),
-    stop: StopSignal,
+    stop: Signal,
     peer: SocketAddr,
     mut watchdog: Watchdog,
     grace: Duration,
@@ -362,7 +361,7 @@ async fn until_stopped<C, E>(
     let result = tokio::select! {
         biased;
         result = conn.as_mut() => result,
-        () = stop.stopped() => {
+        () = stop.sent() => {
             shutdown(conn.as_mut());
             tokio::select! {
                 biased;

@@ -1,5 +1,5 @@
 //! The life of a claim around the operator and the process: an admin purge never frees a
-//! key whose owner still runs, and a shutdown answers the duplicates it was holding.
+//! key whose owner still runs, and a shutdown answers the requests it was holding.
 
 mod common;
 
@@ -260,4 +260,69 @@ async fn an_owner_still_unsent_at_the_end_of_the_drain_leaves_its_key_free() {
     );
     assert_eq!(upstream.executed_for("queued"), 1);
     upstream.open("busy");
+}
+
+/// SIGTERM while an owner's request is out at the upstream and outlives the drain: its
+/// client gets, before the process exits, what a client whose `upstream_timeout` passed
+/// gets (a `504` problem saying the outcome is unknown and the key held), never a cut
+/// connection it cannot read. The claim stays exactly as before: the request went out, so
+/// no replica runs it again (another replica's retry is told it is in flight, then that its
+/// outcome is unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_still_upstream_at_the_end_of_the_drain_is_answered_504_and_keeps_its_key() {
+    let redis = common::redis_server::RedisServer::start();
+    let upstream = start_upstream().await;
+    let config = format!(
+        "store:\n  redis: {{ url: \"{}\" }}\ndrain_timeout: 2s\ndefaults: {{ lease: 1s, wait_timeout: 200ms, upstream_timeout: 60s }}\n{ROUTES}",
+        redis.url()
+    );
+    let mut a = common::ProxyProcess::start(upstream.addr, &config);
+    let b = common::ProxyProcess::start(upstream.addr, &config);
+    let addr = a.addr;
+    let owner = tokio::spawn(async move {
+        try_post(
+            addr,
+            &[("idempotency-key", "sent"), ("x-test-gate", "sent")],
+        )
+        .await
+    });
+    upstream.arrived("sent", 1).await;
+    a.signal("TERM");
+    assert!(a.wait_exit().success());
+    let owner = owner.await.unwrap();
+    let owner = owner.expect("the owner's client got an answer before the exit");
+    assert_eq!(owner.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(
+        owner.headers[http::header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let problem = owner.json();
+    assert_eq!(problem["type"], "urn:idemgate:problem:upstream-timeout");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("may still be running")),
+        "{problem}"
+    );
+    assert!(
+        a.log().contains("their keys stay claimed"),
+        "the exit said so: {}",
+        a.log()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let held = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: still in flight"
+        );
+        let retry = post(b.addr, "/orders", &[("idempotency-key", "sent")], "{}").await;
+        assert_eq!(retry.status, StatusCode::CONFLICT);
+        if retry.json()["type"] != "urn:idemgate:problem:in-flight" {
+            break retry;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(held.json()["type"], "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(upstream.executed_for("sent"), 1, "never run again");
+    upstream.open("sent");
 }

@@ -88,8 +88,9 @@ impl Proxy {
         &self.owners
     }
 
-    /// When a shutdown must have answered the duplicates held waiting; the proxy's
-    /// listener starts it with the drain.
+    /// When a shutdown must have answered the requests held waiting (duplicates, and the
+    /// clients of owners still waiting upstream); the proxy's listener starts it with the
+    /// drain.
     pub fn stopping(&self) -> &Stopping {
         &self.stopping
     }

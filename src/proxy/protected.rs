@@ -6,8 +6,10 @@
 //! frees its key plainly. Once it went out, the owner's call is [`Detachable`]: a client
 //! that disconnects, or whose `upstream_timeout` passes (it gets a 504), does not cancel
 //! it; the owner waits on in the background up to `background_timeout` and stores the
-//! answer for the retries. An exchange that ends with no answer leaves the key as an
-//! unknown outcome (`on_unknown_outcome: hold`), never free for a blind re-run.
+//! answer for the retries. A shutdown's drain about to end answers that client the same
+//! 504, and its owner waits on for as long as the process lives. An exchange that ends
+//! with no answer leaves the key as an unknown outcome (`on_unknown_outcome: hold`), never
+//! free for a blind re-run.
 
 use std::future::Future as _;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,8 +65,9 @@ pub struct Context<'a> {
     pub route_metrics: &'a Arc<RouteMetrics>,
     /// The keys this process owns.
     pub owners: &'a Arc<Owners>,
-    /// When a shutdown must have answered the duplicates waiting here, and freed the keys
-    /// of owners whose request has not gone out.
+    /// When a shutdown must have answered the duplicates waiting here and the clients of
+    /// owners still waiting upstream, and freed the keys of owners whose request has not
+    /// gone out.
     pub stopping: &'a Arc<Stopping>,
     /// How long the client may pause while sending the body.
     pub body_read_timeout: Duration,
@@ -309,8 +312,9 @@ pub(super) async fn forward_unprotected(
     answer
 }
 
-/// The owner's phase: forward, then settle. Its client waits at most `upstream_timeout`
-/// (then gets a 504) while the owner, detached, waits on up to `background_timeout`.
+/// The owner's phase: forward, then settle. Its client waits at most `upstream_timeout`,
+/// or until a shutdown's drain is about to end (then gets a 504) while the owner, detached,
+/// waits on up to `background_timeout`.
 /// Returns the answer and how the request ended.
 pub(super) async fn execute(
     cx: &Context<'_>,
@@ -411,12 +415,21 @@ pub(super) async fn execute(
         }
     });
     let mut owner = owner;
-    match cx
-        .conn
-        .upstream_timer
-        .timeout_at(started + policy.upstream_timeout, &mut owner)
-        .await
-    {
+    // The client waits until its `upstream_timeout`, or until a shutdown's drain is about
+    // to end (then it gets the same answers, rather than a cut connection it cannot read).
+    // The drain's signal is polled after the owner, and only while it is pending.
+    let waited = {
+        let timed = cx
+            .conn
+            .upstream_timer
+            .timeout_at(started + policy.upstream_timeout, &mut owner);
+        tokio::select! {
+            biased;
+            waited = timed => waited,
+            () = cx.stopping.answer_now() => None,
+        }
+    };
+    match waited {
         Some(Ok(result)) => result,
         Some(Err(_panicked)) => Err(ProxyError::UpstreamFailed(
             "the owner's upstream call panicked".into(),
@@ -443,8 +456,10 @@ pub(super) async fn execute(
                 "the owner's upstream call panicked".into(),
             )),
         },
-        // The owner runs on, detached; the retries of this client get its answer. This
-        // request is counted with its 504 (`unknown`), not again when the owner ends.
+        // The owner runs on, detached (at a shutdown, as long as the process lives: its
+        // claim stays held, the request went out); the retries of this client get its
+        // answer. This request is counted with its 504 (`unknown`), not again when the
+        // owner ends.
         None => {
             owner.disown();
             Err(ProxyError::UpstreamTimeout)

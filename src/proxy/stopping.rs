@@ -1,22 +1,26 @@
 //! What a shutdown needs from the proxy: the owners to wait for ([`Owners`]), and when
-//! the duplicates it holds must have been answered ([`Stopping`]).
+//! the requests it holds must have been answered ([`Stopping`]).
 //!
 //! A shutdown lets open requests finish for `drain_timeout`, then the process exits and
-//! every connection still open is cut without an answer. A duplicate waiting on an owner
-//! that outlives the drain (its `wait_timeout` may well be longer) would be cut that way,
-//! and its client left to guess. So once the drain starts, a waiting duplicate stops
-//! waiting a little before the drain ends and gets what a wait that timed out gets: `409
-//! in-flight` with `Retry-After`, which sends its client to retry where the key's answer
-//! will be. The owner it waited on keeps its claim if its request went out (see
-//! [`Owners`]); one still waiting for an upstream connection then gives up and frees its
-//! key, as it would at its `upstream_timeout`, instead of leaving a claim that lapses into
-//! a held unknown outcome for a request that never went out.
+//! every connection still open is cut without an answer, its client left to guess. So
+//! once the drain starts, whatever still waits is answered a little before the drain ends,
+//! as if its own deadline had passed then:
+//!
+//! - a duplicate waiting on an owner (its `wait_timeout` may well be longer) gets what a
+//!   wait that timed out gets: `409 in-flight` with `Retry-After`, which sends its client
+//!   to retry where the key's answer will be;
+//! - an owner whose request went out gets what its `upstream_timeout` would give: a `504`
+//!   saying the request may still be running. Its claim is kept (see [`Owners`]) and its
+//!   call runs on, detached, for as long as the process lives;
+//! - an owner still waiting for an upstream connection gives up and frees its key, as it
+//!   would at its `upstream_timeout`, instead of leaving a claim that lapses into a held
+//!   unknown outcome for a request that never went out.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use crate::signal::Signal;
 
 /// The owners running in this process right now, so a shutdown can wait for them. Those
 /// still running when the drain ends keep their claims: their requests went out, so no
@@ -86,39 +90,37 @@ impl Drop for OwnedGuard {
     }
 }
 
-/// The longest a duplicate's answer is given, before the drain ends, to reach its client;
-/// never more than half the drain.
+/// The longest a held request's answer is given, before the drain ends, to reach its
+/// client; never more than half the drain.
 const ANSWER_MARGIN: Duration = Duration::from_secs(1);
 
 /// See the [module docs](self).
 #[derive(Debug, Default)]
 pub struct Stopping {
-    /// When held duplicates are answered; set once, when the drain starts.
+    /// When held requests are answered; set once, when the drain starts.
     answer_at: OnceLock<Instant>,
-    started: Notify,
+    /// Sent once `answer_at` is set. Every owner's client waits on it beside its upstream
+    /// call: a [`Signal`], whose polls are an atomic load.
+    started: Signal,
 }
 
 impl Stopping {
-    /// The drain started now and lasts `drain`: held duplicates are answered shortly
-    /// before it ends.
+    /// The drain started now and lasts `drain`: held requests are answered shortly before
+    /// it ends.
     pub fn begin(&self, drain: Duration) {
         let margin = ANSWER_MARGIN.min(drain / 2);
         let _ = self.answer_at.set(Instant::now() + drain - margin);
-        self.started.notify_waiters();
+        self.started.send();
     }
 
-    /// Resolves when a duplicate still waiting must be answered, and an owner whose request
-    /// has not gone out must give its key up (never, unless a drain started).
+    /// Resolves when a duplicate still waiting, or an owner's client still waiting for the
+    /// upstream's answer, must be answered, and an owner whose request has not gone out
+    /// must give its key up (never, unless a drain started).
     pub async fn answer_now(&self) {
-        loop {
-            // Made before the look at `answer_at`: `notify_waiters` reaches a `Notified`
-            // that exists, polled or not, so no start falls in between.
-            let started = self.started.notified();
-            if let Some(at) = self.answer_at.get() {
-                tokio::time::sleep_until((*at).into()).await;
-                return;
-            }
-            started.await;
+        self.started.sent().await;
+        // Set before `started` was sent.
+        if let Some(at) = self.answer_at.get() {
+            tokio::time::sleep_until((*at).into()).await;
         }
     }
 }

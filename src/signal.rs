@@ -1,11 +1,13 @@
-//! The accept loop's stop signal, as every connection task waits for it.
+//! [`Signal`]: something that happens once per process (the accept loop stops, a drain
+//! starts), waited on by many tasks, each polling it beside its own work.
 //!
 //! A connection task polls its stop future beside the connection each time it wakes, two
-//! or three times per request. A `watch` channel's `changed()` (what this replaced) locks
-//! the channel's waiter list on every one of those polls to re-register the task's waker,
-//! a cost paid per request for a signal sent once per process. Here the waker
-//! is registered once, and again only if the task polls with another waker; every other
-//! poll is one atomic load.
+//! or three times per request; an owner's client polls the drain's beside its upstream
+//! call. A `watch` channel's `changed()`, or a `Notify`'s `Notified` once registered, locks
+//! the waiter list on every one of those polls to re-register the task's waker, a cost
+//! paid per request for a signal sent once per process. Here the waker is registered
+//! once, and again only if the task polls with another waker; every other poll is one
+//! atomic load.
 
 use std::future::Future;
 use std::pin::pin;
@@ -15,35 +17,34 @@ use std::task::{Poll, Waker};
 
 use tokio::sync::Notify;
 
-/// Sent once by the accept loop; see the [module docs](self).
+/// Sent once; see the [module docs](self).
 #[derive(Debug, Clone, Default)]
-pub struct StopSignal {
+pub(crate) struct Signal {
     inner: Arc<Inner>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    stopped: AtomicBool,
+    sent: AtomicBool,
     notify: Notify,
 }
 
-impl StopSignal {
-    /// Wakes every task waiting in [`StopSignal::stopped`], and every later call returns
-    /// at once.
-    pub fn stop(&self) {
-        self.inner.stopped.store(true, Ordering::SeqCst);
+impl Signal {
+    /// Wakes every task waiting in [`Signal::sent`], and every later call returns at once.
+    pub(crate) fn send(&self) {
+        self.inner.sent.store(true, Ordering::SeqCst);
         self.inner.notify.notify_waiters();
     }
 
-    /// Resolves once [`StopSignal::stop`] has been called.
-    pub async fn stopped(&self) {
+    /// Resolves once [`Signal::send`] has been called.
+    pub(crate) async fn sent(&self) {
         let inner = &*self.inner;
         // Created before the first look at the flag: `notify_waiters` reaches a
-        // `Notified` made before it even if not yet polled, so no stop falls in between.
+        // `Notified` made before it even if not yet polled, so no send falls in between.
         let mut notified = pin!(inner.notify.notified());
         let mut registered: Option<Waker> = None;
         std::future::poll_fn(|cx| {
-            if inner.stopped.load(Ordering::SeqCst) {
+            if inner.sent.load(Ordering::SeqCst) {
                 return Poll::Ready(());
             }
             if registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
@@ -80,37 +81,37 @@ mod tests {
     }
 
     #[test]
-    fn a_stop_before_the_first_poll_resolves_it() {
-        let signal = StopSignal::default();
-        let mut stopped = pin!(signal.stopped());
-        signal.stop();
-        assert!(poll_with(stopped.as_mut(), Waker::noop()).is_ready());
+    fn a_send_before_the_first_poll_resolves_it() {
+        let signal = Signal::default();
+        let mut sent = pin!(signal.sent());
+        signal.send();
+        assert!(poll_with(sent.as_mut(), Waker::noop()).is_ready());
     }
 
     #[test]
-    fn a_stop_wakes_a_waiting_task_once_and_resolves_it() {
-        let signal = StopSignal::default();
+    fn a_send_wakes_a_waiting_task_once_and_resolves_it() {
+        let signal = Signal::default();
         let counter = Arc::new(Counter::default());
         let waker = Waker::from(Arc::clone(&counter));
-        let mut stopped = pin!(signal.stopped());
+        let mut sent = pin!(signal.sent());
         // Polled many times by the same task, as a connection's wake-ups do.
         for _ in 0..3 {
-            assert!(poll_with(stopped.as_mut(), &waker).is_pending());
+            assert!(poll_with(sent.as_mut(), &waker).is_pending());
         }
-        signal.stop();
+        signal.send();
         assert_eq!(counter.0.load(Ordering::SeqCst), 1);
-        assert!(poll_with(stopped.as_mut(), &waker).is_ready());
+        assert!(poll_with(sent.as_mut(), &waker).is_ready());
     }
 
     /// The registration follows the waker: a poll with another one moves it there.
     #[test]
     fn the_latest_waker_is_the_one_woken() {
-        let signal = StopSignal::default();
+        let signal = Signal::default();
         let (first, second) = (Arc::new(Counter::default()), Arc::new(Counter::default()));
-        let mut stopped = pin!(signal.stopped());
-        assert!(poll_with(stopped.as_mut(), &Waker::from(Arc::clone(&first))).is_pending());
-        assert!(poll_with(stopped.as_mut(), &Waker::from(Arc::clone(&second))).is_pending());
-        signal.stop();
+        let mut sent = pin!(signal.sent());
+        assert!(poll_with(sent.as_mut(), &Waker::from(Arc::clone(&first))).is_pending());
+        assert!(poll_with(sent.as_mut(), &Waker::from(Arc::clone(&second))).is_pending());
+        signal.send();
         assert_eq!(second.0.load(Ordering::SeqCst), 1);
         assert_eq!(first.0.load(Ordering::SeqCst), 0);
     }
