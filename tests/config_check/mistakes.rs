@@ -116,6 +116,28 @@ fn rule_level_mistakes_are_refused() {
     assert_eq!(key, "defaults.max_body");
 }
 
+/// The proxy answers every `CONNECT` with 501 (a reverse proxy, not a tunnel), so a route
+/// for it would never match: the method is refused where it is written, as a safe one is.
+#[test]
+fn a_connect_route_is_refused_where_it_is_written() {
+    let text =
+        top("routes:\n  - name: tunnel\n    match: { methods: [POST, CONNECT], path: /t }\n");
+    let (line, column, key, message) = invalid(&text);
+    assert_eq!(
+        (line, column, key.as_str()),
+        (5, 23, "routes[0].match.methods[1]")
+    );
+    assert!(
+        message.contains("CONNECT") && message.contains("501"),
+        "{message}"
+    );
+    let err = Config::parse(&text, "proxy.yaml").unwrap_err().to_string();
+    assert!(
+        err.starts_with("proxy.yaml:5:23: routes[0].match.methods[1]"),
+        "{err}"
+    );
+}
+
 #[test]
 fn identity_settings_parse_and_their_mistakes_name_the_fix() {
     let config = Config::parse(

@@ -1,6 +1,6 @@
 //! `defaults:` and `routes:` as written: the policy keys both share, a route's `match:`,
 //! `fresh:` and `idempotency:`. Method names are checked while parsing (upper case, not a
-//! safe method, which always passes through).
+//! safe method, which always passes through, nor `CONNECT`, which is never forwarded).
 
 use std::fmt;
 
@@ -95,6 +95,11 @@ impl<'de> Deserialize<'de> for MethodName {
             return Err(de::Error::custom(format!(
                 "{text} is a safe method; safe methods always pass through and cannot be routed"
             )));
+        }
+        if method == http::Method::CONNECT {
+            return Err(de::Error::custom(
+                "CONNECT is answered 501 by the proxy (a reverse proxy, not a tunnel), so a route for it would never match",
+            ));
         }
         Ok(MethodName(method))
     }
