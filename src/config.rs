@@ -130,7 +130,13 @@ impl Config {
                     ScopePart::Caller | ScopePart::ClientIp | ScopePart::ClientCert
                 )
             });
-            if !names_a_caller {
+            if scope.is_empty() {
+                // Nothing named, so nothing sent: the caller stands in, as for a scope whose
+                // every part is absent (`crate::key::derive`), which is the default's key.
+                notes.push(format!(
+                    "route {name}: `scope: []` keys every request by caller, exactly as the default does (it does not share keys between callers); drop `scope`"
+                ));
+            } else if !names_a_caller {
                 let parts: Vec<String> = scope.iter().map(ToString::to_string).collect();
                 let mut with_caller = parts.clone();
                 with_caller.push("caller".into());

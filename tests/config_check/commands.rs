@@ -128,6 +128,44 @@ fn check_notes_scopes_that_let_callers_share_a_key() {
     assert!(plain.notes().is_empty());
 }
 
+/// `scope: []` names nothing, so every key on it is the caller's, the very key the default
+/// scope makes: the note says that (not that callers share keys), and what to write.
+#[test]
+fn check_notes_that_an_empty_scope_is_the_caller_as_by_default() {
+    let route = |scope: &str| {
+        top(&format!(
+            "routes:\n  - name: r\n    match: {{ path: /r }}\n    key: {{ header: K{scope} }}\n"
+        ))
+    };
+    let empty = Config::parse(&route(", scope: []"), "p.yaml").unwrap();
+    let notes = empty.notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("route r")
+            && notes[0].contains("`scope: []`")
+            && notes[0].contains("the default")
+            && !notes[0].contains("shares"),
+        "{notes:?}"
+    );
+    let request = idemgate::explain::Request {
+        method: http::Method::POST,
+        uri: "/r".parse().unwrap(),
+        headers: [(
+            http::HeaderName::from_static("k"),
+            http::HeaderValue::from_static("k1"),
+        )]
+        .into_iter()
+        .collect(),
+        body: b"{}".to_vec(),
+        client_ip: Some([192, 0, 2, 7].into()),
+        client_cert: None,
+    };
+    let key = |config: &Config| idemgate::explain::explain_key(config, &request).unwrap().1;
+    let default = Config::parse(&route(""), "p.yaml").unwrap();
+    assert!(key(&empty).is_some());
+    assert_eq!(key(&empty), key(&default), "the default scope's key");
+}
+
 /// A trusted proxy block with public addresses lets a client there name any client
 /// address in `X-Forwarded-For`: `check` says so; private and loopback blocks draw no note.
 #[test]
