@@ -170,6 +170,12 @@ pub fn explain_key(
             if d.fingerprint != crate::key::Digest::NONE {
                 let _ = writeln!(out, "payload digest:    {}", d.fingerprint);
             }
+            if trace.address_unknown {
+                let _ = writeln!(
+                    out,
+                    "note:              the key holds the client address and this digest assumes no client address, which the proxy always has: pass --client-ip for the key it stores"
+                );
+            }
         }
         None => {
             let _ = writeln!(

@@ -209,3 +209,44 @@ fn explain_reads_the_config_path_from_idemgate_config() {
     assert_eq!(route.trim(), "env-orders", "{stdout}");
     assert!(stdout.contains("key digest:"), "{stdout}");
 }
+
+/// The proxy always knows the client's address, so a digest `explain` computes without
+/// `--client-ip` on a key the address is part of (an anonymous caller's, or `client_ip` in
+/// the scope) is one no request can have: `explain` says so beside the digest. With the
+/// address, or a caller named by its credential, there is nothing to say.
+#[test]
+fn explain_without_client_ip_says_an_address_scoped_digest_needs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    write_config(
+        &config,
+        "routes:\n  - name: by-caller\n    match: { path: /orders }\n    key: { header: K }\n  - name: by-address\n    match: { path: /votes }\n    key: { header: K, scope: [header: X-Tenant, client_ip] }\n",
+    );
+    let explain = |path: &str, extra: &[&str]| {
+        let out = idemgate(dir.path())
+            .args(["explain", "--config"])
+            .arg(&config)
+            .args(["--method", "POST", "--path", path, "-H", "K: k1"])
+            .args(extra)
+            .output()
+            .unwrap();
+        succeeded(&out)
+    };
+    let note = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("note:"))
+            .map(str::to_owned)
+    };
+    for path in ["/orders", "/votes"] {
+        let text = explain(path, &[]);
+        let line = note(&text).unwrap_or_else(|| panic!("no note for {path}:\n{text}"));
+        assert!(
+            line.contains("no client address") && line.contains("--client-ip"),
+            "{line}"
+        );
+        let text = explain(path, &["--client-ip", "192.0.2.7"]);
+        assert_eq!(note(&text), None, "{text}");
+    }
+    let text = explain("/orders", &["-H", "Authorization: Bearer alice"]);
+    assert_eq!(note(&text), None, "a caller by its credential: {text}");
+}

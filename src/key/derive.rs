@@ -90,6 +90,9 @@ pub struct Trace {
     pub ignored: Vec<String>,
     /// The canonical request the payload fingerprint was computed from.
     pub fingerprint_input: String,
+    /// The key holds the client's address and none was given (`explain` without
+    /// `--client-ip`): the proxy always has one, so no request it serves gets this key.
+    pub address_unknown: bool,
 }
 
 thread_local! {
@@ -130,12 +133,7 @@ pub fn derive_key(
     hasher.field(req.route.as_bytes());
     hasher.field(req.method.as_str().as_bytes());
     hash_host(&mut hasher, req.headers);
-    hash_scope(
-        &mut hasher,
-        &rule.scope,
-        req,
-        trace.as_deref_mut().map(|t| &mut t.scope),
-    );
+    hash_scope(&mut hasher, &rule.scope, req, trace.as_deref_mut());
     hasher.field(rule.source.as_str().as_bytes());
 
     let fingerprint = match &rule.source {
@@ -267,7 +265,7 @@ pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
 }
 
 /// Hashes each scope part's label and value; `trace` hears which were present, or which
-/// tier named the caller, never a value. A scope whose every part is absent (only
+/// tier named the caller, never a value, and whether an address no one gave went in. A scope whose every part is absent (only
 /// headers or cookies, none sent: `[header: Authorization]` from anonymous callers) would
 /// be one key for everyone who sends none: the default caller stands in for it. A value
 /// that names no one (`Bearer null`, empty) counts as not sent.
@@ -275,7 +273,7 @@ fn hash_scope(
     hasher: &mut KeyHasher,
     scope: &[ScopePart],
     req: &RequestView<'_>,
-    mut trace: Option<&mut Vec<String>>,
+    mut trace: Option<&mut Trace>,
 ) {
     let mut named = false;
     for part in scope {
@@ -288,7 +286,8 @@ fn hash_scope(
             ScopePart::Caller => {
                 let caller = hash_caller(hasher, req);
                 if let Some(t) = trace.as_deref_mut() {
-                    t.push(describe_caller(caller, req));
+                    t.scope.push(describe_caller(caller, req));
+                    t.address_unknown |= caller.by_address() && req.peer.is_none();
                 }
                 continue;
             }
@@ -296,7 +295,8 @@ fn hash_scope(
                 let ip = req.client_address();
                 if let Some(t) = trace.as_deref_mut() {
                     let state = if ip.is_some() { "present" } else { "absent" };
-                    t.push(format!("{part} ({state})"));
+                    t.scope.push(format!("{part} ({state})"));
+                    t.address_unknown |= ip.is_none();
                 }
                 hash_ip(hasher, ip);
                 continue;
@@ -308,7 +308,9 @@ fn hash_scope(
                 hasher.absent();
                 let caller = hash_caller(hasher, req);
                 if let Some(t) = trace.as_deref_mut() {
-                    t.push(format!("{part} (absent: {})", describe_caller(caller, req)));
+                    t.scope
+                        .push(format!("{part} (absent: {})", describe_caller(caller, req)));
+                    t.address_unknown |= caller.by_address() && req.peer.is_none();
                 }
                 continue;
             }
@@ -335,7 +337,7 @@ fn hash_scope(
         };
         if let Some(t) = trace.as_deref_mut() {
             let state = if value.is_some() { "present" } else { "absent" };
-            t.push(format!("{part} ({state})"));
+            t.scope.push(format!("{part} ({state})"));
         }
         named |= value.is_some();
         match value {
@@ -349,7 +351,9 @@ fn hash_scope(
         hasher.label(&ScopePart::Caller);
         let caller = hash_caller(hasher, req);
         if let Some(t) = trace {
-            t.push(format!("none sent: {}", describe_caller(caller, req)));
+            t.scope
+                .push(format!("none sent: {}", describe_caller(caller, req)));
+            t.address_unknown |= caller.by_address() && req.peer.is_none();
         }
     }
 }

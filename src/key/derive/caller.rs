@@ -21,6 +21,13 @@ pub(super) struct Caller {
     fallback: Option<Tier>,
 }
 
+impl Caller {
+    /// Whether the client address is part of it (no `Authorization` credential, no session).
+    pub(super) fn by_address(&self) -> bool {
+        self.fallback.is_some()
+    }
+}
+
 /// The default identity ([`ScopePart::Caller`](crate::key::ScopePart::Caller)): every
 /// credential the request carries, each part's name hashed before its value so parts never
 /// collide. See [`crate::key::identity`].
