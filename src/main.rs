@@ -263,14 +263,16 @@ async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
     let _ = (proxy, path);
 }
 
-/// The settings a reload leaves as they were: they belong to the store, the listeners and
-/// the drain, all set up once at start. A rotated admin token among them keeps the old one
+/// The settings a reload leaves as they were: they belong to the store, the listeners
+/// (among them whether the port speaks TLS, see `Proxy::reload`) and the drain, all set up
+/// once at start. A rotated admin token among them keeps the old one
 /// valid until the restart, which is why the reload names them rather than passing quietly.
 fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     let admin = |c: &Config| c.admin.as_ref().map(|a| (a.listen, a.token.clone()));
     let checks = [
         ("store", old.store != new.store),
         ("listen", old.listen != new.listen),
+        ("tls (on or off)", old.tls.is_some() != new.tls.is_some()),
         ("admin", admin(old) != admin(new)),
         ("drain_timeout", old.drain_timeout != new.drain_timeout),
         (
@@ -498,5 +500,32 @@ mod tests {
             );
         }
         assert!(restart_only_changes(&base, &config("defaults: { ttl: 1h }\n")).is_empty());
+    }
+
+    /// Adding or dropping `tls` is named (the port keeps speaking as it did); renewed
+    /// certificates are not, a reload swaps them in.
+    #[test]
+    fn a_reload_that_adds_or_drops_tls_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = |name: &str| {
+            let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+            let (cert, key) = (
+                dir.path().join(format!("{name}.pem")),
+                dir.path().join(format!("{name}.key")),
+            );
+            std::fs::write(&cert, certified.cert.pem()).unwrap();
+            std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+            config(&format!("tls: {{ cert: {:?}, key: {:?} }}\n", cert, key))
+        };
+        let (cleartext, first, renewed) = (config(""), tls("first"), tls("renewed"));
+        assert_eq!(
+            restart_only_changes(&cleartext, &first),
+            ["tls (on or off)"]
+        );
+        assert_eq!(
+            restart_only_changes(&first, &cleartext),
+            ["tls (on or off)"]
+        );
+        assert!(restart_only_changes(&first, &renewed).is_empty());
     }
 }

@@ -48,7 +48,8 @@ pub fn open_store(config: &Config) -> Result<Store, StoreError> {
 
 /// Serves the proxy on `listener` until `shutdown` resolves, then drains for at most
 /// `drain` before returning. TLS follows the live config, so a reload renews certificates
-/// for new connections. At most `connections.max_client` connections are served at once
+/// for new connections (whether the port speaks TLS at all is kept from start, see
+/// [`Proxy::reload`]). At most `connections.max_client` connections are served at once
 /// (read at start); each closes lingering (see [`linger`]).
 pub async fn serve_proxy(
     listener: TcpListener,

@@ -371,6 +371,49 @@ async fn a_reload_renews_the_certificate_for_new_connections() {
     assert_eq!(presented(proxy.addr, &connector).await, der(&new_cert));
 }
 
+/// Whether the port speaks TLS is set at start, as its address is: a reload that adds
+/// `tls` or drops it keeps the port as it was until a restart (and names `tls` among the
+/// restart-only settings), rather than turning away every client of the port at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_adds_or_drops_tls_keeps_the_port_as_it_was_until_a_restart() {
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("server", &["localhost"]);
+    let upstream = start_upstream().await;
+    // `rest` holds the routes (`tls_yaml` writes them after `tls:`).
+    let config = |rest: &str| {
+        let text = format!(
+            "listen: 127.0.0.1:0\nupstream: http://{}\n{rest}",
+            upstream.addr
+        );
+        Arc::new(idemgate::config::Config::parse(&text, "r.yaml").unwrap())
+    };
+    let cleartext = start_proxy(upstream.addr, ROUTES).await;
+    cleartext.proxy.reload(config(&tls_yaml(&cert, &key, None)));
+    let plain = common::post(
+        cleartext.addr,
+        "/orders",
+        &[("idempotency-key", "c1")],
+        "{}",
+    )
+    .await;
+    assert_eq!(
+        plain.status,
+        StatusCode::CREATED,
+        "still cleartext: {plain:?}"
+    );
+
+    let connector = pki.client(b"http/1.1", None);
+    let tls = start_proxy(upstream.addr, &tls_yaml(&cert, &key, None)).await;
+    tls.proxy.reload(config(ROUTES));
+    let answer = post_tls(tls.addr, &connector, b"http/1.1", "t1").await;
+    assert_eq!(
+        answer.map(|a| a.status),
+        Ok(StatusCode::CREATED),
+        "still TLS"
+    );
+    assert_eq!(upstream.executed(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_certificates_are_config_errors() {
     let text = "listen: 127.0.0.1:0\nupstream: http://127.0.0.1:1\ntls: { cert: /nonexistent/cert.pem, key: /nonexistent/key.pem }\n";

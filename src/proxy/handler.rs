@@ -112,9 +112,19 @@ impl Proxy {
 
     /// Swaps in a new config atomically: requests already running finish with the old one,
     /// new requests see the new one, no connection is dropped. The store is not replaced
-    /// (a different `store:` needs a restart).
+    /// (a different `store:` needs a restart), nor whether the port speaks TLS: a config
+    /// that adds or drops `tls` keeps the running TLS settings (none, or the last
+    /// certificates) until a restart, since switching it would turn away every client of
+    /// the port at once.
     pub fn reload(&self, config: Arc<Config>) {
         let current = self.live.load();
+        let config = if config.tls.is_some() == current.config.tls.is_some() {
+            config
+        } else {
+            let mut kept = Config::clone(&config);
+            kept.tls = current.config.tls.clone();
+            Arc::new(kept)
+        };
         let (old, new) = (&current.config.upstream, &config.upstream);
         // A TLS upstream's roots are read again on reload: new connections for it then.
         let client = if old.scheme == new.scheme
