@@ -336,6 +336,45 @@ async fn a_connection_that_sends_nothing_is_closed_and_frees_its_client_slot() {
     );
 }
 
+/// A client that starts a request head and sends no more (slowloris) is closed without an
+/// answer, but not at the head timeout: a head already begun gets the graceful close's
+/// grace (one head timeout more) to finish, so the first head of a connection has twice the
+/// timeout in all; one begun after a kept-alive answer is closed at the timeout, as hyper
+/// closes a connection between requests at once. The README's numbers are these, at 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_request_head_gets_the_head_timeout_and_its_grace() {
+    let (_upstream, proxy) = one_slot_short_head_timeout().await;
+    let started = std::time::Instant::now();
+    let mut first = TcpStream::connect(proxy.addr).await.unwrap();
+    first
+        .write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: slow\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let mut byte = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(1), first.read(&mut byte)).await;
+    assert!(early.is_err(), "closed before the grace: {early:?}");
+    assert!(closed_by_the_proxy(&mut first).await, "hang guard");
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(first); // frees its slot, held while the proxy lingers
+
+    let mut kept = TcpStream::connect(proxy.addr).await.unwrap();
+    assert!(get_on(&mut kept, "/plain/a").await.contains("200"));
+    let answered = std::time::Instant::now();
+    kept.write_all(b"POST /orders HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    assert!(closed_by_the_proxy(&mut kept).await, "hang guard");
+    let after = answered.elapsed();
+    // From the answer's end as the proxy saw it, a little before the client read it.
+    let timeout = Duration::from_millis(250)..Duration::from_millis(550);
+    assert!(timeout.contains(&after), "{after:?}");
+}
+
 /// A connection that sends the start of the HTTP/2 preface and then nothing (the protocol
 /// is still being chosen) is closed at the head timeout and frees its slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
