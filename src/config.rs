@@ -9,7 +9,8 @@
 //! (how callers are told apart), `routes` (defaults, fallback and routes, over the runtime
 //! types in `protection` and `policy`), `tokens` (the token endpoint) and `connections`
 //! (caps and lingering close). [`units`] reads durations and sizes. Their public types are
-//! re-exported here.
+//! re-exported here. `rekey` compares two configs: what a reload changes in how keys are
+//! made ([`Config::rekeyed_by`]).
 
 mod connections;
 mod error;
@@ -18,6 +19,7 @@ mod listen;
 mod policy;
 mod protection;
 mod raw;
+mod rekey;
 mod routes;
 mod secrets;
 mod store;
@@ -64,6 +66,9 @@ pub struct Config {
     /// TLS termination on the listener (`tls: { cert, key, client_ca }`), read at load so
     /// a reload picks up renewed certificates.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The SHA-256 of the `tls.client_ca` file, when the listener verifies client
+    /// certificates (which are then part of the caller).
+    pub client_ca: Option<crate::key::Digest>,
     /// The one-time token endpoint, when `tokens:` is set or a route uses token keys.
     pub tokens: Option<TokenIssuer>,
     /// Store backend and bounds.
@@ -202,6 +207,7 @@ fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
 fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
     let upstream = upstream::compile_upstream(&raw.upstream, raw.upstream_ca.as_deref(), base)?;
     let tls = listen::compile_tls(raw.tls.as_ref(), base)?;
+    let client_ca = listen::client_ca_digest(raw.tls.as_ref(), base)?;
     // Only a listener that asks for client certificates gives `client_cert` a value.
     let mutual_tls = raw.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
     let (store, encrypt) = store::compile_store_section(raw.store, base)?;
@@ -249,6 +255,7 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
         admin,
         drain_timeout: raw.drain_timeout.map_or(Duration::from_secs(30), |d| d.0),
         tls,
+        client_ca,
         tokens,
         store,
         passthrough_timeout: routing.passthrough_timeout,

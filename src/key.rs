@@ -32,7 +32,7 @@ pub struct KeyRule {
 }
 
 /// The one source of a route's key material.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
     /// A client-supplied key header (Stripe / IETF httpapi semantics).
     Header(HeaderName),
@@ -45,7 +45,7 @@ pub enum KeySource {
 }
 
 /// A route that requires one-time tokens.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenRule {
     /// The header the token comes in.
     pub header: HeaderName,
@@ -66,7 +66,7 @@ impl KeySource {
 }
 
 /// What a fingerprint key covers.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FingerprintRule {
     /// Include the canonical query string.
     pub query: bool,

@@ -233,7 +233,8 @@ async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
 }
 
 /// SIGHUP re-reads the config file and swaps it in; a bad file is refused with one log line
-/// and the running config stays.
+/// and the running config stays. A change that only a restart applies, or that gives
+/// requests new keys, is warned of.
 async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
     #[cfg(unix)]
     {
@@ -244,11 +245,20 @@ async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
         while hup.recv().await.is_some() {
             match Config::load(&path) {
                 Ok(new) => {
-                    let unchanged = restart_only_changes(&proxy.config(), &new);
+                    let old = proxy.config();
+                    let unchanged = restart_only_changes(&old, &new);
                     if !unchanged.is_empty() {
                         tracing::warn!(
                             settings = unchanged.join(", "),
                             "changed settings that take effect on restart, not on reload"
+                        );
+                    }
+                    // `check` cannot say this: it does not know the config that ran before.
+                    let rekeyed = old.rekeyed_by(&new);
+                    if !rekeyed.is_empty() {
+                        tracing::warn!(
+                            "reload re-keys requests: {}: retries and duplicates of earlier requests run again",
+                            rekeyed.join("; ")
                         );
                     }
                     let routes = new.routes.len();

@@ -324,7 +324,7 @@ fn strip_port(host: &str) -> &str {
 }
 
 /// The matching part of a route: all given conditions must hold.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteMatch {
     /// Host condition; any host when absent.
     pub host: Option<HostPattern>,

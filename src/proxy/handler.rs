@@ -123,6 +123,7 @@ impl Proxy {
         } else {
             let mut kept = Config::clone(&config);
             kept.tls = current.config.tls.clone();
+            kept.client_ca = current.config.client_ca;
             Arc::new(kept)
         };
         let (old, new) = (&current.config.upstream, &config.upstream);

@@ -69,6 +69,56 @@ async fn sighup_reloads_routes_and_a_broken_file_keeps_the_old_ones() {
     assert!(!line.contains("admin"), "{line}");
 }
 
+/// A reload that renames a route gives its requests new keys: the reload says so in a
+/// warning naming the route, and a retry of a request answered before it does run again
+/// (the documented limit the warning is for). A reload that changes no key says nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_renames_a_route_warns_that_it_re_keys_requests() {
+    let upstream = start_upstream().await;
+    let proxy = ProxyProcess::start_logging(upstream.addr, ROUTES, "info");
+    let key = [("idempotency-key", "before-rename")];
+    assert_eq!(
+        post(proxy.addr, "/orders", &key, "{}").await.status,
+        StatusCode::CREATED
+    );
+    let text = std::fs::read_to_string(&proxy.config).unwrap();
+    std::fs::write(&proxy.config, format!("{text}drain_timeout: 5s\n")).unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().contains("config reloaded"),
+        "the first reload log line",
+    );
+    assert!(!proxy.log().contains("re-keys"), "{}", proxy.log());
+    std::fs::write(
+        &proxy.config,
+        text.replace("- name: orders\n", "- name: purchases\n"),
+    )
+    .unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().matches("config reloaded").count() == 2,
+        "the second reload log line",
+    );
+    let log = proxy.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("reload re-keys requests"))
+        .unwrap_or_else(|| panic!("no re-key warning in\n{log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        line.contains(r#"route "orders" renamed to "purchases""#)
+            && line.contains("retries and duplicates of earlier requests run again"),
+        "{line}"
+    );
+    assert!(
+        !line.contains("quick"),
+        "an unchanged route is not named: {line}"
+    );
+    let retry = post(proxy.addr, "/orders", &key, "{}").await;
+    assert!(!retry.replayed(), "the retry got a new key");
+    assert_eq!(upstream.executed_for("before-rename"), 2);
+}
+
 /// SIGHUP swaps the upstream for the requests that follow, and a client's open keep-alive
 /// connection goes on being served across the reload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
