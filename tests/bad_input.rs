@@ -218,8 +218,8 @@ async fn a_stalled_request_body_is_408_and_nothing_executes() {
 /// A client that sends part of a request head and then nothing (slowloris) is disconnected
 /// without an answer after the 30 s header-read timeout, nginx's `client_header_timeout`;
 /// meanwhile other connections are served, and the stalled request never reaches the
-/// upstream. Takes 30 s of real time (the timer is per connection and re-armed lazily:
-/// `src/server/header_timer.rs`).
+/// upstream. Takes 30 s of real time (the connection's watchdog, `src/server/watchdog.rs`,
+/// bounds a head begun after a kept-alive answer by the head timeout alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_request_head_is_closed_without_an_answer_after_30_seconds() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
