@@ -89,6 +89,8 @@ macro_rules! store_conformance {
             an_owner_whose_record_vanished_writes_its_outcome_back,
             a_late_answer_settles_its_own_unknown_outcome,
             duplicates_seen_in_observe_mode_are_counted_on_their_key,
+            duplicates_seen_while_a_claim_ran_still_count_after_its_claim_would_have_expired,
+            a_key_claimed_afresh_starts_its_seen_count_again,
             a_done_key_is_free_again_after_its_ttl,
             a_zero_ttl_completes_without_storing,
             inspect_reports_in_flight_and_done_records,

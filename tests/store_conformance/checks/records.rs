@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idemgate::store::{Purged, Store};
+use idemgate::store::{Purged, Settled, Settlement, Store};
 
 use crate::support::*;
 
@@ -92,4 +92,53 @@ pub async fn a_forgotten_record_frees_its_key_and_fences_off_its_owner(store: &S
         .unwrap());
     expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
     assert!(current.release().await.unwrap());
+}
+
+/// Observe mode's count of a key goes with its record to the record's outcome, for as
+/// long as that outcome is kept: the duplicates seen while the first request ran still
+/// count once it is done, even when the outcome is kept longer than the claim's own
+/// record would have lived (a route with `on_unknown_outcome: release`, whose claim lives
+/// its lease plus the background bound, and whose answer lives the route's `ttl`).
+pub async fn duplicates_seen_while_a_claim_ran_still_count_after_its_claim_would_have_expired(
+    store: &Store,
+) {
+    let k = fresh_key();
+    let args = releasing(k, fingerprint(1), SHORT_LEASE, SHORT_LEASE);
+    let lease = expect_owner(store.claim_with(args).await.unwrap());
+    assert!(store.saw_duplicate(k).await.unwrap().is_some());
+    assert!(lease.complete(response(b"a"), LONG_TTL).await.unwrap());
+    // Past the claim's lease and grace: only the done record is left.
+    tokio::time::sleep(3 * SHORT_LEASE).await;
+    assert!(store.saw_duplicate(k).await.unwrap().is_some());
+    let seen = store.inspect(k).await.unwrap().expect("a record").seen;
+    assert_eq!(
+        seen.map(|s| s.times),
+        Some(3),
+        "the first request and two duplicates: {seen:?}"
+    );
+}
+
+/// A key claimed afresh (its owner failed, and a later request runs it again) starts a
+/// count of its own: the duplicates of the failed attempt are not counted as the new
+/// one's, on every store alike.
+pub async fn a_key_claimed_afresh_starts_its_seen_count_again(store: &Store) {
+    let k = fresh_key();
+    let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert!(store.saw_duplicate(k).await.unwrap().is_some());
+    assert!(store.saw_duplicate(k).await.unwrap().is_some());
+    let failed = Settlement::Failed {
+        response: failure_response(),
+        linger: LONG_TTL,
+        reissue: None,
+    };
+    assert_eq!(lease.settle(failed).await.unwrap(), Settled::Written);
+    let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert!(store.saw_duplicate(k).await.unwrap().is_some());
+    let seen = store.inspect(k).await.unwrap().expect("a claim").seen;
+    assert_eq!(
+        seen.map(|s| s.times),
+        Some(2),
+        "the new attempt and one duplicate: {seen:?}"
+    );
+    assert!(again.release().await.unwrap());
 }
