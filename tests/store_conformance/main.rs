@@ -91,6 +91,8 @@ macro_rules! store_conformance {
             duplicates_seen_in_observe_mode_are_counted_on_their_key,
             duplicates_seen_while_a_claim_ran_still_count_after_its_claim_would_have_expired,
             a_key_claimed_afresh_starts_its_seen_count_again,
+            duplicates_seen_while_a_claim_runs_still_count_across_its_renewals,
+            duplicates_seen_before_an_unknown_outcome_still_count_after_its_late_answer,
             a_done_key_is_free_again_after_its_ttl,
             a_zero_ttl_completes_without_storing,
             inspect_reports_in_flight_and_done_records,

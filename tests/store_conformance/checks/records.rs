@@ -142,3 +142,56 @@ pub async fn a_key_claimed_afresh_starts_its_seen_count_again(store: &Store) {
     );
     assert!(again.release().await.unwrap());
 }
+
+/// A claim's count lives as long as the claim, however often its owner renews it: the
+/// duplicates seen early in a long request still count later on (a claim that releases
+/// lapsed claims lives its lease plus the grace from its last renewal, and no longer).
+pub async fn duplicates_seen_while_a_claim_runs_still_count_across_its_renewals(store: &Store) {
+    let k = fresh_key();
+    let args = releasing(k, fingerprint(1), SHORT_LEASE, SHORT_LEASE);
+    let lease = expect_owner(store.claim_with(args).await.unwrap());
+    assert!(store.saw_duplicate(k).await.unwrap().is_some());
+    // Past the claim's first lease and grace: its owner renewed it meanwhile.
+    tokio::time::sleep(3 * SHORT_LEASE).await;
+    assert!(store.saw_duplicate(k).await.unwrap().is_some());
+    let seen = store.inspect(k).await.unwrap().expect("a claim").seen;
+    assert_eq!(
+        seen.map(|s| s.times),
+        Some(3),
+        "the first request and two duplicates: {seen:?}"
+    );
+    assert!(lease.release().await.unwrap());
+}
+
+/// The count of a claim held as an unknown outcome goes on to the answer that settles it
+/// late, for as long as that answer is kept.
+pub async fn duplicates_seen_before_an_unknown_outcome_still_count_after_its_late_answer(
+    store: &Store,
+) {
+    let k = fresh_key();
+    let owned = claim_abandoned_with(
+        store,
+        releasing(k, fingerprint(1), SHORT_LEASE, SHORT_LEASE),
+    )
+    .await;
+    assert!(store.saw_duplicate(k).await.unwrap().is_some());
+    let unknown = Settlement::Unknown { ttl: SHORT_LEASE };
+    assert_eq!(
+        store.settle(&owned, unknown).await.unwrap(),
+        Settled::Written
+    );
+    let done = Settlement::Done {
+        response: response(b"late"),
+        ttl: LONG_TTL,
+    };
+    assert_eq!(store.settle(&owned, done).await.unwrap(), Settled::Written);
+    // Past the claim's and the unknown outcome's lives: only the answer is left.
+    tokio::time::sleep(3 * SHORT_LEASE).await;
+    assert!(store.saw_duplicate(k).await.unwrap().is_some());
+    let seen = store.inspect(k).await.unwrap().expect("a record").seen;
+    assert_eq!(
+        seen.map(|s| s.times),
+        Some(3),
+        "the first request and two duplicates: {seen:?}"
+    );
+}
