@@ -27,6 +27,13 @@
 //! waits on always settles by the script that publishes, and the common completion, which
 //! nobody waits on, publishes nothing.
 //!
+//! Observe mode counts a key's duplicates in `{prefix}seen:{<hex>}`, which lives exactly as
+//! long as the record it counts, as on the memory store: the count script marks a claim in
+//! flight it counts (`s`), so that claim's renewals renew the counter and its settlement
+//! goes by the settle script, which gives the counter the outcome's TTL (or deletes it
+//! with the record); a claim that takes a record over deletes its counter. A key nobody
+//! counted pays nothing for this: its completion is still the swap.
+//!
 //! This file holds the store, its settings, record names and the small operations; each larger
 //! job has its own file: `conn` (the connection), `calls` (one operation under the timeout,
 //! retried once), `claims` (a claim's looks and what they mean), `settle` (completions, by swap
@@ -148,6 +155,7 @@ impl RedisStore {
         Name::new(&self.prefix, "done:", key)
     }
 
+    /// Observe mode's count of `key`'s duplicates (a hash: `n`, `last`), on the record's slot.
     fn seen_counter<'a>(&'a self, key: &'a Digest) -> Name<'a> {
         Name::new(&self.prefix, "seen:", key)
     }

@@ -37,7 +37,7 @@ async fn first_seen_costs_postgres_two_statements_and_a_replay_one() {
         pg_statements(&db),
         [
             "1 SELECT * FROM idemgate_keys_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            "1 SELECT idemgate_keys_settle_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)::bigint",
+            "1 SELECT idemgate_keys_settle_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)::bigint",
         ],
         "claim + settle"
     );
@@ -94,7 +94,7 @@ async fn first_seen_costs_mariadb_two_statements_and_a_replay_one() {
         mariadb_statements(&db),
         [
             "Execute CALL idemgate_keys_claim_v1",
-            "Execute CALL idemgate_keys_settle_v1"
+            "Execute CALL idemgate_keys_settle_v2"
         ],
         "claim + settle"
     );

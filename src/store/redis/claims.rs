@@ -127,6 +127,7 @@ impl RedisStore {
         let mut invocation = self.scripts.claim.prepare_invoke();
         invocation
             .key(self.record(&args.key))
+            .key(self.seen_counter(&args.key))
             .arg(value)
             .arg(px)
             .arg(flag(args.mode == ClaimMode::IssuedOnly))

@@ -5,10 +5,13 @@
 //! binary, never base64 or JSON, and its first byte says what it is:
 //!
 //! - `I` in flight: owner token (16) · payload fingerprint (32) · created ms (8) · lapse
-//!   span ms (8) · lapse kind (`H` hold, `R` release), then `w` once a duplicate waits on
-//!   it. Its `PX` is the lease plus the lapse span, renewed by the live owner; so a claim
-//!   whose remaining TTL is at most the span has lapsed. The token's low 48 bits are the
-//!   created ms, so the owner can rebuild its unmarked record byte for byte.
+//!   span ms (8) · lapse kind (`H` hold, `R` release), then a mark: `w` once a duplicate
+//!   waits on it, or `s` once observe mode counted a duplicate of it (either way its
+//!   settlement goes through the settle script, which wakes the waiters and keeps the count
+//!   as long as the outcome; one mark is enough). Its `PX` is the lease plus the lapse
+//!   span, renewed by the live owner; so a claim whose remaining TTL is at most the span
+//!   has lapsed. The token's low 48 bits are the created ms, so the owner can rebuild its
+//!   unmarked record byte for byte.
 //! - `D` done: payload fingerprint (32) · [`StoredResponse::encode`], `PX` the route's ttl.
 //! - `N` executed, answer not stored: fingerprint (32) · status (2) · at ms (8).
 //! - `U` outcome unknown: owner token (16) · fingerprint (32) · at ms (8).

@@ -26,6 +26,7 @@ impl RedisStore {
         let mut invocation = self.scripts.renew.prepare_invoke();
         invocation
             .key(self.record(&claim.key))
+            .key(self.seen_counter(&claim.key))
             .arg(&Self::fence(claim.token)[..])
             .arg(px)
             .arg(&claim_value(claim.token, claim.fingerprint, claim.lapse)[..]);

@@ -9,12 +9,13 @@ use redis::Script;
 /// on a route that lets lapsed claims be taken over), an issued token, or a failure record
 /// left for another owner's waiters;
 /// marks another owner's unmarked in-flight record as waited on when asked to; otherwise
-/// returns the record and its remaining TTL.
+/// returns the record and its remaining TTL. A record taken over loses what observe mode
+/// counted of it: the new claim's count starts afresh, as memory's does.
 ///
-/// `KEYS[1]` record. ARGV: `[1]` the claim's in-flight value, `[2]` its PX, `[3]` `1` for
-/// issued-only, `[4]` `1` to mark, `[5]` the token a waiter waited on (16 bytes) or empty,
-/// `[6]` `1` when a waiter may take a free key (it saw its owner's claim lapse). Returns 0
-/// (claimed), 1 (free, and not taken), or `{value, pttl}`.
+/// `KEYS[1]` record, `KEYS[2]` its seen counter. ARGV: `[1]` the claim's in-flight value,
+/// `[2]` its PX, `[3]` `1` for issued-only, `[4]` `1` to mark, `[5]` the token a waiter
+/// waited on (16 bytes) or empty, `[6]` `1` when a waiter may take a free key (it saw its
+/// owner's claim lapse). Returns 0 (claimed), 1 (free, and not taken), or `{value, pttl}`.
 const CLAIM: &str = r"
 local v = redis.call('GET', KEYS[1])
 local waiter = ARGV[5] ~= ''
@@ -26,6 +27,7 @@ end
 local kind = string.sub(v, 1, 1)
 if not waiter and (kind == 'T' or (kind == 'F' and (ARGV[3] ~= '1' or string.sub(v, 50, 50) == '1'))) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('DEL', KEYS[2])
   return 0
 end
 if ARGV[4] == '1' and kind == 'I' and #v == #ARGV[1]
@@ -41,10 +43,14 @@ return {v, redis.call('PTTL', KEYS[1])}
 /// when asked to, since the request ran and a retry must not run it again. A record that
 /// already is the settlement's value is this owner's own write whose reply was lost (a
 /// swap, or this script, done before the connection dropped and then retried): settled.
+/// What observe mode counted of the claim goes with it: its counter lives as long as the
+/// outcome written (a claim it counted is marked, so its completion comes here, never by
+/// swap), and is deleted with a record deleted.
 ///
-/// `KEYS[1]` record. ARGV: `[1]` owner token (16 bytes), `[2]` new value (empty: delete), `[3]` its
-/// PX, `[4]` channel, `[5]` `1` to write back. Returns 1 (settled, already settled so, or
-/// gone and nothing to write), 2 (written back), 0 (another owner's record).
+/// `KEYS[1]` record, `KEYS[2]` its seen counter. ARGV: `[1]` owner token (16 bytes), `[2]`
+/// new value (empty: delete), `[3]` its PX, `[4]` channel, `[5]` `1` to write back. Returns
+/// 1 (settled, already settled so, or gone and nothing to write), 2 (written back), 0
+/// (another owner's record).
 const SETTLE: &str = r"
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -52,9 +58,10 @@ if v then
   local kind = string.sub(v, 1, 1)
   if (kind == 'I' or kind == 'U') and string.sub(v, 2, 17) == ARGV[1] then
     if ARGV[2] == '' then
-      redis.call('DEL', KEYS[1])
+      redis.call('DEL', KEYS[1], KEYS[2])
     else
       redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+      redis.call('PEXPIRE', KEYS[2], ARGV[3])
     end
     redis.call('PUBLISH', ARGV[4], '1')
     return 1
@@ -80,10 +87,12 @@ return 0
 ";
 
 /// Renews a live claim, or restores it if the record is gone (a Redis restarted empty or
-/// failed over without it), so duplicates keep finding it in flight.
+/// failed over without it), so duplicates keep finding it in flight. A marked record's seen
+/// counter, if observe mode counted it, is renewed with it.
 ///
-/// `KEYS[1]` record. ARGV: `[1]` `I` and the owner token (17 bytes), `[2]` PX, `[3]` the claim's
-/// unmarked in-flight value. Returns 1 (renewed), 2 (restored), 0 (another's record).
+/// `KEYS[1]` record, `KEYS[2]` its seen counter. ARGV: `[1]` `I` and the owner token (17
+/// bytes), `[2]` PX, `[3]` the claim's unmarked in-flight value. Returns 1 (renewed),
+/// 2 (restored), 0 (another's record).
 const RENEW: &str = r"
 local v = redis.call('GET', KEYS[1])
 if not v then
@@ -92,6 +101,7 @@ if not v then
 end
 if string.sub(v, 1, 17) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if #v > #ARGV[3] then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
   return 1
 end
 return 0
@@ -149,8 +159,12 @@ return n
 ";
 
 /// Counts a duplicate seen in observe mode while the key has a record; the counter lives
-/// as long as the record. Returns the record's first 64 bytes (which hold when it was
-/// made, whatever its kind), or 0. `KEYS[1]` record, `KEYS[2]` its counter; `ARGV[1]` now in ms.
+/// as long as the record. An unmarked claim in flight is marked (`s`, see
+/// [`super::records`]), so its owner settles it by the settle script, which carries the
+/// counter over to the outcome, and renewals renew the counter too: a swap would leave the
+/// counter to expire with the claim. Returns the record's first 64 bytes (which hold when
+/// it was made, whatever its kind), or 0. `KEYS[1]` record, `KEYS[2]` its counter;
+/// `ARGV[1]` now in ms.
 const SEEN: &str = r"
 local t = redis.call('PTTL', KEYS[1])
 if t <= 0 then return 0 end
@@ -160,6 +174,9 @@ if redis.call('HINCRBY', KEYS[2], 'n', 1) == 1 then
 end
 redis.call('HSET', KEYS[2], 'last', ARGV[1])
 redis.call('PEXPIRE', KEYS[2], t)
+if string.sub(head, 1, 1) == 'I' and redis.call('STRLEN', KEYS[1]) == 66 then
+  redis.call('APPEND', KEYS[1], 's')
+end
 return head
 ";
 

@@ -1,8 +1,9 @@
 //! Settling a claim on the Redis store. A completion nobody waits on is one swap of the
 //! owner's own unmarked in-flight record for the done record (`SET … IFEQ`, or the swap
 //! script on a server without it), which publishes nothing; anything else (a record a
-//! waiter marked, one the store lost, any other outcome) goes through the settle script,
-//! fenced by the owner token, which wakes the waiters.
+//! waiter or observe mode's count marked, one the store lost, any other outcome) goes
+//! through the settle script, fenced by the owner token, which wakes the waiters and
+//! carries observe mode's count over to the outcome.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -29,7 +30,8 @@ impl RedisStore {
                 if self.swap_done(key, &in_flight, &response, *ttl).await? {
                     return Ok(Settled::Written);
                 }
-                // Not the record this claim wrote: a waiter marked it, the store lost it,
+                // Not the record this claim wrote: a waiter or observe mode's count marked
+                // it (the script keeps the count as long as the answer), the store lost it,
                 // or a swap retried after a dropped connection had already been done. The
                 // settle script answers for each: the token matches a marked record, a
                 // lost one is written back, and a record that already is this answer
@@ -41,6 +43,7 @@ impl RedisStore {
         let mut invocation = self.scripts.settle.prepare_invoke();
         invocation
             .key(self.record(key))
+            .key(self.seen_counter(key))
             .arg(&owned.token.0.to_be_bytes()[..])
             .arg(value.as_deref().unwrap_or_default())
             .arg(px)

@@ -93,8 +93,8 @@ fn statements(t: &str) -> Statements {
             .map(str::to_owned)
             .collect(),
         claim: format!("CALL {t}_claim_v1(?, ?, ?, ?, ?, ?, ?, ?)"),
-        settle: format!("CALL {t}_settle_v1(?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-        renew: format!("CALL {t}_renew_v1(?, ?, ?, ?, ?, ?)"),
+        settle: format!("CALL {t}_settle_v2(?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+        renew: format!("CALL {t}_renew_v2(?, ?, ?, ?, ?, ?)"),
         purge: format!("CALL {t}_purge_v1(?)"),
         hit: format!("CALL {t}_hit_v1(?, ?)"),
         issue: format!(
@@ -106,36 +106,22 @@ fn statements(t: &str) -> Statements {
                 lease_until = NULL, expires_at = VALUES(expires_at),
                 lapse_hold = FALSE, issued = FALSE, status = NULL, response = NULL"
         ),
+        // A count stands while it expires with its record (see `mysql.sql`).
         inspect: format!(
             "SELECT kind, token, fingerprint, status, response, issued, lapse_hold,
                 {} AS lease_ms, {} AS expires_ms,
                 CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000
                     AS SIGNED) AS created_ms,
                 (SELECT s.times FROM {t}_seen s
-                    WHERE s.digest = ? AND s.expires_at > UTC_TIMESTAMP(3)) AS seen_times,
+                    WHERE s.digest = ? AND s.expires_at = r.expires_at) AS seen_times,
                 (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', s.last_at) DIV 1000
                     AS SIGNED) FROM {t}_seen s
-                    WHERE s.digest = ? AND s.expires_at > UTC_TIMESTAMP(3)) AS seen_ms
-             FROM {t} WHERE digest = ? AND expires_at > UTC_TIMESTAMP(3)",
+                    WHERE s.digest = ? AND s.expires_at = r.expires_at) AS seen_ms
+             FROM {t} r WHERE digest = ? AND expires_at > UTC_TIMESTAMP(3)",
             ms("lease_until"),
             ms("expires_at"),
         ),
-        seen: vec![
-            // A count restarts with a key's new record: the old one's has expired.
-            format!(
-                "INSERT INTO {t}_seen (digest, times, last_at, expires_at)
-                 SELECT digest, 2, UTC_TIMESTAMP(3), expires_at FROM {t}
-                    WHERE digest = ? AND expires_at > UTC_TIMESTAMP(3)
-                 ON DUPLICATE KEY UPDATE
-                    times = IF({t}_seen.expires_at > UTC_TIMESTAMP(3), {t}_seen.times + 1, 2),
-                    last_at = UTC_TIMESTAMP(3), expires_at = VALUES(expires_at)"
-            ),
-            format!(
-                "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', created_at) DIV 1000
-                    AS SIGNED) FROM {t}
-                 WHERE digest = ? AND kind <> 'T' AND expires_at > UTC_TIMESTAMP(3)"
-            ),
-        ],
+        seen: format!("CALL {t}_seen_v1(?)"),
         reap: [
             reap(t, "expires_at"),
             reap(&format!("{t}_hits"), "window_end"),

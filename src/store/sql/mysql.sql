@@ -17,7 +17,8 @@ CREATE TABLE IF NOT EXISTS {t} (
     lease_until DATETIME(3) NULL,                  -- in flight: the lease runs out
     expires_at  DATETIME(3) NOT NULL,              -- gone (in flight: lease + lapse span)
     lapse_hold  BOOLEAN NOT NULL DEFAULT FALSE,    -- in flight: a lapse is held as unknown
-    issued      BOOLEAN NOT NULL DEFAULT FALSE,    -- failed: a one-time token's, reissued
+    issued      BOOLEAN NOT NULL DEFAULT FALSE,    -- failed: a one-time token's, reissued;
+                                                   -- in flight: observe mode counted it
     status      SMALLINT NULL,                     -- not stored: the upstream's status
     response    LONGBLOB NULL,                     -- done, failed: the stored answer
     KEY {t}_expires (expires_at)
@@ -30,7 +31,12 @@ CREATE TABLE IF NOT EXISTS {t}_hits (
     KEY {t}_hits_expires (window_end)
 ) ENGINE = InnoDB
 -- ;;
-CREATE TABLE IF NOT EXISTS {t}_seen (                -- keys seen in observe mode
+-- How often a key was seen on a route in observe mode, for as long as its record lives:
+-- a count stands while its expires_at is its record's. The count routine sets it so and
+-- marks a claim in flight it counts (`issued`), whose renewals and settlement then move
+-- the count's expiry with the record's; a record written afresh (a new claim, a write-back)
+-- has another expires_at, so an older count no longer stands and counting starts again.
+CREATE TABLE IF NOT EXISTS {t}_seen (
     digest     BINARY(32) NOT NULL PRIMARY KEY,
     times      BIGINT NOT NULL,
     last_at    DATETIME(3) NOT NULL,
@@ -124,10 +130,12 @@ END
 -- ;;
 -- Ends a claim: fenced by the owner token (its in-flight record, or its own unknown
 -- outcome, which a late answer may still settle), writing the settlement (p_kind NULL:
--- deleting the row). A record that is gone is written back when p_writes_back says the
--- request ran. Returns 1 (settled, or gone and nothing to write), 2 (written back) or 0
--- (another owner's record).
-CREATE PROCEDURE IF NOT EXISTS {t}_settle_v1(
+-- deleting the row). What observe mode counted of the claim (it marked the claim; an
+-- unknown outcome is looked up) lives as long as the settlement, or goes with the row. A
+-- record that is gone is written back when p_writes_back says the request ran. Returns 1
+-- (settled, or gone and nothing to write), 2 (written back) or 0 (another owner's record).
+-- v2: carries observe mode's count over to the settlement.
+CREATE PROCEDURE IF NOT EXISTS {t}_settle_v2(
     IN p_digest BINARY(32), IN p_token BINARY(16), IN p_fp BINARY(32), IN p_kind CHAR(1),
     IN p_ttl_ms BIGINT, IN p_status SMALLINT, IN p_response LONGBLOB, IN p_issued BOOLEAN,
     IN p_writes_back BOOLEAN)
@@ -140,6 +148,7 @@ BEGIN
     DECLARE r_kind CHAR(1) CHARACTER SET ascii;
     DECLARE r_token BINARY(16);
     DECLARE r_expires DATETIME(3);
+    DECLARE r_counted BOOLEAN;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = FALSE;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     settle: LOOP
@@ -150,7 +159,8 @@ BEGIN
         END IF;
         SET v_found = TRUE, v_code = NULL;
         START TRANSACTION;
-        SELECT kind, token, expires_at INTO r_kind, r_token, r_expires
+        SELECT kind, token, expires_at, issued OR kind = 'U'
+          INTO r_kind, r_token, r_expires, r_counted
           FROM {t} WHERE digest = p_digest FOR UPDATE;
         IF v_found AND r_token = p_token AND r_kind IN ('I', 'U') THEN
             IF p_kind IS NULL THEN
@@ -160,6 +170,12 @@ BEGIN
                     lease_until = NULL, expires_at = v_expires, issued = p_issued,
                     status = p_status, response = p_response
                 WHERE digest = p_digest;
+            END IF;
+            IF r_counted AND p_kind IS NULL THEN
+                DELETE FROM {t}_seen WHERE digest = p_digest;
+            ELSEIF r_counted THEN
+                UPDATE {t}_seen SET expires_at = v_expires
+                WHERE digest = p_digest AND expires_at = r_expires;
             END IF;
             SET v_code = 1;
         ELSEIF v_found AND r_expires > v_now THEN
@@ -193,8 +209,10 @@ BEGIN
 END
 -- ;;
 -- Renews a live claim for its lease from now, or writes it back if its record is gone (an
--- operator's purge). Returns 1 (renewed), 2 (restored) or 0 (another's record: lost).
-CREATE PROCEDURE IF NOT EXISTS {t}_renew_v1(
+-- operator's purge); what observe mode counted of the claim is renewed with it. Returns 1
+-- (renewed), 2 (restored) or 0 (another's record: lost).
+-- v2: renews observe mode's count too.
+CREATE PROCEDURE IF NOT EXISTS {t}_renew_v2(
     IN p_digest BINARY(32), IN p_token BINARY(16), IN p_fp BINARY(32),
     IN p_lease_ms BIGINT, IN p_span_ms BIGINT, IN p_hold BOOLEAN)
 BEGIN
@@ -208,6 +226,7 @@ BEGIN
     DECLARE r_kind CHAR(1) CHARACTER SET ascii;
     DECLARE r_token BINARY(16);
     DECLARE r_expires DATETIME(3);
+    DECLARE r_counted BOOLEAN;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = FALSE;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     renew: LOOP
@@ -217,11 +236,15 @@ BEGIN
         END IF;
         SET v_found = TRUE, v_code = NULL;
         START TRANSACTION;
-        SELECT kind, token, expires_at INTO r_kind, r_token, r_expires
+        SELECT kind, token, expires_at, issued INTO r_kind, r_token, r_expires, r_counted
           FROM {t} WHERE digest = p_digest FOR UPDATE;
         IF v_found AND r_kind = 'I' AND r_token = p_token THEN
             UPDATE {t} SET lease_until = v_lease, expires_at = v_expires
             WHERE digest = p_digest;
+            IF r_counted THEN
+                UPDATE {t}_seen SET expires_at = v_expires
+                WHERE digest = p_digest AND expires_at = r_expires;
+            END IF;
             SET v_code = 1;
         ELSEIF v_found AND r_expires > v_now THEN
             SET v_code = 0;
@@ -294,4 +317,40 @@ BEGIN
     SELECT hits INTO v_hits FROM {t}_hits WHERE digest = p_digest;
     COMMIT;
     SELECT v_hits AS hits;
+END
+-- ;;
+-- Counts a duplicate seen in observe mode while the key has a record (the first request
+-- counts as one), and marks a claim in flight as counted so that its renewals and its
+-- settlement keep the count. The row is locked first: a settlement running meanwhile
+-- either comes after (and finds the mark and the count) or before (and the count takes
+-- the settlement's expiry). Returns one row: when the record was made (Unix ms; NULL for
+-- no record, or an issued token, which has no request yet).
+CREATE PROCEDURE IF NOT EXISTS {t}_seen_v1(IN p_digest BINARY(32))
+BEGIN
+    DECLARE v_now DATETIME(3) DEFAULT UTC_TIMESTAMP(3);
+    DECLARE v_found BOOLEAN DEFAULT TRUE;
+    DECLARE r_kind CHAR(1) CHARACTER SET ascii;
+    DECLARE r_counted BOOLEAN;
+    DECLARE r_created DATETIME(3);
+    DECLARE r_expires DATETIME(3);
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = FALSE;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    SELECT kind, issued, created_at, expires_at INTO r_kind, r_counted, r_created, r_expires
+      FROM {t} WHERE digest = p_digest AND expires_at > v_now FOR UPDATE;
+    IF v_found THEN
+        IF r_kind = 'I' AND NOT r_counted THEN
+            UPDATE {t} SET issued = TRUE WHERE digest = p_digest;
+        END IF;
+        -- The assignments run in order: `times` compares the old `expires_at`.
+        INSERT INTO {t}_seen (digest, times, last_at, expires_at)
+        VALUES (p_digest, 2, v_now, r_expires)
+        ON DUPLICATE KEY UPDATE
+            times = IF(expires_at = VALUES(expires_at), times + 1, 2),
+            last_at = VALUES(last_at), expires_at = VALUES(expires_at);
+    END IF;
+    COMMIT;
+    SELECT IF(v_found AND r_kind <> 'T',
+              CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', r_created) DIV 1000 AS SIGNED),
+              NULL) AS made_ms;
 END

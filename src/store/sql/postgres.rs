@@ -94,8 +94,8 @@ fn statements(t: &str) -> Statements {
             SCHEMA.replace("{t}", t)
         )],
         claim: format!("SELECT * FROM {t}_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
-        settle: format!("SELECT {t}_settle_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)::bigint"),
-        renew: format!("SELECT {t}_renew_v1($1, $2, $3, $4, $5, $6)::bigint"),
+        settle: format!("SELECT {t}_settle_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)::bigint"),
+        renew: format!("SELECT {t}_renew_v2($1, $2, $3, $4, $5, $6)::bigint"),
         purge: format!("SELECT {t}_purge_v1($1)::bigint"),
         issue: format!(
             "INSERT INTO {t} (digest, kind, token, fingerprint, created_at, expires_at)
@@ -115,28 +115,16 @@ fn statements(t: &str) -> Statements {
                     THEN EXCLUDED.window_end ELSE h.window_end END
              RETURNING hits"
         ),
+        // A count stands while it expires with its record (see `postgres.sql`).
         inspect: format!(
             "SELECT {found},
                 (SELECT s.times FROM {t}_seen s
-                    WHERE s.digest = $1 AND s.expires_at > now()) AS seen_times,
+                    WHERE s.digest = $1 AND s.expires_at = r.expires_at) AS seen_times,
                 (SELECT (extract(epoch FROM s.last_at) * 1000)::bigint FROM {t}_seen s
-                    WHERE s.digest = $2 AND s.expires_at > now()) AS seen_ms
-             FROM {t} WHERE digest = $3 AND expires_at > now()"
+                    WHERE s.digest = $2 AND s.expires_at = r.expires_at) AS seen_ms
+             FROM {t} r WHERE digest = $3 AND expires_at > now()"
         ),
-        // A count restarts with a key's new record: the old one's has expired.
-        seen: vec![format!(
-            "WITH r AS (SELECT kind, created_at, expires_at FROM {t}
-                WHERE digest = $1 AND expires_at > now()),
-             up AS (INSERT INTO {t}_seen (digest, times, last_at, expires_at)
-                SELECT $1, 2, now(), r.expires_at FROM r
-                ON CONFLICT (digest) DO UPDATE SET
-                    times = CASE WHEN {t}_seen.expires_at > now()
-                        THEN {t}_seen.times + 1 ELSE 2 END,
-                    last_at = now(), expires_at = EXCLUDED.expires_at
-                RETURNING 1)
-             SELECT (extract(epoch FROM r.created_at) * 1000)::bigint
-             FROM r, (SELECT count(*) FROM up) counted WHERE r.kind <> 'T'"
-        )],
+        seen: format!("SELECT {t}_seen_v1($1)"),
         reap: [
             reap(t, "expires_at"),
             reap(&format!("{t}_hits"), "window_end"),

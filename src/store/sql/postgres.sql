@@ -14,7 +14,8 @@ CREATE TABLE IF NOT EXISTS {t} (
     expires_at  timestamptz NOT NULL,       -- the record is gone (in flight: lease + lapse span)
     lapse_hold  boolean NOT NULL DEFAULT false,  -- in flight: a lapse is held as unknown
     waited      boolean NOT NULL DEFAULT false,  -- in flight: a duplicate waits (settle notifies)
-    issued      boolean NOT NULL DEFAULT false,  -- failed: a one-time token's, reissued
+    issued      boolean NOT NULL DEFAULT false,  -- failed: a one-time token's, reissued;
+                                                 -- in flight: observe mode counted it
     status      smallint,                   -- not stored: the upstream's status
     response    bytea                       -- done, failed: the stored answer
 );
@@ -25,7 +26,11 @@ CREATE TABLE IF NOT EXISTS {t}_hits (
     hits       bigint NOT NULL
 );
 CREATE INDEX IF NOT EXISTS {t}_hits_expires ON {t}_hits (window_end);
--- How often a key was seen on a route in observe mode, for as long as its record lives.
+-- How often a key was seen on a route in observe mode, for as long as its record lives:
+-- a count stands while its expires_at is its record's. The count routine sets it so and
+-- marks a claim in flight it counts (`issued`), whose renewals and settlement then move
+-- the count's expiry with the record's; a record written afresh (a new claim, a write-back)
+-- has another expires_at, so an older count no longer stands and counting starts again.
 CREATE TABLE IF NOT EXISTS {t}_seen (
     digest     bytea PRIMARY KEY,
     times      bigint NOT NULL,
@@ -114,10 +119,13 @@ END $$;
 
 -- Ends a claim: fenced by the owner token (its in-flight record, or its own unknown
 -- outcome, which a late answer may still settle), writing the settlement (p_kind NULL:
--- deleting the row) and notifying the waiters if one marked the record. A record that is
--- gone is written back when p_writes_back says the request ran. Returns 1 (settled, or
--- gone and nothing to write), 2 (written back) or 0 (another owner's record).
-CREATE OR REPLACE FUNCTION {t}_settle_v1(
+-- deleting the row) and notifying the waiters if one marked the record. What observe mode
+-- counted of the claim (it marked the claim; an unknown outcome is looked up) lives as long
+-- as the settlement, or goes with the row. A record that is gone is written back when
+-- p_writes_back says the request ran. Returns 1 (settled, or gone and nothing to write),
+-- 2 (written back) or 0 (another owner's record).
+-- v2: carries observe mode's count over to the settlement.
+CREATE OR REPLACE FUNCTION {t}_settle_v2(
     p_digest bytea, p_token bytea, p_fp bytea, p_kind "char", p_ttl_ms bigint,
     p_status smallint, p_response bytea, p_issued boolean, p_writes_back boolean)
 RETURNS smallint
@@ -128,7 +136,7 @@ DECLARE
     v_expires timestamptz := now() + p_ttl_ms * interval '1 millisecond';
 BEGIN
     FOR attempt IN 1..20 LOOP
-        SELECT t.kind, t.token, t.waited, t.expires_at INTO r
+        SELECT t.kind, t.token, t.waited, t.issued, t.expires_at INTO r
         FROM {t} t WHERE t.digest = p_digest FOR UPDATE;
         IF FOUND AND r.token = p_token AND r.kind IN ('I', 'U') THEN
             IF p_kind IS NULL THEN
@@ -138,6 +146,14 @@ BEGIN
                     lease_until = NULL, expires_at = v_expires, issued = p_issued,
                     status = p_status, response = p_response
                 WHERE t.digest = p_digest;
+            END IF;
+            IF r.issued OR r.kind = 'U' THEN
+                IF p_kind IS NULL THEN
+                    DELETE FROM {t}_seen s WHERE s.digest = p_digest;
+                ELSE
+                    UPDATE {t}_seen s SET expires_at = v_expires
+                    WHERE s.digest = p_digest AND s.expires_at = r.expires_at;
+                END IF;
             END IF;
             IF r.waited THEN
                 PERFORM pg_notify('{t}_done', encode(p_digest, 'hex'));
@@ -173,9 +189,11 @@ BEGIN
 END $$;
 
 -- Renews a live claim for its lease from now, or writes it back if its record is gone (an
--- operator's purge), so duplicates keep finding it in flight. Returns 1 (renewed),
--- 2 (restored) or 0 (another's record: the claim is lost).
-CREATE OR REPLACE FUNCTION {t}_renew_v1(
+-- operator's purge), so duplicates keep finding it in flight; what observe mode counted of
+-- the claim is renewed with it. Returns 1 (renewed), 2 (restored) or 0 (another's record:
+-- the claim is lost).
+-- v2: renews observe mode's count too.
+CREATE OR REPLACE FUNCTION {t}_renew_v2(
     p_digest bytea, p_token bytea, p_fp bytea, p_lease_ms bigint, p_span_ms bigint,
     p_hold boolean)
 RETURNS smallint
@@ -187,11 +205,15 @@ DECLARE
     v_expires timestamptz := now() + (p_lease_ms + p_span_ms) * interval '1 millisecond';
 BEGIN
     FOR attempt IN 1..20 LOOP
-        SELECT t.kind, t.token, t.expires_at INTO r
+        SELECT t.kind, t.token, t.issued, t.expires_at INTO r
         FROM {t} t WHERE t.digest = p_digest FOR UPDATE;
         IF FOUND AND r.kind = 'I' AND r.token = p_token THEN
             UPDATE {t} t SET lease_until = v_lease, expires_at = v_expires
             WHERE t.digest = p_digest;
+            IF r.issued THEN
+                UPDATE {t}_seen s SET expires_at = v_expires
+                WHERE s.digest = p_digest AND s.expires_at = r.expires_at;
+            END IF;
             RETURN 1;
         END IF;
         IF FOUND AND r.expires_at > now() THEN
@@ -241,4 +263,36 @@ BEGIN
     DELETE FROM {t}_seen s WHERE s.digest = p_digest;
     PERFORM pg_notify('{t}_done', encode(p_digest, 'hex'));
     RETURN 1;
+END $$;
+
+-- Counts a duplicate seen in observe mode while the key has a record (the first request
+-- counts as one), and marks a claim in flight as counted so that its renewals and its
+-- settlement keep the count. The row is locked first: a settlement running meanwhile
+-- either comes after (and finds the mark and the count) or before (and the count takes
+-- the settlement's expiry). Returns when the record was made (Unix ms; NULL for no record,
+-- or an issued token, which has no request yet).
+CREATE OR REPLACE FUNCTION {t}_seen_v1(p_digest bytea)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    SELECT t.kind, t.issued, t.created_at, t.expires_at INTO r
+    FROM {t} t WHERE t.digest = p_digest AND t.expires_at > now() FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF r.kind = 'I' AND NOT r.issued THEN
+        UPDATE {t} t SET issued = true WHERE t.digest = p_digest;
+    END IF;
+    INSERT INTO {t}_seen AS s (digest, times, last_at, expires_at)
+    VALUES (p_digest, 2, now(), r.expires_at)
+    ON CONFLICT (digest) DO UPDATE SET
+        times = CASE WHEN s.expires_at = EXCLUDED.expires_at THEN s.times + 1 ELSE 2 END,
+        last_at = now(), expires_at = EXCLUDED.expires_at;
+    IF r.kind = 'T' THEN
+        RETURN NULL;
+    END IF;
+    RETURN (extract(epoch FROM r.created_at) * 1000)::bigint;
 END $$;

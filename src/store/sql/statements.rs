@@ -35,9 +35,9 @@ pub struct Statements {
     /// A record's columns from 0, then the observe-mode count and its last time; the key
     /// is bound three times.
     pub inspect: String,
-    /// Counting a duplicate seen in observe mode, run in turn with the key: the last one
-    /// answers when the record was made (Unix ms), or nothing.
-    pub seen: Vec<String>,
+    /// The count routine: a duplicate seen in observe mode; parameter: key. Its answer:
+    /// when the record was made (Unix ms) in column 0, or NULL.
+    pub seen: String,
     /// Deleting a batch of expired rows of the dedupe table, the hits and the counts.
     pub reap: [String; 3],
 }

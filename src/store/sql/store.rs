@@ -352,13 +352,12 @@ impl<D: Dialect> SqlStore<D> {
     /// See [`crate::store::Store::saw_duplicate`].
     pub async fn saw_duplicate(&self, key: Digest) -> Result<Option<SystemTime>, StoreError> {
         self.ready_schema().await?;
-        let params = [Arg::Bytes(&key.0)];
-        let mut made = None;
-        for sql in &self.statements().seen {
-            made = self.fetch(sql, &params).await?.into_iter().next();
-        }
-        made.map(|row| Ok(UNIX_EPOCH + Duration::from_millis(row.int(0)?.max(0) as u64)))
-            .transpose()
+        let row = self
+            .fetch_one(&self.statements().seen, &[Arg::Bytes(&key.0)])
+            .await?;
+        Ok(row
+            .maybe_int(0)?
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)))
     }
 
     /// See [`crate::store::Store::purge`]: one routine call locks the row, decides and
