@@ -68,6 +68,13 @@ pub enum ProxyError {
     /// read timeout (seconds).
     #[error("no part of the request body arrived for {0} s")]
     BodyTimeout(u64),
+    /// The proxy buffers as many bytes as `connections.max_buffered` allows: a protected
+    /// request's body found no room, and was refused before anything was claimed or sent.
+    #[error("the proxy is buffering as much as it may at once; retry after {retry_after} s")]
+    Overloaded {
+        /// Seconds for `Retry-After`.
+        retry_after: u64,
+    },
     /// The store failed and the route fails closed.
     #[error("the idempotency store is unavailable")]
     Store(#[from] StoreError),
@@ -126,7 +133,7 @@ impl ProxyError {
             }
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Store(_) | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnreachable(_) | Self::UpstreamFailed(_) | Self::OwnerFailed => {
                 StatusCode::BAD_GATEWAY
             }
@@ -156,6 +163,7 @@ impl ProxyError {
                 | Self::PayloadTooLarge { .. }
                 | Self::BodyTimeout(_)
                 | Self::BodyRead(_)
+                | Self::Overloaded { .. }
         )
     }
 
@@ -177,6 +185,7 @@ impl ProxyError {
             Self::PayloadTooLarge { .. } => "payload-too-large",
             Self::BodyRead(_) => "body-unreadable",
             Self::BodyTimeout(_) => "body-timeout",
+            Self::Overloaded { .. } => "overloaded",
             Self::Store(StoreError::Unreadable(_)) => "stored-answer-unreadable",
             Self::Store(_) => "store-unavailable",
             Self::UpstreamUnreachable(_) => "upstream-unreachable",
@@ -201,7 +210,8 @@ impl ProxyError {
             | Self::RateLimited { .. }
             | Self::CallerOverShare
             | Self::Stale(_)
-            | Self::NotImplemented(_) => Outcome::Rejected,
+            | Self::NotImplemented(_)
+            | Self::Overloaded { .. } => Outcome::Rejected,
             Self::Mismatch => Outcome::Mismatch,
             Self::InFlight { .. } => Outcome::Conflict,
             Self::OutcomeUnknown { .. } => Outcome::Held,
@@ -231,6 +241,7 @@ impl ProxyError {
             }
             Self::BodyTimeout(_) => "Request timeout",
             Self::Store(_) => "Idempotency store unavailable",
+            Self::Overloaded { .. } => "Proxy overloaded",
             Self::UpstreamUnreachable(_) | Self::UpstreamFailed(_) => "Bad gateway",
             Self::UpstreamTimeout => "Gateway timeout",
             Self::NotImplemented(_) => "Not implemented",
@@ -246,7 +257,7 @@ impl ProxyError {
             Self::Store(StoreError::Unreadable(_)) => "the stored record of this request \
                  cannot be read; it may have been executed and is not executed again"
                 .into(),
-            Self::Store(_) => {
+            Self::Store(_) | Self::Overloaded { .. } => {
                 format!("{self}; the request was not executed, so it can be retried")
             }
             Self::UpstreamUnreachable(_) => {
@@ -283,7 +294,10 @@ impl ProxyError {
             HeaderValue::from_static("application/problem+json"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if let Self::InFlight { retry_after } | Self::RateLimited { retry_after } = self {
+        if let Self::InFlight { retry_after }
+        | Self::RateLimited { retry_after }
+        | Self::Overloaded { retry_after } = self
+        {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
         }
         if let Self::CallerOverShare = self {
@@ -321,6 +335,16 @@ mod tests {
             r.headers()[header::CONTENT_TYPE],
             "application/problem+json"
         );
+    }
+
+    #[test]
+    fn overloaded_maps_to_503_with_retry_after() {
+        let e = ProxyError::Overloaded { retry_after: 1 };
+        assert_eq!(e.as_str(), "overloaded");
+        assert!(e.leaves_body_unread());
+        let r = e.into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
     }
 
     #[test]

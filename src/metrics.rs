@@ -1,5 +1,6 @@
 //! Prometheus metrics, registered once and shared by `Arc`: requests by route and outcome,
-//! upstream latency and wait-time histograms, owners in flight, store entries and bytes.
+//! upstream latency and wait-time histograms, owners in flight, store entries and bytes,
+//! the bytes buffered under `connections.max_buffered` and its refusals.
 //! Per-route handles are cached, so counting a request allocates nothing.
 
 use std::collections::HashMap;
@@ -38,7 +39,8 @@ pub enum Outcome {
     Held,
     /// 409: a repeat of a key whose answer was not stored.
     NotStored,
-    /// 400 or 413: bad key, body or request; nothing was claimed.
+    /// 400, 413 or 503 `overloaded`: bad key, body or request, or no room to buffer the
+    /// body; nothing was claimed.
     Rejected,
     /// The owner's answer is not replayed (a 5xx, a transient 4xx, an upstream never
     /// reached): the key was released, so a later retry executes.
@@ -139,6 +141,11 @@ struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WhatLabel {
+    what: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
     route: String,
 }
@@ -198,6 +205,7 @@ pub struct Metrics {
     /// Route names by [`RouteTag`]: tag 0 is "" (no route: issued tokens).
     tags: RwLock<Vec<String>>,
     connections: ConnectionMetrics,
+    buffers: BufferMetrics,
 }
 
 fn latency_histogram() -> Histogram {
@@ -273,6 +281,8 @@ impl Metrics {
         );
         let connections = ConnectionMetrics::default();
         connections.register(&mut registry);
+        let buffers = BufferMetrics::default();
+        buffers.register(&mut registry);
         let reaped = Counter::default();
         registry.register(
             "store_reaped",
@@ -282,6 +292,7 @@ impl Metrics {
         Self {
             registry,
             connections,
+            buffers,
             requests,
             upstream,
             wait,
@@ -350,6 +361,11 @@ impl Metrics {
     /// The connection gauges and counters.
     pub fn connections(&self) -> &ConnectionMetrics {
         &self.connections
+    }
+
+    /// The buffer budget's gauges and counters (`crate::proxy::budget`).
+    pub fn buffers(&self) -> &BufferMetrics {
+        &self.buffers
     }
 
     /// Marks an owner as running upstream until the guard drops.
@@ -439,6 +455,52 @@ impl ConnectionMetrics {
             "Requests that waited for an upstream connection under connections.max_upstream",
             self.upstream_waited.clone(),
         );
+    }
+}
+
+/// The buffer budget (`connections.max_buffered`): bytes held, its limit, and what it
+/// refused. The budget counts in [`BufferMetrics::held`] itself.
+#[derive(Debug, Default)]
+pub struct BufferMetrics {
+    /// Bytes of request bodies and upstream answers buffered now.
+    pub held: Gauge,
+    /// `connections.max_buffered`.
+    pub limit: Gauge,
+    /// Bodies refused (`503 overloaded`) and answers streamed unstored, for want of room.
+    refused: Family<WhatLabel, Counter>,
+}
+
+impl BufferMetrics {
+    /// The refusal counter of `what`.
+    pub fn refused(&self, what: crate::proxy::budget::Refusal) -> Counter {
+        self.refused.get_or_create_owned(&WhatLabel {
+            what: what.as_str().to_owned(),
+        })
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "buffered_bytes",
+            "Bytes of protected request bodies and owners' answers buffered now",
+            self.held.clone(),
+        );
+        registry.register(
+            "buffered_limit_bytes",
+            "The most that may be buffered at once (connections.max_buffered)",
+            self.limit.clone(),
+        );
+        registry.register(
+            "buffer_refusals",
+            "Buffers refused for want of room under connections.max_buffered: request bodies (503 overloaded) and answers (streamed, not stored)",
+            self.refused.clone(),
+        );
+        // Both series exist from the start, at 0.
+        for what in [
+            crate::proxy::budget::Refusal::RequestBody,
+            crate::proxy::budget::Refusal::Answer,
+        ] {
+            let _ = self.refused(what);
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod answer;
 pub mod body;
+pub mod budget;
 pub mod detach;
 pub mod fresh;
 pub mod handler;

@@ -1,7 +1,8 @@
 //! Memory stays bounded by configuration, whatever clients and upstreams send: a body
 //! buffered on a protected route costs about its bound (`max_body`, `max_answer`), even
-//! when it comes as one-byte chunks. A counting allocator (this test binary's own) measures
-//! the peak.
+//! when it comes as one-byte chunks, and all of them together stay within
+//! `connections.max_buffered`. A counting allocator (this test binary's own) measures the
+//! peak.
 
 mod common;
 
@@ -322,5 +323,168 @@ routes:
             held >> 10
         );
         drop(clients);
+    })
+}
+
+/// Routes of the buffer budget's tests: `/orders` keyed by `Idempotency-Key`, with all
+/// requests together buffering at most `max_buffered` (`max_body` and `max_answer` keep
+/// their defaults, far above it).
+fn budget_routes(max_buffered: &str) -> String {
+    format!(
+        r#"
+connections: {{ max_buffered: {max_buffered} }}
+routes:
+  - name: orders
+    match: {{ methods: [POST], path: /orders }}
+    key: {{ header: Idempotency-Key, required: true }}
+"#
+    )
+}
+
+/// Waits until the proxy buffers nothing (hang guard: 30 s).
+async fn budget_drains(proxy: &common::ProxyHandle) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while proxy.metric("idemgate_buffered_bytes") > 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: buffered bytes never went back to 0"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `connections.max_buffered` bounds what all requests together buffer: while two
+/// clients hold most of it with bodies they have half sent, concurrent uploads that do not
+/// fit get `503 overloaded` with `Retry-After`, before their keys are claimed or anything
+/// is sent (the upstream runs none of them); once the room is back, the proxy serves
+/// again, and a refused request's retry runs (its key was never claimed).
+#[test]
+fn uploads_beyond_the_buffer_budget_get_503_overloaded_and_run_nothing() {
+    const BODY: usize = 100 * 1024;
+    alone(async {
+        let upstream = common::start_upstream().await;
+        let proxy = common::start_proxy(upstream.addr, &budget_routes("256KiB")).await;
+        // Two clients send 100 KiB of a declared 120 KiB body, and stall.
+        let mut holders = Vec::new();
+        for i in 0..2 {
+            let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+            let head = format!(
+                "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: holder-{i}\r\ncontent-length: {}\r\n\r\n",
+                BODY + 20 * 1024
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            s.write_all(&vec![b'h'; BODY]).await.unwrap();
+            holders.push(s);
+        }
+        proxy
+            .metric_reaches("idemgate_buffered_bytes", (2 * BODY) as f64)
+            .await;
+        assert_eq!(proxy.metric("idemgate_buffered_limit_bytes"), 262_144.0);
+        let body = "x".repeat(BODY);
+        let uploads: Vec<_> = (0..4)
+            .map(|i| {
+                let (addr, body) = (proxy.addr, body.clone());
+                tokio::spawn(async move {
+                    let key = format!("upload-{i}");
+                    common::post(addr, "/orders", &[("idempotency-key", &key)], &body).await
+                })
+            })
+            .collect();
+        for upload in uploads {
+            let answer = upload.await.unwrap();
+            assert_eq!(answer.status, 503, "{:?}", answer.body);
+            assert_eq!(answer.json()["type"], "urn:idemgate:problem:overloaded");
+            assert_eq!(answer.headers["retry-after"], "1");
+        }
+        assert_eq!(upstream.executed(), 0, "a refused upload ran upstream");
+        assert_eq!(
+            proxy.metric(r#"idemgate_buffer_refusals_total{what="request_body"}"#),
+            4.0
+        );
+        // The holders leave: their bytes come back, and the proxy serves again.
+        drop(holders);
+        budget_drains(&proxy).await;
+        let retried = common::post(
+            proxy.addr,
+            "/orders",
+            &[("idempotency-key", "upload-0")],
+            &body,
+        )
+        .await;
+        assert_eq!(retried.status, 201, "{:?}", retried.body);
+        assert_eq!(upstream.executed_for("upload-0"), 1);
+        let small =
+            common::post(proxy.addr, "/orders", &[("idempotency-key", "small")], "{}").await;
+        assert_eq!(small.status, 201);
+        assert_eq!(upstream.executed(), 2);
+        budget_drains(&proxy).await;
+    })
+}
+
+/// An owner's answer the budget has no room for (under `max_answer`, over
+/// `max_buffered`) never fails its exchange, since the request ran: it streams whole to its
+/// client, and the key records "executed, answer not stored", so a duplicate that waited
+/// for it, and a later one, get `409 answer-not-stored`, never a second run.
+#[test]
+fn an_answer_over_the_buffer_budget_streams_on_and_is_never_run_again() {
+    const ANSWER: usize = 400_000;
+    alone(async {
+        let upstream = common::start_upstream().await;
+        let proxy = common::start_proxy(upstream.addr, &budget_routes("128KiB")).await;
+        let bytes = ANSWER.to_string();
+        let headers = [
+            ("idempotency-key", "big"),
+            ("x-test-bytes", bytes.as_str()),
+            ("x-test-gate", "big"),
+        ];
+        let owner = {
+            let (addr, bytes) = (proxy.addr, bytes.clone());
+            tokio::spawn(async move {
+                let headers = [
+                    ("idempotency-key", "big"),
+                    ("x-test-bytes", bytes.as_str()),
+                    ("x-test-gate", "big"),
+                ];
+                common::post(addr, "/orders", &headers, "{}").await
+            })
+        };
+        upstream.arrived("big", 1).await;
+        let duplicate = {
+            let (addr, bytes) = (proxy.addr, bytes.clone());
+            tokio::spawn(async move {
+                let headers = [
+                    ("idempotency-key", "big"),
+                    ("x-test-bytes", bytes.as_str()),
+                    ("x-test-gate", "big"),
+                ];
+                common::post(addr, "/orders", &headers, "{}").await
+            })
+        };
+        proxy.metric_reaches("idemgate_waiting", 1.0).await;
+        upstream.open("big");
+        let owner = owner.await.unwrap();
+        assert_eq!(owner.status, 201);
+        assert_eq!(owner.body.len(), ANSWER, "the whole answer streamed on");
+        assert!(owner.body.iter().all(|b| *b == b'x'));
+        let duplicate = duplicate.await.unwrap();
+        assert_eq!(duplicate.status, 409, "{:?}", duplicate.body);
+        assert_eq!(
+            duplicate.json()["type"],
+            "urn:idemgate:problem:answer-not-stored"
+        );
+        let later = common::post(proxy.addr, "/orders", &headers, "{}").await;
+        assert_eq!(later.status, 409);
+        assert_eq!(
+            later.json()["type"],
+            "urn:idemgate:problem:answer-not-stored"
+        );
+        assert_eq!(upstream.executed_for("big"), 1, "the request ran again");
+        assert!(proxy.metric(r#"idemgate_buffer_refusals_total{what="answer"}"#) >= 1.0);
+        assert_eq!(
+            proxy
+                .metric(r#"idemgate_requests_total{route="orders",outcome="executed_not_stored"}"#),
+            1.0
+        );
+        budget_drains(&proxy).await;
     })
 }

@@ -1,8 +1,8 @@
 //! `connections:` compiled into [`Connections`]: caps on client and upstream connections
 //! and on the requests one HTTP/2 connection may have open,
 //! the protocol and idle timeout of upstream connections, the read timeout of pass-through
-//! answers, the send timeout of answers to clients, and the [`Linger`] settings of a client
-//! connection's close.
+//! answers, the send timeout of answers to clients, the [`Linger`] settings of a client
+//! connection's close, and the bytes all requests together may buffer.
 
 use std::time::Duration;
 
@@ -16,8 +16,7 @@ pub struct Connections {
     /// closes. Read at start.
     pub max_client: usize,
     /// Requests one HTTP/2 connection may have open at once (its
-    /// `SETTINGS_MAX_CONCURRENT_STREAMS`): with `max_client`, `max_body` and `max_answer`,
-    /// what bounds the memory clients can make the proxy hold. Read at start.
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`). Read at start.
     pub max_streams: u32,
     /// Upstream connections open at once; requests beyond it wait for one (within their
     /// upstream timeout).
@@ -39,6 +38,10 @@ pub struct Connections {
     /// How a client connection closes (after an answer sent before its request was read
     /// whole, above all).
     pub linger: Linger,
+    /// Bytes all requests together may buffer at once: protected request bodies and
+    /// owners' upstream answers (`crate::proxy::budget`). A body that finds no room is
+    /// refused with `503 overloaded`, an answer streams on, not stored. Applies on reload.
+    pub max_buffered: usize,
 }
 
 /// The protocol of upstream connections.
@@ -97,6 +100,9 @@ impl Default for Connections {
                 timeout: Duration::from_secs(5),
                 bytes: 64 << 20,
             },
+            // A bound a small host holds besides everything else: 512 bodies or answers of
+            // the default `max_body` (1 MiB) at once, 64 of the largest `max_answer` (8 MiB).
+            max_buffered: 512 << 20,
         }
     }
 }
@@ -126,6 +132,9 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
             timeout: raw.lingering_timeout.map_or(d.linger.timeout, |t| t.0),
             bytes: raw.lingering_bytes.map_or(d.linger.bytes, |b| b.0),
         },
+        max_buffered: raw.max_buffered.map_or(d.max_buffered, |b| {
+            usize::try_from(b.0).unwrap_or(usize::MAX)
+        }),
     };
     let zero = [
         ("max_client", c.max_client == 0),
@@ -134,6 +143,7 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
         ("upstream_idle_timeout", c.upstream_idle_timeout.is_zero()),
         ("upstream_read_timeout", c.upstream_read_timeout.is_zero()),
         ("client_send_timeout", c.client_send_timeout.is_zero()),
+        ("max_buffered", c.max_buffered == 0),
     ];
     if let Some((key, _)) = zero.iter().find(|(_, is_zero)| *is_zero) {
         return Err(CompileError::new(

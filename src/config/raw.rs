@@ -163,4 +163,5 @@ pub struct RawConnections {
     pub lingering_time: Option<ConfigDuration>,
     pub lingering_timeout: Option<ConfigDuration>,
     pub lingering_bytes: Option<ByteSize>,
+    pub max_buffered: Option<ByteSize>,
 }

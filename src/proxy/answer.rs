@@ -4,7 +4,9 @@
 //! on, it is an upstream stream like a pass-through answer: cut off once the upstream sends
 //! nothing for `connections.upstream_read_timeout` (its `upstream_timeout` ended with the
 //! head), trailers filtered ([`ProxyBody::upstream`]). The same bound lets an observed
-//! request larger than `max_body` go on unchanged.
+//! request larger than `max_body` go on unchanged. What is buffered is taken from the
+//! process's [`Budget`] as it comes; a body the budget has no room for streams on past
+//! the part read, as one over the bound does.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -14,7 +16,10 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
+use std::sync::Arc;
+
 use super::body::{BodyError, Joined, ProxyBody, ReadGap};
+use super::budget::{Budget, Refusal};
 use super::headers::strip_hop_by_hop;
 use crate::error::ProxyError;
 
@@ -51,12 +56,16 @@ impl Answer {
     }
 }
 
-/// Reads `response`'s body, whole if it is at most `max` bytes. A body that breaks off is
-/// an [`ProxyError::UpstreamFailed`]: the request went out. A larger one streams on as an
-/// upstream answer, cut off once the upstream sends nothing for the body's [`ReadGap`]:
-/// no timer covers it any more, and a stalled upstream would hold its client (and its
-/// connection) forever.
-pub async fn read<B>(response: Response<B>, max: usize) -> Result<Answer, ProxyError>
+/// Reads `response`'s body, whole if it is at most `max` bytes and `budget` has room for
+/// it. A body that breaks off is an [`ProxyError::UpstreamFailed`]: the request went out.
+/// A larger one (or one the budget has no room for) streams on as an upstream answer,
+/// cut off once the upstream sends nothing for the body's [`ReadGap`]: no timer covers it
+/// any more, and a stalled upstream would hold its client (and its connection) forever.
+pub async fn read<B>(
+    response: Response<B>,
+    max: usize,
+    budget: &Arc<Budget>,
+) -> Result<Answer, ProxyError>
 where
     B: Body<Data = Bytes> + ReadGap + Send + Unpin + 'static,
     B::Error: Into<BodyError> + std::fmt::Display,
@@ -64,7 +73,7 @@ where
     let (mut head, body) = response.into_parts();
     strip_hop_by_hop(&mut head.headers, false);
     let gap = body.read_gap();
-    let body = bounded_then(body, max, |rest| ProxyBody::upstream(rest, gap))
+    let body = bounded_then(body, max, budget, |rest| ProxyBody::upstream(rest, gap))
         .await
         .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
     Ok(Answer {
@@ -74,23 +83,25 @@ where
     })
 }
 
-/// Reads `body` whole if it is at most `max` bytes; past that, a body that streams on with
-/// the part already read first. A declared length over the bound streams at once, without
-/// buffering `max` first.
-pub async fn bounded<B>(body: B, max: usize) -> Result<AnswerBody, B::Error>
+/// Reads `body` whole if it is at most `max` bytes and `budget` has room for it; past
+/// that, a body that streams on with the part already read first. A declared length over
+/// the bound streams at once, without buffering `max` first.
+pub async fn bounded<B>(body: B, max: usize, budget: &Arc<Budget>) -> Result<AnswerBody, B::Error>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BodyError>,
 {
-    bounded_then(body, max, ProxyBody::boxed).await
+    bounded_then(body, max, budget, ProxyBody::boxed).await
 }
 
 /// [`bounded`], the body past the bound made into a [`ProxyBody`] by `stream_on`. What it
-/// holds stays within `max` ([`Joined`]); the frame that would pass the bound is not
-/// copied in but streams on after the part read before it.
+/// holds stays within `max` ([`Joined`]) and is taken from `budget`; the frame that would
+/// pass the bound, or finds no room in the budget, is not copied in but streams on after
+/// the part read before it (which keeps its bytes of the budget until it has gone).
 async fn bounded_then<B>(
     mut body: B,
     max: usize,
+    budget: &Arc<Budget>,
     stream_on: impl FnOnce(Prefixed<B>) -> ProxyBody,
 ) -> Result<AnswerBody, B::Error>
 where
@@ -104,7 +115,7 @@ where
             rest: body,
         })));
     }
-    let mut joined = Joined::new(declared, max);
+    let mut joined = Joined::new(declared, max, budget.charge());
     let past = loop {
         let Some(frame) = body.frame().await else {
             return Ok(AnswerBody::Whole(joined.into_bytes()));
@@ -113,7 +124,14 @@ where
             if joined.len() + data.len() > max {
                 break data;
             }
-            joined.push(data);
+            if let Err(data) = joined.push(data) {
+                budget.refused(Refusal::Answer);
+                tracing::warn!(
+                    "connections.max_buffered is reached: this body streams on unbuffered \
+                     (an owner's answer is recorded as executed, not stored)"
+                );
+                break data;
+            }
         }
     };
     let read = joined.into_bytes();
@@ -172,6 +190,11 @@ mod tests {
     use super::*;
     use std::collections::VecDeque;
 
+    /// A budget that never runs out in these tests.
+    fn budget() -> Arc<Budget> {
+        Budget::new(usize::MAX, crate::metrics::Metrics::new().buffers())
+    }
+
     /// A body of prepared chunks, with no declared length.
     struct Chunks(VecDeque<Bytes>);
 
@@ -229,18 +252,42 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_within_the_bound_is_read_whole() {
-        let answer = read(chunks(&[b"hel", b"lo"]), 5).await.unwrap();
+        let answer = read(chunks(&[b"hel", b"lo"]), 5, &budget()).await.unwrap();
         assert!(matches!(answer.body, AnswerBody::Whole(ref b) if &b[..] == b"hello"));
     }
 
     /// Past the bound the answer streams on, byte for byte, the part read first.
     #[tokio::test]
     async fn a_larger_answer_streams_on_whole() {
-        let answer = read(chunks(&[b"abc", b"def", b"ghi"]), 4).await.unwrap();
+        let answer = read(chunks(&[b"abc", b"def", b"ghi"]), 4, &budget())
+            .await
+            .unwrap();
         let AnswerBody::TooLarge(body) = answer.body else {
             panic!("read whole past the bound");
         };
         assert_eq!(all_of(body).await, b"abcdefghi");
+    }
+
+    /// An answer within the bound that the budget has no room for streams on whole, the
+    /// part read first, which holds its bytes of the budget until it has gone.
+    #[tokio::test]
+    async fn an_answer_without_room_in_the_budget_streams_on_whole() {
+        let metrics = crate::metrics::Metrics::new();
+        let budget = Budget::new(5, metrics.buffers());
+        let answer = read(chunks(&[b"abc", b"def", b"ghi"]), 100, &budget)
+            .await
+            .unwrap();
+        let AnswerBody::TooLarge(body) = answer.body else {
+            panic!("read whole past the budget");
+        };
+        assert_eq!(budget.held(), 3);
+        assert_eq!(all_of(body).await, b"abcdefghi");
+        assert_eq!(budget.held(), 0);
+        let text = metrics.render(Default::default());
+        assert!(
+            text.contains(r#"idemgate_buffer_refusals_total{what="answer"} 1"#),
+            "{text}"
+        );
     }
 
     /// A declared length over the bound streams at once.
@@ -248,7 +295,7 @@ mod tests {
     async fn a_declared_length_over_the_bound_is_not_buffered() {
         let full = http_body_util::Full::new(Bytes::from_static(b"0123456789"))
             .map_err(|never: std::convert::Infallible| -> BodyError { match never {} });
-        let AnswerBody::TooLarge(body) = bounded(full, 4).await.unwrap() else {
+        let AnswerBody::TooLarge(body) = bounded(full, 4, &budget()).await.unwrap() else {
             panic!("read whole past the bound");
         };
         assert_eq!(all_of(body).await, b"0123456789");
@@ -259,7 +306,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_larger_answer_that_stalls_is_cut_off_after_its_read_gap() {
         let parts = [b"abc", b"def"].map(|p| Bytes::from_static(p));
-        let answer = read(Response::new(Stalls(parts.into())), 4).await.unwrap();
+        let answer = read(Response::new(Stalls(parts.into())), 4, &budget())
+            .await
+            .unwrap();
         let AnswerBody::TooLarge(mut body) = answer.body else {
             panic!("read whole past the bound");
         };

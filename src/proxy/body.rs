@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use super::budget::{Budget, Charge, Refusal};
 use super::headers::is_forwardable_trailer;
 use crate::error::ProxyError;
 
@@ -304,12 +306,16 @@ impl RequestBody {
 /// that sends nothing for `gap` while the body is incomplete gets a 408 (nginx's
 /// `client_body_timeout`): the key is derived from the whole body, so until it is in the
 /// request holds its connection and buffer, and a stalled client would hold them forever.
-/// The body is held in about its own size however it is cut into frames ([`Joined`]).
+/// The body is held in about its own size however it is cut into frames ([`Joined`]),
+/// taken from `budget` as it comes: a body that finds no room is refused with
+/// [`ProxyError::Overloaded`] (nothing claimed or sent yet), and the body returned holds
+/// its bytes until its last part drops.
 pub async fn read_limited(
     headers: &HeaderMap,
     body: RequestBody,
     limit: usize,
     gap: Duration,
+    budget: &Arc<Budget>,
 ) -> Result<Bytes, ProxyError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -320,7 +326,7 @@ pub async fn read_limited(
     }
     let RequestBody::Incoming(body) = body;
     let mut body = http_body_util::Limited::new(body, limit);
-    let mut joined = Joined::new(declared, limit);
+    let mut joined = Joined::new(declared, limit, budget.charge());
     loop {
         // A body that has arrived with the head (most do) is read without arming a timer.
         let mut next = body.frame();
@@ -334,7 +340,12 @@ pub async fn read_limited(
             None => break,
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    joined.push(data);
+                    if joined.push(data).is_err() {
+                        budget.refused(Refusal::RequestBody);
+                        return Err(ProxyError::Overloaded {
+                            retry_after: OVERLOADED_RETRY_AFTER,
+                        });
+                    }
                 }
             }
             Some(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
@@ -345,6 +356,10 @@ pub async fn read_limited(
     }
     Ok(joined.into_bytes())
 }
+
+/// `Retry-After` of a body refused for want of buffer room: the buffers that fill the
+/// budget are mostly requests on their way, gone within a second or so.
+pub const OVERLOADED_RETRY_AFTER: u64 = 1;
 
 /// A body's data frames joined into one `Bytes` as they arrive, in memory about the size
 /// of the data: a body of one frame (most are) is kept as that frame, without a copy; from
@@ -363,6 +378,10 @@ pub async fn read_limited(
 /// that declares `max_body` and sends two bytes, then a byte per body timeout, would make
 /// the proxy hold `max_body` for each of its connections and streams for the price of a
 /// few bytes; grown with the data, it holds at most about twice what came.
+///
+/// What it holds (the first frame, then the buffer's capacity) is taken from its
+/// [`Charge`] before it is held; a growth step the budget has no room for is tried again
+/// at the size the data needs.
 pub(crate) struct Joined {
     /// The only frame so far, or nothing.
     first: Bytes,
@@ -370,18 +389,22 @@ pub(crate) struct Joined {
     copied: Vec<u8>,
     /// The most the buffer grows to: the declared length if any, at most `limit`.
     cap: usize,
+    /// What it holds, taken from the budget.
+    charge: Charge,
 }
 
 impl Joined {
     /// The smallest buffer made for a body of unknown length.
     const MIN_BUFFER: usize = 8 * 1024;
 
-    /// Nothing yet, for a body of at most `limit` bytes that declared `declared` bytes.
-    pub(crate) fn new(declared: Option<u64>, limit: usize) -> Self {
+    /// Nothing yet, for a body of at most `limit` bytes that declared `declared` bytes,
+    /// paid for by `charge`.
+    pub(crate) fn new(declared: Option<u64>, limit: usize, charge: Charge) -> Self {
         Self {
             first: Bytes::new(),
             copied: Vec::new(),
             cap: declared.map_or(limit, |n| n.min(limit as u64) as usize),
+            charge,
         }
     }
 
@@ -390,43 +413,58 @@ impl Joined {
         self.first.len() + self.copied.len()
     }
 
-    /// Adds `data`, which the caller keeps within the limit.
-    pub(crate) fn push(&mut self, data: Bytes) {
+    /// Adds `data`, which the caller keeps within the limit; hands it back, the body
+    /// unchanged, if the budget has no room for it.
+    pub(crate) fn push(&mut self, data: Bytes) -> Result<(), Bytes> {
         if data.is_empty() {
-            return;
+            return Ok(());
         }
-        if self.copied.is_empty() {
-            if self.first.is_empty() {
-                self.first = data;
-                return;
+        if self.copied.is_empty() && self.first.is_empty() {
+            if !self.charge.resize(data.len()) {
+                return Err(data);
             }
+            self.first = data;
+            return Ok(());
+        }
+        if !self.reserve(self.len() + data.len()) {
+            return Err(data);
+        }
+        if !self.first.is_empty() {
             let first = std::mem::take(&mut self.first);
-            self.reserve(first.len() + data.len());
             self.copied.extend_from_slice(&first);
         }
-        self.reserve(data.len());
         self.copied.extend_from_slice(&data);
+        Ok(())
     }
 
-    /// Room for `additional` more bytes: twice the buffer, within the cap.
-    fn reserve(&mut self, additional: usize) {
-        let needed = self.copied.len() + additional;
+    /// Room for `needed` bytes in all: twice the buffer, within the cap, or just `needed`
+    /// when the budget has no room for more; false if it has none for that either.
+    fn reserve(&mut self, needed: usize) -> bool {
         if needed <= self.copied.capacity() {
-            return;
+            return true;
         }
         let size = (self.copied.capacity() * 2)
             .max(Self::MIN_BUFFER)
             .min(self.cap)
             .max(needed);
+        let size = if self.charge.resize(size) {
+            size
+        } else if size > needed && self.charge.resize(needed) {
+            needed
+        } else {
+            return false;
+        };
         self.copied.reserve_exact(size - self.copied.len());
+        true
     }
 
-    /// The whole data (a buffer's spare room, if any, is kept rather than copied away).
+    /// The whole data (a buffer's spare room, if any, is kept rather than copied away),
+    /// holding its charge until its last part drops.
     pub(crate) fn into_bytes(self) -> Bytes {
         if self.copied.is_empty() {
-            self.first
+            self.charge.attach(self.first)
         } else {
-            Bytes::from(self.copied)
+            self.charge.attach(self.copied)
         }
     }
 }
@@ -483,10 +521,10 @@ mod tests {
     #[test]
     fn a_body_of_one_frame_is_kept_without_a_copy() {
         let frame = Bytes::from(vec![7u8; 1000]);
-        let mut joined = Joined::new(Some(1000), 4096);
-        joined.push(Bytes::new());
-        joined.push(frame.clone());
-        joined.push(Bytes::new());
+        let mut joined = Joined::new(Some(1000), 4096, Charge::unbounded());
+        joined.push(Bytes::new()).unwrap();
+        joined.push(frame.clone()).unwrap();
+        joined.push(Bytes::new()).unwrap();
         let whole = joined.into_bytes();
         assert_eq!(whole.as_ptr(), frame.as_ptr());
         assert_eq!(whole.len(), 1000);
@@ -496,15 +534,42 @@ mod tests {
     #[test]
     fn small_frames_are_joined_in_one_buffer_within_the_limit() {
         for declared in [None, Some(10_000)] {
-            let mut joined = Joined::new(declared, 10_000);
+            let mut joined = Joined::new(declared, 10_000, Charge::unbounded());
             for i in 0..10_000u32 {
-                joined.push(Bytes::from(vec![i as u8]));
+                joined.push(Bytes::from(vec![i as u8])).unwrap();
                 assert!(joined.copied.capacity() <= 10_000, "{declared:?}");
             }
             let whole = joined.into_bytes();
             assert_eq!(whole.len(), 10_000);
             assert!(whole.iter().enumerate().all(|(i, b)| *b == i as u8));
         }
+    }
+
+    /// A body holds no byte the budget did not give: a frame with no room is handed back,
+    /// and the bytes come back when the body drops.
+    #[test]
+    fn a_body_takes_what_it_holds_from_the_budget() {
+        let metrics = crate::metrics::Metrics::new();
+        let budget = Budget::new(20_000, metrics.buffers());
+        let mut joined = Joined::new(None, 100_000, budget.charge());
+        joined.push(Bytes::from(vec![1u8; 6000])).unwrap();
+        assert_eq!(budget.held(), 6000);
+        // The growth step (8 KiB) fits, then 16 KiB does, then nothing past 20 000.
+        joined.push(Bytes::from(vec![2u8; 1000])).unwrap();
+        assert_eq!(budget.held(), 8192);
+        joined.push(Bytes::from(vec![3u8; 9000])).unwrap();
+        assert_eq!(budget.held(), 16_384);
+        let refused = joined.push(Bytes::from(vec![4u8; 5000])).unwrap_err();
+        assert_eq!(refused.len(), 5000);
+        assert_eq!(budget.held(), 16_384);
+        // Room for the data alone, though not for a doubling.
+        joined.push(Bytes::from(vec![5u8; 3000])).unwrap();
+        assert_eq!(budget.held(), 19_000);
+        let whole = joined.into_bytes();
+        assert_eq!(whole.len(), 19_000);
+        assert_eq!(budget.held(), 19_000);
+        drop(whole);
+        assert_eq!(budget.held(), 0);
     }
 
     /// Trailers of which nothing may go on end the body without a trailers frame.

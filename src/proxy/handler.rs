@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::admission;
 use super::body::ProxyBody;
+use super::budget::Budget;
 use super::observe;
 use super::passthrough;
 use super::protected::{self, Owners, Report};
@@ -38,6 +39,8 @@ pub struct Proxy {
     metrics: Arc<Metrics>,
     owners: Arc<Owners>,
     stopping: Arc<Stopping>,
+    /// What all requests together may buffer (`connections.max_buffered`).
+    budget: Arc<Budget>,
     body_read_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -55,12 +58,14 @@ impl Proxy {
     pub fn new(config: Arc<Config>, store: Store, metrics: Arc<Metrics>) -> Self {
         let client = UpstreamClient::new(&config.upstream, &config.connections, &metrics);
         let owners = Arc::new(Owners::default());
+        let budget = Budget::new(config.connections.max_buffered, metrics.buffers());
         Self {
             live: Arc::new(ArcSwap::from_pointee(Live { config, client })),
             store,
             metrics,
             owners,
             stopping: Arc::default(),
+            budget,
             body_read_timeout: BODY_READ_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
         }
@@ -100,6 +105,11 @@ impl Proxy {
         &self.store
     }
 
+    /// What all requests together may buffer.
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
     /// The metrics registry.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
@@ -115,7 +125,8 @@ impl Proxy {
     /// (a different `store:` needs a restart), nor whether the port speaks TLS: a config
     /// that adds or drops `tls` keeps the running TLS settings (none, or the last
     /// certificates) until a restart, since switching it would turn away every client of
-    /// the port at once.
+    /// the port at once. A new `connections.max_buffered` applies to buffers taken from now
+    /// on.
     pub fn reload(&self, config: Arc<Config>) {
         let current = self.live.load();
         let config = if config.tls.is_some() == current.config.tls.is_some() {
@@ -127,12 +138,18 @@ impl Proxy {
             Arc::new(kept)
         };
         let (old, new) = (&current.config.upstream, &config.upstream);
+        self.budget.set_limit(config.connections.max_buffered);
+        // The budget is no part of the upstream pool.
+        let pool = |c: &Config| crate::config::Connections {
+            max_buffered: 0,
+            ..c.connections
+        };
         // A TLS upstream's roots are read again on reload: new connections for it then.
         let client = if old.scheme == new.scheme
             && old.authority == new.authority
             && old.tls.is_none()
             && new.tls.is_none()
-            && current.config.connections == config.connections
+            && pool(&current.config) == pool(&config)
         {
             current.client.clone()
         } else {
@@ -239,6 +256,7 @@ impl Proxy {
                     owners: &self.owners,
                     stopping: &self.stopping,
                     body_read_timeout: self.body_read_timeout,
+                    budget: &self.budget,
                 };
                 if rule.policy.observe {
                     observe::handle(cx, rule, request, &mut report).await

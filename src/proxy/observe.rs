@@ -32,9 +32,10 @@ pub async fn handle(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let policy = &rule.policy;
     let (parts, body) = request.into_parts();
-    // Buffered up to max_body, as enforcement does; a larger body goes on as it comes.
+    // Buffered up to max_body, as enforcement does; a larger body, or one the buffer budget
+    // has no room for (enforcement would answer 503), goes on as it comes.
     let body = body.into_proxy_body(Some(cx.body_read_timeout));
-    let body = match answer::bounded(body, policy.max_body).await {
+    let body = match answer::bounded(body, policy.max_body, cx.budget).await {
         Ok(AnswerBody::Whole(body)) => body,
         Ok(AnswerBody::TooLarge(body)) => {
             would(report, Outcome::WouldReject, false, None);
@@ -152,7 +153,7 @@ async fn forward_streamed(
         )
         .await?;
     cx.route_metrics.upstream_latency(started.elapsed());
-    Ok(answer::read(response, policy.max_answer)
+    Ok(answer::read(response, policy.max_answer, cx.budget)
         .await?
         .into_response())
 }

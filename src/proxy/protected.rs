@@ -23,6 +23,7 @@ use http::{HeaderValue, Request, Response};
 
 use super::answer::{self, Answer, AnswerBody};
 use super::body::{read_limited, ProxyBody, RequestBody};
+use super::budget::Budget;
 use super::detach::Detachable;
 pub use super::stopping::Owners;
 use super::stopping::Stopping;
@@ -71,6 +72,8 @@ pub struct Context<'a> {
     pub stopping: &'a Arc<Stopping>,
     /// How long the client may pause while sending the body.
     pub body_read_timeout: Duration,
+    /// What bodies and answers are buffered in (`connections.max_buffered`).
+    pub budget: &'a Arc<Budget>,
 }
 
 /// What the access log and metrics learn about a protected request as it runs.
@@ -113,7 +116,14 @@ pub async fn handle(
     let (parts, body) = request.into_parts();
     // Phase 1: buffer (bounded), then refuse stale or future timestamps before any store
     // work.
-    let body = read_limited(&parts.headers, body, policy.max_body, cx.body_read_timeout).await?;
+    let body = read_limited(
+        &parts.headers,
+        body,
+        policy.max_body,
+        cx.body_read_timeout,
+        cx.budget,
+    )
+    .await?;
     if let Some(fresh) = &rule.fresh {
         super::fresh::check(fresh, &parts.headers, &body, std::time::SystemTime::now())?;
     }
@@ -298,7 +308,7 @@ pub(super) async fn forward_unprotected(
             .client
             .send_untimed(request, cx.conn, false, &sending)
             .await?;
-        Ok(answer::read(response, policy.max_answer)
+        Ok(answer::read(response, policy.max_answer, cx.budget)
             .await?
             .into_response())
     };
@@ -342,6 +352,7 @@ pub(super) async fn execute(
     let exchanged = Arc::new(AtomicBool::new(false));
     let ended = Arc::clone(&exchanged);
     let stopping = Arc::clone(cx.stopping);
+    let budget = Arc::clone(cx.budget);
     let owner = Detachable::new(async move {
         let _running = running;
         let _owned = owned;
@@ -357,7 +368,9 @@ pub(super) async fn execute(
         let sending = guard.lease.as_ref().expect("held").sending();
         let exchange = async {
             match client.send_untimed(request, &conn, false, &sending).await {
-                Ok(response) => answer::read(response, policy.max_answer).await,
+                // An answer the budget has no room for streams on, not stored, as one
+                // over `max_answer` does: the request ran, so it never fails for that.
+                Ok(response) => answer::read(response, policy.max_answer, &budget).await,
                 Err(e) => Err(e),
             }
         };
