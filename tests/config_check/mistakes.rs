@@ -194,6 +194,19 @@ fn a_zero_client_send_timeout_is_refused_where_it_is_written() {
     assert_eq!(message, "must be above zero");
 }
 
+/// A zero buffer budget would refuse every protected body: refused, naming the key and
+/// its place, rather than read as "no bound".
+#[test]
+fn a_zero_buffer_budget_is_refused_where_it_is_written() {
+    let config = Config::parse(&top("connections: { max_buffered: 64MiB }\n"), "p.yaml").unwrap();
+    assert_eq!(config.connections.max_buffered, 64 << 20);
+    let (line, column, key, message) =
+        invalid(&top("connections:\n  max_client: 8\n  max_buffered: 0B\n"));
+    assert_eq!((line, column), (5, 3));
+    assert_eq!(key, "connections.max_buffered");
+    assert_eq!(message, "must be above zero");
+}
+
 /// `client_cert` has a value only on a mutual-TLS listener: scoped by it anywhere else,
 /// every caller would share one key, so the config is refused (by `check`, `run` and a
 /// reload alike) at the scope, naming the route.

@@ -128,6 +128,11 @@ fn a_config_of_listen_and_upstream_alone_has_the_readme_defaults() {
         "lingering_timeout: 5s"
     );
     assert_eq!(conn.linger.bytes, 64 * MIB, "lingering_bytes: 64MiB");
+    assert_eq!(
+        conn.max_buffered as u64,
+        512 * MIB,
+        "connections.max_buffered: 512MiB"
+    );
 
     let StoreConfig::Memory(memory) = &c.store else {
         panic!("store: memory by default, got {:?}", c.store)
