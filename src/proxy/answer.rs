@@ -73,7 +73,8 @@ where
     let (mut head, body) = response.into_parts();
     strip_hop_by_hop(&mut head.headers, false);
     let gap = body.read_gap();
-    let body = bounded_then(body, max, budget, |rest| ProxyBody::upstream(rest, gap))
+    let stream_on = |rest| ProxyBody::upstream(rest, gap);
+    let body = bounded_then(body, max, budget, Refusal::Answer, stream_on)
         .await
         .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
     Ok(Answer {
@@ -83,15 +84,15 @@ where
     })
 }
 
-/// Reads `body` whole if it is at most `max` bytes and `budget` has room for it; past
-/// that, a body that streams on with the part already read first. A declared length over
-/// the bound streams at once, without buffering `max` first.
+/// Reads a request's `body` whole if it is at most `max` bytes and `budget` has room for
+/// it; past that, a body that streams on with the part already read first. A declared
+/// length over the bound streams at once, without buffering `max` first.
 pub async fn bounded<B>(body: B, max: usize, budget: &Arc<Budget>) -> Result<AnswerBody, B::Error>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BodyError>,
 {
-    bounded_then(body, max, budget, ProxyBody::boxed).await
+    bounded_then(body, max, budget, Refusal::RequestBody, ProxyBody::boxed).await
 }
 
 /// [`bounded`], the body past the bound made into a [`ProxyBody`] by `stream_on`. What it
@@ -102,6 +103,7 @@ async fn bounded_then<B>(
     mut body: B,
     max: usize,
     budget: &Arc<Budget>,
+    what: Refusal,
     stream_on: impl FnOnce(Prefixed<B>) -> ProxyBody,
 ) -> Result<AnswerBody, B::Error>
 where
@@ -125,8 +127,9 @@ where
                 break data;
             }
             if let Err(data) = joined.push(data) {
-                budget.refused(Refusal::Answer);
+                budget.refused(what);
                 tracing::warn!(
+                    body = what.as_str(),
                     "connections.max_buffered is reached: this body streams on unbuffered \
                      (an owner's answer is recorded as executed, not stored)"
                 );
