@@ -16,6 +16,7 @@ pub mod observe;
 pub mod passthrough;
 mod problem;
 pub mod protected;
+mod settlement;
 pub mod stopping;
 pub mod tokens;
 pub mod upstream;

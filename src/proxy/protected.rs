@@ -21,10 +21,11 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Request, Response};
 
-use super::answer::{self, Answer, AnswerBody};
+use super::answer;
 use super::body::{read_limited, ProxyBody, RequestBody};
 use super::budget::Budget;
 use super::detach::Detachable;
+use super::settlement;
 pub use super::stopping::Owners;
 use super::stopping::Stopping;
 use super::upstream::{timed_out, UpstreamClient};
@@ -33,10 +34,8 @@ use crate::error::ProxyError;
 use crate::key::derive::scope_digest;
 use crate::key::{derive_key, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
-use crate::store::seal::KeyRing;
 use crate::store::{
-    CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Settled, Settlement, Store, StoreError,
-    StoredResponse,
+    CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Store, StoreError, StoredResponse,
 };
 
 /// The header added to every replayed response.
@@ -46,11 +45,6 @@ pub static IDEMPOTENT_REPLAYED: http::HeaderName =
 /// `Retry-After` for a duplicate of a running request: most owners finish within a second,
 /// and a sooner retry finds the replay; the lease only bounds owners that vanished.
 const RETRY_AFTER_SECS: u64 = 1;
-
-/// How long the duplicates that waited on a failed owner have to collect its failure
-/// before the key is free for anyone: they are woken at once, or within a second on Redis
-/// when a notification was missed.
-const FAILURE_LINGER: Duration = Duration::from_secs(5);
 
 /// What the protected path needs from the proxy.
 pub struct Context<'a> {
@@ -404,7 +398,7 @@ pub(super) async fn execute(
         let lease = guard.lease.take().expect("settled once");
         let reissue = lease.reissue();
         let sealing = owner_rule.sealing.as_deref();
-        settle(lease, policy, sealing, &route_metrics, answer, reissue).await
+        settlement::settle(lease, policy, sealing, &route_metrics, answer, reissue).await
     })
     .bounded(started + policy.background_timeout)
     // Detached (its client left, or reset its stream) while still waiting for a
@@ -443,32 +437,19 @@ pub(super) async fn execute(
         }
     };
     match waited {
-        Some(Ok(result)) => result,
-        Some(Err(_panicked)) => Err(ProxyError::UpstreamFailed(
-            "the owner's upstream call panicked".into(),
-        )),
+        Some(result) => joined(result),
         // No connection took the request in time: nothing went out, so the owner stops
         // and settles the key as never sent (a one-time token goes back to issued) before
         // the client gets its 502, so its retry finds the key free.
         None if !sending.load(Ordering::SeqCst) => {
             give_up.store(true, Ordering::SeqCst);
-            match owner.await {
-                Ok(result) => result,
-                Err(_panicked) => Err(ProxyError::UpstreamFailed(
-                    "the owner's upstream call panicked".into(),
-                )),
-            }
+            joined(owner.await)
         }
         // The upstream answered in time (or failed) and the owner is writing the outcome: the
         // client gets what the upstream said once the store has it or has failed to take
         // it, never a 504 for an upstream that did answer (a slow store is no slow
         // upstream; in observe mode the 504 would even send the client's retry upstream).
-        None if exchanged.load(Ordering::SeqCst) => match owner.await {
-            Ok(result) => result,
-            Err(_panicked) => Err(ProxyError::UpstreamFailed(
-                "the owner's upstream call panicked".into(),
-            )),
-        },
+        None if exchanged.load(Ordering::SeqCst) => joined(owner.await),
         // The owner runs on, detached (at a shutdown, as long as the process lives: its
         // claim stays held, the request went out); the retries of this client get its
         // answer. This request is counted with its 504 (`unknown`), not again when the
@@ -478,6 +459,15 @@ pub(super) async fn execute(
             Err(ProxyError::UpstreamTimeout)
         }
     }
+}
+
+/// The owner's result as its client's: a panic in its call fails the exchange.
+fn joined<T, P>(owner: Result<Result<T, ProxyError>, P>) -> Result<T, ProxyError> {
+    owner.unwrap_or_else(|_panicked| {
+        Err(ProxyError::UpstreamFailed(
+            "the owner's upstream call panicked".into(),
+        ))
+    })
 }
 
 /// Counts and logs an unknown outcome if the owner is dropped with its request out and
@@ -497,151 +487,6 @@ impl Drop for UnknownOnDrop {
             tracing::warn!(
                 "no answer from the upstream within background_timeout: outcome unknown, key held"
             );
-        }
-    }
-}
-
-/// Settles the owner's key with what the upstream answered, and returns the client's
-/// answer with the request's outcome.
-async fn settle(
-    lease: Lease,
-    policy: &crate::config::Policy,
-    sealing: Option<&KeyRing>,
-    route_metrics: &RouteMetrics,
-    answer: Result<Answer, ProxyError>,
-    reissue: Option<Duration>,
-) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
-    let key = lease.key();
-    let fingerprint = lease.fingerprint();
-    let mut answer = match answer {
-        Ok(answer) => answer,
-        // Never sent: free for a retry; waiters share the 502.
-        Err(e @ ProxyError::UpstreamUnreachable(_)) => {
-            let failed = failure(stored_problem(&e, fingerprint, sealing, key), reissue);
-            write(lease, failed).await;
-            return Err(e);
-        }
-        // Sent, and no answer: the request may have run.
-        Err(e) => {
-            let settlement = match policy.on_unknown_outcome {
-                OnUnknownOutcome::Hold => {
-                    route_metrics.unknown_outcome();
-                    tracing::warn!(error = %e, "upstream failed after the request went out: outcome unknown, key held");
-                    Settlement::Unknown { ttl: policy.ttl }
-                }
-                OnUnknownOutcome::Release => {
-                    failure(stored_problem(&e, fingerprint, sealing, key), reissue)
-                }
-            };
-            write(lease, settlement).await;
-            return Err(e);
-        }
-    };
-    let status = answer.status;
-    // An answer neither replayed nor shared with the waiters of a failure (a `3xx` with the
-    // default list), like one over `max_answer`, leaves only the record that the request
-    // ran: no copy of it is made, let alone sealed.
-    let kept = policy.replays(status.as_u16()) || policy.releases(status.as_u16());
-    let body = match answer.body {
-        // Taken out, so the answer's buffer is freed as soon as the record holds its copy.
-        AnswerBody::Whole(ref mut body) if kept => std::mem::take(body),
-        AnswerBody::Whole(_) | AnswerBody::TooLarge(_) => {
-            let settlement = Settlement::NotStored {
-                status,
-                ttl: policy.ttl,
-            };
-            write(lease, settlement).await;
-            return Ok((answer.into_response(), Outcome::ExecutedNotStored));
-        }
-    };
-    // Stamped while the record is this function's alone: in place, where the store, once
-    // the client's answer shares the record, would have to copy it.
-    let stored = StoredResponse::new(status, &answer.headers, &body).with_fingerprint(fingerprint);
-    // The response the client gets shares the stored record's bytes (unless sealed).
-    let response = Answer {
-        body: AnswerBody::Whole(stored.body()),
-        ..answer
-    }
-    .into_response();
-    let stored = sealed(stored, sealing, key);
-    if policy.releases(status.as_u16()) {
-        write(lease, failure(stored, reissue)).await;
-        return Ok((response, Outcome::Released));
-    }
-    let outcome = match write(
-        lease,
-        Settlement::Done {
-            response: stored,
-            ttl: policy.ttl,
-        },
-    )
-    .await
-    {
-        Some(Settled::Written | Settled::WrittenBack) => Outcome::Executed,
-        Some(Settled::AnswerNotKept | Settled::NotWritten) => Outcome::ExecutedNotStored,
-        // Not settled: the claim lapses by its lease, as an unknown outcome when held.
-        None => Outcome::Unknown,
-    };
-    Ok((response, outcome))
-}
-
-/// What the owner's waiters get when it failed; a one-time token goes back to issued.
-fn failure(response: StoredResponse, reissue: Option<Duration>) -> Settlement {
-    Settlement::Failed {
-        response,
-        linger: FAILURE_LINGER,
-        reissue,
-    }
-}
-
-/// The proxy's own problem answer for `error`, as a record waiters can be answered from:
-/// sealed like an upstream answer, so a ring that refuses records in clear still shares it.
-fn stored_problem(
-    error: &ProxyError,
-    fingerprint: Digest,
-    sealing: Option<&KeyRing>,
-    key: Digest,
-) -> StoredResponse {
-    let (status, headers, body) = error.problem_parts();
-    let stored = StoredResponse::new(status, &headers, &body).with_fingerprint(fingerprint);
-    sealed(stored, sealing, key)
-}
-
-/// `stored` sealed for `key` when `store.encrypt` is set (its fingerprint stamped first:
-/// the seal binds it).
-fn sealed(stored: StoredResponse, sealing: Option<&KeyRing>, key: Digest) -> StoredResponse {
-    match sealing {
-        Some(ring) => stored.seal(ring, key),
-        None => stored,
-    }
-}
-
-/// Settles the lease; a store failure is logged, and the lease makes the settlement again
-/// in the background while the claim's record lasts (see `Lease::settle`).
-async fn write(lease: Lease, settlement: Settlement) -> Option<Settled> {
-    let what = settlement.as_str();
-    match lease.settle(settlement).await {
-        Ok(Settled::NotWritten) => {
-            tracing::warn!(
-                settled = what,
-                "another owner holds the key; outcome not written"
-            );
-            Some(Settled::NotWritten)
-        }
-        Ok(Settled::AnswerNotKept) => {
-            tracing::warn!(
-                "answer too large for the store: recorded as executed, answer not stored"
-            );
-            Some(Settled::AnswerNotKept)
-        }
-        Ok(settled) => Some(settled),
-        Err(e) => {
-            tracing::error!(
-                settled = what,
-                error = %e,
-                "could not settle the claim; retrying in the background while its record lasts"
-            );
-            None
         }
     }
 }

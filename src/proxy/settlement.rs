@@ -1,0 +1,166 @@
+//! How an owner settles its key with what the upstream answered: the answer stored (sealed
+//! under `store.encrypt`) for the route's `ttl`, a failure shared with the waiters for a
+//! moment and the key freed, an unknown outcome held, or "executed, answer not stored".
+
+use std::time::Duration;
+
+use http::Response;
+
+use super::answer::{Answer, AnswerBody};
+use super::body::ProxyBody;
+use crate::config::OnUnknownOutcome;
+use crate::error::ProxyError;
+use crate::key::Digest;
+use crate::metrics::{Outcome, RouteMetrics};
+use crate::store::seal::KeyRing;
+use crate::store::{Lease, Settled, Settlement, StoredResponse};
+
+/// How long the duplicates that waited on a failed owner have to collect its failure
+/// before the key is free for anyone: they are woken at once, or within a second on Redis
+/// when a notification was missed.
+const FAILURE_LINGER: Duration = Duration::from_secs(5);
+
+/// Settles the owner's key with what the upstream answered, and returns the client's
+/// answer with the request's outcome.
+pub(super) async fn settle(
+    lease: Lease,
+    policy: &crate::config::Policy,
+    sealing: Option<&KeyRing>,
+    route_metrics: &RouteMetrics,
+    answer: Result<Answer, ProxyError>,
+    reissue: Option<Duration>,
+) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
+    let key = lease.key();
+    let fingerprint = lease.fingerprint();
+    let mut answer = match answer {
+        Ok(answer) => answer,
+        // Never sent: free for a retry; waiters share the 502.
+        Err(e @ ProxyError::UpstreamUnreachable(_)) => {
+            let failed = failure(stored_problem(&e, fingerprint, sealing, key), reissue);
+            write(lease, failed).await;
+            return Err(e);
+        }
+        // Sent, and no answer: the request may have run.
+        Err(e) => {
+            let settlement = match policy.on_unknown_outcome {
+                OnUnknownOutcome::Hold => {
+                    route_metrics.unknown_outcome();
+                    tracing::warn!(error = %e, "upstream failed after the request went out: outcome unknown, key held");
+                    Settlement::Unknown { ttl: policy.ttl }
+                }
+                OnUnknownOutcome::Release => {
+                    failure(stored_problem(&e, fingerprint, sealing, key), reissue)
+                }
+            };
+            write(lease, settlement).await;
+            return Err(e);
+        }
+    };
+    let status = answer.status;
+    // An answer neither replayed nor shared with the waiters of a failure (a `3xx` with the
+    // default list), like one over `max_answer`, leaves only the record that the request
+    // ran: no copy of it is made, let alone sealed.
+    let kept = policy.replays(status.as_u16()) || policy.releases(status.as_u16());
+    let body = match answer.body {
+        // Taken out, so the answer's buffer is freed as soon as the record holds its copy.
+        AnswerBody::Whole(ref mut body) if kept => std::mem::take(body),
+        AnswerBody::Whole(_) | AnswerBody::TooLarge(_) => {
+            let settlement = Settlement::NotStored {
+                status,
+                ttl: policy.ttl,
+            };
+            write(lease, settlement).await;
+            return Ok((answer.into_response(), Outcome::ExecutedNotStored));
+        }
+    };
+    // Stamped while the record is this function's alone: in place, where the store, once
+    // the client's answer shares the record, would have to copy it.
+    let stored = StoredResponse::new(status, &answer.headers, &body).with_fingerprint(fingerprint);
+    // The response the client gets shares the stored record's bytes (unless sealed).
+    let response = Answer {
+        body: AnswerBody::Whole(stored.body()),
+        ..answer
+    }
+    .into_response();
+    let stored = sealed(stored, sealing, key);
+    if policy.releases(status.as_u16()) {
+        write(lease, failure(stored, reissue)).await;
+        return Ok((response, Outcome::Released));
+    }
+    let outcome = match write(
+        lease,
+        Settlement::Done {
+            response: stored,
+            ttl: policy.ttl,
+        },
+    )
+    .await
+    {
+        Some(Settled::Written | Settled::WrittenBack) => Outcome::Executed,
+        Some(Settled::AnswerNotKept | Settled::NotWritten) => Outcome::ExecutedNotStored,
+        // Not settled: the claim lapses by its lease, as an unknown outcome when held.
+        None => Outcome::Unknown,
+    };
+    Ok((response, outcome))
+}
+
+/// What the owner's waiters get when it failed; a one-time token goes back to issued.
+fn failure(response: StoredResponse, reissue: Option<Duration>) -> Settlement {
+    Settlement::Failed {
+        response,
+        linger: FAILURE_LINGER,
+        reissue,
+    }
+}
+
+/// The proxy's own problem answer for `error`, as a record waiters can be answered from:
+/// sealed like an upstream answer, so a ring that refuses records in clear still shares it.
+fn stored_problem(
+    error: &ProxyError,
+    fingerprint: Digest,
+    sealing: Option<&KeyRing>,
+    key: Digest,
+) -> StoredResponse {
+    let (status, headers, body) = error.problem_parts();
+    let stored = StoredResponse::new(status, &headers, &body).with_fingerprint(fingerprint);
+    sealed(stored, sealing, key)
+}
+
+/// `stored` sealed for `key` when `store.encrypt` is set (its fingerprint stamped first:
+/// the seal binds it).
+fn sealed(stored: StoredResponse, sealing: Option<&KeyRing>, key: Digest) -> StoredResponse {
+    match sealing {
+        Some(ring) => stored.seal(ring, key),
+        None => stored,
+    }
+}
+
+/// Settles the lease; a store failure is logged, and the lease makes the settlement again
+/// in the background while the claim's record lasts (see `Lease::settle`).
+async fn write(lease: Lease, settlement: Settlement) -> Option<Settled> {
+    let what = settlement.as_str();
+    match lease.settle(settlement).await {
+        Ok(Settled::NotWritten) => {
+            tracing::warn!(
+                settled = what,
+                "another owner holds the key; outcome not written"
+            );
+            Some(Settled::NotWritten)
+        }
+        Ok(Settled::AnswerNotKept) => {
+            tracing::warn!(
+                "answer too large for the store: recorded as executed, answer not stored"
+            );
+            Some(Settled::AnswerNotKept)
+        }
+        Ok(settled) => Some(settled),
+        Err(e) => {
+            tracing::error!(
+                settled = what,
+                error = %e,
+                "could not settle the claim; retrying in the background while its record lasts"
+            );
+            None
+        }
+    }
+}
