@@ -152,9 +152,7 @@ impl MemoryStore {
                 }
             }
             Entry::Settled(_) => free(),
-            Entry::InFlight(record)
-                if record.lease_until > now || record.alive.strong_count() > 0 =>
-            {
+            Entry::InFlight(record) if record.owner_holds(now) => {
                 // A live owner's claim is extended lazily, by whoever finds it past due.
                 if record.lease_until <= now {
                     record.lease_until = now + record.lease;

@@ -31,7 +31,7 @@ impl MemoryStore {
                 let alive = record.alive.strong_count() > 0;
                 match record.lapse {
                     // A lapsed claim held as unknown: what its next claim will say.
-                    Lapse::Hold { ttl } if !alive && record.lease_until <= now => KeyInfo {
+                    Lapse::Hold { ttl } if !record.owner_holds(now) => KeyInfo {
                         state: "outcome_unknown",
                         created,
                         expires: wall + ttl,

@@ -147,13 +147,18 @@ impl Entry {
 }
 
 impl InFlight {
-    /// Whether the claim still stands at `now`, so a purge must leave it: its owner is
-    /// alive or its lease has not run out, or it lapsed on a route that releases lapsed
-    /// claims and the dead owner's call may still run (its grace). A lapsed claim held as
-    /// unknown does not: it is an unknown outcome, the operator's to purge.
+    /// Whether its owner still holds the claim at `now`: it is alive, or its lease has not
+    /// run out. Past that the claim has lapsed, and its route's [`Lapse`] says what it is.
+    pub fn owner_holds(&self, now: Instant) -> bool {
+        self.alive.strong_count() > 0 || self.lease_until > now
+    }
+
+    /// Whether the claim still stands at `now`, so a purge must leave it: its owner holds
+    /// it, or it lapsed on a route that releases lapsed claims and the dead owner's call
+    /// may still run (its grace). A lapsed claim held as unknown does not: it is an
+    /// unknown outcome, the operator's to purge.
     pub fn stands(&self, now: Instant) -> bool {
-        self.alive.strong_count() > 0
-            || self.lease_until > now
+        self.owner_holds(now)
             || matches!(self.lapse, Lapse::Release { grace } if now < self.lease_until + grace)
     }
 }
