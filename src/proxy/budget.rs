@@ -134,11 +134,6 @@ impl Charge {
         Self::default()
     }
 
-    /// The bytes held.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
     /// Makes the charge `total` bytes: takes the difference if it grows (false, the charge
     /// unchanged, if the budget has no room for it), gives it back if it shrinks.
     pub fn resize(&mut self, total: usize) -> bool {
