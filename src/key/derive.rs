@@ -13,7 +13,7 @@ use super::identity::{find_cookie, names_a_session, names_someone, Identity};
 use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::query::canonical_form;
 use crate::canonical::{canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError};
-use caller::{cookie_jar, describe_caller, has_credential, hash_caller, hash_ip};
+use caller::{cookie_jar, describe_caller, has_credential, hash_caller, hash_ip, Caller};
 
 /// The parts of a request a key can depend on; the body is already buffered.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +93,15 @@ pub struct Trace {
     /// The key holds the client's address and none was given (`explain` without
     /// `--client-ip`): the proxy always has one, so no request it serves gets this key.
     pub address_unknown: bool,
+}
+
+impl Trace {
+    /// Notes the default caller standing in the key, shown as `shown`, and whether the
+    /// client address it holds was one no one gave.
+    fn heard_caller(&mut self, shown: String, caller: Caller, req: &RequestView<'_>) {
+        self.scope.push(shown);
+        self.address_unknown |= caller.by_address() && req.peer.is_none();
+    }
 }
 
 thread_local! {
@@ -265,10 +274,11 @@ pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
 }
 
 /// Hashes each scope part's label and value; `trace` hears which were present, or which
-/// tier named the caller, never a value, and whether an address no one gave went in. A scope whose every part is absent (only
-/// headers or cookies, none sent: `[header: Authorization]` from anonymous callers) would
-/// be one key for everyone who sends none: the default caller stands in for it. A value
-/// that names no one (`Bearer null`, empty) counts as not sent.
+/// tier named the caller, never a value, and whether an address no one gave went in. A
+/// scope whose every part is absent (only headers or cookies, none sent: `[header:
+/// Authorization]` from anonymous callers) would be one key for everyone who sends none:
+/// the default caller stands in for it. A value that names no one (`Bearer null`, empty)
+/// counts as not sent.
 fn hash_scope(
     hasher: &mut KeyHasher,
     scope: &[ScopePart],
@@ -286,8 +296,7 @@ fn hash_scope(
             ScopePart::Caller => {
                 let caller = hash_caller(hasher, req);
                 if let Some(t) = trace.as_deref_mut() {
-                    t.scope.push(describe_caller(caller, req));
-                    t.address_unknown |= caller.by_address() && req.peer.is_none();
+                    t.heard_caller(describe_caller(caller, req), caller, req);
                 }
                 continue;
             }
@@ -308,9 +317,8 @@ fn hash_scope(
                 hasher.absent();
                 let caller = hash_caller(hasher, req);
                 if let Some(t) = trace.as_deref_mut() {
-                    t.scope
-                        .push(format!("{part} (absent: {})", describe_caller(caller, req)));
-                    t.address_unknown |= caller.by_address() && req.peer.is_none();
+                    let shown = format!("{part} (absent: {})", describe_caller(caller, req));
+                    t.heard_caller(shown, caller, req);
                 }
                 continue;
             }
@@ -351,9 +359,8 @@ fn hash_scope(
         hasher.label(&ScopePart::Caller);
         let caller = hash_caller(hasher, req);
         if let Some(t) = trace {
-            t.scope
-                .push(format!("none sent: {}", describe_caller(caller, req)));
-            t.address_unknown |= caller.by_address() && req.peer.is_none();
+            let shown = format!("none sent: {}", describe_caller(caller, req));
+            t.heard_caller(shown, caller, req);
         }
     }
 }
