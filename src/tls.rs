@@ -31,12 +31,25 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
         path: path.to_owned(),
         reason,
     };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| bad(e.to_string()))?
+    let blocks = CertificateDer::pem_file_iter(path).map_err(|e| bad(e.to_string()))?;
+    every_certificate(blocks).map_err(bad)
+}
+
+/// Whether `pem` holds at least one certificate and nothing that fails to parse, as every
+/// certificate or CA file read here must: for the config check, which has the file's bytes.
+pub fn holds_certificates(pem: &[u8]) -> bool {
+    every_certificate(CertificateDer::pem_slice_iter(pem)).is_ok()
+}
+
+/// The certificates of PEM `blocks`: at least one, and every block readable.
+fn every_certificate(
+    blocks: impl Iterator<Item = Result<CertificateDer<'static>, rustls::pki_types::pem::Error>>,
+) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = blocks
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
     if certs.is_empty() {
-        return Err(bad("no CERTIFICATE block".into()));
+        return Err("no CERTIFICATE block".into());
     }
     Ok(certs)
 }

@@ -117,7 +117,7 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
                             "ca:",
                         ));
                     }
-                    if !holds_certificates(&pem) {
+                    if !crate::tls::holds_certificates(&pem) {
                         return Err(err(
                             "store.redis.ca",
                             &format!("{path}: no PEM certificate in it"),
@@ -177,12 +177,4 @@ fn compile_sql(s: RawSql, section: &str) -> Result<SqlSettings, CompileError> {
         ));
     }
     Ok(settings)
-}
-
-/// Whether `pem` holds at least one certificate and nothing that fails to parse.
-fn holds_certificates(pem: &[u8]) -> bool {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
-    let mut certs = CertificateDer::pem_slice_iter(pem).peekable();
-    certs.peek().is_some() && certs.all(|c| c.is_ok())
 }
