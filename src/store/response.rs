@@ -230,7 +230,7 @@ impl StoredResponse {
         // and the admin view); the one a replay uses is the sealed copy.
         record.extend_from_slice(&self.record[STATUS_AT..STORED_AT]);
         record.extend_from_slice(&self.record[STORED_AT..HEAD_LEN_AT]);
-        let aad = bound_aad(key, &record);
+        let aad = associated::<BOUND_AAD>(key, &record[..HEAD_LEN_AT]);
         // Status, head length, head and body: what follows the stored time, and the status.
         let mut plaintext = Vec::with_capacity(self.record.len() - STORED_AT);
         plaintext.extend_from_slice(&self.record[STATUS_AT..STORED_AT]);
@@ -251,12 +251,12 @@ impl StoredResponse {
         let (bound, unbound);
         let aad: &[u8] = match self.record[VERSION_AT] {
             SEALED => {
-                bound = bound_aad(key, &self.record[..HEAD_LEN_AT]);
+                bound = associated::<BOUND_AAD>(key, &self.record[..HEAD_LEN_AT]);
                 &bound
             }
             SEALED_UNBOUND if refuses => return Err(SealError::FingerprintUnbound),
             SEALED_UNBOUND => {
-                unbound = unbound_aad(key, &self.record[STORED_AT..HEAD_LEN_AT]);
+                unbound = associated::<UNBOUND_AAD>(key, &self.record[STORED_AT..HEAD_LEN_AT]);
                 &unbound
             }
             _ if refuses => return Err(SealError::InClear),
@@ -277,27 +277,24 @@ impl StoredResponse {
     }
 }
 
-/// What a sealed record is bound to: its store key and everything it keeps in clear
-/// (`clear`: fingerprint, version, status copy and time stored), so a store writer can
-/// change none of them, least of all the fingerprint that decides between a 422 and a
-/// replay.
-fn bound_aad(key: Digest, clear: &[u8]) -> [u8; 8 + 32 + HEAD_LEN_AT] {
-    let mut aad = [0u8; 8 + 32 + HEAD_LEN_AT];
+/// The associated data a record is sealed with: its store key and `bound`, the part of
+/// its clear header the seal covers, so a store writer can change none of it. A record of
+/// this build ([`SEALED`], [`BOUND_AAD`]) binds everything it keeps in clear (fingerprint,
+/// version, status copy and time stored; above all the fingerprint, which decides between
+/// a 422 and a replay); one of earlier builds ([`SEALED_UNBOUND`], [`UNBOUND_AAD`]) only
+/// the time it was stored.
+fn associated<const N: usize>(key: Digest, bound: &[u8]) -> [u8; N] {
+    let mut aad = [0u8; N];
     aad[..8].copy_from_slice(b"idemgate");
     aad[8..40].copy_from_slice(&key.0);
-    aad[40..].copy_from_slice(&clear[..HEAD_LEN_AT]);
+    aad[40..].copy_from_slice(bound);
     aad
 }
 
-/// What a record sealed by earlier builds ([`SEALED_UNBOUND`]) is bound to: its store key
-/// and the time it was stored.
-fn unbound_aad(key: Digest, stored_ms: &[u8]) -> [u8; 48] {
-    let mut aad = [0u8; 48];
-    aad[..8].copy_from_slice(b"idemgate");
-    aad[8..40].copy_from_slice(&key.0);
-    aad[40..].copy_from_slice(stored_ms);
-    aad
-}
+/// The length of a [`SEALED`] record's associated data.
+const BOUND_AAD: usize = 40 + HEAD_LEN_AT;
+/// The length of a [`SEALED_UNBOUND`] record's associated data.
+const UNBOUND_AAD: usize = 40 + 8;
 
 /// The headers stored in `record` (from [`HEAD_AT`] to `body_at`).
 fn headers_of(record: &Bytes, body_at: usize) -> HeaderMap {

@@ -121,7 +121,7 @@ fn sealed_unbound(plain: &StoredResponse, ring: &KeyRing, key: Digest) -> Stored
     let mut plaintext = r[STATUS_AT..STORED_AT].to_vec();
     plaintext.extend_from_slice(&r[HEAD_LEN_AT..]);
     ring.seal(
-        &unbound_aad(key, &r[STORED_AT..HEAD_LEN_AT]),
+        &associated::<UNBOUND_AAD>(key, &r[STORED_AT..HEAD_LEN_AT]),
         &plaintext,
         &mut record,
     );
