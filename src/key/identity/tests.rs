@@ -1,0 +1,174 @@
+//! Caller identity: address blocks, `X-Forwarded-For` behind trusted proxies, credentials
+//! and session cookies.
+use super::*;
+use http::HeaderValue;
+
+fn trusted(list: &[&str]) -> TrustedProxies {
+    list.iter().map(|c| c.parse().unwrap()).collect()
+}
+
+fn xff(values: &[&str]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for v in values {
+        h.append(&X_FORWARDED_FOR, HeaderValue::from_str(v).unwrap());
+    }
+    h
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn blocks_match_by_prefix_and_family() {
+    let c: Cidr = "10.0.0.0/8".parse().unwrap();
+    assert!(c.contains(ip("10.255.0.1")));
+    assert!(!c.contains(ip("11.0.0.1")));
+    assert!(c.contains(ip("::ffff:10.1.1.1")), "v4-mapped counts as v4");
+    assert!(!c.contains(ip("::1")));
+    let one: Cidr = "127.0.0.2".parse().unwrap();
+    assert!(one.contains(ip("127.0.0.2")) && !one.contains(ip("127.0.0.3")));
+    let v6: Cidr = "fd00::/8".parse().unwrap();
+    assert!(v6.contains(ip("fd12::1")) && !v6.contains(ip("fe80::1")));
+    let all: Cidr = "0.0.0.0/0".parse().unwrap();
+    assert!(all.contains(ip("203.0.113.1")));
+    for bad in ["10.0.0.1/8", "10.0.0.0/33", "ten", "10.0.0.0/x", "::/129"] {
+        assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+    }
+    assert!("10.0.0.1/8"
+        .parse::<Cidr>()
+        .unwrap_err()
+        .contains("10.0.0.0/8"));
+}
+
+#[test]
+fn an_untrusted_peer_is_the_client_whatever_it_sends() {
+    let t = trusted(&["10.0.0.0/8"]);
+    let h = xff(&["203.0.113.9"]);
+    assert_eq!(t.client_address(ip("192.0.2.1"), &h), ip("192.0.2.1"));
+    assert_eq!(
+        TrustedProxies::default().client_address(ip("10.0.0.1"), &h),
+        ip("10.0.0.1")
+    );
+}
+
+#[test]
+fn behind_trusted_peers_the_right_most_untrusted_entry_counts() {
+    let t = trusted(&["10.0.0.0/8", "192.168.1.1"]);
+    let h = xff(&["198.51.100.1, 203.0.113.9", "192.168.1.1 , 10.2.3.4"]);
+    assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("203.0.113.9"));
+    // Every entry trusted: the left-most is as far as the chain goes.
+    let h = xff(&["10.9.9.9, 10.8.8.8"]);
+    assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("10.9.9.9"));
+    // No header: the peer.
+    assert_eq!(
+        t.client_address(ip("10.0.0.1"), &HeaderMap::new()),
+        ip("10.0.0.1")
+    );
+    // Bracketed IPv6 and empty list elements.
+    let h = xff(&["[2001:db8::1],, "]);
+    assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("2001:db8::1"));
+}
+
+/// Balancers that write the client's port (Azure Application Gateway) name the client
+/// as well as those that do not: read as the address, every client behind them would be
+/// the balancer, one caller.
+#[test]
+fn an_entry_with_a_port_names_its_address() {
+    let t = trusted(&["10.0.0.0/8"]);
+    for (entry, client) in [
+        ("203.0.113.9:51234", "203.0.113.9"),
+        ("[2001:db8::1]:443", "2001:db8::1"),
+        ("[2001:db8::2]", "2001:db8::2"),
+        ("198.51.100.7:1, 10.0.0.3:8080", "198.51.100.7"),
+    ] {
+        assert_eq!(
+            t.client_address(ip("10.0.0.1"), &xff(&[entry])),
+            ip(client),
+            "{entry}"
+        );
+    }
+}
+
+#[test]
+fn a_malformed_entry_from_a_trusted_peer_leaves_the_peer() {
+    let t = trusted(&["10.0.0.0/8"]);
+    for bad in [
+        "unknown",
+        "203.0.113.9:",
+        "203.0.113.9:443x",
+        "203.0.113.9:123456",
+        "[2001:db8::1]443",
+        "203.0.113.9 10.0.0.3",
+        "_hidden",
+    ] {
+        let h = xff(&[bad]);
+        assert_eq!(
+            t.client_address(ip("10.0.0.1"), &h),
+            ip("10.0.0.1"),
+            "{bad}"
+        );
+    }
+    // Garbage left of the client's entry is never read.
+    let h = xff(&["garbage, 203.0.113.9"]);
+    assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("203.0.113.9"));
+}
+
+#[test]
+fn only_an_authorization_with_credentials_names_a_caller() {
+    for named in [
+        "Bearer t0k",
+        "Basic dXNlcjpwYXNz",
+        "Token\tabc",
+        "raw-api-key",
+        "Bearer nullx",
+    ] {
+        assert!(carries_credential(named.as_bytes()), "{named:?}");
+    }
+    for anonymous in [
+        "",
+        "\t",
+        "Bearer",
+        "BEARER  ",
+        "Bearer null",
+        "Bearer   NULL ",
+        "Bearer undefined",
+        "Bearer \"\"",
+        "Bearer [object Object]",
+        "Basic",
+        "undefined",
+    ] {
+        assert!(!carries_credential(anonymous.as_bytes()), "{anonymous:?}");
+    }
+}
+
+/// Rails names its session cookie `_<app>_session`, Laravel `<app>_session`: the
+/// default pattern `*_session` takes both; a name only ending alike is no pattern match
+/// without its `_`.
+#[test]
+fn session_cookie_patterns_match_app_named_sessions() {
+    let identity = Identity::default();
+    for session in ["_shop_session", "myapp_session", "_session", "sessionid"] {
+        assert!(identity.is_session_cookie(session.as_bytes()), "{session}");
+    }
+    for other in ["theme", "usersession", "_session_x", "session_"] {
+        assert!(!identity.is_session_cookie(other.as_bytes()), "{other}");
+    }
+    let listed = Identity {
+        session_cookies: vec!["app_*".into()],
+        ..Identity::default()
+    };
+    assert!(listed.is_session_cookie(b"app_sid") && listed.is_session_cookie(b"app_"));
+    assert!(!listed.is_session_cookie(b"ap_sid"));
+}
+
+#[test]
+fn cookies_are_read_from_every_field() {
+    let mut h = HeaderMap::new();
+    h.append(header::COOKIE, HeaderValue::from_static("a=1; sid=xyz"));
+    h.append(header::COOKIE, HeaderValue::from_static("b=2;c"));
+    assert_eq!(find_cookie(&h, "sid"), Some(&b"xyz"[..]));
+    assert_eq!(find_cookie(&h, "b"), Some(&b"2"[..]));
+    assert_eq!(find_cookie(&h, "id"), None);
+    assert_eq!(find_cookie(&h, "c"), None);
+}
