@@ -11,7 +11,7 @@ use http::{HeaderMap, Method, Uri};
 use crate::config::units::format_duration;
 use crate::config::{Admin, Config, Protection};
 use crate::error::ProxyError;
-use crate::key::{derive_key, Digest, KeySource, RequestView, Trace};
+use crate::key::{derive_key, Derived, Digest, KeySource, RequestView, Trace};
 use crate::route::normalize::normalize_path;
 
 /// One request to explain.
@@ -165,7 +165,7 @@ pub fn explain_key(
         format_duration(rule.policy.ttl)
     );
     match derived {
-        Some(d) => {
+        Derived::Key(d) => {
             let _ = writeln!(out, "key digest:        {}", d.key);
             if d.fingerprint != crate::key::Digest::NONE {
                 let _ = writeln!(out, "payload digest:    {}", d.fingerprint);
@@ -177,14 +177,20 @@ pub fn explain_key(
                 );
             }
         }
-        None => {
+        Derived::Unkeyed => {
             let _ = writeln!(
                 out,
                 "key digest:        (no key: passed through unprotected)"
             );
         }
+        Derived::CallerUnnamed => {
+            let _ = writeln!(
+                out,
+                "key digest:        (no key: the caller is unnamed, a trusted proxy's X-Forwarded-For names no client address for the key to hold; passed through unprotected, counted as caller_unknown)"
+            );
+        }
     }
-    Ok((out, derived.map(|d| d.key)))
+    Ok((out, derived.key().map(|d| d.key)))
 }
 
 /// What the running proxy's admin API (`GET /keys/{digest}`) says of `key`, as lines for

@@ -55,6 +55,10 @@ pub enum Outcome {
     FailOpen,
     /// No key material and none required: forwarded unprotected.
     Unkeyed,
+    /// The key would hold the address of a client a trusted proxy could not name
+    /// (`X-Forwarded-For: unknown`), which no other client's key may share: forwarded
+    /// unprotected, on enforcing and observed routes alike.
+    CallerUnknown,
     /// An unprotected route or a safe method: streamed through.
     Passthrough,
     /// Observe mode, forwarded: enforcement would have replayed the stored answer.
@@ -76,7 +80,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Outcome; 22] = [
+    const ALL: [Outcome; 23] = [
         Self::Executed,
         Self::ExecutedNotStored,
         Self::Replayed,
@@ -92,6 +96,7 @@ impl Outcome {
         Self::StoreError,
         Self::FailOpen,
         Self::Unkeyed,
+        Self::CallerUnknown,
         Self::Passthrough,
         Self::WouldReplay,
         Self::WouldConflict,
@@ -119,6 +124,7 @@ impl Outcome {
             Self::StoreError => "store_error",
             Self::FailOpen => "fail_open",
             Self::Unkeyed => "unkeyed",
+            Self::CallerUnknown => "caller_unknown",
             Self::Passthrough => "passthrough",
             Self::WouldReplay => "would_replay",
             Self::WouldConflict => "would_conflict",

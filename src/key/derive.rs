@@ -9,11 +9,11 @@ use http::{header, HeaderMap, Method};
 use sha2::{Digest as _, Sha256};
 
 use super::client_key::{read_client_key, ClientKeyError};
-use super::identity::{find_cookie, names_a_session, names_someone, Identity};
+use super::identity::{find_cookie, names_a_session, names_someone, ClientAddress, Identity};
 use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::query::canonical_form;
 use crate::canonical::{canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError};
-use caller::{cookie_jar, describe_caller, has_credential, hash_caller, hash_ip, Caller};
+use caller::{cookie_jar, describe_caller, has_credential, hash_address, hash_caller, Caller};
 
 /// The parts of a request a key can depend on; the body is already buffered.
 #[derive(Debug, Clone, Copy)]
@@ -40,13 +40,37 @@ pub struct RequestView<'a> {
 
 impl RequestView<'_> {
     /// The client's address: the peer, or behind a trusted proxy the address its
-    /// `X-Forwarded-For` names.
-    pub fn client_address(&self) -> Option<IpAddr> {
+    /// `X-Forwarded-For` names (or none it could name); `None` without a peer (`explain`
+    /// without `--client-ip`).
+    pub fn client_address(&self) -> Option<ClientAddress> {
         self.peer.map(|peer| {
             self.identity
                 .trusted_proxies
                 .client_address(peer, self.headers)
         })
+    }
+}
+
+/// What derivation made of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Derived {
+    /// The key to claim.
+    Key(DerivedKey),
+    /// No key material, and the rule does not require it: the request passes unprotected.
+    Unkeyed,
+    /// The key would hold the address of a client a trusted proxy could not name
+    /// ([`ClientAddress::Unnamed`]): it could not be told from any other such client, so
+    /// the request passes unprotected, never claimed nor replayed.
+    CallerUnnamed,
+}
+
+impl Derived {
+    /// The key to claim, if there is one.
+    pub fn key(self) -> Option<DerivedKey> {
+        match self {
+            Self::Key(key) => Some(key),
+            Self::Unkeyed | Self::CallerUnnamed => None,
+        }
     }
 }
 
@@ -110,8 +134,11 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Derives the key for `req` under `rule`. `Ok(None)` means the material is absent and the
-/// rule does not require it: the request passes unprotected.
+/// Derives the key for `req` under `rule`: [`Derived::Unkeyed`] when the material is absent
+/// and the rule does not require it, [`Derived::CallerUnnamed`] when the key would hold
+/// the address of a client no one named; either way the request passes unprotected. A
+/// request the rule refuses (a required key missing, a malformed one) is refused whoever
+/// sent it.
 ///
 /// ```
 /// use http::{HeaderMap, Method};
@@ -131,25 +158,27 @@ thread_local! {
 /// };
 /// let a = derive_key(&rule, &view(br#"{"sku":"A1","qty":2,"timestamp":1}"#), None).unwrap();
 /// let b = derive_key(&rule, &view(br#"{ "qty": 2.0, "sku": "A1", "timestamp": 2 }"#), None).unwrap();
+/// assert!(a.key().is_some());
 /// assert_eq!(a, b);
 /// ```
 pub fn derive_key(
     rule: &KeyRule,
     req: &RequestView<'_>,
     mut trace: Option<&mut Trace>,
-) -> Result<Option<DerivedKey>, KeyError> {
+) -> Result<Derived, KeyError> {
     let mut hasher = KeyHasher::new(b"idemgate:key:v4");
     hasher.field(req.route.as_bytes());
     hasher.field(req.method.as_str().as_bytes());
     hash_host(&mut hasher, req.headers);
-    hash_scope(&mut hasher, &rule.scope, req, trace.as_deref_mut());
+    // Checked after the material: a request the rule refuses is refused whoever sent it.
+    let unnamed = hash_scope(&mut hasher, &rule.scope, req, trace.as_deref_mut());
     hasher.field(rule.source.as_str().as_bytes());
 
     let fingerprint = match &rule.source {
         KeySource::Header(name) => {
             let client_key = match read_client_key(req.headers, name) {
                 Ok(k) => k,
-                Err(ClientKeyError::Missing(_)) if !rule.required => return Ok(None),
+                Err(ClientKeyError::Missing(_)) if !rule.required => return Ok(Derived::Unkeyed),
                 Err(e) => return Err(e.into()),
             };
             if let Some(t) = trace.as_deref_mut() {
@@ -163,7 +192,7 @@ pub fn derive_key(
             // unprotected where the route does not require them, as when one is absent.
             let values = match extract_fields(req.body, pointers) {
                 Ok(values) => values,
-                Err(_) if !rule.required => return Ok(None),
+                Err(_) if !rule.required => return Ok(Derived::Unkeyed),
                 Err(e) => return Err(e.into()),
             };
             // The fields name a request within one resource: a route with path parameters
@@ -182,7 +211,7 @@ pub fn derive_key(
                     None if rule.required => {
                         return Err(KeyError::FieldMissing(pointer.to_string()))
                     }
-                    None => return Ok(None),
+                    None => return Ok(Derived::Unkeyed),
                 }
             }
             if let Some(t) = trace.as_deref_mut() {
@@ -193,7 +222,7 @@ pub fn derive_key(
         KeySource::Token(token_rule) => {
             let token = match read_client_key(req.headers, &token_rule.header) {
                 Ok(t) => t,
-                Err(ClientKeyError::Missing(_)) if !rule.required => return Ok(None),
+                Err(ClientKeyError::Missing(_)) if !rule.required => return Ok(Derived::Unkeyed),
                 Err(ClientKeyError::Missing(name)) => {
                     return Err(ClientKeyError::Missing(name).into())
                 }
@@ -205,10 +234,14 @@ pub fn derive_key(
             if let Some(t) = trace.as_deref_mut() {
                 t.material = format!("{}: {}", token_rule.header, String::from_utf8_lossy(&token));
             }
+            // Its spend could not be told from another unnamed caller's.
+            if unnamed {
+                return Ok(Derived::CallerUnnamed);
+            }
             // The token's own digest, not the route-bound one: see `token_digest`. What
             // the token is spent on is its fingerprint, the host among it: the same request
             // to another tenant is other work.
-            return Ok(Some(DerivedKey {
+            return Ok(Derived::Key(DerivedKey {
                 key: token_digest(&rule.scope, req, &token),
                 fingerprint: payload_fingerprint(req, &rule.payload, trace, Host::Included),
             }));
@@ -226,7 +259,10 @@ pub fn derive_key(
             Digest::NONE
         }
     };
-    Ok(Some(DerivedKey {
+    if unnamed {
+        return Ok(Derived::CallerUnnamed);
+    }
+    Ok(Derived::Key(DerivedKey {
         key: hasher.finish(),
         fingerprint,
     }))
@@ -259,17 +295,22 @@ fn is_token(token: &[u8]) -> bool {
 /// method and host are left out because the token is issued before the request it is for
 /// is known; the payload fingerprint (which holds method, path and, for tokens, the host)
 /// catches its reuse elsewhere, and a token is only ever its own caller's.
+///
+/// A token issued to a caller a trusted proxy could not name is bound to a marker no
+/// address hashes to: the proxy's own call cannot spend it, and a token route forwards an
+/// unnamed caller's spend unprotected ([`Derived::CallerUnnamed`]), so no one does.
 pub fn token_digest(scope: &[ScopePart], req: &RequestView<'_>, token: &[u8]) -> Digest {
     let mut hasher = KeyHasher::new(b"idemgate:token:v1");
-    hash_scope(&mut hasher, scope, req, None);
+    let _unnamed = hash_scope(&mut hasher, scope, req, None);
     hasher.field(token);
     hasher.finish()
 }
 
-/// The rate-limit bucket of a caller.
+/// The rate-limit bucket of a caller. The clients a trusted proxy could not name share
+/// one bucket per proxy: merged buckets are only stricter.
 pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
     let mut hasher = KeyHasher::new(b"idemgate:scope:v1");
-    hash_scope(&mut hasher, scope, req, None);
+    let _unnamed = hash_scope(&mut hasher, scope, req, None);
     hasher.finish()
 }
 
@@ -278,13 +319,16 @@ pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
 /// scope whose every part is absent (only headers or cookies, none sent: `[header:
 /// Authorization]` from anonymous callers) would be one key for everyone who sends none:
 /// the default caller stands in for it. A value that names no one (`Bearer null`, empty)
-/// counts as not sent.
+/// counts as not sent. Returns whether the scope holds the address of a client a trusted
+/// proxy could not name (hashed as a marker no address hashes to, then the proxy's).
+#[must_use]
 fn hash_scope(
     hasher: &mut KeyHasher,
     scope: &[ScopePart],
     req: &RequestView<'_>,
     mut trace: Option<&mut Trace>,
-) {
+) -> bool {
+    let mut unnamed = false;
     let mut named = false;
     for part in scope {
         hasher.label(part);
@@ -295,19 +339,24 @@ fn hash_scope(
         let value = match part {
             ScopePart::Caller => {
                 let caller = hash_caller(hasher, req);
+                unnamed |= caller.unnamed();
                 if let Some(t) = trace.as_deref_mut() {
                     t.heard_caller(describe_caller(caller, req), caller, req);
                 }
                 continue;
             }
             ScopePart::ClientIp => {
-                let ip = req.client_address();
+                let address = hash_address(hasher, req);
+                unnamed |= address == Some(ClientAddress::Unnamed);
                 if let Some(t) = trace.as_deref_mut() {
-                    let state = if ip.is_some() { "present" } else { "absent" };
+                    let state = match address {
+                        Some(ClientAddress::Named(_)) => "present",
+                        Some(ClientAddress::Unnamed) => "unnamed: a trusted proxy named no client",
+                        None => "absent",
+                    };
                     t.scope.push(format!("{part} ({state})"));
-                    t.address_unknown |= ip.is_none();
+                    t.address_unknown |= address.is_none();
                 }
-                hash_ip(hasher, ip);
                 continue;
             }
             ScopePart::ClientCert if req.client_cert.is_none() => {
@@ -316,6 +365,7 @@ fn hash_scope(
                 // the default caller stands in, after the marker no certificate can hash to.
                 hasher.absent();
                 let caller = hash_caller(hasher, req);
+                unnamed |= caller.unnamed();
                 if let Some(t) = trace.as_deref_mut() {
                     let shown = format!("{part} (absent: {})", describe_caller(caller, req));
                     t.heard_caller(shown, caller, req);
@@ -358,11 +408,13 @@ fn hash_scope(
         // After the absent markers, where no present value can be.
         hasher.label(&ScopePart::Caller);
         let caller = hash_caller(hasher, req);
+        unnamed |= caller.unnamed();
         if let Some(t) = trace {
             let shown = format!("none sent: {}", describe_caller(caller, req));
             t.heard_caller(shown, caller, req);
         }
     }
+    unnamed
 }
 
 /// Whether a cookie jar (`a=1; b=2`) has a cookie whose value names a session

@@ -16,18 +16,24 @@
 //! The client address is the TCP peer, unless the peer is in `trusted_proxies`: then it is
 //! the right-most `X-Forwarded-For` entry that is not itself a trusted proxy, as nginx's
 //! `real_ip_recursive` and Envoy's trusted hops read it. Entries left of that one were
-//! written by the client and prove nothing.
+//! written by the client and prove nothing. A trusted proxy whose entries, read from the
+//! right, reach one that is no address (`unknown`, `_hidden`) vouches for a client it
+//! cannot name: [`ClientAddress::Unnamed`], which no key may hold as an address (every
+//! client behind that proxy would share it).
 //!
 //! ```
 //! use http::HeaderMap;
-//! use idemgate::key::identity::TrustedProxies;
+//! use idemgate::key::identity::{ClientAddress, TrustedProxies};
 //! let trusted: TrustedProxies = ["10.0.0.0/8"].iter().map(|c| c.parse().unwrap()).collect();
 //! let mut headers = HeaderMap::new();
 //! headers.insert("x-forwarded-for", "198.51.100.7, 203.0.113.9, 10.1.2.3".parse().unwrap());
 //! // From the load balancer: its view of the client counts.
-//! assert_eq!(trusted.client_address("10.0.0.2".parse().unwrap(), &headers), "203.0.113.9".parse::<std::net::IpAddr>().unwrap());
+//! assert_eq!(trusted.client_address("10.0.0.2".parse().unwrap(), &headers), ClientAddress::Named("203.0.113.9".parse().unwrap()));
 //! // From anyone else: the header is the caller's own word, and the peer counts.
-//! assert_eq!(trusted.client_address("192.0.2.1".parse().unwrap(), &headers), "192.0.2.1".parse::<std::net::IpAddr>().unwrap());
+//! assert_eq!(trusted.client_address("192.0.2.1".parse().unwrap(), &headers), ClientAddress::Named("192.0.2.1".parse().unwrap()));
+//! // A balancer that could not name the client names no one.
+//! headers.insert("x-forwarded-for", "unknown".parse().unwrap());
+//! assert_eq!(trusted.client_address("10.0.0.2".parse().unwrap(), &headers), ClientAddress::Unnamed);
 //! ```
 
 use std::fmt;
@@ -358,32 +364,49 @@ impl TrustedProxies {
     }
 
     /// The client's address: `peer`, or behind a trusted peer the right-most
-    /// `X-Forwarded-For` entry that is not trusted (the left-most when all are). A
-    /// malformed entry met on the way, or no `X-Forwarded-For` at all, leaves the peer:
-    /// a trusted proxy that wrote garbage vouches for nothing.
-    pub fn client_address(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    /// `X-Forwarded-For` entry that is not trusted (the left-most when all are). A trusted
+    /// peer that sends no `X-Forwarded-For` is itself the client (a call from inside the
+    /// trusted network). One whose header reaches a malformed entry before an untrusted
+    /// one, or holds no entry at all, forwards a client it cannot name: taking the peer
+    /// instead would make every such client behind it one caller.
+    pub fn client_address(&self, peer: IpAddr, headers: &HeaderMap) -> ClientAddress {
         let peer = peer.to_canonical();
         if self.0.is_empty() || !self.contains(peer) {
-            return peer;
+            return ClientAddress::Named(peer);
+        }
+        let mut fields = headers.get_all(&X_FORWARDED_FOR).iter().rev().peekable();
+        if fields.peek().is_none() {
+            return ClientAddress::Named(peer);
         }
         let mut client = None;
-        for value in headers.get_all(&X_FORWARDED_FOR).iter().rev() {
+        for value in fields {
             for entry in value.as_bytes().rsplit(|&b| b == b',') {
                 let entry = entry.trim_ascii();
                 if entry.is_empty() {
                     continue;
                 }
                 let Some(ip) = parse_entry(entry) else {
-                    return peer;
+                    return ClientAddress::Unnamed;
                 };
                 if !self.contains(ip) {
-                    return ip;
+                    return ClientAddress::Named(ip);
                 }
                 client = Some(ip);
             }
         }
-        client.unwrap_or(peer)
+        client.map_or(ClientAddress::Unnamed, ClientAddress::Named)
     }
+}
+
+/// Who the client is, as far as its address tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAddress {
+    /// The TCP peer, or the address a trusted proxy's `X-Forwarded-For` names.
+    Named(IpAddr),
+    /// A trusted proxy forwarded a client it could not name (`X-Forwarded-For: unknown`,
+    /// an obfuscated name, an empty header): it cannot be told from any other client
+    /// behind that proxy.
+    Unnamed,
 }
 
 /// One `X-Forwarded-For` entry: an IPv4 or IPv6 address, the latter bracketed or not, with

@@ -16,10 +16,12 @@ use http::{Request, Response};
 
 use super::answer::{self, AnswerBody};
 use super::body::{BodyError, ProxyBody, RequestBody};
-use super::protected::{claim_args, execute, forward_unprotected, request_view, Context, Report};
+use super::protected::{
+    caller_unnamed, claim_args, execute, forward_unprotected, request_view, Context, Report,
+};
 use crate::config::{InFlightMode, Protected};
 use crate::error::ProxyError;
-use crate::key::{derive_key, DerivedKey};
+use crate::key::{derive_key, Derived, DerivedKey};
 use crate::metrics::Outcome;
 use crate::store::{Claim, ClaimArgs, StoreError};
 
@@ -56,9 +58,14 @@ pub async fn handle(
             would(report, Outcome::WouldReject, false, None);
             return forward_unprotected(&cx, parts, body, policy).await;
         }
-        Ok(Some(DerivedKey { key, fingerprint })) => (key, fingerprint),
-        Ok(None) => {
+        Ok(Derived::Key(DerivedKey { key, fingerprint })) => (key, fingerprint),
+        Ok(Derived::Unkeyed) => {
             report.outcome = Some(Outcome::Unkeyed);
+            return forward_unprotected(&cx, parts, body, policy).await;
+        }
+        // Enforcement would claim nothing: neither would a dry run.
+        Ok(Derived::CallerUnnamed) => {
+            caller_unnamed(report);
             return forward_unprotected(&cx, parts, body, policy).await;
         }
         Err(_) => {

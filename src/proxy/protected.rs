@@ -32,7 +32,7 @@ use super::upstream::{timed_out, UpstreamClient};
 use crate::config::{InFlightMode, OnStoreError, OnUnknownOutcome, Protected};
 use crate::error::ProxyError;
 use crate::key::derive::scope_digest;
-use crate::key::{derive_key, DerivedKey, Digest, KeyError, KeySource, RequestView};
+use crate::key::{derive_key, Derived, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::store::{
     CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Store, StoreError, StoredResponse,
@@ -123,9 +123,16 @@ pub async fn handle(
     }
     // Phase 2: derive the key.
     let view = request_view(&cx, rule, &parts, &body);
-    let Some(DerivedKey { key, fingerprint }) = derive_key(&rule.key, &view, None)? else {
-        report.outcome = Some(Outcome::Unkeyed);
-        return forward_unprotected(&cx, parts, body, policy).await;
+    let DerivedKey { key, fingerprint } = match derive_key(&rule.key, &view, None)? {
+        Derived::Key(derived) => derived,
+        Derived::Unkeyed => {
+            report.outcome = Some(Outcome::Unkeyed);
+            return forward_unprotected(&cx, parts, body, policy).await;
+        }
+        Derived::CallerUnnamed => {
+            caller_unnamed(report);
+            return forward_unprotected(&cx, parts, body, policy).await;
+        }
     };
     report.key = Some(key);
     let span = tracing::Span::current();
@@ -249,6 +256,16 @@ pub async fn handle(
             }
         }
     }
+}
+
+/// Notes a request whose key would hold the address of a client a trusted proxy could not
+/// name: it runs as it did before idemgate, since a key shared with every other such client
+/// could hand it theirs.
+pub(super) fn caller_unnamed(report: &mut Report) {
+    report.outcome = Some(Outcome::CallerUnknown);
+    tracing::debug!(
+        "a trusted proxy's X-Forwarded-For names no client, and the key would hold its address: forwarded unprotected"
+    );
 }
 
 /// How a request on `rule` with `key` claims it: token routes only start from an issued

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use http::{header, HeaderMap};
 
 use super::{header_value, KeyHasher, RequestView};
-use crate::key::identity::{carries_credential, cookies, names_a_session, Tier};
+use crate::key::identity::{carries_credential, cookies, names_a_session, ClientAddress, Tier};
 
 /// The parts of the default identity a request was told apart by.
 #[derive(Debug, Default, Clone, Copy)]
@@ -19,12 +19,20 @@ pub(super) struct Caller {
     /// Neither an `Authorization` credential nor a session: the client address, with the
     /// whole `Cookie` header when cookies were sent ([`Tier::CookieHeader`]).
     fallback: Option<Tier>,
+    /// The client address it holds is one a trusted proxy could not name.
+    unnamed: bool,
 }
 
 impl Caller {
     /// Whether the client address is part of it (no `Authorization` credential, no session).
     pub(super) fn by_address(&self) -> bool {
         self.fallback.is_some()
+    }
+
+    /// Whether it holds the address of a client a trusted proxy could not name, and so
+    /// cannot be told from any other such client.
+    pub(super) fn unnamed(&self) -> bool {
+        self.unnamed
     }
 }
 
@@ -89,12 +97,12 @@ pub(super) fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Call
         // keeps two browsers apart and a shared cookie cannot merge two people.
         hasher.field(Tier::CookieHeader.as_str().as_bytes());
         hash_cookie_jar(hasher, headers);
-        hash_ip(hasher, req.client_address());
+        caller.unnamed = hash_address(hasher, req) == Some(ClientAddress::Unnamed);
         caller.fallback = Some(Tier::CookieHeader);
         return caller;
     }
     hasher.field(Tier::ClientAddress.as_str().as_bytes());
-    hash_ip(hasher, req.client_address());
+    caller.unnamed = hash_address(hasher, req) == Some(ClientAddress::Unnamed);
     caller.fallback = Some(Tier::ClientAddress);
     caller
 }
@@ -132,12 +140,35 @@ pub(super) fn has_credential(headers: &HeaderMap) -> bool {
         .any(|v| carries_credential(v.as_bytes()))
 }
 
-/// An address as its octets (no formatting per request), or the absent marker.
-pub(super) fn hash_ip(hasher: &mut KeyHasher, ip: Option<IpAddr>) {
-    match ip.map(|ip| ip.to_canonical()) {
-        Some(IpAddr::V4(v4)) => hasher.field(&v4.octets()),
-        Some(IpAddr::V6(v6)) => hasher.field(&v6.octets()),
+/// What an unnamed client's address is hashed as, before the proxy's: no address is 7
+/// bytes long, so it is never an address's octets.
+const UNNAMED: &[u8] = b"unnamed";
+
+/// Hashes the client address ([`RequestView::client_address`]), and returns it: its
+/// octets (no formatting per request); the absent marker when none was given; for a client
+/// a trusted proxy could not name, [`UNNAMED`] and the proxy's octets, so a token issued
+/// to such a client is not the proxy's own and their rate-limit bucket is the proxy's.
+pub(super) fn hash_address(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Option<ClientAddress> {
+    let address = req.client_address();
+    match address {
+        Some(ClientAddress::Named(ip)) => hash_ip(hasher, ip),
+        Some(ClientAddress::Unnamed) => {
+            hasher.field(UNNAMED);
+            // A trusted proxy is only ever unnamed behind a peer.
+            if let Some(peer) = req.peer {
+                hash_ip(hasher, peer);
+            }
+        }
         None => hasher.absent(),
+    }
+    address
+}
+
+/// An address as its octets.
+fn hash_ip(hasher: &mut KeyHasher, ip: IpAddr) {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => hasher.field(&v4.octets()),
+        IpAddr::V6(v6) => hasher.field(&v6.octets()),
     }
 }
 
@@ -145,6 +176,8 @@ pub(super) fn hash_ip(hasher: &mut KeyHasher, ip: Option<IpAddr>) {
 pub(super) fn describe_caller(caller: Caller, req: &RequestView<'_>) -> String {
     let address = if req.peer.is_none() {
         "client address (not known here: give --client-ip)"
+    } else if caller.unnamed {
+        "client address (unnamed: a trusted proxy's X-Forwarded-For names no client)"
     } else {
         "client address"
     };

@@ -3,6 +3,8 @@ use super::*;
 use crate::key::default_scope;
 use http::HeaderValue;
 
+mod unnamed;
+
 static IDENTITY: std::sync::LazyLock<Identity> = std::sync::LazyLock::new(Identity::default);
 
 /// Keys already stored (in Redis, by an earlier version) must still be found: a scope
@@ -65,7 +67,7 @@ fn same_client_key_with_other_payload_keeps_key_but_changes_fingerprint() {
     let h = keyed("k1", None);
     let a = derive_key(&header_rule(true), &view(&h, b"{\"amount\":1}"), None).unwrap();
     let b = derive_key(&header_rule(true), &view(&h, b"{\"amount\":2}"), None).unwrap();
-    let (a, b) = (a.unwrap(), b.unwrap());
+    let (a, b) = (a.key().unwrap(), b.key().unwrap());
     assert_eq!(a.key, b.key);
     assert_ne!(a.fingerprint, b.fingerprint);
 }
@@ -77,12 +79,15 @@ fn different_callers_never_share_a_key() {
     let anon = keyed("k1", None);
     let ka = derive_key(&header_rule(true), &view(&a, b""), None)
         .unwrap()
+        .key()
         .unwrap();
     let kb = derive_key(&header_rule(true), &view(&b, b""), None)
         .unwrap()
+        .key()
         .unwrap();
     let kn = derive_key(&header_rule(true), &view(&anon, b""), None)
         .unwrap()
+        .key()
         .unwrap();
     assert_ne!(ka.key, kb.key);
     assert_ne!(ka.key, kn.key);
@@ -91,9 +96,10 @@ fn different_callers_never_share_a_key() {
 #[test]
 fn missing_key_passes_unless_required() {
     let h = HeaderMap::new();
-    assert!(derive_key(&header_rule(false), &view(&h, b""), None)
-        .unwrap()
-        .is_none());
+    assert_eq!(
+        derive_key(&header_rule(false), &view(&h, b""), None).unwrap(),
+        Derived::Unkeyed
+    );
     assert!(matches!(
         derive_key(&header_rule(true), &view(&h, b""), None),
         Err(KeyError::ClientKey(ClientKeyError::Missing(_)))
@@ -132,7 +138,7 @@ fn fingerprint_covers_path_and_query_and_falls_back_to_raw_bytes() {
     };
     let h = HeaderMap::new();
     let base = view(&h, b"not json");
-    let k = |v: RequestView<'_>| derive_key(&rule, &v, None).unwrap().unwrap().key;
+    let k = |v: RequestView<'_>| derive_key(&rule, &v, None).unwrap().key().unwrap().key;
     assert_eq!(k(base), k(base));
     assert_ne!(
         k(base),
@@ -183,6 +189,7 @@ fn key_of(headers: &HeaderMap, peer: [u8; 4]) -> Digest {
     };
     derive_key(&fingerprint_rule(), &v, None)
         .unwrap()
+        .key()
         .unwrap()
         .key
 }
@@ -329,7 +336,7 @@ fn the_host_is_part_of_every_key() {
             peer: Some(IpAddr::from(a)),
             ..view(&h, b"{}")
         };
-        derive_key(&rule, &v, None).unwrap().unwrap().key
+        derive_key(&rule, &v, None).unwrap().key().unwrap().key
     };
     assert_ne!(keyed("tenant-a.example.com"), keyed("tenant-b.example.com"));
 }
@@ -448,7 +455,7 @@ fn cert_key(peer: [u8; 4], cert: Option<&[u8]>) -> Digest {
         client_cert: cert,
         ..view(&h, b"{}")
     };
-    derive_key(&rule, &v, None).unwrap().unwrap().key
+    derive_key(&rule, &v, None).unwrap().key().unwrap().key
 }
 
 /// A `client_cert` scope on a request without a certificate falls back to the caller, so
@@ -479,6 +486,7 @@ fn a_client_certificate_is_mixed_in_beside_the_rest_of_the_caller() {
         };
         derive_key(&fingerprint_rule(), &v, None)
             .unwrap()
+            .key()
             .unwrap()
             .key
     };
@@ -501,6 +509,7 @@ fn a_cookie_header_scope_reads_one_jar() {
     let key = |h: &HeaderMap| {
         derive_key(&rule, &view(h, b"{}"), None)
             .unwrap()
+            .key()
             .unwrap()
             .key
     };
@@ -523,7 +532,7 @@ fn a_scope_part_that_names_no_one_is_not_sent() {
             peer: Some(IpAddr::from(peer)),
             ..view(h, b"{}")
         };
-        derive_key(&rule, &v, None).unwrap().unwrap().key
+        derive_key(&rule, &v, None).unwrap().key().unwrap().key
     };
     let auth = ScopePart::Header(header::AUTHORIZATION);
     let user = ScopePart::Header(http::HeaderName::from_static("x-user-id"));
@@ -573,6 +582,7 @@ fn an_ipv4_mapped_address_is_its_ipv4_caller() {
         };
         derive_key(&fingerprint_rule(), &v, None)
             .unwrap()
+            .key()
             .unwrap()
             .key
     };
@@ -599,7 +609,7 @@ fn a_cookie_jar_of_cookies_that_name_no_one_is_not_sent() {
             peer: Some(IpAddr::from(peer)),
             ..view(h, b"{}")
         };
-        derive_key(&rule, &v, None).unwrap().unwrap().key
+        derive_key(&rule, &v, None).unwrap().key().unwrap().key
     };
     let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
     for anonymous in [

@@ -19,6 +19,10 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+fn named(s: &str) -> ClientAddress {
+    ClientAddress::Named(ip(s))
+}
+
 #[test]
 fn blocks_match_by_prefix_and_family() {
     let c: Cidr = "10.0.0.0/8".parse().unwrap();
@@ -45,10 +49,10 @@ fn blocks_match_by_prefix_and_family() {
 fn an_untrusted_peer_is_the_client_whatever_it_sends() {
     let t = trusted(&["10.0.0.0/8"]);
     let h = xff(&["203.0.113.9"]);
-    assert_eq!(t.client_address(ip("192.0.2.1"), &h), ip("192.0.2.1"));
+    assert_eq!(t.client_address(ip("192.0.2.1"), &h), named("192.0.2.1"));
     assert_eq!(
         TrustedProxies::default().client_address(ip("10.0.0.1"), &h),
-        ip("10.0.0.1")
+        named("10.0.0.1")
     );
 }
 
@@ -56,18 +60,18 @@ fn an_untrusted_peer_is_the_client_whatever_it_sends() {
 fn behind_trusted_peers_the_right_most_untrusted_entry_counts() {
     let t = trusted(&["10.0.0.0/8", "192.168.1.1"]);
     let h = xff(&["198.51.100.1, 203.0.113.9", "192.168.1.1 , 10.2.3.4"]);
-    assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("203.0.113.9"));
+    assert_eq!(t.client_address(ip("10.0.0.1"), &h), named("203.0.113.9"));
     // Every entry trusted: the left-most is as far as the chain goes.
     let h = xff(&["10.9.9.9, 10.8.8.8"]);
-    assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("10.9.9.9"));
+    assert_eq!(t.client_address(ip("10.0.0.1"), &h), named("10.9.9.9"));
     // No header: the peer.
     assert_eq!(
         t.client_address(ip("10.0.0.1"), &HeaderMap::new()),
-        ip("10.0.0.1")
+        named("10.0.0.1")
     );
     // Bracketed IPv6 and empty list elements.
     let h = xff(&["[2001:db8::1],, "]);
-    assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("2001:db8::1"));
+    assert_eq!(t.client_address(ip("10.0.0.1"), &h), named("2001:db8::1"));
 }
 
 /// Balancers that write the client's port (Azure Application Gateway) name the client
@@ -84,14 +88,17 @@ fn an_entry_with_a_port_names_its_address() {
     ] {
         assert_eq!(
             t.client_address(ip("10.0.0.1"), &xff(&[entry])),
-            ip(client),
+            named(client),
             "{entry}"
         );
     }
 }
 
+/// A trusted proxy that writes an entry that is no address (`unknown`, an obfuscated
+/// name, a broken port) before any untrusted one forwards a client it cannot name; taken
+/// as the proxy, every such client behind it would be one caller.
 #[test]
-fn a_malformed_entry_from_a_trusted_peer_leaves_the_peer() {
+fn a_malformed_entry_from_a_trusted_peer_names_no_client() {
     let t = trusted(&["10.0.0.0/8"]);
     for bad in [
         "unknown",
@@ -101,17 +108,38 @@ fn a_malformed_entry_from_a_trusted_peer_leaves_the_peer() {
         "[2001:db8::1]443",
         "203.0.113.9 10.0.0.3",
         "_hidden",
+        "unknown, 10.0.0.3",
     ] {
         let h = xff(&[bad]);
         assert_eq!(
             t.client_address(ip("10.0.0.1"), &h),
-            ip("10.0.0.1"),
+            ClientAddress::Unnamed,
             "{bad}"
         );
     }
+    // A header with no entry at all names no one either; no header is the peer's own call.
+    let empties: [&[&str]; 3] = [&[""], &[" , ,"], &["", ""]];
+    for empty in empties {
+        assert_eq!(
+            t.client_address(ip("10.0.0.1"), &xff(empty)),
+            ClientAddress::Unnamed,
+            "{empty:?}"
+        );
+    }
+    assert_eq!(
+        t.client_address(ip("10.0.0.1"), &HeaderMap::new()),
+        named("10.0.0.1")
+    );
     // Garbage left of the client's entry is never read.
     let h = xff(&["garbage, 203.0.113.9"]);
-    assert_eq!(t.client_address(ip("10.0.0.1"), &h), ip("203.0.113.9"));
+    assert_eq!(t.client_address(ip("10.0.0.1"), &h), named("203.0.113.9"));
+    let h = xff(&["_hidden", "203.0.113.9:80, 10.0.0.3"]);
+    assert_eq!(t.client_address(ip("10.0.0.1"), &h), named("203.0.113.9"));
+    // From an untrusted peer the header is not read, garbage or not.
+    assert_eq!(
+        t.client_address(ip("192.0.2.1"), &xff(&["unknown"])),
+        named("192.0.2.1")
+    );
 }
 
 #[test]
