@@ -144,7 +144,7 @@ pub async fn handle<B>(
 /// ([`Store::purge`](crate::store::Store::purge)): a look first and a delete after would
 /// remove a claim made in between (a failure record's retry, an issued token's request).
 async fn purge(proxy: &Proxy, digest: Digest) -> Response<ProxyBody> {
-    match proxy.store().purge(digest).await {
+    match proxy.store().purge(digest, None).await {
         Ok(Purged::Removed) => {
             tracing::info!(key = %digest.short(), "key deleted through the admin API");
             let mut r = Response::new(ProxyBody::empty());
@@ -155,6 +155,11 @@ async fn purge(proxy: &Proxy, digest: Digest) -> Response<ProxyBody> {
             StatusCode::CONFLICT,
             "the key is in flight: its request may still be running upstream, and a \
              purge would let a retry run it again; purge it once it has settled\n",
+        ),
+        Ok(Purged::Changed) => text(
+            StatusCode::PRECONDITION_FAILED,
+            "the key changed since it was read (If-Match): nothing was deleted; read it \
+             again before purging what it holds now\n",
         ),
         Ok(Purged::Absent) => text(StatusCode::NOT_FOUND, "no such key\n"),
         Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),

@@ -19,7 +19,8 @@
 //! names), `settlement` (how a claim ends), `waiter` (a duplicate's wait), `report` (what the
 //! admin API and `/metrics` show), `response` (a stored answer), `seal` (answers encrypted at
 //! rest), `lease` (ownership as a value), `renewals` (the shared stores' renewing task) and
-//! `unanswered` (the release of a shared store's claim that got no answer). The
+//! `unanswered` (the release of a shared store's claim that got no answer), `revision` (which
+//! record a key holds, as the admin API's `ETag` names it). The
 //! backends (`memory`, `redis`, `sql`) import those, never each other. Everything a caller
 //! needs is re-exported here, so `crate::store::X` is the path to use.
 
@@ -30,6 +31,7 @@ pub mod redis;
 mod renewals;
 mod report;
 pub mod response;
+mod revision;
 pub mod seal;
 mod settlement;
 pub mod sql;
@@ -46,6 +48,7 @@ pub use memory::{MemoryLimits, MemoryStore, WhenFull};
 pub use redis::{RedisSettings, RedisStore};
 pub use report::{KeyInfo, Seen, StoreStats};
 pub use response::StoredResponse;
+pub use revision::Revision;
 pub use settlement::{Settled, Settlement};
 pub use sql::mysql::MysqlStore;
 pub use sql::postgres::PostgresStore;
@@ -114,6 +117,9 @@ pub enum Purged {
     InFlight,
     /// The key has no live record.
     Absent,
+    /// The key holds another record than the one the purge named (another claim's, or
+    /// the same one in another state), left as it is.
+    Changed,
 }
 
 /// What a key records about a request that executed but whose answer was not kept.
@@ -315,12 +321,19 @@ impl Store {
     /// beside it. Deciding and deleting at once matters because a key changes under an
     /// operator's eyes: a failure record's retry, an issued token's request or an expired
     /// record's next request may claim it between a look and a delete.
-    pub async fn purge(&self, key: Digest) -> Result<Purged, StoreError> {
+    ///
+    /// With `only`, the record is deleted only if it is still that one, in that state
+    /// ([`KeyInfo::revision`], what the operator looked at), compared in the same step:
+    /// an unknown outcome an operator decided to purge may have expired meanwhile and a
+    /// retry stored a new answer, which a purge must leave ([`Purged::Changed`]), or the
+    /// next retry would run the request once more. A key without a live record is
+    /// [`Purged::Absent`] and a claim in flight [`Purged::InFlight`], whatever `only` says.
+    pub async fn purge(&self, key: Digest, only: Option<Revision>) -> Result<Purged, StoreError> {
         match self {
-            Self::Memory(m) => Ok(m.purge(key)),
-            Self::Redis(r) => Box::pin(r.purge(key)).await,
-            Self::Postgres(p) => Box::pin(p.purge(key)).await,
-            Self::Mysql(m) => Box::pin(m.purge(key)).await,
+            Self::Memory(m) => Ok(m.purge(key, only)),
+            Self::Redis(r) => Box::pin(r.purge(key, only)).await,
+            Self::Postgres(p) => Box::pin(p.purge(key, only)).await,
+            Self::Mysql(m) => Box::pin(m.purge(key, only)).await,
         }
     }
 

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::report::StoreStats;
 use super::response::ENTRY_OVERHEAD;
-use super::{Purged, RouteTag, StoreError};
+use super::{Purged, Revision, RouteTag, StoreError};
 use crate::key::Digest;
 use crate::sync::lock;
 use rate::Counters;
@@ -158,13 +158,16 @@ impl MemoryStore {
     }
 
     /// See [`super::Store::purge`]: decided and done under the shard's lock.
-    pub fn purge(&self, key: Digest) -> Purged {
+    pub fn purge(&self, key: Digest, only: Option<Revision>) -> Purged {
         let (now, ticks) = self.now();
         let mut shard = self.shard(&key);
         match shard.map.get(&key) {
             None => return Purged::Absent,
             Some(entry) if entry.is_expired(ticks) => return Purged::Absent,
             Some(Entry::InFlight(record)) if record.stands(now) => return Purged::InFlight,
+            Some(entry) if only.is_some_and(|r| r != inspect::revision(entry, now)) => {
+                return Purged::Changed
+            }
             Some(_) => {}
         }
         // Its waiters, if any, wake as the record's channel closes.

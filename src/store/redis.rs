@@ -63,7 +63,7 @@ use self::records::Name;
 use self::scripts::Scripts;
 use self::subscriptions::Channels;
 use super::renewals::Renewals;
-use super::{Purged, StoreError};
+use super::{OwnerToken, Purged, Revision, StoreError};
 use crate::key::Digest;
 pub use subscriptions::Subscription;
 
@@ -165,7 +165,8 @@ impl RedisStore {
         let mut invocation = self.scripts.issue.prepare_invoke();
         invocation
             .key(self.record(&key))
-            .arg(ttl.as_millis().max(1) as u64);
+            .arg(ttl.as_millis().max(1) as u64)
+            .arg(records::issued_value(OwnerToken::random()));
         self.run(invocation).await.map(|_| ())
     }
 
@@ -181,16 +182,18 @@ impl RedisStore {
         }
     }
 
-    /// See [`super::Store::purge`]: one script decides and deletes.
-    pub async fn purge(&self, key: Digest) -> Result<Purged, StoreError> {
+    /// See [`super::Store::purge`]: one script decides, compares and deletes.
+    pub async fn purge(&self, key: Digest, only: Option<Revision>) -> Result<Purged, StoreError> {
         let mut invocation = self.scripts.purge.prepare_invoke();
         invocation
             .key(self.record(&key))
             .key(self.seen_counter(&key))
-            .arg(self.channel(&key));
+            .arg(self.channel(&key))
+            .arg(only.as_ref().map(records::purge_tag).unwrap_or_default());
         match self.run(invocation).await? {
             Value::Int(1) => Ok(Purged::Removed),
             Value::Int(2) => Ok(Purged::InFlight),
+            Value::Int(3) => Ok(Purged::Changed),
             Value::Int(0) => Ok(Purged::Absent),
             other => Err(unexpected(&other)),
         }

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use super::claim::RouteTag;
 use super::response::StoredResponse;
+use super::revision::Revision;
 
 /// What the admin API shows about one key.
 #[derive(Debug, Clone)]
@@ -24,6 +25,8 @@ pub struct KeyInfo {
     pub waiters: Option<usize>,
     /// How often the key was seen on a route in `idempotency: observe`, if it was.
     pub seen: Option<Seen>,
+    /// Which record this is, in this state (the `ETag` a conditional purge names).
+    pub revision: Revision,
 }
 
 /// How often a key was seen in observe mode: its first request and the duplicates that

@@ -1,13 +1,44 @@
 //! Reading the memory store without claiming: the admin API's view of one key
-//! ([`KeyInfo`], with the state a lapsed claim will turn into at its next claim) and observe
-//! mode's count of a key's duplicates.
+//! ([`KeyInfo`], with the state a lapsed claim will turn into at its next claim, and the
+//! [`Revision`] a conditional purge compares) and observe mode's count of a key's
+//! duplicates.
 
 use std::time::{Instant, SystemTime};
 
 use super::record::{Entry, Outcome, Ticks};
 use super::MemoryStore;
 use crate::key::Digest;
-use crate::store::{KeyInfo, Lapse, Seen};
+use crate::store::{KeyInfo, Lapse, Revision, Seen};
+
+/// The state `entry` shows at `now`: a lapsed claim held as unknown shows what its next
+/// claim will find.
+fn state(entry: &Entry, now: Instant) -> &'static str {
+    match entry {
+        Entry::InFlight(record) => match record.lapse {
+            Lapse::Hold { .. } if !record.owner_holds(now) => "outcome_unknown",
+            _ => "in_flight",
+        },
+        Entry::Done { .. } => "done",
+        Entry::Settled(record) => match record.outcome {
+            Outcome::NotStored { .. } => "not_stored",
+            Outcome::Unknown => "outcome_unknown",
+            Outcome::Failed { .. } => "failed",
+        },
+        Entry::Issued { .. } => "issued",
+    }
+}
+
+/// Which record `entry` is at `now`: its claim's token where it keeps one, and a time that
+/// never moves while it stands (a claim's time in flight, its expiry after: the expiry
+/// index already tells records apart by it).
+pub(super) fn revision(entry: &Entry, now: Instant) -> Revision {
+    let (at, token) = match entry {
+        Entry::InFlight(record) => (record.created, Some(record.token)),
+        Entry::Settled(record) => (record.expires_at, Some(record.token)),
+        Entry::Done { expires_at, .. } | Entry::Issued { expires_at } => (*expires_at, None),
+    };
+    Revision::new(state(entry, now), at, token)
+}
 
 impl MemoryStore {
     /// See [`Store::inspect`](crate::store::Store::inspect).
@@ -25,37 +56,40 @@ impl MemoryStore {
             .seen
             .get(&key)
             .map(|&(times, last)| Seen { times, last });
+        let info = |created, expires, response, status| KeyInfo {
+            state: state(entry, now),
+            created,
+            expires,
+            response,
+            status,
+            waiters: None,
+            seen,
+            revision: revision(entry, now),
+        };
         Some(match entry {
             Entry::InFlight(record) => {
                 let created = self.wall(record.created, now, wall);
                 let alive = record.alive.strong_count() > 0;
                 match record.lapse {
                     // A lapsed claim held as unknown: what its next claim will say.
-                    Lapse::Hold { ttl } if !record.owner_holds(now) => KeyInfo {
-                        state: "outcome_unknown",
-                        created,
-                        expires: wall + ttl,
-                        response: None,
-                        status: None,
-                        waiters: None,
-                        seen,
-                    },
+                    Lapse::Hold { ttl } if !record.owner_holds(now) => {
+                        info(created, wall + ttl, None, None)
+                    }
+                    // A live owner's claim does not lapse at a lease_until no one has
+                    // renewed since: show when it would, were the owner to vanish now.
                     _ => KeyInfo {
-                        state: "in_flight",
-                        created,
-                        // A live owner's claim does not lapse at a lease_until no one has
-                        // renewed since: show when it would, were the owner to vanish now.
-                        expires: wall
-                            + if alive {
+                        waiters: Some(record.done.as_ref().map_or(0, |d| d.receiver_count())),
+                        ..info(
+                            created,
+                            wall + if alive {
                                 record.lease_until.max(now + record.lease)
                             } else {
                                 record.lease_until
                             }
                             .saturating_duration_since(now),
-                        response: None,
-                        status: None,
-                        waiters: Some(record.done.as_ref().map_or(0, |d| d.receiver_count())),
-                        seen,
+                            None,
+                            None,
+                        )
                     },
                 }
             }
@@ -63,42 +97,23 @@ impl MemoryStore {
                 response,
                 expires_at,
                 ..
-            } => KeyInfo {
-                state: "done",
-                created: response.stored_at(),
-                expires: until(*expires_at),
-                response: Some(response.clone()),
-                status: Some(response.status()),
-                waiters: None,
-                seen,
-            },
+            } => info(
+                response.stored_at(),
+                until(*expires_at),
+                Some(response.clone()),
+                Some(response.status()),
+            ),
             Entry::Settled(record) => {
-                let (state, response, status) = match &record.outcome {
-                    Outcome::NotStored { status } => ("not_stored", None, Some(*status)),
-                    Outcome::Unknown => ("outcome_unknown", None, None),
+                let (response, status) = match &record.outcome {
+                    Outcome::NotStored { status } => (None, Some(*status)),
+                    Outcome::Unknown => (None, None),
                     Outcome::Failed { response, .. } => {
-                        ("failed", Some(response.clone()), Some(response.status()))
+                        (Some(response.clone()), Some(response.status()))
                     }
                 };
-                KeyInfo {
-                    state,
-                    created: record.at,
-                    expires: until(record.expires_at),
-                    response,
-                    status,
-                    waiters: None,
-                    seen,
-                }
+                info(record.at, until(record.expires_at), response, status)
             }
-            Entry::Issued { expires_at } => KeyInfo {
-                state: "issued",
-                created: wall,
-                expires: until(*expires_at),
-                response: None,
-                status: None,
-                waiters: None,
-                seen,
-            },
+            Entry::Issued { expires_at } => info(wall, until(*expires_at), None, None),
         })
     }
 

@@ -1,6 +1,7 @@
 //! Reading the Redis store without claiming: the admin API's view of one key ([`KeyInfo`],
-//! a lapsed claim shown as what its next claim will find) and observe mode's count of a
-//! key's duplicates, kept in a counter that lives as long as the record.
+//! a lapsed claim shown as what its next claim will find, and the revision a conditional
+//! purge compares) and observe mode's count of a key's duplicates, kept in a counter that
+//! lives as long as the record.
 
 use std::time::{Duration, SystemTime};
 
@@ -54,6 +55,7 @@ impl RedisStore {
             status,
             waiters: None,
             seen,
+            revision: records::revision(&data, state),
         };
         Ok(Some(match Record::parse(&data)? {
             Record::Issued => info("issued", now, now + ms(pttl), None, None),

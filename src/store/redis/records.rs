@@ -17,7 +17,9 @@
 //! - `U` outcome unknown: owner token (16) · fingerprint (32) · at ms (8).
 //! - `F` failed: owner token (16) · fingerprint (32) · issued flag (1) ·
 //!   [`StoredResponse::encode`] of what the owner's waiters get.
-//! - `T` a one-time token issued and not yet used.
+//! - `T` a one-time token issued and not yet used: a tag (16) naming this issue (the token of
+//!   the owner that gave it back, or random), so the admin API tells one issue from the
+//!   next (earlier builds wrote the kind alone).
 //!
 //! Redis therefore holds SHA-256 digests and the upstream's response, never a raw client
 //! key, `Authorization` value or request body.
@@ -28,7 +30,7 @@ use bytes::BufMut as _;
 use redis::{RedisWrite, ToRedisArgs};
 
 use crate::key::Digest;
-use crate::store::{unix_ms, Lapse, OwnerToken, Settlement, StoreError, StoredResponse};
+use crate::store::{unix_ms, Lapse, OwnerToken, Revision, Settlement, StoreError, StoredResponse};
 
 /// The bits of an owner token that hold its claim's created ms.
 pub(super) const CREATED_MASK: u128 = (1 << 48) - 1;
@@ -144,10 +146,10 @@ impl Record {
     }
 }
 
-/// When the record whose first bytes are `head` was made (a claim's time, or the time an
-/// outcome was stored): what every kind carries near its start.
-pub(super) fn made_at(head: &[u8]) -> Option<SystemTime> {
-    let at = match head.first()? {
+/// Where the ms a record was made sit in a record of kind `kind` (a claim's time, or the
+/// time an outcome was stored): what every kind but an issued token carries near its start.
+fn made_at_offset(kind: u8) -> Option<usize> {
+    Some(match kind {
         b'I' | b'U' => 49,
         // Kind, fingerprint, then the encoded answer: version, status, stored ms.
         b'D' => 1 + 32 + 3,
@@ -155,8 +157,45 @@ pub(super) fn made_at(head: &[u8]) -> Option<SystemTime> {
         // Kind, token, fingerprint, issued flag, then the encoded answer.
         b'F' => 1 + 16 + 32 + 1 + 3,
         _ => return None,
+    })
+}
+
+/// When the record whose first bytes are `head` was made.
+pub(super) fn made_at(head: &[u8]) -> Option<SystemTime> {
+    time_at(head, made_at_offset(*head.first()?)?).ok()
+}
+
+/// Which record `data` is, shown as `state`: the ms it was made and the owner token where
+/// its kind keeps one (an issued token's tag standing for it), read as the purge script
+/// reads them ([`purge_tag`]).
+pub(super) fn revision(data: &[u8], state: &str) -> Revision {
+    let kind = data.first().copied().unwrap_or(0);
+    let at = made_at_offset(kind).and_then(|at| ms_at(data, at).ok());
+    let token = match kind {
+        b'I' | b'U' | b'F' | b'T' => token_at(data, 1).ok(),
+        _ => None,
     };
-    time_at(head, at).ok()
+    Revision::new(state, at.unwrap_or(0), token)
+}
+
+/// What the purge script builds from a record to compare with a revision: the state's
+/// letter, the ms (8, zero for an issued token) and the token (16, or nothing).
+pub(super) fn purge_tag(revision: &Revision) -> Vec<u8> {
+    let mut tag = Vec::with_capacity(1 + 8 + 16);
+    tag.push(revision.state());
+    tag.extend_from_slice(&revision.at().to_be_bytes());
+    if let Some(token) = revision.token() {
+        tag.extend_from_slice(&token.0.to_be_bytes());
+    }
+    tag
+}
+
+/// The issued token's record, tagged `tag` (see the layouts).
+pub(super) fn issued_value(tag: OwnerToken) -> Vec<u8> {
+    let mut value = Vec::with_capacity(1 + 16);
+    value.push(b'T');
+    value.extend_from_slice(&tag.0.to_be_bytes());
+    value
 }
 
 /// The in-flight record a claim by `token` writes.
@@ -229,7 +268,7 @@ pub(super) fn settled_value(
             value.extend_from_slice(encoded);
             (Some(value), ms((*linger).max(reissue.unwrap_or_default())))
         }
-        Settlement::Release { reissue: Some(ttl) } => (Some(b"T".to_vec()), ms(*ttl)),
+        Settlement::Release { reissue: Some(ttl) } => (Some(issued_value(token)), ms(*ttl)),
         Settlement::Release { reissue: None } => (None, 0),
     }
 }

@@ -107,8 +107,10 @@ end
 return 0
 ";
 
+/// Issues a one-time token. `KEYS[1]` record; ARGV: `[1]` its PX, `[2]` the issued record
+/// (`T` and its tag).
 const ISSUE: &str = r"
-redis.call('SET', KEYS[1], 'T', 'PX', ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
 return 1
 ";
 
@@ -127,22 +129,37 @@ return {v, redis.call('PTTL', KEYS[1]), redis.call('HMGET', KEYS[2], 'n', 'last'
 ";
 
 /// An operator's purge: deletes a record and its seen counter and wakes its waiters,
-/// unless the record is a claim in flight. An in-flight record (layout in
-/// [`super::records`]: the lapse span is bytes 58..65 in Lua's count, the lapse kind byte
-/// 66) stands while its remaining TTL is over the span (its lease runs), and after that
-/// too on a route that releases lapsed claims (the takeover waits for the record to
-/// expire); lapsed and held, it is an unknown outcome and is purged.
+/// unless the record is a claim in flight, or another record than the one the operator
+/// named. An in-flight record (layout in [`super::records`]: the lapse span is bytes 58..65
+/// in Lua's count, the lapse kind byte 66) stands while its remaining TTL is over the span
+/// (its lease runs), and after that too on a route that releases lapsed claims (the
+/// takeover waits for the record to expire); lapsed and held, it is an unknown outcome and
+/// is purged. A named record is compared as [`super::records::purge_tag`] builds it: the
+/// state's letter (a lapsed claim shows as `U`), the ms it was made (zeros for an issued
+/// token) and the owner token where its kind keeps one (an issued token's tag).
 ///
-/// `KEYS[1]` record, `KEYS[2]` its seen counter; `ARGV[1]` channel. Returns 1 (deleted),
-/// 2 (a claim in flight, left alone), 0 (no record).
+/// `KEYS[1]` record, `KEYS[2]` its seen counter; ARGV: `[1]` channel, `[2]` the record's
+/// tag, or empty for whichever it is. Returns 1 (deleted), 2 (a claim in flight, left
+/// alone), 3 (another record, left alone), 0 (no record).
 const PURGE: &str = r"
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-if string.sub(v, 1, 1) == 'I' then
+local kind = string.sub(v, 1, 1)
+if kind == 'I' then
   if #v < 66 or string.sub(v, 66, 66) ~= 'H' then return 2 end
   local span = 0
   for i = 58, 65 do span = span * 256 + string.byte(v, i) end
   if redis.call('PTTL', KEYS[1]) > span then return 2 end
+end
+if ARGV[2] ~= '' then
+  local at, token = string.rep('\0', 8), string.sub(v, 2, 17)
+  if kind == 'I' or kind == 'U' then at = string.sub(v, 50, 57)
+  elseif kind == 'F' then at = string.sub(v, 54, 61)
+  elseif kind == 'D' then at, token = string.sub(v, 37, 44), ''
+  elseif kind == 'N' then at, token = string.sub(v, 36, 43), ''
+  end
+  if kind == 'I' then kind = 'U' end
+  if kind .. at .. token ~= ARGV[2] then return 3 end
 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[1], '1')

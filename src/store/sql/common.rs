@@ -123,6 +123,7 @@ impl Common {
         Ok(match code {
             1 => Purged::Removed,
             2 => Purged::InFlight,
+            3 => Purged::Changed,
             0 => Purged::Absent,
             other => return Err(unexpected_code(other)),
         })

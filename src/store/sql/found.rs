@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::ms;
 use crate::key::Digest;
 use crate::store::{
-    mismatched, Claim, ClaimArgs, ClaimMode, KeyInfo, NotStored, OwnerToken, RawClaim, Seen,
-    StoreError, StoredResponse, Unknown,
+    mismatched, Claim, ClaimArgs, ClaimMode, KeyInfo, NotStored, OwnerToken, RawClaim, Revision,
+    Seen, StoreError, StoredResponse, Unknown,
 };
 
 /// A record as a claim or an inspection found it.
@@ -108,7 +108,9 @@ impl Found {
         self.lease_ms.unwrap_or(0) <= 0
     }
 
-    /// What the admin API shows about this record.
+    /// What the admin API shows about this record. Its revision is the claim's token (every
+    /// claim has its own; an issued token's row has none) and the row's `created_at` in ms,
+    /// as the purge routine reads them.
     pub(super) fn info(self) -> Result<KeyInfo, StoreError> {
         let now = SystemTime::now();
         let info = |state,
@@ -122,6 +124,7 @@ impl Found {
             response,
             waiters: None,
             seen: None,
+            revision: Revision::new(state, self.created_ms as u64, self.token),
         };
         Ok(match self.kind {
             b'I' if !self.lapsed() => info("in_flight", self.lease_ms.unwrap_or(0), None, None),

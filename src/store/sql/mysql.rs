@@ -95,7 +95,7 @@ fn statements(t: &str) -> Statements {
         claim: format!("CALL {t}_claim_v1(?, ?, ?, ?, ?, ?, ?, ?)"),
         settle: format!("CALL {t}_settle_v2(?, ?, ?, ?, ?, ?, ?, ?, ?)"),
         renew: format!("CALL {t}_renew_v2(?, ?, ?, ?, ?, ?)"),
-        purge: format!("CALL {t}_purge_v1(?)"),
+        purge: format!("CALL {t}_purge_v2(?, ?, ?, ?)"),
         hit: format!("CALL {t}_hit_v1(?, ?)"),
         issue: format!(
             "INSERT INTO {t} (digest, kind, token, fingerprint, created_at, expires_at)
@@ -211,13 +211,16 @@ impl Recheck for MysqlStore {
     }
 }
 
-/// A record's kind as its `CHAR(1)` column takes it (`None`: delete).
+/// A record's kind as its `CHAR(1)` column takes it (`None`: delete, or, to the purge
+/// routine, any record). A letter no record has stays one.
 fn kind(kind: Option<u8>) -> Option<&'static str> {
     kind.map(|k| match k {
         b'D' => "D",
         b'N' => "N",
         b'U' => "U",
         b'F' => "F",
-        _ => "T",
+        b'T' => "T",
+        b'I' => "I",
+        _ => "?",
     })
 }

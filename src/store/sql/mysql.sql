@@ -272,27 +272,42 @@ END
 -- ;;
 -- An operator's purge: deletes a key's record and its observe-mode count, unless the
 -- record is a claim in flight (its lease runs, or it lapsed on a route that releases
--- lapsed claims, whose takeover waits for the row to expire); a lapsed claim held as
--- unknown is an unknown outcome and is deleted. The look locks the row, so no claim can
--- take the key between the decision and the delete. Returns 1 (deleted), 2 (a claim in
--- flight, left alone) or 0 (no live record).
-CREATE PROCEDURE IF NOT EXISTS {t}_purge_v1(IN p_digest BINARY(32))
+-- lapsed claims, whose takeover waits for the row to expire), or, with p_state, another
+-- record than the one the operator looked at: the state shown (a lapsed claim held as
+-- unknown shows as 'U'), the claim's token and created_at in ms, as the inspection reads
+-- them. A lapsed claim held as unknown is an unknown outcome and is deleted. The look
+-- locks the row, so no claim can take the key between the decision and the delete.
+-- Returns 1 (deleted), 2 (a claim in flight, left alone), 3 (another record, left alone)
+-- or 0 (no live record).
+-- v2: deletes only the record named, when one is.
+CREATE PROCEDURE IF NOT EXISTS {t}_purge_v2(
+    IN p_digest BINARY(32), IN p_state CHAR(1) CHARACTER SET ascii, IN p_token BINARY(16),
+    IN p_created_ms BIGINT)
 BEGIN
     DECLARE v_now DATETIME(3) DEFAULT UTC_TIMESTAMP(3);
     DECLARE v_found BOOLEAN DEFAULT TRUE;
     DECLARE v_code INT DEFAULT 1;
     DECLARE r_kind CHAR(1) CHARACTER SET ascii;
+    DECLARE r_token BINARY(16);
+    DECLARE r_created DATETIME(3);
     DECLARE r_lease DATETIME(3);
     DECLARE r_hold BOOLEAN;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = FALSE;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     START TRANSACTION;
-    SELECT kind, lease_until, lapse_hold INTO r_kind, r_lease, r_hold
+    SELECT kind, token, created_at, lease_until, lapse_hold
+      INTO r_kind, r_token, r_created, r_lease, r_hold
       FROM {t} WHERE digest = p_digest AND expires_at > v_now FOR UPDATE;
     IF NOT v_found THEN
         SET v_code = 0;
     ELSEIF r_kind = 'I' AND (r_lease > v_now OR NOT r_hold) THEN
         SET v_code = 2;
+    ELSEIF p_state IS NOT NULL AND (
+            IF(r_kind = 'I', 'U', r_kind) <> p_state
+            OR NOT (r_token <=> p_token)
+            OR CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', r_created) DIV 1000 AS SIGNED)
+                <> p_created_ms) THEN
+        SET v_code = 3;
     ELSE
         DELETE FROM {t} WHERE digest = p_digest;
         DELETE FROM {t}_seen WHERE digest = p_digest;

@@ -96,7 +96,7 @@ fn statements(t: &str) -> Statements {
         claim: format!("SELECT * FROM {t}_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
         settle: format!("SELECT {t}_settle_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)::bigint"),
         renew: format!("SELECT {t}_renew_v2($1, $2, $3, $4, $5, $6)::bigint"),
-        purge: format!("SELECT {t}_purge_v1($1)::bigint"),
+        purge: format!("SELECT {t}_purge_v2($1, $2, $3, $4)::bigint"),
         issue: format!(
             "INSERT INTO {t} (digest, kind, token, fingerprint, created_at, expires_at)
              VALUES ($1, 'T', NULL, $2, now(), now() + $3 * interval '1 millisecond')

@@ -240,24 +240,35 @@ END $$;
 
 -- An operator's purge: deletes a key's record and its observe-mode count and notifies its
 -- waiters, unless the record is a claim in flight (its lease runs, or it lapsed on a route
--- that releases lapsed claims, whose takeover waits for the row to expire); a lapsed claim
--- held as unknown is an unknown outcome and is deleted. The look locks the row, so no
--- claim can take the key between the decision and the delete. Returns 1 (deleted), 2 (a
--- claim in flight, left alone) or 0 (no live record).
-CREATE OR REPLACE FUNCTION {t}_purge_v1(p_digest bytea)
+-- that releases lapsed claims, whose takeover waits for the row to expire), or, with
+-- p_state, another record than the one the operator looked at: the state shown (a lapsed
+-- claim held as unknown shows as 'U'), the claim's token and created_at in ms, as the
+-- inspection reads them. A lapsed claim held as unknown is an unknown outcome and is
+-- deleted. The look locks the row, so no claim can take the key between the decision and
+-- the delete. Returns 1 (deleted), 2 (a claim in flight, left alone), 3 (another record,
+-- left alone) or 0 (no live record).
+-- v2: deletes only the record named, when one is.
+CREATE OR REPLACE FUNCTION {t}_purge_v2(
+    p_digest bytea, p_state "char", p_token bytea, p_created_ms bigint)
 RETURNS smallint
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     r record;
 BEGIN
-    SELECT t.kind, t.lease_until, t.lapse_hold INTO r
+    SELECT t.kind, t.token, t.created_at, t.lease_until, t.lapse_hold INTO r
     FROM {t} t WHERE t.digest = p_digest AND t.expires_at > now() FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
     IF r.kind = 'I' AND (r.lease_until > now() OR NOT r.lapse_hold) THEN
         RETURN 2;
+    END IF;
+    IF p_state IS NOT NULL AND (
+            CASE WHEN r.kind = 'I' THEN 'U'::"char" ELSE r.kind END <> p_state
+            OR r.token IS DISTINCT FROM p_token
+            OR (extract(epoch FROM r.created_at) * 1000)::bigint <> p_created_ms) THEN
+        RETURN 3;
     END IF;
     DELETE FROM {t} t WHERE t.digest = p_digest;
     DELETE FROM {t}_seen s WHERE s.digest = p_digest;

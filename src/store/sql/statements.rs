@@ -26,7 +26,8 @@ pub struct Statements {
     pub settle: String,
     /// The renew routine; parameters: key, token, fingerprint, lease ms, span ms, hold.
     pub renew: String,
-    /// The purge routine; parameter: key. Its answer: the code in column 0.
+    /// The purge routine; parameters: key, and the revision the row must be (state letter,
+    /// token, created ms; a NULL state: whichever it is). Its answer: the code in column 0.
     pub purge: String,
     /// Writes an issued token; parameters: key, the empty fingerprint, ttl ms.
     pub issue: String,

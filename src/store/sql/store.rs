@@ -21,8 +21,8 @@ use crate::key::Digest;
 use crate::store::renewals::{self, HeldClaim, Renewals};
 use crate::store::unanswered::Unanswered;
 use crate::store::{
-    Claim, ClaimArgs, ClaimMode, KeyInfo, Lapse, OwnerToken, Ownership, Purged, RawClaim, Settled,
-    Settlement, Store, StoreError, Waiter,
+    Claim, ClaimArgs, ClaimMode, KeyInfo, Lapse, OwnerToken, Ownership, Purged, RawClaim, Revision,
+    Settled, Settlement, Store, StoreError, Waiter,
 };
 
 /// One SQL database's side of a [`SqlStore`].
@@ -360,13 +360,19 @@ impl<D: Dialect> SqlStore<D> {
             .map(|ms| UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)))
     }
 
-    /// See [`crate::store::Store::purge`]: one routine call locks the row, decides and
-    /// deletes.
-    pub async fn purge(&self, key: Digest) -> Result<Purged, StoreError> {
+    /// See [`crate::store::Store::purge`]: one routine call locks the row, decides,
+    /// compares and deletes.
+    pub async fn purge(&self, key: Digest, only: Option<Revision>) -> Result<Purged, StoreError> {
         self.ready_schema().await?;
-        let row = self
-            .fetch_one(&self.statements().purge, &[Arg::Bytes(&key.0)])
-            .await?;
+        let token = only.and_then(|r| r.token()).map(|t| t.0.to_be_bytes());
+        let params = [
+            Arg::Bytes(&key.0),
+            Arg::Kind(only.map(|r| r.state())),
+            Arg::Blob(token.as_ref().map(|t| &t[..])),
+            // The routine's own `created_ms`, as inspect read it.
+            Arg::Int(only.map_or(0, |r| r.at() as i64)),
+        ];
+        let row = self.fetch_one(&self.statements().purge, &params).await?;
         let purged = Common::purged(row.int(0)?)?;
         if purged == Purged::Removed {
             self.common.interests.wake(&key);

@@ -30,7 +30,7 @@ pub async fn a_key_held_as_unknown_is_never_owned_until_purged(store: &Store) {
     expect_mismatch(claim(store, k, fingerprint(2), LONG_LEASE).await);
     let info = store.inspect(k).await.unwrap().expect("a record");
     assert_eq!(info.state, "outcome_unknown");
-    assert_eq!(store.purge(k).await.unwrap(), Purged::Removed);
+    assert_eq!(store.purge(k, None).await.unwrap(), Purged::Removed);
     let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
     assert!(again.release().await.unwrap());
 }

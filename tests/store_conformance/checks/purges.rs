@@ -1,13 +1,19 @@
 //! The operator's purge (`Store::purge`, the admin API's `DELETE /keys/{digest}`): what it
 //! deletes (every settled record, an issued token, a lapsed claim held as unknown), what it
 //! leaves (a claim in flight), and that deciding and deleting are one step, so a claim
-//! made after an operator looked at a key is never deleted under its owner.
+//! made after an operator looked at a key is never deleted under its owner. A purge that
+//! names the record the operator read (its revision, the admin API's `ETag`) removes that
+//! record and no other: not a new claim's answer stored after it, nor the same claim in
+//! another state.
 
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use idemgate::key::Digest;
-use idemgate::store::{Claim, ClaimArgs, ClaimMode, Lease, Purged, Settled, Settlement, Store};
+use idemgate::store::{
+    Claim, ClaimArgs, ClaimMode, Lease, Purged, Revision, Settled, Settlement, Store,
+    StoredResponse,
+};
 
 use crate::support::*;
 
@@ -37,6 +43,36 @@ async fn operator_sees(store: &Store, key: Digest, state: &str) {
     assert_eq!(info.state, state);
 }
 
+/// What an operator reads before purging `key`, seen as `state`: the record's revision,
+/// which the admin API answers as its `ETag`.
+async fn operator_reads(store: &Store, key: Digest, state: &str) -> Revision {
+    let info = store.inspect(key).await.unwrap().expect("a record");
+    assert_eq!(info.state, state);
+    info.revision
+}
+
+/// The key replays `want`: its record is an answer, and the next retry does not execute.
+async fn replays(store: &Store, key: Digest, want: &StoredResponse) {
+    assert_same_response(
+        &expect_done(claim(store, key, fingerprint(1), LONG_LEASE).await),
+        want,
+    );
+}
+
+/// Claims `key` once its unknown outcome has expired.
+async fn claim_once_unknown_expired(store: &Store, key: Digest) -> Lease {
+    within("the unknown outcome to expire", async {
+        loop {
+            match claim(store, key, fingerprint(1), LONG_LEASE).await {
+                Claim::Owner(lease) => return lease,
+                Claim::OutcomeUnknown(_) => tokio::time::sleep(POLL).await,
+                other => panic!("an unknown outcome answered {}", other.as_str()),
+            }
+        }
+    })
+    .await
+}
+
 /// `owner`'s claim survived whatever was tried on it: it is still in flight, and its
 /// answer is written over its own record (not written back over a gap, as it would be
 /// after the claim was deleted) and replayed.
@@ -59,7 +95,10 @@ async fn still_owned(store: &Store, key: Digest, owner: Lease) {
 /// stored", an unknown outcome) and an issued token is purged, and the key's next request
 /// executes; a key with no record is absent, before and after.
 pub async fn a_purge_removes_every_settled_record_and_frees_the_key(store: &Store) {
-    assert_eq!(store.purge(fresh_key()).await.unwrap(), Purged::Absent);
+    assert_eq!(
+        store.purge(fresh_key(), None).await.unwrap(),
+        Purged::Absent
+    );
     let settled = |settlement| async move {
         let k = fresh_key();
         let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
@@ -81,9 +120,17 @@ pub async fn a_purge_removes_every_settled_record_and_frees_the_key(store: &Stor
     ];
     for (k, state) in keys {
         operator_sees(store, k, state).await;
-        assert_eq!(store.purge(k).await.unwrap(), Purged::Removed, "{state}");
+        assert_eq!(
+            store.purge(k, None).await.unwrap(),
+            Purged::Removed,
+            "{state}"
+        );
         assert!(store.inspect(k).await.unwrap().is_none(), "{state}");
-        assert_eq!(store.purge(k).await.unwrap(), Purged::Absent, "{state}");
+        assert_eq!(
+            store.purge(k, None).await.unwrap(),
+            Purged::Absent,
+            "{state}"
+        );
         let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
         assert!(again.release().await.unwrap());
     }
@@ -91,7 +138,7 @@ pub async fn a_purge_removes_every_settled_record_and_frees_the_key(store: &Stor
     let k = fresh_key();
     store.issue(k, LONG_TTL).await.unwrap();
     operator_sees(store, k, "issued").await;
-    assert_eq!(store.purge(k).await.unwrap(), Purged::Removed);
+    assert_eq!(store.purge(k, None).await.unwrap(), Purged::Removed);
     let spent = store.claim_with(issued_only(k)).await.unwrap();
     assert_eq!(spent.as_str(), "not_issued");
 }
@@ -103,12 +150,12 @@ pub async fn a_purge_removes_every_settled_record_and_frees_the_key(store: &Stor
 pub async fn a_purge_leaves_a_claim_in_flight_alone(store: &Store) {
     let k = fresh_key();
     let owner = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
-    assert_eq!(store.purge(k).await.unwrap(), Purged::InFlight);
+    assert_eq!(store.purge(k, None).await.unwrap(), Purged::InFlight);
     still_owned(store, k, owner).await;
 
     let k = fresh_key();
     claim_abandoned_with(store, holding(k, fingerprint(1), LONG_LEASE)).await;
-    assert_eq!(store.purge(k).await.unwrap(), Purged::InFlight);
+    assert_eq!(store.purge(k, None).await.unwrap(), Purged::InFlight);
     operator_sees(store, k, "in_flight").await;
 
     let k = fresh_key();
@@ -120,7 +167,7 @@ pub async fn a_purge_leaves_a_claim_in_flight_alone(store: &Store) {
         taken.elapsed() < grace,
         "the check was too slow to test the grace"
     );
-    assert_eq!(store.purge(k).await.unwrap(), Purged::InFlight);
+    assert_eq!(store.purge(k, None).await.unwrap(), Purged::InFlight);
     operator_sees(store, k, "in_flight").await;
 }
 
@@ -135,7 +182,7 @@ pub async fn a_lapsed_claim_held_as_unknown_is_purged(store: &Store) {
         }
     })
     .await;
-    assert_eq!(store.purge(k).await.unwrap(), Purged::Removed);
+    assert_eq!(store.purge(k, None).await.unwrap(), Purged::Removed);
     let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
     assert!(again.release().await.unwrap());
 }
@@ -149,20 +196,20 @@ pub async fn a_claim_made_after_a_purge_looked_is_never_purged(store: &Store) {
     let k = failed_fresh(store).await;
     operator_sees(store, k, "failed").await;
     let retry = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
-    assert_eq!(store.purge(k).await.unwrap(), Purged::InFlight);
+    assert_eq!(store.purge(k, None).await.unwrap(), Purged::InFlight);
     still_owned(store, k, retry).await;
 
     let k = fresh_key();
     store.issue(k, LONG_TTL).await.unwrap();
     operator_sees(store, k, "issued").await;
     let request = expect_owner(store.claim_with(issued_only(k)).await.unwrap());
-    assert_eq!(store.purge(k).await.unwrap(), Purged::InFlight);
+    assert_eq!(store.purge(k, None).await.unwrap(), Purged::InFlight);
     still_owned(store, k, request).await;
 
     let k = complete_fresh(store, b"short-lived", Duration::from_millis(200)).await;
     operator_sees(store, k, "done").await;
     let next = claim_until_owner(store, k, fingerprint(1), LONG_LEASE).await;
-    assert_eq!(store.purge(k).await.unwrap(), Purged::InFlight);
+    assert_eq!(store.purge(k, None).await.unwrap(), Purged::InFlight);
     still_owned(store, k, next).await;
 }
 
@@ -174,7 +221,7 @@ pub async fn purges_racing_claims_never_remove_a_claim(store: &Store) {
         let k = failed_fresh(store).await;
         let (s1, s2) = (store.clone(), store.clone());
         let claimed = tokio::spawn(async move { claim(&s1, k, fingerprint(1), LONG_LEASE).await });
-        let purged = tokio::spawn(async move { s2.purge(k).await });
+        let purged = tokio::spawn(async move { s2.purge(k, None).await });
         let (claimed, purged) = (claimed.await.unwrap(), purged.await.unwrap());
         let owner = match claimed {
             Claim::Owner(owner) => owner,
@@ -184,7 +231,173 @@ pub async fn purges_racing_claims_never_remove_a_claim(store: &Store) {
             matches!(purged.unwrap(), Purged::Removed | Purged::InFlight),
             "the failure record or the claim was there"
         );
-        assert_eq!(store.purge(k).await.unwrap(), Purged::InFlight);
+        assert_eq!(store.purge(k, None).await.unwrap(), Purged::InFlight);
         still_owned(store, k, owner).await;
     }
+}
+
+/// An operator reads a key and decides to purge it; before the purge lands, a new claim
+/// replaces the record: an unknown outcome expires and a retry stores its answer, a failure
+/// record's retry stores one, an expired answer's next request stores another, an issued
+/// token is used and given back. The purge naming what the operator read leaves the new
+/// record, and the next retry replays it instead of running the request once more.
+pub async fn a_purge_naming_a_replaced_record_leaves_its_successor(store: &Store) {
+    let answer = response(b"the retry's answer");
+    let done = || Settlement::Done {
+        response: answer.clone(),
+        ttl: LONG_TTL,
+    };
+
+    let k = fresh_key();
+    let first = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    let unknown = Settlement::Unknown {
+        ttl: Duration::from_millis(200),
+    };
+    assert_eq!(first.settle(unknown).await.unwrap(), Settled::Written);
+    let read = operator_reads(store, k, "outcome_unknown").await;
+    let retry = claim_once_unknown_expired(store, k).await;
+    assert_eq!(retry.settle(done()).await.unwrap(), Settled::Written);
+    assert_eq!(store.purge(k, Some(read)).await.unwrap(), Purged::Changed);
+    replays(store, k, &answer).await;
+
+    let k = failed_fresh(store).await;
+    let read = operator_reads(store, k, "failed").await;
+    let retry = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    assert_eq!(retry.settle(done()).await.unwrap(), Settled::Written);
+    assert_eq!(store.purge(k, Some(read)).await.unwrap(), Purged::Changed);
+    replays(store, k, &answer).await;
+
+    let k = complete_fresh(store, b"short-lived", Duration::from_millis(200)).await;
+    let read = operator_reads(store, k, "done").await;
+    let next = claim_until_owner(store, k, fingerprint(1), LONG_LEASE).await;
+    assert_eq!(next.settle(done()).await.unwrap(), Settled::Written);
+    assert_eq!(store.purge(k, Some(read)).await.unwrap(), Purged::Changed);
+    replays(store, k, &answer).await;
+
+    let k = fresh_key();
+    store.issue(k, LONG_TTL).await.unwrap();
+    let read = operator_reads(store, k, "issued").await;
+    let used = expect_owner(store.claim_with(issued_only(k)).await.unwrap());
+    let given_back = Settlement::Release {
+        reissue: Some(LONG_TTL),
+    };
+    assert_eq!(used.settle(given_back).await.unwrap(), Settled::Written);
+    operator_sees(store, k, "issued").await;
+    assert_eq!(store.purge(k, Some(read)).await.unwrap(), Purged::Changed);
+    let again = expect_owner(store.claim_with(issued_only(k)).await.unwrap());
+    assert!(again.release().await.unwrap());
+}
+
+/// A purge naming a claim the operator read in flight, or as an unknown outcome, leaves it
+/// once its owner settled it with an answer: the record is the same claim's, but not what
+/// the operator decided on. While the claim is in flight the purge is refused as any is.
+pub async fn a_purge_naming_a_record_whose_state_changed_leaves_it(store: &Store) {
+    let answer = response(b"the owner's answer");
+    let done = || Settlement::Done {
+        response: answer.clone(),
+        ttl: LONG_TTL,
+    };
+
+    let k = fresh_key();
+    let owner = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    let read = operator_reads(store, k, "in_flight").await;
+    assert_eq!(store.purge(k, Some(read)).await.unwrap(), Purged::InFlight);
+    assert_eq!(owner.settle(done()).await.unwrap(), Settled::Written);
+    assert_eq!(store.purge(k, Some(read)).await.unwrap(), Purged::Changed);
+    replays(store, k, &answer).await;
+
+    let k = fresh_key();
+    let owned = claim_abandoned_with(store, holding(k, fingerprint(1), LONG_LEASE)).await;
+    let unknown = Settlement::Unknown { ttl: LONG_TTL };
+    assert_eq!(
+        store.settle(&owned, unknown).await.unwrap(),
+        Settled::Written
+    );
+    let read = operator_reads(store, k, "outcome_unknown").await;
+    assert_eq!(
+        store.settle(&owned, done()).await.unwrap(),
+        Settled::Written
+    );
+    assert_eq!(store.purge(k, Some(read)).await.unwrap(), Purged::Changed);
+    replays(store, k, &answer).await;
+}
+
+/// A purge naming the record the key holds removes it, whatever it is (an answer, a
+/// failure, "executed, answer not stored", an unknown outcome, a lapsed claim held as one,
+/// an issued token, one given back), and the key's next request executes; named again,
+/// the key is absent.
+pub async fn a_purge_naming_the_current_record_removes_it(store: &Store) {
+    let settled = |settlement| async move {
+        let k = fresh_key();
+        let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert_eq!(lease.settle(settlement).await.unwrap(), Settled::Written);
+        k
+    };
+    let not_stored = Settlement::NotStored {
+        status: StatusCode::OK,
+        ttl: LONG_TTL,
+    };
+    let lapsed = fresh_key();
+    claim_abandoned_with(store, holding(lapsed, fingerprint(1), SHORT_LEASE)).await;
+    within("the claim to lapse", async {
+        while store
+            .inspect(lapsed)
+            .await
+            .unwrap()
+            .expect("a record")
+            .state
+            != "outcome_unknown"
+        {
+            tokio::time::sleep(POLL).await;
+        }
+    })
+    .await;
+    let keys = [
+        (complete_fresh(store, b"a", LONG_TTL).await, "done"),
+        (failed_fresh(store).await, "failed"),
+        (settled(not_stored).await, "not_stored"),
+        (
+            settled(Settlement::Unknown { ttl: LONG_TTL }).await,
+            "outcome_unknown",
+        ),
+        (lapsed, "outcome_unknown"),
+    ];
+    for (k, state) in keys {
+        let read = operator_reads(store, k, state).await;
+        assert_eq!(
+            store.purge(k, Some(read)).await.unwrap(),
+            Purged::Removed,
+            "{state}"
+        );
+        assert_eq!(
+            store.purge(k, Some(read)).await.unwrap(),
+            Purged::Absent,
+            "{state}"
+        );
+        let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert!(again.release().await.unwrap());
+    }
+
+    let k = fresh_key();
+    store.issue(k, LONG_TTL).await.unwrap();
+    let read = operator_reads(store, k, "issued").await;
+    assert_eq!(store.purge(k, Some(read)).await.unwrap(), Purged::Removed);
+    assert_eq!(
+        store.claim_with(issued_only(k)).await.unwrap().as_str(),
+        "not_issued"
+    );
+
+    let k = fresh_key();
+    store.issue(k, LONG_TTL).await.unwrap();
+    let used = expect_owner(store.claim_with(issued_only(k)).await.unwrap());
+    let given_back = Settlement::Release {
+        reissue: Some(LONG_TTL),
+    };
+    assert_eq!(used.settle(given_back).await.unwrap(), Settled::Written);
+    let read = operator_reads(store, k, "issued").await;
+    assert_eq!(store.purge(k, Some(read)).await.unwrap(), Purged::Removed);
+    assert_eq!(
+        store.claim_with(issued_only(k)).await.unwrap().as_str(),
+        "not_issued"
+    );
 }

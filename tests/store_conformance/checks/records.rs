@@ -29,7 +29,7 @@ pub async fn duplicates_seen_in_observe_mode_are_counted_on_their_key(store: &St
     assert!(store.saw_duplicate(k).await.unwrap().is_some());
     let seen = store.inspect(k).await.unwrap().expect("a record").seen;
     assert_eq!(seen.map(|s| s.times), Some(3), "{seen:?}");
-    assert_eq!(store.purge(k).await.unwrap(), Purged::Removed);
+    assert_eq!(store.purge(k, None).await.unwrap(), Purged::Removed);
     assert!(store.inspect(k).await.unwrap().is_none());
     let again = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
     assert_eq!(store.inspect(k).await.unwrap().expect("a claim").seen, None);
