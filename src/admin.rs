@@ -4,6 +4,11 @@
 //! `Authorization: Bearer <token>`. A stored answer's headers and body
 //! (`GET /keys/{digest}?body=true`) are shown only with a token configured and given: they
 //! hold other people's session cookies and personal data.
+//!
+//! `GET /keys/{digest}` answers an `ETag` naming the record it shows, and `DELETE` with
+//! `If-Match` removes only that record (`if_match` reads the field).
+
+mod if_match;
 
 use std::time::UNIX_EPOCH;
 
@@ -13,7 +18,8 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use crate::key::Digest;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::Proxy;
-use crate::store::Purged;
+use crate::store::{Purged, Revision, Store, StoreError};
+use if_match::Condition;
 
 /// Answers one admin request.
 pub async fn handle<B>(
@@ -126,12 +132,22 @@ pub async fn handle<B>(
                         doc["body"] = String::from_utf8_lossy(&stored.body()).into();
                     }
                 }
-                json(StatusCode::OK, doc)
+                let mut r = json(StatusCode::OK, doc);
+                if let Ok(tag) = HeaderValue::from_str(&info.revision.etag()) {
+                    r.headers_mut().insert(header::ETAG, tag);
+                }
+                r
             }
             Ok(None) => text(StatusCode::NOT_FOUND, "no such key\n"),
             Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
         },
-        Method::DELETE => purge(proxy, digest).await,
+        Method::DELETE => match if_match::condition(request.headers()) {
+            Some(condition) => purge(proxy.store(), digest, condition).await,
+            None => text(
+                StatusCode::BAD_REQUEST,
+                "If-Match is * or the ETag that GET /keys/{digest} answered\n",
+            ),
+        },
         _ => text(StatusCode::METHOD_NOT_ALLOWED, "GET or DELETE\n"),
     }
 }
@@ -143,8 +159,13 @@ pub async fn handle<B>(
 /// unknown outcome, it can be purged. The store decides and deletes in one step
 /// ([`Store::purge`](crate::store::Store::purge)): a look first and a delete after would
 /// remove a claim made in between (a failure record's retry, an issued token's request).
-async fn purge(proxy: &Proxy, digest: Digest) -> Response<ProxyBody> {
-    match proxy.store().purge(digest, None).await {
+///
+/// With `If-Match`, only the record its `ETag` names is deleted, compared in that same
+/// step; another record (a retry's answer stored after the one the operator read expired,
+/// or the same claim settled since) answers 412. As RFC 9110 §13.2.1 orders it, a key with
+/// no record or a claim in flight answers 404 or 409 whatever the condition.
+async fn purge(store: &Store, digest: Digest, condition: Condition) -> Response<ProxyBody> {
+    match purge_if(store, digest, condition).await {
         Ok(Purged::Removed) => {
             tracing::info!(key = %digest.short(), "key deleted through the admin API");
             let mut r = Response::new(ProxyBody::empty());
@@ -164,6 +185,31 @@ async fn purge(proxy: &Proxy, digest: Digest) -> Response<ProxyBody> {
         Ok(Purged::Absent) => text(StatusCode::NOT_FOUND, "no such key\n"),
         Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
     }
+}
+
+/// One atomic purge per revision the condition names: at most one of them is the record
+/// the key holds, so deleting on the first that is leaves any other alone.
+async fn purge_if(
+    store: &Store,
+    digest: Digest,
+    condition: Condition,
+) -> Result<Purged, StoreError> {
+    let revisions = match condition {
+        Condition::Any => return store.purge(digest, None).await,
+        Condition::OneOf(revisions) if revisions.is_empty() => {
+            // Tags that name no record: the purge answers what the key holds and deletes
+            // nothing, as no record has this revision's state.
+            vec![Revision::new("none", 0, None)]
+        }
+        Condition::OneOf(revisions) => revisions,
+    };
+    for revision in revisions {
+        match store.purge(digest, Some(revision)).await? {
+            Purged::Changed => continue,
+            other => return Ok(other),
+        }
+    }
+    Ok(Purged::Changed)
 }
 
 /// The credential of a `Bearer` authorization, its scheme name in any case (RFC 9110

@@ -261,6 +261,66 @@ async fn explain_digest_is_the_stored_key_and_admin_can_inspect_and_delete_it() 
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 }
 
+/// `GET /keys/{digest}` answers an `ETag` naming the record it shows, and a `DELETE` with
+/// `If-Match` deletes only that record: an operator read an answer, someone else purged the
+/// key and the retry stored a new one; the stale tag answers 412, nothing is deleted and
+/// the next retry replays. The current tag answers 204 and the next retry executes. An
+/// `If-Match` that is no entity tag is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_purges_only_the_record_its_if_match_names() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let headers = [("idempotency-key", "tagged")];
+    let digest = common::stored_key(&proxy, "/orders", &headers, b"{}");
+    let path = format!("/keys/{digest}");
+    let read = || async {
+        let answer = send(proxy.admin, Method::GET, &path, &[], "").await;
+        assert_eq!(answer.status, StatusCode::OK);
+        let tag = answer.headers.get(http::header::ETAG).expect("an ETag");
+        tag.to_str().unwrap().to_owned()
+    };
+    let delete = |if_match: &str| {
+        let if_match = if_match.to_owned();
+        let path = path.clone();
+        async move {
+            let fields = [("if-match", if_match.as_str())];
+            let fields = if if_match.is_empty() {
+                &[][..]
+            } else {
+                &fields[..]
+            };
+            send(proxy.admin, Method::DELETE, &path, fields, "").await
+        }
+    };
+
+    assert!(!post(proxy.addr, "/orders", &headers, "{}").await.replayed());
+    let seen = read().await;
+    assert_eq!(read().await, seen, "the same record, the same tag");
+    assert_eq!(delete("").await.status, StatusCode::NO_CONTENT);
+    assert!(!post(proxy.addr, "/orders", &headers, "{}").await.replayed());
+    let current = read().await;
+    assert_ne!(current, seen, "a new claim's answer has a tag of its own");
+
+    let stale = delete(&seen).await;
+    assert_eq!(
+        stale.status,
+        StatusCode::PRECONDITION_FAILED,
+        "{}",
+        String::from_utf8_lossy(&stale.body)
+    );
+    assert!(post(proxy.addr, "/orders", &headers, "{}").await.replayed());
+    assert_eq!(
+        upstream.executed_for("tagged"),
+        2,
+        "the new answer was left"
+    );
+    assert_eq!(delete("not-a-tag").await.status, StatusCode::BAD_REQUEST);
+
+    assert_eq!(delete(&current).await.status, StatusCode::NO_CONTENT);
+    assert!(!post(proxy.addr, "/orders", &headers, "{}").await.replayed());
+    assert_eq!(upstream.executed_for("tagged"), 3);
+}
+
 /// `GET /keys/{digest}` counts the duplicates waiting on a key in flight: none while only
 /// the owner runs, one once a duplicate is parked on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
