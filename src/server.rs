@@ -185,10 +185,17 @@ async fn accept_loop<F, S>(
     template.http1().header_read_timeout(None);
     // Answers are written flattened, as upstream requests are (see `Pool::new`).
     template.http1().writev(false);
+    // HTTP/2's limits against the known attacks are set here, not left to hyper's and h2's
+    // defaults, so that no dependency bump lifts them; tests/h2_abuse pins each. PING and
+    // SETTINGS floods need none: h2 reads no further frame until its answer to the last one
+    // is written, so a client that does not read stops being read.
     template
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.streams);
+        .max_concurrent_streams(limits.streams)
+        .max_pending_accept_reset_streams(H2_RESET_STREAMS)
+        .max_local_error_reset_streams(H2_ERROR_RESETS)
+        .max_header_list_size(H2_HEADER_LIST);
     let template = Arc::new(template);
     let make_service = Arc::new(make_service);
     let linger = limits.linger;
@@ -294,6 +301,23 @@ async fn accept_loop<F, S>(
 
 /// Longest a TLS handshake may take (and never longer than the head timeout).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Rapid reset (CVE-2023-44487): streams an HTTP/2 client may have reset before they were
+/// taken up, at once; one more and the connection gets GOAWAY `ENHANCE_YOUR_CALM`. h2's
+/// default.
+const H2_RESET_STREAMS: usize = 20;
+
+/// Streams the proxy may reset for an HTTP/2 client's errors (a malformed request) on one
+/// connection before it gives up on the connection with GOAWAY `ENHANCE_YOUR_CALM`.
+/// hyper's default.
+const H2_ERROR_RESETS: usize = 1024;
+
+/// The decoded size of an HTTP/2 request's fields (`SETTINGS_MAX_HEADER_LIST_SIZE`, RFC
+/// 9113 §6.5.2; each field counts its name, value and 32): over it the stream is answered
+/// `431`, over four times it the connection gets GOAWAY. It also bounds the CONTINUATION
+/// frames of one head (CVE-2024-27316): h2 takes a little more than the frames needed to
+/// carry this much, at least 5. hyper's default; h2's own would be 16 MiB.
+const H2_HEADER_LIST: u32 = 16 << 10;
 
 /// A gauge up while the value lives.
 struct Counted(Gauge);

@@ -1,0 +1,23 @@
+//! HTTP/2 clients under abuse. The listener's limits against the known HTTP/2 attacks are
+//! pinned here, each by a test that fails when its limit is lifted from the builder
+//! (`src/server.rs`): rapid reset (CVE-2023-44487), streams reset for the client's errors,
+//! CONTINUATION flood (CVE-2024-27316), a header list over `max_header_list_size`; and
+//! PING and SETTINGS floods (CVE-2019-9512, -9515), which h2 bounds with no setting, by a
+//! test that fails against a server reading past what it answered.
+//!
+//! One job per module: `wire.rs` a client connection written and read by hand, `frames.rs`
+//! the frames (shared with tests/desync_h2), `limits.rs` the library's limits.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+#[allow(dead_code)]
+#[path = "../desync_h2/frames.rs"]
+mod frames;
+mod limits;
+mod wire;
+
+use common::{start_proxy, start_upstream};
+use frames::*;
+use tokio::io::AsyncWriteExt;
+use wire::{CANCEL, ENHANCE_YOUR_CALM, H2, HANG};
