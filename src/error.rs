@@ -75,6 +75,19 @@ pub enum ProxyError {
         /// Seconds for `Retry-After`.
         retry_after: u64,
     },
+    /// The connection already has as many owners running as `connections.max_streams`
+    /// allows (requests its client reset or gave up on run on): this one was refused
+    /// before its key was claimed.
+    #[error(
+        "this connection has {limit} requests still running upstream, the most it may; \
+         retry after {retry_after} s"
+    )]
+    ConnectionBusy {
+        /// The connection's limit (`connections.max_streams`).
+        limit: usize,
+        /// Seconds for `Retry-After`.
+        retry_after: u64,
+    },
     /// The store failed and the route fails closed.
     #[error("the idempotency store is unavailable")]
     Store(#[from] StoreError),
@@ -133,7 +146,9 @@ impl ProxyError {
             }
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            Self::Store(_) | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Store(_) | Self::Overloaded { .. } | Self::ConnectionBusy { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::UpstreamUnreachable(_) | Self::UpstreamFailed(_) | Self::OwnerFailed => {
                 StatusCode::BAD_GATEWAY
             }
@@ -143,9 +158,11 @@ impl ProxyError {
     }
 
     /// Whether the proxy or what is behind it failed (worth a warning), rather than the
-    /// client asking for something it should not.
+    /// client asking for something it should not (a connection busy with its own client's
+    /// requests is the client's doing: a warning each would let it flood the log).
     pub fn is_fault(&self) -> bool {
-        self.status().is_server_error() && !matches!(self, Self::NotImplemented(_))
+        self.status().is_server_error()
+            && !matches!(self, Self::NotImplemented(_) | Self::ConnectionBusy { .. })
     }
 
     /// Whether this answer may come before the request's body was read to its end: the
@@ -186,6 +203,7 @@ impl ProxyError {
             Self::BodyRead(_) => "body-unreadable",
             Self::BodyTimeout(_) => "body-timeout",
             Self::Overloaded { .. } => "overloaded",
+            Self::ConnectionBusy { .. } => "connection-busy",
             Self::Store(StoreError::Unreadable(_)) => "stored-answer-unreadable",
             Self::Store(_) => "store-unavailable",
             Self::UpstreamUnreachable(_) => "upstream-unreachable",
@@ -211,7 +229,8 @@ impl ProxyError {
             | Self::CallerOverShare
             | Self::Stale(_)
             | Self::NotImplemented(_)
-            | Self::Overloaded { .. } => Outcome::Rejected,
+            | Self::Overloaded { .. }
+            | Self::ConnectionBusy { .. } => Outcome::Rejected,
             Self::Mismatch => Outcome::Mismatch,
             Self::InFlight { .. } => Outcome::Conflict,
             Self::OutcomeUnknown { .. } => Outcome::Held,
@@ -242,6 +261,7 @@ impl ProxyError {
             Self::BodyTimeout(_) => "Request timeout",
             Self::Store(_) => "Idempotency store unavailable",
             Self::Overloaded { .. } => "Proxy overloaded",
+            Self::ConnectionBusy { .. } => "Connection busy",
             Self::UpstreamUnreachable(_) | Self::UpstreamFailed(_) => "Bad gateway",
             Self::UpstreamTimeout => "Gateway timeout",
             Self::NotImplemented(_) => "Not implemented",
@@ -257,7 +277,7 @@ impl ProxyError {
             Self::Store(StoreError::Unreadable(_)) => "the stored record of this request \
                  cannot be read; it may have been executed and is not executed again"
                 .into(),
-            Self::Store(_) | Self::Overloaded { .. } => {
+            Self::Store(_) | Self::Overloaded { .. } | Self::ConnectionBusy { .. } => {
                 format!("{self}; the request was not executed, so it can be retried")
             }
             Self::UpstreamUnreachable(_) => {
@@ -296,7 +316,8 @@ impl ProxyError {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Self::InFlight { retry_after }
         | Self::RateLimited { retry_after }
-        | Self::Overloaded { retry_after } = self
+        | Self::Overloaded { retry_after }
+        | Self::ConnectionBusy { retry_after, .. } = self
         {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
         }
@@ -342,6 +363,19 @@ mod tests {
         let e = ProxyError::Overloaded { retry_after: 1 };
         assert_eq!(e.as_str(), "overloaded");
         assert!(e.leaves_body_unread());
+        let r = e.into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn a_busy_connection_maps_to_503_with_retry_after_and_is_no_fault() {
+        let e = ProxyError::ConnectionBusy {
+            limit: 128,
+            retry_after: 1,
+        };
+        assert_eq!(e.as_str(), "connection-busy");
+        assert!(!e.is_fault() && !e.leaves_body_unread());
         let r = e.into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");

@@ -39,8 +39,9 @@ pub enum Outcome {
     Held,
     /// 409: a repeat of a key whose answer was not stored.
     NotStored,
-    /// 400, 413 or 503 `overloaded`: bad key, body or request, or no room to buffer the
-    /// body; nothing was claimed.
+    /// 400, 413, or 503 `overloaded` or `connection-busy`: bad key, body or request, no
+    /// room to buffer the body, or the connection's owners at `max_streams`; nothing was
+    /// claimed.
     Rejected,
     /// The owner's answer is not replayed (a 5xx, a transient 4xx, an upstream never
     /// reached): the key was released, so a later retry executes.
@@ -419,6 +420,9 @@ pub struct ConnectionMetrics {
     pub client_open: Gauge,
     /// New client connections that waited for a slot under `max_client`.
     pub client_waited: Counter,
+    /// Closed client connections whose owners still run, each keeping its slot under
+    /// `max_client` until they end (`crate::proxy::conn_share`).
+    pub client_outlived: Gauge,
     /// Client connections in a lingering close now.
     pub lingering: Gauge,
     /// Lingering closes ended by their time, gap or byte bound rather than by the client.
@@ -440,6 +444,11 @@ impl ConnectionMetrics {
             "client_connections_waited",
             "New client connections that waited for a slot under connections.max_client",
             self.client_waited.clone(),
+        );
+        registry.register(
+            "client_connections_outlived",
+            "Closed client connections whose owners still run upstream, each keeping its slot under connections.max_client until they end",
+            self.client_outlived.clone(),
         );
         registry.register(
             "lingering_connections",

@@ -8,6 +8,7 @@ pub mod admission;
 pub mod answer;
 pub mod body;
 pub mod budget;
+pub mod conn_share;
 pub mod detach;
 pub mod fresh;
 pub mod handler;
@@ -49,6 +50,9 @@ pub struct ConnInfo {
     pub forwarded_for: http::HeaderValue,
     /// The timer its requests' upstream timeouts take turns with.
     pub upstream_timer: upstream_timer::UpstreamTimer,
+    /// Its slot under `connections.max_client` and its owners running, which outlive it
+    /// when its client leaves ([`conn_share`]).
+    pub share: std::sync::Arc<conn_share::ConnShare>,
 }
 
 impl ConnInfo {
@@ -61,7 +65,13 @@ impl ConnInfo {
             transport,
             forwarded_for,
             upstream_timer: upstream_timer::UpstreamTimer::default(),
+            share: conn_share::ConnShare::unbounded(),
         }
+    }
+
+    /// The same connection, holding `share`.
+    pub fn with_share(self, share: std::sync::Arc<conn_share::ConnShare>) -> Self {
+        Self { share, ..self }
     }
 
     /// A cleartext connection from `peer`.

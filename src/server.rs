@@ -1,10 +1,11 @@
 //! Listeners: the proxy port (HTTP/1.1 and cleartext HTTP/2, chosen per connection, served
 //! by hyper-util's auto builder) and the optional admin port, each with a graceful drain: on
 //! shutdown, stop accepting, let open connections finish their requests, then return. The
-//! proxy port serves at most `connections.max_client` connections at once and closes each
-//! lingering ([`linger`]). On both, a connection without a request for the head timeout,
-//! or whose client takes nothing of an answer for `connections.client_send_timeout`, is
-//! closed ([`watchdog`]).
+//! proxy port serves at most `connections.max_client` connections at once, a connection
+//! holding its slot until the owners it started have ended too
+//! ([`crate::proxy::conn_share`]), and closes each lingering ([`linger`]). On both, a
+//! connection without a request for the head timeout, or whose client takes nothing of an
+//! answer for `connections.client_send_timeout`, is closed ([`watchdog`]).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -26,6 +27,7 @@ use crate::config::{Config, Linger, StoreConfig};
 use crate::key::Digest;
 use crate::metrics::Metrics;
 use crate::proxy::body::{ProxyBody, RequestBody};
+use crate::proxy::conn_share::ConnShare;
 use crate::proxy::{ConnInfo, Proxy, Transport};
 use crate::store::{MemoryStore, MysqlStore, PostgresStore, RedisStore, Store, StoreError};
 use sha2::{Digest as _, Sha256};
@@ -137,8 +139,8 @@ struct Limits {
     /// How long an answer may wait for its client to take something
     /// (`connections.client_send_timeout`, read at start).
     send: Duration,
-    /// Requests one HTTP/2 connection may have open at once (`connections.max_streams`,
-    /// read at start).
+    /// Requests one HTTP/2 connection may have open at once, and owners one connection may
+    /// have running, its client there or not (`connections.max_streams`, read at start).
     streams: u32,
     /// Where connections are counted; `None`: not at all.
     metrics: Option<Arc<Metrics>>,
@@ -201,6 +203,7 @@ async fn accept_loop<F, S>(
     let linger = limits.linger;
     let (idle, send) = (limits.idle, limits.send);
     let metrics = limits.metrics;
+    let streams = usize::try_from(limits.streams).unwrap_or(usize::MAX);
     // Each connection holds a sender; when all are dropped, every connection has closed.
     let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
     let stop = Signal::default();
@@ -243,7 +246,8 @@ async fn accept_loop<F, S>(
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _open = open;
-            let _slot = slot;
+            // The slot goes back once the connection and every owner it started have ended.
+            let share = ConnShare::new(streams, slot);
             let _counted = metrics
                 .as_ref()
                 .map(|m| Counted::new(m.connections().client_open.clone()));
@@ -254,7 +258,8 @@ async fn accept_loop<F, S>(
             let builder = &*template;
             match tls {
                 None => {
-                    let service = make_service(ConnInfo::cleartext(peer));
+                    let conn = ConnInfo::cleartext(peer).with_share(Arc::clone(&share));
+                    let service = make_service(conn);
                     let io = TokioIo::new(stream);
                     serve_one(builder, io, service, stop, peer, watch).await;
                 }
@@ -277,7 +282,8 @@ async fn accept_loop<F, S>(
                         .peer_certificates()
                         .and_then(|chain| chain.first())
                         .map(|leaf| Digest(Sha256::digest(leaf.as_ref()).into()));
-                    let service = make_service(ConnInfo::new(peer, Transport::Tls { client_cert }));
+                    let conn = ConnInfo::new(peer, Transport::Tls { client_cert });
+                    let service = make_service(conn.with_share(Arc::clone(&share)));
                     let io = TokioIo::new(stream);
                     serve_one(builder, io, service, stop, peer, watch).await;
                 }
@@ -288,6 +294,9 @@ async fn accept_loop<F, S>(
                     // Boxed: its buffer and timer stay off every connection's task.
                     Box::pin(linger::close(stream, bounds, metrics.connections())).await;
                 }
+            }
+            if let Some(metrics) = &metrics {
+                share.closed(&metrics.connections().client_outlived);
             }
         });
     }
@@ -304,7 +313,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Rapid reset (CVE-2023-44487): streams an HTTP/2 client may have reset before they were
 /// taken up, at once; one more and the connection gets GOAWAY `ENHANCE_YOUR_CALM`. h2's
-/// default.
+/// default. (A reset after the request was taken up ends it, unless it is an owner whose
+/// request went out: those count against the connection, see
+/// [`crate::proxy::conn_share`].)
 const H2_RESET_STREAMS: usize = 20;
 
 /// Streams the proxy may reset for an HTTP/2 client's errors (a malformed request) on one

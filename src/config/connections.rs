@@ -13,10 +13,11 @@ use super::raw::{RawConnections, RawUpstreamProtocol};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Connections {
     /// Client connections served at once; more wait in the listen backlog until one
-    /// closes. Read at start.
+    /// closes and the owners it started have ended. Read at start.
     pub max_client: usize,
     /// Requests one HTTP/2 connection may have open at once (its
-    /// `SETTINGS_MAX_CONCURRENT_STREAMS`). Read at start.
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`), and owners one connection (either protocol) may
+    /// have running, its client there or not (`crate::proxy::conn_share`). Read at start.
     pub max_streams: u32,
     /// Upstream connections open at once; requests beyond it wait for one (within their
     /// upstream timeout).

@@ -78,6 +78,13 @@ pub async fn handle(
     if !span.is_disabled() {
         span.record("key", tracing::field::display(key.short()));
     }
+    // Enforcement would refuse it (`503 connection-busy`) before claiming: it goes out
+    // unclaimed instead, and, not an owner, ends with its client (so resetting streams buys
+    // no more upstream calls here than under enforcement).
+    let Some(owning) = cx.conn.share.try_own() else {
+        would(report, Outcome::WouldReject, false, None);
+        return forward_unprotected(&cx, parts, body, policy).await;
+    };
     let args = claim_args(&cx, rule, &view, key, fingerprint);
     // A dry run never holds a request: nobody waits, nothing is refused.
     let args = ClaimArgs {
@@ -100,7 +107,7 @@ pub async fn handle(
     };
     let would_do = match claim {
         Claim::Owner(lease) => {
-            let (response, outcome) = execute(&cx, rule, lease, parts, body).await?;
+            let (response, outcome) = execute(&cx, rule, lease, owning, parts, body).await?;
             report.outcome = Some(outcome);
             return Ok(response);
         }
@@ -113,6 +120,8 @@ pub async fn handle(
         Claim::OutcomeUnknown(_) | Claim::NotStored(_) => Outcome::WouldHold,
         Claim::NotIssued => Outcome::WouldReject,
     };
+    // Not an owner: forwarded as any request, it ends with its client.
+    drop(owning);
     let first = match cx.store.saw_duplicate(key).await {
         Ok(made) => made,
         Err(e) => {

@@ -24,6 +24,7 @@ use http::{HeaderValue, Request, Response};
 use super::answer;
 use super::body::{read_limited, ProxyBody, RequestBody};
 use super::budget::Budget;
+use super::conn_share::Owning;
 use super::detach::Detachable;
 use super::settlement;
 pub use super::stopping::Owners;
@@ -140,6 +141,13 @@ pub async fn handle(
         span.record("key", tracing::field::display(key.short()));
     }
 
+    // Phase 3 takes room among the connection's owners first: an owner runs on when its
+    // client leaves, so without it a client resetting its streams has upstream calls run
+    // without bound (see `conn_share`). Taken before the claim, a refusal claims nothing.
+    let Some(owning) = cx.conn.share.try_own() else {
+        return Err(busy(cx.conn));
+    };
+
     // Phase 3: claim; a duplicate in wait mode claims again each time it is woken, naming
     // the owner it waited on, until wait_timeout after it first found the key in flight.
     // Token routes only start from an issued token; a failed attempt hands it back.
@@ -197,7 +205,7 @@ pub async fn handle(
         }
         match claim {
             Claim::Owner(lease) => {
-                let (response, outcome) = execute(&cx, rule, lease, parts, body).await?;
+                let (response, outcome) = execute(&cx, rule, lease, owning, parts, body).await?;
                 report.outcome = Some(outcome);
                 return Ok(response);
             }
@@ -268,6 +276,14 @@ pub(super) fn caller_unnamed(report: &mut Report) {
     );
 }
 
+/// The refusal of a request on a connection whose owners fill its share.
+fn busy(conn: &super::ConnInfo) -> ProxyError {
+    ProxyError::ConnectionBusy {
+        limit: conn.share.limit(),
+        retry_after: RETRY_AFTER_SECS,
+    }
+}
+
 /// How a request on `rule` with `key` claims it: token routes only start from an issued
 /// token, and hand it back for `reissue_ttl` when an attempt fails.
 pub(super) fn claim_args(
@@ -336,11 +352,13 @@ pub(super) async fn forward_unprotected(
 /// The owner's phase: forward, then settle. Its client waits at most `upstream_timeout`,
 /// or until a shutdown's drain is about to end (then gets a 504) while the owner, detached,
 /// waits on up to `background_timeout`.
+/// `owning` counts it among its connection's owners until it ends, detached or not.
 /// Returns the answer and how the request ended.
 pub(super) async fn execute(
     cx: &Context<'_>,
     rule: &Arc<Protected>,
     lease: Lease,
+    owning: Owning,
     parts: Parts,
     body: Bytes,
 ) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
@@ -367,6 +385,7 @@ pub(super) async fn execute(
     let owner = Detachable::new(async move {
         let _running = running;
         let _owned = owned;
+        let _owning = owning;
         let policy = &owner_rule.policy;
         // Dropped at the background bound with the lease unsettled, it counts and logs the
         // unknown outcome the lease's drop then records.

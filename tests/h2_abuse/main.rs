@@ -3,10 +3,13 @@
 //! (`src/server.rs`): rapid reset (CVE-2023-44487), streams reset for the client's errors,
 //! CONTINUATION flood (CVE-2024-27316), a header list over `max_header_list_size`; and
 //! PING and SETTINGS floods (CVE-2019-9512, -9515), which h2 bounds with no setting, by a
-//! test that fails against a server reading past what it answered.
+//! test that fails against a server reading past what it answered. And the proxy's own
+//! part: owners whose clients left after their request went out run on (SPEC 5), so
+//! resetting streams, or leaving connections, must not buy upstream calls without end.
 //!
 //! One job per module: `wire.rs` a client connection written and read by hand, `frames.rs`
-//! the frames (shared with tests/desync_h2), `limits.rs` the library's limits.
+//! the frames (shared with tests/desync_h2), `limits.rs` the library's limits, `owners.rs`
+//! owners that outlive their clients.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -15,9 +18,13 @@ mod common;
 #[path = "../desync_h2/frames.rs"]
 mod frames;
 mod limits;
+mod owners;
 mod wire;
+
+use std::time::Duration;
 
 use common::{start_proxy, start_upstream};
 use frames::*;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use wire::{CANCEL, ENHANCE_YOUR_CALM, H2, HANG};

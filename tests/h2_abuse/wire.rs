@@ -133,6 +133,24 @@ pub(crate) fn fields(fields: &[(&str, &str)]) -> Vec<u8> {
     header_block(&owned)
 }
 
+/// A POST of `body` to `path` on `stream`, whole: HEADERS (END_HEADERS) with `extra`
+/// fields, then DATA (END_STREAM).
+pub(crate) fn post(stream: u32, path: &str, body: &str, extra: &[(&str, &str)]) -> Vec<u8> {
+    let length = body.len().to_string();
+    let mut all = vec![
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "127.0.0.1"),
+        ("content-type", "application/json"),
+        ("content-length", length.as_str()),
+    ];
+    all.extend_from_slice(extra);
+    let mut out = frame(HEADERS, END_HEADERS, stream, &fields(&all));
+    out.extend(frame(DATA, END_STREAM, stream, body.as_bytes()));
+    out
+}
+
 /// A GET of `path` on `stream`: one HEADERS frame (END_HEADERS, END_STREAM).
 pub(crate) fn get(stream: u32, path: &str) -> Vec<u8> {
     let all = [
