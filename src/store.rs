@@ -246,7 +246,7 @@ impl Store {
     }
 
     /// Releases the claim of `args` by `token` as a claim that got no answer is released
-    /// (fenced by the token, tried again until an answer is final or its lease has passed),
+    /// (fenced by the token, tried again until an answer is final, or the record is gone while none comes),
     /// and returns when done: the store's last answer, `None` if it gave none. For tests of
     /// that release; a claim that goes unanswered is released by itself, in the background.
     #[doc(hidden)]

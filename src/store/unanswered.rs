@@ -9,11 +9,13 @@
 //! one-time token issued again): the same fenced settlement, by the owner token the claim
 //! carried, so it releases that claim if it landed and touches nothing else, neither
 //! another owner's record nor a settled one. It runs in the background, logged, and is
-//! retried (the store has just failed) until the claim's lease has passed. On Redis a
-//! release goes out on the connection the claim went out on, after it, so its first answer
-//! is final. On a SQL database it is not: the claim statement may still run on its own
-//! connection and commit after a release found nothing, so the release is repeated, more
-//! rarely each time, until the lease has passed.
+//! retried (the store has just failed) until the store answers: a store out of reach for
+//! longer than the claim's lease (a crash after the write, a partition, a failover) still
+//! holds the claim when it is back, lapsed, and only this release can free it before its
+//! lapse span ends. On Redis a release goes out on the connection the claim went out on,
+//! after it, so its first answer is final. On a SQL database it is not: the claim statement
+//! may still run on its own connection and commit after a release found nothing, so the
+//! release is repeated, more rarely each time, until the lease has passed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -26,12 +28,16 @@ use super::Store;
 use tracing::Instrument;
 
 /// At most this many unanswered claims are being released at once in a process (each is a
-/// task until its lease has passed); past it, one is left to lapse, with a warning. A store
-/// failing every claim for a while fills it; the first of them are the ones whose retries
-/// come first.
+/// task until its lease has passed and the store has answered); past it, one is left to
+/// lapse, with a warning. A store failing every claim for a while fills it; the first of
+/// them, sent as the store went away, are the ones that may have landed.
 const MAX_RELEASING: usize = 4096;
 /// The shortest pause between two releases of one claim.
 const MIN_PAUSE: Duration = Duration::from_millis(10);
+/// The longest pause between two releases of one claim: once the store is back, an orphan
+/// claim holds its key (a 409 for its retries) at most this long, and a store down for
+/// hours gets one try per claim this often, not a storm when it returns.
+const MAX_PAUSE: Duration = Duration::from_secs(10);
 
 /// Unanswered claims being released now, in this process.
 static RELEASING: AtomicUsize = AtomicUsize::new(0);
@@ -131,8 +137,7 @@ pub(crate) async fn release_now(
     release(store, Orphan::new(args, token)).await
 }
 
-/// The fenced release of `orphan`, tried again until an answer is final or the lease has
-/// passed (at least three store timeouts, so a short lease still gets a few tries).
+/// The fenced release of `orphan`, tried again until an answer is final (see [`repeat`]).
 async fn release(store: &Store, orphan: Orphan) -> Option<Settled> {
     let settlement = Settlement::Release {
         reissue: orphan.reissue,
@@ -188,10 +193,13 @@ pub(crate) fn settle_after_unanswered_renewal(
     rt.spawn(repeated.instrument(tracing::Span::current()));
 }
 
-/// Makes `settlement` of `owned`, tried again until an answer is final or `lease` has
-/// passed (at least three store timeouts, so a short lease still gets a few tries): on a
-/// SQL database a statement sent before may still commit after any answer, so every try
-/// until then is made; on Redis the first answer is final.
+/// Makes `settlement` of `owned`, tried again until an answer is final: on Redis the first
+/// answer; on a SQL database, where a statement sent before may still commit after any
+/// answer, the last of the tries made until `lease` has passed (at least three store
+/// timeouts, so a short lease still gets a few). A store that gave no answer by then is
+/// tried on, every [`MAX_PAUSE`] at most, until it answers or the claim's record is gone
+/// (`lease` plus its lapse span): the claim may be there, lapsed, holding its key as an
+/// unknown outcome or in flight for that long, and nothing else would free it.
 async fn repeat(
     store: &Store,
     owned: &Ownership,
@@ -207,7 +215,9 @@ async fn repeat(
         // Its claims are answered at once; nothing is ever unanswered there.
         Store::Memory(_) => return None,
     };
-    let deadline = Instant::now() + lease.max(timeout * 3);
+    let started = Instant::now();
+    let repeated_until = started + lease.max(timeout * 3);
+    let record_gone = repeated_until.max(started + lease + owned.lapse.span());
     let mut pause = timeout.max(MIN_PAUSE);
     let mut last = None;
     loop {
@@ -222,13 +232,18 @@ async fn repeat(
             Err(e) => tracing::debug!(%key, error = %e, "{what}: settling failed"),
         }
         let now = Instant::now();
-        if now >= deadline {
+        let until = if last.is_some() {
+            repeated_until
+        } else {
+            record_gone
+        };
+        if now >= until {
             if last.is_none() {
-                tracing::warn!(%key, "{what}: could not settle it; it lapses");
+                tracing::warn!(%key, "{what}: could not settle it before its record expired");
             }
             return last;
         }
-        tokio::time::sleep(pause.min(deadline - now)).await;
-        pause = pause.saturating_mul(2);
+        tokio::time::sleep(pause.min(until - now)).await;
+        pause = pause.saturating_mul(2).min(MAX_PAUSE);
     }
 }

@@ -1,6 +1,9 @@
 //! Claims with no owner left to settle them: a client that leaves while its claim is at
-//! Redis, and a claim Redis answered only after the store timeout. The key is freed (a
-//! token issued again), never left to lapse into an unknown outcome.
+//! Redis, a claim Redis answered only after the store timeout, and one whose reply never
+//! came while Redis stayed out of reach past the claim's lease. The key is freed (a token
+//! issued again), never left to lapse into an unknown outcome.
+
+use std::sync::atomic::Ordering;
 
 use http::StatusCode;
 use tokio::io::AsyncWriteExt;
@@ -166,4 +169,66 @@ async fn a_claim_answered_past_the_store_timeout_keeps_its_token() {
     claim_unanswered(&relay, &proxy, "/orders/pay", &headers).await;
     relay.hold.send_replace(false);
     token_issued_again_and_retried(&redis, &upstream, &proxy, &token).await;
+}
+
+/// A claim Redis ran whose reply never came, the store then out of reach for longer than
+/// the claim's lease (a Redis crash after the write, a network partition, a failover): the
+/// client got a 503, so its request is known never to have gone out. Its release must go
+/// on until the store answers, not give up at the lease: left there, the claim lapses and
+/// holds the key as an unknown outcome (a 409) for the route's whole `ttl`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_unanswered_while_the_store_is_out_of_reach_past_its_lease_leaves_its_key_free() {
+    let (redis, relay, upstream, proxy) =
+        timing_out_behind_held_replies(&route("lease: 1s\n    ttl: 1h")).await;
+    warm_up(&proxy).await;
+    let before = relay.received();
+    relay.hold.send_replace(true);
+    let addr = proxy.addr;
+    let first = tokio::spawn(async move {
+        post(addr, "/orders", &[("idempotency-key", "stranded")], "{}").await
+    });
+    until(|| relay.received() > before, "Redis to run the claim").await;
+    // From now on nothing the proxy sends reaches Redis: the release gets no answer.
+    relay.cut.store(true, Ordering::SeqCst);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    // The claim's lease (1 s) runs out in Redis, and 3 s more pass: its release used to
+    // stop trying at the lease.
+    let span_ms = 3_600_000;
+    until(
+        || claim_pttl(&redis).is_some_and(|pttl| pttl < span_ms - 3_000),
+        "the stranded claim's lease to run out",
+    )
+    .await;
+    relay.cut.store(false, Ordering::SeqCst);
+    relay.hold.send_replace(false);
+    until(
+        || record_kinds(&redis) == ["D"],
+        "the stranded claim released once Redis answers",
+    )
+    .await;
+    let retry = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "stranded")],
+        "{}",
+    )
+    .await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "not a 409 outcome-unknown"
+    );
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed_for("stranded"), 1);
+}
+
+/// The remaining TTL in ms of the one claim in flight in Redis, if there is one.
+fn claim_pttl(redis: &RedisServer) -> Option<i64> {
+    redis
+        .cli(&["KEYS", "*"])
+        .lines()
+        .filter(|key| !key.is_empty())
+        .find(|key| redis.cli(&["GETRANGE", key, "0", "0"]).trim() == "I")
+        .and_then(|key| redis.cli(&["PTTL", key]).trim().parse().ok())
 }
