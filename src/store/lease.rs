@@ -9,11 +9,11 @@
 //! went out frees the key for a retry; one that may have reached the upstream follows the
 //! route's [`Lapse`] (held as outcome unknown, or released), never plainly freed.
 //!
-//! A settlement the store fails (unreachable, or no answer within its timeout) is not
-//! given up: it is made again in the background, backing off, for as long as the claim's
-//! lease (every write is fenced by the owner's token, so a repeat of one that did land
-//! changes nothing). Past the lease the claim has lapsed and the store holds it as its
-//! lapse rule says.
+//! A settlement the store fails (unreachable, or no answer within its timeout), or whose
+//! caller stops waiting for it, is not given up: it is made again in the background,
+//! backing off, for as long as the claim's lease (every write is fenced by the owner's
+//! token, so a repeat of one that did land changes nothing). Past the lease the claim has
+//! lapsed and the store holds it as its lapse rule says.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -149,7 +149,8 @@ impl Lease {
     }
 
     /// Ends the claim with `settlement` (see [`Store::settle`]). A store error is
-    /// returned at once, and the settlement made again in the background until it lands
+    /// returned at once (and this future may be dropped before the store answered), and
+    /// the settlement made again in the background until it lands
     /// or the claim's record is gone: its lease, then its lapse span (held as an unknown
     /// outcome, or waiting for a takeover), during which the record is still this owner's
     /// and the settlement, fenced by its token, can still land.
@@ -234,7 +235,8 @@ impl Drop for Lease {
 /// once and the settlement made again in the background, in the current span, until it
 /// lands or the claim's record is gone; one made after a renewal went unanswered (which on
 /// a SQL database may land later still) is made again as
-/// [`unanswered::settle_after_unanswered_renewal`] says.
+/// [`unanswered::settle_after_unanswered_renewal`] says. Dropped before the store
+/// answered, this future leaves the settlement to be made in the background ([`Pending`]).
 async fn settle_and_follow_up(
     store: &Store,
     owned: Ownership,
@@ -242,12 +244,17 @@ async fn settle_and_follow_up(
     lease: Duration,
     renewal: Option<Renewal>,
 ) -> Result<Settled, StoreError> {
+    let pending = Pending {
+        armed: Some((store, owned, settlement, lease)),
+    };
     let unanswered = match renewal {
         Some(renewal) => renewal.finish().await,
         None => false,
     };
+    let settlement = pending.settlement();
     // A clone shares the answer's bytes.
     let settled = store.settle(&owned, settlement.clone()).await;
+    let settlement = pending.answered();
     if settled.is_err() {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let retry = settle_again(store.clone(), owned, settlement, lease, unanswered);
@@ -257,6 +264,47 @@ async fn settle_and_follow_up(
         unanswered::settle_after_unanswered_renewal(store, owned, settlement, lease);
     }
     settled
+}
+
+/// A settlement on its way to the store. Dropped before the store answered (its caller
+/// stopped waiting: a detached owner whose `background_timeout` passed as it wrote its
+/// answer), it is made again in the background, as a failed one is: nothing else would
+/// make it, the claim's renewals having stopped, and the claim would lapse with the answer
+/// lost (held as an unknown outcome, or, on a route that releases lapsed claims, run again
+/// by a retry).
+struct Pending<'a> {
+    armed: Option<(&'a Store, Ownership, Settlement, Duration)>,
+}
+
+impl Pending<'_> {
+    fn settlement(&self) -> &Settlement {
+        &self.armed.as_ref().expect("armed until answered").2
+    }
+
+    /// The store answered (or failed, which its caller follows up): the settlement back.
+    fn answered(mut self) -> Settlement {
+        self.armed.take().expect("answered once").2
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let Some((store, owned, settlement, lease)) = self.armed.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        tracing::warn!(
+            key = %owned.key.short(),
+            settled = settlement.as_str(),
+            "settlement dropped before the store answered; making it again"
+        );
+        // Whether a renewal went unanswered is not known here: assumed so, which on a SQL
+        // database only repeats a settlement that leaves no record, fenced by the token.
+        let again = settle_again(store.clone(), owned, settlement, lease, true);
+        rt.spawn(again.instrument(tracing::Span::current()));
+    }
 }
 
 /// Makes a settlement the store failed again, backing off, until it lands or the claim's

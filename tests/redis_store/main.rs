@@ -6,7 +6,8 @@
 //! per topic: `replicas.rs` (exactly once between proxy processes, a killed or slow owner,
 //! Redis restarted empty), `faults.rs` (Redis down, in both modes), `late_waiters.rs` (a duplicate that
 //! looks again only after its owner's failure expired), `round_trips.rs`,
-//! `cluster.rs` and `unanswered_release.rs`.
+//! `cluster.rs`, `unanswered_release.rs` and `settlement_cut_short.rs` (a completion
+//! dropped before Redis answered).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -16,6 +17,7 @@ mod faults;
 mod late_waiters;
 mod replicas;
 mod round_trips;
+mod settlement_cut_short;
 mod unanswered_release;
 
 use common::redis_server::RedisServer;

@@ -1,0 +1,67 @@
+//! A settlement whose future is dropped before the store answered (a detached owner's
+//! `background_timeout` passing while it writes its answer, or any caller dropping
+//! `Lease::settle`) is not lost: it is made again in the background, as a failed one is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use idemgate::key::Digest;
+use idemgate::store::{Claim, ClaimArgs, RedisSettings, RedisStore, Store, StoredResponse};
+
+use crate::common::redis_server::RedisServer;
+use crate::common::relay::relay_to;
+
+/// The owner's completion is sent, held on its way to Redis, and its future dropped there;
+/// the held command never runs (Redis drops its connection). The answer is stored all the
+/// same once Redis can be reached, and its repeat replays it instead of finding the claim
+/// lapsed into an unknown outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_dropped_before_redis_answered_is_made_again() {
+    let redis = RedisServer::start();
+    let relay = relay_to(redis.port).await;
+    let settings = RedisSettings {
+        url: Some(format!("redis://{}", relay.addr)),
+        cluster: Vec::new(),
+        prefix: "t:".into(),
+        // A hang guard: the completion is dropped long before.
+        timeout: Duration::from_secs(30),
+        ca: None,
+    };
+    let store = Store::Redis(Arc::new(RedisStore::connect(&settings).expect("store")));
+    let key = Digest([0x5c; 32]);
+    let args = ClaimArgs::new(key, Digest([1; 32]), Duration::from_secs(1));
+    let Claim::Owner(lease) = store.claim_with(args).await.expect("claim") else {
+        panic!("a fresh key is owned");
+    };
+    relay.hold_requests.send_replace(true);
+    let answer = StoredResponse::new(StatusCode::CREATED, &Default::default(), b"made");
+    let completion = tokio::spawn(lease.complete(answer, Duration::from_secs(3600)));
+    while relay.requests_held() == 0 {
+        tokio::task::yield_now().await;
+    }
+    completion.abort();
+    assert!(completion.await.unwrap_err().is_cancelled());
+    // Redis drops the connection the completion waits on: it never runs.
+    redis.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    relay.hold_requests.send_replace(false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store
+        .inspect(key)
+        .await
+        .ok()
+        .flatten()
+        .map(|info| info.state)
+        != Some("done")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: the dropped completion was never made again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    match store.claim_with(args).await.expect("claim") {
+        Claim::Done(stored) => assert_eq!(&stored.body()[..], b"made"),
+        other => panic!("the completed key answered {}", other.as_str()),
+    }
+}
