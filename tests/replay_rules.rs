@@ -2,7 +2,8 @@
 //! window, business words about time and place are data, a "not now" answer is not kept,
 //! and a header route's payload check is the route's own; an answer that is neither
 //! replayed nor a failure is never run again; safe methods always pass and a listed
-//! DELETE is protected; `ignore_defaults: false` makes the timestamp data.
+//! DELETE is protected, an unrouted POST or PATCH is keyed by `defaults.key` and an
+//! unrouted PUT or DELETE passes; `ignore_defaults: false` makes the timestamp data.
 
 mod common;
 
@@ -375,6 +376,43 @@ routes:
     assert!(!first.replayed());
     assert!(again.replayed(), "a listed DELETE ran twice");
     assert_eq!(upstream.executed(), 13);
+}
+
+/// A POST or PATCH that matches no route is keyed by `defaults.key` (the canonical
+/// fingerprint by default): the same JSON twice, its keys reordered, runs once. A PUT or
+/// DELETE no route lists passes through unprotected, every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_and_patch_matching_no_route_are_fingerprinted_and_put_and_delete_pass() {
+    use http::Method;
+    let upstream = start_upstream().await;
+    let routes = r#"
+routes:
+  - name: orders
+    match: { methods: [POST], path: /orders/placed }
+    key: { header: Idempotency-Key }
+"#;
+    let proxy = start_proxy(upstream.addr, routes).await;
+    // The test upstream counts what reaches `/orders…`; no route matches these paths.
+    let json = [("content-type", "application/json")];
+    for method in [Method::POST, Method::PATCH] {
+        let path = format!("/orders/cart/{method}");
+        let first =
+            common::send(proxy.addr, method.clone(), &path, &json, r#"{"a":1,"b":2}"#).await;
+        let again =
+            common::send(proxy.addr, method.clone(), &path, &json, r#"{"b":2,"a":1}"#).await;
+        assert_eq!(first.status, StatusCode::CREATED, "{method}");
+        assert!(!first.replayed(), "{method}");
+        assert!(again.replayed(), "an unrouted {method} ran twice");
+    }
+    assert_eq!(upstream.executed(), 2);
+    for method in [Method::PUT, Method::DELETE] {
+        for _ in 0..2 {
+            let answer =
+                common::send(proxy.addr, method.clone(), "/orders/cart/1", &[], "{}").await;
+            assert!(!answer.replayed(), "an unrouted {method} was replayed");
+        }
+    }
+    assert_eq!(upstream.executed(), 6, "every unrouted PUT and DELETE ran");
 }
 
 /// `ignore_defaults: false` drops the default list of fields that say when a request was
