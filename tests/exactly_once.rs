@@ -473,11 +473,11 @@ async fn a_duplicate_of_an_owner_that_failed_without_a_shareable_answer_gets_502
 }
 
 /// A client that sends its request and leaves while its owner still waits for an upstream
-/// connection (all taken): the owner stops at the client's `upstream_timeout` as it would
-/// had the client stayed, sends nothing even once a connection frees, and frees the key,
-/// so the client's retry runs it (once). Owners of clients that left never pile up.
+/// connection (all taken): nothing has gone out, so the owner stops as its client leaves,
+/// sends nothing even once a connection frees, and frees the key, so the client's retry
+/// runs it (once). Owners of clients that left never pile up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_owner_whose_client_left_stops_waiting_for_a_connection_at_upstream_timeout() {
+async fn an_owner_whose_client_left_while_it_waited_for_a_connection_stops_and_sends_nothing() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(
         upstream.addr,
@@ -518,11 +518,11 @@ async fn an_owner_whose_client_left_stops_waiting_for_a_connection_at_upstream_t
     // Its owner runs (waiting for the connection), then its client leaves.
     until(2).await;
     drop(client);
-    // Detached, the owner gives up at its 2 s upstream_timeout; without that it would run
-    // on for background_timeout (10 min) and this wait would hit its hang guard.
+    // Its request never went out: the owner stops now; had it run on detached, it would
+    // wait for background_timeout (10 min) and this wait would hit its hang guard.
     until(1).await;
-    // The held request's client got its 504 at the same 2 s; its owner, detached, finishes
-    // once the gate opens and hands the connection back.
+    // The held request's client gets its 504 at its 2 s upstream_timeout; its owner,
+    // detached, finishes once the gate opens and hands the connection back.
     upstream.open("g");
     held.await.unwrap();
     until(0).await;
