@@ -253,16 +253,16 @@ async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
                             "changed settings that take effect on restart, not on reload"
                         );
                     }
+                    let routes = new.routes.len();
+                    let reloaded = proxy.reload(Arc::new(new));
                     // `check` cannot say this: it does not know the config that ran before.
-                    let rekeyed = old.rekeyed_by(&new);
-                    if !rekeyed.is_empty() {
+                    if let Some(until) = reloaded.honoured_until {
                         tracing::warn!(
-                            "reload re-keys requests: {}: retries and duplicates of earlier requests run again",
-                            rekeyed.join("; ")
+                            "reload re-keys requests: {}: the previous keys are honoured until {} (retries and duplicates of earlier requests are answered from them; a restart forgets them)",
+                            reloaded.rekeyed.join("; "),
+                            httpdate::fmt_http_date(until)
                         );
                     }
-                    let routes = new.routes.len();
-                    proxy.reload(Arc::new(new));
                     tracing::info!(routes, "config reloaded");
                 }
                 Err(e) => tracing::error!("reload refused, keeping the running config: {e}"),

@@ -153,6 +153,12 @@ struct WhatLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RekeyedLabels {
+    route: String,
+    found: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabel {
     route: String,
 }
@@ -208,6 +214,7 @@ pub struct Metrics {
     unknown: Family<RouteLabel, Counter>,
     evictions: Family<RouteLabel, Counter>,
     reaped: Counter,
+    rekeyed: Family<RekeyedLabels, Counter>,
     routes: RwLock<HashMap<String, Arc<RouteMetrics>>>,
     /// Route names by [`RouteTag`]: tag 0 is "" (no route: issued tokens).
     tags: RwLock<Vec<String>>,
@@ -296,8 +303,15 @@ impl Metrics {
             "Expired rows the SQL store's reaper deleted",
             reaped.clone(),
         );
+        let rekeyed = Family::<RekeyedLabels, Counter>::default();
+        registry.register(
+            "rekeyed",
+            "Requests that also claimed the key a config before a re-keying reload gave them, by route and what that key held (free, done, failed, mismatch, in_flight, outcome_unknown, not_stored, error)",
+            rekeyed.clone(),
+        );
         Self {
             registry,
+            rekeyed,
             connections,
             buffers,
             requests,
@@ -363,6 +377,17 @@ impl Metrics {
             .entry(route.to_owned())
             .or_insert(created)
             .clone()
+    }
+
+    /// Counts one request on `route` that claimed the key a previous config gave it, which
+    /// held `found` (`crate::proxy::previous`).
+    pub fn rekeyed(&self, route: &str, found: &str) {
+        self.rekeyed
+            .get_or_create(&RekeyedLabels {
+                route: route.to_owned(),
+                found: found.to_owned(),
+            })
+            .inc();
     }
 
     /// The connection gauges and counters.

@@ -15,6 +15,7 @@ pub mod handler;
 pub mod headers;
 pub mod observe;
 pub mod passthrough;
+pub mod previous;
 mod problem;
 pub mod protected;
 mod settlement;
@@ -23,7 +24,7 @@ pub mod tokens;
 pub mod upstream;
 pub mod upstream_timer;
 
-pub use handler::Proxy;
+pub use handler::{Proxy, Reloaded};
 
 /// How a client connection reached the proxy.
 #[derive(Debug, Clone)]

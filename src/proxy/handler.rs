@@ -16,6 +16,7 @@ use super::body::ProxyBody;
 use super::budget::Budget;
 use super::observe;
 use super::passthrough;
+use super::previous::Generations;
 use super::protected::{self, Owners, Report};
 use super::stopping::Stopping;
 use super::upstream::UpstreamClient;
@@ -29,6 +30,8 @@ use crate::store::Store;
 struct Live {
     config: Arc<Config>,
     client: UpstreamClient,
+    /// The configs before reloads that re-keyed requests, whose keys are still honoured.
+    previous: Generations,
 }
 
 /// Everything a request needs, shared by all connections.
@@ -43,6 +46,15 @@ pub struct Proxy {
     budget: Arc<Budget>,
     body_read_timeout: Duration,
     idle_timeout: Duration,
+}
+
+/// What a reload changed in how keys are made.
+#[derive(Debug, Clone, Default)]
+pub struct Reloaded {
+    /// Why requests get new keys, one entry a route or setting ([`Config::rekeyed_by`]).
+    pub rekeyed: Vec<String>,
+    /// Until when the keys of the config before it are honoured, when it re-keyed.
+    pub honoured_until: Option<std::time::SystemTime>,
 }
 
 /// How long a client may send nothing while a protected request's body is incomplete
@@ -60,7 +72,11 @@ impl Proxy {
         let owners = Arc::new(Owners::default());
         let budget = Budget::new(config.connections.max_buffered, metrics.buffers());
         Self {
-            live: Arc::new(ArcSwap::from_pointee(Live { config, client })),
+            live: Arc::new(ArcSwap::from_pointee(Live {
+                config,
+                client,
+                previous: Generations::default(),
+            })),
             store,
             metrics,
             owners,
@@ -127,7 +143,12 @@ impl Proxy {
     /// certificates) until a restart, since switching it would turn away every client of
     /// the port at once. A new `connections.max_buffered` applies to buffers taken from now
     /// on.
-    pub fn reload(&self, config: Arc<Config>) {
+    ///
+    /// A config that changes how keys are made ([`Config::rekeyed_by`]) keeps the one
+    /// before it as a previous generation (`super::previous`), whose keys every protected
+    /// request also claims until its records have expired: retries and duplicates of the
+    /// requests it keyed are answered from them, never run again.
+    pub fn reload(&self, config: Arc<Config>) -> Reloaded {
         let current = self.live.load();
         let config = if config.tls.is_some() == current.config.tls.is_some() {
             config
@@ -155,7 +176,19 @@ impl Proxy {
         } else {
             UpstreamClient::new(&config.upstream, &config.connections, &self.metrics)
         };
-        self.live.store(Arc::new(Live { config, client }));
+        let rekeyed = current.config.rekeyed_by(&config);
+        let (previous, honoured_until) = current
+            .previous
+            .after_reload(&current.config, !rekeyed.is_empty());
+        self.live.store(Arc::new(Live {
+            config,
+            client,
+            previous,
+        }));
+        Reloaded {
+            rekeyed,
+            honoured_until,
+        }
     }
 
     /// Answers one request. Never fails: errors become problem+json answers.
@@ -197,10 +230,16 @@ impl Proxy {
             let report = Report::default();
             return finish("", &metrics, method, version, report, access, Err(error));
         }
-        let (route, protection) = match admission::admit(&request) {
-            Ok(host) => live
-                .config
-                .protection_for(host, request.method(), request.uri().path()),
+        let (route, protection, older) = match admission::admit(&request) {
+            Ok(host) => {
+                let (method, path) = (request.method(), request.uri().path());
+                let (route, protection) = live.config.protection_for(host, method, path);
+                let older = match protection {
+                    Protection::On(rule) => live.previous.rules_for(rule, host, method, path),
+                    Protection::Off(_) => Vec::new(),
+                };
+                (route, protection, older)
+            }
             // Answered, counted (unrouted) and logged like any other error, before any
             // await: an error kept across them would grow every request's future.
             Err(error) => {
@@ -257,6 +296,7 @@ impl Proxy {
                     stopping: &self.stopping,
                     body_read_timeout: self.body_read_timeout,
                     budget: &self.budget,
+                    older: &older,
                 };
                 if rule.policy.observe {
                     observe::handle(cx, rule, request, &mut report).await

@@ -107,7 +107,8 @@ pub async fn handle(
     };
     let would_do = match claim {
         Claim::Owner(lease) => {
-            let (response, outcome) = execute(&cx, rule, lease, owning, parts, body).await?;
+            let (response, outcome) =
+                execute(&cx, rule, lease, Vec::new(), owning, parts, body).await?;
             report.outcome = Some(outcome);
             return Ok(response);
         }

@@ -26,6 +26,7 @@ use super::body::{read_limited, ProxyBody, RequestBody};
 use super::budget::Budget;
 use super::conn_share::Owning;
 use super::detach::Detachable;
+use super::previous::{self, Older};
 use super::settlement;
 pub use super::stopping::Owners;
 use super::stopping::Stopping;
@@ -45,7 +46,7 @@ pub static IDEMPOTENT_REPLAYED: http::HeaderName =
 
 /// `Retry-After` for a duplicate of a running request: most owners finish within a second,
 /// and a sooner retry finds the replay; the lease only bounds owners that vanished.
-const RETRY_AFTER_SECS: u64 = 1;
+pub(super) const RETRY_AFTER_SECS: u64 = 1;
 
 /// What the protected path needs from the proxy.
 pub struct Context<'a> {
@@ -69,6 +70,9 @@ pub struct Context<'a> {
     pub body_read_timeout: Duration,
     /// What bodies and answers are buffered in (`connections.max_buffered`).
     pub budget: &'a Arc<Budget>,
+    /// The rules of the previous generations that would have protected this request, newest
+    /// first (`super::previous`): empty unless a reload re-keyed requests.
+    pub older: &'a [Arc<Protected>],
 }
 
 /// What the access log and metrics learn about a protected request as it runs.
@@ -205,7 +209,17 @@ pub async fn handle(
         }
         match claim {
             Claim::Owner(lease) => {
-                let (response, outcome) = execute(&cx, rule, lease, owning, parts, body).await?;
+                // Nothing goes out before the keys earlier configs gave it are decided too.
+                let (lease, also) = if cx.older.is_empty() {
+                    (lease, Vec::new())
+                } else {
+                    match previous::claim_older(&cx, rule, lease, &parts, &body, report).await {
+                        Older::Run { lease, also } => (lease, also),
+                        Older::Answered(answer) => return answer,
+                    }
+                };
+                let (response, outcome) =
+                    execute(&cx, rule, lease, also, owning, parts, body).await?;
                 report.outcome = Some(outcome);
                 return Ok(response);
             }
@@ -352,12 +366,14 @@ pub(super) async fn forward_unprotected(
 /// The owner's phase: forward, then settle. Its client waits at most `upstream_timeout`,
 /// or until a shutdown's drain is about to end (then gets a 504) while the owner, detached,
 /// waits on up to `background_timeout`.
-/// `owning` counts it among its connection's owners until it ends, detached or not.
+/// `owning` counts it among its connection's owners until it ends, detached or not; `also`
+/// holds the keys earlier configs gave the request, freed once it settled.
 /// Returns the answer and how the request ended.
 pub(super) async fn execute(
     cx: &Context<'_>,
     rule: &Arc<Protected>,
     lease: Lease,
+    also: Vec<Lease>,
     owning: Owning,
     parts: Parts,
     body: Bytes,
@@ -434,7 +450,10 @@ pub(super) async fn execute(
         let lease = guard.lease.take().expect("settled once");
         let reissue = lease.reissue();
         let sealing = owner_rule.sealing.as_deref();
-        settlement::settle(lease, policy, sealing, &route_metrics, answer, reissue).await
+        let settled =
+            settlement::settle(lease, policy, sealing, &route_metrics, answer, reissue).await;
+        previous::release_all(also).await;
+        settled
     })
     .bounded(started + policy.background_timeout)
     // Detached (its client left, or reset its stream) while still waiting for a

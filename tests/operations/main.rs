@@ -7,6 +7,7 @@
 mod common;
 
 mod logs;
+mod rekey;
 mod signals;
 
 use std::time::Duration;

@@ -70,10 +70,11 @@ async fn sighup_reloads_routes_and_a_broken_file_keeps_the_old_ones() {
 }
 
 /// A reload that renames a route gives its requests new keys: the reload says so in a
-/// warning naming the route, and a retry of a request answered before it does run again
-/// (the documented limit the warning is for). A reload that changes no key says nothing.
+/// warning naming the route and until when the previous keys are honoured, and a retry of
+/// a request answered before it is replayed from its previous key, not run again. A reload
+/// that changes no key says nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_that_renames_a_route_warns_that_it_re_keys_requests() {
+async fn a_retry_across_a_reload_that_renames_its_route_is_replayed() {
     let upstream = start_upstream().await;
     let proxy = ProxyProcess::start_logging(upstream.addr, ROUTES, "info");
     let key = [("idempotency-key", "before-rename")];
@@ -107,7 +108,7 @@ async fn a_reload_that_renames_a_route_warns_that_it_re_keys_requests() {
     assert!(line.contains("WARN"), "{line}");
     assert!(
         line.contains(r#"route "orders" renamed to "purchases""#)
-            && line.contains("retries and duplicates of earlier requests run again"),
+            && line.contains("the previous keys are honoured until"),
         "{line}"
     );
     assert!(
@@ -115,8 +116,17 @@ async fn a_reload_that_renames_a_route_warns_that_it_re_keys_requests() {
         "an unchanged route is not named: {line}"
     );
     let retry = post(proxy.addr, "/orders", &key, "{}").await;
-    assert!(!retry.replayed(), "the retry got a new key");
-    assert_eq!(upstream.executed_for("before-rename"), 2);
+    assert!(
+        retry.replayed(),
+        "the retry was answered from its previous key"
+    );
+    assert_eq!(upstream.executed_for("before-rename"), 1);
+    let found = r#"idemgate_rekeyed_total{route="purchases",found="done"}"#;
+    assert_eq!(common::metric(proxy.admin, found).await, 1.0);
+    let again = post(proxy.addr, "/orders", &key, "{}").await;
+    assert!(again.replayed(), "and from its new key after that");
+    assert_eq!(common::metric(proxy.admin, found).await, 1.0);
+    assert_eq!(upstream.executed_for("before-rename"), 1);
 }
 
 /// SIGHUP swaps the upstream for the requests that follow, and a client's open keep-alive

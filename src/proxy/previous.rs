@@ -1,0 +1,352 @@
+//! Keys made by an earlier config. A reload that changes how keys are made
+//! ([`Config::rekeyed_by`]) would give the retries of requests answered before it, and the
+//! duplicates of requests still running across it, new keys, and so run them again. So the
+//! config that ran before is kept as a *previous generation* for as long as a record it
+//! wrote can live ([`Generations::after_reload`]), and a protected request that owns its key
+//! (K) also claims the key that generation gave it (K'), the ordinary way, before anything
+//! goes out ([`claim_older`]): a free K' is held while the request runs, then released (the
+//! answer lives under K); an answer under K' is settled under K and replayed; anything else
+//! under K' answers the request as it would answer a duplicate of K', and frees K, so a
+//! later retry looks at K' again.
+//!
+//! A restart knows no previous config: the keys of the one before it are not looked at.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Method, Response};
+
+use super::body::ProxyBody;
+use super::protected::{claim_args, replay, request_view, Context, Report, RETRY_AFTER_SECS};
+use crate::config::{Config, InFlightMode, Protected, Protection};
+use crate::error::ProxyError;
+use crate::key::{derive_key, Derived, KeyError, KeySource};
+use crate::metrics::Outcome;
+use crate::store::{Claim, ClaimMode, Lease, Settlement, StoreError, StoredResponse};
+
+/// The most previous generations kept: a reload beyond drops the oldest, with a warning.
+pub const MAX_GENERATIONS: usize = 4;
+
+/// One config that ran before a reload re-keyed requests, kept until every record it could
+/// have written has expired.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    config: Arc<Config>,
+    until: Instant,
+}
+
+/// The previous generations still honoured, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct Generations(Vec<Generation>);
+
+impl Generations {
+    /// The generations a reload from `current` keeps: those still live, and `current`
+    /// itself in front when the reload re-keys requests. Returns them with when `current`'s
+    /// keys stop being honoured (`None` if it is not kept).
+    pub fn after_reload(&self, current: &Arc<Config>, rekeys: bool) -> (Self, Option<SystemTime>) {
+        let now = Instant::now();
+        let mut kept: Vec<Generation> = self.0.iter().filter(|g| g.until > now).cloned().collect();
+        let mut honoured = None;
+        if rekeys {
+            let lifetime = key_lifetime(current);
+            kept.insert(
+                0,
+                Generation {
+                    config: Arc::clone(current),
+                    until: now + lifetime,
+                },
+            );
+            honoured = Some(SystemTime::now() + lifetime);
+        }
+        if kept.len() > MAX_GENERATIONS {
+            kept.truncate(MAX_GENERATIONS);
+            tracing::warn!(
+                kept = MAX_GENERATIONS,
+                "more reloads re-keyed requests than are remembered: the keys of the oldest config are no longer honoured, and its retries run again"
+            );
+        }
+        (Self(kept), honoured)
+    }
+
+    /// The rules each live generation would have protected this request with, newest
+    /// first: enforced routes only (an observed one forwarded its duplicates anyway), and
+    /// no one-time tokens (a token is spent once, whatever the route; both sides must be
+    /// other rules).
+    pub fn rules_for(
+        &self,
+        now: &Protected,
+        host: Option<&str>,
+        method: &Method,
+        path: &str,
+    ) -> Vec<Arc<Protected>> {
+        if self.0.is_empty() || now.policy.observe || is_token(now) {
+            return Vec::new();
+        }
+        let at = Instant::now();
+        self.0
+            .iter()
+            .filter(|g| g.until > at)
+            .filter_map(|g| match g.config.protection_for(host, method, path).1 {
+                Protection::On(rule) if !rule.policy.observe && !is_token(rule) => {
+                    Some(Arc::clone(rule))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn is_token(rule: &Protected) -> bool {
+    matches!(rule.key.source, KeySource::Token(_))
+}
+
+/// The longest a record `config` wrote can live: a claim made just before the reload may
+/// run on for `background_timeout` (and lapse a `lease` after its last renewal), then its
+/// record lives for the route's window (`ttl`, which is `fingerprint_ttl` where idemgate
+/// derives the key) or, held as an unknown outcome, at least the background bound.
+fn key_lifetime(config: &Config) -> Duration {
+    let rules = config
+        .routes
+        .iter()
+        .map(|r| &r.protection)
+        .chain([&config.fallback]);
+    rules
+        .filter_map(|p| match p {
+            Protection::On(rule) => {
+                let p = &rule.policy;
+                Some(p.lease + p.background_timeout + p.ttl.max(p.background_timeout))
+            }
+            Protection::Off(_) => None,
+        })
+        .max()
+        .unwrap_or_default()
+}
+
+/// What the claims of the earlier keys decided.
+pub(super) enum Older {
+    /// Every earlier key was free: run the request under `lease`; `also` holds the earlier
+    /// keys until it settled.
+    Run { lease: Lease, also: Vec<Lease> },
+    /// An earlier key answered the request (K settled or freed).
+    Answered(Result<Response<ProxyBody>, ProxyError>),
+}
+
+/// With K owned (`lease`), claims the key each previous generation's rule (`cx.older`)
+/// gives this request, when it differs from `key`, and decides as [`Older`] says.
+pub(super) async fn claim_older(
+    cx: &Context<'_>,
+    rule: &Protected,
+    lease: Lease,
+    parts: &Parts,
+    body: &Bytes,
+    report: &mut Report,
+) -> Older {
+    let mut also: Vec<Lease> = Vec::new();
+    let mut seen = vec![lease.key()];
+    for old in cx.older {
+        let view = request_view(cx, old, parts, body);
+        // A request the old rule would not have keyed (or refused) left no record there.
+        let Ok(Derived::Key(derived)) = derive_key(&old.key, &view, None) else {
+            continue;
+        };
+        if seen.contains(&derived.key) {
+            continue;
+        }
+        seen.push(derived.key);
+        let mut args = claim_args(cx, old, &view, derived.key, derived.fingerprint);
+        // Its key was made by the old rule, its wait is this route's.
+        args.mode = ClaimMode::Any;
+        args.reissue = None;
+        args.waits = rule.policy.in_flight == InFlightMode::Wait;
+        args.route = cx.route_metrics.tag();
+        let found = claim_one(cx, rule, old, args).await;
+        cx.metrics.rekeyed(&rule.route, found.label());
+        match found {
+            Found::Free(l) => also.push(l),
+            Found::Done(stored, waited) => {
+                release_all(also).await;
+                report.outcome = Some(if waited {
+                    Outcome::Waited
+                } else {
+                    Outcome::Replayed
+                });
+                return Older::Answered(answer_from(rule, lease, stored).await);
+            }
+            Found::Other(answer, outcome) => {
+                release_all(also).await;
+                release(lease).await;
+                report.outcome = outcome;
+                return Older::Answered(answer);
+            }
+        }
+    }
+    Older::Run { lease, also }
+}
+
+/// What one earlier key held.
+enum Found {
+    /// Free: claimed, to be released once the request settled K.
+    Free(Lease),
+    /// An answer (opened), found at once or after waiting.
+    Done(StoredResponse, bool),
+    /// What a duplicate of that key gets, with its outcome when not told by the error.
+    Other(Result<Response<ProxyBody>, ProxyError>, Option<Outcome>),
+}
+
+impl Found {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Free(_) => "free",
+            Self::Done(..) => "done",
+            Self::Other(Ok(_), _) | Self::Other(Err(ProxyError::OwnerFailed), _) => "failed",
+            Self::Other(Err(ProxyError::Mismatch), _) => "mismatch",
+            Self::Other(Err(ProxyError::InFlight { .. }), _) => "in_flight",
+            Self::Other(Err(ProxyError::OutcomeUnknown { .. }), _) => "outcome_unknown",
+            Self::Other(Err(ProxyError::AnswerNotStored { .. }), _) => "not_stored",
+            Self::Other(Err(_), _) => "error",
+        }
+    }
+}
+
+/// Claims one earlier key as a duplicate claims its own: waiting while it is in flight
+/// (per this route's `in_flight`), then taking its outcome.
+async fn claim_one(
+    cx: &Context<'_>,
+    rule: &Protected,
+    old: &Protected,
+    mut args: crate::store::ClaimArgs,
+) -> Found {
+    let policy = &rule.policy;
+    let in_flight = || ProxyError::InFlight {
+        retry_after: RETRY_AFTER_SECS,
+    };
+    let mut since: Option<Instant> = None;
+    let waited = |since: Option<Instant>| {
+        if let Some(since) = since {
+            cx.route_metrics.waited(since.elapsed());
+        }
+    };
+    loop {
+        let claim = match cx.store.claim_with(args).await {
+            Ok(claim) => claim,
+            Err(e) => {
+                waited(since);
+                tracing::warn!(error = %e, "store failed claiming the key of a previous config");
+                // K is this request's, but the store did not say whether K' ran: it is
+                // not forwarded, whatever `on_store_error` says.
+                let error = match e {
+                    StoreError::CallerFull => ProxyError::CallerOverShare,
+                    StoreError::FoundInFlight(_) => in_flight(),
+                    _ if since.is_some() => in_flight(),
+                    e => e.into(),
+                };
+                return Found::Other(Err(error), None);
+            }
+        };
+        if !matches!(claim, Claim::InFlight(_)) {
+            waited(since);
+        }
+        let opened = |stored: StoredResponse| {
+            stored
+                .open(old.sealing.as_deref(), args.key)
+                .map_err(ProxyError::Unsealable)
+        };
+        return match claim {
+            Claim::Owner(lease) => Found::Free(lease),
+            Claim::Done(stored) => match opened(stored) {
+                Ok(stored) => Found::Done(stored, since.is_some()),
+                Err(e) => Found::Other(Err(e), None),
+            },
+            Claim::Failed(Some(stored)) => Found::Other(
+                opened(stored).map(|s| replay(&s)),
+                Some(Outcome::FailureShared),
+            ),
+            // The owner waited on freed K' without a failure to share: a request that
+            // ran under a key of its own under this config (it held K' beside it), one
+            // that never went out, or a failure whose record is gone. Looked at again as a
+            // new request looks, as a retry would.
+            Claim::Failed(None) if args.after.is_some() => {
+                args.after = None;
+                args.takes_over = false;
+                continue;
+            }
+            Claim::Failed(None) => Found::Other(Err(ProxyError::OwnerFailed), None),
+            Claim::NotStored(record) => Found::Other(
+                Err(ProxyError::AnswerNotStored {
+                    status: record.status,
+                }),
+                None,
+            ),
+            Claim::OutcomeUnknown(unknown) => Found::Other(
+                Err(ProxyError::OutcomeUnknown {
+                    until: unknown.until,
+                }),
+                None,
+            ),
+            Claim::Mismatch => Found::Other(Err(ProxyError::Mismatch), None),
+            Claim::NotIssued => Found::Other(Err(KeyError::TokenInvalid.into()), None),
+            Claim::InFlight(waiter) => {
+                if policy.in_flight == InFlightMode::Reject {
+                    return Found::Other(Err(in_flight()), None);
+                }
+                let start = *since.get_or_insert_with(Instant::now);
+                args.after = waiter.owner();
+                args.takes_over = waiter.owner_lapsed();
+                let _waiting = cx.metrics.duplicate_waiting();
+                let woken = tokio::select! {
+                    woken = waiter.wait(start + policy.wait_timeout) => woken,
+                    () = cx.stopping.answer_now() => false,
+                };
+                if !woken {
+                    waited(since);
+                    return Found::Other(Err(in_flight()), None);
+                }
+                continue;
+            }
+        };
+    }
+}
+
+/// Settles K with the answer found under K' (for the route's `ttl`: about what K' had
+/// left, never longer than this route replays) and replays it.
+async fn answer_from(
+    rule: &Protected,
+    lease: Lease,
+    stored: StoredResponse,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let response = replay(&stored);
+    let key = lease.key();
+    // Stamped with K's payload before it is sealed for K: the seal binds both.
+    let record = stored.with_fingerprint(lease.fingerprint());
+    let record = match rule.sealing.as_deref() {
+        Some(ring) => record.seal(ring, key),
+        None => record,
+    };
+    let ttl = rule.policy.ttl;
+    if let Err(e) = lease
+        .settle(Settlement::Done {
+            response: record,
+            ttl,
+        })
+        .await
+    {
+        tracing::warn!(error = %e, "could not store the previous key's answer under the new key; retrying in the background");
+    }
+    Ok(response)
+}
+
+/// Frees a key this request claimed and did not run under.
+async fn release(lease: Lease) {
+    if let Err(e) = lease.release().await {
+        tracing::warn!(error = %e, "could not free a claimed key; retrying in the background");
+    }
+}
+
+/// Frees the earlier keys held beside K.
+pub(super) async fn release_all(also: Vec<Lease>) {
+    for lease in also {
+        release(lease).await;
+    }
+}

@@ -1,0 +1,130 @@
+//! A reload that changes how keys are made keeps honouring the keys the config before it
+//! made: retries of requests answered before it are replayed, duplicates of requests still
+//! running across it wait for them, a key reused with another payload is still a 422; and
+//! a reload that changes no key makes no second claim.
+
+use std::sync::Arc;
+
+use http::StatusCode;
+
+use crate::common::{self, post, start_proxy_with_admin, start_upstream, ProxyHandle, Upstream};
+use crate::ROUTES;
+
+/// `ROUTES` with the `orders` route renamed: every key of its requests changes.
+fn renamed() -> String {
+    ROUTES.replace("- name: orders\n", "- name: purchases\n")
+}
+
+/// Swaps in `rest` as `Proxy::reload` does on SIGHUP.
+fn reload(proxy: &ProxyHandle, upstream: &Upstream, rest: &str) -> idemgate::proxy::Reloaded {
+    let text = common::with_upstream_protocol(&format!(
+        "listen: 127.0.0.1:0\nupstream: http://{}\n{rest}",
+        upstream.addr
+    ));
+    let config = idemgate::config::Config::parse(&text, "test.yaml").expect("test config");
+    proxy.proxy.reload(Arc::new(config))
+}
+
+fn rekeyed(proxy: &ProxyHandle, route: &str, found: &str) -> f64 {
+    proxy.metric(&format!(
+        "idemgate_rekeyed_total{{route=\"{route}\",found=\"{found}\"}}"
+    ))
+}
+
+/// The owner is held at the upstream's gate across the reload; the duplicate sent after it
+/// has a new key, finds the key the old config gave it in flight, waits, and gets the
+/// owner's answer; the upstream ran it once. Its retry is replayed from the new key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_sent_after_a_rekeying_reload_waits_for_the_request_still_running() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [("idempotency-key", "across"), ("x-test-gate", "across")];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("across", 1).await;
+    let reloaded = reload(&proxy, &upstream, &renamed());
+    assert!(reloaded.honoured_until.is_some(), "{reloaded:?}");
+    let duplicate =
+        tokio::spawn(
+            async move { post(addr, "/orders", &[("idempotency-key", "across")], "{}").await },
+        );
+    proxy.metric_reaches("idemgate_waiting", 1.0).await;
+    upstream.open("across");
+    let first = owner.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let second = duplicate.await.unwrap();
+    assert!(second.replayed(), "the duplicate got the owner's answer");
+    assert_eq!(second.body, first.body);
+    assert_eq!(upstream.executed_for("across"), 1);
+    assert_eq!(rekeyed(&proxy, "purchases", "done"), 1.0);
+    let retry = post(addr, "/orders", &[("idempotency-key", "across")], "{}").await;
+    assert!(retry.replayed());
+    assert_eq!(upstream.executed_for("across"), 1);
+}
+
+/// A key reused with another payload is refused across the reload as before it, and the
+/// new key is left free: the retry with the first payload is still replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_with_another_payload_across_a_rekeying_reload_is_a_422() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let key = [("idempotency-key", "reused")];
+    let first = post(proxy.addr, "/orders", &key, r#"{"sku":"A1"}"#).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    reload(&proxy, &upstream, &renamed());
+    let other = post(proxy.addr, "/orders", &key, r#"{"sku":"B2"}"#).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(rekeyed(&proxy, "purchases", "mismatch"), 1.0);
+    let retry = post(proxy.addr, "/orders", &key, r#"{"sku":"A1"}"#).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.executed_for("reused"), 1);
+}
+
+/// A reload that changes no key (a policy) keeps no previous config, and requests make
+/// one claim; after a rename, requests on a route whose keys did not change make one
+/// claim too, and a new request on the renamed one runs once, its earlier key held beside
+/// and freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_requests_whose_keys_changed_claim_their_earlier_key() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let policies = ROUTES.replace("in_flight: reject\n", "in_flight: reject\n    ttl: 1h\n");
+    assert_ne!(policies, ROUTES);
+    let reloaded = reload(&proxy, &upstream, &policies);
+    assert!(reloaded.rekeyed.is_empty(), "{reloaded:?}");
+    assert!(reloaded.honoured_until.is_none());
+    for path in ["/orders", "/orders/quick"] {
+        let key = [("idempotency-key", "plain")];
+        assert!(!post(proxy.addr, path, &key, "{}").await.replayed());
+        assert!(post(proxy.addr, path, &key, "{}").await.replayed());
+    }
+    let text = proxy.proxy.metrics().render(proxy.store.stats());
+    assert!(!text.contains("idemgate_rekeyed_total{"), "{text}");
+
+    reload(
+        &proxy,
+        &upstream,
+        &renamed().replace("in_flight: reject\n", "in_flight: reject\n    ttl: 1h\n"),
+    );
+    let key = [("idempotency-key", "new")];
+    assert!(!post(proxy.addr, "/orders/quick", &key, "{}")
+        .await
+        .replayed());
+    assert!(!post(proxy.addr, "/orders", &key, "{}").await.replayed());
+    assert!(post(proxy.addr, "/orders", &key, "{}").await.replayed());
+    assert_eq!(upstream.executed_for("new"), 2);
+    let text = proxy.proxy.metrics().render(proxy.store.stats());
+    assert!(
+        !text.contains("idemgate_rekeyed_total{route=\"quick\""),
+        "{text}"
+    );
+    assert_eq!(rekeyed(&proxy, "purchases", "free"), 1.0, "{text}");
+    assert_eq!(
+        proxy.store.stats().in_flight,
+        0,
+        "the earlier key was freed"
+    );
+}
