@@ -1,8 +1,10 @@
 //! What a reload changes in how keys are made. A key holds its route's name, the caller's
 //! scope and the rule's material ([`crate::key`]); a reload that changes one of them, or
-//! which route a request falls to, gives the requests it covers new keys, so retries of
-//! earlier requests and duplicates of requests still running run again. `run` warns of it
-//! on SIGHUP, naming each route and why; `check` cannot, not knowing the previous config.
+//! which route a request falls to, gives the requests it covers new keys. Retries of
+//! earlier requests and duplicates of requests still running would run again, so such a
+//! reload keeps the config before it, whose keys requests claim too
+//! (`crate::proxy::previous`). `run` warns of it on SIGHUP, naming each route and why;
+//! `check` cannot, not knowing the previous config.
 
 use super::{Config, Protection, Route};
 use crate::key::{KeyRule, KeySource};
