@@ -50,15 +50,19 @@ impl Generations {
         let mut kept: Vec<Generation> = self.0.iter().filter(|g| g.until > now).cloned().collect();
         let mut honoured = None;
         if rekeys {
+            // A window too long for the clock (years) is honoured for a decade.
             let lifetime = key_lifetime(current);
+            let decade = Duration::from_secs(10 * 365 * 24 * 3600);
+            let until = now.checked_add(lifetime).unwrap_or(now + decade);
+            let wall = SystemTime::now();
             kept.insert(
                 0,
                 Generation {
                     config: Arc::clone(current),
-                    until: now + lifetime,
+                    until,
                 },
             );
-            honoured = Some(SystemTime::now() + lifetime);
+            honoured = Some(wall.checked_add(lifetime).unwrap_or(wall + decade));
         }
         if kept.len() > MAX_GENERATIONS {
             kept.truncate(MAX_GENERATIONS);
@@ -348,5 +352,57 @@ async fn release(lease: Lease) {
 pub(super) async fn release_all(also: Vec<Lease>) {
     for lease in also {
         release(lease).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(rest: &str) -> Arc<Config> {
+        let text = format!("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n{rest}");
+        Arc::new(Config::parse(&text, "proxy.yaml").unwrap())
+    }
+
+    /// The longest a record could live: the longest route's `ttl` (a fingerprint route's
+    /// `fingerprint_ttl`), after its claim's lease and background bound.
+    #[test]
+    fn a_generation_lives_as_long_as_the_longest_record_it_could_write() {
+        let c = config(
+            "defaults: { ttl: 1h, fingerprint_ttl: 2m, lease: 10s, background_timeout: 5m }\nroutes:\n  - name: a\n    match: { path: /a }\n    key: { header: Idempotency-Key }\n    ttl: 3h\n  - name: b\n    match: { path: /b }\n    idempotency: off\n",
+        );
+        let secs = |s: u64| Duration::from_secs(s);
+        assert_eq!(key_lifetime(&c), secs(10) + secs(300) + secs(3 * 3600));
+        let short = config(
+            "defaults: { ttl: 1m, fingerprint_ttl: 1m, lease: 10s, background_timeout: 5m }\n",
+        );
+        assert_eq!(key_lifetime(&short), secs(10) + secs(300) + secs(300));
+    }
+
+    /// Only a re-keying reload keeps the config before it, newest first, and no more than
+    /// [`MAX_GENERATIONS`]: the oldest is dropped.
+    #[test]
+    fn a_reload_keeps_the_config_before_it_only_when_it_re_keys_and_at_most_four() {
+        let none = Generations::default();
+        let (kept, honoured) = none.after_reload(&config(""), false);
+        assert!(kept.0.is_empty() && honoured.is_none());
+        let configs: Vec<_> = (0..6)
+            .map(|i| config(&format!("drain_timeout: {}s\n", i + 1)))
+            .collect();
+        let mut kept = Generations::default();
+        for c in &configs {
+            let (next, honoured) = kept.after_reload(c, true);
+            assert!(honoured.is_some_and(|t| t > SystemTime::now()));
+            kept = next;
+        }
+        let held: Vec<_> = kept
+            .0
+            .iter()
+            .map(|g| g.config.drain_timeout.as_secs())
+            .collect();
+        assert_eq!(held, [6, 5, 4, 3]);
+        let (same, honoured) = kept.after_reload(&configs[0], false);
+        assert!(honoured.is_none());
+        assert_eq!(same.0.len(), MAX_GENERATIONS);
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
+use crate::common::redis_server::RedisServer;
 use crate::common::{self, post, start_proxy_with_admin, start_upstream, ProxyHandle, Upstream};
 use crate::ROUTES;
 
@@ -36,15 +37,28 @@ fn rekeyed(proxy: &ProxyHandle, route: &str, found: &str) -> f64 {
 /// owner's answer; the upstream ran it once. Its retry is replayed from the new key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_sent_after_a_rekeying_reload_waits_for_the_request_still_running() {
+    duplicate_across_a_rekeying_reload(ROUTES).await;
+}
+
+/// The same on Redis, where the duplicate waits on the earlier key's channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_across_a_rekeying_reload_waits_on_redis_too() {
+    let redis = RedisServer::start();
+    let store = format!("store:\n  redis: {{ url: \"{}\" }}\n", redis.url());
+    duplicate_across_a_rekeying_reload(&format!("{store}{ROUTES}")).await;
+}
+
+async fn duplicate_across_a_rekeying_reload(config: &str) {
     let upstream = start_upstream().await;
-    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let proxy = start_proxy_with_admin(upstream.addr, config, None).await;
     let addr = proxy.addr;
     let owner = tokio::spawn(async move {
         let headers = [("idempotency-key", "across"), ("x-test-gate", "across")];
         post(addr, "/orders", &headers, "{}").await
     });
     upstream.arrived("across", 1).await;
-    let reloaded = reload(&proxy, &upstream, &renamed());
+    let renamed = config.replace("- name: orders\n", "- name: purchases\n");
+    let reloaded = reload(&proxy, &upstream, &renamed);
     assert!(reloaded.honoured_until.is_some(), "{reloaded:?}");
     let duplicate =
         tokio::spawn(
