@@ -142,3 +142,70 @@ async fn only_requests_whose_keys_changed_claim_their_earlier_key() {
         "the earlier key was freed"
     );
 }
+
+/// With `store.encrypt`, a reload that renames the route and rotates the sealing key at
+/// once: the answer sealed for the old key under the old ring is opened, replayed, and
+/// stored again sealed for the new key under the new ring, whose next retry replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_answer_is_carried_to_the_new_key_under_the_new_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, byte: u8| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("{}\n", hex::encode([byte; 32]))).unwrap();
+        path
+    };
+    let (k1, k2) = (write("k1", 1), write("k2", 2));
+    let sealed = |key: &std::path::Path| {
+        format!(
+            "store: {{ encrypt: {{ key_file: {} }} }}\n{ROUTES}",
+            key.display()
+        )
+    };
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, &sealed(&k1), None).await;
+    let key = [("idempotency-key", "sealed")];
+    let first = post(proxy.addr, "/orders", &key, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let rotated = sealed(&k2).replace("- name: orders\n", "- name: purchases\n");
+    reload(&proxy, &upstream, &rotated);
+    for _ in 0..2 {
+        let retry = post(proxy.addr, "/orders", &key, "{}").await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert!(retry.replayed());
+        assert_eq!(retry.body, first.body);
+    }
+    assert_eq!(rekeyed(&proxy, "purchases", "done"), 1.0);
+    assert_eq!(upstream.executed_for("sealed"), 1);
+}
+
+/// On a route with `in_flight: reject`, the duplicate across the reload gets the 409 its
+/// earlier key's request in flight gives, and leaves its new key free: once the owner
+/// answered, the next retry is replayed, not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_across_a_rekeying_reload_on_a_rejecting_route_gets_409_and_frees_its_key() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [("idempotency-key", "quick"), ("x-test-gate", "quick")];
+        post(addr, "/orders/quick", &headers, "{}").await
+    });
+    upstream.arrived("quick", 1).await;
+    reload(
+        &proxy,
+        &upstream,
+        &ROUTES.replace("- name: quick\n", "- name: fast\n"),
+    );
+    let key = [("idempotency-key", "quick")];
+    let refused = post(addr, "/orders/quick", &key, "{}").await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    assert_eq!(refused.json()["type"], "urn:idemgate:problem:in-flight");
+    assert_eq!(rekeyed(&proxy, "fast", "in_flight"), 1.0);
+    upstream.open("quick");
+    let first = owner.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let retry = post(addr, "/orders/quick", &key, "{}").await;
+    assert!(retry.replayed(), "the new key was freed: {}", retry.status);
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.executed_for("quick"), 1);
+}
