@@ -75,9 +75,11 @@ impl Generations {
     }
 
     /// The rules each live generation would have protected this request with, newest
-    /// first: enforced routes only (an observed one forwarded its duplicates anyway), and
-    /// no one-time tokens (a token is spent once, whatever the route; both sides must be
-    /// other rules).
+    /// first: enforced routes only (an observed one forwarded its duplicates anyway), no
+    /// one-time tokens (a token is spent once, whatever the route; both sides must be other
+    /// rules), and only where callers are told apart as now (the same `scope` and identity
+    /// settings). Where they are not, a key the old config gave two callers alike could
+    /// hand one the other's answer, which no retry is worth: those requests run again.
     pub fn rules_for(
         &self,
         now: &Protected,
@@ -93,7 +95,12 @@ impl Generations {
             .iter()
             .filter(|g| g.until > at)
             .filter_map(|g| match g.config.protection_for(host, method, path).1 {
-                Protection::On(rule) if !rule.policy.observe && !is_token(rule) => {
+                Protection::On(rule)
+                    if !rule.policy.observe
+                        && !is_token(rule)
+                        && rule.key.scope == now.key.scope
+                        && rule.identity == now.identity =>
+                {
                     Some(Arc::clone(rule))
                 }
                 _ => None,

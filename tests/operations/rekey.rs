@@ -209,3 +209,27 @@ async fn a_duplicate_across_a_rekeying_reload_on_a_rejecting_route_gets_409_and_
     assert_eq!(retry.body, first.body);
     assert_eq!(upstream.executed_for("quick"), 1);
 }
+
+/// A reload that tells callers apart more finely (a credential header joins the caller)
+/// must not hand a caller another's answer from a key the old config shared between them:
+/// the other caller's request runs, and the first caller's retry is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_tells_callers_apart_does_not_share_the_old_keys_between_them() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let as_caller = |who: &'static str| [("idempotency-key", "shared"), ("x-tenant-key", who)];
+    let alice = post(proxy.addr, "/orders", &as_caller("alice"), "{}").await;
+    assert_eq!(alice.status, StatusCode::CREATED);
+    let reloaded = reload(
+        &proxy,
+        &upstream,
+        &format!("credential_headers: [X-Tenant-Key]\n{ROUTES}"),
+    );
+    assert!(reloaded
+        .rekeyed
+        .iter()
+        .any(|r| r.contains("credential_headers")));
+    let bob = post(proxy.addr, "/orders", &as_caller("bob"), "{}").await;
+    assert!(!bob.replayed(), "bob never gets alice's answer");
+    assert_eq!(upstream.executed_for("shared"), 2);
+}
