@@ -12,21 +12,25 @@ pub(super) enum Condition {
     Any,
     /// Only a record one of these names. A weak tag is left out (`If-Match` compares
     /// strongly), as is a tag this proxy never wrote: neither names a record, and a list of
-    /// nothing else is met by none.
+    /// nothing else (or of no tag at all) is met by none.
     OneOf(Vec<Revision>),
 }
 
 /// The request's condition; `None` if its `If-Match` is neither `*` nor a list of entity
 /// tags.
 pub(super) fn condition(headers: &HeaderMap) -> Option<Condition> {
-    let mut elements = Vec::new();
-    for field in headers.get_all(header::IF_MATCH) {
-        elements.extend(list(field.as_bytes())?);
-    }
-    if elements.is_empty() {
-        // No field, or only empty list elements (which a recipient ignores).
+    let mut fields = headers.get_all(header::IF_MATCH).iter().peekable();
+    if fields.peek().is_none() {
         return Some(Condition::Any);
     }
+    let mut elements = Vec::new();
+    for field in fields {
+        elements.extend(list(field.as_bytes())?);
+    }
+    // A field with no tag in it (`If-Match:` from a script whose tag came out empty) is a
+    // list of none: not `*`, and no tag of it matches, so the condition is false (RFC 9110
+    // §13.1.1), met by no record. Read as no condition, it would delete whatever the key
+    // holds now.
     if elements.contains(&&b"*"[..]) {
         // `*` stands alone: `If-Match = "*" / #entity-tag`.
         return (elements.len() == 1).then_some(Condition::Any);
@@ -127,6 +131,19 @@ mod tests {
             Some(Condition::OneOf(vec![])),
             "a weak tag never matches"
         );
+    }
+
+    /// A field with no tag in it is a list of none (RFC 9110 §13.1.1: neither `*` nor a
+    /// listed tag, the condition is false): it names no record, rather than any.
+    #[test]
+    fn a_field_of_no_tag_names_no_record() {
+        for no_tag in ["", " ", ",", " , ,\t"] {
+            assert_eq!(
+                condition_of(&[no_tag]),
+                Some(Condition::OneOf(vec![])),
+                "{no_tag:?}"
+            );
+        }
     }
 
     #[test]

@@ -322,6 +322,38 @@ async fn admin_purges_only_the_record_its_if_match_names() {
     assert_eq!(upstream.executed_for("tagged"), 3);
 }
 
+/// An `If-Match` field sent with no entity tag in it (`If-Match:` from a script whose tag
+/// variable was empty) is a list of none, which no record matches (RFC 9110 §13.1.1): 412,
+/// nothing deleted, the retry replays. Read as no condition, it deleted the answer and the
+/// retry ran the request again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_purge_with_an_if_match_of_no_tag_deletes_nothing() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let headers = [("idempotency-key", "untagged")];
+    let digest = common::stored_key(&proxy, "/orders", &headers, b"{}");
+    let path = format!("/keys/{digest}");
+    assert!(!post(proxy.addr, "/orders", &headers, "{}").await.replayed());
+    for no_tag in ["", " ", ",", " , ,"] {
+        let answer = send(
+            proxy.admin,
+            Method::DELETE,
+            &path,
+            &[("if-match", no_tag)],
+            "",
+        )
+        .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::PRECONDITION_FAILED,
+            "If-Match: {no_tag:?}: {}",
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+    assert!(post(proxy.addr, "/orders", &headers, "{}").await.replayed());
+    assert_eq!(upstream.executed_for("untagged"), 1, "the answer was left");
+}
+
 /// `GET /keys/{digest}` counts the duplicates waiting on a key in flight: none while only
 /// the owner runs, one once a duplicate is parked on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
