@@ -5,7 +5,8 @@
 //! proxy, so such a request is forwarded unprotected (never claimed, never replayed),
 //! counted as `caller_unknown`, on enforcing and observed routes, and on token routes. A
 //! caller named otherwise (`Authorization`, a session cookie), a trusted peer without
-//! `X-Forwarded-For` (itself the caller) and a valid entry are protected as ever.
+//! `X-Forwarded-For` (itself the caller) and a valid entry are protected as ever; a trusted
+//! peer that names its client only in `Forwarded`, which is not read, names no one.
 //!
 //! The test client, on 127.0.0.1, is the trusted proxy.
 
@@ -96,6 +97,11 @@ async fn clients_a_trusted_proxy_cannot_name_never_share_an_answer() {
         let (ran, replayed) = twice(&proxy, &upstream, "/orders", &[xff, mixed_in], body).await;
         assert_eq!((ran, replayed), (2, false), "{mixed_in:?} with the address");
     }
+    // A proxy that names its client only in `Forwarded` (RFC 7239, not read) names no one
+    // idemgate can tell apart either.
+    let rfc7239 = ("forwarded", "for=203.0.113.9;proto=https");
+    let (ran, replayed) = twice(&proxy, &upstream, "/orders", &[rfc7239], body).await;
+    assert_eq!((ran, replayed), (2, false), "Forwarded alone");
     assert_eq!(
         counted(&proxy, "orders", "executed"),
         0.0,

@@ -366,9 +366,11 @@ impl TrustedProxies {
     /// The client's address: `peer`, or behind a trusted peer the right-most
     /// `X-Forwarded-For` entry that is not trusted (the left-most when all are). A trusted
     /// peer that sends no `X-Forwarded-For` is itself the client (a call from inside the
-    /// trusted network). One whose header reaches a malformed entry before an untrusted
-    /// one, or holds no entry at all, forwards a client it cannot name: taking the peer
-    /// instead would make every such client behind it one caller.
+    /// trusted network), unless it sends `Forwarded` (RFC 7239, which is not read here): a
+    /// proxy that names its client only there, one whose header reaches a malformed entry
+    /// before an untrusted one, or one whose header holds no entry at all forwards a client
+    /// this cannot name: taking the peer instead would make every such client behind it
+    /// one caller.
     pub fn client_address(&self, peer: IpAddr, headers: &HeaderMap) -> ClientAddress {
         let peer = peer.to_canonical();
         if self.0.is_empty() || !self.contains(peer) {
@@ -376,7 +378,11 @@ impl TrustedProxies {
         }
         let mut fields = headers.get_all(&X_FORWARDED_FOR).iter().rev().peekable();
         if fields.peek().is_none() {
-            return ClientAddress::Named(peer);
+            return if headers.contains_key(http::header::FORWARDED) {
+                ClientAddress::Unnamed
+            } else {
+                ClientAddress::Named(peer)
+            };
         }
         let mut client = None;
         for value in fields {

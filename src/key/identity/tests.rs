@@ -130,6 +130,27 @@ fn a_malformed_entry_from_a_trusted_peer_names_no_client() {
         t.client_address(ip("10.0.0.1"), &HeaderMap::new()),
         named("10.0.0.1")
     );
+    // A proxy that names its client only in `Forwarded`, which is not read, names no one
+    // this can tell apart; beside an `X-Forwarded-For`, that header decides.
+    let mut forwarded = HeaderMap::new();
+    forwarded.insert(
+        http::header::FORWARDED,
+        HeaderValue::from_static("for=203.0.113.9;proto=https"),
+    );
+    assert_eq!(
+        t.client_address(ip("10.0.0.1"), &forwarded),
+        ClientAddress::Unnamed
+    );
+    forwarded.insert(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.9"));
+    assert_eq!(
+        t.client_address(ip("10.0.0.1"), &forwarded),
+        named("203.0.113.9")
+    );
+    // From an untrusted peer neither is read.
+    assert_eq!(
+        t.client_address(ip("192.0.2.1"), &forwarded),
+        named("192.0.2.1")
+    );
     // Garbage left of the client's entry is never read.
     let h = xff(&["garbage, 203.0.113.9"]);
     assert_eq!(t.client_address(ip("10.0.0.1"), &h), named("203.0.113.9"));
