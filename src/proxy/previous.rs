@@ -77,9 +77,11 @@ impl Generations {
     /// The rules each live generation would have protected this request with, newest
     /// first: enforced routes only (an observed one forwarded its duplicates anyway), no
     /// one-time tokens (a token is spent once, whatever the route; both sides must be other
-    /// rules), and only where callers are told apart as now (the same `scope` and identity
-    /// settings). Where they are not, a key the old config gave two callers alike could
-    /// hand one the other's answer, which no retry is worth: those requests run again.
+    /// rules), and only where requests are told apart at least as finely as now: the same
+    /// `scope` and identity settings, and key material that tells apart all the new rule
+    /// does ([`tells_apart_as_finely`]). Where they are not, a key the old config gave two
+    /// callers, or two requests the new config tells apart, would hand one the other's
+    /// answer, which no retry is worth: those requests run again.
     pub fn rules_for(
         &self,
         now: &Protected,
@@ -99,7 +101,8 @@ impl Generations {
                     if !rule.policy.observe
                         && !is_token(rule)
                         && rule.key.scope == now.key.scope
-                        && rule.identity == now.identity =>
+                        && rule.identity == now.identity
+                        && tells_apart_as_finely(&rule.key.source, &now.key.source) =>
                 {
                     Some(Arc::clone(rule))
                 }
@@ -111,6 +114,27 @@ impl Generations {
 
 fn is_token(rule: &Protected) -> bool {
     matches!(rule.key.source, KeySource::Token(_))
+}
+
+/// Whether two requests that share a key under `old` always share one under `now` too:
+/// the old key then names one request as the new config sees it, and its answer is that
+/// request's. Method, host and scope hash alike in both; the path is in a `fields` or
+/// fingerprint key, and a client key's payload check compares it (a route split in two
+/// makes the other path's reuse of a client key a 422, as before the reload). A record under a coarser old key (a field added to the key, fingerprints
+/// replaced by client keys) may be another request's: since its record cannot say whose
+/// (a `fields` or `fingerprint` key stores no payload to compare), it is not looked at,
+/// and the retries of requests answered before the reload run again. Only what is plain
+/// from the rules counts: the same client key header, a `fields` key whose fields all
+/// stay in the new one, a fingerprint that covered all the new one does.
+fn tells_apart_as_finely(old: &KeySource, now: &KeySource) -> bool {
+    match (old, now) {
+        (KeySource::Header(was), KeySource::Header(is)) => was == is,
+        (KeySource::Fields(was), KeySource::Fields(is)) => is.iter().all(|p| was.contains(p)),
+        (KeySource::Fingerprint(was), KeySource::Fingerprint(is)) => {
+            (was.query || !is.query) && (was.body || !is.body) && was.ignore == is.ignore
+        }
+        _ => false,
+    }
 }
 
 /// The longest a record `config` wrote can live: a claim made just before the reload may
@@ -384,6 +408,37 @@ mod tests {
             "defaults: { ttl: 1m, fingerprint_ttl: 1m, lease: 10s, background_timeout: 5m }\n",
         );
         assert_eq!(key_lifetime(&short), secs(10) + secs(300) + secs(300));
+    }
+
+    /// An old key is looked at only where it tells apart every pair of requests the new
+    /// one does: the same header; fields the new key keeps all of; a fingerprint covering
+    /// all the new one covers. Any other pair (another source, a field added) is not.
+    #[test]
+    fn an_old_key_counts_only_where_it_tells_requests_apart_as_finely() {
+        let source = |key: &str| {
+            let c = config(&format!("defaults: {{ key: {key} }}\n"));
+            match &c.fallback {
+                Protection::On(rule) => rule.key.source.clone(),
+                Protection::Off(_) => unreachable!("protected by default"),
+            }
+        };
+        let header = source("{ header: Idempotency-Key }");
+        let one = source("{ fields: [/a] }");
+        let two = source("{ fields: [/a, /b] }");
+        let body = source("{ fingerprint: { body: true, query: false } }");
+        let all = source("{ fingerprint: { body: true, query: true } }");
+        assert!(tells_apart_as_finely(&header, &header));
+        assert!(!tells_apart_as_finely(
+            &header,
+            &source("{ header: X-Request-Id }")
+        ));
+        assert!(tells_apart_as_finely(&two, &one));
+        assert!(!tells_apart_as_finely(&one, &two));
+        assert!(tells_apart_as_finely(&all, &body));
+        assert!(!tells_apart_as_finely(&body, &all));
+        for (old, now) in [(&all, &header), (&one, &all), (&header, &one)] {
+            assert!(!tells_apart_as_finely(old, now), "{old:?} -> {now:?}");
+        }
     }
 
     /// Only a re-keying reload keeps the config before it, newest first, and no more than

@@ -233,3 +233,81 @@ async fn a_reload_that_tells_callers_apart_does_not_share_the_old_keys_between_t
     assert!(!bob.replayed(), "bob never gets alice's answer");
     assert_eq!(upstream.executed_for("shared"), 2);
 }
+
+/// A `fields` route keyed by one field alone, as the first config has it.
+const REFUNDS: &str = r#"
+routes:
+  - name: refunds
+    match: { methods: [POST], path: /orders/refunds }
+    key: { fields: [/refund_id] }
+"#;
+
+/// A reload that adds a field to a route's key tells apart requests the old key merged:
+/// the old key (one refund id) must not hand the second refund of that id the first one's
+/// answer, since the new config says they are two requests (when unsure, they are).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_adds_a_field_to_the_key_does_not_answer_a_new_request_from_the_old_key() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, REFUNDS, None).await;
+    let tag = [("idempotency-key", "refund")];
+    let first = post(
+        proxy.addr,
+        "/orders/refunds",
+        &tag,
+        r#"{"refund_id":"r1","order_id":"o1"}"#,
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let finer = REFUNDS.replace("[/refund_id]", "[/refund_id, /order_id]");
+    assert!(!reload(&proxy, &upstream, &finer).rekeyed.is_empty());
+    let other = post(
+        proxy.addr,
+        "/orders/refunds",
+        &tag,
+        r#"{"refund_id":"r1","order_id":"o2"}"#,
+    )
+    .await;
+    assert!(!other.replayed(), "order o2's refund is not order o1's");
+    assert_eq!(upstream.executed_for("refund"), 2);
+}
+
+/// A reload from derived fingerprints to client keys tells apart two identical orders the
+/// client sends with two keys: the second must not get the first's answer from the
+/// fingerprint key the old config gave both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_from_fingerprints_to_client_keys_does_not_merge_two_keyed_requests() {
+    let fingerprinted = r#"
+routes:
+  - name: orders
+    match: { methods: [POST], path: /orders }
+    key: { fingerprint: { body: true } }
+"#;
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, fingerprinted, None).await;
+    let order = r#"{"sku":"A1"}"#;
+    let first = post(proxy.addr, "/orders", &[("idempotency-key", "one")], order).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    reload(&proxy, &upstream, &ROUTES);
+    let second = post(proxy.addr, "/orders", &[("idempotency-key", "two")], order).await;
+    assert!(!second.replayed(), "the client named it another request");
+    assert_eq!(upstream.executed_for("two"), 1);
+}
+
+/// A reload that drops a field from a route's key merges nothing the old key told apart:
+/// the retry of a request answered before it is still replayed from the old key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_drops_a_field_from_the_key_still_replays_earlier_answers() {
+    let upstream = start_upstream().await;
+    let both = REFUNDS.replace("[/refund_id]", "[/refund_id, /order_id]");
+    let proxy = start_proxy_with_admin(upstream.addr, &both, None).await;
+    let tag = [("idempotency-key", "refund")];
+    let body = r#"{"refund_id":"r1","order_id":"o1"}"#;
+    let first = post(proxy.addr, "/orders/refunds", &tag, body).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    reload(&proxy, &upstream, REFUNDS);
+    let retry = post(proxy.addr, "/orders/refunds", &tag, body).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.executed_for("refund"), 1);
+    assert_eq!(rekeyed(&proxy, "refunds", "done"), 1.0);
+}
