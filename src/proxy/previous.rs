@@ -102,7 +102,10 @@ impl Generations {
                         && !is_token(rule)
                         && rule.key.scope == now.key.scope
                         && rule.identity == now.identity
-                        && tells_apart_as_finely(&rule.key.source, &now.key.source) =>
+                        && tells_apart_as_finely(&rule.key.source, &now.key.source)
+                        // The same name and material make the same key: nothing to claim,
+                        // and no second derivation on every request of an unchanged route.
+                        && (rule.route != now.route || rule.key.source != now.key.source) =>
                 {
                     Some(Arc::clone(rule))
                 }
@@ -344,8 +347,9 @@ async fn claim_one(
     }
 }
 
-/// Settles K with the answer found under K' (for the route's `ttl`: about what K' had
-/// left, never longer than this route replays) and replays it.
+/// Settles K with the answer found under K' and replays it. K keeps it for this route's
+/// full `ttl` from now, not what K' had left (a record does not say): a retry is answered
+/// a little longer than the first answer alone would have been, never run again.
 async fn answer_from(
     rule: &Protected,
     lease: Lease,
@@ -439,6 +443,30 @@ mod tests {
         for (old, now) in [(&all, &header), (&one, &all), (&header, &one)] {
             assert!(!tells_apart_as_finely(old, now), "{old:?} -> {now:?}");
         }
+    }
+
+    /// After a reload that renames one route, only that route's requests get an old rule:
+    /// a route whose name and key material stayed makes the same key, so its requests
+    /// neither claim nor derive a second one for as long as the generation lives.
+    #[test]
+    fn only_routes_whose_keys_changed_get_an_old_rule() {
+        let routes = |orders: &str| {
+            config(&format!(
+                "routes:\n  - name: {orders}\n    match: {{ path: /orders }}\n    key: {{ header: Idempotency-Key }}\n  - name: quick\n    match: {{ path: /quick }}\n    key: {{ header: Idempotency-Key }}\n"
+            ))
+        };
+        let (old, new) = (routes("orders"), routes("purchases"));
+        let (kept, _) = Generations::default().after_reload(&old, true);
+        let rules = |path: &str| {
+            let Protection::On(now) = new.protection_for(None, &Method::POST, path).1 else {
+                unreachable!("protected")
+            };
+            kept.rules_for(now, None, &Method::POST, path)
+        };
+        let older = rules("/orders");
+        assert_eq!(older.len(), 1);
+        assert_eq!(older[0].route, "orders");
+        assert!(rules("/quick").is_empty());
     }
 
     /// Only a re-keying reload keeps the config before it, newest first, and no more than

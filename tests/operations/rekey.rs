@@ -311,3 +311,45 @@ async fn a_reload_that_drops_a_field_from_the_key_still_replays_earlier_answers(
     assert_eq!(upstream.executed_for("refund"), 1);
     assert_eq!(rekeyed(&proxy, "refunds", "done"), 1.0);
 }
+
+/// The duplicate across the reload owns its new key while it waits on the old one; its
+/// client leaving then frees the new key (nothing went out under it), so the retry that
+/// follows owns it, finds the owner's answer under the old key, and is replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_whose_client_leaves_while_it_waits_on_the_old_key_frees_its_new_key() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [("idempotency-key", "leaves"), ("x-test-gate", "leaves")];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("leaves", 1).await;
+    reload(&proxy, &upstream, &renamed());
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nhost: {addr}\r\nidempotency-key: leaves\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    proxy.metric_reaches("idemgate_waiting", 1.0).await;
+    assert_eq!(proxy.store.stats().in_flight, 2, "the old key and the new");
+    drop(stream);
+    // The proxy's own signal that the new key was let go: one claim is left, the owner's.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while proxy.store.stats().in_flight > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: the new key stayed claimed after its client left"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    upstream.open("leaves");
+    let first = owner.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let retry = post(addr, "/orders", &[("idempotency-key", "leaves")], "{}").await;
+    assert!(retry.replayed(), "{}", retry.status);
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.executed_for("leaves"), 1);
+    assert_eq!(proxy.store.stats().in_flight, 0);
+}
