@@ -258,7 +258,7 @@ async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
                     // `check` cannot say this: it does not know the config that ran before.
                     if let Some(until) = reloaded.honoured_until {
                         tracing::warn!(
-                            "reload re-keys requests: {}: the previous keys are honoured until {} where callers are told apart as before (retries and duplicates of earlier requests are answered from them; a restart forgets them)",
+                            "reload re-keys requests: {}: the previous keys are honoured until {} where callers and requests are told apart at least as finely as before (retries and duplicates of earlier requests are answered from them; a restart forgets them)",
                             reloaded.rekeyed.join("; "),
                             httpdate::fmt_http_date(until)
                         );
