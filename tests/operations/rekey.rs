@@ -287,7 +287,7 @@ routes:
     let order = r#"{"sku":"A1"}"#;
     let first = post(proxy.addr, "/orders", &[("idempotency-key", "one")], order).await;
     assert_eq!(first.status, StatusCode::CREATED);
-    reload(&proxy, &upstream, &ROUTES);
+    reload(&proxy, &upstream, ROUTES);
     let second = post(proxy.addr, "/orders", &[("idempotency-key", "two")], order).await;
     assert!(!second.replayed(), "the client named it another request");
     assert_eq!(upstream.executed_for("two"), 1);
