@@ -123,12 +123,13 @@ fn is_token(rule: &Protected) -> bool {
 /// the old key then names one request as the new config sees it, and its answer is that
 /// request's. Method, host and scope hash alike in both; the path is in a `fields` or
 /// fingerprint key, and a client key's payload check compares it (a route split in two
-/// makes the other path's reuse of a client key a 422, as before the reload). A record under a coarser old key (a field added to the key, fingerprints
-/// replaced by client keys) may be another request's: since its record cannot say whose
-/// (a `fields` or `fingerprint` key stores no payload to compare), it is not looked at,
-/// and the retries of requests answered before the reload run again. Only what is plain
-/// from the rules counts: the same client key header, a `fields` key whose fields all
-/// stay in the new one, a fingerprint that covered all the new one does.
+/// makes the other path's reuse of a client key a 422, as before the reload). A record
+/// under a coarser old key (a field added to the key, fingerprints replaced by client
+/// keys) may be another request's: since its record cannot say whose (a `fields` or
+/// `fingerprint` key stores no payload to compare), it is not looked at, and the retries
+/// of requests answered before the reload run again. Only what is plain from the rules
+/// counts: the same client key header, a `fields` key whose fields all stay in the new
+/// one, a fingerprint that covered all the new one does.
 fn tells_apart_as_finely(old: &KeySource, now: &KeySource) -> bool {
     match (old, now) {
         (KeySource::Header(was), KeySource::Header(is)) => was == is,
