@@ -143,6 +143,7 @@ impl UpstreamClient {
                 }
                 request::to_http2(&mut parts, &self.scheme, te_trailers)
                     .map_err(ProxyError::BadRequest)?;
+                let resend = Resend::of(&parts, &body);
                 // hyper's HTTP/2 client resets the stream on a body error and reports the
                 // reset, not the error: the watcher keeps it, to answer as HTTP/1.1 does.
                 let client_failed = Arc::new(std::sync::Mutex::new(None));
@@ -157,7 +158,7 @@ impl UpstreamClient {
                 let request = Request::from_parts(parts, body);
                 // Boxed: held inline, the HTTP/2 exchange's state would grow the future
                 // of every HTTP/1.1 request too, and with it what each poll copies.
-                let result = Box::pin(self.send_h2(pool, request, method, sending)).await;
+                let result = Box::pin(self.send_h2(pool, request, resend, method, sending)).await;
                 return match (result, crate::sync::lock(&client_failed).take()) {
                     (Err(ProxyError::UpstreamFailed(_)), Some(client)) => Err(client),
                     (result, _) => result,
@@ -217,12 +218,15 @@ impl UpstreamClient {
     }
 
     /// Sends `request` on a stream of an HTTP/2 connection. Only a request hyper gave back
-    /// unsent, or one the upstream provably did not process ([`h2_failed`]), is
-    /// [`ProxyError::UpstreamUnreachable`].
+    /// unsent, or one the upstream provably did not process ([`h2_refused`]), is
+    /// [`ProxyError::UpstreamUnreachable`]. A refused one that `resend` can build again
+    /// whole goes out once more, on another connection (Envoy's `refused-stream` retry):
+    /// the upstream said it did not run it, typically a graceful GOAWAY during a deploy.
     async fn send_h2(
         &self,
         pool: &Arc<pool::h2::Pool>,
         mut request: Request<ProxyBody>,
+        mut resend: Option<Resend>,
         method: http::Method,
         sending: &AtomicBool,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
@@ -245,7 +249,25 @@ impl UpstreamClient {
                         tracing::warn!(error = %e.error(), "upstream request not sent");
                         return Err(ProxyError::UpstreamUnreachable(e.error().to_string()));
                     }
-                    None => return Err(h2_failed(e.into_error())),
+                    None => {
+                        let e = e.into_error();
+                        let Some(refused) = h2_refused(&e) else {
+                            return Err(failed(e));
+                        };
+                        // Not on the connection that refused it: one refusing streams
+                        // (shutting down, over its own limit) would likely do it again.
+                        pool.forget(&stream);
+                        if let Some(again) = resend.take() {
+                            tracing::info!(error = %refused, "upstream refused the stream; sending it again");
+                            sending.store(false, Ordering::Relaxed);
+                            request = again.request();
+                            continue;
+                        }
+                        tracing::warn!(error = %refused, "upstream did not process the request");
+                        return Err(ProxyError::UpstreamUnreachable(format!(
+                            "the upstream refused the stream: {refused}"
+                        )));
+                    }
                 },
             };
             let (mut head, incoming) = response.into_parts();
@@ -265,26 +287,59 @@ impl UpstreamClient {
     }
 }
 
-/// A failed HTTP/2 exchange after hyper took the request. RFC 9113 §8.7: a stream the
-/// server reset with `REFUSED_STREAM`, or one above the last stream id of its GOAWAY
-/// (h2 fails exactly those, and requests made after it, with the GOAWAY's error), was not
-/// processed: [`ProxyError::UpstreamUnreachable`]. Anything else may have reached it.
-fn h2_failed(e: hyper::Error) -> ProxyError {
-    let mut source = std::error::Error::source(&e);
+/// Of a failed HTTP/2 exchange after hyper took the request, the server's refusal, if it
+/// was one. RFC 9113 §8.7: a stream the server reset with `REFUSED_STREAM`, or one above
+/// the last stream id of its GOAWAY (h2 fails exactly those, and requests made after it,
+/// with the GOAWAY's error), was not processed. Anything else may have reached it.
+fn h2_refused(e: &hyper::Error) -> Option<&h2::Error> {
+    let mut source = std::error::Error::source(e);
     while let Some(cause) = source {
         if let Some(h2) = cause.downcast_ref::<h2::Error>() {
             let refused = h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
-            if h2.is_remote() && (refused || h2.is_go_away()) {
-                tracing::warn!(error = %h2, "upstream did not process the request");
-                return ProxyError::UpstreamUnreachable(format!(
-                    "the upstream refused the stream: {h2}"
-                ));
-            }
-            break;
+            return (h2.is_remote() && (refused || h2.is_go_away())).then_some(h2);
         }
         source = cause.source();
     }
-    failed(e)
+    None
+}
+
+/// What it takes to send an HTTP/2 request again whole: its head and a body known in full
+/// (buffered, or none). A streamed body may be partly read by then and is never resent.
+struct Resend {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: http::HeaderMap,
+    body: Option<Bytes>,
+}
+
+impl Resend {
+    /// The copy of a request ready for HTTP/2 (`parts`, `body`), if its body is known in
+    /// full.
+    fn of(parts: &http::request::Parts, body: &ProxyBody) -> Option<Self> {
+        let body = match body {
+            ProxyBody::Full { data } => data.clone(),
+            // Nothing to read (no body at all, or `Content-Length: 0`).
+            other if other.is_end_stream() => None,
+            _ => return None,
+        };
+        Some(Self {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            version: parts.version,
+            headers: parts.headers.clone(),
+            body,
+        })
+    }
+
+    fn request(self) -> Request<ProxyBody> {
+        let mut request = Request::new(self.body.map_or_else(ProxyBody::empty, ProxyBody::full));
+        *request.method_mut() = self.method;
+        *request.uri_mut() = self.uri;
+        *request.version_mut() = self.version;
+        *request.headers_mut() = self.headers;
+        request
+    }
 }
 
 /// The error of a deadline that passed: see [`UpstreamClient::send`].

@@ -269,7 +269,8 @@ impl Pool {
     }
 
     /// Drops `stream`'s connection from the pool: hyper gave a request back on it, so its
-    /// task ended.
+    /// task ended, or the server refused the stream (a request sent again goes elsewhere).
+    /// Its open streams run on; it closes when they end.
     pub fn forget(&self, stream: &Stream) {
         crate::sync::lock(&self.conns).retain(|c| !Arc::ptr_eq(c, &stream.conn));
     }
