@@ -12,9 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use common::{post, start_proxy, Answer};
+use common::{go_away_below_every_stream, post, start_proxy, Answer};
 use http::StatusCode;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const ROUTES: &str = r#"
@@ -71,7 +70,10 @@ impl Upstream {
                 tokio::spawn(async move {
                     if conn == 0 && matches!(first, First::GoAwayBelow) {
                         firsts.store(false, Ordering::SeqCst);
-                        return go_away_below(stream, conn, &heads).await;
+                        return go_away_below_every_stream(stream, || {
+                            heads.lock().unwrap().push(conn)
+                        })
+                        .await;
                     }
                     serve(stream, conn, first, heads, ran, firsts).await;
                 });
@@ -125,34 +127,6 @@ async fn serve(
                 }
             }
         });
-    }
-}
-
-async fn go_away_below(mut stream: TcpStream, conn: usize, heads: &Mutex<Vec<usize>>) {
-    // An empty SETTINGS frame, as a server's preface.
-    stream
-        .write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0])
-        .await
-        .unwrap();
-    let mut preface = [0; 24];
-    stream.read_exact(&mut preface).await.unwrap();
-    loop {
-        let mut head = [0; 9];
-        if stream.read_exact(&mut head).await.is_err() {
-            return;
-        }
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let mut payload = vec![0; len];
-        stream.read_exact(&mut payload).await.unwrap();
-        if head[3] == 0x1 {
-            heads.lock().unwrap().push(conn);
-            // GOAWAY: last stream id 0, NO_ERROR.
-            let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-            stream.write_all(&goaway).await.unwrap();
-            let _ = stream.shutdown().await;
-            let _ = stream.read_to_end(&mut Vec::new()).await;
-            return;
-        }
     }
 }
 

@@ -11,9 +11,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::{post, send, start_proxy};
+use common::{go_away_below_every_stream, post, send, start_proxy};
 use http::{Method, StatusCode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 fn problem_type(a: &common::Answer) -> String {
@@ -235,35 +234,11 @@ async fn a_goaway_below_the_stream_releases_the_key() {
     let heads = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&heads);
     tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
+        while let Ok((stream, _)) = listener.accept().await {
             let count = Arc::clone(&count);
-            tokio::spawn(async move {
-                // An empty SETTINGS frame, as a server's preface.
-                stream
-                    .write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0])
-                    .await
-                    .unwrap();
-                let mut preface = [0; 24];
-                stream.read_exact(&mut preface).await.unwrap();
-                loop {
-                    let mut head = [0; 9];
-                    if stream.read_exact(&mut head).await.is_err() {
-                        return;
-                    }
-                    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-                    let mut payload = vec![0; len];
-                    stream.read_exact(&mut payload).await.unwrap();
-                    if head[3] == 0x1 {
-                        count.fetch_add(1, Ordering::SeqCst);
-                        // GOAWAY: last stream id 0, NO_ERROR.
-                        let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-                        stream.write_all(&goaway).await.unwrap();
-                        let _ = stream.shutdown().await;
-                        let _ = stream.read_to_end(&mut Vec::new()).await;
-                        return;
-                    }
-                }
-            });
+            tokio::spawn(go_away_below_every_stream(stream, move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            }));
         }
     });
     let proxy = start_proxy(addr, ORDERS).await;

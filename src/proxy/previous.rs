@@ -19,7 +19,9 @@ use http::request::Parts;
 use http::{Method, Response};
 
 use super::body::ProxyBody;
-use super::protected::{claim_args, replay, request_view, Context, Report, RETRY_AFTER_SECS};
+use super::protected::{
+    claim_args, replay, request_view, wait_for_owner, Context, Report, RETRY_AFTER_SECS,
+};
 use crate::config::{Config, InFlightMode, Protected, Protection};
 use crate::error::ProxyError;
 use crate::key::{derive_key, Derived, KeyError, KeySource};
@@ -331,14 +333,7 @@ async fn claim_one(
                     return Found::Other(Err(in_flight()), None);
                 }
                 let start = *since.get_or_insert_with(Instant::now);
-                args.after = waiter.owner();
-                args.takes_over = waiter.owner_lapsed();
-                let _waiting = cx.metrics.duplicate_waiting();
-                let woken = tokio::select! {
-                    woken = waiter.wait(start + policy.wait_timeout) => woken,
-                    () = cx.stopping.answer_now() => false,
-                };
-                if !woken {
+                if !wait_for_owner(cx, rule, waiter, &mut args, start).await {
                     waited(since);
                     return Found::Other(Err(in_flight()), None);
                 }

@@ -37,7 +37,7 @@ use crate::key::derive::scope_digest;
 use crate::key::{derive_key, Derived, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::store::{
-    CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Store, StoreError, StoredResponse,
+    CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Store, StoreError, StoredResponse, Waiter,
 };
 
 /// The header added to every replayed response.
@@ -262,21 +262,33 @@ pub async fn handle(
                     return Err(in_flight);
                 }
                 let since = *waiting_since.get_or_insert_with(Instant::now);
-                args.after = waiter.owner();
-                args.takes_over = waiter.owner_lapsed();
-                let _waiting = cx.metrics.duplicate_waiting();
-                // A shutdown whose drain would end first answers it as a wait that timed
-                // out, rather than cutting it off without an answer.
-                let woken = tokio::select! {
-                    woken = waiter.wait(since + policy.wait_timeout) => woken,
-                    () = cx.stopping.answer_now() => false,
-                };
-                if !woken {
+                if !wait_for_owner(&cx, rule, waiter, &mut args, since).await {
                     waited(waiting_since);
                     return Err(in_flight);
                 }
             }
         }
+    }
+}
+
+/// Waits, as a duplicate, for the owner `waiter` watches, until `wait_timeout` after
+/// `since` (when the duplicate first found the key in flight); `args` then name that owner
+/// for the next claim. False when the wait timed out, or when a shutdown's drain would end
+/// first: that answers it as a wait that timed out, rather than cutting it off without an
+/// answer.
+pub(super) async fn wait_for_owner(
+    cx: &Context<'_>,
+    rule: &Protected,
+    waiter: Waiter,
+    args: &mut ClaimArgs,
+    since: Instant,
+) -> bool {
+    args.after = waiter.owner();
+    args.takes_over = waiter.owner_lapsed();
+    let _waiting = cx.metrics.duplicate_waiting();
+    tokio::select! {
+        woken = waiter.wait(since + rule.policy.wait_timeout) => woken,
+        () = cx.stopping.answer_now() => false,
     }
 }
 
