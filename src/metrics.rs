@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -194,9 +194,12 @@ impl RouteMetrics {
         self.upstream.observe(took.as_secs_f64());
     }
 
-    /// Records how long a duplicate waited for its owner.
-    pub fn waited(&self, took: Duration) {
-        self.wait.observe(took.as_secs_f64());
+    /// Records how long a duplicate waited for its owner since it first found the key in
+    /// flight (`None`: it never waited, nothing to record).
+    pub fn waited(&self, since: Option<Instant>) {
+        if let Some(since) = since {
+            self.wait.observe(since.elapsed().as_secs_f64());
+        }
     }
 }
 

@@ -264,16 +264,11 @@ async fn claim_one(
         retry_after: RETRY_AFTER_SECS,
     };
     let mut since: Option<Instant> = None;
-    let waited = |since: Option<Instant>| {
-        if let Some(since) = since {
-            cx.route_metrics.waited(since.elapsed());
-        }
-    };
     loop {
         let claim = match cx.store.claim_with(args).await {
             Ok(claim) => claim,
             Err(e) => {
-                waited(since);
+                cx.route_metrics.waited(since);
                 tracing::warn!(error = %e, "store failed claiming the key of a previous config");
                 // K is this request's, but the store did not say whether K' ran: it is
                 // not forwarded, whatever `on_store_error` says.
@@ -287,7 +282,7 @@ async fn claim_one(
             }
         };
         if !matches!(claim, Claim::InFlight(_)) {
-            waited(since);
+            cx.route_metrics.waited(since);
         }
         let opened = |stored: StoredResponse| {
             stored
@@ -334,7 +329,7 @@ async fn claim_one(
                 }
                 let start = *since.get_or_insert_with(Instant::now);
                 if !wait_for_owner(cx, rule, waiter, &mut args, start).await {
-                    waited(since);
+                    cx.route_metrics.waited(since);
                     return Found::Other(Err(in_flight()), None);
                 }
                 continue;

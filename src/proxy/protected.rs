@@ -157,11 +157,6 @@ pub async fn handle(
     // Token routes only start from an issued token; a failed attempt hands it back.
     let mut args = claim_args(&cx, rule, &view, key, fingerprint);
     let mut waiting_since: Option<Instant> = None;
-    let waited = |since: Option<Instant>| {
-        if let Some(since) = since {
-            cx.route_metrics.waited(since.elapsed());
-        }
-    };
     loop {
         let claim = match cx.store.claim_with(args).await {
             Ok(claim) => claim,
@@ -171,19 +166,19 @@ pub async fn handle(
             // of claims in flight) answers 503 whatever `on_store_error` says, since
             // forwarding would run the request unprotected exactly when it is asked not to.
             Err(e @ StoreError::Full) => {
-                waited(waiting_since);
+                cx.route_metrics.waited(waiting_since);
                 return Err(e.into());
             }
             // Nor is a record that cannot be read: the store answered that the key is
             // taken, by a request that may have run, so it is never forwarded.
             Err(e @ StoreError::Unreadable(_)) => {
                 tracing::warn!(error = %e, "store holds an unreadable record for this key");
-                waited(waiting_since);
+                cx.route_metrics.waited(waiting_since);
                 return Err(e.into());
             }
             Err(e) => {
                 tracing::warn!(error = %e, "store failed during claim");
-                waited(waiting_since);
+                cx.route_metrics.waited(waiting_since);
                 // A request that found its key in flight (it waited on the owner, or the
                 // store failed just after it found the owner) is a duplicate of a request
                 // that may be running: forwarding it would run it twice. It gets what a
@@ -205,7 +200,7 @@ pub async fn handle(
             }
         };
         if !matches!(claim, Claim::InFlight(_)) {
-            waited(waiting_since);
+            cx.route_metrics.waited(waiting_since);
         }
         match claim {
             Claim::Owner(lease) => {
@@ -263,7 +258,7 @@ pub async fn handle(
                 }
                 let since = *waiting_since.get_or_insert_with(Instant::now);
                 if !wait_for_owner(&cx, rule, waiter, &mut args, since).await {
-                    waited(waiting_since);
+                    cx.route_metrics.waited(waiting_since);
                     return Err(in_flight);
                 }
             }
