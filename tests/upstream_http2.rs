@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{post, send, start_proxy, start_upstream, Answer};
+use common::{post, send, start_proxy, start_upstream};
 use http::{Method, StatusCode};
 
 const ROUTES: &str = r#"
@@ -28,10 +28,6 @@ routes:
 /// pause in these tests reaches (so counted connections are reused, never expired).
 fn h2(rest: &str) -> String {
     format!("connections:\n  upstream_protocol: http2\n  upstream_idle_timeout: 1h\n{rest}")
-}
-
-fn problem_type(a: &Answer) -> String {
-    a.json()["type"].as_str().unwrap_or_default().to_owned()
 }
 
 /// A TCP relay to `to` that counts the connections it accepts.
@@ -166,10 +162,7 @@ async fn an_upstream_not_listening_is_502_unreachable_and_releases_the_key() {
         // Released, so the second is tried again (502 again), not held (409).
         let a = post(proxy.addr, "/orders", &[("idempotency-key", "dead")], "{}").await;
         assert_eq!(a.status, StatusCode::BAD_GATEWAY);
-        assert_eq!(
-            problem_type(&a),
-            "urn:idemgate:problem:upstream-unreachable"
-        );
+        assert_eq!(a.problem(), "urn:idemgate:problem:upstream-unreachable");
     }
 }
 
@@ -182,12 +175,9 @@ async fn a_stream_reset_after_the_upstream_read_the_request_holds_the_key() {
     let reset = [("idempotency-key", "reset"), ("x-test-reset", "1")];
     let broken = post(proxy.addr, "/orders", &reset, "{}").await;
     assert_eq!(broken.status, StatusCode::BAD_GATEWAY);
-    assert_eq!(
-        problem_type(&broken),
-        "urn:idemgate:problem:upstream-failed"
-    );
+    assert_eq!(broken.problem(), "urn:idemgate:problem:upstream-failed");
     let retry = post(proxy.addr, "/orders", &[("idempotency-key", "reset")], "{}").await;
-    assert_eq!(problem_type(&retry), "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(retry.problem(), "urn:idemgate:problem:outcome-unknown");
     assert_eq!(upstream.executed(), 1);
     // The connection survives a reset stream: the next request is served.
     let next = post(proxy.addr, "/orders", &[("idempotency-key", "next")], "{}").await;
@@ -228,7 +218,7 @@ async fn a_refused_stream_was_never_processed_and_releases_the_key() {
     let refused = post(proxy.addr, "/orders", &[("idempotency-key", "r")], "{}").await;
     assert_eq!(refused.status, StatusCode::BAD_GATEWAY);
     assert_eq!(
-        problem_type(&refused),
+        refused.problem(),
         "urn:idemgate:problem:upstream-unreachable"
     );
     accept.store(true, Ordering::SeqCst);
@@ -287,10 +277,7 @@ async fn an_upstream_that_does_not_speak_http2_is_unreachable() {
     });
     let proxy = start_proxy(addr, &h2(ROUTES)).await;
     let a = post(proxy.addr, "/orders", &[("idempotency-key", "h1")], "{}").await;
-    assert_eq!(
-        problem_type(&a),
-        "urn:idemgate:problem:upstream-unreachable"
-    );
+    assert_eq!(a.problem(), "urn:idemgate:problem:upstream-unreachable");
 }
 
 /// A client that stops sending a pass-through upload gets the 408 it gets over an

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use common::{go_away_below_every_stream, post, start_proxy, Answer};
+use common::{go_away_below_every_stream, post, start_proxy};
 use http::StatusCode;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -26,10 +26,6 @@ routes:
     match: { path: "/plain/*" }
     idempotency: off
 "#;
-
-fn problem_type(a: &Answer) -> String {
-    a.json()["type"].as_str().unwrap_or_default().to_owned()
-}
 
 /// What the upstream does with the first stream it is sent; every later one it reads
 /// whole and answers 201.
@@ -190,9 +186,9 @@ async fn a_stream_reset_for_another_reason_is_never_sent_again() {
     let proxy = start_proxy(upstream.addr, ROUTES).await;
     let a = post(proxy.addr, "/orders", &[("idempotency-key", "i")], ORDER).await;
     assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{a:?}");
-    assert_eq!(problem_type(&a), "urn:idemgate:problem:upstream-failed");
+    assert_eq!(a.problem(), "urn:idemgate:problem:upstream-failed");
     let retry = post(proxy.addr, "/orders", &[("idempotency-key", "i")], ORDER).await;
-    assert_eq!(problem_type(&retry), "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(retry.problem(), "urn:idemgate:problem:outcome-unknown");
     assert_eq!(upstream.heads(), [0]);
     assert_eq!(upstream.ran().len(), 1);
 }

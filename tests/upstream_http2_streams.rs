@@ -15,10 +15,6 @@ use common::{go_away_below_every_stream, post, send, start_proxy};
 use http::{Method, StatusCode};
 use tokio::net::TcpListener;
 
-fn problem_type(a: &common::Answer) -> String {
-    a.json()["type"].as_str().unwrap_or_default().to_owned()
-}
-
 /// An HTTP/2 upstream allowing `streams` concurrent streams: records each request's path as
 /// its head arrives, answers `/plain/hold` once `release` has a permit and anything else
 /// at once (201).
@@ -127,10 +123,7 @@ async fn a_request_given_up_while_waiting_for_a_stream_is_never_sent_later() {
     // Nothing was sent: the 502 of an upstream that never took it, not the 504 of one that
     // may have it.
     assert_eq!(late.status, StatusCode::BAD_GATEWAY, "{late:?}");
-    assert_eq!(
-        problem_type(&late),
-        "urn:idemgate:problem:upstream-unreachable"
-    );
+    assert_eq!(late.problem(), "urn:idemgate:problem:upstream-unreachable");
     upstream.release.add_permits(1);
     assert_eq!(busy.await.unwrap().status, StatusCode::CREATED);
     // On the same connection, after the stream freed: were `/plain/late` still to go out,
@@ -159,7 +152,7 @@ async fn a_protected_request_that_timed_out_waiting_for_a_stream_was_not_sent() 
     .await;
     assert_eq!(waited.status, StatusCode::BAD_GATEWAY, "{waited:?}");
     assert_eq!(
-        problem_type(&waited),
+        waited.problem(),
         "urn:idemgate:problem:upstream-unreachable"
     );
     upstream.release.add_permits(1);
@@ -214,12 +207,9 @@ async fn a_goaway_with_an_error_covering_the_stream_holds_the_key() {
     let proxy = start_proxy(addr, ORDERS).await;
     let broken = post(proxy.addr, "/orders", &[("idempotency-key", "g")], "{}").await;
     assert_eq!(broken.status, StatusCode::BAD_GATEWAY, "{broken:?}");
-    assert_eq!(
-        problem_type(&broken),
-        "urn:idemgate:problem:upstream-failed"
-    );
+    assert_eq!(broken.problem(), "urn:idemgate:problem:upstream-failed");
     let retry = post(proxy.addr, "/orders", &[("idempotency-key", "g")], "{}").await;
-    assert_eq!(problem_type(&retry), "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(retry.problem(), "urn:idemgate:problem:outcome-unknown");
     assert_eq!(executed.load(Ordering::SeqCst), 1);
 }
 
@@ -245,10 +235,7 @@ async fn a_goaway_below_the_stream_releases_the_key() {
     for n in 1..=2 {
         let a = post(proxy.addr, "/orders", &[("idempotency-key", "above")], "{}").await;
         assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{a:?}");
-        assert_eq!(
-            problem_type(&a),
-            "urn:idemgate:problem:upstream-unreachable"
-        );
+        assert_eq!(a.problem(), "urn:idemgate:problem:upstream-unreachable");
         // Two heads per request: the first and the proxy's one resend, never more.
         assert_eq!(
             heads.load(Ordering::SeqCst),

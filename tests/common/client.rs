@@ -30,6 +30,11 @@ impl Answer {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&self.body)))
     }
+
+    /// The `type` of a problem+json answer (`urn:idemgate:problem:…`); empty if it has none.
+    pub fn problem(&self) -> String {
+        self.json()["type"].as_str().unwrap_or_default().to_owned()
+    }
 }
 
 /// A pooled HTTP/1.1 client.

@@ -11,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 use crate::common::redis_server::RedisServer;
 use crate::common::{self, post, ProxyHandle};
 use crate::held_replies::*;
-use crate::{problem_type, route};
+use crate::route;
 
 /// Sends `request` on a connection of its own, waits until Redis holds a claim in flight
 /// while its reply is held back, then leaves, and lets the reply through once the proxy
@@ -128,10 +128,7 @@ async fn claim_unanswered(
     relay.hold.send_replace(true);
     let failed = post(proxy.addr, path, headers, "{}").await;
     assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        problem_type(&failed),
-        "urn:idemgate:problem:store-unavailable"
-    );
+    assert_eq!(failed.problem(), "urn:idemgate:problem:store-unavailable");
     until(|| relay.received() > before, "Redis to run the claim").await;
 }
 

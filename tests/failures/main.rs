@@ -29,13 +29,6 @@ fn route(extra: &str) -> String {
     )
 }
 
-fn problem_type(answer: &common::Answer) -> String {
-    answer.json()["type"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// Sends `n` duplicates of `key` in the background and waits until the proxy reports all
 /// of them parked waiting for the owner.
 async fn park_duplicates(

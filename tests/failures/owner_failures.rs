@@ -5,7 +5,7 @@
 use http::{Method, StatusCode};
 
 use crate::common::{self, post, start_proxy, start_proxy_with_admin, start_upstream, ProxyHandle};
-use crate::{park_duplicates, problem_type, route};
+use crate::{park_duplicates, route};
 
 /// Three clicks on "pay" against an upstream that answers 500 after a partial commit:
 /// the duplicates that were waiting get the owner's 500 (marked as a replay), never a
@@ -61,16 +61,13 @@ async fn a_timed_out_request_is_not_run_again_and_its_late_answer_is_replayed() 
     let first = [("idempotency-key", "late"), ("x-test-gate", "late")];
     let timed_out = post(proxy.addr, "/orders", &first, "{}").await;
     assert_eq!(timed_out.status, StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(
-        problem_type(&timed_out),
-        "urn:idemgate:problem:upstream-timeout"
-    );
+    assert_eq!(timed_out.problem(), "urn:idemgate:problem:upstream-timeout");
     upstream.arrived("late", 1).await;
 
     // While the first still runs, the retry waits, then hears it is in progress.
     let retry = post(proxy.addr, "/orders", &[("idempotency-key", "late")], "{}").await;
     assert_eq!(retry.status, StatusCode::CONFLICT);
-    assert_eq!(problem_type(&retry), "urn:idemgate:problem:in-flight");
+    assert_eq!(retry.problem(), "urn:idemgate:problem:in-flight");
     assert_eq!(upstream.executed(), 1);
 
     upstream.open("late");
@@ -117,11 +114,11 @@ async fn an_upstream_that_never_answers_leaves_the_key_held_as_unknown() {
     let timed_out = post(proxy.addr, "/orders", &first, "{}").await;
     assert_eq!(timed_out.status, StatusCode::GATEWAY_TIMEOUT);
     let held = retry_until(&proxy, "lost", |a| {
-        problem_type(a) != "urn:idemgate:problem:in-flight"
+        a.problem() != "urn:idemgate:problem:in-flight"
     })
     .await;
     assert_eq!(held.status, StatusCode::CONFLICT);
-    assert_eq!(problem_type(&held), "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(held.problem(), "urn:idemgate:problem:outcome-unknown");
     assert_eq!(upstream.executed(), 1);
     assert_eq!(
         proxy.metric(r#"idemgate_unknown_outcomes_total{route="orders"}"#),
@@ -154,12 +151,9 @@ async fn a_reset_after_sending_holds_the_key_unless_release_is_configured() {
     let reset = [("idempotency-key", "reset"), ("x-test-reset", "1")];
     let broken = post(proxy.addr, "/orders", &reset, "{}").await;
     assert_eq!(broken.status, StatusCode::BAD_GATEWAY);
-    assert_eq!(
-        problem_type(&broken),
-        "urn:idemgate:problem:upstream-failed"
-    );
+    assert_eq!(broken.problem(), "urn:idemgate:problem:upstream-failed");
     let retry = post(proxy.addr, "/orders", &[("idempotency-key", "reset")], "{}").await;
-    assert_eq!(problem_type(&retry), "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(retry.problem(), "urn:idemgate:problem:outcome-unknown");
     assert_eq!(upstream.executed(), 1);
     // README Metrics: the owner's 502 after sending is `unknown`, the repeat of that
     // unknown outcome `held`, as `/metrics` on the admin listener shows them.
@@ -218,7 +212,7 @@ async fn a_duplicate_waiting_on_an_owner_given_up_at_background_timeout_does_not
         );
         assert_eq!(duplicate.status, StatusCode::BAD_GATEWAY);
         assert_eq!(
-            problem_type(&duplicate),
+            duplicate.problem(),
             "urn:idemgate:problem:duplicate-of-failed-request"
         );
     }

@@ -8,7 +8,7 @@ use http::StatusCode;
 use crate::common::redis_server::RedisServer;
 use crate::common::{self, post, ProxyHandle};
 use crate::held_replies::*;
-use crate::{problem_type, route};
+use crate::route;
 
 /// A fail-open route on Redis through a relay whose replies can be held, with a store
 /// `timeout` of 200 ms; its connection to Redis is open.
@@ -43,7 +43,7 @@ async fn the_duplicate_got_409_and_the_owner_ran_once(
     duplicate: common::Answer,
 ) {
     assert_eq!(duplicate.status, StatusCode::CONFLICT);
-    assert_eq!(problem_type(&duplicate), "urn:idemgate:problem:in-flight");
+    assert_eq!(duplicate.problem(), "urn:idemgate:problem:in-flight");
     assert_eq!(
         duplicate.headers.get(http::header::RETRY_AFTER).unwrap(),
         "1"

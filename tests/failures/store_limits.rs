@@ -5,7 +5,7 @@
 use http::StatusCode;
 
 use crate::common::{self, post, start_proxy, start_upstream};
-use crate::{park_duplicates, problem_type, route};
+use crate::{park_duplicates, route};
 
 /// An answer over `max_answer` streams to its client whole, and the key records
 /// "executed, answer not stored": the duplicates that waited and every later repeat get
@@ -38,15 +38,12 @@ async fn an_answer_too_large_to_store_streams_and_its_repeats_never_execute() {
         let duplicate = duplicate.await.unwrap();
         assert_eq!(duplicate.status, StatusCode::CONFLICT);
         assert_eq!(
-            problem_type(&duplicate),
+            duplicate.problem(),
             "urn:idemgate:problem:answer-not-stored"
         );
     }
     let later = post(proxy.addr, "/orders", &[("idempotency-key", "big")], "{}").await;
-    assert_eq!(
-        problem_type(&later),
-        "urn:idemgate:problem:answer-not-stored"
-    );
+    assert_eq!(later.problem(), "urn:idemgate:problem:answer-not-stored");
     assert!(later.json()["detail"].as_str().unwrap().contains("201"));
     assert_eq!(upstream.executed(), 1);
     // README Metrics: the owner is `executed_not_stored`, each of the three duplicates
@@ -158,10 +155,7 @@ async fn a_full_store_refuses_new_keys_even_when_the_route_fails_open() {
     }
     let refused = post(proxy.addr, "/orders", &[("idempotency-key", "k2")], "{}").await;
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        problem_type(&refused),
-        "urn:idemgate:problem:store-unavailable"
-    );
+    assert_eq!(refused.problem(), "urn:idemgate:problem:store-unavailable");
     assert_eq!(
         upstream.executed_for("k2"),
         0,
@@ -201,10 +195,7 @@ async fn one_caller_cannot_fill_more_than_its_share_of_the_store() {
     }
     let refused = as_caller("mallory", "junk-3").await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(
-        problem_type(&refused),
-        "urn:idemgate:problem:caller-over-share"
-    );
+    assert_eq!(refused.problem(), "urn:idemgate:problem:caller-over-share");
     assert!(
         as_caller("mallory", "junk-0").await.replayed(),
         "its answers stay"

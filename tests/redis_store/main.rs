@@ -28,13 +28,6 @@ fn redis_yaml(url: &str, extra_defaults: &str) -> String {
     )
 }
 
-fn problem(answer: &common::Answer) -> String {
-    answer.json()["type"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// The commands Redis ran since the last `CONFIG RESETSTAT`, by name, as `name=calls`
 /// (the test's own `INFO` and `CONFIG` left out). Commands a script runs count too, so
 /// the mix says both what was sent and what the scripts did.

@@ -9,7 +9,7 @@ use http::StatusCode;
 
 use crate::common::redis_server::RedisServer;
 use crate::common::{self, post, start_proxy, start_upstream, ProxyProcess};
-use crate::{problem, redis_yaml};
+use crate::redis_yaml;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxy_processes_on_one_redis_execute_each_key_once() {
@@ -84,7 +84,7 @@ async fn a_killed_owners_key_is_held_as_unknown_and_never_run_again() {
         }
         if answers
             .iter()
-            .all(|a| problem(a) == "urn:idemgate:problem:outcome-unknown")
+            .all(|a| a.problem() == "urn:idemgate:problem:outcome-unknown")
         {
             break;
         }
@@ -123,7 +123,7 @@ async fn a_killed_owners_key_is_taken_over_once_after_its_grace_when_released() 
         for answer in answers {
             match answer.status {
                 StatusCode::CONFLICT => {
-                    assert_eq!(problem(&answer), "urn:idemgate:problem:in-flight")
+                    assert_eq!(answer.problem(), "urn:idemgate:problem:in-flight")
                 }
                 StatusCode::CREATED if !answer.replayed() => executed_again.push(answer),
                 StatusCode::CREATED => {}
@@ -171,7 +171,7 @@ async fn an_owner_slower_than_several_leases_keeps_its_key_on_redis() {
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let duplicate = post(addr, "/orders", &[("idempotency-key", "slow")], "{}").await;
     assert_eq!(duplicate.status, StatusCode::CONFLICT);
-    assert_eq!(problem(&duplicate), "urn:idemgate:problem:in-flight");
+    assert_eq!(duplicate.problem(), "urn:idemgate:problem:in-flight");
     upstream.open("slow");
     let owner = owner.await.unwrap();
     assert_eq!(owner.status, StatusCode::CREATED);

@@ -15,13 +15,6 @@ use crate::common::relay::relay_to;
 use crate::common::{post, start_upstream, Answer, ProxyProcess};
 use crate::{config, Database};
 
-fn problem(answer: &Answer) -> String {
-    answer.json()["type"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// `db`'s `store:` section with its address replaced by `port` (a relay in front of it).
 fn store_via(db: &dyn Database, db_port: u16, port: u16) -> String {
     db.store_yaml()
@@ -71,7 +64,7 @@ async fn cut_off_owner_is_never_run_again(db: &dyn Database, db_port: u16) {
             "a retry ran beside the owner, which still runs, after {seen:?}: {:?}",
             retry.body
         );
-        let kind = problem(&retry);
+        let kind = retry.problem();
         if seen.last() != Some(&kind) {
             seen.push(kind);
         }
@@ -218,7 +211,7 @@ async fn postgres_an_answer_the_database_missed_past_the_lease_is_recorded_once_
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let retry = post(b.addr, "/orders", &[("idempotency-key", "late")], "{}").await;
-        if problem(&retry) == "urn:idemgate:problem:outcome-unknown" {
+        if retry.problem() == "urn:idemgate:problem:outcome-unknown" {
             break;
         }
         assert!(Instant::now() < deadline, "hang guard: never lapsed");
@@ -235,7 +228,7 @@ async fn postgres_an_answer_the_database_missed_past_the_lease_is_recorded_once_
         assert!(
             Instant::now() < deadline,
             "hang guard: the answer was never recorded: {}",
-            problem(&retry)
+            retry.problem()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
