@@ -2,6 +2,7 @@
 # A/B of two idemgate builds beside nginx, in one run: is a change faster on this rig?
 #
 #   bash benches/load/ab.sh OLD_BINARY NEW_BINARY
+#   EXTRA_YAML_B='connections: { upstream_http1: idemgate }' bash benches/load/ab.sh BIN BIN
 #
 # The rig of run.sh (wrk and the upstream nginx on CPU 0; nginx `proxy_pass` and both
 # idemgates on CPU 1, memory store), fewer rows: b (nginx), c (unprotected POST), cg
@@ -9,7 +10,8 @@
 # Every row runs for both builds in each of ROUNDS interleaved rounds (b, cA, cB, cgA, ...),
 # so a host that changes speed mid-run reaches A and B alike. Prints req/s and the proxy's
 # CPU µs per request (from /proc) per row and build, over all rounds, and B ÷ A.
-# Knobs: ROUNDS (6), SLICE (s per slice, 3), CONNS (64), PORT_BASE (21480). The rig: rig.sh.
+# Knobs: ROUNDS (6), SLICE (s per slice, 3), CONNS (64), PORT_BASE (21480), EXTRA_YAML_A and
+# EXTRA_YAML_B (lines appended to A's and B's config: one binary, two settings). The rig: rig.sh.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,6 +39,8 @@ free_port B_ADMIN_PORT
 fill_templates "$WORK" nginx-proxy.conf
 sed -e "s/127.0.0.1:$IDEMGATE_PORT\$/127.0.0.1:$B_PORT/" -e "s/127.0.0.1:$ADMIN_PORT\$/127.0.0.1:$B_ADMIN_PORT/" \
     "$WORK/idemgate-memory.yaml" >"$WORK/idemgate-b.yaml"
+[[ -z ${EXTRA_YAML_A:-} ]] || printf '%s\n' "$EXTRA_YAML_A" >>"$WORK/idemgate-memory.yaml"
+[[ -z ${EXTRA_YAML_B:-} ]] || printf '%s\n' "$EXTRA_YAML_B" >>"$WORK/idemgate-b.yaml"
 
 start() { # start CPU PORT COMMAND...: sets PID to the started process
     "${PRIO[@]}" taskset -c "$1" "${@:3}" >"$WORK/log.$2" 2>&1 &
@@ -101,6 +105,8 @@ cpu() { # "total (system)" µs per request
 }
 echo "A: $BIN_A ($(date -u -r "$BIN_A" '+%Y-%m-%d %H:%M UTC'))"
 echo "B: $BIN_B ($(date -u -r "$BIN_B" '+%Y-%m-%d %H:%M UTC'))"
+[[ -z ${EXTRA_YAML_A:-} ]] || echo "A's config adds: $EXTRA_YAML_A"
+[[ -z ${EXTRA_YAML_B:-} ]] || echo "B's config adds: $EXTRA_YAML_B"
 echo "$ROUNDS rounds of ${SLICE}s slices, wrk -t1 -c$CONNS (c8: -c8), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo
 echo "÷ nginx: against b (64 connections, POST) for every row. CPU: the proxy's µs per request (of it in the kernel)."
