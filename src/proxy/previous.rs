@@ -4,10 +4,15 @@
 //! config that ran before is kept as a *previous generation* for as long as a record it
 //! wrote can live ([`Generations::after_reload`]), and a protected request that owns its key
 //! (K) also claims the key that generation gave it (K'), the ordinary way, before anything
-//! goes out ([`claim_older`]): a free K' is held while the request runs, then released (the
-//! answer lives under K); an answer under K' is settled under K and replayed; anything else
-//! under K' answers the request as it would answer a duplicate of K', and frees K, so a
-//! later retry looks at K' again.
+//! goes out ([`claim_older`]): a free K' is held while the request runs, then settled as K
+//! is ([`settle_earlier`]); an answer under K' is settled under K and replayed; anything
+//! else under K' answers the request as it would answer a duplicate of K', and frees K, so
+//! a later retry looks at K' again.
+//!
+//! K' gets K's outcome, not a release, because requests are still keyed by the config
+//! before for a while after the reload: on the replicas of a shared store not yet
+//! reloaded, and in this process those routed before the reload and claimed after it (a
+//! body still arriving). Such a request finds K' alone; freed, K' would let it run again.
 //!
 //! A restart knows no previous config: the keys of the one before it are not looked at.
 
@@ -22,10 +27,12 @@ use super::body::ProxyBody;
 use super::protected::{
     claim_args, replay, request_view, wait_for_owner, Context, Report, RETRY_AFTER_SECS,
 };
+use super::settlement::for_key;
 use crate::config::{Config, InFlightMode, Protected, Protection};
 use crate::error::ProxyError;
 use crate::key::{derive_key, Derived, KeyError, KeySource};
 use crate::metrics::Outcome;
+use crate::store::seal::KeyRing;
 use crate::store::{Claim, ClaimMode, Lease, Settlement, StoreError, StoredResponse};
 
 /// The most previous generations kept: a reload beyond drops the oldest, with a warning.
@@ -168,8 +175,8 @@ fn key_lifetime(config: &Config) -> Duration {
 /// What the claims of the earlier keys decided.
 pub(super) enum Older {
     /// Every earlier key was free: run the request under `lease`; `also` holds the earlier
-    /// keys until it settled.
-    Run { lease: Lease, also: Vec<Lease> },
+    /// keys, settled as `lease` is.
+    Run { lease: Lease, also: Vec<Earlier> },
     /// An earlier key answered the request (K settled or freed).
     Answered(Result<Response<ProxyBody>, ProxyError>),
 }
@@ -184,7 +191,7 @@ pub(super) async fn claim_older(
     body: &Bytes,
     report: &mut Report,
 ) -> Older {
-    let mut also: Vec<Lease> = Vec::new();
+    let mut also: Vec<Earlier> = Vec::new();
     let mut seen = vec![lease.key()];
     for old in cx.older {
         let view = request_view(cx, old, parts, body);
@@ -205,15 +212,17 @@ pub(super) async fn claim_older(
         let found = claim_one(cx, rule, old, args).await;
         cx.metrics.rekeyed(&rule.route, found.label());
         match found {
-            Found::Free(l) => also.push(l),
+            Found::Free(lease) => also.push(Earlier {
+                lease,
+                sealing: old.sealing.clone(),
+            }),
             Found::Done(stored, waited) => {
-                release_all(also).await;
                 report.outcome = Some(if waited {
                     Outcome::Waited
                 } else {
                     Outcome::Replayed
                 });
-                return Older::Answered(answer_from(rule, lease, stored).await);
+                return Older::Answered(answer_from(rule, lease, also, stored).await);
             }
             Found::Other(answer, outcome) => {
                 release_all(also).await;
@@ -338,33 +347,50 @@ async fn claim_one(
     }
 }
 
-/// Settles K with the answer found under K' and replays it. K keeps it for this route's
-/// full `ttl` from now, not what K' had left (a record does not say): a retry is answered
-/// a little longer than the first answer alone would have been, never run again.
+/// Settles K with the answer found under K' and replays it, and the newer earlier keys
+/// found free before it (`also`) alike. K keeps it for this route's full `ttl` from now,
+/// not what K' had left (a record does not say): a retry is answered a little longer than
+/// the first answer alone would have been, never run again.
 async fn answer_from(
     rule: &Protected,
     lease: Lease,
+    also: Vec<Earlier>,
     stored: StoredResponse,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let response = replay(&stored);
-    let key = lease.key();
-    // Stamped with K's payload before it is sealed for K: the seal binds both.
-    let record = stored.with_fingerprint(lease.fingerprint());
-    let record = match rule.sealing.as_deref() {
-        Some(ring) => record.seal(ring, key),
-        None => record,
+    let (key, fingerprint) = (lease.key(), lease.fingerprint());
+    let plain = Settlement::Done {
+        response: stored,
+        ttl: rule.policy.ttl,
     };
-    let ttl = rule.policy.ttl;
-    if let Err(e) = lease
-        .settle(Settlement::Done {
-            response: record,
-            ttl,
-        })
-        .await
-    {
+    // Stamped with K's payload before it is sealed for K: the seal binds both.
+    let own = for_key(plain.clone(), fingerprint, rule.sealing.as_deref(), key);
+    if let Err(e) = lease.settle(own).await {
         tracing::warn!(error = %e, "could not store the previous key's answer under the new key; retrying in the background");
     }
+    settle_earlier(also, &plain).await;
     Ok(response)
+}
+
+/// A key an earlier config gave the request, held beside K while it runs.
+pub(super) struct Earlier {
+    lease: Lease,
+    /// The ring that config sealed answers under: the requests it still keys open them.
+    sealing: Option<Arc<KeyRing>>,
+}
+
+/// Settles each earlier key as K was settled (`plain`: the record stamped with K's
+/// payload fingerprint, not sealed), each for its own fingerprint and sealed for it under
+/// its config's ring: a request that config still keys finds K's outcome there (see the
+/// module docs).
+pub(super) async fn settle_earlier(also: Vec<Earlier>, plain: &Settlement) {
+    for Earlier { lease, sealing } in also {
+        let (key, fingerprint) = (lease.key(), lease.fingerprint());
+        let settlement = for_key(plain.clone(), fingerprint, sealing.as_deref(), key);
+        if let Err(e) = lease.settle(settlement).await {
+            tracing::warn!(error = %e, "could not settle a previous config's key; retrying in the background");
+        }
+    }
 }
 
 /// Frees a key this request claimed and did not run under.
@@ -374,10 +400,10 @@ async fn release(lease: Lease) {
     }
 }
 
-/// Frees the earlier keys held beside K.
-pub(super) async fn release_all(also: Vec<Lease>) {
-    for lease in also {
-        release(lease).await;
+/// Frees the earlier keys held beside K: nothing ran under them.
+async fn release_all(also: Vec<Earlier>) {
+    for earlier in also {
+        release(earlier.lease).await;
     }
 }
 

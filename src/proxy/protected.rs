@@ -26,7 +26,7 @@ use super::body::{read_limited, ProxyBody, RequestBody};
 use super::budget::Budget;
 use super::conn_share::Owning;
 use super::detach::Detachable;
-use super::previous::{self, Older};
+use super::previous::{self, Earlier, Older};
 use super::settlement;
 pub use super::stopping::Owners;
 use super::stopping::Stopping;
@@ -374,13 +374,13 @@ pub(super) async fn forward_unprotected(
 /// or until a shutdown's drain is about to end (then gets a 504) while the owner, detached,
 /// waits on up to `background_timeout`.
 /// `owning` counts it among its connection's owners until it ends, detached or not; `also`
-/// holds the keys earlier configs gave the request, freed once it settled.
+/// holds the keys earlier configs gave the request, settled as its own.
 /// Returns the answer and how the request ended.
 pub(super) async fn execute(
     cx: &Context<'_>,
     rule: &Arc<Protected>,
     lease: Lease,
-    also: Vec<Lease>,
+    also: Vec<Earlier>,
     owning: Owning,
     parts: Parts,
     body: Bytes,
@@ -457,10 +457,16 @@ pub(super) async fn execute(
         let lease = guard.lease.take().expect("settled once");
         let reissue = lease.reissue();
         let sealing = owner_rule.sealing.as_deref();
-        let settled =
-            settlement::settle(lease, policy, sealing, &route_metrics, answer, reissue).await;
-        previous::release_all(also).await;
-        settled
+        settlement::settle(
+            lease,
+            also,
+            policy,
+            sealing,
+            &route_metrics,
+            answer,
+            reissue,
+        )
+        .await
     })
     .bounded(started + policy.background_timeout)
     // Detached (its client left, or reset its stream) while still waiting for a

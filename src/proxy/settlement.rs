@@ -1,6 +1,8 @@
 //! How an owner settles its key with what the upstream answered: the answer stored (sealed
 //! under `store.encrypt`) for the route's `ttl`, a failure shared with the waiters for a
 //! moment and the key freed, an unknown outcome held, or "executed, answer not stored".
+//! The keys earlier configs gave the request, held beside it, are settled the same way
+//! ([`super::previous::settle_earlier`]).
 
 use std::time::Duration;
 
@@ -8,6 +10,7 @@ use http::Response;
 
 use super::answer::{Answer, AnswerBody};
 use super::body::ProxyBody;
+use super::previous::{settle_earlier, Earlier};
 use crate::config::OnUnknownOutcome;
 use crate::error::ProxyError;
 use crate::key::Digest;
@@ -20,24 +23,29 @@ use crate::store::{Lease, Settled, Settlement, StoredResponse};
 /// when a notification was missed.
 const FAILURE_LINGER: Duration = Duration::from_secs(5);
 
-/// Settles the owner's key with what the upstream answered, and returns the client's
-/// answer with the request's outcome.
+/// Settles the owner's key with what the upstream answered, and the keys earlier configs
+/// gave the request (`also`) alike; returns the client's answer with the request's outcome.
 pub(super) async fn settle(
     lease: Lease,
+    also: Vec<Earlier>,
     policy: &crate::config::Policy,
     sealing: Option<&KeyRing>,
     route_metrics: &RouteMetrics,
     answer: Result<Answer, ProxyError>,
     reissue: Option<Duration>,
 ) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
-    let key = lease.key();
     let fingerprint = lease.fingerprint();
+    let owner = Owner {
+        lease,
+        sealing,
+        also,
+    };
     let mut answer = match answer {
         Ok(answer) => answer,
         // Never sent: free for a retry; waiters share the 502.
         Err(e @ ProxyError::UpstreamUnreachable(_)) => {
-            let failed = failure(stored_problem(&e, fingerprint, sealing, key), reissue);
-            write(lease, failed).await;
+            let failed = failure(stored_problem(&e, fingerprint), reissue);
+            owner.write(failed).await;
             return Err(e);
         }
         // Sent, and no answer: the request may have run.
@@ -48,11 +56,9 @@ pub(super) async fn settle(
                     tracing::warn!(error = %e, "upstream failed after the request went out: outcome unknown, key held");
                     Settlement::Unknown { ttl: policy.ttl }
                 }
-                OnUnknownOutcome::Release => {
-                    failure(stored_problem(&e, fingerprint, sealing, key), reissue)
-                }
+                OnUnknownOutcome::Release => failure(stored_problem(&e, fingerprint), reissue),
             };
-            write(lease, settlement).await;
+            owner.write(settlement).await;
             return Err(e);
         }
     };
@@ -69,7 +75,7 @@ pub(super) async fn settle(
                 status,
                 ttl: policy.ttl,
             };
-            write(lease, settlement).await;
+            owner.write(settlement).await;
             return Ok((answer.into_response(), Outcome::ExecutedNotStored));
         }
     };
@@ -82,19 +88,16 @@ pub(super) async fn settle(
         ..answer
     }
     .into_response();
-    let stored = sealed(stored, sealing, key);
     if policy.releases(status.as_u16()) {
-        write(lease, failure(stored, reissue)).await;
+        owner.write(failure(stored, reissue)).await;
         return Ok((response, Outcome::Released));
     }
-    let outcome = match write(
-        lease,
-        Settlement::Done {
+    let outcome = match owner
+        .write(Settlement::Done {
             response: stored,
             ttl: policy.ttl,
-        },
-    )
-    .await
+        })
+        .await
     {
         Some(Settled::Written | Settled::WrittenBack) => Outcome::Executed,
         Some(Settled::AnswerNotKept | Settled::NotWritten) => Outcome::ExecutedNotStored,
@@ -113,25 +116,72 @@ fn failure(response: StoredResponse, reissue: Option<Duration>) -> Settlement {
     }
 }
 
-/// The proxy's own problem answer for `error`, as a record waiters can be answered from:
-/// sealed like an upstream answer, so a ring that refuses records in clear still shares it.
-fn stored_problem(
-    error: &ProxyError,
+/// The proxy's own problem answer for `error`, as a record waiters can be answered from
+/// (sealed, when it is written, like an upstream answer, so a ring that refuses records in
+/// clear still shares it).
+fn stored_problem(error: &ProxyError, fingerprint: Digest) -> StoredResponse {
+    let (status, headers, body) = error.problem_parts();
+    StoredResponse::new(status, &headers, &body).with_fingerprint(fingerprint)
+}
+
+/// The owner's lease with what its settlement is written with.
+struct Owner<'a> {
+    lease: Lease,
+    /// The route's ring (`store.encrypt`).
+    sealing: Option<&'a KeyRing>,
+    /// The keys earlier configs gave the request, settled after the owner's.
+    also: Vec<Earlier>,
+}
+
+impl Owner<'_> {
+    /// Writes `plain` (its record stamped with the owner's fingerprint, not sealed) as the
+    /// owner's settlement, then as each earlier key's.
+    async fn write(self, plain: Settlement) -> Option<Settled> {
+        let (key, fingerprint) = (self.lease.key(), self.lease.fingerprint());
+        if self.also.is_empty() {
+            return write(self.lease, for_key(plain, fingerprint, self.sealing, key)).await;
+        }
+        let settled = write(
+            self.lease,
+            for_key(plain.clone(), fingerprint, self.sealing, key),
+        )
+        .await;
+        settle_earlier(self.also, &plain).await;
+        settled
+    }
+}
+
+/// `plain` as the settlement of the claim of `key` and `fingerprint`: the record it holds
+/// (an answer, or what a failure's waiters get) stamped with that fingerprint, then sealed
+/// for `key` when `sealing` is set (the seal binds both).
+pub(super) fn for_key(
+    plain: Settlement,
     fingerprint: Digest,
     sealing: Option<&KeyRing>,
     key: Digest,
-) -> StoredResponse {
-    let (status, headers, body) = error.problem_parts();
-    let stored = StoredResponse::new(status, &headers, &body).with_fingerprint(fingerprint);
-    sealed(stored, sealing, key)
-}
-
-/// `stored` sealed for `key` when `store.encrypt` is set (its fingerprint stamped first:
-/// the seal binds it).
-fn sealed(stored: StoredResponse, sealing: Option<&KeyRing>, key: Digest) -> StoredResponse {
-    match sealing {
-        Some(ring) => stored.seal(ring, key),
-        None => stored,
+) -> Settlement {
+    let record = |stored: StoredResponse| {
+        let stored = stored.with_fingerprint(fingerprint);
+        match sealing {
+            Some(ring) => stored.seal(ring, key),
+            None => stored,
+        }
+    };
+    match plain {
+        Settlement::Done { response, ttl } => Settlement::Done {
+            response: record(response),
+            ttl,
+        },
+        Settlement::Failed {
+            response,
+            linger,
+            reissue,
+        } => Settlement::Failed {
+            response: record(response),
+            linger,
+            reissue,
+        },
+        other => other,
     }
 }
 

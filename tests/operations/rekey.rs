@@ -100,7 +100,7 @@ async fn a_key_reused_with_another_payload_across_a_rekeying_reload_is_a_422() {
 /// A reload that changes no key (a policy) keeps no previous config, and requests make
 /// one claim; after a rename, requests on a route whose keys did not change make one
 /// claim too, and a new request on the renamed one runs once, its earlier key held beside
-/// and freed.
+/// and settled with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_requests_whose_keys_changed_claim_their_earlier_key() {
     let upstream = start_upstream().await;
@@ -139,7 +139,7 @@ async fn only_requests_whose_keys_changed_claim_their_earlier_key() {
     assert_eq!(
         proxy.store.stats().in_flight,
         0,
-        "the earlier key was freed"
+        "the earlier key was settled"
     );
 }
 
@@ -352,4 +352,73 @@ async fn a_duplicate_whose_client_leaves_while_it_waits_on_the_old_key_frees_its
     assert_eq!(retry.body, first.body);
     assert_eq!(upstream.executed_for("leaves"), 1);
     assert_eq!(proxy.store.stats().in_flight, 0);
+}
+
+/// Replicas sharing a store are reloaded one after the other: while one runs the new
+/// config and the other still the old, a request answered on the reloaded one and retried
+/// on the other is replayed there, from the key the old config gives it, not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_on_a_replica_not_yet_reloaded_is_replayed_not_run_again() {
+    let redis = RedisServer::start();
+    let config = format!("store:\n  redis: {{ url: \"{}\" }}\n{ROUTES}", redis.url());
+    let upstream = start_upstream().await;
+    let reloaded = start_proxy_with_admin(upstream.addr, &config, None).await;
+    let behind = start_proxy_with_admin(upstream.addr, &config, None).await;
+    let renamed = config.replace("- name: orders\n", "- name: purchases\n");
+    assert!(!reload(&reloaded, &upstream, &renamed).rekeyed.is_empty());
+    let key = [("idempotency-key", "rolling")];
+    let first = post(reloaded.addr, "/orders", &key, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let retry = post(behind.addr, "/orders", &key, "{}").await;
+    assert!(retry.replayed(), "{}", retry.status);
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.executed_for("rolling"), 1);
+}
+
+/// A request routed before a re-keying reload (its head read, the proxy asking for its
+/// body with `100 Continue`) and claimed after it is keyed as the old config keys it. Its
+/// duplicate, sent after the reload, ran and was answered meanwhile: the straggler finds
+/// that answer under its old key and is replayed, not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_routed_before_a_rekeying_reload_and_claimed_after_it_is_replayed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let mut straggler = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = "POST /orders HTTP/1.1\r\nhost: 127.0.0.1\r\nidempotency-key: straggler\r\n\
+                content-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\
+                connection: close\r\n\r\n";
+    straggler.write_all(head.as_bytes()).await.unwrap();
+    // The proxy's signal that it routed the request and is reading its body.
+    let mut interim = Vec::new();
+    while !interim.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            straggler.read(&mut byte),
+        )
+        .await
+        .expect("hang guard: no 100 Continue");
+        assert_eq!(read.unwrap(), 1, "closed before 100 Continue");
+        interim.push(byte[0]);
+    }
+    assert!(interim.starts_with(b"HTTP/1.1 100"), "{interim:?}");
+    reload(&proxy, &upstream, &renamed());
+    let key = [("idempotency-key", "straggler")];
+    let first = post(proxy.addr, "/orders", &key, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
+    straggler.write_all(b"{}").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        straggler.read_to_end(&mut answer),
+    )
+    .await
+    .expect("hang guard: the straggler got no answer")
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(answer.contains("idempotent-replayed: true"), "{answer}");
+    assert_eq!(upstream.executed_for("straggler"), 1);
 }
