@@ -212,10 +212,15 @@ pub(super) async fn claim_older(
         let found = claim_one(cx, rule, old, args).await;
         cx.metrics.rekeyed(&rule.route, found.label());
         match found {
-            Found::Free(lease) => also.push(Earlier {
-                lease,
-                sealing: old.sealing.clone(),
-            }),
+            Found::Free(mut earlier) => {
+                // Dropped unsettled with K, it must say what K's drop says: a request that
+                // may have gone out is never freed for a blind re-run.
+                earlier.sent_with(&lease);
+                also.push(Earlier {
+                    lease: earlier,
+                    sealing: old.sealing.clone(),
+                });
+            }
             Found::Done(stored, waited) => {
                 report.outcome = Some(if waited {
                     Outcome::Waited

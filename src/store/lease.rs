@@ -137,6 +137,13 @@ impl Lease {
         self.sent.store(true, Ordering::SeqCst);
     }
 
+    /// Counts this claim's request as sent whenever `other`'s is: a key held beside
+    /// `other`'s for the same request, whose drop unsettled (its owner gave up or
+    /// panicked) must then follow its lapse rule as `other`'s does, not free the key.
+    pub fn sent_with(&mut self, other: &Lease) {
+        self.sent = Arc::clone(&other.sent);
+    }
+
     /// Whether the request may have gone out ([`Lease::mark_sent`]).
     pub fn is_sent(&self) -> bool {
         self.sent.load(Ordering::SeqCst)

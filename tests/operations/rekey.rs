@@ -422,3 +422,54 @@ async fn a_request_routed_before_a_rekeying_reload_and_claimed_after_it_is_repla
     assert!(answer.contains("idempotent-replayed: true"), "{answer}");
     assert_eq!(upstream.executed_for("straggler"), 1);
 }
+
+/// The request the reloaded replica runs gets no answer within `background_timeout`: its
+/// owner gives up, and its key is held as an unknown outcome. The previous config's key
+/// held beside it is held alike, not freed: the retry on the replica not yet reloaded gets
+/// the unknown outcome's 409, and the request, which may have run, does not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_gives_up_unanswered_holds_the_previous_configs_key_too() {
+    let redis = RedisServer::start();
+    let routes = ROUTES.replace(
+        "defaults: { max_body: 1KiB }",
+        "defaults: { max_body: 1KiB, upstream_timeout: 300ms, background_timeout: 600ms }",
+    );
+    let config = format!("store:\n  redis: {{ url: \"{}\" }}\n{routes}", redis.url());
+    let upstream = start_upstream().await;
+    let reloaded = start_proxy_with_admin(upstream.addr, &config, None).await;
+    let behind = start_proxy_with_admin(upstream.addr, &config, None).await;
+    let renamed = config.replace("- name: orders\n", "- name: purchases\n");
+    assert!(!reload(&reloaded, &upstream, &renamed).rekeyed.is_empty());
+    let addr = reloaded.addr;
+    let first = tokio::spawn(async move {
+        let held = [("idempotency-key", "given-up"), ("x-test-gate", "given-up")];
+        post(addr, "/orders", &held, "{}").await
+    });
+    upstream.arrived("given-up", 1).await;
+    assert_eq!(first.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
+    let key = [("idempotency-key", "given-up")];
+    let old_key = common::stored_key(&behind, "/orders", &key, b"{}");
+    // The store's own signal that the owner gave up: the old key is no longer in flight.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let state = loop {
+        let path = format!("/keys/{old_key}");
+        let info = common::send(behind.admin, http::Method::GET, &path, &[], "").await;
+        let state = match info.status {
+            StatusCode::NOT_FOUND => "absent".to_owned(),
+            _ => info.json()["state"].as_str().unwrap().to_owned(),
+        };
+        if state != "in_flight" {
+            break state;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: the owner never gave up"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    assert_eq!(state, "outcome_unknown");
+    let retry = post(behind.addr, "/orders", &key, "{}").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{}", retry.problem());
+    assert_eq!(upstream.executed_for("given-up"), 1);
+    upstream.open("given-up");
+}
