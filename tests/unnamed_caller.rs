@@ -6,7 +6,7 @@
 //! counted as `caller_unknown`, on enforcing and observed routes, and on token routes. A
 //! caller named otherwise (`Authorization`, a session cookie), a trusted peer without
 //! `X-Forwarded-For` (itself the caller) and a valid entry are protected as ever; a trusted
-//! peer that names its client only in `Forwarded`, which is not read, names no one.
+//! peer that names its client only in `Forwarded` or `X-Real-IP`, neither read, names no one.
 //!
 //! The test client, on 127.0.0.1, is the trusted proxy.
 
@@ -102,6 +102,10 @@ async fn clients_a_trusted_proxy_cannot_name_never_share_an_answer() {
     let rfc7239 = ("forwarded", "for=203.0.113.9;proto=https");
     let (ran, replayed) = twice(&proxy, &upstream, "/orders", &[rfc7239], body).await;
     assert_eq!((ran, replayed), (2, false), "Forwarded alone");
+    // Nor does one that names it only in nginx's `X-Real-IP`.
+    let real_ip = ("x-real-ip", "203.0.113.9");
+    let (ran, replayed) = twice(&proxy, &upstream, "/orders", &[real_ip], body).await;
+    assert_eq!((ran, replayed), (2, false), "X-Real-IP alone");
     assert_eq!(
         counted(&proxy, "orders", "executed"),
         0.0,

@@ -366,7 +366,8 @@ impl TrustedProxies {
     /// The client's address: `peer`, or behind a trusted peer the right-most
     /// `X-Forwarded-For` entry that is not trusted (the left-most when all are). A trusted
     /// peer that sends no `X-Forwarded-For` is itself the client (a call from inside the
-    /// trusted network), unless it sends `Forwarded` (RFC 7239, which is not read here): a
+    /// trusted network), unless it sends `Forwarded` (RFC 7239) or `X-Real-IP` (nginx's
+    /// `proxy_set_header X-Real-IP $remote_addr`), neither read here: a
     /// proxy that names its client only there, one whose header reaches a malformed entry
     /// before an untrusted one, or one whose header holds no entry at all forwards a client
     /// this cannot name: taking the peer instead would make every such client behind it
@@ -378,7 +379,9 @@ impl TrustedProxies {
         }
         let mut fields = headers.get_all(&X_FORWARDED_FOR).iter().rev().peekable();
         if fields.peek().is_none() {
-            return if headers.contains_key(http::header::FORWARDED) {
+            return if headers.contains_key(http::header::FORWARDED)
+                || headers.contains_key(X_REAL_IP)
+            {
                 ClientAddress::Unnamed
             } else {
                 ClientAddress::Named(peer)
@@ -403,6 +406,9 @@ impl TrustedProxies {
         client.map_or(ClientAddress::Unnamed, ClientAddress::Named)
     }
 }
+
+/// nginx's one-address client field: a sign that a trusted peer forwards someone else.
+const X_REAL_IP: &str = "x-real-ip";
 
 /// Who the client is, as far as its address tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

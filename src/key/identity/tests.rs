@@ -141,6 +141,13 @@ fn a_malformed_entry_from_a_trusted_peer_names_no_client() {
         t.client_address(ip("10.0.0.1"), &forwarded),
         ClientAddress::Unnamed
     );
+    // nginx's `X-Real-IP` alone likewise.
+    let mut real_ip = HeaderMap::new();
+    real_ip.insert("x-real-ip", HeaderValue::from_static("203.0.113.9"));
+    assert_eq!(
+        t.client_address(ip("10.0.0.1"), &real_ip),
+        ClientAddress::Unnamed
+    );
     forwarded.insert(&X_FORWARDED_FOR, HeaderValue::from_static("203.0.113.9"));
     assert_eq!(
         t.client_address(ip("10.0.0.1"), &forwarded),
