@@ -7,6 +7,9 @@
 //! [`ProxyError::UpstreamTimeout`].
 
 mod connector;
+// Wired in by the commits that follow: the wire format first, for its proofs.
+#[allow(dead_code)]
+pub(crate) mod http1;
 mod pool;
 mod request;
 
