@@ -459,9 +459,42 @@ pub struct ConnectionMetrics {
     pub upstream_open: Gauge,
     /// Requests that waited for an upstream connection under `max_upstream`.
     pub upstream_waited: Counter,
+    /// Requests the hand-written HTTP/1.1 client (`connections.upstream_http1: idemgate`)
+    /// handed to hyper's, by reason.
+    upstream_http1_handoffs: Family<ReasonLabel, Counter>,
+}
+
+/// Why the hand-written HTTP/1.1 upstream client handed a request to hyper's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// A protocol switch (WebSocket): hyper's client carries upgrades.
+    Upgrade,
+}
+
+impl Handoff {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Upgrade => "upgrade",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
 }
 
 impl ConnectionMetrics {
+    /// Counts one request handed to hyper's HTTP/1.1 client for `reason`.
+    pub fn upstream_http1_handoff(&self, reason: Handoff) {
+        self.upstream_http1_handoffs
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "client_connections",
@@ -497,6 +530,11 @@ impl ConnectionMetrics {
             "upstream_connections_waited",
             "Requests that waited for an upstream connection under connections.max_upstream",
             self.upstream_waited.clone(),
+        );
+        registry.register(
+            "upstream_http1_handoffs",
+            "Requests the hand-written HTTP/1.1 upstream client (connections.upstream_http1: idemgate) handed to hyper's, by reason",
+            self.upstream_http1_handoffs.clone(),
         );
     }
 }

@@ -31,6 +31,10 @@ pub enum BodyError {
     /// Reading the upstream's answer body failed (closed early, or framed wrongly).
     #[error("upstream body: {0}")]
     Upstream(hyper::Error),
+    /// The same, read by the hand-written HTTP/1.1 client
+    /// (`connections.upstream_http1: idemgate`).
+    #[error("upstream body: {0}")]
+    UpstreamWire(std::io::Error),
     /// The upstream sent no part of its answer's body for this long.
     #[error("the upstream sent no part of its answer's body for {0:?}")]
     UpstreamStalled(Duration),

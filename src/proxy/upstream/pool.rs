@@ -20,9 +20,15 @@
 //! with its socket ([`Leased`]): after `101 Switching Protocols` the socket leaves hyper's
 //! connection for the upgraded stream, and both stay taken until that stream is dropped.
 //!
+//! The pool is generic over the kind of HTTP/1.1 connection ([`Handshake`]): hyper's
+//! ([`Hyper`], the default), or the hand-written client's
+//! (`connections.upstream_http1: idemgate`, `super::http1`); the cap, the hand-out order
+//! and the idle expiry are the same for both.
+//!
 //! HTTP/2 connections, shared by concurrent requests rather than handed out whole, are
 //! pooled by [`h2`].
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Once, Weak};
@@ -60,34 +66,87 @@ impl Conn {
     }
 }
 
-/// A connection checked out for one request.
-pub struct Checkout {
+/// A kind of pooled HTTP/1.1 connection: how one starts over a socket, and how the pool
+/// tells whether an idle one can still carry a request.
+pub trait Handshake: Send + Sync + 'static {
     /// The connection.
-    pub conn: Conn,
+    type Conn: Send + 'static;
+
+    /// Starts a connection over `io`, which carries its slot under the cap and its count
+    /// in the open gauge to the end of the socket.
+    fn handshake(&self, io: Leased) -> impl Future<Output = Result<Self::Conn, ProxyError>> + Send;
+
+    /// Whether an idle `conn` can carry another request: the upstream has not closed it,
+    /// nor sent anything unasked.
+    fn usable(conn: &mut Self::Conn) -> bool;
+}
+
+/// hyper's HTTP/1.1 client connections, each driven by a task of its own.
+#[derive(Debug)]
+pub struct Hyper(http1::Builder);
+
+impl Handshake for Hyper {
+    type Conn = Conn;
+
+    async fn handshake(&self, io: Leased) -> Result<Conn, ProxyError> {
+        let (sender, conn) = self
+            .0
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| ProxyError::UpstreamUnreachable(format!("HTTP/1.1 handshake: {e}")))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            // Ending drops the connection and with it the socket, unless an upgrade took it.
+            tokio::select! {
+                biased;
+                _ = stopped => {}
+                result = conn.with_upgrades() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "upstream connection ended with an error");
+                    }
+                }
+            }
+        });
+        Ok(Conn {
+            sender,
+            _stop: stop,
+        })
+    }
+
+    fn usable(conn: &mut Conn) -> bool {
+        // Closed: the upstream closed it, or sent something unasked (hyper's task noticed).
+        !conn.sender.is_closed()
+    }
+}
+
+/// A connection checked out for one request.
+pub struct Checkout<C = Conn> {
+    /// The connection.
+    pub conn: C,
     /// Whether it served an earlier request: only then is a request it gave back unsent
     /// sent again on another (the upstream may have closed it while it sat idle).
     pub reused: bool,
 }
 
-struct Idle {
-    conn: Conn,
+struct Idle<C> {
+    conn: C,
     /// When it came back. tokio's clock rather than std's: the same time in production,
     /// and one a test can pause and move past the idle timeout without waiting for it.
     since: Instant,
 }
 
-impl Idle {
+impl<C> Idle<C> {
     fn expired(&self, now: Instant, timeout: Duration) -> bool {
         now >= self.since + timeout
     }
 }
 
 /// The connections to one upstream origin.
-pub struct Pool {
+pub struct Pool<H: Handshake = Hyper> {
     connector: Connector,
-    builder: http1::Builder,
+    handshake: H,
     /// Oldest first: [`Pool::put`] pushes at the end, [`Pool::take_idle`] pops from it.
-    idle: Mutex<Vec<Idle>>,
+    idle: Mutex<Vec<Idle<H::Conn>>>,
     /// How long a connection may sit idle before it is closed
     /// (`connections.upstream_idle_timeout`), whether or not a checkout comes by.
     idle_timeout: Duration,
@@ -101,7 +160,7 @@ pub struct Pool {
     metrics: Arc<Metrics>,
 }
 
-impl std::fmt::Debug for Pool {
+impl<H: Handshake> std::fmt::Debug for Pool<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("connector", &self.connector)
@@ -112,36 +171,65 @@ impl std::fmt::Debug for Pool {
     }
 }
 
-impl Pool {
-    /// A pool of at most `max` connections made by `connector`, each closed once it has
-    /// been idle for `idle_timeout`.
+impl Pool<Hyper> {
+    /// A pool of at most `max` of hyper's connections made by `connector`, each closed
+    /// once it has been idle for `idle_timeout`.
     pub fn new(
         connector: Connector,
         max: usize,
         idle_timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let slots = Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS)));
+        Self::with(Hyper::default(), connector, slots, idle_timeout, metrics)
+    }
+}
+
+impl Default for Hyper {
+    /// hyper's connections as the proxy sets them up.
+    fn default() -> Self {
         let mut builder = http1::Builder::new();
         // One buffer per write (head and body copied in) rather than a queue of them for
         // `writev`: a request is mostly a head and one small body, and managing the queue
         // costs more than copying.
         builder.writev(false);
+        Self(builder)
+    }
+}
+
+impl<H: Handshake> Pool<H> {
+    /// A pool of `handshake`'s connections made by `connector`, one per permit of `slots`
+    /// (which another pool to the same upstream may share, so that the cap holds for
+    /// both), each closed once it has been idle for `idle_timeout`.
+    pub fn with(
+        handshake: H,
+        connector: Connector,
+        slots: Arc<Semaphore>,
+        idle_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             connector,
-            builder,
+            handshake,
             idle: Mutex::new(Vec::new()),
             idle_timeout,
-            slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            slots,
             returned: Notify::new(),
             sweeper: Once::new(),
             metrics,
         }
     }
 
+    /// Idle connections now, for tests.
+    #[cfg(test)]
+    pub fn idle_count(&self) -> usize {
+        crate::sync::lock(&self.idle).len()
+    }
+
     /// The most recently used idle connection that is still open, else a new one if the
     /// cap allows, else the first of the two to come free. Unbounded in time: the caller
     /// bounds it (waiting here is waiting before anything was sent).
-    pub async fn checkout(self: &Arc<Self>) -> Result<Checkout, ProxyError> {
+    pub async fn checkout(self: &Arc<Self>) -> Result<Checkout<H::Conn>, ProxyError> {
         let mut counted = false;
         loop {
             if let Some(conn) = self.take_idle() {
@@ -186,12 +274,12 @@ impl Pool {
         }
     }
 
-    fn take_idle(&self) -> Option<Conn> {
+    fn take_idle(&self) -> Option<H::Conn> {
         let now = Instant::now();
         let mut idle = crate::sync::lock(&self.idle);
-        while let Some(entry) = idle.pop() {
-            // Closed: the upstream closed it while it sat idle (hyper's task noticed).
-            if !entry.expired(now, self.idle_timeout) && !entry.conn.sender.is_closed() {
+        while let Some(mut entry) = idle.pop() {
+            // Not usable: the upstream closed it while it sat idle, or sent something.
+            if !entry.expired(now, self.idle_timeout) && H::usable(&mut entry.conn) {
                 return Some(entry.conn);
             }
         }
@@ -199,8 +287,8 @@ impl Pool {
     }
 
     /// Takes a connection back for the next request.
-    pub fn put(&self, conn: Conn) {
-        if conn.sender.is_closed() {
+    pub fn put(&self, mut conn: H::Conn) {
+        if !H::usable(&mut conn) {
             return;
         }
         let mut idle = crate::sync::lock(&self.idle);
@@ -212,7 +300,7 @@ impl Pool {
     }
 
     /// Opens a connection in `slot` and starts its task.
-    async fn dial(self: &Arc<Self>, slot: OwnedSemaphorePermit) -> Result<Conn, ProxyError> {
+    async fn dial(self: &Arc<Self>, slot: OwnedSemaphorePermit) -> Result<H::Conn, ProxyError> {
         let io = self.connector.connect().await?;
         let open = self.metrics.connections().upstream_open.clone();
         open.inc();
@@ -221,30 +309,10 @@ impl Pool {
             _slot: slot,
             _open: OpenGuard(open),
         };
-        let (sender, conn) = self
-            .builder
-            .handshake(TokioIo::new(io))
-            .await
-            .map_err(|e| ProxyError::UpstreamUnreachable(format!("HTTP/1.1 handshake: {e}")))?;
+        let conn = self.handshake.handshake(io).await?;
         self.sweeper
             .call_once(|| drop(tokio::spawn(sweep(Arc::downgrade(self), self.idle_timeout))));
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            // Ending drops the connection and with it the socket, unless an upgrade took it.
-            tokio::select! {
-                biased;
-                _ = stopped => {}
-                result = conn.with_upgrades() => {
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "upstream connection ended with an error");
-                    }
-                }
-            }
-        });
-        Ok(Conn {
-            sender,
-            _stop: stop,
-        })
+        Ok(conn)
     }
 }
 
@@ -255,11 +323,11 @@ pub(super) trait Expiring: Send + Sync + 'static {
     fn close_expired(&self, now: Instant) -> Instant;
 }
 
-impl Expiring for Pool {
+impl<H: Handshake> Expiring for Pool<H> {
     fn close_expired(&self, now: Instant) -> Instant {
         let timeout = self.idle_timeout;
         let mut idle = crate::sync::lock(&self.idle);
-        idle.retain(|entry| !entry.expired(now, timeout) && !entry.conn.sender.is_closed());
+        idle.retain_mut(|entry| !entry.expired(now, timeout) && H::usable(&mut entry.conn));
         // The oldest expires first; one that comes back later, a full timeout from now.
         idle.first()
             .map_or(now + timeout, |entry| entry.since + timeout)
@@ -282,14 +350,21 @@ pub(super) async fn sweep<P: Expiring>(pool: Weak<P>, idle_timeout: Duration) {
 }
 
 /// A connection's socket with its slot under the cap and its count in the open gauge, so
-/// that both last exactly as long as the socket: in hyper's connection, or in the stream
-/// an upgrade (`101 Switching Protocols`) hands it to.
-struct Leased {
+/// that both last exactly as long as the socket: in the connection, or in the stream an
+/// upgrade (`101 Switching Protocols`) hands it to.
+pub struct Leased {
     /// Dropped first: the socket closes before its slot frees, so the cap holds for
     /// sockets, not only for handles.
     io: Io,
     _slot: OwnedSemaphorePermit,
     _open: OpenGuard,
+}
+
+impl Leased {
+    /// The socket.
+    pub fn io(&self) -> &Io {
+        &self.io
+    }
 }
 
 impl AsyncRead for Leased {
