@@ -39,7 +39,7 @@ use crate::store::seal::KeyRing;
 use error::CompileError;
 use raw::RawConfig;
 
-pub use connections::{Connections, Linger, UpstreamProtocol};
+pub use connections::{Connections, Linger, UpstreamHttp1, UpstreamProtocol};
 pub use error::ConfigError;
 pub use listen::Admin;
 pub use policy::{

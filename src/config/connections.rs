@@ -1,13 +1,14 @@
 //! `connections:` compiled into [`Connections`]: caps on client and upstream connections
 //! and on the requests one HTTP/2 connection may have open,
-//! the protocol and idle timeout of upstream connections, the read timeout of pass-through
+//! the protocol, HTTP/1.1 client and idle timeout of upstream connections, the read
+//! timeout of pass-through
 //! answers, the send timeout of answers to clients, the [`Linger`] settings of a client
 //! connection's close, and the bytes all requests together may buffer.
 
 use std::time::Duration;
 
 use super::error::CompileError;
-use super::raw::{RawConnections, RawUpstreamProtocol};
+use super::raw::{RawConnections, RawUpstreamHttp1, RawUpstreamProtocol};
 
 /// Bounds on connections, both sides (`connections:`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +33,9 @@ pub struct Connections {
     pub upstream_read_timeout: Duration,
     /// What upstream connections speak (`connections.upstream_protocol`).
     pub upstream_protocol: UpstreamProtocol,
+    /// Which client speaks HTTP/1.1 to the upstream (`connections.upstream_http1`; only
+    /// with `upstream_protocol: http1`).
+    pub upstream_http1: UpstreamHttp1,
     /// Longest a write of an answer to a client may make no progress (nginx's
     /// `send_timeout`): past it the client connection is closed, and with it the requests
     /// it carries (a protected owner runs on detached) and their upstream connections.
@@ -66,6 +70,28 @@ impl UpstreamProtocol {
     }
 }
 
+/// The client that speaks HTTP/1.1 to the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamHttp1 {
+    /// hyper's client connections (the default).
+    #[default]
+    Hyper,
+    /// The hand-written client (`crate::proxy::upstream::http1`), opt-in until the fuzz
+    /// and differential tests of issue 24 prove it; protocol upgrades still go through
+    /// hyper's.
+    Idemgate,
+}
+
+impl UpstreamHttp1 {
+    /// The name in the configuration, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hyper => "hyper",
+            Self::Idemgate => "idemgate",
+        }
+    }
+}
+
 /// A lingering close (nginx's `lingering_close`): after the last answer the proxy closes
 /// its sending side and reads and drops what the client still sends, so a client that
 /// writes its whole request before reading gets the answer instead of a reset.
@@ -94,6 +120,7 @@ impl Default for Connections {
             upstream_idle_timeout: Duration::from_secs(1),
             upstream_read_timeout: Duration::from_secs(60),
             upstream_protocol: UpstreamProtocol::Http1,
+            upstream_http1: UpstreamHttp1::Hyper,
             // nginx's `send_timeout` default.
             client_send_timeout: Duration::from_secs(60),
             linger: Linger {
@@ -125,6 +152,11 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
             Some(RawUpstreamProtocol::Http1) => UpstreamProtocol::Http1,
             Some(RawUpstreamProtocol::Http2) => UpstreamProtocol::Http2,
         },
+        upstream_http1: match raw.upstream_http1 {
+            None => d.upstream_http1,
+            Some(RawUpstreamHttp1::Hyper) => UpstreamHttp1::Hyper,
+            Some(RawUpstreamHttp1::Idemgate) => UpstreamHttp1::Idemgate,
+        },
         client_send_timeout: raw
             .client_send_timeout
             .map_or(d.client_send_timeout, |t| t.0),
@@ -151,6 +183,14 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
             format!("connections.{key}"),
             "must be above zero",
             *key,
+        ));
+    }
+    if c.upstream_http1 == UpstreamHttp1::Idemgate && c.upstream_protocol != UpstreamProtocol::Http1
+    {
+        return Err(CompileError::new(
+            "connections.upstream_http1",
+            "idemgate is an HTTP/1.1 client: it needs upstream_protocol: http1",
+            "upstream_http1",
         ));
     }
     Ok(c)

@@ -147,6 +147,16 @@ pub enum RawUpstreamProtocol {
     Http2,
 }
 
+/// `connections.upstream_http1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RawUpstreamHttp1 {
+    /// hyper's client connections.
+    Hyper,
+    /// The hand-written client.
+    Idemgate,
+}
+
 /// `connections:` — caps on client and upstream connections, the idle timeout of kept-alive
 /// upstream connections, the read timeout of pass-through answers, the send timeout of
 /// answers to clients, and the lingering close after an early answer.
@@ -159,6 +169,7 @@ pub struct RawConnections {
     pub upstream_idle_timeout: Option<ConfigDuration>,
     pub upstream_read_timeout: Option<ConfigDuration>,
     pub upstream_protocol: Option<RawUpstreamProtocol>,
+    pub upstream_http1: Option<RawUpstreamHttp1>,
     pub client_send_timeout: Option<ConfigDuration>,
     pub lingering_time: Option<ConfigDuration>,
     pub lingering_timeout: Option<ConfigDuration>,

@@ -1,5 +1,7 @@
 //! The connection to the application: a keep-alive [`pool`] of hyper's HTTP/1.1 client
 //! connections, or of HTTP/2 ones (`connections.upstream_protocol: http2`, [`pool::h2`]),
+//! or of the hand-written HTTP/1.1 client's (`connections.upstream_http1: idemgate`,
+//! [`http1`], opt-in),
 //! TLS for `https://` upstreams, requests rewritten to origin form
 //! ([`request`]), and failures classified by whether the request may have reached the
 //! upstream: only one that provably never went out is [`ProxyError::UpstreamUnreachable`]
@@ -7,8 +9,6 @@
 //! [`ProxyError::UpstreamTimeout`].
 
 mod connector;
-// Wired in by the commits that follow: the wire format first, for its proofs.
-#[allow(dead_code)]
 pub(crate) mod http1;
 mod pool;
 mod request;
@@ -23,18 +23,30 @@ use http::uri::Scheme;
 use http::{HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
+use tokio::sync::Semaphore;
 
 use super::body::{BodyError, ProxyBody, ReadGap};
 use super::headers::Forwarding;
-use crate::config::{Connections, Upstream, UpstreamProtocol};
+use crate::config::{Connections, Upstream, UpstreamHttp1, UpstreamProtocol};
 use crate::error::ProxyError;
-use crate::metrics::Metrics;
+use crate::metrics::{Handoff, Metrics};
 
 /// The connections of one protocol.
 #[derive(Debug, Clone)]
 enum Pools {
     Http1(Arc<pool::Pool>),
     Http2(Arc<pool::h2::Pool>),
+    /// The hand-written client's, and hyper's for the requests it hands over.
+    Own(Arc<OwnPools>),
+}
+
+/// The pools of `connections.upstream_http1: idemgate`, under one cap.
+#[derive(Debug)]
+struct OwnPools {
+    own: Arc<pool::Pool<http1::Own>>,
+    /// For protocol upgrades, which hyper's client carries.
+    hyper: Arc<pool::Pool>,
+    metrics: Arc<Metrics>,
 }
 
 /// A pooled client for one upstream origin.
@@ -67,11 +79,31 @@ impl UpstreamClient {
             })
         });
         let h2 = connections.upstream_protocol == UpstreamProtocol::Http2;
-        let connector = connector::Connector::new(authority.host(), port, tls, h2);
+        let connector = connector::Connector::new(authority.host(), port, tls.clone(), h2);
         let (max, idle) = (connections.max_upstream, connections.upstream_idle_timeout);
         let metrics = Arc::clone(metrics);
         let pool = if h2 {
             Pools::Http2(Arc::new(pool::h2::Pool::new(connector, max, idle, metrics)))
+        } else if connections.upstream_http1 == UpstreamHttp1::Idemgate {
+            let slots = Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS)));
+            let hyper_connector = connector::Connector::new(authority.host(), port, tls, false);
+            Pools::Own(Arc::new(OwnPools {
+                own: Arc::new(pool::Pool::with(
+                    http1::Own,
+                    connector,
+                    Arc::clone(&slots),
+                    idle,
+                    Arc::clone(&metrics),
+                )),
+                hyper: Arc::new(pool::Pool::with(
+                    pool::Hyper::default(),
+                    hyper_connector,
+                    slots,
+                    idle,
+                    Arc::clone(&metrics),
+                )),
+                metrics,
+            }))
         } else {
             Pools::Http1(Arc::new(pool::Pool::new(connector, max, idle, metrics)))
         };
@@ -138,6 +170,23 @@ impl UpstreamClient {
         });
         let pool = match &self.pool {
             Pools::Http1(pool) => pool,
+            Pools::Own(pools) if upgrade => {
+                pools
+                    .metrics
+                    .connections()
+                    .upstream_http1_handoff(Handoff::Upgrade);
+                &pools.hyper
+            }
+            Pools::Own(pools) => {
+                // Boxed, as HTTP/2's below.
+                let sent = Box::pin(http1::send(&pools.own, parts, body, sending, self.read_gap));
+                return sent.await.map(|response| {
+                    response.map(|body| UpstreamBody {
+                        body: Held::Own(body),
+                        read_gap: self.read_gap,
+                    })
+                });
+            }
             Pools::Http2(pool) => {
                 if upgrade {
                     return Err(ProxyError::NotImplemented(
@@ -421,6 +470,8 @@ enum Held {
     Http1(pool::PooledBody),
     /// The HTTP/2 stream, let go at the end (or on an error).
     Http2(hyper::body::Incoming, Option<pool::h2::Stream>),
+    /// The hand-written client's connection, handed back at the end.
+    Own(http1::body::AnswerBody),
 }
 
 impl ReadGap for UpstreamBody {
@@ -438,6 +489,7 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let polled = match &mut self.get_mut().body {
+            Held::Own(body) => return Pin::new(body).poll_frame(cx),
             Held::Http1(body) => Pin::new(body).poll_frame(cx),
             Held::Http2(body, stream) => {
                 let polled = Pin::new(&mut *body).poll_frame(cx);
@@ -454,6 +506,7 @@ impl Body for UpstreamBody {
         match &self.body {
             Held::Http1(body) => body.is_end_stream(),
             Held::Http2(body, _) => body.is_end_stream(),
+            Held::Own(body) => body.is_end_stream(),
         }
     }
 
@@ -461,6 +514,7 @@ impl Body for UpstreamBody {
         match &self.body {
             Held::Http1(body) => body.size_hint(),
             Held::Http2(body, _) => body.size_hint(),
+            Held::Own(body) => body.size_hint(),
         }
     }
 }

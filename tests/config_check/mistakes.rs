@@ -72,6 +72,32 @@ fn unknown_upstream_protocol_names_its_place() {
 }
 
 #[test]
+fn the_hand_written_http1_client_is_opt_in_and_http1_only() {
+    let base = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n";
+    let config = Config::parse(base, "proxy.yaml").unwrap();
+    assert_eq!(
+        config.connections.upstream_http1,
+        idemgate::config::UpstreamHttp1::Hyper
+    );
+    let own = format!("{base}connections:\n  upstream_http1: idemgate\n");
+    let config = Config::parse(&own, "proxy.yaml").unwrap();
+    assert_eq!(
+        config.connections.upstream_http1,
+        idemgate::config::UpstreamHttp1::Idemgate
+    );
+    let with_h2 =
+        format!("{base}connections:\n  upstream_protocol: http2\n  upstream_http1: idemgate\n");
+    let (line, _, key, message) = invalid(&with_h2);
+    assert_eq!(line, 5);
+    assert_eq!(key, "connections.upstream_http1");
+    assert!(message.contains("upstream_protocol: http1"), "{message}");
+    let unknown = format!("{base}connections:\n  upstream_http1: mine\n");
+    let (_, _, key, message) = invalid(&unknown);
+    assert_eq!(key, "connections.upstream_http1");
+    assert!(message.contains("unknown variant `mine`"), "{message}");
+}
+
+#[test]
 fn bad_duration_names_its_place() {
     let text = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\ndefaults:\n  ttl: 24x\n";
     let (line, column, key, message) = invalid(text);

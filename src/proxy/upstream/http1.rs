@@ -25,24 +25,130 @@ pub(crate) mod encode;
 pub(crate) mod head;
 pub(crate) mod upload;
 
-use super::pool::{Handshake, Leased};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Response;
+
+use super::pool::{Handshake, Leased, Pool};
+use super::request;
 use crate::error::ProxyError;
+use crate::proxy::body::ProxyBody;
+use body::AnswerBody;
 use connection::Connection;
+use decoder::Decoder;
+use encode::{encode_head, BodyFraming};
+use head::Head;
+use upload::{declared_trailers, SendError, Upload, COALESCE_BODY};
 
 /// The hand-written client's connections, for `super::pool::Pool`: nothing to negotiate,
 /// and an idle one is usable while nothing arrived on it.
 #[derive(Debug, Default)]
 pub(crate) struct Own;
 
-impl Handshake for Own {
-    type Conn = Connection;
+/// A pooled connection of the hand-written client.
+#[derive(Debug)]
+pub(crate) enum Pooled {
+    /// Idle.
+    Ready(Connection),
+    /// Still sending the rest of a request whose answer came and ended first (a task of
+    /// [`body::AnswerBody`]); the connection once that went out whole in time. The next
+    /// request that takes it waits for that, as it would for hyper's connection task.
+    Finishing(tokio::task::JoinHandle<Option<Connection>>),
+}
 
-    async fn handshake(&self, io: Leased) -> Result<Connection, ProxyError> {
-        Ok(Connection::new(io))
+impl Pooled {
+    /// The connection, once it is ready; `None`: it is not usable after all.
+    async fn ready(self) -> Option<Connection> {
+        let mut conn = match self {
+            Self::Ready(conn) => conn,
+            Self::Finishing(task) => task.await.ok().flatten()?,
+        };
+        conn.is_idle_and_open().then_some(conn)
+    }
+}
+
+impl Handshake for Own {
+    type Conn = Pooled;
+
+    async fn handshake(&self, io: Leased) -> Result<Pooled, ProxyError> {
+        Ok(Pooled::Ready(Connection::new(io)))
     }
 
-    fn usable(conn: &mut Connection) -> bool {
-        conn.is_idle_and_open()
+    fn usable(conn: &mut Pooled) -> bool {
+        match conn {
+            Pooled::Ready(conn) => conn.is_idle_and_open(),
+            // Ended: ready at once, and checked then.
+            Pooled::Finishing(_) => true,
+        }
+    }
+}
+
+/// Sends a request that `request::prepare` made ready on a connection of `pool`, and
+/// reads its answer head; the answer's body hands the connection back at its end and
+/// finishes an upload the upstream answered early within `finish_within`. As on hyper's
+/// connections: the request goes out again on another connection only if not a byte of
+/// it went out on a reused one (the upstream closed it while it sat idle), and is
+/// [`ProxyError::UpstreamUnreachable`] only if not a byte went out; `sending` is set
+/// once it was handed to a connection. The answer head passes `request::check_answer`.
+pub(super) async fn send(
+    pool: &Arc<Pool<Own>>,
+    parts: http::request::Parts,
+    body: ProxyBody,
+    sending: &AtomicBool,
+    finish_within: Duration,
+) -> Result<Response<AnswerBody>, ProxyError> {
+    let framing = BodyFraming::of(&parts.headers, &body);
+    let spare = match framing {
+        BodyFraming::Length(n) if n <= COALESCE_BODY as u64 => n as usize,
+        _ => 0,
+    };
+    let head = encode_head(&parts, framing, spare);
+    let mut upload = Upload::new(head, framing, body, declared_trailers(&parts.headers));
+    let method = parts.method;
+    loop {
+        let checkout = pool.checkout().await?;
+        let Some(mut conn) = checkout.conn.ready().await else {
+            continue;
+        };
+        sending.store(true, Ordering::Relaxed);
+        let head = match conn.exchange(&mut upload, &method).await {
+            Ok(head) => head,
+            // Not a byte went out, and the request is whole: the upstream closed this
+            // connection while it sat idle. It goes out on another.
+            Err(SendError::Unsent(_)) if checkout.reused && upload.repeatable() => {
+                sending.store(false, Ordering::Relaxed);
+                continue;
+            }
+            Err(SendError::Unsent(e)) => {
+                tracing::warn!(error = %e, "upstream request not sent");
+                return Err(ProxyError::UpstreamUnreachable(e.to_string()));
+            }
+            Err(SendError::Io(e)) => {
+                tracing::warn!(error = %e, "upstream request failed");
+                return Err(ProxyError::UpstreamFailed(e.to_string()));
+            }
+            Err(SendError::Body(e)) => return Err(super::body_failed(&e)),
+        };
+        let Head {
+            mut parts,
+            framing,
+            keep_alive,
+        } = head;
+        if let Err(why) = request::check_answer(&method, parts.status, &mut parts.headers, false) {
+            tracing::warn!(error = why, "upstream answer refused");
+            return Err(ProxyError::UpstreamFailed(why.into()));
+        }
+        let returning = keep_alive.then(|| Arc::clone(pool));
+        let body = AnswerBody::new(
+            conn,
+            Decoder::new(framing),
+            Some(upload),
+            returning,
+            finish_within,
+        );
+        return Ok(Response::from_parts(parts, body));
     }
 }
 

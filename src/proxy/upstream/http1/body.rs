@@ -14,7 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 use super::connection::Connection;
 use super::decoder::Decoder;
 use super::upload::Upload;
-use super::Own;
+use super::{Own, Pooled};
 use crate::proxy::body::BodyError;
 use crate::proxy::upstream::pool::Pool;
 
@@ -22,13 +22,18 @@ use crate::proxy::upstream::pool::Pool;
 pub(crate) struct AnswerBody {
     conn: Option<Connection>,
     decoder: Decoder,
-    /// The rest of a request the upstream answered before it was whole.
-    upload: Option<Upload>,
+    /// The rest of a request the upstream answered before it was whole. Boxed: rare, and
+    /// the body is moved with every answer.
+    upload: Option<Box<Upload>>,
     /// Where the connection goes at the end; `None`: it is not reused.
     returning: Option<Arc<Pool<Own>>>,
     /// How long the rest of the upload may take once the answer has ended
     /// (`connections.upstream_read_timeout`).
     finish_within: Duration,
+    /// A failure of the body, reported at the next poll: see [`Body::poll_frame`].
+    failed: Option<std::io::Error>,
+    /// A data frame was handed on.
+    yielded: bool,
 }
 
 impl std::fmt::Debug for AnswerBody {
@@ -54,9 +59,11 @@ impl AnswerBody {
         let mut body = Self {
             conn: Some(conn),
             decoder,
-            upload: upload.filter(|upload| !upload.is_done()),
+            upload: upload.filter(|upload| !upload.is_done()).map(Box::new),
             returning: pool,
             finish_within,
+            failed: None,
+            yielded: false,
         };
         // hyper never polls a body that says it is over (an empty one): hand back now.
         if body.decoder.is_done() {
@@ -73,30 +80,34 @@ impl AnswerBody {
         match self.upload.take() {
             // Bytes past the answer's end: the upstream and the framing disagree, and the
             // next request would read them as its answer (`Pool::put` checks).
-            None => pool.put(conn),
-            Some(upload) => drop(tokio::spawn(finish_upload(
+            None => pool.put(Pooled::Ready(conn)),
+            Some(upload) => pool.put(Pooled::Finishing(tokio::spawn(finish_upload(
                 conn,
                 upload,
-                pool,
                 self.finish_within,
-            ))),
+            )))),
         }
     }
 }
 
-/// Sends the rest of a request whose answer came and ended first (as hyper's connection
-/// task does), then hands the connection back; within `within`, else it is closed.
+/// Sends the rest of a request whose answer came and ended first, as hyper's connection
+/// task does; the connection if it all went out within `within`.
 async fn finish_upload(
     mut conn: Connection,
-    mut upload: Upload,
-    pool: Arc<Pool<Own>>,
+    mut upload: Box<Upload>,
     within: Duration,
-) {
+) -> Option<Connection> {
     let sent = std::future::poll_fn(|cx| upload.poll_send(conn.io(), cx));
     match tokio::time::timeout(within, sent).await {
-        Ok(Ok(())) => pool.put(conn),
-        Ok(Err(e)) => tracing::debug!(error = %e, "the rest of an answered upload failed"),
-        Err(_) => tracing::debug!("the rest of an answered upload timed out"),
+        Ok(Ok(())) => Some(conn),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "the rest of an answered upload failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("the rest of an answered upload timed out");
+            None
+        }
     }
 }
 
@@ -109,6 +120,9 @@ impl Body for AnswerBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
+        if let Some(e) = this.failed.take() {
+            return Poll::Ready(Some(Err(BodyError::UpstreamWire(e))));
+        }
         let Some(conn) = this.conn.as_mut() else {
             return Poll::Ready(None);
         };
@@ -132,7 +146,8 @@ impl Body for AnswerBody {
             // A sized body may say it is over with its last frame, and trailers end a
             // chunked one: hyper's server polls neither again.
             Poll::Ready(Some(Ok(_))) if this.decoder.is_done() => this.finish(),
-            Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
+            Poll::Ready(Some(Ok(_))) => this.yielded = true,
+            Poll::Pending => {}
             // A failed body leaves the connection in an unknown state: never reuse it.
             Poll::Ready(Some(Err(_))) => {
                 this.returning = None;
@@ -140,7 +155,22 @@ impl Body for AnswerBody {
                 this.upload = None;
             }
         }
-        polled.map(|frame| frame.map(|result| result.map_err(BodyError::UpstreamWire)))
+        match polled {
+            // After data, reported at the next poll, after a wake: hyper's server drops
+            // what it has not yet written of an answer when its body fails, so the data
+            // that came before the failure (a body cut short by a close) first goes out
+            // with the head, as it does when hyper's client sends the failure on later.
+            // A body that fails before any data fails at once: no head goes out either,
+            // as with hyper's client, which has the failure ready by then.
+            Poll::Ready(Some(Err(e))) if this.yielded => {
+                this.failed = Some(e);
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            polled => {
+                polled.map(|frame| frame.map(|result| result.map_err(BodyError::UpstreamWire)))
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {

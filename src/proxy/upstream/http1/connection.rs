@@ -68,11 +68,6 @@ impl Connection {
         )
     }
 
-    /// Whether nothing past the end of the last answer has arrived.
-    pub(crate) fn nothing_unread(&self) -> bool {
-        self.read.is_empty()
-    }
-
     /// The socket, for the upload.
     pub(crate) fn io(&mut self) -> &mut Leased {
         &mut self.io

@@ -20,7 +20,7 @@ use super::body::AnswerBody;
 use super::decoder::Decoder;
 use super::encode::{encode_head, BodyFraming};
 use super::upload::Upload;
-use super::Own;
+use super::{Own, Pooled};
 use crate::metrics::Metrics;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::upstream::connector::Connector;
@@ -122,7 +122,8 @@ fn pool(upstream: &Upstream, max: usize, idle: Duration) -> Arc<Pool<Own>> {
 
 /// Sends `GET /` on the checked-out connection; the answer's body hands it back to `pool`
 /// if the answer keeps it alive.
-async fn get(pool: &Arc<Pool<Own>>, mut checkout: Checkout<super::Connection>) -> AnswerBody {
+async fn get(pool: &Arc<Pool<Own>>, checkout: Checkout<Pooled>) -> AnswerBody {
+    let mut conn = checkout.conn.ready().await.expect("a usable connection");
     let parts = http::Request::get("/")
         .header("host", "x")
         .body(())
@@ -132,23 +133,14 @@ async fn get(pool: &Arc<Pool<Own>>, mut checkout: Checkout<super::Connection>) -
     let body = ProxyBody::empty();
     let framing = BodyFraming::of(&parts.headers, &body);
     let mut upload = Upload::new(encode_head(&parts, framing, 0), framing, body, None);
-    let head = within(
-        checkout.conn.exchange(&mut upload, &Method::GET),
-        "an answer",
-    )
-    .await
-    .expect("an answer");
+    let head = within(conn.exchange(&mut upload, &Method::GET), "an answer")
+        .await
+        .expect("an answer");
     let pool = head.keep_alive.then(|| Arc::clone(pool));
-    AnswerBody::new(
-        checkout.conn,
-        Decoder::new(head.framing),
-        Some(upload),
-        pool,
-        HANG,
-    )
+    AnswerBody::new(conn, Decoder::new(head.framing), Some(upload), pool, HANG)
 }
 
-async fn get_all(pool: &Arc<Pool<Own>>, checkout: Checkout<super::Connection>) -> String {
+async fn get_all(pool: &Arc<Pool<Own>>, checkout: Checkout<Pooled>) -> String {
     let body = get(pool, checkout).await;
     let bytes = within(body.collect(), "the answer body")
         .await
