@@ -116,14 +116,51 @@ pub async fn start_proxy_tuned(
 
 /// `text` speaking to its upstream in the protocol `IDEMGATE_TEST_UPSTREAM_PROTOCOL` names
 /// (`scripts/test` runs the exactly-once and failure suites again with `http2`), unless
-/// the test sets its own `connections:`.
+/// the test sets its own `connections:`; and over HTTP/1.1 with the client
+/// `IDEMGATE_TEST_UPSTREAM_HTTP1` names (`idemgate`: the hand-written one), also added to
+/// a test's own one-line `connections: { ... }` that names no upstream protocol or client
+/// (the keep-alive and stall tests set only their timeouts there); never with `http2`,
+/// which that client does not speak.
 pub fn with_upstream_protocol(text: &str) -> String {
-    match std::env::var("IDEMGATE_TEST_UPSTREAM_PROTOCOL") {
-        Ok(protocol) if !text.contains("\nconnections:") && !text.starts_with("connections:") => {
-            format!("{text}\nconnections: {{ upstream_protocol: {protocol} }}\n")
+    let protocol = std::env::var("IDEMGATE_TEST_UPSTREAM_PROTOCOL").ok();
+    let client = std::env::var("IDEMGATE_TEST_UPSTREAM_HTTP1")
+        .ok()
+        .filter(|_| protocol.as_deref().is_none_or(|p| p == "http1"));
+    let own = text.starts_with("connections:") || text.contains("\nconnections:");
+    if own {
+        let Some(client) = client else {
+            return text.to_owned();
+        };
+        let flow = if text.starts_with("connections: {") {
+            Some(0)
+        } else {
+            text.find("\nconnections: {").map(|i| i + 1)
+        };
+        let Some(at) = flow else {
+            return text.to_owned();
+        };
+        let line = &text[at..text[at..].find('\n').map_or(text.len(), |n| at + n)];
+        if line.contains("upstream_protocol") || line.contains("upstream_http1") {
+            return text.to_owned();
         }
-        _ => text.to_owned(),
+        let open = at + "connections: {".len();
+        return format!(
+            "{} upstream_http1: {client},{}",
+            &text[..open],
+            &text[open..]
+        );
     }
+    let mut settings = Vec::new();
+    if let Some(protocol) = &protocol {
+        settings.push(format!("upstream_protocol: {protocol}"));
+    }
+    if let Some(client) = client {
+        settings.push(format!("upstream_http1: {client}"));
+    }
+    if settings.is_empty() {
+        return text.to_owned();
+    }
+    format!("{text}\nconnections: {{ {} }}\n", settings.join(", "))
 }
 
 /// A real `idemgate run` process (so it can be signalled or SIGKILLed like a replica).

@@ -45,6 +45,44 @@ async fn protocol_upgrades_are_spliced_through() {
     }
 }
 
+/// The hand-written HTTP/1.1 client hands protocol upgrades to hyper's, and counts each;
+/// plain requests stay with it and are not counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrades_on_the_hand_written_client_go_through_hyper_and_are_counted() {
+    let upstream = start_upstream().await;
+    let routes = format!("connections: {{ upstream_http1: idemgate }}\n{ROUTES}");
+    let proxy = start_proxy(upstream.addr, &routes).await;
+    let handoffs = "idemgate_upstream_http1_handoffs_total{reason=\"upgrade\"}";
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"GET /echo-headers HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let head = read_head(&mut stream).await.expect("an answer head");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let mut body = vec![0u8; common::content_length_of(&head)];
+    stream.read_exact(&mut body).await.unwrap();
+    let metrics = common::metrics_text(proxy.admin).await;
+    assert!(!metrics.contains(handoffs), "{metrics}");
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        stream
+            .write_all(
+                b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let head = read_head(&mut stream).await.expect("an answer head");
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        stream.write_all(b"ping").await.unwrap();
+        let mut back = [0u8; 4];
+        stream.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"ping");
+    }
+    let metrics = common::metrics_text(proxy.admin).await;
+    assert!(metrics.contains(&format!("{handoffs} 2\n")), "{metrics}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_are_served_and_protected() {
     let upstream = start_upstream().await;
