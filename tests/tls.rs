@@ -1,10 +1,12 @@
 //! TLS with rustls: termination with ALPN h2 and http/1.1, mutual TLS with `client_cert`
-//! scopes, and `https://` upstreams verified against a given CA. Certificates come from a
+//! scopes, and `https://` upstreams verified against a given CA, whose connections are
+//! reused only with nothing unread in TLS either. Certificates come from a
 //! test CA generated here with rcgen.
 
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -474,4 +476,106 @@ async fn an_https_upstream_is_spoken_to_in_http2_only_if_it_selects_alpn_h2() {
         "urn:idemgate:problem:upstream-unreachable"
     );
     assert_eq!(upstream.executed(), 1);
+}
+
+/// Reads one request head (and its `Content-Length` body) off `read`; `false` once the
+/// connection ended.
+async fn read_request<R: tokio::io::AsyncBufRead + Unpin>(read: &mut R) -> bool {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return false;
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    read.read_exact(&mut body).await.is_ok()
+}
+
+/// Over TLS, what the upstream sent past an answer's end may already be decrypted and held
+/// by rustls when the answer has been read, with nothing left for the socket to report:
+/// here the answer fills one TLS record (16 KiB, as much as the hand-written client's
+/// first read takes) and a forged answer follows in the same write, so the socket read
+/// that completes the answer's record takes in the forged one whole, and is short, which
+/// tokio takes for a drained socket (it clears the readiness). The connection is not
+/// reused, and the next request, of another caller, gets its own answer. Before, the
+/// hand-written client looked at the socket's readiness alone to tell whether an idle
+/// connection had something unread: it pooled this one, and the next request got the
+/// forged answer, stored under its key. hyper's connection task reads through TLS while
+/// idle, sees the bytes and closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_past_an_https_answer_already_decrypted_never_reach_the_next_request() {
+    use tokio::io::{AsyncWriteExt, BufReader};
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("upstream", &["localhost"]);
+    let mut server = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_file(&cert).unwrap()],
+            PrivateKeyDer::from_pem_file(&key).unwrap(),
+        )
+        .unwrap();
+    // Nothing but answers after the handshake.
+    server.send_tls13_tickets = 0;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    // One TLS record of answer, then the forged answer.
+    let record = 16 * 1024;
+    let length = record - "HTTP/1.1 201 Created\r\ncontent-length: 16337\r\n\r\n".len();
+    let mut first =
+        format!("HTTP/1.1 201 Created\r\ncontent-length: {length}\r\n\r\n").into_bytes();
+    first.resize(record, b'a');
+    first.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nforged");
+    let first: &'static [u8] = first.leak();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&requests);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, count) = (acceptor.clone(), Arc::clone(&count));
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let (read, mut write) = tokio::io::split(tls);
+                let mut read = BufReader::new(read);
+                while read_request(&mut read).await {
+                    let answer: &[u8] = match count.fetch_add(1, SeqCst) {
+                        0 => first,
+                        _ => b"HTTP/1.1 201 Created\r\ncontent-length: 3\r\n\r\nown",
+                    };
+                    // One write: both answers in one run of TLS records.
+                    write.write_all(answer).await.unwrap();
+                    write.flush().await.unwrap();
+                }
+            });
+        }
+    });
+    let config = format!(
+        "listen: 127.0.0.1:0\nupstream: https://localhost:{port}\nupstream_ca: \"{}\"\n\
+         connections: {{ upstream_idle_timeout: 1h }}\n{ROUTES}",
+        pki.path("ca.pem").display()
+    );
+    let proxy = common::start_proxy_from(&config, None).await;
+    let answered = common::post(proxy.addr, "/orders", &[("idempotency-key", "a")], "{}").await;
+    assert_eq!(answered.status, StatusCode::CREATED);
+    assert_eq!(answered.body.len(), length);
+    let next = common::post(proxy.addr, "/orders", &[("idempotency-key", "b")], "{}").await;
+    assert_eq!(
+        (next.status, &next.body[..]),
+        (StatusCode::CREATED, &b"own"[..]),
+        "{:?}",
+        String::from_utf8_lossy(&next.body)
+    );
+    assert_eq!(requests.load(SeqCst), 2);
 }

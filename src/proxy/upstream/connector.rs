@@ -113,16 +113,6 @@ impl Connector {
     }
 }
 
-impl Io {
-    /// The TCP connection under it.
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            Io::Plain(tcp) => tcp,
-            Io::Tls(tls) => tls.get_ref().0,
-        }
-    }
-}
-
 impl AsyncRead for Io {
     fn poll_read(
         self: Pin<&mut Self>,

@@ -360,13 +360,6 @@ pub struct Leased {
     _open: OpenGuard,
 }
 
-impl Leased {
-    /// The socket.
-    pub fn io(&self) -> &Io {
-        &self.io
-    }
-}
-
 impl AsyncRead for Leased {
     fn poll_read(
         self: Pin<&mut Self>,

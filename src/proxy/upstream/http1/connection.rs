@@ -47,19 +47,15 @@ impl Connection {
 
     /// Whether an idle connection can carry a request: nothing of its last answer's
     /// exchange is left unread, and the upstream has neither closed it nor sent anything
-    /// unasked since. Looks at the readiness the runtime already has and reads only if the
-    /// socket was reported readable, so a quiet connection costs no syscall.
+    /// unasked since. One read, through TLS: what TLS already holds counts (bytes it
+    /// decrypted past the answer, a `close_notify`), though the socket has nothing more to
+    /// report (a short read cleared its readiness); a session ticket is consumed. A quiet
+    /// socket costs no syscall: the runtime answers from the readiness it has.
     pub(crate) fn is_idle_and_open(&mut self) -> bool {
         if !self.read.is_empty() {
             return false;
         }
         let mut cx = Context::from_waker(Waker::noop());
-        match self.io.io().tcp().poll_read_ready(&mut cx) {
-            Poll::Pending => return true,
-            Poll::Ready(Err(_)) => return false,
-            Poll::Ready(Ok(())) => {}
-        }
-        // Readable: a close, unasked bytes, or (TLS) a session ticket the read consumes.
         let mut probe = [0u8; 64];
         let mut buf = ReadBuf::new(&mut probe);
         matches!(
