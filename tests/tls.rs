@@ -579,3 +579,86 @@ async fn bytes_past_an_https_answer_already_decrypted_never_reach_the_next_reque
     );
     assert_eq!(requests.load(SeqCst), 2);
 }
+
+/// An https upstream that completes each TLS handshake and closes the connection in the
+/// write that ends it: TLS 1.2's last flight (the server's `Finished`) and `close_notify`
+/// go out together, so a client holds the close before it could write a request. Every
+/// handshake is a full one (no session resumption, which would end with the client's
+/// flight instead). Counts the connections it accepts.
+fn closing_at_handshake(pki: &Pki) -> (u16, Arc<AtomicUsize>) {
+    let (cert, key) = pki.issue("closing", &["localhost"]);
+    let mut config =
+        rustls::ServerConfig::builder_with_protocol_versions(&[&rustls::version::TLS12])
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from_pem_file(&cert).unwrap()],
+                PrivateKeyDer::from_pem_file(&key).unwrap(),
+            )
+            .unwrap();
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    let config = Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { return };
+            count.fetch_add(1, SeqCst);
+            let mut tls = rustls::ServerConnection::new(Arc::clone(&config)).unwrap();
+            let _ = handshake_then_close(&mut tls, &mut tcp);
+        }
+    });
+    (port, accepted)
+}
+
+/// Drives the server side of a handshake; its last flight goes out in one write with
+/// `close_notify`, and then the connection closes.
+fn handshake_then_close(
+    tls: &mut rustls::ServerConnection,
+    tcp: &mut std::net::TcpStream,
+) -> std::io::Result<()> {
+    while tls.is_handshaking() {
+        while tls.wants_write() {
+            tls.write_tls(tcp)?;
+        }
+        if tls.read_tls(tcp)? == 0 {
+            return Ok(());
+        }
+        tls.process_new_packets().map_err(std::io::Error::other)?;
+    }
+    tls.send_close_notify();
+    while tls.wants_write() {
+        tls.write_tls(tcp)?;
+    }
+    Ok(())
+}
+
+/// A new upstream connection that the upstream closed before a request could go out
+/// carried nothing: the request is `upstream-unreachable` (its key released), at once,
+/// after one connection, as on hyper's. Before, the hand-written client took a new
+/// connection it found closed as it takes an idle one the upstream closed, and dialed
+/// again and again until the request's deadline: hundreds of connections a second against
+/// an upstream that is turning them away. (Before its probe read through TLS, it did not
+/// see this close at all and wrote the request into it: a 502 `upstream-failed`, the key
+/// held as outcome unknown.) The 2 s deadline only bounds how long a failing run takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_upstream_connection_closed_before_the_request_is_dialed_once_and_unreachable() {
+    let pki = Pki::new();
+    let (port, accepted) = closing_at_handshake(&pki);
+    let config = format!(
+        "listen: 127.0.0.1:0\nupstream: https://localhost:{port}\nupstream_ca: \"{}\"\n\
+         defaults: {{ upstream_timeout: 2s }}\n{ROUTES}",
+        pki.path("ca.pem").display()
+    );
+    let proxy = common::start_proxy_from(&config, None).await;
+    let refused = common::post(proxy.addr, "/orders", &[("idempotency-key", "gone")], "{}").await;
+    assert_eq!(refused.status, StatusCode::BAD_GATEWAY, "{refused:?}");
+    assert_eq!(
+        refused.json()["type"],
+        "urn:idemgate:problem:upstream-unreachable",
+        "{:?}",
+        refused.json()
+    );
+    assert_eq!(accepted.load(SeqCst), 1, "connections dialed");
+}

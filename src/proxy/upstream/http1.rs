@@ -110,7 +110,16 @@ pub(super) async fn send(
     loop {
         let checkout = pool.checkout().await?;
         let Some(mut conn) = checkout.conn.ready().await else {
-            continue;
+            // Closed before it took the request (or sent something unasked): an idle one
+            // the upstream let go of, so another is taken; a new one means the upstream
+            // turns connections away, and dialing again would only repeat that until the
+            // deadline. Nothing was sent either way.
+            if checkout.reused {
+                continue;
+            }
+            return Err(ProxyError::UpstreamUnreachable(
+                "the upstream closed a new connection".into(),
+            ));
         };
         sending.store(true, Ordering::Relaxed);
         let head = match conn.exchange(&mut upload, &method).await {
