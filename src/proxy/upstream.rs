@@ -168,14 +168,15 @@ impl UpstreamClient {
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
                 .or_else(|| self.host.clone())
         });
-        let pool = match &self.pool {
-            Pools::Http1(pool) => pool,
+        // `handed_over`: an upgrade the hand-written client gave to hyper's pool.
+        let (pool, handed_over) = match &self.pool {
+            Pools::Http1(pool) => (pool, false),
             Pools::Own(pools) if upgrade => {
                 pools
                     .metrics
                     .connections()
                     .upstream_http1_handoff(Handoff::Upgrade);
-                &pools.hyper
+                (&pools.hyper, true)
             }
             Pools::Own(pools) => {
                 // Boxed, as HTTP/2's below.
@@ -256,7 +257,10 @@ impl UpstreamClient {
                 tracing::warn!(error = why, "upstream answer refused");
                 return Err(ProxyError::UpstreamFailed(why.into()));
             }
-            let keep = request::keeps_alive(head.version, &head.headers);
+            // A handed-over upgrade the upstream refused keeps no connection: idle in
+            // hyper's pool, it would hold a slot under the cap that shares it with the
+            // hand-written client's, whose requests cannot take it.
+            let keep = request::keeps_alive(head.version, &head.headers) && !handed_over;
             let body =
                 pool::PooledBody::new(incoming, checkout.conn, keep.then(|| Arc::clone(pool)));
             return Ok(Response::from_parts(

@@ -83,6 +83,41 @@ async fn upgrades_on_the_hand_written_client_go_through_hyper_and_are_counted() 
     assert!(metrics.contains(&format!("{handoffs} 2\n")), "{metrics}");
 }
 
+/// A handed-over upgrade the upstream refuses (an answer other than `101`, kept alive)
+/// leaves no connection idle in hyper's pool, where it would hold a slot under
+/// `max_upstream` that the hand-written client's requests cannot take: the next request
+/// goes out. Before, with `max_upstream: 1` it waited for that slot until its deadline and
+/// was a 502 `upstream-unreachable` (and with a larger cap, as many refused upgrades as
+/// the cap starved every other request until `upstream_idle_timeout`). The 2 s deadline
+/// only bounds how long a failing run takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_upgrade_on_the_hand_written_client_leaves_no_slot_idle_in_hyper_s_pool() {
+    let upstream = start_upstream().await;
+    let routes = format!(
+        "connections: {{ upstream_http1: idemgate, max_upstream: 1, upstream_idle_timeout: 1h }}\n\
+         defaults: {{ upstream_timeout: 2s }}\n{ROUTES}"
+    );
+    let proxy = start_proxy(upstream.addr, &routes).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // The upstream switches only to `echo`: this one gets a plain 200, kept alive.
+    stream
+        .write_all(
+            b"GET /echo-headers HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let head = read_head(&mut stream).await.expect("an answer head");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let mut body = vec![0u8; common::content_length_of(&head)];
+    stream.read_exact(&mut body).await.unwrap();
+    let handoffs = "idemgate_upstream_http1_handoffs_total{reason=\"upgrade\"}";
+    let metrics = common::metrics_text(proxy.admin).await;
+    assert!(metrics.contains(&format!("{handoffs} 1\n")), "{metrics}");
+    let next = common::post(proxy.addr, "/orders", &[("idempotency-key", "after")], "{}").await;
+    assert_eq!(next.status, StatusCode::CREATED, "{next:?}");
+    assert_eq!(upstream.executed(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_are_served_and_protected() {
     let upstream = start_upstream().await;
