@@ -162,4 +162,6 @@ pub(super) async fn send(
 }
 
 #[cfg(test)]
+mod differential_tests;
+#[cfg(test)]
 mod tests;
