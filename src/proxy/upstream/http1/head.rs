@@ -20,6 +20,9 @@ use crate::proxy::headers::{is_chunked_alone, parse_length};
 pub(crate) const MAX_HEAD: usize = 8192 + 4096 * 100;
 /// Header lines per answer head: hyper's default.
 pub(crate) const MAX_HEADERS: usize = 100;
+/// The largest `Content-Length` taken: hyper's (`DecodedLength`), which keeps the two
+/// values above it to mean "chunked" and "until close".
+const MAX_LENGTH: u64 = u64::MAX - 2;
 
 /// How an answer's body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,6 +178,7 @@ fn framing(
     for value in headers.get_all(CONTENT_LENGTH) {
         for item in value.as_bytes().split(|&b| b == b',') {
             let n = parse_length(item)
+                .filter(|&n| n <= MAX_LENGTH)
                 .ok_or_else(|| invalid("the upstream sent an invalid Content-Length"))?;
             if length.is_some_and(|l| l != n) {
                 return Err(invalid("the upstream sent conflicting Content-Lengths"));

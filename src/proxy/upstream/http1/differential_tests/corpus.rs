@@ -197,6 +197,11 @@ pub(super) fn cases() -> Vec<Case> {
             Refused,
         ),
         case(
+            "length u64::MAX",
+            format!("{OK}Content-Length: 18446744073709551615\r\n\r\nh"),
+            Refused,
+        ),
+        case(
             "length the largest hyper takes, cut short",
             format!("{OK}Content-Length: 18446744073709551613\r\n\r\nh"),
             Cut,
