@@ -237,17 +237,22 @@ pub fn is_forwardable_trailer(name: &HeaderName) -> bool {
 
 /// Whether `Transfer-Encoding` field values (all of a message's, in order) name `chunked`
 /// alone: the one coding this proxy decodes, so the body it passes on is the body that
-/// was sent. Empty list items are skipped, as RFC 9110 §5.6.1 allows.
+/// was sent. Empty list items are skipped, as RFC 9110 §5.6.1 allows, except as the last
+/// item: hyper reads the last item as the final coding, so to it `chunked,` (or a last
+/// field left empty) is no chunked body but one read to the close, and the two readings
+/// of one answer would differ.
 pub fn is_chunked_alone<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> bool {
-    let mut codings = values
+    let mut codings = 0;
+    let mut last_is_chunked = false;
+    for item in values
         .into_iter()
         .flat_map(|value| value.split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .filter(|coding| !coding.is_empty());
-    codings
-        .next()
-        .is_some_and(|first| first.eq_ignore_ascii_case(b"chunked"))
-        && codings.next().is_none()
+    {
+        let coding = item.trim_ascii();
+        codings += usize::from(!coding.is_empty());
+        last_is_chunked = coding.eq_ignore_ascii_case(b"chunked");
+    }
+    codings == 1 && last_is_chunked
 }
 
 #[cfg(test)]
@@ -353,5 +358,21 @@ mod tests {
         assert_eq!(kept[header::CONNECTION], "upgrade");
         strip_hop_by_hop(&mut h, false);
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn chunked_alone_is_chunked_as_hyper_reads_it_too() {
+        let alone = |values: &[&str]| is_chunked_alone(values.iter().map(|v| v.as_bytes()));
+        assert!(alone(&["chunked"]));
+        assert!(alone(&["Chunked "]));
+        assert!(alone(&[", chunked"]));
+        assert!(alone(&["", "chunked"]));
+        // hyper reads these as bodies to the close: its final coding is the empty one.
+        assert!(!alone(&["chunked,"]));
+        assert!(!alone(&["chunked , "]));
+        assert!(!alone(&["chunked", ""]));
+        assert!(!alone(&["chunked, chunked"]));
+        assert!(!alone(&["gzip, chunked"]));
+        assert!(!alone(&[""]));
     }
 }

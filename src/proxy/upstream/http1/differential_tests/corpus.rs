@@ -250,6 +250,19 @@ pub(super) fn cases() -> Vec<Case> {
             Refused,
         ),
         case(
+            "codings chunked, (an empty last item)",
+            format!("{OK}Transfer-Encoding: chunked,\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+            Refused,
+        ),
+        case(
+            "coding fields chunked then empty",
+            format!(
+                "{OK}Transfer-Encoding: chunked\r\nTransfer-Encoding:\r\n\r\n\
+                 5\r\nhello\r\n0\r\n\r\n"
+            ),
+            Refused,
+        ),
+        case(
             "codings , chunked",
             format!("{OK}Transfer-Encoding: , chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
             Kept,
