@@ -214,8 +214,17 @@ pub(crate) fn parse_chunk_size(line: &[u8]) -> io::Result<u64> {
 }
 
 /// A trailer section (its final empty line included), less the fields only a header
-/// section may carry ([`is_forwardable_trailer`]).
+/// section may carry ([`is_forwardable_trailer`]). Its lines end in CRLF, as chunk lines
+/// do: hyper counts trailer lines by their CRLF and refuses more fields than that, so a
+/// bare LF between two fields would have the section read two ways.
 fn parse_trailers(section: &[u8]) -> io::Result<HeaderMap> {
+    let bare_lf = section
+        .iter()
+        .enumerate()
+        .any(|(i, &b)| b == b'\n' && (i == 0 || section[i - 1] != b'\r'));
+    if bare_lf {
+        return Err(invalid("the upstream ended a trailer line with a bare LF"));
+    }
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     match httparse::parse_headers(section, &mut fields) {
         Ok(httparse::Status::Complete((_, fields))) => {

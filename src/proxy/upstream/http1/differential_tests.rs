@@ -26,6 +26,8 @@ pub(super) enum Stricter {
     ExtensionControl,
     /// A chunk line longer than 4 KiB; hyper allows 16 KiB of extensions per body.
     ChunkLineLength,
+    /// A trailer line ended by a bare LF; hyper takes one (and refuses two).
+    TrailerLineEnd,
     /// A head longer than hyper's read buffer limit (`head::MAX_HEAD`); hyper checks its
     /// limit between reads, so a head whose last read overshoots it passes.
     HeadSize,
@@ -47,6 +49,11 @@ impl Stricter {
             Self::ChunkLineLength => {
                 "RFC 9112 §7.1.1: a recipient SHOULD limit the total length of chunk \
                  extensions it takes"
+            }
+            Self::TrailerLineEnd => {
+                "RFC 9112 §2.2: a recipient MAY take a bare LF for a line end, and §7.1 ends \
+                 every chunk line with CRLF; taking it in trailers is where hyper counts \
+                 lines one way and parses them another"
             }
             Self::HeadSize => {
                 "RFC 9110 §5.4: a recipient may refuse a field section larger than it \

@@ -2,7 +2,7 @@
 //! their extensions, and trailer sections (RFC 9112 §7.1), each with the limits hyper
 //! keeps on them.
 
-use super::corpus::{case, chunked, Case, Expect};
+use super::corpus::{case, chunked, Case, Expect, OK};
 use super::Stricter;
 
 fn trailer_fields(n: usize) -> String {
@@ -15,7 +15,7 @@ fn long_extension(len: usize) -> String {
 }
 
 pub(super) fn cases() -> Vec<Case> {
-    use Expect::{Cut, Kept};
+    use Expect::{Cut, Kept, Whole};
     vec![
         // Chunk sizes and lines (RFC 9112 §7.1).
         case("chunk size bare LF", chunked("5\nhello\r\n0\r\n\r\n"), Cut),
@@ -113,6 +113,23 @@ pub(super) fn cases() -> Vec<Case> {
             ),
             Kept,
         ),
+        case(
+            "trailers apart by a bare LF",
+            chunked("0\r\nx-a: 1\nx-b: 2\r\n\r\n"),
+            Cut,
+        ),
+        case(
+            "trailer ended by a bare LF",
+            chunked("0\r\nx-a: 1\n\r\n\r\n"),
+            Kept,
+        )
+        .stricter(Stricter::TrailerLineEnd),
+        case(
+            "trailers after a bare LF",
+            chunked(&format!("0\r\n\n{OK}content-length: 4\r\n\r\nevil")),
+            Whole,
+        )
+        .stricter(Stricter::TrailerLineEnd),
         case("100 trailers", trailer_fields(100), Kept),
         case("101 trailers", trailer_fields(101), Cut),
         case("trailer with NUL", chunked("0\r\nx-a: a\0b\r\n\r\n"), Cut),
