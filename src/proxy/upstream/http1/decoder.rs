@@ -14,7 +14,8 @@ use crate::proxy::headers::is_forwardable_trailer;
 
 /// A chunk-size line, extensions included (hyper allows 16 KiB of extensions in all).
 pub(crate) const MAX_CHUNK_LINE: usize = 4096;
-/// A chunked body's trailer section.
+/// A chunked body's trailer section, from its first byte to its last, is shorter than
+/// this: hyper's limit.
 pub(crate) const MAX_TRAILERS: usize = 16 * 1024;
 
 /// Where in a body the decoder is.
@@ -161,9 +162,9 @@ impl Decoder {
                         *self = Self::Done;
                         continue;
                     }
-                    let window = &read[..read.len().min(MAX_TRAILERS + 4)];
+                    let window = &read[..read.len().min(MAX_TRAILERS - 1)];
                     let Some(end) = window.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        if read.len() > MAX_TRAILERS {
+                        if read.len() >= MAX_TRAILERS - 1 {
                             return Step::Failed(invalid("the upstream sent overlong trailers"));
                         }
                         return Step::NeedMore;

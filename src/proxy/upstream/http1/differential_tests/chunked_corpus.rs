@@ -5,6 +5,11 @@
 use super::corpus::{case, chunked, Case, Expect, OK};
 use super::Stricter;
 
+/// A chunked body whose trailer section (from its first byte to its last) is `len` bytes.
+fn trailers_of(len: usize) -> String {
+    chunked(&format!("0\r\nx-a: {}\r\n\r\n", "a".repeat(len - 9)))
+}
+
 fn trailer_fields(n: usize) -> String {
     chunked(&format!("0\r\n{}\r\n", "x-a: 1\r\n".repeat(n)))
 }
@@ -130,6 +135,9 @@ pub(super) fn cases() -> Vec<Case> {
             Whole,
         )
         .stricter(Stricter::TrailerLineEnd),
+        case("trailers of 16383 bytes", trailers_of(16383), Kept),
+        case("trailers of 16384 bytes", trailers_of(16384), Cut),
+        case("trailers of 16388 bytes", trailers_of(16388), Cut),
         case("100 trailers", trailer_fields(100), Kept),
         case("101 trailers", trailer_fields(101), Cut),
         case("trailer with NUL", chunked("0\r\nx-a: a\0b\r\n\r\n"), Cut),
