@@ -12,15 +12,25 @@ use http_body::Frame;
 use super::head::{invalid, Framing, MAX_HEADERS};
 use crate::proxy::headers::is_forwardable_trailer;
 
-/// A chunk-size line, extensions included (hyper allows 16 KiB of extensions in all).
+/// A chunk-size line, extensions included.
 pub(crate) const MAX_CHUNK_LINE: usize = 4096;
+/// The chunk extensions of a body, in all, are shorter than this: hyper's limit (it counts
+/// the bytes after each `;`).
+pub(crate) const MAX_EXTENSIONS: u64 = 16 * 1024;
 /// A chunked body's trailer section, from its first byte to its last, is shorter than
 /// this: hyper's limit.
 pub(crate) const MAX_TRAILERS: usize = 16 * 1024;
 
-/// Where in a body the decoder is.
+/// Where in a body the decoder is, and how many bytes of chunk extensions it has seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Decoder {
+pub(crate) struct Decoder {
+    state: State,
+    extensions: u64,
+}
+
+/// Where in a body a [`Decoder`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
     /// This many body bytes are still to come.
     Length(u64),
     /// Expecting a chunk-size line.
@@ -53,24 +63,28 @@ pub(crate) enum Step {
 impl Decoder {
     /// The decoder for `framing` (`Empty` and `Upgrade` have no body).
     pub(crate) fn new(framing: Framing) -> Self {
-        match framing {
-            Framing::Empty | Framing::Upgrade | Framing::Length(0) => Self::Done,
-            Framing::Length(n) => Self::Length(n),
-            Framing::Chunked => Self::ChunkSize,
-            Framing::Close => Self::UntilClose,
+        let state = match framing {
+            Framing::Empty | Framing::Upgrade | Framing::Length(0) => State::Done,
+            Framing::Length(n) => State::Length(n),
+            Framing::Chunked => State::ChunkSize,
+            Framing::Close => State::UntilClose,
+        };
+        Self {
+            state,
+            extensions: 0,
         }
     }
 
     /// Whether the body has ended.
     pub(crate) fn is_done(&self) -> bool {
-        *self == Self::Done
+        self.state == State::Done
     }
 
     /// Bytes still to come, when the framing says.
     pub(crate) fn remaining(&self) -> Option<u64> {
-        match self {
-            Self::Length(n) => Some(*n),
-            Self::Done => Some(0),
+        match self.state {
+            State::Length(n) => Some(n),
+            State::Done => Some(0),
             _ => None,
         }
     }
@@ -78,9 +92,9 @@ impl Decoder {
     /// The upstream closed the connection with the decoder here: the end of a body read
     /// to close, and an error anywhere else (the body was cut short).
     pub(crate) fn at_eof(&mut self) -> io::Result<()> {
-        match self {
-            Self::UntilClose | Self::Done => {
-                *self = Self::Done;
+        match self.state {
+            State::UntilClose | State::Done => {
+                self.state = State::Done;
                 Ok(())
             }
             _ => Err(io::Error::new(
@@ -95,30 +109,30 @@ impl Decoder {
     /// for the next step, and nothing past the body's end is touched.
     pub(crate) fn step(&mut self, read: &mut BytesMut) -> Step {
         loop {
-            match *self {
-                Self::Done => return Step::Done,
-                Self::Length(remaining) | Self::ChunkData(remaining) => {
+            match self.state {
+                State::Done => return Step::Done,
+                State::Length(remaining) | State::ChunkData(remaining) => {
                     if read.is_empty() {
                         return Step::NeedMore;
                     }
                     let n = (read.len() as u64).min(remaining) as usize;
                     let data = read.split_to(n).freeze();
                     let left = remaining - n as u64;
-                    *self = match (*self, left) {
-                        (Self::Length(_), 0) => Self::Done,
-                        (Self::Length(_), left) => Self::Length(left),
-                        (_, 0) => Self::ChunkEnd,
-                        (_, left) => Self::ChunkData(left),
+                    self.state = match (self.state, left) {
+                        (State::Length(_), 0) => State::Done,
+                        (State::Length(_), left) => State::Length(left),
+                        (_, 0) => State::ChunkEnd,
+                        (_, left) => State::ChunkData(left),
                     };
                     return Step::Frame(Frame::data(data));
                 }
-                Self::UntilClose => {
+                State::UntilClose => {
                     if read.is_empty() {
                         return Step::NeedMore;
                     }
                     return Step::Frame(Frame::data(read.split().freeze()));
                 }
-                Self::ChunkSize => {
+                State::ChunkSize => {
                     let Some(end) = find_crlf(read, MAX_CHUNK_LINE) else {
                         if read.len() > MAX_CHUNK_LINE {
                             return Step::Failed(invalid(
@@ -131,14 +145,20 @@ impl Decoder {
                         Ok(size) => size,
                         Err(e) => return Step::Failed(e),
                     };
+                    self.extensions += extension_len(&read[..end]);
+                    if self.extensions >= MAX_EXTENSIONS {
+                        return Step::Failed(invalid(
+                            "the upstream sent overlong chunk extensions",
+                        ));
+                    }
                     read.advance(end + 2);
-                    *self = if size == 0 {
-                        Self::Trailers
+                    self.state = if size == 0 {
+                        State::Trailers
                     } else {
-                        Self::ChunkData(size)
+                        State::ChunkData(size)
                     };
                 }
-                Self::ChunkEnd => {
+                State::ChunkEnd => {
                     if read.len() < 2 {
                         if read.first().is_some_and(|&b| b != b'\r') {
                             return Step::Failed(invalid(
@@ -151,15 +171,15 @@ impl Decoder {
                         return Step::Failed(invalid("the upstream sent a chunk without its CRLF"));
                     }
                     read.advance(2);
-                    *self = Self::ChunkSize;
+                    self.state = State::ChunkSize;
                 }
-                Self::Trailers => {
+                State::Trailers => {
                     if read.len() < 2 {
                         return Step::NeedMore;
                     }
                     if &read[..2] == b"\r\n" {
                         read.advance(2);
-                        *self = Self::Done;
+                        self.state = State::Done;
                         continue;
                     }
                     let window = &read[..read.len().min(MAX_TRAILERS - 1)];
@@ -174,7 +194,7 @@ impl Decoder {
                         Err(e) => return Step::Failed(e),
                     };
                     read.advance(end + 4);
-                    *self = Self::Done;
+                    self.state = State::Done;
                     return Step::Frame(Frame::trailers(trailers));
                 }
             }
@@ -212,6 +232,14 @@ pub(crate) fn parse_chunk_size(line: &[u8]) -> io::Result<u64> {
     }
     let digits = std::str::from_utf8(&line[..digits]).map_err(|_| bad())?;
     u64::from_str_radix(digits, 16).map_err(|_| bad())
+}
+
+/// The bytes of a valid chunk line's extensions after their first `;`, as hyper counts
+/// them.
+fn extension_len(line: &[u8]) -> u64 {
+    line.iter()
+        .position(|&b| b == b';')
+        .map_or(0, |semicolon| (line.len() - semicolon - 1) as u64)
 }
 
 /// A trailer section (its final empty line included), less the fields only a header

@@ -19,6 +19,18 @@ fn long_extension(len: usize) -> String {
     format!(";e={}", "x".repeat(len - 3))
 }
 
+/// A chunked body whose chunk extensions hold `total` bytes after their `;` (as hyper
+/// counts them), in lines of at most 4 KiB.
+fn extensions_of(mut total: usize) -> String {
+    let mut body = String::new();
+    while total > 0 {
+        let len = total.min(4094);
+        body += &format!("1{}\r\nh\r\n", long_extension(len + 1));
+        total -= len;
+    }
+    chunked(&(body + "0\r\n\r\n"))
+}
+
 pub(super) fn cases() -> Vec<Case> {
     use Expect::{Cut, Kept, Whole};
     vec![
@@ -93,6 +105,21 @@ pub(super) fn cases() -> Vec<Case> {
             Kept,
         )
         .stricter(Stricter::ChunkLineLength),
+        case(
+            "chunk extensions of 20 KB in all",
+            extensions_of(5 * 3999),
+            Cut,
+        ),
+        case(
+            "chunk extensions of 16383 bytes in all",
+            extensions_of(16383),
+            Kept,
+        ),
+        case(
+            "chunk extensions of 16384 bytes in all",
+            extensions_of(16384),
+            Cut,
+        ),
         case(
             "chunk extension with a control character",
             chunked("5;a=\x01\r\nhello\r\n0\r\n\r\n"),
