@@ -181,15 +181,17 @@ pub fn connection_has(headers: &HeaderMap, option: &str) -> bool {
         .any(|t| t.trim().eq_ignore_ascii_case(option))
 }
 
-/// One element of a `Content-Length` list (`5` of `5, 5`): digits, spaces around them
-/// allowed. The one rule for reading a length, in the answer parser and the answer writer,
-/// so the writer never refuses a length the parser let through.
+/// One element of a `Content-Length` list (`5` of `5, 5`): digits, ASCII whitespace
+/// around them allowed (as hyper's client reads it: a no-break space is no whitespace to
+/// it but a byte that makes the field invalid). The one rule for reading a length, in the
+/// answer parser and the answer writer, so the writer never refuses a length the parser
+/// let through.
 pub fn parse_length(item: &[u8]) -> Option<u64> {
-    std::str::from_utf8(item)
-        .ok()
-        .map(str::trim)
-        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|s| s.parse::<u64>().ok())
+    let digits = item.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// What the proxy adds to a request it forwards.

@@ -118,7 +118,8 @@ fn fields(n: usize) -> String {
 
 pub(super) fn cases() -> Vec<Case> {
     use Expect::{Cut, Kept, Refused, Whole};
-    let mut cases = vec![
+    let mut cases =
+        vec![
         // Content-Length (RFC 9112 §6.3 rule 5, RFC 9110 §8.6).
         case(
             "length",
@@ -180,6 +181,21 @@ pub(super) fn cases() -> Vec<Case> {
             "length tabs",
             format!("{OK}Content-Length:\t1\t\r\n\r\nh"),
             Kept,
+        ),
+        case(
+            "length and a no-break space",
+            [format!("{OK}Content-Length: 1").as_bytes(), b"\xc2\xa0\r\n\r\nh"].concat(),
+            Refused,
+        ),
+        case(
+            "length after a next-line character",
+            [format!("{OK}Content-Length: ").as_bytes(), b"\xc2\x851\r\n\r\nh"].concat(),
+            Refused,
+        ),
+        case(
+            "length after an em space",
+            [format!("{OK}Content-Length: ").as_bytes(), b"\xe2\x80\x831\r\n\r\nh"].concat(),
+            Refused,
         ),
         case(
             "length twice equal",
