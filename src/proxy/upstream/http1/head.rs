@@ -11,7 +11,7 @@ use std::io;
 use std::mem::MaybeUninit;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
 use crate::proxy::headers::{is_chunked_alone, parse_length};
@@ -119,8 +119,9 @@ pub(crate) fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Opt
         has_length,
     )?;
     read.advance(len);
-    let keep_alive =
-        framing != Framing::Close && super::super::request::keeps_alive(version, &headers);
+    let keep_alive = framing != Framing::Close
+        && super::super::request::keeps_alive(version, &headers)
+        && (version == Version::HTTP_11 || says_keep_alive_in_ascii(&headers));
     let mut parts = http::Response::new(()).into_parts().0;
     parts.status = status;
     parts.version = version;
@@ -130,6 +131,19 @@ pub(crate) fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Opt
         framing,
         keep_alive,
     }))
+}
+
+/// Whether a `Connection` field that is visible ASCII names `keep-alive`: hyper reads
+/// the fields only so (`HeaderValue::to_str`), and to it an HTTP/1.0 `keep-alive` beside
+/// obs-text is none, so it closes the connection. This side reuses none hyper would close.
+fn says_keep_alive_in_ascii(headers: &HeaderMap) -> bool {
+    headers.get_all(CONNECTION).iter().any(|value| {
+        value.to_str().is_ok_and(|value| {
+            value
+                .split(',')
+                .any(|token| token.trim().eq_ignore_ascii_case("keep-alive"))
+        })
+    })
 }
 
 /// Where the body of an answer with this head ends (RFC 9112 §6.3, in its order).

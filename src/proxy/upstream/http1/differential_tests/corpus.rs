@@ -118,8 +118,7 @@ fn fields(n: usize) -> String {
 
 pub(super) fn cases() -> Vec<Case> {
     use Expect::{Cut, Kept, Refused, Whole};
-    let mut cases =
-        vec![
+    let mut cases = vec![
         // Content-Length (RFC 9112 §6.3 rule 5, RFC 9110 §8.6).
         case(
             "length",
@@ -184,17 +183,29 @@ pub(super) fn cases() -> Vec<Case> {
         ),
         case(
             "length and a no-break space",
-            [format!("{OK}Content-Length: 1").as_bytes(), b"\xc2\xa0\r\n\r\nh"].concat(),
+            [
+                format!("{OK}Content-Length: 1").as_bytes(),
+                b"\xc2\xa0\r\n\r\nh",
+            ]
+            .concat(),
             Refused,
         ),
         case(
             "length after a next-line character",
-            [format!("{OK}Content-Length: ").as_bytes(), b"\xc2\x851\r\n\r\nh"].concat(),
+            [
+                format!("{OK}Content-Length: ").as_bytes(),
+                b"\xc2\x851\r\n\r\nh",
+            ]
+            .concat(),
             Refused,
         ),
         case(
             "length after an em space",
-            [format!("{OK}Content-Length: ").as_bytes(), b"\xe2\x80\x831\r\n\r\nh"].concat(),
+            [
+                format!("{OK}Content-Length: ").as_bytes(),
+                b"\xe2\x80\x831\r\n\r\nh",
+            ]
+            .concat(),
             Refused,
         ),
         case(
@@ -429,6 +440,16 @@ pub(super) fn cases() -> Vec<Case> {
             "HTTP/1.0 keep-alive",
             "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\nh",
             Kept,
+        ),
+        case(
+            "HTTP/1.0 keep-alive beside obs-text",
+            &b"HTTP/1.0 200 OK\r\nconnection: keep-alive, caf\xe9\r\ncontent-length: 1\r\n\r\nh"[..],
+            Whole,
+        ),
+        case(
+            "close beside obs-text",
+            &b"HTTP/1.1 200 OK\r\nconnection: close, caf\xe9\r\ncontent-length: 1\r\n\r\nh"[..],
+            Whole,
         ),
         case(
             "HTTP/1.0 length",
