@@ -162,6 +162,10 @@ pub(super) async fn send(
 }
 
 #[cfg(test)]
+mod answer_grammar;
+#[cfg(test)]
 mod differential_tests;
+#[cfg(test)]
+mod fuzz_tests;
 #[cfg(test)]
 mod tests;

@@ -3,8 +3,9 @@
 //! reaches the proxy (status, fields, body, trailers), on where the answer ends (a second
 //! request on the connection gets the same next answer, or both sides close it), or on
 //! both refusing. The answers are a corpus of the constructs HTTP/1.1 parsers have read
-//! differently ([`corpus`]); each arrives at the hand-written side whole, byte by byte
-//! and cut in two at every point, and must come out the same every way.
+//! differently ([`corpus`]) and a grammar of them (`answer_grammar`) that proptest draws
+//! from; each arrives at the hand-written side whole, byte by byte, cut in two at every
+//! point and cut at random, and must come out the same every way.
 //!
 //! A difference fails unless it is in the allow-list [`Stricter`]: the hand-written side
 //! refusing what hyper takes, each for a reason of RFC 9112. Never the other way round.
@@ -13,6 +14,10 @@ mod chunked_corpus;
 mod corpus;
 mod harness;
 
+use proptest::prelude::*;
+use proptest::sample::Index;
+
+use super::answer_grammar::{self, split};
 use harness::{hand_written, hyper, Answer, Outcome};
 
 /// Where the hand-written side may refuse what hyper's client takes: the allow-list.
@@ -86,8 +91,8 @@ fn is_allowed(hand: &Outcome, hyper: &Outcome, allowed: &[Stricter]) -> bool {
 }
 
 /// The reads `wire` is cut into for the hand-written side: whole, byte by byte (if
-/// short), and cut once at every position (if shorter still).
-fn readings(wire: &[u8]) -> Vec<Vec<&[u8]>> {
+/// short), cut once at every position (if shorter still), and at `cuts`.
+fn readings<'a>(wire: &'a [u8], cuts: &[Vec<Index>]) -> Vec<Vec<&'a [u8]>> {
     let mut readings = vec![vec![wire]];
     if wire.len() <= 4096 {
         readings.push(wire.chunks(1).collect());
@@ -95,6 +100,7 @@ fn readings(wire: &[u8]) -> Vec<Vec<&[u8]>> {
     if wire.len() <= 512 {
         readings.extend((1..wire.len()).map(|at| vec![&wire[..at], &wire[at..]]));
     }
+    readings.extend(cuts.iter().map(|cuts| split(wire, cuts)));
     readings
 }
 
@@ -106,10 +112,16 @@ struct Agreed {
     stricter: bool,
 }
 
-/// Runs `wire` through both sides and says how they differ, if they do beyond `allowed`.
-fn check(method: &http::Method, wire: &[u8], allowed: &[Stricter]) -> Result<Agreed, String> {
+/// Runs `wire` through both sides, the hand-written one also with the bytes cut at
+/// `cuts`, and says how they differ, if they do beyond `allowed`.
+fn check(
+    method: &http::Method,
+    wire: &[u8],
+    allowed: &[Stricter],
+    cuts: &[Vec<Index>],
+) -> Result<Agreed, String> {
     let reference = hyper(method, wire);
-    let readings = readings(wire);
+    let readings = readings(wire, cuts);
     let whole = hand_written(method, &readings[0]);
     for reads in &readings[1..] {
         let cut = hand_written(method, reads);
@@ -141,7 +153,7 @@ fn check(method: &http::Method, wire: &[u8], allowed: &[Stricter]) -> Result<Agr
 fn the_corpus_reads_the_same_on_both_sides() {
     let mut failures = Vec::new();
     for case in corpus::cases() {
-        let agreed = match check(&case.method, &case.wire, &case.stricter) {
+        let agreed = match check(&case.method, &case.wire, &case.stricter, &[]) {
             Ok(agreed) => agreed,
             Err(why) => {
                 failures.push(format!("{}: {why}", case.name));
@@ -168,4 +180,21 @@ fn the_corpus_reads_the_same_on_both_sides() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 1024,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn answers_of_the_grammar_read_the_same_on_both_sides(
+        answer in answer_grammar::answer(),
+        cuts in prop::collection::vec(answer_grammar::cuts(6), 2),
+    ) {
+        if let Err(why) = check(&answer.method, &answer.wire, &answer.stricter, &cuts) {
+            prop_assert!(false, "{}", why);
+        }
+    }
 }
