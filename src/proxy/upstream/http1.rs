@@ -168,4 +168,6 @@ mod differential_tests;
 #[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]
+mod request_tests;
+#[cfg(test)]
 mod tests;
