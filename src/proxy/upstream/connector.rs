@@ -1,11 +1,15 @@
 //! Opening a connection to the upstream: TCP, then TLS for `https://` upstreams (ALPN
 //! `http/1.1`, or `h2` alone for HTTP/2, which the upstream must then select), bounded by [`CONNECT_TIMEOUT`]. Every failure here happens before a byte
 //! of any request was written, so it is [`ProxyError::UpstreamUnreachable`].
+//!
+//! Under TLS the socket is [`Counted`]: one write call through TLS makes several syscalls
+//! and fails with the first that fails, after records may have gone out, so only the
+//! socket can tell whether a failed write sent nothing ([`SocketSent`]).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
@@ -24,7 +28,102 @@ pub enum Io {
     /// `http://` upstreams.
     Plain(TcpStream),
     /// `https://` upstreams.
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<TlsStream<Counted>>),
+}
+
+/// A connection's byte stream that can tell what its writes put on the socket.
+pub trait SocketSent {
+    /// Bytes the socket took so far, the TLS handshake's included; `None` over plain TCP,
+    /// where a write call that failed sent nothing, so that its result says it all.
+    fn socket_sent(&self) -> Option<u64>;
+}
+
+/// A socket that counts the bytes its write calls handed to the kernel, for TLS: a write
+/// call through TLS that fails may have put records on the socket first
+/// (`tokio_rustls`'s `poll_write` goes on writing records until a syscall fails, and then
+/// reports that failure alone).
+#[derive(Debug)]
+pub struct Counted<T = TcpStream> {
+    io: T,
+    sent: u64,
+}
+
+impl<T> Counted<T> {
+    /// `io`, nothing counted yet.
+    pub fn new(io: T) -> Self {
+        Self { io, sent: 0 }
+    }
+
+    /// Bytes the socket took so far.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    fn count(&mut self, written: io::Result<usize>) -> Poll<io::Result<usize>> {
+        if let Ok(n) = written {
+            self.sent += n as u64;
+        }
+        Poll::Ready(written)
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let written = ready!(Pin::new(&mut this.io).poll_write(cx, buf));
+        this.count(written)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let written = ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs));
+        this.count(written)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+impl<T> SocketSent for TlsStream<Counted<T>> {
+    fn socket_sent(&self) -> Option<u64> {
+        Some(self.get_ref().0.sent())
+    }
+}
+
+impl SocketSent for Io {
+    fn socket_sent(&self) -> Option<u64> {
+        match self {
+            Io::Plain(_) => None,
+            Io::Tls(io) => io.socket_sent(),
+        }
+    }
 }
 
 /// How to reach the upstream.
@@ -92,7 +191,7 @@ impl Connector {
                         .clone()
                         .map_err(|e| unreachable("TLS server name of", &e))?;
                     let tls = connector
-                        .connect(name, tcp)
+                        .connect(name, Counted::new(tcp))
                         .await
                         .map_err(|e| unreachable("TLS handshake with", &e))?;
                     // A server that ignores ALPN would get HTTP/2 frames it cannot read.

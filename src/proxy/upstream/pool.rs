@@ -44,7 +44,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::connector::{Connector, Io};
+use super::connector::{Connector, Io, SocketSent};
 
 pub mod h2;
 use crate::error::ProxyError;
@@ -367,6 +367,12 @@ impl AsyncRead for Leased {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl SocketSent for Leased {
+    fn socket_sent(&self) -> Option<u64> {
+        self.io.socket_sent()
     }
 }
 

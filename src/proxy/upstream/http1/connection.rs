@@ -90,6 +90,7 @@ impl Connection {
         method: &Method,
     ) -> Result<Head, SendError> {
         let mut write_failed: Option<io::Error> = None;
+        upload.begin(&self.io);
         poll_fn(|cx| {
             if write_failed.is_none() && !upload.is_done() {
                 match upload.poll_send(&mut self.io, cx) {

@@ -4,6 +4,9 @@
 //!
 //! It knows whether a byte went out and whether a frame was taken from the client's
 //! body: only a request of which neither happened may go out again on another connection.
+//! A write call that fails sent nothing only if the socket took nothing of this request:
+//! through TLS, records may have gone out in the same call before its error
+//! ([`SocketSent`]).
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
@@ -20,7 +23,7 @@ use super::encode::{chunk_line, write_field, BodyFraming};
 use super::head::invalid;
 use crate::proxy::body::{BodyError, ProxyBody};
 use crate::proxy::headers::is_forwardable_trailer;
-use crate::proxy::upstream::pool::Leased;
+use crate::proxy::upstream::connector::SocketSent;
 
 /// A buffered body up to this size is copied behind the head and goes out in its write.
 pub(crate) const COALESCE_BODY: usize = 16 * 1024;
@@ -58,6 +61,9 @@ pub(crate) struct Upload {
     flushed: bool,
     /// A byte of the request went out.
     wrote: bool,
+    /// What the socket had taken when the upload began on it ([`Upload::begin`]), where
+    /// it says more than the write calls' results (TLS).
+    socket_from: Option<u64>,
     /// A frame was taken from the client's body: it cannot be sent again.
     took: bool,
     /// The trailer names the request declared (`Trailer`), the only ones sent, as hyper
@@ -114,6 +120,7 @@ impl Upload {
             peeked: false,
             flushed: false,
             wrote: false,
+            socket_from: None,
             took: false,
             declared,
         }
@@ -135,6 +142,13 @@ impl Upload {
         !self.wrote && !self.took
     }
 
+    /// The upload begins on the connection over `io` (again, after one on which nothing
+    /// went out): what its socket took before (the TLS handshake, earlier requests) is
+    /// not this request's. Without it, a failed write through TLS may have sent some.
+    pub(crate) fn begin(&mut self, io: &impl SocketSent) {
+        self.socket_from = io.socket_sent();
+    }
+
     /// Stops sending (the connection failed under it): nothing more is written.
     pub(crate) fn abandon(&mut self) {
         self.queue.clear();
@@ -143,9 +157,9 @@ impl Upload {
     }
 
     /// Writes what the socket takes; ready once all of it went out and was flushed.
-    pub(crate) fn poll_send(
+    pub(crate) fn poll_send<W: AsyncWrite + SocketSent + Unpin>(
         &mut self,
-        io: &mut Leased,
+        io: &mut W,
         cx: &mut Context<'_>,
     ) -> Poll<Result<(), SendError>> {
         loop {
@@ -164,9 +178,13 @@ impl Upload {
                     *slice = IoSlice::new(bytes);
                 }
                 let n = match ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..count])) {
-                    Ok(0) => return Poll::Ready(Err(self.failed(io::ErrorKind::WriteZero.into()))),
+                    Ok(0) => {
+                        return Poll::Ready(Err(
+                            self.write_failed(io, io::ErrorKind::WriteZero.into())
+                        ))
+                    }
                     Ok(n) => n,
-                    Err(e) => return Poll::Ready(Err(self.failed(e))),
+                    Err(e) => return Poll::Ready(Err(self.write_failed(io, e))),
                 };
                 self.wrote = true;
                 self.advance(n);
@@ -179,7 +197,7 @@ impl Upload {
                     Poll::Pending => {
                         // Everything so far goes out before waiting for the client.
                         if let Poll::Ready(Err(e)) = Pin::new(&mut *io).poll_flush(cx) {
-                            return Poll::Ready(Err(self.failed(e)));
+                            return Poll::Ready(Err(self.write_failed(io, e)));
                         }
                         return Poll::Pending;
                     }
@@ -187,7 +205,7 @@ impl Upload {
             }
             if !self.flushed {
                 if let Err(e) = ready!(Pin::new(&mut *io).poll_flush(cx)) {
-                    return Poll::Ready(Err(self.failed(e)));
+                    return Poll::Ready(Err(self.write_failed(io, e)));
                 }
                 self.flushed = true;
             }
@@ -208,6 +226,18 @@ impl Upload {
             n -= front.len();
             self.queue.pop_front();
         }
+    }
+
+    /// The error of a write or flush call on `io`. Some of the request went out if the
+    /// socket took a byte since the upload began on it, though no call returned it (and
+    /// may have, if it is not known when the upload began).
+    fn write_failed(&mut self, io: &impl SocketSent, e: io::Error) -> SendError {
+        match (self.socket_from, io.socket_sent()) {
+            (_, None) => {}
+            (Some(from), Some(now)) => self.wrote |= now != from,
+            (None, Some(_)) => self.wrote = true,
+        }
+        self.failed(e)
     }
 
     /// The error of a write: [`SendError::Unsent`] while not a byte went out.
@@ -293,3 +323,6 @@ impl Upload {
 pub(crate) fn declared_trailers(headers: &HeaderMap) -> Option<HeaderValue> {
     headers.get(TRAILER).cloned()
 }
+
+#[cfg(test)]
+mod tests;
