@@ -9,7 +9,8 @@
 # a difference in CPU per request lies in user space (see instructions.sh). Rows: b/c
 # (POST of 1 KiB JSON to the unprotected route), bg/cg (GET), d2 (first-seen, body
 # fingerprint, memory store). Knobs: N (20000), CONNS (64), PORT_BASE (21680),
-# SKIP_BUILD=1. The rig: rig.sh.
+# SKIP_BUILD=1, EXTRA_YAML (lines appended to idemgate's config, e.g.
+# `connections: { upstream_http1: idemgate }`). The rig: rig.sh.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -30,6 +31,7 @@ wait_port "$UPSTREAM_PORT" "${PIDS[0]}"
 free_port NGINX_PORT
 free_port NGINX_FWD_PORT
 fill_templates "$WORK" nginx-proxy.conf
+[[ -z ${EXTRA_YAML:-} ]] || printf '%s\n' "$EXTRA_YAML" >>"$WORK/idemgate-memory.yaml"
 taskset -c 1 nginx -p "$WORK/nginx/" -c "$WORK/nginx-proxy.conf" >/dev/null 2>&1 &
 PIDS+=($!)
 NGINX_MASTER=$!
