@@ -112,13 +112,14 @@ async fn h2_client_taking_nothing(addr: SocketAddr, key: &str) -> TcpStream {
 /// as an HTTP/1.1 client that does not read: its connection is closed once
 /// `client_send_timeout` passes, and frees its `max_client` slot (hyper holds the answer's
 /// one frame waiting for window, so neither the socket nor the body shows the wait unless
-/// the answer's last frame counts as handed).
+/// the answer's last frame counts as handed). The proxy lingers 300 ms on the closed
+/// connection, whose client keeps its socket, before its slot is free (5 s by default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_client_whose_window_stays_zero_is_closed_after_the_send_timeout() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(
         upstream.addr,
-        &format!("connections: {{ max_client: 1, client_send_timeout: 1s }}\n{ROUTES}"),
+        &format!("connections: {{ max_client: 1, client_send_timeout: 1s, lingering_timeout: 300ms }}\n{ROUTES}"),
     )
     .await;
     // The answer is stored first, so the stuck client's is a replay.
@@ -144,7 +145,7 @@ async fn an_http2_client_that_stops_taking_an_answer_is_closed_while_another_req
     let upstream = start_upstream().await;
     let proxy = start_proxy(
         upstream.addr,
-        &format!("connections: {{ max_client: 1, client_send_timeout: 1s }}\n{ROUTES}"),
+        &format!("connections: {{ max_client: 1, client_send_timeout: 1s, lingering_timeout: 300ms }}\n{ROUTES}"),
     )
     .await;
     let first = post(

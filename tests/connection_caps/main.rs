@@ -292,11 +292,13 @@ async fn served_within(addr: SocketAddr, within: Duration) -> bool {
 }
 
 /// The only client slot, with a head timeout of 300 ms (`Proxy::with_idle_timeout`; 30 s
-/// by default).
+/// by default). The slot of a closed connection whose client keeps its socket open is held
+/// while the proxy lingers: 300 ms without a byte here (`lingering_timeout`, 5 s by
+/// default), so that the next connection is not served 5 s later for no other reason.
 async fn one_slot_short_head_timeout() -> (common::Upstream, common::ProxyHandle) {
     let upstream = start_upstream().await;
     let text = format!(
-        "listen: 127.0.0.1:0\nupstream: http://{}\nconnections: {{ max_client: 1 }}\n{ROUTES}",
+        "listen: 127.0.0.1:0\nupstream: http://{}\nconnections: {{ max_client: 1, lingering_timeout: 300ms }}\n{ROUTES}",
         upstream.addr
     );
     let proxy = common::start_proxy_tuned(&text, None, |proxy| {
