@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -13,7 +13,7 @@ use http::StatusCode;
 use crate::common::mariadb_server::MariadbServer;
 use crate::common::postgres_server::PostgresServer;
 use crate::common::{self, post, start_upstream, ProxyProcess};
-use crate::{config, until_ready, Database};
+use crate::{config, until, until_ready, Database};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_proxy_processes_on_one_postgres_execute_each_key_once() {
@@ -49,8 +49,13 @@ struct Got {
     body: Bytes,
 }
 
-/// Keeps sending requests over 20 keys, alternating between `targets`, until `stop`.
-fn load(targets: [SocketAddr; 2], stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<Got>> {
+/// Keeps sending requests over 20 keys, alternating between `targets`, until `stop`;
+/// counts the 503s it gets in `unavailable` as they come.
+fn load(
+    targets: [SocketAddr; 2],
+    stop: Arc<AtomicBool>,
+    unavailable: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<Vec<Got>> {
     tokio::spawn(async move {
         let mut got = Vec::new();
         let mut n = 0usize;
@@ -71,7 +76,11 @@ fn load(targets: [SocketAddr; 2], stop: Arc<AtomicBool>) -> tokio::task::JoinHan
                 })
                 .collect();
             for request in batch {
-                got.push(request.await.unwrap());
+                let request = request.await.unwrap();
+                if request.status == StatusCode::SERVICE_UNAVAILABLE {
+                    unavailable.fetch_add(1, Ordering::Relaxed);
+                }
+                got.push(request);
             }
             n += 10;
         }
@@ -113,13 +122,27 @@ async fn restarted_under_load(db: &mut dyn Database) {
         .collect();
     upstream.arrived("held", 5).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let background = load([a.addr, b.addr], Arc::clone(&stop));
+    let unavailable = Arc::new(AtomicUsize::new(0));
+    let background = load(
+        [a.addr, b.addr],
+        Arc::clone(&stop),
+        Arc::clone(&unavailable),
+    );
 
     db.stop();
-    for i in 0..10 {
-        let key = format!("down-{i}");
-        let target = if i % 2 == 0 { a.addr } else { b.addr };
-        let answer = post(target, "/orders", &[("idempotency-key", &key)], "{}").await;
+    // Sent together: each waits the store's timeout (1 s) before its 503.
+    let down: Vec<_> = (0..10)
+        .map(|i| {
+            let key = format!("down-{i}");
+            let target = if i % 2 == 0 { a.addr } else { b.addr };
+            tokio::spawn(async move {
+                let answer = post(target, "/orders", &[("idempotency-key", &key)], "{}").await;
+                (key, answer)
+            })
+        })
+        .collect();
+    for request in down {
+        let (key, answer) = request.await.unwrap();
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{key}");
         assert_eq!(
             answer.json()["type"],
@@ -131,6 +154,12 @@ async fn restarted_under_load(db: &mut dyn Database) {
             "{key} went through unprotected"
         );
     }
+    // The outage lasts until the load has met it, however slowly the load runs.
+    until(
+        || unavailable.load(Ordering::Relaxed) > 0,
+        "the load to meet the outage",
+    )
+    .await;
     db.start_again();
     until_ready([a.admin, b.admin]).await;
 
