@@ -25,6 +25,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A free port for a cluster node: one whose cluster bus port, 10000 above it, exists and
+/// is free too. Redis and Valkey refuse to start a cluster node above port 55535, and the
+/// OS hands out ports up to 60999 here: about one node in five would never answer.
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55535 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 impl RedisServer {
     /// Starts a standalone server.
     pub fn start() -> Self {
@@ -43,7 +55,12 @@ impl RedisServer {
 
     /// Starts a standalone server from another `redis-server` build (an older Redis).
     fn start_binary(binary: PathBuf, extra: Vec<String>) -> Self {
-        Self::spawned(free_port(), binary, extra)
+        let port = if extra.iter().any(|arg| arg == "--cluster-enabled") {
+            free_cluster_port()
+        } else {
+            free_port()
+        };
+        Self::spawned(port, binary, extra)
     }
 
     /// Starts the Valkey 9 server `IDEMGATE_TEST_VALKEY` names (scripts/test unpacks one
