@@ -12,6 +12,8 @@ mod connector;
 pub(crate) mod http1;
 mod pool;
 mod request;
+#[cfg(test)]
+mod test_upstream;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

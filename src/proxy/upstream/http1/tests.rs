@@ -5,16 +5,13 @@
 //! [`AnswerBody`] that hands back only an answer that keeps alive).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
 use http::Method;
 use http_body_util::BodyExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
 use super::body::AnswerBody;
 use super::decoder::Decoder;
@@ -25,88 +22,7 @@ use crate::metrics::Metrics;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::upstream::connector::Connector;
 use crate::proxy::upstream::pool::{Checkout, Pool};
-
-/// The longest a test waits for something that should happen at once.
-const HANG: Duration = Duration::from_secs(10);
-/// The idle timeout of pools in tests that do not test it.
-const NEVER_IDLE: Duration = Duration::from_secs(3600);
-
-/// What the upstream answers: raw bytes, given the number of the connection and of the
-/// request (both from 0).
-type Answer = fn(usize, usize) -> Vec<u8>;
-
-/// `200` whose body is the number of the connection it came on.
-fn numbered(connection: usize, _request: usize) -> Vec<u8> {
-    let body = connection.to_string();
-    format!(
-        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
-}
-
-#[derive(Default)]
-struct Seen {
-    connections: AtomicUsize,
-    requests: AtomicUsize,
-}
-
-/// An upstream that answers every request head with its [`Answer`] and never closes a
-/// connection itself.
-struct Upstream {
-    port: u16,
-    seen: Arc<Seen>,
-    /// The number of each connection the pool's side closed, in order.
-    closed: mpsc::UnboundedReceiver<usize>,
-}
-
-impl Upstream {
-    async fn start(answer: Answer) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let seen = Arc::new(Seen::default());
-        let (closing, closed) = mpsc::unbounded_channel();
-        let counts = Arc::clone(&seen);
-        tokio::spawn(async move {
-            loop {
-                let (stream, _) = listener.accept().await.unwrap();
-                let connection = counts.connections.fetch_add(1, SeqCst);
-                let (counts, closing) = (Arc::clone(&counts), closing.clone());
-                tokio::spawn(async move {
-                    serve(stream, connection, answer, &counts).await;
-                    let _ = closing.send(connection);
-                });
-            }
-        });
-        Self { port, seen, closed }
-    }
-
-    fn connections(&self) -> usize {
-        self.seen.connections.load(SeqCst)
-    }
-
-    async fn next_closed(&mut self) -> usize {
-        within(self.closed.recv(), "a connection to close")
-            .await
-            .unwrap()
-    }
-}
-
-async fn serve(mut stream: TcpStream, connection: usize, answer: Answer, seen: &Seen) {
-    let mut received = Vec::new();
-    let mut buf = [0; 4096];
-    loop {
-        while let Some(end) = received.windows(4).position(|w| w == b"\r\n\r\n") {
-            received.drain(..end + 4);
-            let request = seen.requests.fetch_add(1, SeqCst);
-            let _ = stream.write_all(&answer(connection, request)).await;
-        }
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => received.extend_from_slice(&buf[..n]),
-        }
-    }
-}
+use crate::proxy::upstream::test_upstream::{numbered, within, Upstream, HANG, NEVER_IDLE};
 
 fn pool(upstream: &Upstream, max: usize, idle: Duration) -> Arc<Pool<Own>> {
     let connector = Connector::new("127.0.0.1", upstream.port, None, false);
@@ -147,12 +63,6 @@ async fn get_all(pool: &Arc<Pool<Own>>, checkout: Checkout<Pooled>) -> String {
         .expect("the answer body")
         .to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
-}
-
-async fn within<T>(future: impl Future<Output = T>, what: &str) -> T {
-    tokio::time::timeout(HANG, future)
-        .await
-        .unwrap_or_else(|_| panic!("waited {HANG:?} for {what}"))
 }
 
 fn idle_count(pool: &Pool<Own>) -> usize {

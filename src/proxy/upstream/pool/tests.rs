@@ -5,124 +5,23 @@
 //! answer that keeps alive).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 
 use super::*;
+use crate::proxy::upstream::test_upstream::{numbered, within, Upstream, HANG, NEVER_IDLE};
 use crate::proxy::upstream::{request, Held, UpstreamBody};
-
-/// The longest a test waits for something that should happen at once; reaching it fails
-/// the test instead of hanging it.
-const HANG: Duration = Duration::from_secs(10);
-
-/// The idle timeout of pools in tests that do not test it, on a running clock: longer
-/// than any of them, so a busy machine never expires a connection a test means to reuse.
-const NEVER_IDLE: Duration = Duration::from_secs(3600);
 
 /// The idle timeout the tests of it use: the configured default, on a paused clock.
 fn idle_timeout() -> Duration {
     crate::config::Connections::default().upstream_idle_timeout
 }
 
-/// What the upstream answers: the raw bytes for a request, given the number of its
-/// connection and its own number (both from 0, in the order the upstream saw them).
-type Answer = fn(usize, usize) -> Vec<u8>;
-
-/// `200` whose body is the number of the connection it came on.
-fn numbered(connection: usize, _request: usize) -> Vec<u8> {
-    let body = connection.to_string();
-    format!(
-        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
-}
-
 /// `101 Switching Protocols`, after which the upstream keeps the connection open.
 fn switching(_connection: usize, _request: usize) -> Vec<u8> {
     b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: test\r\n\r\n".to_vec()
-}
-
-/// What the upstream saw.
-#[derive(Default)]
-struct Seen {
-    connections: AtomicUsize,
-    requests: AtomicUsize,
-    open: AtomicUsize,
-    most_open: AtomicUsize,
-}
-
-/// An HTTP/1.1 upstream that answers every request with its [`Answer`] and never closes a
-/// connection itself, so any connection that ends was closed by the pool's side.
-struct Upstream {
-    port: u16,
-    seen: Arc<Seen>,
-    /// The number of each connection the pool's side closed, in order.
-    closed: mpsc::UnboundedReceiver<usize>,
-}
-
-impl Upstream {
-    async fn start(answer: Answer) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let seen = Arc::new(Seen::default());
-        let (closing, closed) = mpsc::unbounded_channel();
-        let counts = Arc::clone(&seen);
-        tokio::spawn(async move {
-            loop {
-                let (stream, _) = listener.accept().await.unwrap();
-                let connection = counts.connections.fetch_add(1, SeqCst);
-                let open = counts.open.fetch_add(1, SeqCst) + 1;
-                counts.most_open.fetch_max(open, SeqCst);
-                let (counts, closing) = (Arc::clone(&counts), closing.clone());
-                tokio::spawn(async move {
-                    serve(stream, connection, answer, &counts).await;
-                    counts.open.fetch_sub(1, SeqCst);
-                    let _ = closing.send(connection);
-                });
-            }
-        });
-        Self { port, seen, closed }
-    }
-
-    fn connections(&self) -> usize {
-        self.seen.connections.load(SeqCst)
-    }
-
-    fn requests(&self) -> usize {
-        self.seen.requests.load(SeqCst)
-    }
-
-    /// The next connection the pool's side closed.
-    async fn next_closed(&mut self) -> usize {
-        within(self.closed.recv(), "a connection to close")
-            .await
-            .unwrap()
-    }
-}
-
-/// Answers each request head (the pool's requests have no body) until the other side
-/// closes the connection.
-async fn serve(mut stream: TcpStream, connection: usize, answer: Answer, seen: &Seen) {
-    let mut received = Vec::new();
-    let mut buf = [0; 4096];
-    loop {
-        while let Some(end) = received.windows(4).position(|w| w == b"\r\n\r\n") {
-            received.drain(..end + 4);
-            let request = seen.requests.fetch_add(1, SeqCst);
-            // A write the pool's side cut short shows up as the read below ending.
-            let _ = stream.write_all(&answer(connection, request)).await;
-        }
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => received.extend_from_slice(&buf[..n]),
-        }
-    }
 }
 
 fn pool(upstream: &Upstream, max: usize, metrics: &Arc<Metrics>) -> Arc<Pool> {
@@ -167,12 +66,6 @@ async fn get_all(pool: &Arc<Pool>, checkout: Checkout) -> String {
     let body = get(pool, checkout).await.into_body();
     let bytes = body.collect().await.expect("the answer body").to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
-}
-
-async fn within<T>(future: impl Future<Output = T>, what: &str) -> T {
-    tokio::time::timeout(HANG, future)
-        .await
-        .unwrap_or_else(|_| panic!("waited {HANG:?} for {what}"))
 }
 
 /// Keeps a paused clock still while the runtime waits for sockets. Paused, tokio moves the
