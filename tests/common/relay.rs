@@ -8,6 +8,9 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// A PostgreSQL row's columns, each `None` when NULL.
+pub type Row = Vec<Option<Vec<u8>>>;
+
 /// A TCP relay to a store (Redis, a database) whose traffic a test controls: what the
 /// proxy sends reaches the store at once unless `hold_requests` is set, what the store
 /// answers waits while `hold` is set; a reply can be dropped with its connection, and the
@@ -31,6 +34,13 @@ pub struct Relay {
     /// Set: the next reply from the store goes through, and what the proxy sends after it
     /// is held (`hold_requests`).
     pub hold_requests_after_next_reply: Arc<AtomicBool>,
+    /// Set: the next PostgreSQL reply that answers a row (a `DataRow`, so a statement
+    /// ran, not a `Parse`'s preparation) goes through, and what the proxy sends after it is
+    /// held (`hold_requests`).
+    pub hold_requests_after_next_row: Arc<AtomicBool>,
+    /// The row whose reply set `hold_requests` for `hold_requests_after_next_row`: its
+    /// columns, each `None` when NULL (binary format, as the proxy asks for them).
+    pub row_before_hold: Arc<std::sync::Mutex<Option<Row>>>,
     /// Bytes the proxy sent that arrived while requests were held.
     pub requests_held: Arc<AtomicUsize>,
     /// Set: the next connection the proxy sends on is the held one
@@ -82,11 +92,15 @@ pub async fn relay_to(port: u16) -> Relay {
     let cutting = Arc::clone(&cut);
     let hold_requests = Arc::new(tokio::sync::watch::channel(false).0);
     let hold_requests_after_next_reply = Arc::<AtomicBool>::default();
+    let hold_requests_after_next_row = Arc::<AtomicBool>::default();
     let requests_held = Arc::<AtomicUsize>::default();
     let (requests, then_hold_requests) = (
         Arc::clone(&hold_requests),
         Arc::clone(&hold_requests_after_next_reply),
     );
+    let after_row = Arc::clone(&hold_requests_after_next_row);
+    let row_before_hold = Arc::<std::sync::Mutex<_>>::default();
+    let noting_row = Arc::clone(&row_before_hold);
     let counted_held = Arc::clone(&requests_held);
     let hold_next_sender = Arc::<AtomicU16>::default();
     let held_connection = Arc::new(tokio::sync::watch::channel(u64::MAX).0);
@@ -143,14 +157,17 @@ pub async fn relay_to(port: u16) -> Relay {
             let dropping = Arc::clone(&dropping);
             let (requests, then_hold_requests) =
                 (Arc::clone(&requests), Arc::clone(&then_hold_requests));
+            let (after_row, noting_row) = (Arc::clone(&after_row), Arc::clone(&noting_row));
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
+                let mut replies = PgReplies::default();
                 loop {
                     let n = match from_server.read(&mut buf).await {
                         Ok(0) | Err(_) => return,
                         Ok(n) => n,
                     };
                     counted.fetch_add(n, Ordering::SeqCst);
+                    let mut rows = replies.rows_in(&buf[..n]);
                     // Returning drops the reply and closes the proxy's side.
                     if dropping.swap(false, Ordering::SeqCst) {
                         return;
@@ -166,7 +183,12 @@ pub async fn relay_to(port: u16) -> Relay {
                     if to_client.write_all(&buf[..n]).await.is_err() {
                         return;
                     }
-                    if then_hold_requests.swap(false, Ordering::SeqCst) {
+                    let after_this_row =
+                        !rows.is_empty() && after_row.swap(false, Ordering::SeqCst);
+                    if after_this_row {
+                        *noting_row.lock().unwrap() = rows.pop();
+                    }
+                    if then_hold_requests.swap(false, Ordering::SeqCst) || after_this_row {
                         requests.send_replace(true);
                     }
                 }
@@ -182,8 +204,79 @@ pub async fn relay_to(port: u16) -> Relay {
         received,
         hold_requests,
         hold_requests_after_next_reply,
+        hold_requests_after_next_row,
+        row_before_hold,
         requests_held,
         hold_next_sender,
         held_connection,
     }
+}
+
+/// What a PostgreSQL server sends on one connection, read as messages (a type byte and a
+/// length) however the reads cut them; the one-byte answer to an `SSLRequest` that opens a
+/// connection has no length and is skipped. Meaningless for Redis and MariaDB, whose
+/// traffic stops being read once it names a message longer than PostgreSQL's replies here.
+#[derive(Default)]
+struct PgReplies {
+    started: bool,
+    not_postgres: bool,
+    pending: Vec<u8>,
+}
+
+impl PgReplies {
+    /// The rows (`DataRow` messages, their columns) `chunk` completes.
+    fn rows_in(&mut self, chunk: &[u8]) -> Vec<Row> {
+        if self.not_postgres {
+            return Vec::new();
+        }
+        let mut chunk = chunk;
+        if !self.started {
+            self.started = true;
+            if chunk.first() == Some(&b'N') {
+                chunk = &chunk[1..];
+            }
+        }
+        self.pending.extend_from_slice(chunk);
+        let mut rows = Vec::new();
+        let mut at = 0;
+        while let Some(head) = self.pending.get(at..at + 5) {
+            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+            if !(4..1 << 20).contains(&len) {
+                self.not_postgres = true;
+                self.pending = Vec::new();
+                return rows;
+            }
+            if self.pending.len() < at + 1 + len {
+                break;
+            }
+            if head[0] == b'D' {
+                rows.push(columns(&self.pending[at + 5..at + 1 + len]));
+            }
+            at += 1 + len;
+        }
+        self.pending.drain(..at);
+        rows
+    }
+}
+
+/// The columns of a `DataRow`'s body: a count, then each one's length (-1: NULL) and bytes.
+fn columns(body: &[u8]) -> Row {
+    let count = body
+        .get(..2)
+        .map_or(0, |c| u16::from_be_bytes([c[0], c[1]]));
+    let mut at = 2;
+    let mut columns = Vec::new();
+    for _ in 0..count {
+        let Some(l) = body.get(at..at + 4) else { break };
+        let len = i32::from_be_bytes([l[0], l[1], l[2], l[3]]);
+        at += 4;
+        if len < 0 {
+            columns.push(None);
+            continue;
+        }
+        let end = (at + len as usize).min(body.len());
+        columns.push(Some(body[at..end].to_vec()));
+        at = end;
+    }
+    columns
 }

@@ -102,8 +102,11 @@ fn at_gate(
 /// On PostgreSQL a duplicate's claim looks twice: once plainly, then, after joining the
 /// key's waiters, again. If the owner settles a failure (its 5xx) between the two looks,
 /// the duplicate, which found the request in flight, must share the owner's 500, never
-/// take the failure record over and run the request itself. A relay holds the second look
-/// so that the owner's failure lands between them.
+/// take the failure record over and run the request itself. A relay holds what b sends
+/// after the first look's answer so that the owner's failure lands between them: after the
+/// answer's row, since a look on a connection that has not prepared the claim first has the
+/// statement parsed, a round trip of its own that answers no row (holding after that held
+/// the first look itself: the failure landed before it, and the fresh request rightly ran).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_duplicate_shares_a_failure_its_owner_settles_between_its_two_looks() {
     let db = PostgresServer::start();
@@ -132,10 +135,11 @@ async fn postgres_a_duplicate_shares_a_failure_its_owner_settles_between_its_two
         post(aa, "/orders", &headers, "{}").await
     });
     upstream.arrived("fails", 1).await;
-    // The duplicate's first look passes; what b sends after its answer waits.
-    let marker = db.psql("SELECT clock_timestamp()").trim().to_owned();
+    // The duplicate's first look passes; what b sends after its answer waits. The claim
+    // is the only statement b runs now that answers a row (its reaper, a new connection's
+    // session setup and its listener answer none).
     relay
-        .hold_requests_after_next_reply
+        .hold_requests_after_next_row
         .store(true, Ordering::SeqCst);
     let bb = b.addr;
     let duplicate =
@@ -150,13 +154,15 @@ async fn postgres_a_duplicate_shares_a_failure_its_owner_settles_between_its_two
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // The first look ran in the database (and found the owner in flight): what is held
-    // is the second.
-    let looked = db.psql(&format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%claim_v1%'
-         AND state = 'idle' AND query_start > '{marker}'"
-    ));
-    assert_eq!(looked.trim(), "1", "the first look ran once");
+    // The first look ran in the database and found the owner in flight (its row went
+    // through: outcome 2, the record as found, of kind `I`): what is held is the second.
+    let row = relay.row_before_hold.lock().unwrap().clone();
+    let row = row.expect("a row went through before the hold");
+    assert_eq!(
+        (row[0].as_deref(), row[1].as_deref()),
+        (Some(&[0u8, 2][..]), Some(&b"I"[..])),
+        "the first look found the owner in flight: {row:?}"
+    );
     // The owner fails now, between the duplicate's two looks.
     upstream.open("fails");
     let owner = owner.await.unwrap();
