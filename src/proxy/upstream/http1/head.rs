@@ -11,10 +11,10 @@ use std::io;
 use std::mem::MaybeUninit;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
-use crate::proxy::headers::{is_chunked_alone, parse_length};
+use crate::proxy::headers::{connection_has, is_chunked_alone, parse_length};
 
 /// The largest answer head read: hyper's default read buffer limit (8 KiB + 100 × 4 KiB).
 pub(crate) const MAX_HEAD: usize = 8192 + 4096 * 100;
@@ -121,7 +121,10 @@ pub(crate) fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Opt
     read.advance(len);
     let keep_alive = framing != Framing::Close
         && super::super::request::keeps_alive(version, &headers)
-        && (version == Version::HTTP_11 || says_keep_alive_in_ascii(&headers));
+        // hyper reads `Connection` only where it is visible ASCII (`HeaderValue::to_str`),
+        // as `connection_has` does: to it an HTTP/1.0 `keep-alive` beside obs-text is
+        // none, so it closes the connection. This side reuses none hyper would close.
+        && (version == Version::HTTP_11 || connection_has(&headers, "keep-alive"));
     let mut parts = http::Response::new(()).into_parts().0;
     parts.status = status;
     parts.version = version;
@@ -131,19 +134,6 @@ pub(crate) fn parse_head(read: &mut BytesMut, method: &Method) -> io::Result<Opt
         framing,
         keep_alive,
     }))
-}
-
-/// Whether a `Connection` field that is visible ASCII names `keep-alive`: hyper reads
-/// the fields only so (`HeaderValue::to_str`), and to it an HTTP/1.0 `keep-alive` beside
-/// obs-text is none, so it closes the connection. This side reuses none hyper would close.
-fn says_keep_alive_in_ascii(headers: &HeaderMap) -> bool {
-    headers.get_all(CONNECTION).iter().any(|value| {
-        value.to_str().is_ok_and(|value| {
-            value
-                .split(',')
-                .any(|token| token.trim().eq_ignore_ascii_case("keep-alive"))
-        })
-    })
 }
 
 /// Where the body of an answer with this head ends (RFC 9112 §6.3, in its order).
