@@ -25,7 +25,6 @@ use http::uri::Scheme;
 use http::{HeaderValue, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
-use tokio::sync::Semaphore;
 
 use super::body::{BodyError, ProxyBody, ReadGap};
 use super::headers::Forwarding;
@@ -81,14 +80,15 @@ impl UpstreamClient {
             })
         });
         let h2 = connections.upstream_protocol == UpstreamProtocol::Http2;
-        let connector = connector::Connector::new(authority.host(), port, tls.clone(), h2);
+        let connector = connector::Connector::new(authority.host(), port, tls, h2);
         let (max, idle) = (connections.max_upstream, connections.upstream_idle_timeout);
         let metrics = Arc::clone(metrics);
         let pool = if h2 {
             Pools::Http2(Arc::new(pool::h2::Pool::new(connector, max, idle, metrics)))
         } else if connections.upstream_http1 == UpstreamHttp1::Idemgate {
-            let slots = Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS)));
-            let hyper_connector = connector::Connector::new(authority.host(), port, tls, false);
+            // One cap for both pools: `max_upstream` counts every connection.
+            let slots = pool::slots(max);
+            let hyper_connector = connector.clone();
             Pools::Own(Arc::new(OwnPools {
                 own: Arc::new(pool::Pool::with(
                     http1::Own,

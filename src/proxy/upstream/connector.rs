@@ -127,6 +127,7 @@ impl SocketSent for Io {
 }
 
 /// How to reach the upstream.
+#[derive(Clone)]
 pub struct Connector {
     /// `host:port` as `TcpStream::connect` resolves it (IPv6 hosts keep their brackets).
     address: String,

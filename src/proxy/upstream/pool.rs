@@ -180,9 +180,20 @@ impl Pool<Hyper> {
         idle_timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let slots = Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS)));
-        Self::with(Hyper::default(), connector, slots, idle_timeout, metrics)
+        Self::with(
+            Hyper::default(),
+            connector,
+            slots(max),
+            idle_timeout,
+            metrics,
+        )
     }
+}
+
+/// The slots of a cap of `max` connections, for [`Pool::with`] (tokio's semaphore holds
+/// at most [`Semaphore::MAX_PERMITS`]; a larger `max` is no cap in practice).
+pub fn slots(max: usize) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS)))
 }
 
 impl Default for Hyper {

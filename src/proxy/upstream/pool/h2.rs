@@ -201,7 +201,7 @@ impl Pool {
             builder,
             conns: Mutex::new(Vec::new()),
             idle_timeout,
-            slots: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            slots: super::slots(max),
             dialing: tokio::sync::Mutex::new(()),
             freed: Arc::new(Notify::new()),
             sweeper: Once::new(),
