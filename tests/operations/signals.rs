@@ -19,7 +19,15 @@ async fn sighup_reloads_routes_and_a_broken_file_keeps_the_old_ones() {
         StatusCode::BAD_REQUEST
     );
     let text = std::fs::read_to_string(&proxy.config).unwrap();
-    std::fs::write(&proxy.config, format!("{text}    ttl: never\n")).unwrap();
+    // The bad line goes right under the route (not at the end of the file, where a test
+    // matrix may have added a `connections:` line).
+    let key_line = "required: true }\n";
+    assert!(text.contains(key_line), "{text}");
+    std::fs::write(
+        &proxy.config,
+        text.replace(key_line, &format!("{key_line}    ttl: never\n")),
+    )
+    .unwrap();
     proxy.signal("HUP");
     wait_until(
         || proxy.log().contains("reload refused"),
