@@ -50,6 +50,19 @@ struct OwnPools {
     metrics: Arc<Metrics>,
 }
 
+impl OwnPools {
+    /// hyper's pool, for an upgrade. The two pools share the cap, and neither can take the
+    /// other's idle connections: at the cap with none of hyper's idle, the hand-written
+    /// client's oldest idle connection is closed, or the upgrade would wait for it to reach
+    /// `upstream_idle_timeout`. (If every connection is busy it waits as any request does.)
+    fn for_upgrade(&self) -> &Arc<pool::Pool> {
+        if self.hyper.would_wait() {
+            self.own.close_oldest_idle();
+        }
+        &self.hyper
+    }
+}
+
 /// A pooled client for one upstream origin.
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
@@ -178,7 +191,7 @@ impl UpstreamClient {
                     .metrics
                     .connections()
                     .upstream_http1_handoff(Handoff::Upgrade);
-                (&pools.hyper, true)
+                (pools.for_upgrade(), true)
             }
             Pools::Own(pools) => {
                 // Boxed, as HTTP/2's below.

@@ -118,6 +118,41 @@ async fn a_refused_upgrade_on_the_hand_written_client_leaves_no_slot_idle_in_hyp
     assert_eq!(upstream.executed(), 1);
 }
 
+/// Both pools of the hand-written client share `max_upstream`: an upgrade arriving when
+/// the cap is filled by the hand-written client's idle connections closes the oldest of
+/// them and goes out. Before, it waited for one to reach `upstream_idle_timeout` (here an
+/// hour), so past its deadline it was a 502. The 2 s deadline only bounds how long a
+/// failing run takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_at_the_cap_closes_an_idle_connection_of_the_hand_written_client() {
+    let upstream = start_upstream().await;
+    let routes = format!(
+        "connections: {{ upstream_http1: idemgate, max_upstream: 1, upstream_idle_timeout: 1h }}\n\
+         defaults: {{ upstream_timeout: 2s }}\n{ROUTES}"
+    );
+    let proxy = start_proxy(upstream.addr, &routes).await;
+    let first = common::post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "before")],
+        "{}",
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    stream
+        .write_all(b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n")
+        .await
+        .unwrap();
+    let head = read_head(&mut stream).await.expect("an answer head");
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    stream.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    stream.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"ping");
+    assert_eq!(upstream.executed(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_are_served_and_protected() {
     let upstream = start_upstream().await;

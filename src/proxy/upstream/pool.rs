@@ -237,6 +237,25 @@ impl<H: Handshake> Pool<H> {
         crate::sync::lock(&self.idle).len()
     }
 
+    /// Whether a checkout would wait now: no idle connection and every slot of the cap
+    /// taken (by this pool or another that shares its slots).
+    pub fn would_wait(&self) -> bool {
+        self.slots.available_permits() == 0 && crate::sync::lock(&self.idle).is_empty()
+    }
+
+    /// Closes the connection idle longest, freeing its slot for a pool that shares them;
+    /// false when none is idle.
+    pub fn close_oldest_idle(&self) -> bool {
+        let mut idle = crate::sync::lock(&self.idle);
+        if idle.is_empty() {
+            return false;
+        }
+        let oldest = idle.remove(0);
+        drop(idle);
+        drop(oldest);
+        true
+    }
+
     /// The most recently used idle connection that is still open, else a new one if the
     /// cap allows, else the first of the two to come free. Unbounded in time: the caller
     /// bounds it (waiting here is waiting before anything was sent).
