@@ -233,6 +233,7 @@ impl UpstreamClient {
                 };
             }
         };
+        let authenticates = request::authenticates_connection(&parts.headers);
         let mut request = Request::from_parts(parts, body);
         loop {
             let mut checkout = pool.checkout().await?;
@@ -275,7 +276,10 @@ impl UpstreamClient {
             // A handed-over upgrade the upstream refused keeps no connection: idle in
             // hyper's pool, it would hold a slot under the cap that shares it with the
             // hand-written client's, whose requests cannot take it.
-            let keep = request::keeps_alive(head.version, &head.headers) && !handed_over;
+            // Nor does one whose request authenticated it (NTLM): the next request on it,
+            // another caller's, would run as this one's user.
+            let keep =
+                request::keeps_alive(head.version, &head.headers) && !handed_over && !authenticates;
             let body =
                 pool::PooledBody::new(incoming, checkout.conn, keep.then(|| Arc::clone(pool)));
             return Ok(Response::from_parts(

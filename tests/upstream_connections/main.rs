@@ -7,12 +7,14 @@
 //! The upstream here is a raw TCP server, so the test sees exactly what went over the wire.
 //!
 //! The raw upstreams every test uses and the tests of request forms (`Host`, `CONNECT`)
-//! are here; `keep_alive.rs` has the pooled connections, `framing.rs` answers framed
+//! are here; `keep_alive.rs` has the pooled connections, `connection_auth.rs` connections
+//! an upstream authenticated (NTLM), `framing.rs` answers framed
 //! oddly, `stalls.rs` upstreams that stall mid-body.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod connection_auth;
 mod framing;
 mod keep_alive;
 mod stalls;

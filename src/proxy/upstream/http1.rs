@@ -109,6 +109,7 @@ pub(super) async fn send(
     let head = encode_head(&parts, framing, spare);
     let mut upload = Upload::new(head, framing, body, declared_trailers(&parts.headers));
     let method = parts.method;
+    let authenticates = request::authenticates_connection(&parts.headers);
     loop {
         let checkout = pool.checkout().await?;
         let Some(mut conn) = checkout.conn.ready().await else {
@@ -151,7 +152,9 @@ pub(super) async fn send(
             tracing::warn!(error = why, "upstream answer refused");
             return Err(ProxyError::UpstreamFailed(why.into()));
         }
-        let returning = keep_alive.then(|| Arc::clone(pool));
+        // A connection the request authenticated (NTLM) would run the next request, another
+        // caller's, as this one's user: never pooled.
+        let returning = (keep_alive && !authenticates).then(|| Arc::clone(pool));
         let body = AnswerBody::new(
             conn,
             Decoder::new(framing),

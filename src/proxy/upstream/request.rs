@@ -318,6 +318,23 @@ pub fn keeps_alive(version: Version, headers: &HeaderMap) -> bool {
     !close && (version == Version::HTTP_11 || keep_alive)
 }
 
+/// Whether a request carries a credential whose scheme authenticates the connection rather
+/// than the request: NTLM and Negotiate (IIS's Windows authentication). The upstream runs
+/// every later request on that connection as the user who authenticated it, whoever sent
+/// it, so the connection is never pooled for another request. This breaks the NTLM
+/// handshake (its last step must come on the connection of its challenge): it fails as a
+/// `401`, never as another caller's answer.
+pub fn authenticates_connection(headers: &HeaderMap) -> bool {
+    headers.get_all(header::AUTHORIZATION).iter().any(|value| {
+        let value = value.as_bytes().trim_ascii_start();
+        let scheme = value
+            .split(|b| b.is_ascii_whitespace())
+            .next()
+            .unwrap_or_default();
+        scheme.eq_ignore_ascii_case(b"ntlm") || scheme.eq_ignore_ascii_case(b"negotiate")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
