@@ -283,9 +283,12 @@ impl ProxyError {
             Self::UpstreamUnreachable(_) => {
                 format!("{self}; the request was not sent, so it can be retried")
             }
+            // True of every route: one that releases unknown outcomes (and an unprotected
+            // one) runs the retry, so promising otherwise would invite a second payment.
             Self::UpstreamFailed(_) => format!(
-                "{self}; the request may have been executed, so a retry with the same \
-                 idempotency key is not executed blindly"
+                "{self}; the request may have been executed: a retry runs it again unless \
+                 its route holds unknown outcomes (on_unknown_outcome: hold, the default), \
+                 where a retry with the same idempotency key is answered outcome-unknown"
             ),
             Self::UpstreamTimeout => format!(
                 "{self}; the request may still be running: a retry with the same \

@@ -227,3 +227,31 @@ async fn a_duplicate_waiting_on_an_owner_given_up_at_background_timeout_does_not
     assert_eq!(later.status, StatusCode::CREATED);
     assert_eq!(upstream.executed(), 2);
 }
+
+/// With `on_unknown_outcome: release`, a reset after sending frees the key, and the retry
+/// runs the request again. The 502 must say so: a client told that a retry with the same
+/// key is not executed would retry a payment on the strength of that and pay twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_502_after_sending_on_a_releasing_route_does_not_promise_its_retry_is_not_run() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &route("on_unknown_outcome: release")).await;
+    let reset = [("idempotency-key", "told"), ("x-test-reset", "1")];
+    let broken = post(proxy.addr, "/orders", &reset, "{}").await;
+    assert_eq!(broken.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(broken.problem(), "urn:idemgate:problem:upstream-failed");
+    let detail = broken.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        detail.contains("a retry runs it again unless"),
+        "the 502 of a releasing route promises what its retry does not keep: {detail}"
+    );
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "told")], "{}").await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "the retry ran, as the 502 said"
+    );
+    assert_eq!(upstream.executed(), 2);
+}
