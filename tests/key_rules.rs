@@ -131,6 +131,32 @@ async fn redelivered_callbacks_apply_once_whatever_else_changes() {
     assert_eq!(upstream.executed(), 2);
 }
 
+/// A field named twice is ambiguous: an app may read either occurrence. The key holds
+/// every occurrence, so a body naming `PO-1` then `PO-2` is not taken for one naming only
+/// `PO-2` (or only `PO-1`): each runs, while a redelivery of the same bytes is replayed.
+/// Before, the last occurrence alone was keyed and the first body's answer was replayed
+/// for the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_named_twice_is_keyed_by_every_occurrence() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let twice = r#"{"alipayNo":"A","paymentOrderNo":"PO-1","paymentOrderNo":"PO-2"}"#;
+    let bodies = [
+        twice,
+        r#"{"alipayNo":"A","paymentOrderNo":"PO-2"}"#,
+        r#"{"alipayNo":"A","paymentOrderNo":"PO-1"}"#,
+    ];
+    for (n, body) in bodies.into_iter().enumerate() {
+        let answer = post(proxy.addr, "/orders/callback", &[], body).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{body}");
+        assert!(!answer.replayed(), "{body} was taken for an earlier body");
+        assert_eq!(upstream.executed(), n + 1);
+    }
+    let again = post(proxy.addr, "/orders/callback", &[], twice).await;
+    assert!(again.replayed(), "the same bytes again");
+    assert_eq!(upstream.executed(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_ignore_adds_names_at_any_depth_and_pointers() {
     let upstream = start_upstream().await;

@@ -80,7 +80,7 @@ pub fn canonical_json(
 }
 
 /// Canonicalizes `input` with nothing ignored, storing into `found[i]` the canonical form of the
-/// value `pointers[i]` designates (the last one, when duplicate keys make it ambiguous).
+/// value `pointers[i]` designates (every one, `,`-joined, when duplicate keys make it ambiguous).
 pub(crate) fn extract_into(
     input: &[u8],
     pointers: &[JsonPointer],
@@ -208,7 +208,9 @@ impl<'a, 'r> Parser<'a, 'r> {
 /// nothing). The whole document is validated with the same rules and depth limit as
 /// [`canonical_json`]: invalid JSON anywhere is an error even when every
 /// pointer was already found. Extracted values use the canonical form with nothing ignored. When a
-/// duplicate key makes a pointer ambiguous, the last occurrence wins, as in most JSON parsers.
+/// duplicate key makes a pointer ambiguous, every occurrence is kept, in input order and joined
+/// by `,`: parsers disagree on which one counts (most take the last, some the first), so a key
+/// made of one of them could take two different requests for one.
 ///
 /// ```rust
 /// use idemgate::canonical::{extract_fields, JsonPointer};

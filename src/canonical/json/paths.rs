@@ -72,11 +72,21 @@ impl Parser<'_, '_> {
     }
 
     /// Stores the canonical `value` for every pointer of `frame` that ends at path length `len`.
+    /// A pointer a duplicate key matches again gets every occurrence, in input order, joined
+    /// by `,`: an app may read any of them, so none may be left out of a key. Each is one
+    /// whole canonical value, which has no `,` outside its brackets and strings, so the
+    /// list reads back one way only and never equals a single value.
     pub(super) fn store_extracted(&mut self, value: &[u8], frame: Frame, len: usize) {
         if let Some(found) = self.extract.as_deref_mut() {
             for &p in &self.buffers.live[frame.start..frame.end] {
                 if self.pointers[p].tokens().len() == len {
-                    found[p] = Some(value.to_vec());
+                    match &mut found[p] {
+                        Some(earlier) => {
+                            earlier.push(b',');
+                            earlier.extend_from_slice(value);
+                        }
+                        None => found[p] = Some(value.to_vec()),
+                    }
                 }
             }
         }

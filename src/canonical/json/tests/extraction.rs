@@ -93,10 +93,18 @@ fn several_pointers_are_answered_in_order() {
 }
 
 #[test]
-fn duplicate_keys_resolve_to_the_last_occurrence() {
+fn duplicate_keys_keep_every_occurrence_in_input_order() {
     assert_eq!(
         extract_one(r#"{"a": 1, "a": 2}"#, "/a").as_deref(),
-        Some("2e0")
+        Some("1e0,2e0")
+    );
+    assert_eq!(
+        extract_one(r#"{"a": {"b": [1, ","]}, "a": {"b": "x"}}"#, "/a/b").as_deref(),
+        Some(r#"[1e0,","],"x""#)
+    );
+    assert_ne!(
+        extract_one(r#"{"a": 1, "a": 2}"#, "/a"),
+        extract_one(r#"{"a": 2, "a": 1}"#, "/a")
     );
 }
 
