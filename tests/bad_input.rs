@@ -21,6 +21,14 @@ routes:
   - name: fingerprinted
     match: { methods: [POST, PUT], path: "/orders/{id}/notes" }
     key: { fingerprint: { body: true } }
+  - name: fresh-header
+    match: { methods: [POST], path: /orders/fresh }
+    key: { header: Idempotency-Key }
+    fresh: { header: X-Timestamp, max_age: 5m, skew: 30s }
+  - name: fresh-field
+    match: { methods: [POST], path: /orders/fresh-body }
+    key: { fingerprint: { body: true } }
+    fresh: { field: /ts, max_age: 5m, skew: 30s }
 "#;
 
 fn assert_problem(a: &Answer, status: StatusCode, kind: &str) {
@@ -447,4 +455,37 @@ async fn a_body_that_is_not_json_passes_a_fields_route_that_does_not_require_the
         assert!(!a.replayed());
     }
     assert_eq!(upstream.executed(), 3);
+}
+
+/// A timestamp beyond any clock (the smallest 128-bit integer, or a number whose float
+/// value only a saturating cast can hold) is stale like any other: a `400 stale-request`,
+/// nothing executed, the proxy serving on. Reading one must not overflow the arithmetic of
+/// the freshness window, which would end the connection without an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timestamp_past_any_clock_is_400_stale_request_and_nothing_executes() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let extremes = [
+        "-170141183460469231731687303715884105728",
+        "-99999999999999999999999999999999999999999999",
+        "-1e300",
+        "170141183460469231731687303715884105727",
+        "1e300",
+    ];
+    for (i, ts) in extremes.iter().enumerate() {
+        let key = format!("extreme-{i}");
+        let a = post(
+            proxy.addr,
+            "/orders/fresh",
+            &[("idempotency-key", &key), ("x-timestamp", ts)],
+            "{}",
+        )
+        .await;
+        assert_problem(&a, StatusCode::BAD_REQUEST, "stale-request");
+        let body = format!(r#"{{"ts": {ts}}}"#);
+        let a = post(proxy.addr, "/orders/fresh-body", &[], &body).await;
+        assert_problem(&a, StatusCode::BAD_REQUEST, "stale-request");
+    }
+    assert_eq!(upstream.executed(), 0);
+    still_serving(proxy.addr, "after-extreme-timestamps").await;
 }

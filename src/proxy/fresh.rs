@@ -45,11 +45,13 @@ pub fn check(
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_millis() as i128;
-    let age = now_ms - millis;
+    // Saturating: a client's timestamp may be any 128-bit value (a float saturates to the
+    // ends of the range), and an overflow must not end the request without an answer.
+    let age = now_ms.saturating_sub(millis);
     if age > rule.max_age.as_millis() as i128 {
         return stale("the request's timestamp is too old");
     }
-    if -age > rule.skew.as_millis() as i128 {
+    if age.saturating_neg() > rule.skew.as_millis() as i128 {
         return stale("the request's timestamp is in the future");
     }
     Ok(())
@@ -59,7 +61,7 @@ pub fn check(
 /// anything else is tried as RFC 3339.
 fn parse_timestamp(text: &str) -> Option<i128> {
     if let Ok(n) = text.parse::<i128>() {
-        return Some(if n.abs() >= 100_000_000_000 {
+        return Some(if n.unsigned_abs() >= 100_000_000_000 {
             n
         } else {
             n * 1000
