@@ -53,6 +53,11 @@ async fn form_bodies_and_queries_are_canonicalized() {
         .await
         .replayed());
     assert_eq!(upstream.executed(), 2);
+    // `force` and `force=` are `nil` and `""` to Rack: two requests, never one.
+    assert!(!form("/orders/form?force", "qty=1").await.replayed());
+    assert!(!form("/orders/form?force=", "qty=1").await.replayed());
+    assert!(form("/orders/form?force", "qty=1").await.replayed());
+    assert_eq!(upstream.executed(), 4);
 }
 
 async fn post_from(ip: &str, proxy: SocketAddr, path: &str, body: &str) -> String {

@@ -47,8 +47,10 @@ pub fn canonical_query(input: &str, ignore: &IgnoreSet, out: &mut Vec<u8>, ignor
 /// joined by `&`, with every byte other than ALPHA DIGIT `-` `.` `_` `~` percent-encoded in
 /// upper-case hex.
 ///
-/// A piece without `=` is emitted as `name=`: `a` and `a=` are the same parameter here, as they
-/// are to common form parsers. Nothing in this format can be invalid, so there is no error case.
+/// A piece without `=` is emitted as `name` alone: `a` and `a=` stay apart, since some
+/// applications tell them apart (Rack and Rails read `nil` against `""`), and a request is
+/// never taken for another on a guess. Nothing in this format can be invalid, so there is
+/// no error case.
 pub fn canonical_form(
     input: &[u8],
     ignore: &IgnoreSet,
@@ -57,14 +59,15 @@ pub fn canonical_form(
 ) {
     // All decoded names and values live in one buffer; pairs are ranges into it.
     let mut decoded = Vec::with_capacity(input.len());
-    let mut pairs: Vec<(Range<usize>, Range<usize>)> = Vec::new();
+    // A value's range is `None` for a piece without `=`.
+    let mut pairs: Vec<(Range<usize>, Option<Range<usize>>)> = Vec::new();
     for piece in input.split(|&b| b == b'&') {
         if piece.is_empty() {
             continue;
         }
         let (name, value) = match piece.iter().position(|&b| b == b'=') {
-            Some(eq) => (&piece[..eq], &piece[eq + 1..]),
-            None => (piece, &[][..]),
+            Some(eq) => (&piece[..eq], Some(&piece[eq + 1..])),
+            None => (piece, None),
         };
         let name_start = decoded.len();
         decode_component(name, &mut decoded);
@@ -77,8 +80,11 @@ pub fn canonical_form(
             decoded.truncate(name_start);
             continue;
         }
-        decode_component(value, &mut decoded);
-        pairs.push((name_range.clone(), name_range.end..decoded.len()));
+        let value = value.map(|value| {
+            decode_component(value, &mut decoded);
+            name_range.end..decoded.len()
+        });
+        pairs.push((name_range, value));
     }
     // By name only, and stable: a repeated name's values are a list whose order is data.
     pairs.sort_by(|a, b| decoded[a.0.clone()].cmp(&decoded[b.0.clone()]));
@@ -87,8 +93,10 @@ pub fn canonical_form(
             out.push(b'&');
         }
         encode_component(&decoded[name], out);
-        out.push(b'=');
-        encode_component(&decoded[value], out);
+        if let Some(value) = value {
+            out.push(b'=');
+            encode_component(&decoded[value], out);
+        }
     }
 }
 
@@ -189,9 +197,11 @@ mod tests {
     }
 
     #[test]
-    fn name_without_equals_is_the_same_as_empty_value() {
-        assert_eq!(canon("flag"), "flag=");
-        assert_eq!(canon("flag"), canon("flag="));
+    fn name_without_equals_is_not_an_empty_value() {
+        assert_eq!(canon("flag"), "flag");
+        assert_eq!(canon("flag="), "flag=");
+        assert_ne!(canon("flag"), canon("flag="));
+        assert_eq!(canon("b&a=&c"), "a=&b&c");
         assert_eq!(canon("=v"), "=v");
     }
 
