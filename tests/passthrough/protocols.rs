@@ -83,21 +83,26 @@ async fn upgrades_on_the_hand_written_client_go_through_hyper_and_are_counted() 
     assert!(metrics.contains(&format!("{handoffs} 2\n")), "{metrics}");
 }
 
+/// A proxy on the hand-written client with room for one upstream connection, kept idle for
+/// an hour; the 2 s deadline only bounds how long a failing run takes.
+async fn one_hand_written_connection(upstream: std::net::SocketAddr) -> common::ProxyHandle {
+    let routes = format!(
+        "connections: {{ upstream_http1: idemgate, max_upstream: 1, upstream_idle_timeout: 1h }}\n\
+         defaults: {{ upstream_timeout: 2s }}\n{ROUTES}"
+    );
+    start_proxy(upstream, &routes).await
+}
+
 /// A handed-over upgrade the upstream refuses (an answer other than `101`, kept alive)
 /// leaves no connection idle in hyper's pool, where it would hold a slot under
 /// `max_upstream` that the hand-written client's requests cannot take: the next request
 /// goes out. Before, with `max_upstream: 1` it waited for that slot until its deadline and
 /// was a 502 `upstream-unreachable` (and with a larger cap, as many refused upgrades as
-/// the cap starved every other request until `upstream_idle_timeout`). The 2 s deadline
-/// only bounds how long a failing run takes.
+/// the cap starved every other request until `upstream_idle_timeout`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_upgrade_on_the_hand_written_client_leaves_no_slot_idle_in_hyper_s_pool() {
     let upstream = start_upstream().await;
-    let routes = format!(
-        "connections: {{ upstream_http1: idemgate, max_upstream: 1, upstream_idle_timeout: 1h }}\n\
-         defaults: {{ upstream_timeout: 2s }}\n{ROUTES}"
-    );
-    let proxy = start_proxy(upstream.addr, &routes).await;
+    let proxy = one_hand_written_connection(upstream.addr).await;
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     // The upstream switches only to `echo`: this one gets a plain 200, kept alive.
     stream
@@ -121,16 +126,11 @@ async fn a_refused_upgrade_on_the_hand_written_client_leaves_no_slot_idle_in_hyp
 /// Both pools of the hand-written client share `max_upstream`: an upgrade arriving when
 /// the cap is filled by the hand-written client's idle connections closes the oldest of
 /// them and goes out. Before, it waited for one to reach `upstream_idle_timeout` (here an
-/// hour), so past its deadline it was a 502. The 2 s deadline only bounds how long a
-/// failing run takes.
+/// hour), so past its deadline it was a 502.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_at_the_cap_closes_an_idle_connection_of_the_hand_written_client() {
     let upstream = start_upstream().await;
-    let routes = format!(
-        "connections: {{ upstream_http1: idemgate, max_upstream: 1, upstream_idle_timeout: 1h }}\n\
-         defaults: {{ upstream_timeout: 2s }}\n{ROUTES}"
-    );
-    let proxy = start_proxy(upstream.addr, &routes).await;
+    let proxy = one_hand_written_connection(upstream.addr).await;
     let first = common::post(
         proxy.addr,
         "/orders",

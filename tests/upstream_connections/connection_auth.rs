@@ -7,11 +7,11 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
 use crate::common::{raw_exchange_from, raw_post, start_proxy};
-use crate::{KEEP_IDLE, ROUTES};
+use crate::{read_request_headers, KEEP_IDLE, ROUTES};
 
 /// A raw upstream that authenticates connections as IIS does: a request with
 /// `Authorization: NTLM <user>` (or `Negotiate <user>`) makes its connection `<user>`'s,
@@ -30,33 +30,16 @@ async fn connection_auth_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
                 let (read, mut write) = stream.into_split();
                 let mut read = BufReader::new(read);
                 let mut user: Option<String> = None;
-                loop {
-                    let mut line = String::new();
-                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let mut length = 0usize;
-                    loop {
-                        let mut header = String::new();
-                        read.read_line(&mut header).await.unwrap();
-                        let header = header.trim_end();
-                        if header.is_empty() {
-                            break;
+                while let Some((_, headers)) = read_request_headers(&mut read).await {
+                    for (name, value) in &headers {
+                        if name != "authorization" {
+                            continue;
                         }
-                        let (name, value) = header.split_once(':').unwrap();
-                        match name.to_ascii_lowercase().as_str() {
-                            "content-length" => length = value.trim().parse().unwrap(),
-                            "authorization" => {
-                                let (scheme, who) = value.trim().split_once(' ').unwrap();
-                                if ["ntlm", "negotiate"].contains(&&*scheme.to_lowercase()) {
-                                    user = Some(who.to_owned());
-                                }
-                            }
-                            _ => {}
+                        let (scheme, who) = value.split_once(' ').unwrap();
+                        if ["ntlm", "negotiate"].contains(&&*scheme.to_lowercase()) {
+                            user = Some(who.to_owned());
                         }
                     }
-                    let mut body = vec![0u8; length];
-                    read.read_exact(&mut body).await.unwrap();
                     let answer = match &user {
                         Some(name) => {
                             record.lock().unwrap().push(name.clone());

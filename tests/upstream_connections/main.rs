@@ -53,11 +53,21 @@ struct Seen {
 /// Reads one request (line, headers, `Content-Length` body) and returns its request line
 /// and `Host`; `None` once the proxy closed the connection.
 async fn read_request(read: &mut BufReader<OwnedReadHalf>) -> Option<(String, Option<String>)> {
+    let (line, headers) = read_request_headers(read).await?;
+    let host = headers.into_iter().find(|(name, _)| name == "host");
+    Some((line, host.map(|(_, value)| value)))
+}
+
+/// Reads one request and returns its request line and headers (names lower-cased, values
+/// trimmed), its body read past; `None` once the proxy closed the connection.
+async fn read_request_headers(
+    read: &mut BufReader<OwnedReadHalf>,
+) -> Option<(String, Vec<(String, String)>)> {
     let mut line = String::new();
     if read.read_line(&mut line).await.unwrap_or(0) == 0 {
         return None;
     }
-    let (mut length, mut host) = (0usize, None);
+    let (mut length, mut headers) = (0usize, Vec::new());
     loop {
         let mut header = String::new();
         read.read_line(&mut header).await.unwrap();
@@ -66,15 +76,15 @@ async fn read_request(read: &mut BufReader<OwnedReadHalf>) -> Option<(String, Op
             break;
         }
         let (name, value) = header.split_once(':').unwrap();
-        match name.to_ascii_lowercase().as_str() {
-            "content-length" => length = value.trim().parse().unwrap(),
-            "host" => host = Some(value.trim().to_owned()),
-            _ => {}
+        let (name, value) = (name.to_ascii_lowercase(), value.trim().to_owned());
+        if name == "content-length" {
+            length = value.parse().unwrap();
         }
+        headers.push((name, value));
     }
     let mut body = vec![0u8; length];
     read.read_exact(&mut body).await.unwrap();
-    Some((line.trim_end().to_owned(), host))
+    Some((line.trim_end().to_owned(), headers))
 }
 
 /// A raw HTTP/1.1 upstream answering `201 {"ok":true}` with keep-alive. With
