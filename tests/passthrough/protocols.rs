@@ -65,22 +65,26 @@ async fn upgrades_on_the_hand_written_client_go_through_hyper_and_are_counted() 
     let metrics = common::metrics_text(proxy.admin).await;
     assert!(!metrics.contains(handoffs), "{metrics}");
     for _ in 0..2 {
-        let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-        stream
-            .write_all(
-                b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n",
-            )
-            .await
-            .unwrap();
-        let head = read_head(&mut stream).await.expect("an answer head");
-        assert!(head.starts_with("http/1.1 101"), "{head}");
-        stream.write_all(b"ping").await.unwrap();
-        let mut back = [0u8; 4];
-        stream.read_exact(&mut back).await.unwrap();
-        assert_eq!(&back, b"ping");
+        upgrade_and_echo(proxy.addr).await;
     }
     let metrics = common::metrics_text(proxy.admin).await;
     assert!(metrics.contains(&format!("{handoffs} 2\n")), "{metrics}");
+}
+
+/// Upgrades a new connection to the test upstream's `echo` protocol through the proxy at
+/// `addr` and checks that bytes come back through it.
+async fn upgrade_and_echo(addr: std::net::SocketAddr) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n")
+        .await
+        .unwrap();
+    let head = read_head(&mut stream).await.expect("an answer head");
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    stream.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    stream.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"ping");
 }
 
 /// A proxy on the hand-written client with room for one upstream connection, kept idle for
@@ -139,17 +143,7 @@ async fn an_upgrade_at_the_cap_closes_an_idle_connection_of_the_hand_written_cli
     )
     .await;
     assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
-    let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    stream
-        .write_all(b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: echo\r\n\r\n")
-        .await
-        .unwrap();
-    let head = read_head(&mut stream).await.expect("an answer head");
-    assert!(head.starts_with("http/1.1 101"), "{head}");
-    stream.write_all(b"ping").await.unwrap();
-    let mut back = [0u8; 4];
-    stream.read_exact(&mut back).await.unwrap();
-    assert_eq!(&back, b"ping");
+    upgrade_and_echo(proxy.addr).await;
     assert_eq!(upstream.executed(), 1);
 }
 
