@@ -41,6 +41,7 @@ use record::{Entry, Ticks};
 use shard::Shard;
 use totals::Totals;
 
+use limits::Room;
 pub use limits::{MemoryLimits, WhenFull};
 
 /// The in-process store.
@@ -58,6 +59,10 @@ pub struct MemoryStore {
     /// When an eviction was last logged (ms since `epoch`), so a full store logs once in a
     /// while, not once per request.
     eviction_logged: AtomicU64,
+    /// How often a write waited for a shard whose lock another thread held, so a test
+    /// holding that lock knows when to let go of it.
+    #[cfg(test)]
+    shard_waits: std::sync::atomic::AtomicUsize,
 }
 
 /// Below this many entries per shard, sharding buys nothing: eviction would mostly reach
@@ -87,6 +92,8 @@ impl MemoryStore {
             counters: Mutex::default(),
             evictions: Mutex::default(),
             eviction_logged: AtomicU64::new(0),
+            #[cfg(test)]
+            shard_waits: Default::default(),
         }
     }
 
@@ -133,12 +140,23 @@ impl MemoryStore {
     /// See [`super::Store::issue`].
     pub fn issue(&self, key: Digest, ttl: Duration) -> Result<(), StoreError> {
         let index = self.shard_index(&key);
-        let mut shard = self.shard(&key);
-        let (_, now) = self.now();
-        shard.remove(&key, &self.totals);
-        if !self.room_for_entry(&mut shard, index, now) {
-            return Err(StoreError::Full);
-        }
+        let (mut shard, now) = loop {
+            let mut shard = self.shard(&key);
+            let (_, now) = self.now();
+            shard.remove(&key, &self.totals);
+            match self.room_for_entry(&mut shard, index, now) {
+                Room::Fits => break (shard, now),
+                Room::Full => return Err(StoreError::Full),
+                // Room is made holding no shard (see `claim`), then the token is issued
+                // under its shard's lock.
+                Room::Busy => {
+                    drop(shard);
+                    if !self.room_for_entry_waiting(index, now) {
+                        return Err(StoreError::Full);
+                    }
+                }
+            }
+        };
         shard.put(
             key,
             Entry::Issued { expires_at: 0 },

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
 
+use super::limits::Room;
 use super::record::{Entry, InFlight, Outcome, SettledRecord, Ticks};
 use super::shard::Shard;
 use super::{MemoryStore, SWEEP_PER_WRITE};
@@ -31,14 +32,39 @@ enum Decision {
 impl MemoryStore {
     /// See [`Store::claim_with`](crate::store::Store::claim_with).
     pub fn claim(&self, args: &ClaimArgs) -> Result<RawClaim, StoreError> {
+        // A claim that found the store full while other threads held shards it could make
+        // room in waits for them holding none of its own, then starts over: its key may
+        // have been claimed meanwhile. It goes round again only if room was there, which
+        // a claim of another shard may have taken first; a store of claims in flight
+        // alone answers `Full` on the first round that finds no room.
+        loop {
+            match self.claim_in_shard(args) {
+                Err(Room::Busy) => {
+                    let (_, ticks) = self.now();
+                    if !self.room_for_entry_waiting(self.shard_index(&args.key), ticks) {
+                        return Err(StoreError::Full);
+                    }
+                }
+                Err(_) => return Err(StoreError::Full),
+                Ok(claim) => return claim,
+            }
+        }
+    }
+
+    /// A claim decided and taken under its shard's lock; `Err` when the key is free but
+    /// the store has no room for it ([`Room::Busy`]: yet), with the store unchanged but
+    /// for expired records swept and live ones evicted.
+    fn claim_in_shard(&self, args: &ClaimArgs) -> Result<Result<RawClaim, StoreError>, Room> {
         let key = args.key;
         let index = self.shard_index(&key);
         let mut shard = self.shard(&key);
         let (now, ticks) = self.now();
         shard.sweep(ticks, SWEEP_PER_WRITE, &self.totals);
         match self.decide(&mut shard, args, now, ticks) {
-            Decision::Answer(claim) => return Ok(RawClaim::Other(claim)),
-            Decision::Lapsed { ttl } => return Ok(self.hold_lapsed(&mut shard, args, ticks, ttl)),
+            Decision::Answer(claim) => return Ok(Ok(RawClaim::Other(claim))),
+            Decision::Lapsed { ttl } => {
+                return Ok(Ok(self.hold_lapsed(&mut shard, args, ticks, ttl)))
+            }
             Decision::Take => {}
         }
         // The record the claim replaces (an issued token, a failure left for waiters, an
@@ -55,10 +81,13 @@ impl MemoryStore {
             _ => (0, 0),
         };
         if self.over_caller_share(args.caller, (1, ENTRY_OVERHEAD), freed) {
-            return Err(StoreError::CallerFull);
+            return Ok(Err(StoreError::CallerFull));
         }
-        if replaced.is_none() && !self.room_for_entry(&mut shard, index, ticks) {
-            return Err(StoreError::Full);
+        if replaced.is_none() {
+            match self.room_for_entry(&mut shard, index, ticks) {
+                Room::Fits => {}
+                full => return Err(full),
+            }
         }
         shard.remove(&key, &self.totals);
         let token = OwnerToken::random();
@@ -80,10 +109,10 @@ impl MemoryStore {
             ENTRY_OVERHEAD,
             &self.totals,
         );
-        Ok(RawClaim::Owner {
+        Ok(Ok(RawClaim::Owner {
             token,
             liveness: Some(liveness),
-        })
+        }))
     }
 
     /// What a claim finds at `args.key`; converts a lapsed claim held as unknown on the way.

@@ -5,6 +5,7 @@
 //! checked here too.
 
 use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use super::record::Ticks;
 use super::shard::Shard;
@@ -13,6 +14,16 @@ use super::MemoryStore;
 use crate::store::response::ENTRY_OVERHEAD;
 use crate::store::{CallerTag, RouteTag};
 use crate::sync::lock;
+
+/// A shard's lock if no other thread holds it. A poisoned one is taken, as [`lock`] does:
+/// passing it over would leave its records out of every other shard's room.
+fn try_lock(shard: &Mutex<Shard>) -> Option<MutexGuard<'_, Shard>> {
+    match shard.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
 
 /// What the memory store does when a bound is reached and no expired record is left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -70,15 +81,41 @@ impl MemoryLimits {
 /// At most one eviction warning per this many milliseconds.
 const EVICTION_LOG_EVERY_MS: u64 = 10_000;
 
+/// Whether a new record fits, after making room while holding the writer's own shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Room {
+    /// It fits: there was room, or room was made.
+    Fits,
+    /// It does not, and nothing more may go: every record left is in flight (with
+    /// `when_full: reject`, live).
+    Full,
+    /// Not yet: shards another thread held the lock of were passed over. The writer lets
+    /// go of its own shard, calls [`MemoryStore::make_room_waiting`] and starts over.
+    Busy,
+}
+
 impl MemoryStore {
-    /// Makes room for one more record of [`ENTRY_OVERHEAD`] bytes (a claim, an issued
-    /// token); whether there is.
-    pub(super) fn room_for_entry(&self, own: &mut Shard, own_index: usize, now: Ticks) -> bool {
+    /// Whether the store is over a bound with one more record of [`ENTRY_OVERHEAD`] bytes.
+    fn over_for_entry(&self) -> impl Fn(&Totals) -> bool {
         let limits = self.limits;
-        self.make_room(own, own_index, now, self.limits.when_full, |t| {
+        move |t| {
             t.entries.load(Ordering::Relaxed) >= limits.max_entries
                 || t.bytes.load(Ordering::Relaxed) + ENTRY_OVERHEAD > limits.max_bytes
-        })
+        }
+    }
+
+    /// Makes room for one more record of [`ENTRY_OVERHEAD`] bytes (a claim, an issued
+    /// token) while holding the writer's shard.
+    pub(super) fn room_for_entry(&self, own: &mut Shard, own_index: usize, now: Ticks) -> Room {
+        let over = self.over_for_entry();
+        self.make_room(own, own_index, now, self.limits.when_full, over)
+    }
+
+    /// After [`Room::Busy`]: makes room for one more record of [`ENTRY_OVERHEAD`] bytes,
+    /// holding no shard; whether there is room now.
+    pub(super) fn room_for_entry_waiting(&self, own_index: usize, now: Ticks) -> bool {
+        let over = self.over_for_entry();
+        self.make_room_waiting(own_index, now, self.limits.when_full, over)
     }
 
     /// Makes room for `cost` more bytes (an answer replacing its claim's slot); whether
@@ -97,13 +134,15 @@ impl MemoryStore {
         cost <= max
             && self.make_room(own, own_index, now, when_full, |t| {
                 t.bytes.load(Ordering::Relaxed) + cost > max
-            })
+            }) == Room::Fits
     }
 
     /// Frees room until `over` is false: expired records first, in the caller's shard (its
     /// lock is held) and every other shard it can lock without waiting (never blocking on
-    /// a second lock, so no lock-order deadlock); then, with `when_full: evict`, live
-    /// records closest to expiry, each counted. Returns whether `over` is false.
+    /// a second lock while holding one, so no lock-order deadlock); then, with
+    /// `when_full: evict`, live records closest to expiry, each counted. Shards passed
+    /// over because another thread held them make the answer [`Room::Busy`], not
+    /// [`Room::Full`]: what they hold may still go.
     fn make_room(
         &self,
         own: &mut Shard,
@@ -111,51 +150,95 @@ impl MemoryStore {
         now: Ticks,
         when_full: WhenFull,
         over: impl Fn(&Totals) -> bool,
-    ) -> bool {
+    ) -> Room {
         if !over(&self.totals) {
-            return true;
+            return Room::Fits;
         }
         let totals = &self.totals;
+        let mut busy = false;
         own.sweep(now, usize::MAX, totals);
         for (i, other) in self.shards.iter().enumerate() {
             if !over(totals) {
-                return true;
+                return Room::Fits;
             }
             if i != own_index {
-                if let Ok(mut other) = other.try_lock() {
-                    other.sweep(now, usize::MAX, totals);
+                match try_lock(other) {
+                    Some(mut other) => other.sweep(now, usize::MAX, totals),
+                    None => busy = true,
                 }
             }
         }
-        if !over(totals) {
-            return true;
-        }
-        if when_full == WhenFull::Reject {
-            return false;
-        }
-        while over(totals) {
-            match own.evict_one(totals) {
-                Some(route) => self.count_eviction(route, now),
-                None => break,
-            }
-        }
-        for (i, other) in self.shards.iter().enumerate() {
-            if !over(totals) {
-                return true;
-            }
-            if i == own_index {
-                continue;
-            }
-            if let Ok(mut other) = other.try_lock() {
-                while over(totals) {
-                    match other.evict_one(totals) {
-                        Some(route) => self.count_eviction(route, now),
-                        None => break,
+        if over(totals) && when_full == WhenFull::Evict {
+            self.evict_while(own, now, &over);
+            for (i, other) in self.shards.iter().enumerate() {
+                if !over(totals) {
+                    break;
+                }
+                if i != own_index {
+                    match try_lock(other) {
+                        Some(mut other) => self.evict_while(&mut other, now, &over),
+                        None => busy = true,
                     }
                 }
             }
         }
+        match (over(totals), busy) {
+            (false, _) => Room::Fits,
+            (true, false) => Room::Full,
+            (true, true) => Room::Busy,
+        }
+    }
+
+    /// [`MemoryStore::make_room`] for a writer that holds no shard (it let go of its own
+    /// after [`Room::Busy`]): it waits for each shard's lock in turn, holding one at a
+    /// time, so it cannot deadlock with another writer; its own shard goes first, as
+    /// there. Whether there is room now; the writer starts over, since its key may have
+    /// changed meanwhile.
+    fn make_room_waiting(
+        &self,
+        own_index: usize,
+        now: Ticks,
+        when_full: WhenFull,
+        over: impl Fn(&Totals) -> bool,
+    ) -> bool {
+        let totals = &self.totals;
+        let count = self.shards.len();
+        let order = (0..count).map(|i| (own_index + i) % count);
+        for i in order.clone() {
+            if !over(totals) {
+                return true;
+            }
+            self.wait_for(i).sweep(now, usize::MAX, totals);
+        }
+        if when_full == WhenFull::Evict {
+            for i in order {
+                if !over(totals) {
+                    break;
+                }
+                self.evict_while(&mut self.wait_for(i), now, &over);
+            }
+        }
         !over(totals)
+    }
+
+    /// Evicts live records of `shard`, closest to expiry first, each counted, while `over`.
+    fn evict_while(&self, shard: &mut Shard, now: Ticks, over: &impl Fn(&Totals) -> bool) {
+        while over(&self.totals) {
+            match shard.evict_one(&self.totals) {
+                Some(route) => self.count_eviction(route, now),
+                None => break,
+            }
+        }
+    }
+
+    /// The lock of shard `index`, waited for if another thread holds it.
+    fn wait_for(&self, index: usize) -> MutexGuard<'_, Shard> {
+        let shard = &self.shards[index];
+        try_lock(shard).unwrap_or_else(|| {
+            #[cfg(test)]
+            self.shard_waits.fetch_add(1, Ordering::SeqCst);
+            lock(shard)
+        })
     }
 
     fn count_eviction(&self, route: RouteTag, now: Ticks) {

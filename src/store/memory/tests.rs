@@ -429,3 +429,73 @@ fn a_rate_hit_does_bounded_work() {
     }
     assert!(worst <= TEST_MOST_STEPS, "{worst} steps in one hit");
 }
+
+/// A store of two shards (2048 entries) filled with settled records, all in shard 0.
+fn full_in_shard_zero() -> MemoryStore {
+    let store = MemoryStore::new(MemoryLimits {
+        max_entries: 2048,
+        max_bytes: 1 << 30,
+        ..MemoryLimits::default()
+    });
+    assert_eq!(store.shards.len(), 2);
+    for n in 0..2048 {
+        store_done(&store, numbered(0, n), Duration::from_secs(3600));
+    }
+    assert_eq!(store.stats().entries, 2048);
+    store
+}
+
+/// With `when_full: evict`, a claim on a full store whose own shard holds nothing to evict
+/// evicts a settled record in another shard even while another thread holds that shard's
+/// lock: it waits for the lock, never answers `Full` (a 503) while a record could go. The
+/// holder lets go once the claim waits for it, or once the claim has answered.
+#[test]
+fn a_full_store_evicts_in_a_shard_another_thread_holds() {
+    let store = full_in_shard_zero();
+    let answered = std::sync::atomic::AtomicBool::new(false);
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let claim = std::thread::scope(|s| {
+        s.spawn(|| {
+            let _held = store.shards[0].lock().unwrap();
+            held_tx.send(()).unwrap();
+            while store.shard_waits.load(Ordering::SeqCst) == 0 && !answered.load(Ordering::SeqCst)
+            {
+                std::thread::yield_now();
+            }
+        });
+        held_rx.recv().unwrap();
+        let claim = store.claim(&ClaimArgs::new(numbered(1, 0), FINGERPRINT, LEASE));
+        answered.store(true, Ordering::SeqCst);
+        claim
+    });
+    assert!(
+        matches!(claim, Ok(RawClaim::Owner { .. })),
+        "{:?}",
+        claim.map(|_| ())
+    );
+    assert_eq!(store.stats().entries, 2048);
+    assert_eq!(store.stats().evictions.iter().map(|e| e.1).sum::<u64>(), 1);
+}
+
+/// A shard whose lock was poisoned (a thread panicked holding it) is still swept and
+/// evicted in by writes to other shards, as every other use of it carries on: a full store
+/// does not refuse claims for records it could evict there.
+#[test]
+fn a_full_store_evicts_in_a_poisoned_shard() {
+    let store = full_in_shard_zero();
+    let poisoned = std::thread::scope(|s| {
+        s.spawn(|| {
+            let _held = store.shards[0].lock().unwrap();
+            panic!("poisons shard 0");
+        })
+        .join()
+    });
+    assert!(poisoned.is_err() && store.shards[0].is_poisoned());
+    let claim = store.claim(&ClaimArgs::new(numbered(1, 0), FINGERPRINT, LEASE));
+    assert!(
+        matches!(claim, Ok(RawClaim::Owner { .. })),
+        "{:?}",
+        claim.map(|_| ())
+    );
+    assert_eq!(store.stats().evictions.iter().map(|e| e.1).sum::<u64>(), 1);
+}
