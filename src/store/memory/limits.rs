@@ -137,6 +137,40 @@ impl MemoryStore {
             }) == Room::Fits
     }
 
+    /// Makes room for an answer of `cost` bytes that is to replace its claim's record of
+    /// `own` bytes, while that record (and the writer's shard) is still held.
+    pub(super) fn room_for_answer(
+        &self,
+        shard: &mut Shard,
+        own_index: usize,
+        now: Ticks,
+        cost: usize,
+        own: usize,
+    ) -> Room {
+        let max = self.limits.max_bytes;
+        if cost > max {
+            return Room::Full;
+        }
+        self.make_room(shard, own_index, now, self.limits.when_full, move |t| {
+            t.bytes.load(Ordering::Relaxed).saturating_sub(own) + cost > max
+        })
+    }
+
+    /// After [`Room::Busy`]: [`MemoryStore::room_for_answer`] holding no shard; whether
+    /// there is room now.
+    pub(super) fn room_for_answer_waiting(
+        &self,
+        own_index: usize,
+        now: Ticks,
+        cost: usize,
+        own: usize,
+    ) -> bool {
+        let max = self.limits.max_bytes;
+        self.make_room_waiting(own_index, now, self.limits.when_full, move |t| {
+            t.bytes.load(Ordering::Relaxed).saturating_sub(own) + cost > max
+        })
+    }
+
     /// Frees room until `over` is false: expired records first, in the caller's shard (its
     /// lock is held) and every other shard it can lock without waiting (never blocking on
     /// a second lock while holding one, so no lock-order deadlock); then, with

@@ -3,6 +3,7 @@
 //! closes. An answer that finds no room is kept as "executed, answer not stored"; a
 //! failure that finds none (it never evicts a live record) is shared without its answer.
 
+use super::limits::Room;
 use super::record::{Entry, Outcome, SettledRecord};
 use super::WhenFull;
 use super::{MemoryStore, SWEEP_PER_WRITE};
@@ -19,25 +20,47 @@ impl MemoryStore {
             ..
         } = *owned;
         let index = self.shard_index(&key);
-        let mut shard = self.shard(&key);
-        let (_, ticks) = self.now();
-        let (route, caller, written) = match shard.map.get(&key) {
-            Some(Entry::InFlight(record)) if record.token == token => {
-                (record.route, record.caller, Settled::Written)
-            }
-            // A late outcome of a claim held as unknown: the owner was alive after all.
-            Some(Entry::Settled(record))
-                if record.token == token && matches!(record.outcome, Outcome::Unknown) =>
+        let mut evict = self.limits.when_full == WhenFull::Evict;
+        let (mut shard, ticks, route, caller, written) = loop {
+            let mut shard = self.shard(&key);
+            let (_, ticks) = self.now();
+            let (route, caller, written) = match shard.map.get(&key) {
+                Some(Entry::InFlight(record)) if record.token == token => {
+                    (record.route, record.caller, Settled::Written)
+                }
+                // A late outcome of a claim held as unknown: the owner was alive after all.
+                Some(Entry::Settled(record))
+                    if record.token == token && matches!(record.outcome, Outcome::Unknown) =>
+                {
+                    (record.route, record.caller, Settled::Written)
+                }
+                Some(entry) if !entry.is_expired(ticks) => return Settled::NotWritten,
+                // Gone (purged): nothing to free, but what says the request ran goes back.
+                _ if !settlement.writes_back() => {
+                    shard.remove(&key, &self.totals);
+                    return Settled::Written;
+                }
+                _ => (RouteTag::default(), CallerTag::NONE, Settled::WrittenBack),
+            };
+            // An answer the store may evict for, which needs room in shards other writes
+            // hold: room is made holding no shard (see `claim`) while the claim's record
+            // stays, so its duplicates keep waiting; then the settlement starts over, made
+            // afresh (its key may have changed). Once no room was found that way, the
+            // answer takes what room there is, as before.
+            let answer = match &settlement {
+                Settlement::Done { response, ttl } if !ttl.is_zero() => response.cost(),
+                _ => 0,
+            };
+            let own = shard.map.get(&key).map_or(0, Entry::cost);
+            if !evict
+                || answer == 0
+                || self.over_caller_share(caller, (0, answer), (1, own))
+                || self.room_for_answer(&mut shard, index, ticks, answer, own) != Room::Busy
             {
-                (record.route, record.caller, Settled::Written)
+                break (shard, ticks, route, caller, written);
             }
-            Some(entry) if !entry.is_expired(ticks) => return Settled::NotWritten,
-            // Gone (purged): nothing to free, but what says the request ran goes back.
-            _ if !settlement.writes_back() => {
-                shard.remove(&key, &self.totals);
-                return Settled::Written;
-            }
-            _ => (RouteTag::default(), CallerTag::NONE, Settled::WrittenBack),
+            drop(shard);
+            evict = self.room_for_answer_waiting(index, ticks, answer, own);
         };
         // Removed (its waiters wake as the record's channel closes) before the new record
         // asks for room, so the claim's own bytes count as free. What observe mode saw of

@@ -499,3 +499,45 @@ fn a_full_store_evicts_in_a_poisoned_shard() {
     );
     assert_eq!(store.stats().evictions.iter().map(|e| e.1).sum::<u64>(), 1);
 }
+
+/// With `when_full: evict`, an answer that needs room in a shard another thread holds waits
+/// for that shard's lock and evicts there: it is stored and replayed, not kept as "executed,
+/// answer not stored". Its claim stays in flight meanwhile, so no duplicate runs.
+#[test]
+fn an_answer_evicts_in_a_shard_another_thread_holds() {
+    let answer = || StoredResponse::new(http::StatusCode::OK, &http::HeaderMap::new(), b"ok");
+    let cost = answer().cost();
+    let store = MemoryStore::new(MemoryLimits {
+        max_entries: 2048,
+        max_bytes: 2047 * cost + ENTRY_OVERHEAD,
+        ..MemoryLimits::default()
+    });
+    for n in 0..2047 {
+        store_done(&store, numbered(0, n), Duration::from_secs(3600));
+    }
+    let k = numbered(1, 0);
+    let (token, _liveness) = owner(&store, k, LEASE);
+    let answered = std::sync::atomic::AtomicBool::new(false);
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let settled = std::thread::scope(|s| {
+        s.spawn(|| {
+            let _held = store.shards[0].lock().unwrap();
+            held_tx.send(()).unwrap();
+            while store.shard_waits.load(Ordering::SeqCst) == 0 && !answered.load(Ordering::SeqCst)
+            {
+                std::thread::yield_now();
+            }
+        });
+        held_rx.recv().unwrap();
+        let done = Settlement::Done {
+            response: answer(),
+            ttl: Duration::from_secs(3600),
+        };
+        let settled = store.settle(&owned(k, token), done);
+        answered.store(true, Ordering::SeqCst);
+        settled
+    });
+    assert_eq!(settled, Settled::Written);
+    assert!(is_done(&store, k));
+    assert_eq!(store.stats().evictions.iter().map(|e| e.1).sum::<u64>(), 1);
+}
