@@ -290,9 +290,13 @@ impl ProxyError {
                  its route holds unknown outcomes (on_unknown_outcome: hold, the default), \
                  where a retry with the same idempotency key is answered outcome-unknown"
             ),
+            // As for `UpstreamFailed`: a route that releases unknown outcomes (and an
+            // unprotected one) runs the retry once the owner gave up.
             Self::UpstreamTimeout => format!(
-                "{self}; the request may still be running: a retry with the same \
-                 idempotency key gets its answer once it is known"
+                "{self}; the request may still be running: where its route holds unknown \
+                 outcomes (on_unknown_outcome: hold, the default), a retry with the same \
+                 idempotency key gets its answer once it is known, or outcome-unknown; \
+                 elsewhere a retry runs it again"
             ),
             // Key ids are the operator's business.
             Self::Unsealable(_) => "the stored answer of this request cannot be read; it was \

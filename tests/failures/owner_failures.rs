@@ -200,7 +200,17 @@ async fn a_duplicate_waiting_on_an_owner_given_up_at_background_timeout_does_not
     });
     upstream.arrived("never", 1).await;
     let duplicates = park_duplicates(&proxy, "given-up", 1).await;
-    assert_eq!(owner.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
+    let timed_out = owner.await.unwrap();
+    assert_eq!(timed_out.status, StatusCode::GATEWAY_TIMEOUT);
+    // The later request below runs again: the 504 must not have promised its answer.
+    let detail = timed_out.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        detail.contains("elsewhere a retry runs it again"),
+        "the 504 of a releasing route promises what its retry does not keep: {detail}"
+    );
     for duplicate in duplicates {
         let duplicate = duplicate.await.unwrap();
         assert_eq!(
