@@ -7,6 +7,7 @@ use http::{header, HeaderValue, StatusCode};
 
 use crate::key::KeyError;
 use crate::metrics::Outcome;
+use crate::proxy::budget::Short;
 use crate::route::normalize::PathError;
 use crate::store::seal::SealError;
 use crate::store::StoreError;
@@ -68,12 +69,15 @@ pub enum ProxyError {
     /// read timeout (seconds).
     #[error("no part of the request body arrived for {0} s")]
     BodyTimeout(u64),
-    /// The proxy buffers as many bytes as `connections.max_buffered` allows: a protected
+    /// The proxy buffers as many bytes as `connections.max_buffered` allows, one client
+    /// connection as many as `connections.max_buffered_per_connection`: a protected
     /// request's body found no room, and was refused before anything was claimed or sent.
-    #[error("the proxy is buffering as much as it may at once; retry after {retry_after} s")]
+    #[error("{}; retry after {retry_after} s", buffering(*.short))]
     Overloaded {
         /// Seconds for `Retry-After`.
         retry_after: u64,
+        /// Which limit the body found no room under.
+        short: Short,
     },
     /// The connection already has as many owners running as `connections.max_streams`
     /// allows (requests its client reset or gave up on run on): this one was refused
@@ -125,6 +129,18 @@ pub enum ProxyError {
     /// do: a `CONNECT` tunnel, or a transfer coding other than `chunked`.
     #[error("{0}")]
     NotImplemented(&'static str),
+}
+
+/// What a body refused under `short` was told is buffering all it may: a client that
+/// holds its connection's share learns that its own requests hold it, not the proxy's load.
+fn buffering(short: Short) -> &'static str {
+    match short {
+        Short::Total => "the proxy is buffering as much as it may at once",
+        Short::Connection => {
+            "this connection is buffering as much as one connection may at once (its \
+             requests' bodies and answers)"
+        }
+    }
 }
 
 impl ProxyError {
@@ -323,7 +339,7 @@ impl ProxyError {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Self::InFlight { retry_after }
         | Self::RateLimited { retry_after }
-        | Self::Overloaded { retry_after }
+        | Self::Overloaded { retry_after, .. }
         | Self::ConnectionBusy { retry_after, .. } = self
         {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
@@ -367,8 +383,14 @@ mod tests {
 
     #[test]
     fn overloaded_maps_to_503_with_retry_after() {
-        let e = ProxyError::Overloaded { retry_after: 1 };
+        let e = ProxyError::Overloaded {
+            retry_after: 1,
+            short: Short::Connection,
+        };
         assert_eq!(e.as_str(), "overloaded");
+        assert!(e
+            .public_detail()
+            .starts_with("this connection is buffering"));
         assert!(e.leaves_body_unread());
         let r = e.into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -451,12 +451,22 @@ pub struct BufferMetrics {
     pub limit: Gauge,
     /// Bodies refused (`503 overloaded`) and answers streamed unstored, for want of room.
     refused: Family<WhatLabel, Counter>,
+    /// Of those, the ones whose connection held its share
+    /// (`connections.max_buffered_per_connection`).
+    share_refused: Family<WhatLabel, Counter>,
 }
 
 impl BufferMetrics {
     /// The refusal counter of `what`.
     pub fn refused(&self, what: crate::proxy::budget::Refusal) -> Counter {
         self.refused.get_or_create_owned(&WhatLabel {
+            what: what.as_str().to_owned(),
+        })
+    }
+
+    /// The counter of `what` refused because its connection held its share.
+    pub fn share_refused(&self, what: crate::proxy::budget::Refusal) -> Counter {
+        self.share_refused.get_or_create_owned(&WhatLabel {
             what: what.as_str().to_owned(),
         })
     }
@@ -477,12 +487,18 @@ impl BufferMetrics {
             "Buffers refused for want of room under connections.max_buffered: request bodies (503 overloaded) and answers (streamed, not stored)",
             self.refused.clone(),
         );
-        // Both series exist from the start, at 0.
+        registry.register(
+            "buffer_share_refusals",
+            "Of the buffer refusals, those whose client connection held its share (connections.max_buffered_per_connection)",
+            self.share_refused.clone(),
+        );
+        // Every series exists from the start, at 0.
         for what in [
             crate::proxy::budget::Refusal::RequestBody,
             crate::proxy::budget::Refusal::Answer,
         ] {
             let _ = self.refused(what);
+            let _ = self.share_refused(what);
         }
     }
 }

@@ -328,11 +328,12 @@ routes:
 
 /// Routes of the buffer budget's tests: `/orders` keyed by `Idempotency-Key`, with all
 /// requests together buffering at most `max_buffered` (`max_body` and `max_answer` keep
-/// their defaults, far above it).
+/// their defaults, far above it), and one connection as much (no share of its own: what
+/// these tests hold up is the total; tests/h2_abuse holds one connection to its share).
 fn budget_routes(max_buffered: &str) -> String {
     format!(
         r#"
-connections: {{ max_buffered: {max_buffered} }}
+connections: {{ max_buffered: {max_buffered}, max_buffered_per_connection: {max_buffered} }}
 routes:
   - name: orders
     match: {{ methods: [POST], path: /orders }}

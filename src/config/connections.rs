@@ -3,7 +3,8 @@
 //! the protocol, HTTP/1.1 client and idle timeout of upstream connections, the read
 //! timeout of pass-through
 //! answers, the send timeout of answers to clients, the [`Linger`] settings of a client
-//! connection's close, and the bytes all requests together may buffer.
+//! connection's close, and the bytes all requests together, and those of one connection, may
+//! buffer.
 
 use std::time::Duration;
 
@@ -47,6 +48,10 @@ pub struct Connections {
     /// owners' upstream answers (`crate::proxy::budget`). A body that finds no room is
     /// refused with `503 overloaded`, an answer streams on, not stored. Applies on reload.
     pub max_buffered: usize,
+    /// Of those, what the requests of one client connection may hold at once, so that a
+    /// few slow clients cannot hold all of it (`crate::proxy::budget`); by default an
+    /// eighth of `max_buffered`. Refused the same way. Applies on reload.
+    pub max_buffered_per_connection: usize,
 }
 
 /// The protocol of upstream connections.
@@ -131,12 +136,22 @@ impl Default for Connections {
             // A bound a small host holds besides everything else: 512 bodies or answers of
             // the default `max_body` (1 MiB) at once, 64 of the largest `max_answer` (8 MiB).
             max_buffered: 512 << 20,
+            // An eighth: 64 MiB, 64 bodies of the default `max_body` or 8 answers of the
+            // largest `max_answer` at once for one connection, HTTP/2 or not, while eight
+            // connections holding all they may leave nothing for anyone else.
+            max_buffered_per_connection: 64 << 20,
         }
     }
 }
 
+/// The default `max_buffered_per_connection`, as a fraction of `max_buffered`.
+const PER_CONNECTION_SHARE: usize = 8;
+
 pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, CompileError> {
     let d = Connections::default();
+    let max_buffered = raw.max_buffered.map_or(d.max_buffered, |b| {
+        usize::try_from(b.0).unwrap_or(usize::MAX)
+    });
     let c = Connections {
         max_client: raw.max_client.unwrap_or(d.max_client),
         max_streams: raw.max_streams.unwrap_or(d.max_streams),
@@ -165,9 +180,12 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
             timeout: raw.lingering_timeout.map_or(d.linger.timeout, |t| t.0),
             bytes: raw.lingering_bytes.map_or(d.linger.bytes, |b| b.0),
         },
-        max_buffered: raw.max_buffered.map_or(d.max_buffered, |b| {
-            usize::try_from(b.0).unwrap_or(usize::MAX)
-        }),
+        max_buffered,
+        max_buffered_per_connection: raw
+            .max_buffered_per_connection
+            .map_or((max_buffered / PER_CONNECTION_SHARE).max(1), |b| {
+                usize::try_from(b.0).unwrap_or(usize::MAX)
+            }),
     };
     let zero = [
         ("max_client", c.max_client == 0),
@@ -177,12 +195,23 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
         ("upstream_read_timeout", c.upstream_read_timeout.is_zero()),
         ("client_send_timeout", c.client_send_timeout.is_zero()),
         ("max_buffered", c.max_buffered == 0),
+        (
+            "max_buffered_per_connection",
+            c.max_buffered_per_connection == 0,
+        ),
     ];
     if let Some((key, _)) = zero.iter().find(|(_, is_zero)| *is_zero) {
         return Err(CompileError::new(
             format!("connections.{key}"),
             "must be above zero",
             *key,
+        ));
+    }
+    if c.max_buffered_per_connection > c.max_buffered {
+        return Err(CompileError::new(
+            "connections.max_buffered_per_connection",
+            "must not exceed connections.max_buffered (equal: no share per connection)",
+            "max_buffered_per_connection",
         ));
     }
     if c.upstream_http1 == UpstreamHttp1::Idemgate && c.upstream_protocol != UpstreamProtocol::Http1

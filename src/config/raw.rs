@@ -175,4 +175,5 @@ pub struct RawConnections {
     pub lingering_timeout: Option<ConfigDuration>,
     pub lingering_bytes: Option<ByteSize>,
     pub max_buffered: Option<ByteSize>,
+    pub max_buffered_per_connection: Option<ByteSize>,
 }

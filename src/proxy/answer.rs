@@ -5,8 +5,9 @@
 //! nothing for `connections.upstream_read_timeout` (its `upstream_timeout` ended with the
 //! head), trailers filtered ([`ProxyBody::upstream`]). The same bound lets an observed
 //! request larger than `max_body` go on unchanged. What is buffered is taken from the
-//! process's [`Budget`] as it comes; a body the budget has no room for streams on past
-//! the part read, as one over the bound does.
+//! process's [`Budget`], and from the share of the client connection the request came on,
+//! as it comes; a body that finds no room in either streams on past the part read, as one
+//! over the bound does.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -19,7 +20,7 @@ use http_body_util::BodyExt;
 use std::sync::Arc;
 
 use super::body::{BodyError, Joined, ProxyBody, ReadGap};
-use super::budget::{Budget, Refusal};
+use super::budget::{Budget, ConnBuffers, Refusal};
 use super::headers::strip_hop_by_hop;
 use crate::error::ProxyError;
 
@@ -56,15 +57,17 @@ impl Answer {
     }
 }
 
-/// Reads `response`'s body, whole if it is at most `max` bytes and `budget` has room for
-/// it. A body that breaks off is an [`ProxyError::UpstreamFailed`]: the request went out.
-/// A larger one (or one the budget has no room for) streams on as an upstream answer,
-/// cut off once the upstream sends nothing for the body's [`ReadGap`]: no timer covers it
-/// any more, and a stalled upstream would hold its client (and its connection) forever.
+/// Reads `response`'s body, whole if it is at most `max` bytes and `budget` and the
+/// connection `conn` counts have room for it. A body that breaks off is an
+/// [`ProxyError::UpstreamFailed`]: the request went out. A larger one (or one without
+/// room) streams on as an upstream answer, cut off once the upstream sends nothing for the
+/// body's [`ReadGap`]: no timer covers it any more, and a stalled upstream would hold its
+/// client (and its connection) forever.
 pub async fn read<B>(
     response: Response<B>,
     max: usize,
     budget: &Arc<Budget>,
+    conn: &Arc<ConnBuffers>,
 ) -> Result<Answer, ProxyError>
 where
     B: Body<Data = Bytes> + ReadGap + Send + Unpin + 'static,
@@ -74,7 +77,7 @@ where
     strip_hop_by_hop(&mut head.headers, false);
     let gap = body.read_gap();
     let stream_on = |rest| ProxyBody::upstream(rest, gap);
-    let body = bounded_then(body, max, budget, Refusal::Answer, stream_on)
+    let body = bounded_then(body, max, (budget, conn), Refusal::Answer, stream_on)
         .await
         .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
     Ok(Answer {
@@ -84,25 +87,33 @@ where
     })
 }
 
-/// Reads a request's `body` whole if it is at most `max` bytes and `budget` has room for
-/// it; past that, a body that streams on with the part already read first. A declared
-/// length over the bound streams at once, without buffering `max` first.
-pub async fn bounded<B>(body: B, max: usize, budget: &Arc<Budget>) -> Result<AnswerBody, B::Error>
+/// Reads a request's `body` whole if it is at most `max` bytes and `budget` and the
+/// connection `conn` counts have room for it; past that, a body that streams on with the
+/// part already read first. A declared length over the bound streams at once, without
+/// buffering `max` first.
+pub async fn bounded<B>(
+    body: B,
+    max: usize,
+    budget: &Arc<Budget>,
+    conn: &Arc<ConnBuffers>,
+) -> Result<AnswerBody, B::Error>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BodyError>,
 {
-    bounded_then(body, max, budget, Refusal::RequestBody, ProxyBody::boxed).await
+    let account = (budget, conn);
+    bounded_then(body, max, account, Refusal::RequestBody, ProxyBody::boxed).await
 }
 
 /// [`bounded`], the body past the bound made into a [`ProxyBody`] by `stream_on`. What it
-/// holds stays within `max` ([`Joined`]) and is taken from `budget`; the frame that would
-/// pass the bound, or finds no room in the budget, is not copied in but streams on after
-/// the part read before it (which keeps its bytes of the budget until it has gone).
+/// holds stays within `max` ([`Joined`]) and is taken from `budget` and the connection's
+/// share; the frame that would pass the bound, or finds no room, is not copied in but
+/// streams on after the part read before it (which keeps its bytes of the budget until it
+/// has gone).
 async fn bounded_then<B>(
     mut body: B,
     max: usize,
-    budget: &Arc<Budget>,
+    (budget, conn): (&Arc<Budget>, &Arc<ConnBuffers>),
     what: Refusal,
     stream_on: impl FnOnce(Prefixed<B>) -> ProxyBody,
 ) -> Result<AnswerBody, B::Error>
@@ -117,7 +128,7 @@ where
             rest: body,
         })));
     }
-    let mut joined = Joined::new(declared, max, budget.charge());
+    let mut joined = Joined::new(declared, max, budget.charge(conn));
     let past = loop {
         let Some(frame) = body.frame().await else {
             return Ok(AnswerBody::Whole(joined.into_bytes()));
@@ -126,11 +137,12 @@ where
             if joined.len() + data.len() > max {
                 break data;
             }
-            if let Err(data) = joined.push(data) {
-                budget.refused(what);
+            if let Err((data, short)) = joined.push(data) {
+                budget.refused(what, short);
                 tracing::warn!(
                     body = what.as_str(),
-                    "connections.max_buffered is reached: this body streams on unbuffered \
+                    limit = short.as_str(),
+                    "no room left under the buffer limit: this body streams on unbuffered \
                      (an owner's answer is recorded as executed, not stored)"
                 );
                 break data;
@@ -195,7 +207,11 @@ mod tests {
 
     /// A budget that never runs out in these tests.
     fn budget() -> Arc<Budget> {
-        Budget::new(usize::MAX, crate::metrics::Metrics::new().buffers())
+        Budget::new(
+            usize::MAX,
+            usize::MAX,
+            crate::metrics::Metrics::new().buffers(),
+        )
     }
 
     /// A body of prepared chunks, with no declared length.
@@ -255,16 +271,23 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_within_the_bound_is_read_whole() {
-        let answer = read(chunks(&[b"hel", b"lo"]), 5, &budget()).await.unwrap();
+        let answer = read(chunks(&[b"hel", b"lo"]), 5, &budget(), &Arc::default())
+            .await
+            .unwrap();
         assert!(matches!(answer.body, AnswerBody::Whole(ref b) if &b[..] == b"hello"));
     }
 
     /// Past the bound the answer streams on, byte for byte, the part read first.
     #[tokio::test]
     async fn a_larger_answer_streams_on_whole() {
-        let answer = read(chunks(&[b"abc", b"def", b"ghi"]), 4, &budget())
-            .await
-            .unwrap();
+        let answer = read(
+            chunks(&[b"abc", b"def", b"ghi"]),
+            4,
+            &budget(),
+            &Arc::default(),
+        )
+        .await
+        .unwrap();
         let AnswerBody::TooLarge(body) = answer.body else {
             panic!("read whole past the bound");
         };
@@ -276,10 +299,15 @@ mod tests {
     #[tokio::test]
     async fn an_answer_without_room_in_the_budget_streams_on_whole() {
         let metrics = crate::metrics::Metrics::new();
-        let budget = Budget::new(5, metrics.buffers());
-        let answer = read(chunks(&[b"abc", b"def", b"ghi"]), 100, &budget)
-            .await
-            .unwrap();
+        let budget = Budget::new(5, 5, metrics.buffers());
+        let answer = read(
+            chunks(&[b"abc", b"def", b"ghi"]),
+            100,
+            &budget,
+            &Arc::default(),
+        )
+        .await
+        .unwrap();
         let AnswerBody::TooLarge(body) = answer.body else {
             panic!("read whole past the budget");
         };
@@ -298,7 +326,9 @@ mod tests {
     async fn a_declared_length_over_the_bound_is_not_buffered() {
         let full = http_body_util::Full::new(Bytes::from_static(b"0123456789"))
             .map_err(|never: std::convert::Infallible| -> BodyError { match never {} });
-        let AnswerBody::TooLarge(body) = bounded(full, 4, &budget()).await.unwrap() else {
+        let AnswerBody::TooLarge(body) =
+            bounded(full, 4, &budget(), &Arc::default()).await.unwrap()
+        else {
             panic!("read whole past the bound");
         };
         assert_eq!(all_of(body).await, b"0123456789");
@@ -309,9 +339,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_larger_answer_that_stalls_is_cut_off_after_its_read_gap() {
         let parts = [b"abc", b"def"].map(|p| Bytes::from_static(p));
-        let answer = read(Response::new(Stalls(parts.into())), 4, &budget())
-            .await
-            .unwrap();
+        let answer = read(
+            Response::new(Stalls(parts.into())),
+            4,
+            &budget(),
+            &Arc::default(),
+        )
+        .await
+        .unwrap();
         let AnswerBody::TooLarge(mut body) = answer.body else {
             panic!("read whole past the bound");
         };

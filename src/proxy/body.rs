@@ -15,7 +15,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::budget::{Budget, Charge, Refusal};
+use super::budget::{Budget, Charge, ConnBuffers, Refusal, Short};
 use super::headers::is_forwardable_trailer;
 use crate::error::ProxyError;
 
@@ -311,15 +311,16 @@ impl RequestBody {
 /// `client_body_timeout`): the key is derived from the whole body, so until it is in the
 /// request holds its connection and buffer, and a stalled client would hold them forever.
 /// The body is held in about its own size however it is cut into frames ([`Joined`]),
-/// taken from `budget` as it comes: a body that finds no room is refused with
-/// [`ProxyError::Overloaded`] (nothing claimed or sent yet), and the body returned holds
-/// its bytes until its last part drops.
+/// taken from `budget` and the share of its connection `conn` counts as it comes: a body
+/// that finds no room is refused with [`ProxyError::Overloaded`] (nothing claimed or sent
+/// yet), and the body returned holds its bytes until its last part drops.
 pub async fn read_limited(
     headers: &HeaderMap,
     body: RequestBody,
     limit: usize,
     gap: Duration,
     budget: &Arc<Budget>,
+    conn: &Arc<ConnBuffers>,
 ) -> Result<Bytes, ProxyError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -330,7 +331,7 @@ pub async fn read_limited(
     }
     let RequestBody::Incoming(body) = body;
     let mut body = http_body_util::Limited::new(body, limit);
-    let mut joined = Joined::new(declared, limit, budget.charge());
+    let mut joined = Joined::new(declared, limit, budget.charge(conn));
     loop {
         // A body that has arrived with the head (most do) is read without arming a timer.
         let mut next = body.frame();
@@ -344,10 +345,11 @@ pub async fn read_limited(
             None => break,
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    if joined.push(data).is_err() {
-                        budget.refused(Refusal::RequestBody);
+                    if let Err((_, short)) = joined.push(data) {
+                        budget.refused(Refusal::RequestBody, short);
                         return Err(ProxyError::Overloaded {
                             retry_after: OVERLOADED_RETRY_AFTER,
+                            short,
                         });
                     }
                 }
@@ -417,21 +419,22 @@ impl Joined {
         self.first.len() + self.copied.len()
     }
 
-    /// Adds `data`, which the caller keeps within the limit; hands it back, the body
-    /// unchanged, if the budget has no room for it.
-    pub(crate) fn push(&mut self, data: Bytes) -> Result<(), Bytes> {
+    /// Adds `data`, which the caller keeps within the limit; hands it back with the
+    /// limit it found no room under, the body unchanged, if the budget or the connection's
+    /// share has no room for it.
+    pub(crate) fn push(&mut self, data: Bytes) -> Result<(), (Bytes, Short)> {
         if data.is_empty() {
             return Ok(());
         }
         if self.copied.is_empty() && self.first.is_empty() {
-            if !self.charge.resize(data.len()) {
-                return Err(data);
+            if let Err(short) = self.charge.resize(data.len()) {
+                return Err((data, short));
             }
             self.first = data;
             return Ok(());
         }
-        if !self.reserve(self.len() + data.len()) {
-            return Err(data);
+        if let Err(short) = self.reserve(self.len() + data.len()) {
+            return Err((data, short));
         }
         if !self.first.is_empty() {
             let first = std::mem::take(&mut self.first);
@@ -442,24 +445,26 @@ impl Joined {
     }
 
     /// Room for `needed` bytes in all: twice the buffer, within the cap, or just `needed`
-    /// when the budget has no room for more; false if it has none for that either.
-    fn reserve(&mut self, needed: usize) -> bool {
+    /// when the budget has no room for more; the limit it found no room under if it has
+    /// none for that either.
+    fn reserve(&mut self, needed: usize) -> Result<(), Short> {
         if needed <= self.copied.capacity() {
-            return true;
+            return Ok(());
         }
         let size = (self.copied.capacity() * 2)
             .max(Self::MIN_BUFFER)
             .min(self.cap)
             .max(needed);
-        let size = if self.charge.resize(size) {
-            size
-        } else if size > needed && self.charge.resize(needed) {
-            needed
-        } else {
-            return false;
+        let size = match self.charge.resize(size) {
+            Ok(()) => size,
+            Err(short) if size == needed => return Err(short),
+            Err(_) => {
+                self.charge.resize(needed)?;
+                needed
+            }
         };
         self.copied.reserve_exact(size - self.copied.len());
-        true
+        Ok(())
     }
 
     /// The whole data (a buffer's spare room, if any, is kept rather than copied away),
@@ -554,8 +559,8 @@ mod tests {
     #[test]
     fn a_body_takes_what_it_holds_from_the_budget() {
         let metrics = crate::metrics::Metrics::new();
-        let budget = Budget::new(20_000, metrics.buffers());
-        let mut joined = Joined::new(None, 100_000, budget.charge());
+        let budget = Budget::new(20_000, 100_000, metrics.buffers());
+        let mut joined = Joined::new(None, 100_000, budget.charge(&Arc::default()));
         joined.push(Bytes::from(vec![1u8; 6000])).unwrap();
         assert_eq!(budget.held(), 6000);
         // The growth step (8 KiB) fits, then 16 KiB does, then nothing past 20 000.
@@ -563,8 +568,8 @@ mod tests {
         assert_eq!(budget.held(), 8192);
         joined.push(Bytes::from(vec![3u8; 9000])).unwrap();
         assert_eq!(budget.held(), 16_384);
-        let refused = joined.push(Bytes::from(vec![4u8; 5000])).unwrap_err();
-        assert_eq!(refused.len(), 5000);
+        let (refused, short) = joined.push(Bytes::from(vec![4u8; 5000])).unwrap_err();
+        assert_eq!((refused.len(), short), (5000, Short::Total));
         assert_eq!(budget.held(), 16_384);
         // Room for the data alone, though not for a doubling.
         joined.push(Bytes::from(vec![5u8; 3000])).unwrap();

@@ -13,6 +13,16 @@
 //! A body that finds no room is refused before anything is claimed or sent (`503
 //! overloaded`); an answer that finds none, its request already run, streams on to its
 //! client and is recorded as executed, not stored, as one over `max_answer` is.
+//!
+//! One client connection's buffers hold at most `connections.max_buffered_per_connection`
+//! of it at once ([`ConnBuffers`]), as its owners are held to `max_streams`
+//! (`super::conn_share`). A protected body has no total deadline, only a gap limit, so
+//! without a share one HTTP/2 client trickling a byte per gap on each of its streams would
+//! hold `max_streams × max_body` for as long as it likes, and a few such connections the
+//! whole budget: everyone else would get `503 overloaded`. With it, a connection past its
+//! share is refused alone, and the others keep the rest. Each buffer counts against the
+//! connection whose request made it until it drops, whether the client is still there or
+//! not.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -32,12 +42,50 @@ pub struct Budget {
     held: Gauge,
     /// The most that may be held (`connections.max_buffered`).
     limit: AtomicI64,
+    /// The most one connection's buffers may hold
+    /// (`connections.max_buffered_per_connection`).
+    per_connection: AtomicI64,
     /// Shown as `idemgate_buffered_limit_bytes`.
     limit_gauge: Gauge,
     /// Request bodies refused for want of room.
     refused_bodies: Counter,
     /// Answers streamed on unstored for want of room.
     refused_answers: Counter,
+    /// Of those bodies, the ones refused because their connection held its share.
+    share_refused_bodies: Counter,
+    /// Of those answers, the same.
+    share_refused_answers: Counter,
+}
+
+/// What one client connection's buffers hold of a [`Budget`] now; see the
+/// [module docs](self). Shared by the connection and every buffer its requests made.
+#[derive(Debug, Default)]
+pub struct ConnBuffers(AtomicI64);
+
+impl ConnBuffers {
+    /// The bytes held now.
+    pub fn held(&self) -> u64 {
+        self.0.load(Ordering::Acquire).max(0) as u64
+    }
+}
+
+/// The limit a buffer found no room under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Short {
+    /// `connections.max_buffered`: all requests together hold as much as they may.
+    Total,
+    /// `connections.max_buffered_per_connection`: the buffer's connection holds its share.
+    Connection,
+}
+
+impl Short {
+    /// The setting, for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Total => "connections.max_buffered",
+            Self::Connection => "connections.max_buffered_per_connection",
+        }
+    }
 }
 
 /// What asked for room and did not get it.
@@ -60,24 +108,30 @@ impl Refusal {
 }
 
 impl Budget {
-    /// A budget of `limit` bytes, counted in `metrics`.
-    pub fn new(limit: usize, metrics: &BufferMetrics) -> Arc<Self> {
+    /// A budget of `limit` bytes, of which one connection may hold `per_connection`,
+    /// counted in `metrics`.
+    pub fn new(limit: usize, per_connection: usize, metrics: &BufferMetrics) -> Arc<Self> {
         let budget = Self {
             held: metrics.held.clone(),
             limit: AtomicI64::new(0),
+            per_connection: AtomicI64::new(0),
             limit_gauge: metrics.limit.clone(),
             refused_bodies: metrics.refused(Refusal::RequestBody),
             refused_answers: metrics.refused(Refusal::Answer),
+            share_refused_bodies: metrics.share_refused(Refusal::RequestBody),
+            share_refused_answers: metrics.share_refused(Refusal::Answer),
         };
-        budget.set_limit(limit);
+        budget.set_limit(limit, per_connection);
         Arc::new(budget)
     }
 
-    /// Sets the limit (a reload): buffers already held keep their bytes, and new ones get
-    /// room once the total is under the new limit.
-    pub fn set_limit(&self, limit: usize) {
+    /// Sets the limits (a reload): buffers already held keep their bytes, and new ones get
+    /// room once the totals are under the new limits.
+    pub fn set_limit(&self, limit: usize, per_connection: usize) {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let per_connection = i64::try_from(per_connection).unwrap_or(i64::MAX);
         self.limit.store(limit, Ordering::Relaxed);
+        self.per_connection.store(per_connection, Ordering::Relaxed);
         self.limit_gauge.set(limit);
     }
 
@@ -86,45 +140,64 @@ impl Budget {
         self.held.get().max(0) as u64
     }
 
-    /// A charge of nothing yet, against this budget.
-    pub fn charge(self: &Arc<Self>) -> Charge {
+    /// A charge of nothing yet, against this budget and the share of the connection
+    /// `conn` counts.
+    pub fn charge(self: &Arc<Self>, conn: &Arc<ConnBuffers>) -> Charge {
         Charge {
-            budget: Some(Arc::clone(self)),
+            account: Some((Arc::clone(self), Arc::clone(conn))),
             bytes: 0,
         }
     }
 
-    /// Counts a refusal.
-    pub fn refused(&self, what: Refusal) {
-        match what {
-            Refusal::RequestBody => self.refused_bodies.inc(),
-            Refusal::Answer => self.refused_answers.inc(),
+    /// Counts a refusal of `what` under the limit `short`.
+    pub fn refused(&self, what: Refusal, short: Short) {
+        let (all, share) = match what {
+            Refusal::RequestBody => (&self.refused_bodies, &self.share_refused_bodies),
+            Refusal::Answer => (&self.refused_answers, &self.share_refused_answers),
         };
+        all.inc();
+        if short == Short::Connection {
+            share.inc();
+        }
     }
 
-    /// Takes `n` bytes if the total stays within the limit.
-    fn take(&self, n: u64) -> bool {
+    /// Takes `n` bytes for a buffer of `conn` if both its share and the total stay within
+    /// their limits. The share is taken first: a connection at its share leaves the total,
+    /// which every request touches, alone.
+    fn take(&self, conn: &ConnBuffers, n: u64) -> Result<(), Short> {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
-        let limit = self.limit.load(Ordering::Relaxed);
-        self.held
-            .inner()
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(n).filter(|total| *total <= limit)
-            })
-            .is_ok()
+        let share = self.per_connection.load(Ordering::Relaxed);
+        if !add_within(&conn.0, n, share) {
+            return Err(Short::Connection);
+        }
+        if !add_within(self.held.inner(), n, self.limit.load(Ordering::Relaxed)) {
+            conn.0.fetch_sub(n, Ordering::AcqRel);
+            return Err(Short::Total);
+        }
+        Ok(())
     }
 
-    /// Gives `n` bytes back.
-    fn give_back(&self, n: u64) {
+    /// Gives `n` bytes of `conn` back.
+    fn give_back(&self, conn: &ConnBuffers, n: u64) {
+        conn.0.fetch_sub(n as i64, Ordering::AcqRel);
         self.held.dec_by(n as i64);
     }
+}
+
+/// Adds `n` to `held` if the sum stays within `limit`.
+fn add_within(held: &AtomicI64, n: i64, limit: i64) -> bool {
+    held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+        held.checked_add(n).filter(|total| *total <= limit)
+    })
+    .is_ok()
 }
 
 /// Bytes taken from a [`Budget`] for one buffer, given back when it drops.
 #[derive(Debug, Default)]
 pub struct Charge {
-    /// `None`: unbounded (a buffer no budget covers).
-    budget: Option<Arc<Budget>>,
+    /// The budget and the connection's share it is taken from; `None`: unbounded (a
+    /// buffer no budget covers).
+    account: Option<(Arc<Budget>, Arc<ConnBuffers>)>,
     bytes: u64,
 }
 
@@ -134,23 +207,22 @@ impl Charge {
         Self::default()
     }
 
-    /// Makes the charge `total` bytes: takes the difference if it grows (false, the charge
-    /// unchanged, if the budget has no room for it), gives it back if it shrinks.
-    pub fn resize(&mut self, total: usize) -> bool {
+    /// Makes the charge `total` bytes: takes the difference if it grows (the limit it
+    /// found no room under, the charge unchanged, if the budget or the connection's share
+    /// has none), gives it back if it shrinks.
+    pub fn resize(&mut self, total: usize) -> Result<(), Short> {
         let total = total as u64;
-        let Some(budget) = &self.budget else {
+        let Some((budget, conn)) = &self.account else {
             self.bytes = total;
-            return true;
+            return Ok(());
         };
         if total > self.bytes {
-            if !budget.take(total - self.bytes) {
-                return false;
-            }
+            budget.take(conn, total - self.bytes)?;
         } else {
-            budget.give_back(self.bytes - total);
+            budget.give_back(conn, self.bytes - total);
         }
         self.bytes = total;
-        true
+        Ok(())
     }
 
     /// `data`, which this charge pays for, made to hold the charge until its last part
@@ -160,7 +232,7 @@ impl Charge {
         T: AsRef<[u8]> + Send + 'static,
         Bytes: From<T>,
     {
-        if self.bytes == 0 || self.budget.is_none() {
+        if self.bytes == 0 || self.account.is_none() {
             return Bytes::from(data);
         }
         Bytes::from_owner(Charged {
@@ -172,8 +244,8 @@ impl Charge {
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        if let Some(budget) = &self.budget {
-            budget.give_back(self.bytes);
+        if let Some((budget, conn)) = &self.account {
+            budget.give_back(conn, self.bytes);
         }
     }
 }
@@ -198,33 +270,54 @@ mod tests {
     #[test]
     fn a_charge_past_the_limit_is_refused_and_the_budget_unchanged() {
         let metrics = Metrics::new();
-        let budget = Budget::new(100, metrics.buffers());
-        let mut a = budget.charge();
-        assert!(a.resize(60));
-        let mut b = budget.charge();
-        assert!(!b.resize(50));
-        assert_eq!(budget.held(), 60);
-        assert!(b.resize(40));
+        let budget = Budget::new(100, 100, metrics.buffers());
+        let (one, two) = (Arc::default(), Arc::default());
+        let mut a = budget.charge(&one);
+        assert_eq!(a.resize(60), Ok(()));
+        let mut b = budget.charge(&two);
+        assert_eq!(b.resize(50), Err(Short::Total));
+        assert_eq!((budget.held(), two.held()), (60, 0));
+        assert_eq!(b.resize(40), Ok(()));
         assert_eq!(budget.held(), 100);
         drop(a);
-        assert_eq!(budget.held(), 40);
-        assert!(b.resize(10));
-        assert_eq!(budget.held(), 10);
+        assert_eq!((budget.held(), one.held()), (40, 0));
+        assert_eq!(b.resize(10), Ok(()));
+        assert_eq!((budget.held(), two.held()), (10, 10));
+    }
+
+    /// A connection at its share is refused, the budget untouched, while another one
+    /// still takes what the total has room for.
+    #[test]
+    fn a_connection_holds_at_most_its_share() {
+        let metrics = Metrics::new();
+        let budget = Budget::new(100, 30, metrics.buffers());
+        let (hoarder, other) = (Arc::default(), Arc::default());
+        let mut first = budget.charge(&hoarder);
+        assert_eq!(first.resize(20), Ok(()));
+        let mut second = budget.charge(&hoarder);
+        assert_eq!(second.resize(11), Err(Short::Connection));
+        assert_eq!((budget.held(), hoarder.held()), (20, 20));
+        assert_eq!(second.resize(10), Ok(()));
+        assert_eq!(budget.charge(&other).resize(30), Ok(()));
+        drop(first);
+        assert_eq!((budget.held(), hoarder.held()), (10, 10));
+        assert_eq!(second.resize(30), Ok(()));
     }
 
     /// The charge lasts as long as any part of the buffer it was attached to.
     #[test]
     fn an_attached_charge_is_given_back_when_the_last_part_drops() {
         let metrics = Metrics::new();
-        let budget = Budget::new(1000, metrics.buffers());
-        let mut charge = budget.charge();
-        assert!(charge.resize(10));
+        let budget = Budget::new(1000, 1000, metrics.buffers());
+        let conn = Arc::default();
+        let mut charge = budget.charge(&conn);
+        assert_eq!(charge.resize(10), Ok(()));
         let mut whole = charge.attach(vec![7u8; 10]);
         let part = whole.split_to(4);
         drop(whole);
-        assert_eq!(budget.held(), 10);
+        assert_eq!((budget.held(), conn.held()), (10, 10));
         assert_eq!(&part[..], &[7u8; 4]);
         drop(part);
-        assert_eq!(budget.held(), 0);
+        assert_eq!((budget.held(), conn.held()), (0, 0));
     }
 }

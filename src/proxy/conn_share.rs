@@ -1,6 +1,8 @@
 //! [`ConnShare`]: what one client connection may hold of the proxy, whether its client stays
-//! or not: its slot under `connections.max_client`, and at most `connections.max_streams`
-//! owners running at once.
+//! or not: its slot under `connections.max_client`, at most `connections.max_streams`
+//! owners running at once, and what its buffers hold of the buffer budget (at most
+//! `connections.max_buffered_per_connection`, counted in [`ConnBuffers`]; see
+//! [`super::budget`]).
 //!
 //! An owner whose request went out runs on when its client leaves (SPEC 5): hyper drops
 //! the request's future when its HTTP/2 stream is reset or its connection closes, and the
@@ -25,6 +27,8 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::budget::ConnBuffers;
+
 /// One client connection's share; see the [module docs](self). Shared by the connection
 /// and every owner it started: the slot goes back when the last of them drops it.
 #[derive(Debug)]
@@ -33,6 +37,10 @@ pub struct ConnShare {
     running: AtomicUsize,
     /// The most that may run at once (`connections.max_streams`).
     limit: usize,
+    /// What its requests' buffers hold of the budget. Its own `Arc`: a buffer that outlives
+    /// the connection and its owners (handed to a streamed answer) keeps the count, not
+    /// the slot.
+    buffers: Arc<ConnBuffers>,
     /// Up while the connection is closed and owners it started still run: it is counted
     /// in `idemgate_client_connections_outlived` until the share drops (before the slot
     /// goes back: fields drop in order).
@@ -67,6 +75,7 @@ impl ConnShare {
         Arc::new(Self {
             running: AtomicUsize::new(0),
             limit,
+            buffers: Arc::default(),
             outlived: Mutex::new(None),
             _slot: slot,
         })
@@ -95,6 +104,11 @@ impl ConnShare {
     /// The most owners that may run at once.
     pub fn limit(&self) -> usize {
         self.limit
+    }
+
+    /// What the connection's buffers hold of the budget.
+    pub fn buffers(&self) -> &Arc<ConnBuffers> {
+        &self.buffers
     }
 
     /// The connection has closed: if owners it started still run, `outlived` counts it

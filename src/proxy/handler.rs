@@ -70,7 +70,12 @@ impl Proxy {
     pub fn new(config: Arc<Config>, store: Store, metrics: Arc<Metrics>) -> Self {
         let client = UpstreamClient::new(&config.upstream, &config.connections, &metrics);
         let owners = Arc::new(Owners::default());
-        let budget = Budget::new(config.connections.max_buffered, metrics.buffers());
+        let c = &config.connections;
+        let budget = Budget::new(
+            c.max_buffered,
+            c.max_buffered_per_connection,
+            metrics.buffers(),
+        );
         Self {
             live: Arc::new(ArcSwap::from_pointee(Live {
                 config,
@@ -141,8 +146,8 @@ impl Proxy {
     /// (a different `store:` needs a restart), nor whether the port speaks TLS: a config
     /// that adds or drops `tls` keeps the running TLS settings (none, or the last
     /// certificates) until a restart, since switching it would turn away every client of
-    /// the port at once. A new `connections.max_buffered` applies to buffers taken from now
-    /// on.
+    /// the port at once. A new `connections.max_buffered` (and
+    /// `max_buffered_per_connection`) applies to buffers taken from now on.
     ///
     /// A config that changes how keys are made ([`Config::rekeyed_by`]) keeps the one
     /// before it as a previous generation (`super::previous`), whose keys every protected
@@ -159,10 +164,13 @@ impl Proxy {
             Arc::new(kept)
         };
         let (old, new) = (&current.config.upstream, &config.upstream);
-        self.budget.set_limit(config.connections.max_buffered);
+        let c = &config.connections;
+        self.budget
+            .set_limit(c.max_buffered, c.max_buffered_per_connection);
         // The budget is no part of the upstream pool.
         let pool = |c: &Config| crate::config::Connections {
             max_buffered: 0,
+            max_buffered_per_connection: 0,
             ..c.connections
         };
         // A TLS upstream's roots are read again on reload: new connections for it then.

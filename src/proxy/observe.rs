@@ -37,7 +37,8 @@ pub async fn handle(
     // Buffered up to max_body, as enforcement does; a larger body, or one the buffer budget
     // has no room for (enforcement would answer 503), goes on as it comes.
     let body = body.into_proxy_body(Some(cx.body_read_timeout));
-    let body = match answer::bounded(body, policy.max_body, cx.budget).await {
+    let conn = cx.conn.share.buffers();
+    let body = match answer::bounded(body, policy.max_body, cx.budget, conn).await {
         Ok(AnswerBody::Whole(body)) => body,
         Ok(AnswerBody::TooLarge(body)) => {
             would(report, Outcome::WouldReject, false, None);
@@ -170,7 +171,8 @@ async fn forward_streamed(
         )
         .await?;
     cx.route_metrics.upstream_latency(started.elapsed());
-    Ok(answer::read(response, policy.max_answer, cx.budget)
+    let conn = cx.conn.share.buffers();
+    Ok(answer::read(response, policy.max_answer, cx.budget, conn)
         .await?
         .into_response())
 }

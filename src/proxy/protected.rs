@@ -121,6 +121,7 @@ pub async fn handle(
         policy.max_body,
         cx.body_read_timeout,
         cx.budget,
+        cx.conn.share.buffers(),
     )
     .await?;
     if let Some(fresh) = &rule.fresh {
@@ -356,7 +357,8 @@ pub(super) async fn forward_unprotected(
             .client
             .send_untimed(request, cx.conn, false, &sending)
             .await?;
-        Ok(answer::read(response, policy.max_answer, cx.budget)
+        let conn = cx.conn.share.buffers();
+        Ok(answer::read(response, policy.max_answer, cx.budget, conn)
             .await?
             .into_response())
     };
@@ -423,7 +425,10 @@ pub(super) async fn execute(
             match client.send_untimed(request, &conn, false, &sending).await {
                 // An answer the budget has no room for streams on, not stored, as one
                 // over `max_answer` does: the request ran, so it never fails for that.
-                Ok(response) => answer::read(response, policy.max_answer, &budget).await,
+                Ok(response) => {
+                    let share = conn.share.buffers();
+                    answer::read(response, policy.max_answer, &budget, share).await
+                }
                 Err(e) => Err(e),
             }
         };

@@ -233,6 +233,24 @@ fn a_zero_buffer_budget_is_refused_where_it_is_written() {
     assert_eq!(message, "must be above zero");
 }
 
+/// One connection's share of the buffer budget is an eighth of it unless written, and one
+/// written larger than the budget is refused where it is written: it would read as a
+/// share while being none.
+#[test]
+fn a_connection_share_over_the_buffer_budget_is_refused_where_it_is_written() {
+    let config = Config::parse(&top("connections: { max_buffered: 64MiB }\n"), "p.yaml").unwrap();
+    assert_eq!(config.connections.max_buffered_per_connection, 8 << 20);
+    let written = "connections: { max_buffered: 64MiB, max_buffered_per_connection: 64MiB }\n";
+    let config = Config::parse(&top(written), "p.yaml").unwrap();
+    assert_eq!(config.connections.max_buffered_per_connection, 64 << 20);
+    let (line, column, key, message) = invalid(&top(
+        "connections:\n  max_buffered: 64MiB\n  max_buffered_per_connection: 65MiB\n",
+    ));
+    assert_eq!((line, column), (5, 3));
+    assert_eq!(key, "connections.max_buffered_per_connection");
+    assert!(message.contains("must not exceed"), "{message}");
+}
+
 /// `client_cert` has a value only on a mutual-TLS listener: scoped by it anywhere else,
 /// every caller would share one key, so the config is refused (by `check`, `run` and a
 /// reload alike) at the scope, naming the route.

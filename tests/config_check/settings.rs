@@ -133,6 +133,11 @@ fn a_config_of_listen_and_upstream_alone_has_the_readme_defaults() {
         512 * MIB,
         "connections.max_buffered: 512MiB"
     );
+    assert_eq!(
+        conn.max_buffered_per_connection as u64,
+        64 * MIB,
+        "connections.max_buffered_per_connection: 64MiB"
+    );
 
     let StoreConfig::Memory(memory) = &c.store else {
         panic!("store: memory by default, got {:?}", c.store)

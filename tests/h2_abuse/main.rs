@@ -5,15 +5,18 @@
 //! PING and SETTINGS floods (CVE-2019-9512, -9515), which h2 bounds with no setting, by a
 //! test that fails against a server reading past what it answered. And the proxy's own
 //! part: owners whose clients left after their request went out run on (SPEC 5), so
-//! resetting streams, or leaving connections, must not buy upstream calls without end.
+//! resetting streams, or leaving connections, must not buy upstream calls without end;
+//! and protected bodies sent slowly on many streams must not buy the whole buffer budget.
 //!
 //! One job per module: `wire.rs` a client connection written and read by hand, `frames.rs`
 //! the frames (shared with tests/desync_h2), `limits.rs` the library's limits, `owners.rs`
-//! owners that outlive their clients.
+//! owners that outlive their clients, `buffers.rs` one connection's share of the buffer
+//! budget.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod buffers;
 #[allow(dead_code)]
 #[path = "../desync_h2/frames.rs"]
 mod frames;

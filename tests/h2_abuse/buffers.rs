@@ -1,0 +1,112 @@
+//! The buffer budget (`connections.max_buffered`) against one HTTP/2 client: protected
+//! bodies have no total deadline, only a gap limit, so a client trickling a byte per gap on
+//! each of its `max_streams` streams keeps their buffers for as long as it likes. One
+//! connection holds at most its share of the budget: past it its next body is refused, and
+//! other connections keep being served.
+
+use super::*;
+
+/// The budget of the test: its default per-connection share is an eighth, 32 KiB.
+const ROUTES: &str = r#"
+connections: { max_buffered: 256KiB }
+routes:
+  - name: orders
+    match: { methods: [POST], path: /orders }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+/// What each held body sends of its declared length (one byte more): it never ends.
+const SENT: usize = 20 * 1024;
+
+/// One HTTP/2 connection opens protected uploads, sends all but the last byte of each, and
+/// stalls: each holds about `SENT` bytes of the budget until its client goes on. The first
+/// one fits in the connection's share, the next does not and gets `503 overloaded` before
+/// its key is claimed; another connection's upload is served meanwhile, and the held body,
+/// once finished, runs. Without a share the one connection fills the whole budget
+/// (twelve bodies) and everyone else gets `503 overloaded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_holds_at_most_its_share_of_the_buffer_budget() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let (mut held, mut refused) = (Vec::new(), None);
+    // The budget holds 12 such bodies: the 13th is refused, share or not.
+    for i in 0..16 {
+        // Read before it sends: the bodies held so far hold still.
+        let before = proxy.metric("idemgate_buffered_bytes");
+        let request = http::Request::post("http://x/orders")
+            .header("idempotency-key", format!("hoard-{i}"))
+            .header("content-length", SENT + 1)
+            .body(())
+            .unwrap();
+        let (answer, mut body) = client.send_request(request, false).unwrap();
+        body.send_data(vec![b'h'; SENT].into(), false).unwrap();
+        let mut answer = Box::pin(answer);
+        // Either the proxy answers it (refused), or the budget shows its bytes held.
+        tokio::select! {
+            answer = &mut answer => {
+                refused = Some((i, answer.unwrap()));
+                break;
+            }
+            () = proxy.metric_reaches("idemgate_buffered_bytes", before + SENT as f64) => {
+                held.push((answer, body));
+            }
+        }
+        client = client.ready().await.unwrap();
+    }
+    let (refused_at, refused) = refused.expect("no upload of the connection was refused");
+    // Another connection is served while the first holds its bodies.
+    let other = common::post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "other")],
+        &"o".repeat(SENT),
+    )
+    .await;
+    assert_eq!(
+        other.status,
+        201,
+        "another connection was refused while one connection held {} bodies of {} KiB: {:?}",
+        held.len(),
+        SENT >> 10,
+        other.body
+    );
+    assert_eq!(held.len(), 1, "bodies one connection held at once");
+    assert_eq!(refused_at, 1);
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let mut problem = refused.into_body();
+    let mut text = Vec::new();
+    while let Some(chunk) = problem.data().await {
+        text.extend_from_slice(&chunk.unwrap());
+    }
+    let problem: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(problem["type"], "urn:idemgate:problem:overloaded");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("this connection is buffering"),
+        "{detail}"
+    );
+    assert_eq!(
+        proxy.metric(r#"idemgate_buffer_refusals_total{what="request_body"}"#),
+        1.0
+    );
+    assert_eq!(
+        proxy.metric(r#"idemgate_buffer_share_refusals_total{what="request_body"}"#),
+        1.0
+    );
+    // The held body goes on: it runs, once; the refused one never reached the upstream.
+    let (answer, mut body) = held.pop().unwrap();
+    body.send_data(vec![b'h'].into(), true).unwrap();
+    let answer = tokio::time::timeout(HANG, answer)
+        .await
+        .expect("hang guard: the held body was never answered")
+        .unwrap();
+    assert_eq!(answer.status(), 201);
+    assert_eq!(upstream.executed_for("hoard-0"), 1);
+    assert_eq!(upstream.executed_for("hoard-1"), 0);
+    assert_eq!(upstream.executed(), 2);
+}
