@@ -185,8 +185,28 @@ impl ProxyProcess {
         Self::start_with_args(upstream, rest, level, &[])
     }
 
-    /// Same, with extra arguments after `run --config FILE`.
+    /// Same, with extra arguments after `run --config FILE`. Its ports are free when picked
+    /// but may be taken before the process binds them (another test's server, or an
+    /// outgoing connection's local port): a start that fails for that reason is tried
+    /// again on other ports; one that fails otherwise panics with the process's log.
     pub fn start_with_args(upstream: SocketAddr, rest: &str, level: &str, args: &[&str]) -> Self {
+        for _ in 0..5 {
+            match Self::try_start(upstream, rest, level, args) {
+                Ok(proxy) => return proxy,
+                Err(log) if log.contains("in use") => continue,
+                Err(log) => panic!("the proxy process exited at start:\n{log}"),
+            }
+        }
+        panic!("the proxy process found its ports taken five times");
+    }
+
+    /// One start on freshly picked ports: the running process, or its log once it exited.
+    fn try_start(
+        upstream: SocketAddr,
+        rest: &str,
+        level: &str,
+        args: &[&str],
+    ) -> Result<Self, String> {
         let port = redis_server::free_port();
         let admin_port = redis_server::free_port();
         let dir = tempfile::tempdir().unwrap();
@@ -200,7 +220,7 @@ impl ProxyProcess {
             ),
         )
         .unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
             .args(["run", "--config"])
             .arg(&config)
             .args(args)
@@ -211,18 +231,25 @@ impl ProxyProcess {
             .spawn()
             .unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut exited = false;
         redis_server::wait_until(
-            || std::net::TcpStream::connect(addr).is_ok(),
+            || {
+                exited = child.try_wait().unwrap().is_some();
+                exited || std::net::TcpStream::connect(addr).is_ok()
+            },
             "the proxy process to listen",
         );
-        Self {
+        if exited {
+            return Err(std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        Ok(Self {
             addr,
             admin: format!("127.0.0.1:{admin_port}").parse().unwrap(),
             config,
             log,
             child,
             _dir: dir,
-        }
+        })
     }
 
     /// What it logged so far.
