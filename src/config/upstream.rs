@@ -45,9 +45,12 @@ pub(super) fn compile_upstream(
 }
 
 fn parse_upstream(text: &str) -> Result<Upstream, String> {
-    let uri: http::Uri = text
-        .parse()
-        .map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    // A malformed URL is named in the error, unless it may hold a password: errors are
+    // printed and, on a reload, logged.
+    let uri: http::Uri = text.parse().map_err(|e| match text.contains('@') {
+        false => format!("{text:?} is not a URL: {e}"),
+        true => format!("the upstream is not a URL: {e}"),
+    })?;
     let scheme = uri
         .scheme()
         .cloned()
@@ -59,6 +62,18 @@ fn parse_upstream(text: &str) -> Result<Upstream, String> {
         .authority()
         .cloned()
         .ok_or("the upstream needs a host")?;
+    // Credentials in the URL are never sent as an `Authorization`: the clients' own goes
+    // on. Accepted, they would be logged at every start and sent as the `Host` of a request
+    // that names none (HTTP/1.0), which an application echoing its host hands back to the
+    // client.
+    if authority.as_str().contains('@') {
+        return Err(
+            "the upstream URL carries credentials (user:password@), which idemgate \
+             never sends and would show in its logs: remove them; each client's own \
+             Authorization is forwarded"
+                .into(),
+        );
+    }
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
         return Err("the upstream is an origin (scheme, host, port), without a path".into());
     }

@@ -71,6 +71,27 @@ fn unknown_upstream_protocol_names_its_place() {
     );
 }
 
+/// An upstream URL that carries credentials (`http://app:password@host`) is refused, and
+/// the refusal does not repeat them. idemgate never authenticates with them; accepted, they
+/// went into the log at every start (`idemgate serving upstream=…`) and into `check`'s
+/// output, and were sent as the `Host` and `X-Forwarded-Host` of any HTTP/1.0 request that
+/// names no host, so an application that echoes its host (an absolute redirect) handed the
+/// password to whoever sent one.
+#[test]
+fn an_upstream_url_with_credentials_is_refused_without_repeating_them() {
+    for url in [
+        "http://app:s3cret@127.0.0.1:3000",
+        "https://s3cret@app.internal",
+        "http://app:s3cret@[::1]:3000/",
+    ] {
+        let text = format!("listen: 127.0.0.1:8080\nupstream: {url}\n");
+        let (line, _, key, message) = invalid(&text);
+        assert_eq!((line, key.as_str()), (2, "upstream"), "{url}");
+        assert!(message.contains("credentials"), "{url}: {message}");
+        let err = Config::parse(&text, "proxy.yaml").unwrap_err().to_string();
+        assert!(!err.contains("s3cret"), "{url}: {err}");
+    }
+}
 #[test]
 fn the_hand_written_http1_client_is_opt_in_and_http1_only() {
     let base = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n";
