@@ -221,9 +221,13 @@ fn bearer_token(value: &str) -> Option<&str> {
         .then(|| credential.trim_start_matches(' '))
 }
 
-/// Compares without an early exit, so response timing does not reveal the token.
+/// Compares without an early exit, so response timing does not reveal the token: the
+/// SHA-256 digests of both, which have one length whatever was sent (comparing the
+/// values themselves would return at once on another length, telling the token's).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    use sha2::{Digest as _, Sha256};
+    let (a, b) = (Sha256::digest(a), Sha256::digest(b));
+    a.iter().zip(&b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {
@@ -243,4 +247,18 @@ fn json(status: StatusCode, doc: serde_json::Value) -> Response<ProxyBody> {
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn tokens_match_only_when_equal() {
+        assert!(constant_time_eq(b"s3cret-token", b"s3cret-token"));
+        assert!(!constant_time_eq(b"s3cret-token", b"s3cret-tokem"));
+        assert!(!constant_time_eq(b"s3cret-token", b"s3cret"));
+        assert!(!constant_time_eq(b"s3cret", b"s3cret-token"));
+        assert!(!constant_time_eq(b"", b"s3cret"));
+    }
 }
