@@ -14,6 +14,7 @@ use http::HeaderName;
 
 use crate::canonical::{IgnoreSet, JsonPointer};
 
+pub use derive::head::refusal as head_refusal;
 pub use derive::{derive_key, token_digest, Derived, DerivedKey, KeyError, RequestView, Trace};
 
 /// How a route derives its key: one source, whether it must be present, and whose it is.

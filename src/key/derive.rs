@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use http::{header, HeaderMap, Method};
 use sha2::{Digest as _, Sha256};
 
-use super::client_key::{read_client_key, ClientKeyError};
+use super::client_key::ClientKeyError;
 use super::identity::{find_cookie, names_a_session, names_someone, ClientAddress, Identity};
 use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::query::canonical_form;
@@ -176,10 +176,8 @@ pub fn derive_key(
 
     let fingerprint = match &rule.source {
         KeySource::Header(name) => {
-            let client_key = match read_client_key(req.headers, name) {
-                Ok(k) => k,
-                Err(ClientKeyError::Missing(_)) if !rule.required => return Ok(Derived::Unkeyed),
-                Err(e) => return Err(e.into()),
+            let Some(client_key) = head::client_key(rule, name, req.headers)? else {
+                return Ok(Derived::Unkeyed);
             };
             if let Some(t) = trace.as_deref_mut() {
                 t.material = format!("{name}: {}", String::from_utf8_lossy(&client_key));
@@ -220,17 +218,9 @@ pub fn derive_key(
             Digest::NONE
         }
         KeySource::Token(token_rule) => {
-            let token = match read_client_key(req.headers, &token_rule.header) {
-                Ok(t) => t,
-                Err(ClientKeyError::Missing(_)) if !rule.required => return Ok(Derived::Unkeyed),
-                Err(ClientKeyError::Missing(name)) => {
-                    return Err(ClientKeyError::Missing(name).into())
-                }
-                Err(_) => return Err(KeyError::TokenInvalid),
+            let Some(token) = head::token(rule, token_rule, req.headers)? else {
+                return Ok(Derived::Unkeyed);
             };
-            if !is_token(&token) {
-                return Err(KeyError::TokenInvalid);
-            }
             if let Some(t) = trace.as_deref_mut() {
                 t.material = format!("{}: {}", token_rule.header, String::from_utf8_lossy(&token));
             }
@@ -281,14 +271,6 @@ fn hash_host(hasher: &mut KeyHasher, headers: &HeaderMap) {
         },
         None => hasher.absent(),
     }
-}
-
-/// Issued tokens are 128 random bits in lower-case hex.
-fn is_token(token: &[u8]) -> bool {
-    token.len() == 32
-        && token
-            .iter()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
 }
 
 /// The store key of a one-time token: the token bound to the caller's scope. Route,
@@ -591,5 +573,6 @@ impl KeyHasher {
 }
 
 mod caller;
+pub mod head;
 #[cfg(test)]
 mod tests;
