@@ -161,6 +161,16 @@ impl Budget {
         }
     }
 
+    /// The limit a buffer of `conn` would find no room under now, even for one byte: its
+    /// connection's share first, as [`Self::take`] looks. A look, not a reservation: a
+    /// request whose head finds it full is refused before its body is read.
+    pub fn full(&self, conn: &ConnBuffers) -> Option<Short> {
+        if conn.0.load(Ordering::Acquire) >= self.per_connection.load(Ordering::Relaxed) {
+            return Some(Short::Connection);
+        }
+        (self.held.get() >= self.limit.load(Ordering::Relaxed)).then_some(Short::Total)
+    }
+
     /// Takes `n` bytes for a buffer of `conn` if both its share and the total stay within
     /// their limits. The share is taken first: a connection at its share leaves the total,
     /// which every request touches, alone.
@@ -302,6 +312,26 @@ mod tests {
         drop(first);
         assert_eq!((budget.held(), hoarder.held()), (10, 10));
         assert_eq!(second.resize(30), Ok(()));
+    }
+
+    /// `full` says which limit even one more byte would find no room under: the
+    /// connection's share first, as a charge looks, then the total.
+    #[test]
+    fn full_names_the_limit_one_byte_would_meet() {
+        let metrics = Metrics::new();
+        let budget = Budget::new(100, 60, metrics.buffers());
+        let (hoarder, other) = (Arc::default(), Arc::default());
+        let mut first = budget.charge(&hoarder);
+        assert_eq!(first.resize(59), Ok(()));
+        assert_eq!(budget.full(&hoarder), None);
+        assert_eq!(first.resize(60), Ok(()));
+        assert_eq!(budget.full(&hoarder), Some(Short::Connection));
+        assert_eq!(budget.full(&other), None);
+        let mut second = budget.charge(&other);
+        assert_eq!(second.resize(40), Ok(()));
+        assert_eq!(budget.full(&other), Some(Short::Total));
+        drop(first);
+        assert_eq!(budget.full(&hoarder), None);
     }
 
     /// The charge lasts as long as any part of the buffer it was attached to.
