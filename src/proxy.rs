@@ -1,7 +1,7 @@
 //! The proxy pipeline. [`handler`] refuses what [`admission`] does not admit, matches the
 //! route and picks a path: [`passthrough`] streams unprotected requests untouched;
-//! [`protected`] runs the phases buffer → derive key → claim → forward, wait or replay →
-//! complete or release. [`stopping`] tells the duplicates and owners' clients it holds when a
+//! [`protected`] runs the phases check the [`head`] → buffer → derive key → claim →
+//! forward, wait or replay → complete or release. [`stopping`] tells the duplicates and owners' clients it holds when a
 //! shutdown must have answered them.
 
 pub mod admission;
@@ -12,6 +12,7 @@ pub mod conn_share;
 pub mod detach;
 pub mod fresh;
 pub mod handler;
+pub mod head;
 pub mod headers;
 pub mod observe;
 pub mod passthrough;

@@ -322,10 +322,7 @@ pub async fn read_limited(
     budget: &Arc<Budget>,
     conn: &Arc<ConnBuffers>,
 ) -> Result<Bytes, ProxyError> {
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = super::head::declared_length(headers);
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ProxyError::PayloadTooLarge { limit });
     }

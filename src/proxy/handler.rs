@@ -347,7 +347,8 @@ fn finish(
             if error.is_fault() {
                 tracing::warn!(route, problem = kind, %error, "proxy error");
             }
-            let closes = error.leaves_body_unread() && version < Version::HTTP_2;
+            let closes =
+                (error.leaves_body_unread() || report.body_unread) && version < Version::HTTP_2;
             let mut response = error.into_response();
             if closes {
                 let close = HeaderValue::from_static("close");

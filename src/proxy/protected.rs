@@ -1,6 +1,7 @@
-//! Protected requests, as a fixed sequence of phases: buffer the body, derive the key,
-//! claim it, then forward (owner), wait and share the outcome (duplicate), or answer from
-//! the store at once; finally the owner settles the key.
+//! Protected requests, as a fixed sequence of phases: refuse what the head decides
+//! ([`super::head`]), buffer the body, derive the key, claim it, then forward (owner), wait
+//! and share the outcome (duplicate), or answer from the store at once; finally the owner
+//! settles the key.
 //!
 //! Sent means possibly executed. Only a request that provably never reached the upstream
 //! frees its key plainly. Once it went out, the owner's call is [`Detachable`]: a client
@@ -26,6 +27,7 @@ use super::body::{read_limited, ProxyBody, RequestBody};
 use super::budget::Budget;
 use super::conn_share::Owning;
 use super::detach::Detachable;
+use super::head::{self, Announced};
 use super::previous::{self, Earlier, Older};
 use super::settlement;
 pub use super::stopping::Owners;
@@ -82,6 +84,9 @@ pub struct Report {
     pub outcome: Option<Outcome>,
     /// The derived key, once there is one.
     pub key: Option<Digest>,
+    /// It was answered with a body announced and not read: an HTTP/1 connection closes
+    /// after the answer.
+    pub body_unread: bool,
 }
 
 /// What key derivation sees of a buffered request on `rule`.
@@ -113,21 +118,30 @@ pub async fn handle(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let policy = &rule.policy;
     let (parts, body) = request.into_parts();
-    // Phase 1: buffer (bounded), then refuse stale or future timestamps before any store
-    // work.
+    // Phase 1: refuse what the head decides before the body is polled, so `Expect:
+    // 100-continue` gets that answer instead of `100 Continue` (see `head`).
+    let buffers = cx.conn.share.buffers();
+    let announced = Announced::of(&parts.headers, body.is_empty());
+    if let Err(refused) = head::refusal(rule, &parts.headers, announced, cx.budget, buffers) {
+        report.body_unread = announced != Announced::Nothing;
+        return Err(refused);
+    }
+    // Phase 2: buffer (bounded), then refuse stale or future timestamps in the body before
+    // any store work.
     let body = read_limited(
         &parts.headers,
         body,
         policy.max_body,
         cx.body_read_timeout,
         cx.budget,
-        cx.conn.share.buffers(),
+        buffers,
     )
     .await?;
-    if let Some(fresh) = &rule.fresh {
+    let checked = |f: &_| announced != Announced::Sent && head::reads_head(f);
+    if let Some(fresh) = rule.fresh.as_ref().filter(|f| !checked(f)) {
         super::fresh::check(fresh, &parts.headers, &body, std::time::SystemTime::now())?;
     }
-    // Phase 2: derive the key.
+    // Phase 3: derive the key.
     let view = request_view(&cx, rule, &parts, &body);
     let DerivedKey { key, fingerprint } = match derive_key(&rule.key, &view, None)? {
         Derived::Key(derived) => derived,
@@ -146,14 +160,14 @@ pub async fn handle(
         span.record("key", tracing::field::display(key.short()));
     }
 
-    // Phase 3 takes room among the connection's owners first: an owner runs on when its
+    // Phase 4 takes room among the connection's owners first: an owner runs on when its
     // client leaves, so without it a client resetting its streams has upstream calls run
     // without bound (see `conn_share`). Taken before the claim, a refusal claims nothing.
     let Some(owning) = cx.conn.share.try_own() else {
         return Err(busy(cx.conn));
     };
 
-    // Phase 3: claim; a duplicate in wait mode claims again each time it is woken, naming
+    // Phase 4: claim; a duplicate in wait mode claims again each time it is woken, naming
     // the owner it waited on, until wait_timeout after it first found the key in flight.
     // Token routes only start from an issued token; a failed attempt hands it back.
     let mut args = claim_args(&cx, rule, &view, key, fingerprint);
