@@ -445,16 +445,12 @@ fn full_in_shard_zero() -> MemoryStore {
     store
 }
 
-/// With `when_full: evict`, a claim on a full store whose own shard holds nothing to evict
-/// evicts a settled record in another shard even while another thread holds that shard's
-/// lock: it waits for the lock, never answers `Full` (a 503) while a record could go. The
-/// holder lets go once the claim waits for it, or once the claim has answered.
-#[test]
-fn a_full_store_evicts_in_a_shard_another_thread_holds() {
-    let store = full_in_shard_zero();
+/// Runs `write` while another thread holds shard 0's lock, which it lets go once the store
+/// waits for it (or once `write` returned without waiting).
+fn while_shard_zero_is_held<T>(store: &MemoryStore, write: impl FnOnce() -> T) -> T {
     let answered = std::sync::atomic::AtomicBool::new(false);
     let (held_tx, held_rx) = std::sync::mpsc::channel();
-    let claim = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         s.spawn(|| {
             let _held = store.shards[0].lock().unwrap();
             held_tx.send(()).unwrap();
@@ -464,9 +460,21 @@ fn a_full_store_evicts_in_a_shard_another_thread_holds() {
             }
         });
         held_rx.recv().unwrap();
-        let claim = store.claim(&ClaimArgs::new(numbered(1, 0), FINGERPRINT, LEASE));
+        let written = write();
         answered.store(true, Ordering::SeqCst);
-        claim
+        written
+    })
+}
+
+/// With `when_full: evict`, a claim on a full store whose own shard holds nothing to evict
+/// evicts a settled record in another shard even while another thread holds that shard's
+/// lock: it waits for the lock, never answers `Full` (a 503) while a record could go. The
+/// holder lets go once the claim waits for it, or once the claim has answered.
+#[test]
+fn a_full_store_evicts_in_a_shard_another_thread_holds() {
+    let store = full_in_shard_zero();
+    let claim = while_shard_zero_is_held(&store, || {
+        store.claim(&ClaimArgs::new(numbered(1, 0), FINGERPRINT, LEASE))
     });
     assert!(
         matches!(claim, Ok(RawClaim::Owner { .. })),
@@ -517,25 +525,12 @@ fn an_answer_evicts_in_a_shard_another_thread_holds() {
     }
     let k = numbered(1, 0);
     let (token, _liveness) = owner(&store, k, LEASE);
-    let answered = std::sync::atomic::AtomicBool::new(false);
-    let (held_tx, held_rx) = std::sync::mpsc::channel();
-    let settled = std::thread::scope(|s| {
-        s.spawn(|| {
-            let _held = store.shards[0].lock().unwrap();
-            held_tx.send(()).unwrap();
-            while store.shard_waits.load(Ordering::SeqCst) == 0 && !answered.load(Ordering::SeqCst)
-            {
-                std::thread::yield_now();
-            }
-        });
-        held_rx.recv().unwrap();
+    let settled = while_shard_zero_is_held(&store, || {
         let done = Settlement::Done {
             response: answer(),
             ttl: Duration::from_secs(3600),
         };
-        let settled = store.settle(&owned(k, token), done);
-        answered.store(true, Ordering::SeqCst);
-        settled
+        store.settle(&owned(k, token), done)
     });
     assert_eq!(settled, Settled::Written);
     assert!(is_done(&store, k));
