@@ -24,7 +24,10 @@ impl MemoryStore {
         let (mut shard, ticks, route, caller, written) = loop {
             let mut shard = self.shard(&key);
             let (_, ticks) = self.now();
-            let (route, caller, written) = match shard.map.get(&key) {
+            let found = shard.map.get(&key);
+            // What the claim's record holds, freed once the answer replaces it.
+            let own = found.map_or(0, Entry::cost);
+            let (route, caller, written) = match found {
                 Some(Entry::InFlight(record)) if record.token == token => {
                     (record.route, record.caller, Settled::Written)
                 }
@@ -51,7 +54,6 @@ impl MemoryStore {
                 Settlement::Done { response, ttl } if !ttl.is_zero() => response.cost(),
                 _ => 0,
             };
-            let own = shard.map.get(&key).map_or(0, Entry::cost);
             if !evict
                 || answer == 0
                 || self.over_caller_share(caller, (0, answer), (1, own))
