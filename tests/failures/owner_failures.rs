@@ -155,7 +155,7 @@ async fn a_reset_after_sending_holds_the_key_unless_release_is_configured() {
     let retry = post(proxy.addr, "/orders", &[("idempotency-key", "reset")], "{}").await;
     assert_eq!(retry.problem(), "urn:idemgate:problem:outcome-unknown");
     assert_eq!(upstream.executed(), 1);
-    // README Metrics: the owner's 502 after sending is `unknown`, the repeat of that
+    // docs/operations.md, Metrics: the owner's 502 after sending is `unknown`, the repeat of that
     // unknown outcome `held`, as `/metrics` on the admin listener shows them.
     let metrics = common::metrics_text(proxy.admin).await;
     let series = |outcome: &str| {

@@ -46,7 +46,7 @@ async fn an_answer_too_large_to_store_streams_and_its_repeats_never_execute() {
     assert_eq!(later.problem(), "urn:idemgate:problem:answer-not-stored");
     assert!(later.json()["detail"].as_str().unwrap().contains("201"));
     assert_eq!(upstream.executed(), 1);
-    // README Metrics: the owner is `executed_not_stored`, each of the three duplicates
+    // docs/operations.md, Metrics: the owner is `executed_not_stored`, each of the three duplicates
     // that waited and the later repeat `not_stored`; none of them `executed`.
     let metrics = common::metrics_text(proxy.admin).await;
     let series = |outcome: &str| {
