@@ -18,14 +18,11 @@ async fn protocol_upgrades_are_spliced_through() {
     for after_a_request in [false, true] {
         let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
         if after_a_request {
-            stream
-                .write_all(b"GET /echo-headers HTTP/1.1\r\nhost: x\r\n\r\n")
-                .await
-                .unwrap();
-            let head = read_head(&mut stream).await.expect("an answer head");
-            assert!(head.starts_with("http/1.1 200"), "{head}");
-            let mut body = vec![0u8; common::content_length_of(&head)];
-            stream.read_exact(&mut body).await.unwrap();
+            read_200(
+                &mut stream,
+                b"GET /echo-headers HTTP/1.1\r\nhost: x\r\n\r\n",
+            )
+            .await;
         }
         stream
             .write_all(
@@ -54,14 +51,11 @@ async fn upgrades_on_the_hand_written_client_go_through_hyper_and_are_counted() 
     let proxy = start_proxy(upstream.addr, &routes).await;
     let handoffs = "idemgate_upstream_http1_handoffs_total{reason=\"upgrade\"}";
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    stream
-        .write_all(b"GET /echo-headers HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let head = read_head(&mut stream).await.expect("an answer head");
-    assert!(head.starts_with("http/1.1 200"), "{head}");
-    let mut body = vec![0u8; common::content_length_of(&head)];
-    stream.read_exact(&mut body).await.unwrap();
+    read_200(
+        &mut stream,
+        b"GET /echo-headers HTTP/1.1\r\nhost: x\r\n\r\n",
+    )
+    .await;
     let metrics = common::metrics_text(proxy.admin).await;
     assert!(!metrics.contains(handoffs), "{metrics}");
     for _ in 0..2 {
@@ -69,6 +63,16 @@ async fn upgrades_on_the_hand_written_client_go_through_hyper_and_are_counted() 
     }
     let metrics = common::metrics_text(proxy.admin).await;
     assert!(metrics.contains(&format!("{handoffs} 2\n")), "{metrics}");
+}
+
+/// Sends `request` on `stream` and reads its whole answer, which must be a `200` framed by
+/// its length: the connection is then ready for the next request.
+async fn read_200(stream: &mut tokio::net::TcpStream, request: &[u8]) {
+    stream.write_all(request).await.unwrap();
+    let head = read_head(stream).await.expect("an answer head");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let mut body = vec![0u8; common::content_length_of(&head)];
+    stream.read_exact(&mut body).await.unwrap();
 }
 
 /// Upgrades a new connection to the test upstream's `echo` protocol through the proxy at
@@ -109,16 +113,11 @@ async fn a_refused_upgrade_on_the_hand_written_client_leaves_no_slot_idle_in_hyp
     let proxy = one_hand_written_connection(upstream.addr).await;
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     // The upstream switches only to `echo`: this one gets a plain 200, kept alive.
-    stream
-        .write_all(
-            b"GET /echo-headers HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
-        )
-        .await
-        .unwrap();
-    let head = read_head(&mut stream).await.expect("an answer head");
-    assert!(head.starts_with("http/1.1 200"), "{head}");
-    let mut body = vec![0u8; common::content_length_of(&head)];
-    stream.read_exact(&mut body).await.unwrap();
+    read_200(
+        &mut stream,
+        b"GET /echo-headers HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
+    )
+    .await;
     let handoffs = "idemgate_upstream_http1_handoffs_total{reason=\"upgrade\"}";
     let metrics = common::metrics_text(proxy.admin).await;
     assert!(metrics.contains(&format!("{handoffs} 1\n")), "{metrics}");
