@@ -364,3 +364,85 @@ routes:
     assert_eq!(b.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(upstream.executed(), 1);
 }
+
+/// An app behind Rack, Express's method-override or Symfony runs `POST` with
+/// `X-HTTP-Method-Override: DELETE` as a DELETE: the override names another operation,
+/// so it is part of every key (`fields` and `header` keys too), and a token spent on one
+/// operation is refused for the other. The value is read as those frameworks read it,
+/// in any case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_override_header_is_another_operation() {
+    let upstream = start_upstream().await;
+    let config = r#"
+tokens: { ttl: 5m }
+routes:
+  - name: callback
+    match: { methods: [POST], path: /orders/callback }
+    key: { fields: [/paymentOrderNo] }
+  - name: keyed
+    match: { methods: [POST], path: /orders/keyed }
+    key: { header: Idempotency-Key, required: true }
+  - name: pay
+    match: { methods: [POST], path: /orders/pay }
+    key: { token: { header: Idempotency-Token } }
+"#;
+    let proxy = start_proxy(upstream.addr, config).await;
+    let body = r#"{"paymentOrderNo":"PO-1"}"#;
+    let key = ("idempotency-key", "k-1");
+    for (path, extra) in [
+        ("/orders/1", None),
+        ("/orders/callback", None),
+        ("/orders/keyed", Some(key)),
+    ] {
+        let with = |name: &'static str, value: &'static str| {
+            let mut headers = vec![(name, value)];
+            headers.extend(extra);
+            headers
+        };
+        let before = upstream.executed();
+        assert!(!post(proxy.addr, path, &with("x-a", "1"), body)
+            .await
+            .replayed());
+        for name in [
+            "x-http-method-override",
+            "x-http-method",
+            "x-method-override",
+        ] {
+            let delete = post(proxy.addr, path, &with(name, "DELETE"), body).await;
+            assert!(
+                !delete.replayed(),
+                "{path}: the DELETE ({name}) got the POST's answer"
+            );
+        }
+        let again = post(
+            proxy.addr,
+            path,
+            &with("x-http-method-override", "delete"),
+            body,
+        )
+        .await;
+        assert!(again.replayed(), "{path}: a repeated DELETE runs once");
+        assert_eq!(upstream.executed(), before + 4, "{path}");
+    }
+
+    let caller = ("authorization", "Bearer alice");
+    let issued = post(proxy.addr, "/.idemgate/token", &[caller], "").await;
+    let token = issued.json()["token"].as_str().unwrap().to_owned();
+    let pay = |over: Option<&'static str>| {
+        let token = token.clone();
+        async move {
+            let mut headers = vec![caller, ("idempotency-token", token.as_str())];
+            headers.extend(over.map(|m| ("x-http-method-override", m)));
+            post(proxy.addr, "/orders/pay", &headers, body).await
+        }
+    };
+    let before = upstream.executed();
+    assert_eq!(pay(None).await.status, StatusCode::CREATED);
+    let other = pay(Some("DELETE")).await;
+    assert_eq!(
+        other.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "a token spent on a POST was accepted for a DELETE"
+    );
+    assert_eq!(upstream.executed(), before + 1);
+}

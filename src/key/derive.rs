@@ -168,7 +168,7 @@ pub fn derive_key(
 ) -> Result<Derived, KeyError> {
     let mut hasher = KeyHasher::new(b"idemgate:key:v4");
     hasher.field(req.route.as_bytes());
-    hasher.field(req.method.as_str().as_bytes());
+    hasher.field(&method::operation(req.method, req.headers));
     hash_host(&mut hasher, req.headers);
     // Checked after the material: a request the rule refuses is refused whoever sent it.
     let unnamed = hash_scope(&mut hasher, &rule.scope, req, trace.as_deref_mut());
@@ -470,7 +470,8 @@ enum Host {
     Included,
 }
 
-/// Writes `method path\nquery\nbody` in canonical form: query and form bodies sorted, JSON
+/// Writes `method path\nquery\nbody` in canonical form (the method with any override the
+/// request sends, see [`method::operation`]): query and form bodies sorted, JSON
 /// canonicalized, anything else (or invalid JSON) as raw bytes. Each part carries a tag so a
 /// raw body can never collide with a canonical one.
 fn write_canonical_request(
@@ -481,7 +482,7 @@ fn write_canonical_request(
     out: &mut Vec<u8>,
     mut ignored: Option<&mut Vec<String>>,
 ) {
-    out.extend_from_slice(req.method.as_str().as_bytes());
+    out.extend_from_slice(&method::operation(req.method, req.headers));
     out.push(b' ');
     out.extend_from_slice(req.path.as_bytes());
     out.extend_from_slice(b"\nquery:");
@@ -574,5 +575,6 @@ impl KeyHasher {
 
 mod caller;
 pub mod head;
+mod method;
 #[cfg(test)]
 mod tests;
