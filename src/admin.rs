@@ -1,7 +1,8 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz`, `/readyz`, and key
 //! inspection (`GET /keys/{digest}`, `DELETE /keys/{digest}` so support can let a customer
 //! retry). With a token configured, everything but the probes needs
-//! `Authorization: Bearer <token>`. A stored answer's headers and body
+//! `Authorization: Bearer <token>`; without one, only a loopback listener deletes keys.
+//! A stored answer's headers and body
 //! (`GET /keys/{digest}?body=true`) are shown only with a token configured and given: they
 //! hold other people's session cookies and personal data.
 //!
@@ -10,6 +11,8 @@
 
 mod if_match;
 
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use bytes::Bytes;
@@ -21,12 +24,30 @@ use crate::proxy::Proxy;
 use crate::store::{Purged, Revision, Store, StoreError};
 use if_match::Condition;
 
+/// What one admin listener lets its callers do.
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// The bearer token everything but the probes needs, if one is set.
+    token: Option<Arc<str>>,
+    /// Whether a key may be deleted without a token. Only on a loopback listener: a
+    /// listener off loopback without a token (`0.0.0.0` for a kubelet's probes) is open to
+    /// whoever reaches it, and a purge lets the key's request run again.
+    purge_without_token: bool,
+}
+
+impl Access {
+    /// The access of a listener bound to `listen`, behind `token` if one is set.
+    pub fn new(token: Option<String>, listen: IpAddr) -> Self {
+        Self {
+            token: token.map(Arc::from),
+            purge_without_token: listen.is_loopback(),
+        }
+    }
+}
+
 /// Answers one admin request.
-pub async fn handle<B>(
-    request: Request<B>,
-    proxy: &Proxy,
-    token: Option<&str>,
-) -> Response<ProxyBody> {
+pub async fn handle<B>(request: Request<B>, proxy: &Proxy, access: &Access) -> Response<ProxyBody> {
+    let token = access.token.as_deref();
     let path = request.uri().path();
     let method = request.method();
     // The probes answer HEAD as GET (hyper sends no body for it).
@@ -141,6 +162,11 @@ pub async fn handle<B>(
             Ok(None) => text(StatusCode::NOT_FOUND, "no such key\n"),
             Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
         },
+        Method::DELETE if token.is_none() && !access.purge_without_token => text(
+            StatusCode::FORBIDDEN,
+            "this admin listener is off loopback and has no token: deleting a key (which lets \
+             its request run again) needs admin.token_file, or a listener on 127.0.0.1\n",
+        ),
         Method::DELETE => match if_match::condition(request.headers()) {
             Some(condition) => purge(proxy.store(), digest, condition).await,
             None => text(

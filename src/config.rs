@@ -155,7 +155,7 @@ impl Config {
         if let Some(admin) = self.admin.as_ref().filter(|a| a.token.is_none()) {
             if !admin.listen.ip().is_loopback() {
                 notes.push(format!(
-                    "admin: {} is not loopback and has no token, so anyone who reaches it can read every key's state and delete keys, whose requests then run again; set `admin.token_file`, or listen on 127.0.0.1",
+                    "admin: {} is not loopback and has no token, so anyone who reaches it can read every key's state and the metrics, and it refuses to delete keys; set `admin.token_file`, or listen on 127.0.0.1",
                     admin.listen
                 ));
             }

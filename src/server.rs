@@ -9,7 +9,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,14 +106,15 @@ pub async fn serve_admin(
         streams: proxy.config().connections.max_streams,
         metrics: None,
     };
-    let token: Option<Arc<str>> = token.map(Arc::from);
+    let listen = listener
+        .local_addr()
+        .map_or(Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+    let access = Arc::new(crate::admin::Access::new(token, listen));
     let service = move |_conn: ConnInfo| {
-        let (proxy, token) = (proxy.clone(), token.clone());
+        let (proxy, access) = (proxy.clone(), access.clone());
         service_fn(move |request: Request<Incoming>| {
-            let (proxy, token) = (proxy.clone(), token.clone());
-            async move {
-                Ok::<_, Infallible>(crate::admin::handle(request, &proxy, token.as_deref()).await)
-            }
+            let (proxy, access) = (proxy.clone(), access.clone());
+            async move { Ok::<_, Infallible>(crate::admin::handle(request, &proxy, &access).await) }
         })
     };
     accept_loop(

@@ -433,3 +433,47 @@ async fn admin_reads_the_bearer_scheme_in_any_case_and_answers_head_probes() {
         assert!(answer.body.is_empty(), "HEAD {probe}");
     }
 }
+
+/// Without a token, an admin listener off loopback (`0.0.0.0`, as probes from a kubelet
+/// need) still answers its probes and key states, but deletes no key: a purge lets the
+/// key's request run again, which only the token's holder, or someone on the host with a
+/// loopback listener, may ask for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_listener_off_loopback_without_a_token_deletes_no_key() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
+    let headers = [("idempotency-key", "open-1")];
+    let body = r#"{"sku":"A1"}"#;
+    post(proxy.addr, "/orders", &headers, body).await;
+    let digest = common::stored_key(&proxy, "/orders", &headers, body.as_bytes());
+    let path = format!("/keys/{digest}");
+    let wildcard = [("if-match", "*")];
+
+    let open = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let port = open.local_addr().unwrap().port();
+    tokio::spawn(idemgate::server::serve_admin(
+        open,
+        proxy.proxy.clone(),
+        None,
+        std::future::pending(),
+    ));
+    let open: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let refused = send(open, Method::DELETE, &path, &wildcard, "").await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{:?}", refused.body);
+    assert_eq!(
+        send(open, Method::GET, "/healthz", &[], "").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(open, Method::GET, &path, &[], "").await.status,
+        StatusCode::OK
+    );
+    assert!(post(proxy.addr, "/orders", &headers, body).await.replayed());
+    assert_eq!(upstream.executed(), 1);
+
+    // On loopback, the same purge is the support tool it is meant to be.
+    let purged = send(proxy.admin, Method::DELETE, &path, &wildcard, "").await;
+    assert_eq!(purged.status, StatusCode::NO_CONTENT);
+    assert!(!post(proxy.addr, "/orders", &headers, body).await.replayed());
+    assert_eq!(upstream.executed(), 2);
+}
