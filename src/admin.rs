@@ -11,13 +11,14 @@
 
 mod if_match;
 
-use std::net::IpAddr;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 
+use crate::config::Config;
 use crate::key::Digest;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::Proxy;
@@ -27,27 +28,43 @@ use if_match::Condition;
 /// What one admin listener lets its callers do.
 #[derive(Debug, Clone)]
 pub struct Access {
-    /// The bearer token everything but the probes needs, if one is set.
+    /// The address it is bound to.
+    listen: SocketAddr,
+    /// The bearer token it started with, if one was set: the one it keeps while the
+    /// running config names no admin listener at this address.
     token: Option<Arc<str>>,
-    /// Whether a key may be deleted without a token. Only on a loopback listener: a
-    /// listener off loopback without a token (`0.0.0.0` for a kubelet's probes) is open to
-    /// whoever reaches it, and a purge lets the key's request run again.
-    purge_without_token: bool,
 }
 
 impl Access {
     /// The access of a listener bound to `listen`, behind `token` if one is set.
-    pub fn new(token: Option<String>, listen: IpAddr) -> Self {
+    pub fn new(token: Option<String>, listen: SocketAddr) -> Self {
         Self {
+            listen,
             token: token.map(Arc::from),
-            purge_without_token: listen.is_loopback(),
         }
+    }
+
+    /// The token everything but the probes needs: the running config's, so a reload that
+    /// rotates a leaked token takes it away at once.
+    fn token<'a>(&'a self, config: &'a Config) -> Option<&'a str> {
+        match &config.admin {
+            Some(admin) if admin.listen == self.listen => admin.token.as_deref(),
+            _ => self.token.as_deref(),
+        }
+    }
+
+    /// Whether a key may be deleted without a token: only on a loopback listener. One off
+    /// loopback without a token (`0.0.0.0`, for a kubelet's probes) is open to whoever
+    /// reaches it, and a purge lets the key's request run again.
+    fn purges_without_token(&self) -> bool {
+        self.listen.ip().is_loopback()
     }
 }
 
 /// Answers one admin request.
 pub async fn handle<B>(request: Request<B>, proxy: &Proxy, access: &Access) -> Response<ProxyBody> {
-    let token = access.token.as_deref();
+    let config = proxy.config();
+    let token = access.token(&config);
     let path = request.uri().path();
     let method = request.method();
     // The probes answer HEAD as GET (hyper sends no body for it).
@@ -162,7 +179,7 @@ pub async fn handle<B>(request: Request<B>, proxy: &Proxy, access: &Access) -> R
             Ok(None) => text(StatusCode::NOT_FOUND, "no such key\n"),
             Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
         },
-        Method::DELETE if token.is_none() && !access.purge_without_token => text(
+        Method::DELETE if token.is_none() && !access.purges_without_token() => text(
             StatusCode::FORBIDDEN,
             "this admin listener is off loopback and has no token: deleting a key (which lets \
              its request run again) needs admin.token_file, or a listener on 127.0.0.1\n",

@@ -275,10 +275,10 @@ async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
 
 /// The settings a reload leaves as they were: they belong to the store, the listeners
 /// (among them whether the port speaks TLS, see `Proxy::reload`) and the drain, all set up
-/// once at start. A rotated admin token among them keeps the old one
-/// valid until the restart, which is why the reload names them rather than passing quietly.
+/// once at start. (The admin token is not among them: the listener reads the running
+/// config's, so a reload rotates it.)
 fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    let admin = |c: &Config| c.admin.as_ref().map(|a| (a.listen, a.token.clone()));
+    let admin = |c: &Config| c.admin.as_ref().map(|a| a.listen);
     let checks = [
         ("store", old.store != new.store),
         ("listen", old.listen != new.listen),

@@ -108,7 +108,7 @@ pub async fn serve_admin(
     };
     let listen = listener
         .local_addr()
-        .map_or(Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+        .unwrap_or((Ipv4Addr::UNSPECIFIED, 0).into());
     let access = Arc::new(crate::admin::Access::new(token, listen));
     let service = move |_conn: ConnInfo| {
         let (proxy, access) = (proxy.clone(), access.clone());

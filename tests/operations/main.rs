@@ -477,3 +477,43 @@ async fn an_admin_listener_off_loopback_without_a_token_deletes_no_key() {
     assert!(!post(proxy.addr, "/orders", &headers, body).await.replayed());
     assert_eq!(upstream.executed(), 2);
 }
+
+/// A reload that rotates the admin token (a leaked one, say) takes effect at once: the
+/// old token is refused and the new one admitted, on the listener the config names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_rotates_the_admin_token() {
+    let upstream = start_upstream().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = listener.local_addr().unwrap();
+    let config = |token: &str| {
+        format!(
+            "listen: 127.0.0.1:0\nupstream: http://{}\nadmin: {{ listen: \"{admin}\", token: {token} }}\n",
+            upstream.addr
+        )
+    };
+    let proxy = common::start_proxy_from(&config("old-token"), None).await;
+    tokio::spawn(idemgate::server::serve_admin(
+        listener,
+        proxy.proxy.clone(),
+        Some("old-token".to_owned()),
+        std::future::pending(),
+    ));
+    let metrics = |token: &'static str| async move {
+        let auth = format!("Bearer {token}");
+        send(
+            admin,
+            Method::GET,
+            "/metrics",
+            &[("authorization", &auth)],
+            "",
+        )
+        .await
+        .status
+    };
+    assert_eq!(metrics("old-token").await, StatusCode::OK);
+    let text = config("new-token");
+    let new = idemgate::config::Config::parse(&text, "test.yaml").unwrap();
+    proxy.proxy.reload(std::sync::Arc::new(new));
+    assert_eq!(metrics("old-token").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(metrics("new-token").await, StatusCode::OK);
+}
