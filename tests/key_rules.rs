@@ -446,3 +446,37 @@ routes:
     );
     assert_eq!(upstream.executed(), before + 1);
 }
+
+/// A peer not in `trusted_proxies` that sends `X-Forwarded-For`, `Forwarded` or
+/// `X-Real-IP` is a load balancer nobody listed, relaying many clients from one address:
+/// what it relays is part of each anonymous caller, so two of its clients sending the same
+/// request are two callers, never one answered with the other's answer, while one client's
+/// retry through it (the same header again) is still replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlisted_proxy_s_clients_are_told_apart_by_what_it_relays() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let body = r#"{"vote":"A"}"#;
+    for name in ["x-forwarded-for", "forwarded", "x-real-ip"] {
+        let path = format!("/orders/votes/{name}");
+        let before = upstream.executed();
+        let a = post(proxy.addr, &path, &[(name, "203.0.113.1")], body).await;
+        assert!(!a.replayed());
+        let b = post(proxy.addr, &path, &[(name, "203.0.113.2")], body).await;
+        assert!(
+            !b.replayed(),
+            "{name}: a second client behind the balancer got the first's answer"
+        );
+        assert!(post(proxy.addr, &path, &[(name, "203.0.113.1")], body)
+            .await
+            .replayed());
+        assert_eq!(upstream.executed(), before + 2, "{name}");
+    }
+    // A client that sends none is the peer alone, as before.
+    assert!(!post(proxy.addr, "/orders/votes/direct", &[], body)
+        .await
+        .replayed());
+    assert!(post(proxy.addr, "/orders/votes/direct", &[], body)
+        .await
+        .replayed());
+}

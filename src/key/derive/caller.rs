@@ -151,7 +151,14 @@ const UNNAMED: &[u8] = b"unnamed";
 pub(super) fn hash_address(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Option<ClientAddress> {
     let address = req.client_address();
     match address {
-        Some(ClientAddress::Named(ip)) => hash_ip(hasher, ip),
+        Some(ClientAddress::Named(ip)) => match relayed(req) {
+            Some(relayed) => {
+                hasher.field(RELAYED);
+                hash_ip(hasher, ip);
+                hasher.field(&relayed);
+            }
+            None => hash_ip(hasher, ip),
+        },
         Some(ClientAddress::Unnamed) => {
             hasher.field(UNNAMED);
             // A trusted proxy is only ever unnamed behind a peer.
@@ -162,6 +169,42 @@ pub(super) fn hash_address(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Opt
         None => hasher.absent(),
     }
     address
+}
+
+/// What the address of a peer relaying others is hashed as, before the peer's: no
+/// address is 7 bytes long, and it is not [`UNNAMED`].
+const RELAYED: &[u8] = b"relayed";
+
+/// The headers naming a client that a peer outside `trusted_proxies` sent, each after its
+/// name, when it sent any: such a peer is a load balancer or proxy nobody listed, relaying
+/// many clients from one address, which without them would be one caller. A client that
+/// writes them itself only sets itself apart; one relayed client's retries carry the same
+/// ones. Never for a trusted peer, whose header already named the client.
+fn relayed(req: &RequestView<'_>) -> Option<Vec<u8>> {
+    const NAMES: [header::HeaderName; 3] = [
+        header::HeaderName::from_static("x-forwarded-for"),
+        header::FORWARDED,
+        header::HeaderName::from_static("x-real-ip"),
+    ];
+    if !NAMES.iter().any(|name| req.headers.contains_key(name)) {
+        return None;
+    }
+    if req
+        .peer
+        .is_some_and(|peer| req.identity.trusted_proxies.contains(peer.to_canonical()))
+    {
+        return None;
+    }
+    let mut out = Vec::new();
+    for name in &NAMES {
+        if let Some(value) = header_value(req.headers, name) {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(&value);
+            out.push(b'\r');
+        }
+    }
+    Some(out)
 }
 
 /// An address as its octets.
@@ -178,6 +221,9 @@ pub(super) fn describe_caller(caller: Caller, req: &RequestView<'_>) -> String {
         "client address (not known here: give --client-ip)"
     } else if caller.unnamed {
         "client address (unnamed: a trusted proxy's X-Forwarded-For names no client)"
+    } else if relayed(req).is_some() {
+        "client address with what it relays (a peer outside trusted_proxies sent \
+         X-Forwarded-For, Forwarded or X-Real-IP: list it if it is your load balancer)"
     } else {
         "client address"
     };
