@@ -3,9 +3,12 @@
 //! `Authorization`), by an API key header, by their address, or by the address a trusted
 //! proxy names (with or without a port); an `Authorization` without a credential names no
 //! one; a spoofed `X-Forwarded-For` proves nothing; and one request to two hosts is two.
-//! A client a trusted proxy could not name has `tests/unnamed_caller.rs`.
+//! A client a trusted proxy could not name has `tests/unnamed_caller.rs`; a credential sent
+//! twice or beside a shared one, `identity/repeated.rs`.
 
 mod common;
+#[path = "identity/repeated.rs"]
+mod repeated;
 
 use common::{post, raw_exchange_from, raw_post, start_proxy, start_recorder, start_upstream};
 

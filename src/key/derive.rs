@@ -9,7 +9,7 @@ use http::{header, HeaderMap, Method};
 use sha2::{Digest as _, Sha256};
 
 use super::client_key::ClientKeyError;
-use super::identity::{find_cookie, names_a_session, names_someone, ClientAddress, Identity};
+use super::identity::{names_a_session, names_someone, session_cookie, ClientAddress, Identity};
 use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::query::canonical_form;
 use crate::canonical::{canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError};
@@ -370,9 +370,7 @@ fn hash_scope(
             }
             ScopePart::Header(name) => header_value(req.headers, name)
                 .filter(|v| v.split(|&b| b == b'\n').any(names_someone)),
-            ScopePart::Cookie(name) => find_cookie(req.headers, name)
-                .filter(|v| names_a_session(v))
-                .map(Cow::Borrowed),
+            ScopePart::Cookie(name) => session_cookie(req.headers, name),
             ScopePart::ClientCert => req.client_cert.map(Cow::Borrowed),
         };
         if let Some(t) = trace.as_deref_mut() {

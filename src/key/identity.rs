@@ -36,6 +36,7 @@
 //! assert_eq!(trusted.client_address("10.0.0.2".parse().unwrap(), &headers), ClientAddress::Unnamed);
 //! ```
 
+use std::borrow::Cow;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
@@ -231,9 +232,36 @@ pub fn cookies(headers: &HeaderMap) -> impl Iterator<Item = (&[u8], &[u8])> {
         })
 }
 
-/// The first cookie called `name`.
-pub fn find_cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
-    cookies(headers).find_map(|(n, v)| (n == name.as_bytes()).then_some(v))
+/// Every copy of the cookie called `name`, in the order sent, joined by `; ` (which no one
+/// value holds, so a join is never one value), when any copy names a session
+/// ([`names_a_session`]). A browser sends a name twice when a copy was set for a narrower
+/// path or by a sibling subdomain, and that copy comes first (RFC 6265 §5.4): an
+/// application may read either, so the caller is all of them, and a copy an attacker
+/// planted does not make its planter the caller.
+///
+/// ```
+/// use http::HeaderMap;
+/// use idemgate::key::identity::session_cookie;
+/// let mut headers = HeaderMap::new();
+/// headers.append("cookie", "sid=planted; theme=dark".parse().unwrap());
+/// headers.append("cookie", "sid=mine".parse().unwrap());
+/// assert_eq!(session_cookie(&headers, "sid").as_deref(), Some(&b"planted; mine"[..]));
+/// assert_eq!(session_cookie(&headers, "theme").as_deref(), Some(&b"dark"[..]));
+/// headers.insert("cookie", "sid=deleted".parse().unwrap());
+/// assert_eq!(session_cookie(&headers, "sid"), None);
+/// ```
+pub fn session_cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<Cow<'h, [u8]>> {
+    let mut copies = cookies(headers).filter(|(n, _)| *n == name.as_bytes());
+    let (_, first) = copies.next()?;
+    let mut named = names_a_session(first);
+    let mut joined: Option<Vec<u8>> = None;
+    for (_, value) in copies {
+        named |= names_a_session(value);
+        let all = joined.get_or_insert_with(|| first.to_vec());
+        all.extend_from_slice(b"; ");
+        all.extend_from_slice(value);
+    }
+    named.then(|| joined.map_or(Cow::Borrowed(first), Cow::Owned))
 }
 
 /// An address block: `10.0.0.0/8`, `fd00::/8`, or one address (`/32`, `/128`).

@@ -223,8 +223,12 @@ fn cookies_are_read_from_every_field() {
     let mut h = HeaderMap::new();
     h.append(header::COOKIE, HeaderValue::from_static("a=1; sid=xyz"));
     h.append(header::COOKIE, HeaderValue::from_static("b=2;c"));
-    assert_eq!(find_cookie(&h, "sid"), Some(&b"xyz"[..]));
-    assert_eq!(find_cookie(&h, "b"), Some(&b"2"[..]));
-    assert_eq!(find_cookie(&h, "id"), None);
-    assert_eq!(find_cookie(&h, "c"), None);
+    let cookie = |h: &HeaderMap, name: &str| session_cookie(h, name).map(|v| v.into_owned());
+    assert_eq!(cookie(&h, "sid"), Some(b"xyz".to_vec()));
+    assert_eq!(cookie(&h, "b"), Some(b"2".to_vec()));
+    assert_eq!(cookie(&h, "id"), None);
+    assert_eq!(cookie(&h, "c"), None);
+    // A name sent twice is every copy: a cleared one beside a live one too.
+    h.append(header::COOKIE, HeaderValue::from_static("sid=deleted"));
+    assert_eq!(cookie(&h, "sid"), Some(b"xyz; deleted".to_vec()));
 }

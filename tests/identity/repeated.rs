@@ -1,0 +1,69 @@
+//! A credential sent more than once: a cookie named twice (one planted for a narrower path
+//! by a sibling subdomain comes first, RFC 6265 §5.4). An application may read either
+//! copy: keyed by less than all of them, two users share an answer.
+
+use super::common::{raw_exchange_from, raw_post, start_proxy, start_upstream};
+use super::{json_body, replayed};
+
+/// `scope: [cookie: sid]`, and a victim whose browser sends `sid` twice: a copy an attacker
+/// planted for the path (so sent first) and the victim's own, split over two HTTP/2
+/// `cookie` fields. Keyed by the first copy alone, the attacker's request with only the
+/// planted copy got the victim's answer; keyed by every copy, it runs on its own, and the
+/// victim's retry over HTTP/1.1 with one `Cookie` field still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_cookie_sent_twice_is_keyed_by_both_copies() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let upstream = start_upstream().await;
+    let routes = r#"
+routes:
+  - name: transfers
+    match: { path: /orders/transfers }
+    key: { fingerprint: { body: true }, scope: [cookie: sid] }
+"#;
+    let proxy = start_proxy(upstream.addr, routes).await;
+    let body = r#"{"to":"landlord","amount":900}"#;
+
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::post(format!("http://{}/orders/transfers", proxy.addr))
+        .header("content-type", "application/json")
+        .header("cookie", "sid=planted")
+        .header("cookie", "sid=victim")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let victim = h2.send_request(request).await.unwrap();
+    assert!(victim.headers().get("idempotent-replayed").is_none());
+    let victim_n = {
+        let bytes = victim.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()["n"].clone()
+    };
+    assert_eq!(upstream.executed(), 1);
+
+    let raw = raw_post("/orders/transfers", &["cookie: sid=planted"], body);
+    let attacker = raw_exchange_from("127.0.0.2", proxy.addr, &raw).await;
+    assert!(
+        !replayed(&attacker),
+        "the planted copy alone got the victim's answer: {attacker}"
+    );
+    assert_eq!(upstream.executed(), 2);
+
+    let raw = raw_post(
+        "/orders/transfers",
+        &["cookie: sid=planted; sid=victim"],
+        body,
+    );
+    let retry = raw_exchange_from("127.0.0.1", proxy.addr, &raw).await;
+    assert!(
+        replayed(&retry),
+        "the victim's own retry ran again: {retry}"
+    );
+    assert_eq!(json_body(&retry)["n"], victim_n);
+    assert_eq!(upstream.executed(), 2);
+}
