@@ -30,7 +30,7 @@ use super::protected::{
 use super::settlement::for_key;
 use crate::config::{Config, InFlightMode, Protected, Protection};
 use crate::error::ProxyError;
-use crate::key::{derive_key, Derived, KeyError, KeySource};
+use crate::key::{derive_key, Derived, FingerprintRule, KeyError, KeySource};
 use crate::metrics::Outcome;
 use crate::store::seal::KeyRing;
 use crate::store::{Claim, ClaimMode, Lease, Settlement, StoreError, StoredResponse};
@@ -138,16 +138,32 @@ fn is_token(rule: &Protected) -> bool {
 /// `fingerprint` key stores no payload to compare), it is not looked at, and the retries
 /// of requests answered before the reload run again. Only what is plain from the rules
 /// counts: the same client key header, a `fields` key whose fields all stay in the new
-/// one, a fingerprint that covered all the new one does.
+/// one, a fingerprint that covered all the new one does and skipped nothing it keeps.
 fn tells_apart_as_finely(old: &KeySource, now: &KeySource) -> bool {
     match (old, now) {
         (KeySource::Header(was), KeySource::Header(is)) => was == is,
         (KeySource::Fields(was), KeySource::Fields(is)) => is.iter().all(|p| was.contains(p)),
         (KeySource::Fingerprint(was), KeySource::Fingerprint(is)) => {
-            (was.query || !is.query) && (was.body || !is.body) && was.ignore == is.ignore
+            (was.query || !is.query) && (was.body || !is.body) && ignores_no_more(was, is)
         }
         _ => false,
     }
+}
+
+/// Whether everything the old fingerprint skipped the new one skips too: two requests
+/// whose old canonical forms were equal differ only in what the new one skips as well, so
+/// they are equal under it. Names are matched at any depth in both; a pointer counts only
+/// as the same pointer (an array element it skips leaves the others at their positions in
+/// both forms).
+fn ignores_no_more(old: &FingerprintRule, now: &FingerprintRule) -> bool {
+    old.ignore
+        .names()
+        .all(|name| now.ignore.ignores_name(name.as_bytes()))
+        && old
+            .ignore
+            .pointers()
+            .iter()
+            .all(|p| now.ignore.pointers().contains(p))
 }
 
 /// The longest a record `config` wrote can live: a claim made just before the reload may
@@ -462,6 +478,22 @@ mod tests {
         assert!(!tells_apart_as_finely(&one, &two));
         assert!(tells_apart_as_finely(&all, &body));
         assert!(!tells_apart_as_finely(&body, &all));
+        // Skipping one more field merges only requests that differed in it; skipping one
+        // less (or dropping the default list) tells apart requests the old key merged.
+        let noted = source("{ fingerprint: { body: true, query: true, ignore: [note] } }");
+        let pointed = source("{ fingerprint: { body: true, query: true, ignore: [/items/0] } }");
+        let bare = source("{ fingerprint: { body: true, query: true, ignore_defaults: false } }");
+        assert!(tells_apart_as_finely(&all, &noted));
+        assert!(tells_apart_as_finely(&all, &pointed));
+        assert!(tells_apart_as_finely(&bare, &all));
+        for (old, now) in [
+            (&noted, &all),
+            (&pointed, &all),
+            (&all, &bare),
+            (&noted, &pointed),
+        ] {
+            assert!(!tells_apart_as_finely(old, now), "{old:?} -> {now:?}");
+        }
         for (old, now) in [(&all, &header), (&one, &all), (&header, &one)] {
             assert!(!tells_apart_as_finely(old, now), "{old:?} -> {now:?}");
         }

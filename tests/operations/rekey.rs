@@ -473,3 +473,52 @@ async fn an_owner_that_gives_up_unanswered_holds_the_previous_configs_key_too() 
     assert_eq!(upstream.executed_for("given-up"), 1);
     upstream.open("given-up");
 }
+
+/// A fingerprint route whose `ignore` list a reload extends (`note` joins it) merges only
+/// requests that differed in what it now ignores: two requests equal under the old list are
+/// equal under the new one. The duplicate sent after the reload, while its first request
+/// still runs, waits for it under the old key rather than running again; its retry is
+/// replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_ignores_one_more_field_still_holds_duplicates_of_running_requests() {
+    let fingerprinted = r#"
+routes:
+  - name: orders
+    match: { methods: [POST], path: /orders }
+    key: { fingerprint: { body: true } }
+"#;
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, fingerprinted, None).await;
+    let addr = proxy.addr;
+    // The fingerprint reads no header: the `idempotency-key` only tags the upstream's count.
+    let order = r#"{"sku":"A1","note":"gift"}"#;
+    let owner = tokio::spawn(async move {
+        let headers = [("idempotency-key", "noted"), ("x-test-gate", "noted")];
+        post(addr, "/orders", &headers, order).await
+    });
+    upstream.arrived("noted", 1).await;
+    let ignoring = fingerprinted.replace("{ body: true }", "{ body: true, ignore: [note] }");
+    assert!(!reload(&proxy, &upstream, &ignoring).rekeyed.is_empty());
+    let mut duplicate =
+        tokio::spawn(
+            async move { post(addr, "/orders", &[("idempotency-key", "noted")], order).await },
+        );
+    tokio::select! {
+        answered = &mut duplicate => panic!(
+            "the duplicate was answered while its first request still ran ({}), the upstream ran it {} times",
+            answered.unwrap().status,
+            upstream.executed_for("noted"),
+        ),
+        () = proxy.metric_reaches("idemgate_waiting", 1.0) => {}
+    }
+    upstream.open("noted");
+    let first = owner.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let second = duplicate.await.unwrap();
+    assert!(second.replayed(), "the duplicate got the owner's answer");
+    assert_eq!(second.body, first.body);
+    let retry = post(addr, "/orders", &[("idempotency-key", "noted")], order).await;
+    assert!(retry.replayed());
+    assert_eq!(upstream.executed_for("noted"), 1);
+    assert_eq!(rekeyed(&proxy, "orders", "done"), 1.0);
+}
