@@ -84,9 +84,11 @@ impl Generations {
     }
 
     /// The rules each live generation would have protected this request with, newest
-    /// first: enforced routes only (an observed one forwarded its duplicates anyway), no
-    /// one-time tokens (a token is spent once, whatever the route; both sides must be other
-    /// rules), and only where requests are told apart at least as finely as now: the same
+    /// first, when this request is enforced (an observed one is forwarded anyway). An old
+    /// rule in observe mode counts: it claimed and settled its keys as enforcement does,
+    /// so what it recorded ran, and a switch to `on` replays it. No one-time tokens (a
+    /// token is spent once, whatever the route; both sides must be other rules), and only
+    /// where requests are told apart at least as finely as now: the same
     /// `scope` and identity settings, and key material that tells apart all the new rule
     /// does ([`tells_apart_as_finely`]). Where they are not, a key the old config gave two
     /// callers, or two requests the new config tells apart, would hand one the other's
@@ -107,8 +109,7 @@ impl Generations {
             .filter(|g| g.until > at)
             .filter_map(|g| match g.config.protection_for(host, method, path).1 {
                 Protection::On(rule)
-                    if !rule.policy.observe
-                        && !is_token(rule)
+                    if !is_token(rule)
                         && rule.key.scope == now.key.scope
                         && rule.identity == now.identity
                         && tells_apart_as_finely(&rule.key.source, &now.key.source)

@@ -522,3 +522,25 @@ routes:
     assert_eq!(upstream.executed_for("noted"), 1);
     assert_eq!(rekeyed(&proxy, "orders", "done"), 1.0);
 }
+
+/// A team that observed a route turns enforcement on and, in the same reload, renames it:
+/// the request observe mode forwarded and recorded before the reload is a request that
+/// ran, and its retry after the reload is replayed from the key observe mode wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_an_observed_request_is_replayed_after_a_reload_that_enforces_and_rekeys() {
+    let observed = ROUTES.replace(
+        "key: { header: Idempotency-Key }\n  - name: quick",
+        "key: { header: Idempotency-Key }\n    idempotency: observe\n  - name: quick",
+    );
+    assert_ne!(observed, ROUTES);
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, &observed, None).await;
+    let key = [("idempotency-key", "watched")];
+    let first = post(proxy.addr, "/orders", &key, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!reload(&proxy, &upstream, &renamed()).rekeyed.is_empty());
+    let retry = post(proxy.addr, "/orders", &key, "{}").await;
+    assert_eq!(upstream.executed_for("watched"), 1, "the retry ran again");
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+}
