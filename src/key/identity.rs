@@ -5,7 +5,8 @@
 //! header when it carries one ([`carries_credential`]) and the session cookie(s) (names
 //! from `session_cookies`, cleared values skipped), both when both are sent, since one
 //! shared `Authorization` (a staging site's basic-auth gate) would otherwise merge every
-//! user behind it. With neither, the whole `Cookie` header (a session cookie of a name not
+//! user behind it; for the same reason an `Authorization` without a session comes with the
+//! whole `Cookie` header. With neither, the whole `Cookie` header (a session cookie of a name not
 //! listed still keeps two browsers apart) with the client address, else the client address.
 //! The client certificate verified on the TLS connection (`tls.client_ca`) and headers in
 //! `credential_headers` (`X-Api-Key`, …) are mixed in beside whichever of those applies,

@@ -1,8 +1,10 @@
-//! A credential sent more than once: a cookie named twice (one planted for a narrower path
-//! by a sibling subdomain comes first, RFC 6265 §5.4). An application may read either
-//! copy: keyed by less than all of them, two users share an answer.
+//! A credential sent more than once, or beside one that is shared: a cookie named twice
+//! (one planted for a narrower path by a sibling subdomain comes first, RFC 6265 §5.4)
+//! and cookies behind one `Authorization` every user sends (a staging or intranet gate).
+//! An application may read either copy of a cookie, and may tell its users apart by a
+//! cookie of any name: keyed by less than all of them, two users share an answer.
 
-use super::common::{raw_exchange_from, raw_post, start_proxy, start_upstream};
+use super::common::{post, raw_exchange_from, raw_post, start_proxy, start_upstream};
 use super::{json_body, replayed};
 
 /// `scope: [cookie: sid]`, and a victim whose browser sends `sid` twice: a copy an attacker
@@ -65,5 +67,34 @@ routes:
         "the victim's own retry ran again: {retry}"
     );
     assert_eq!(json_body(&retry)["n"], victim_n);
+    assert_eq!(upstream.executed(), 2);
+}
+
+/// One basic-auth password every user of a staging site sends, and an app that keeps its
+/// users apart by a cookie of a name `session_cookies` does not list (NextAuth's
+/// `next-auth.session-token`): keyed by the shared `Authorization` alone, bob got alice's
+/// answer. The cookies go in beside it, as they do beside the address of a caller without
+/// an `Authorization`; alice's retry still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_authorization_does_not_merge_users_of_an_unlisted_session_cookie() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let gate = ("authorization", "Basic c3RhZmY6c3RhZmYtcGFzc3dvcmQ=");
+    let as_user = |token: &'static str| [gate, ("cookie", token)];
+    let alice_cookie = "next-auth.session-token=alice";
+    let alice = post(proxy.addr, "/orders/pay", &as_user(alice_cookie), "{}").await;
+    let bob = post(
+        proxy.addr,
+        "/orders/pay",
+        &as_user("next-auth.session-token=bob"),
+        "{}",
+    )
+    .await;
+    assert!(!alice.replayed());
+    assert!(!bob.replayed(), "bob got alice's answer");
+    assert_eq!(upstream.executed(), 2);
+    let retry = post(proxy.addr, "/orders/pay", &as_user(alice_cookie), "{}").await;
+    assert!(retry.replayed(), "alice's own retry ran again");
+    assert_eq!(retry.body, alice.body);
     assert_eq!(upstream.executed(), 2);
 }

@@ -16,6 +16,8 @@ pub(super) struct Caller {
     client_certificate: bool,
     session: bool,
     credential_headers: bool,
+    /// Beside an `Authorization` credential without a session: the whole `Cookie` header.
+    cookie_jar: bool,
     /// Neither an `Authorization` credential nor a session: the client address, with the
     /// whole `Cookie` header when cookies were sent ([`Tier::CookieHeader`]).
     fallback: Option<Tier>,
@@ -86,7 +88,19 @@ pub(super) fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Call
             caller.credential_headers = true;
         }
     }
-    if caller.authorization || caller.session {
+    if caller.session {
+        return caller;
+    }
+    if caller.authorization {
+        // One `Authorization` may be every user's (a staging site's basic-auth gate, a
+        // gateway's own token) while the app tells them apart by a cookie of a name not
+        // listed (`next-auth.session-token`): the cookies go in beside it, as they go in
+        // beside the address below.
+        if headers.contains_key(header::COOKIE) {
+            hasher.field(Tier::CookieHeader.as_str().as_bytes());
+            hash_cookie_jar(hasher, headers);
+            caller.cookie_jar = true;
+        }
         return caller;
     }
     // A credential header alone may be one key for every user of an app: the address
@@ -240,6 +254,9 @@ pub(super) fn describe_caller(caller: Caller, req: &RequestView<'_>) -> String {
             .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
             .collect();
         parts.push(format!("session cookie ({})", names.join(", ")));
+    }
+    if caller.cookie_jar {
+        parts.push("whole Cookie header (no listed session cookie)".to_owned());
     }
     match caller.fallback {
         Some(Tier::CookieHeader) => parts.push(format!(

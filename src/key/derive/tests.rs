@@ -206,11 +206,12 @@ fn with(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
 fn the_caller_is_authorization_and_session_else_cookies_else_address() {
     let a = [192, 0, 2, 1];
     let b = [192, 0, 2, 2];
-    // Authorization names the caller, wherever it comes from and whatever cookies of no
-    // session name it sends.
+    // Authorization names the caller wherever it comes from, with the cookies it sends
+    // when none has a session name: one of another name may be the app's session.
     let alice = with(&[("authorization", "Bearer alice"), ("cookie", "theme=1")]);
     let alice2 = with(&[("authorization", "Bearer alice"), ("cookie", "theme=2")]);
-    assert_eq!(key_of(&alice, a), key_of(&alice2, b));
+    assert_eq!(key_of(&alice, a), key_of(&alice, b));
+    assert_ne!(key_of(&alice, a), key_of(&alice2, a));
     assert_ne!(
         key_of(&alice, a),
         key_of(&with(&[("authorization", "Bearer bob")]), a)
