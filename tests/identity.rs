@@ -454,27 +454,11 @@ async fn an_app_named_session_cookie_keeps_users_behind_a_shared_gate_apart() {
 /// HTTP/1.1 on its retry: one jar, one caller, one execution.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cookies_split_over_http2_are_the_caller_of_one_cookie_field() {
-    use bytes::Bytes;
-    use http_body_util::Full;
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, "").await;
     let body = r#"{"sku":"C1"}"#;
-    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut h2, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let request = http::Request::post(format!("http://{}/orders", proxy.addr))
-        .header("content-type", "application/json")
-        .header("cookie", "cart=77")
-        .header("cookie", "theme=dark")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    let first = h2.send_request(request).await.unwrap();
-    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first = h2_post(proxy.addr, "/orders", &["cart=77", "theme=dark"], body).await;
+    assert!(first.headers.get("idempotent-replayed").is_none());
 
     let raw = raw_post("/orders", &["cookie: cart=77;theme=dark"], body);
     let again = raw_exchange_from("127.0.0.1", proxy.addr, &raw).await;
@@ -591,4 +575,35 @@ routes:
         ("/orders", "cookie: session=; sid=deleted"),
     ];
     anonymous_callers_are_told_apart(&proxy, &upstream, &anonymous).await;
+}
+
+/// Sends one JSON POST over a new HTTP/2 connection, each of `cookies` in a `cookie` field
+/// of its own, as browsers split them (RFC 9113 §8.2.3).
+async fn h2_post(
+    proxy: std::net::SocketAddr,
+    path: &str,
+    cookies: &[&str],
+    body: &'static str,
+) -> common::Answer {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let tcp = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut request = http::Request::post(format!("http://{proxy}{path}"))
+        .header("content-type", "application/json");
+    for cookie in cookies {
+        request = request.header("cookie", *cookie);
+    }
+    let request = request.body(Full::new(bytes::Bytes::from(body))).unwrap();
+    let (parts, body) = h2.send_request(request).await.unwrap().into_parts();
+    common::Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
 }

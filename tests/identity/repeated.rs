@@ -5,7 +5,7 @@
 //! cookie of any name: keyed by less than all of them, two users share an answer.
 
 use super::common::{post, raw_exchange_from, raw_post, start_proxy, start_upstream};
-use super::{json_body, replayed};
+use super::{h2_post, json_body, replayed};
 
 /// `scope: [cookie: sid]`, and a victim whose browser sends `sid` twice: a copy an attacker
 /// planted for the path (so sent first) and the victim's own, split over two HTTP/2
@@ -14,10 +14,6 @@ use super::{json_body, replayed};
 /// victim's retry over HTTP/1.1 with one `Cookie` field still replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scope_cookie_sent_twice_is_keyed_by_both_copies() {
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-
     let upstream = start_upstream().await;
     let routes = r#"
 routes:
@@ -28,24 +24,15 @@ routes:
     let proxy = start_proxy(upstream.addr, routes).await;
     let body = r#"{"to":"landlord","amount":900}"#;
 
-    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let (mut h2, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let request = http::Request::post(format!("http://{}/orders/transfers", proxy.addr))
-        .header("content-type", "application/json")
-        .header("cookie", "sid=planted")
-        .header("cookie", "sid=victim")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    let victim = h2.send_request(request).await.unwrap();
-    assert!(victim.headers().get("idempotent-replayed").is_none());
-    let victim_n = {
-        let bytes = victim.into_body().collect().await.unwrap().to_bytes();
-        serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()["n"].clone()
-    };
+    let victim = h2_post(
+        proxy.addr,
+        "/orders/transfers",
+        &["sid=planted", "sid=victim"],
+        body,
+    )
+    .await;
+    assert!(!victim.replayed());
+    let victim_n = victim.json()["n"].clone();
     assert_eq!(upstream.executed(), 1);
 
     let raw = raw_post("/orders/transfers", &["cookie: sid=planted"], body);

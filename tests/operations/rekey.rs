@@ -16,6 +16,14 @@ fn renamed() -> String {
     ROUTES.replace("- name: orders\n", "- name: purchases\n")
 }
 
+/// One route keyed by its body's fingerprint.
+const FINGERPRINTED: &str = r#"
+routes:
+  - name: orders
+    match: { methods: [POST], path: /orders }
+    key: { fingerprint: { body: true } }
+"#;
+
 /// Swaps in `rest` as `Proxy::reload` does on SIGHUP.
 fn reload(proxy: &ProxyHandle, upstream: &Upstream, rest: &str) -> idemgate::proxy::Reloaded {
     let text = common::with_upstream_protocol(&format!(
@@ -276,14 +284,8 @@ async fn a_reload_that_adds_a_field_to_the_key_does_not_answer_a_new_request_fro
 /// fingerprint key the old config gave both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_from_fingerprints_to_client_keys_does_not_merge_two_keyed_requests() {
-    let fingerprinted = r#"
-routes:
-  - name: orders
-    match: { methods: [POST], path: /orders }
-    key: { fingerprint: { body: true } }
-"#;
     let upstream = start_upstream().await;
-    let proxy = start_proxy_with_admin(upstream.addr, fingerprinted, None).await;
+    let proxy = start_proxy_with_admin(upstream.addr, FINGERPRINTED, None).await;
     let order = r#"{"sku":"A1"}"#;
     let first = post(proxy.addr, "/orders", &[("idempotency-key", "one")], order).await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -481,14 +483,8 @@ async fn an_owner_that_gives_up_unanswered_holds_the_previous_configs_key_too() 
 /// replayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_ignores_one_more_field_still_holds_duplicates_of_running_requests() {
-    let fingerprinted = r#"
-routes:
-  - name: orders
-    match: { methods: [POST], path: /orders }
-    key: { fingerprint: { body: true } }
-"#;
     let upstream = start_upstream().await;
-    let proxy = start_proxy_with_admin(upstream.addr, fingerprinted, None).await;
+    let proxy = start_proxy_with_admin(upstream.addr, FINGERPRINTED, None).await;
     let addr = proxy.addr;
     // The fingerprint reads no header: the `idempotency-key` only tags the upstream's count.
     let order = r#"{"sku":"A1","note":"gift"}"#;
@@ -497,7 +493,7 @@ routes:
         post(addr, "/orders", &headers, order).await
     });
     upstream.arrived("noted", 1).await;
-    let ignoring = fingerprinted.replace("{ body: true }", "{ body: true, ignore: [note] }");
+    let ignoring = FINGERPRINTED.replace("{ body: true }", "{ body: true, ignore: [note] }");
     assert!(!reload(&proxy, &upstream, &ignoring).rekeyed.is_empty());
     let mut duplicate =
         tokio::spawn(
