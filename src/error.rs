@@ -40,14 +40,17 @@ pub enum ProxyError {
         /// When the state ends.
         until: std::time::SystemTime,
     },
-    /// An earlier request with this key was executed, but its answer was too large to keep.
+    /// An earlier request with this key was executed, but its answer was not kept.
     #[error(
         "an earlier request with this idempotency key was executed (status {status}), but \
-         its answer was too large to keep; it is not executed again"
+         its answer {}; it is not executed again",
+        why.as_str()
     )]
     AnswerNotStored {
         /// The upstream's status.
         status: StatusCode,
+        /// Why its answer was not kept.
+        why: NotKept,
     },
     /// This caller's records hold its share of the memory store (`caller_share`); it may
     /// retry once some have expired.
@@ -129,6 +132,38 @@ pub enum ProxyError {
     /// do: a `CONNECT` tunnel, or a transfer coding other than `chunked`.
     #[error("{0}")]
     NotImplemented(&'static str),
+}
+
+/// Why an executed request's answer was not kept, as its repeats are told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotKept {
+    /// Over `max_answer`, without room in the buffers, or refused by the store.
+    TooLarge,
+    /// Of a status the route's `replay_statuses` does not list (a `3xx` by default).
+    NotReplayed,
+}
+
+impl NotKept {
+    /// Why the answer with `status` of a request on a route with `policy` was not kept: a
+    /// status the route replays was kept unless too large (the record holds only the
+    /// status, so the route's rule tells which).
+    pub fn of(policy: &crate::config::Policy, status: StatusCode) -> Self {
+        if policy.replays(status.as_u16()) {
+            Self::TooLarge
+        } else {
+            Self::NotReplayed
+        }
+    }
+
+    /// The end of the sentence its repeats are told.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::TooLarge => "was too large to keep",
+            Self::NotReplayed => {
+                "is not replayed on this route, whose replay_statuses do not list that status"
+            }
+        }
+    }
 }
 
 /// What a body refused under `short` was told is buffering all it may: a client that

@@ -321,6 +321,17 @@ routes:
             "urn:idemgate:problem:answer-not-stored",
             "{path}"
         );
+        // Its detail tells why: the route does not replay that status, not a size.
+        let detail = retry.json()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(!detail.contains("too large"), "{path}: {detail}");
+        assert!(
+            detail.contains(&format!("status {status}")),
+            "{path}: {detail}"
+        );
+        assert!(detail.contains("not replayed"), "{path}: {detail}");
     }
     assert_eq!(upstream.executed(), 2, "a retry ran again");
 

@@ -29,7 +29,7 @@ use super::protected::{
 };
 use super::settlement::for_key;
 use crate::config::{Config, InFlightMode, Protected, Protection};
-use crate::error::ProxyError;
+use crate::error::{NotKept, ProxyError};
 use crate::key::{derive_key, Derived, FingerprintRule, KeyError, KeySource};
 use crate::metrics::Outcome;
 use crate::store::seal::KeyRing;
@@ -343,6 +343,7 @@ async fn claim_one(
             Claim::NotStored(record) => Found::Other(
                 Err(ProxyError::AnswerNotStored {
                     status: record.status,
+                    why: NotKept::of(policy, record.status),
                 }),
                 None,
             ),

@@ -34,7 +34,7 @@ pub use super::stopping::Owners;
 use super::stopping::Stopping;
 use super::upstream::{timed_out, UpstreamClient};
 use crate::config::{InFlightMode, OnStoreError, OnUnknownOutcome, Protected};
-use crate::error::ProxyError;
+use crate::error::{NotKept, ProxyError};
 use crate::key::derive::scope_digest;
 use crate::key::{derive_key, Derived, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
@@ -255,6 +255,7 @@ pub async fn handle(
             Claim::NotStored(record) => {
                 return Err(ProxyError::AnswerNotStored {
                     status: record.status,
+                    why: NotKept::of(policy, record.status),
                 })
             }
             Claim::OutcomeUnknown(unknown) => {
