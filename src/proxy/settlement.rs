@@ -70,6 +70,13 @@ pub(super) async fn settle(
     let body = match answer.body {
         // Taken out, so the answer's buffer is freed as soon as the record holds its copy.
         AnswerBody::Whole(ref mut body) if kept => std::mem::take(body),
+        // A failure says the work was not done, however long its page: its key is freed as
+        // for one within the bound (recorded "executed", its retry would be refused for the
+        // whole `ttl`); the duplicates that waited are told it failed, with no copy to share.
+        AnswerBody::TooLarge(_) if policy.releases(status.as_u16()) => {
+            owner.write(Settlement::Release { reissue }).await;
+            return Ok((answer.into_response(), Outcome::Released));
+        }
         AnswerBody::Whole(_) | AnswerBody::TooLarge(_) => {
             let settlement = Settlement::NotStored {
                 status,

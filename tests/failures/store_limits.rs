@@ -60,6 +60,55 @@ async fn an_answer_too_large_to_store_streams_and_its_repeats_never_execute() {
     assert_eq!(series("executed"), 0.0, "{metrics}");
 }
 
+/// A 5xx says the work was not done, however long its page: one over `max_answer` still
+/// streams to its client and releases the key as a small one does, so the client's retry
+/// runs (rather than `409 answer-not-stored` for the key's whole `ttl`), and the duplicates
+/// that waited on it are told it failed (its body was not kept to share), never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_too_large_to_store_still_releases_its_key() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &route("max_answer: 64KiB\n    wait_timeout: 30s"),
+    )
+    .await;
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        let headers = [
+            ("idempotency-key", "big-500"),
+            ("x-test-gate", "big-500"),
+            ("x-test-status", "503"),
+            ("x-test-bytes", "1048576"),
+        ];
+        post(addr, "/orders", &headers, "{}").await
+    });
+    upstream.arrived("big-500", 1).await;
+    let duplicates = park_duplicates(&proxy, "big-500", 2).await;
+    upstream.open("big-500");
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(owner.body.len(), 1 << 20, "streamed whole");
+    for duplicate in duplicates {
+        let duplicate = duplicate.await.unwrap();
+        assert_eq!(duplicate.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            duplicate.problem(),
+            "urn:idemgate:problem:duplicate-of-failed-request"
+        );
+    }
+    assert_eq!(upstream.executed(), 1, "a duplicate that waited ran");
+    let retry = post(
+        proxy.addr,
+        "/orders",
+        &[("idempotency-key", "big-500")],
+        "{}",
+    )
+    .await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed(), 2);
+}
+
 /// A memory store full of live records evicts the ones closest to expiry, and each
 /// eviction is counted by the evicted record's route; with `when_full: reject` a new key
 /// gets a 503 instead and every stored answer stays.
