@@ -306,3 +306,90 @@ async fn an_observed_answer_is_never_turned_into_a_504_by_a_slow_store() {
     );
     assert_eq!(answer.json()["n"], 2);
 }
+
+/// A real upstream that answers every request on `/orders` with `answer` (raw HTTP/1.1
+/// bytes) after reading its body, and counts them.
+async fn raw_upstream(
+    answer: &'static [u8],
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let executed = std::sync::Arc::clone(&count);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let executed = std::sync::Arc::clone(&executed);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        let mut chunk = [0u8; 4096];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while buf.len() < end + 4 + len {
+                        let mut chunk = [0u8; 4096];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..end + 4 + len);
+                    executed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// gRPC says how a call ended in its trailers (`grpc-status`): an observed route forwards
+/// them to its client, the first request's and its duplicates' alike, as the route did
+/// before it was observed; dropped, every call would end without a status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observed_answer_keeps_its_trailers() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    let (upstream, executed) = raw_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ntransfer-encoding: chunked\r\n\
+          trailer: grpc-status, grpc-message\r\n\r\n\
+          5\r\nhello\r\n0\r\ngrpc-status: 13\r\ngrpc-message: boom\r\n\r\n",
+    )
+    .await;
+    // The upstream speaks HTTP/1.1 only, whatever protocol the suite's run asks for.
+    let config = format!("connections: {{ upstream_protocol: http1 }}\n{OBSERVED}");
+    let proxy = start_proxy_with_admin(upstream, &config, None).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    for n in 1..=2 {
+        let request = http::Request::post(format!("http://{}/orders", proxy.addr))
+            .header("idempotency-key", "grpc-1")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let collected = response.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned();
+        assert_eq!(collected.to_bytes(), "hello", "request {n}");
+        let trailers = trailers.unwrap_or_else(|| panic!("request {n} lost its trailers"));
+        assert_eq!(trailers["grpc-status"], "13", "request {n}");
+        assert_eq!(trailers["grpc-message"], "boom", "request {n}");
+    }
+    assert_eq!(executed.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

@@ -3,7 +3,9 @@
 //! part already read first, so memory stays bounded whatever the upstream sends. Streaming
 //! on, it is an upstream stream like a pass-through answer: cut off once the upstream sends
 //! nothing for `connections.upstream_read_timeout` (its `upstream_timeout` ended with the
-//! head), trailers filtered ([`ProxyBody::upstream`]). The same bound lets an observed
+//! head), trailers filtered ([`ProxyBody::upstream`]). The trailers of an answer read whole
+//! are dropped (it is stored and replayed without them), unless its route only observes:
+//! then its client gets them, as it did before the route was observed. The same bound lets an observed
 //! request larger than `max_body` go on unchanged. What is buffered is taken from the
 //! process's [`Budget`], and from the share of the client connection the request came on,
 //! as it comes; a body that finds no room in either streams on past the part read, as one
@@ -32,6 +34,9 @@ pub struct Answer {
     pub headers: HeaderMap,
     /// Its body.
     pub body: AnswerBody,
+    /// The trailers of a body read whole, when they were asked for ([`read`]); they go to
+    /// the client after it, filtered as a streamed answer's.
+    pub trailers: Option<HeaderMap>,
 }
 
 /// A body read with a bound.
@@ -46,9 +51,18 @@ pub enum AnswerBody {
 impl Answer {
     /// The answer for the client.
     pub fn into_response(self) -> Response<ProxyBody> {
-        let body = match self.body {
-            AnswerBody::Whole(bytes) => ProxyBody::full(bytes),
-            AnswerBody::TooLarge(body) => body,
+        let body = match (self.body, self.trailers) {
+            (AnswerBody::Whole(bytes), None) => ProxyBody::full(bytes),
+            (AnswerBody::Whole(bytes), Some(trailers)) => ProxyBody::upstream(
+                Prefixed {
+                    prefix: [Some(bytes).filter(|b| !b.is_empty()), None],
+                    trailers: Some(trailers),
+                    rest: http_body_util::Empty::<Bytes>::new()
+                        .map_err(|never| -> BodyError { match never {} }),
+                },
+                None,
+            ),
+            (AnswerBody::TooLarge(body), _) => body,
         };
         let mut response = Response::new(body);
         *response.status_mut() = self.status;
@@ -58,7 +72,8 @@ impl Answer {
 }
 
 /// Reads `response`'s body, whole if it is at most `max` bytes and `budget` and the
-/// connection `conn` counts have room for it. A body that breaks off is an
+/// connection `conn` counts have room for it; with `keep_trailers`, the trailers of a body
+/// read whole too. A body that breaks off is an
 /// [`ProxyError::UpstreamFailed`]: the request went out. A larger one (or one without
 /// room) streams on as an upstream answer, cut off once the upstream sends nothing for the
 /// body's [`ReadGap`]: no timer covers it any more, and a stalled upstream would hold its
@@ -68,6 +83,7 @@ pub async fn read<B>(
     max: usize,
     budget: &Arc<Budget>,
     conn: &Arc<ConnBuffers>,
+    keep_trailers: bool,
 ) -> Result<Answer, ProxyError>
 where
     B: Body<Data = Bytes> + ReadGap + Send + Unpin + 'static,
@@ -77,13 +93,14 @@ where
     strip_hop_by_hop(&mut head.headers, false);
     let gap = body.read_gap();
     let stream_on = |rest| ProxyBody::upstream(rest, gap);
-    let body = bounded_then(body, max, (budget, conn), Refusal::Answer, stream_on)
+    let (body, trailers) = bounded_then(body, max, (budget, conn), Refusal::Answer, stream_on)
         .await
         .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
     Ok(Answer {
         status: head.status,
         headers: head.headers,
         body,
+        trailers: trailers.filter(|_| keep_trailers),
     })
 }
 
@@ -102,64 +119,76 @@ where
     B::Error: Into<BodyError>,
 {
     let account = (budget, conn);
-    bounded_then(body, max, account, Refusal::RequestBody, ProxyBody::boxed).await
+    let read = bounded_then(body, max, account, Refusal::RequestBody, ProxyBody::boxed).await?;
+    Ok(read.0)
 }
 
 /// [`bounded`], the body past the bound made into a [`ProxyBody`] by `stream_on`. What it
 /// holds stays within `max` ([`Joined`]) and is taken from `budget` and the connection's
 /// share; the frame that would pass the bound, or finds no room, is not copied in but
 /// streams on after the part read before it (which keeps its bytes of the budget until it
-/// has gone).
+/// has gone). The trailers of a body read whole come beside it.
 async fn bounded_then<B>(
     mut body: B,
     max: usize,
     (budget, conn): (&Arc<Budget>, &Arc<ConnBuffers>),
     what: Refusal,
     stream_on: impl FnOnce(Prefixed<B>) -> ProxyBody,
-) -> Result<AnswerBody, B::Error>
+) -> Result<(AnswerBody, Option<HeaderMap>), B::Error>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BodyError>,
 {
     let declared = body.size_hint().exact();
     if declared.is_some_and(|n| n > max as u64) {
-        return Ok(AnswerBody::TooLarge(stream_on(Prefixed {
+        let streamed = stream_on(Prefixed {
             prefix: [None, None],
+            trailers: None,
             rest: body,
-        })));
+        });
+        return Ok((AnswerBody::TooLarge(streamed), None));
     }
     let mut joined = Joined::new(declared, max, budget.charge(conn));
+    let mut trailers = None;
     let past = loop {
         let Some(frame) = body.frame().await else {
-            return Ok(AnswerBody::Whole(joined.into_bytes()));
+            return Ok((AnswerBody::Whole(joined.into_bytes()), trailers));
         };
-        if let Ok(data) = frame?.into_data() {
-            if joined.len() + data.len() > max {
-                break data;
+        let data = match frame?.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                trailers = frame.into_trailers().ok();
+                continue;
             }
-            if let Err((data, short)) = joined.push(data) {
-                budget.refused(what, short);
-                tracing::warn!(
-                    body = what.as_str(),
-                    limit = short.as_str(),
-                    "no room left under the buffer limit: this body streams on unbuffered \
-                     (an owner's answer is recorded as executed, not stored)"
-                );
-                break data;
-            }
+        };
+        if joined.len() + data.len() > max {
+            break data;
+        }
+        if let Err((data, short)) = joined.push(data) {
+            budget.refused(what, short);
+            tracing::warn!(
+                body = what.as_str(),
+                limit = short.as_str(),
+                "no room left under the buffer limit: this body streams on unbuffered \
+                 (an owner's answer is recorded as executed, not stored)"
+            );
+            break data;
         }
     };
     let read = joined.into_bytes();
-    Ok(AnswerBody::TooLarge(stream_on(Prefixed {
+    let streamed = stream_on(Prefixed {
         prefix: [(!read.is_empty()).then_some(read), Some(past)],
+        trailers: None,
         rest: body,
-    })))
+    });
+    Ok((AnswerBody::TooLarge(streamed), None))
 }
 
-/// `prefix` (the part read within the bound, then the frame that passed it), then the rest
-/// of the body it was read from.
+/// `prefix` (the part read within the bound, then the frame that passed it), then
+/// `trailers` already read, then the rest of the body it was read from.
 struct Prefixed<B> {
     prefix: [Option<Bytes>; 2],
+    trailers: Option<HeaderMap>,
     rest: B,
 }
 
@@ -179,13 +208,18 @@ where
         if let Some(chunk) = this.prefix.iter_mut().find_map(Option::take) {
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
+        if let Some(trailers) = this.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
         Pin::new(&mut this.rest)
             .poll_frame(cx)
             .map(|frame| frame.map(|result| result.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.prefix.iter().all(Option::is_none) && self.rest.is_end_stream()
+        self.prefix.iter().all(Option::is_none)
+            && self.trailers.is_none()
+            && self.rest.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -271,9 +305,15 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_within_the_bound_is_read_whole() {
-        let answer = read(chunks(&[b"hel", b"lo"]), 5, &budget(), &Arc::default())
-            .await
-            .unwrap();
+        let answer = read(
+            chunks(&[b"hel", b"lo"]),
+            5,
+            &budget(),
+            &Arc::default(),
+            false,
+        )
+        .await
+        .unwrap();
         assert!(matches!(answer.body, AnswerBody::Whole(ref b) if &b[..] == b"hello"));
     }
 
@@ -285,6 +325,7 @@ mod tests {
             4,
             &budget(),
             &Arc::default(),
+            false,
         )
         .await
         .unwrap();
@@ -305,6 +346,7 @@ mod tests {
             100,
             &budget,
             &Arc::default(),
+            false,
         )
         .await
         .unwrap();
@@ -344,6 +386,7 @@ mod tests {
             4,
             &budget(),
             &Arc::default(),
+            false,
         )
         .await
         .unwrap();

@@ -373,9 +373,11 @@ pub(super) async fn forward_unprotected(
             .send_untimed(request, cx.conn, false, &sending)
             .await?;
         let conn = cx.conn.share.buffers();
-        Ok(answer::read(response, policy.max_answer, cx.budget, conn)
-            .await?
-            .into_response())
+        Ok(
+            answer::read(response, policy.max_answer, cx.budget, conn, policy.observe)
+                .await?
+                .into_response(),
+        )
     };
     let answer = cx
         .conn
@@ -442,7 +444,8 @@ pub(super) async fn execute(
                 // over `max_answer` does: the request ran, so it never fails for that.
                 Ok(response) => {
                     let share = conn.share.buffers();
-                    answer::read(response, policy.max_answer, &budget, share).await
+                    let observed = policy.observe;
+                    answer::read(response, policy.max_answer, &budget, share, observed).await
                 }
                 Err(e) => Err(e),
             }
