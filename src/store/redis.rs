@@ -38,12 +38,13 @@
 //! job has its own file: `conn` (the connection), `calls` (one operation under the timeout,
 //! retried once), `claims` (a claim's looks and what they mean), `settle` (completions, by swap
 //! or script), `renew` (renewing a live claim), `inspect` (the admin API's view and observe
-//! mode's count), `subscriptions` (the waiters' channels), `records` (what is written) and
+//! mode's count), `eviction` (claims refused while the server may evict records), `subscriptions` (the waiters' channels), `records` (what is written) and
 //! `scripts` (the Lua).
 
 mod calls;
 mod claims;
 mod conn;
+mod eviction;
 mod inspect;
 mod records;
 mod renew;
@@ -98,6 +99,8 @@ pub struct RedisStore {
     /// completions swap by the swap script then.
     no_set_ifeq: AtomicBool,
     renewals: Arc<Renewals>,
+    /// Whether the server may evict records (claims are refused while it may).
+    eviction: eviction::Eviction,
 }
 
 impl Drop for RedisStore {
@@ -134,6 +137,7 @@ impl RedisStore {
             no_set_nx_get: AtomicBool::new(false),
             no_set_ifeq: AtomicBool::new(false),
             renewals: Arc::default(),
+            eviction: eviction::Eviction::default(),
         })
     }
 
@@ -209,8 +213,12 @@ impl RedisStore {
         Ok(matches!(self.run(invocation).await?, Value::Int(1)))
     }
 
-    /// Whether Redis answers a PING within the store timeout.
+    /// Whether Redis answers a PING within the store timeout, and takes claims (it may
+    /// not evict records, `eviction`).
     pub async fn ready(&self) -> bool {
+        if self.refuse_if_evicting().await.is_err() {
+            return false;
+        }
         let ping = async {
             redis::cmd("PING")
                 .query_async::<String>(&mut self.conn.handle().await?)

@@ -6,13 +6,14 @@
 //! per topic: `replicas.rs` (exactly once between proxy processes, a killed or slow owner,
 //! Redis restarted empty), `faults.rs` (Redis down, in both modes), `late_waiters.rs` (a duplicate that
 //! looks again only after its owner's failure expired), `round_trips.rs`,
-//! `cluster.rs`, `unanswered_release.rs` and `settlement_cut_short.rs` (a completion
+//! `cluster.rs`, `eviction.rs` (a Redis that may evict records), `unanswered_release.rs` and `settlement_cut_short.rs` (a completion
 //! dropped before Redis answered).
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod cluster;
+mod eviction;
 mod faults;
 mod late_waiters;
 mod replicas;

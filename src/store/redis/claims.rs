@@ -157,6 +157,8 @@ impl RedisStore {
     /// answer (a store error, or this future dropped) is released in the background
     /// (`store::unanswered`).
     pub(crate) async fn claim(self: &Arc<Self>, args: &ClaimArgs) -> Result<RawClaim, StoreError> {
+        // Nothing is written yet: a refusal leaves nothing to release.
+        self.refuse_if_evicting().await?;
         let token = Self::stamped_token();
         let unanswered = Unanswered::arm(args, token, || Store::Redis(Arc::clone(self)));
         let claim = self.claim_as(args, token).await;
