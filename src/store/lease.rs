@@ -68,7 +68,7 @@ pub struct Lease {
 /// The first pause before a failed settlement is made again; each next one doubles, up
 /// to [`SETTLE_RETRY_MAX`] while the claim's lease runs, and to [`SETTLE_RETRY_LATE_MAX`]
 /// once it has lapsed (a store down that long should not get a storm of retries when it
-/// comes back).
+/// comes back), and never past a quarter of the time the claim's record has left.
 const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(100);
 const SETTLE_RETRY_MAX: Duration = Duration::from_secs(2);
 const SETTLE_RETRY_LATE_MAX: Duration = Duration::from_secs(30);
@@ -341,12 +341,17 @@ async fn settle_again(
             return;
         }
         tokio::time::sleep(pause).await;
-        let most = if Instant::now() < lapses {
+        let now = Instant::now();
+        let most = if now < lapses {
             SETTLE_RETRY_MAX
         } else {
             SETTLE_RETRY_LATE_MAX
         };
-        pause = (pause * 2).min(most);
+        // The nearer the record's end, the nearer a takeover that runs the request again
+        // (or retries hearing "outcome unknown" for good): a store back by then must get
+        // the answer before it, so the pause is at most a quarter of the time left.
+        let left = (until.saturating_duration_since(now) / 4).max(SETTLE_RETRY_FIRST);
+        pause = (pause * 2).min(most).min(left);
         match store.settle(&owned, settlement.clone()).await {
             Ok(settled) => {
                 tracing::info!(%key, settled = what, result = ?settled, "settled the claim on a retry");

@@ -7,7 +7,7 @@
 //! Redis restarted empty), `faults.rs` (Redis down, in both modes), `late_waiters.rs` (a duplicate that
 //! looks again only after its owner's failure expired), `round_trips.rs`,
 //! `cluster.rs`, `eviction.rs` (a Redis that may evict records), `unanswered_release.rs` and `settlement_cut_short.rs` (a completion
-//! dropped before Redis answered).
+//! dropped before Redis answered, or one Redis missed past the lease).
 
 #[path = "../common/mod.rs"]
 mod common;

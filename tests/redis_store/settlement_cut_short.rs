@@ -1,13 +1,15 @@
 //! A settlement whose future is dropped before the store answered (a detached owner's
 //! `background_timeout` passing while it writes its answer, or any caller dropping
-//! `Lease::settle`) is not lost: it is made again in the background, as a failed one is.
+//! `Lease::settle`) is not lost: it is made again in the background, as a failed one is;
+//! and a failed one is made again often enough to land before its claim's record ends.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use idemgate::key::Digest;
-use idemgate::store::{Claim, ClaimArgs, RedisSettings, RedisStore, Store, StoredResponse};
+use idemgate::store::{Claim, ClaimArgs, Lapse, RedisSettings, RedisStore, Store, StoredResponse};
 
 use crate::common::redis_server::RedisServer;
 use crate::common::relay::relay_to;
@@ -63,5 +65,65 @@ async fn a_completion_dropped_before_redis_answered_is_made_again() {
     match store.claim_with(args).await.expect("claim") {
         Claim::Done(stored) => assert_eq!(&stored.body()[..], b"made"),
         other => panic!("the completed key answered {}", other.as_str()),
+    }
+}
+
+/// Redis is cut off as the owner's answer comes back and stays away past the claim's
+/// lease, on a route that releases lapsed claims: the claim's record lasts only its grace
+/// more, and a takeover runs the request again once it is gone. Redis back within that
+/// grace records the answer before then, so the repeat replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_redis_missed_past_the_lease_is_recorded_before_its_claim_can_be_taken_over() {
+    let redis = RedisServer::start();
+    let relay = relay_to(redis.port).await;
+    let settings = RedisSettings {
+        url: Some(format!("redis://{}", relay.addr)),
+        cluster: Vec::new(),
+        prefix: "t:".into(),
+        timeout: Duration::from_millis(300),
+        ca: None,
+    };
+    let store = Store::Redis(Arc::new(RedisStore::connect(&settings).expect("store")));
+    let key = Digest([0x5d; 32]);
+    let grace = Duration::from_secs(12);
+    let args = ClaimArgs {
+        lapse: Lapse::Release { grace },
+        ..ClaimArgs::new(key, Digest([1; 32]), Duration::from_millis(300))
+    };
+    let Claim::Owner(lease) = store.claim_with(args).await.expect("claim") else {
+        panic!("a fresh key is owned");
+    };
+    relay.cut.store(true, Ordering::SeqCst);
+    let answer = StoredResponse::new(StatusCode::CREATED, &Default::default(), b"made");
+    assert!(
+        lease
+            .complete(answer, Duration::from_secs(3600))
+            .await
+            .is_err(),
+        "Redis is cut off"
+    );
+    // An outage well past the lease, ending a few seconds before the record expires (as
+    // Redis itself counts, read past the relay): the answer is recorded before then.
+    let record = format!("t:{{{}}}", hex::encode(key.0));
+    let pttl = || redis.cli(&["PTTL", &record]).trim().parse::<i64>().unwrap();
+    while pttl() > 3000 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    relay.cut.store(false, Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + grace * 2;
+    loop {
+        let kind = redis.cli(&["GETRANGE", &record, "0", "0"]);
+        match kind.trim() {
+            "D" => break,
+            // Expired: the answer never made it, and a takeover would run it again.
+            "" => break,
+            _ => {}
+        }
+        assert!(std::time::Instant::now() < deadline, "hang guard");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    match store.claim_with(args).await.expect("claim") {
+        Claim::Done(stored) => assert_eq!(&stored.body()[..], b"made"),
+        other => panic!("the answered key's repeat got {}", other.as_str()),
     }
 }
