@@ -7,7 +7,8 @@
 //! The `Database` trait over both servers and the helpers every test uses are here; the
 //! tests are in one module per topic: `replicas.rs` (two proxies on one database, and the
 //! database restarted under their load), `lapses.rs` (owners cut off from the
-//! database, a duplicate's two looks), `late_renewals.rs` (a renewal that lands after its
+//! database, a duplicate's two looks), `large_answers.rs` (an answer over MariaDB's
+//! `max_allowed_packet`), `late_renewals.rs` (a renewal that lands after its
 //! owner settled), `late_waiters.rs` (a duplicate that looks again only after its
 //! owner's failure expired), `round_trips.rs`, `reaper.rs`, `table.rs` (what
 //! the database holds, the table, the config section) and `unanswered_release.rs`.
@@ -16,6 +17,7 @@
 mod common;
 
 mod lapses;
+mod large_answers;
 mod late_renewals;
 mod late_waiters;
 mod reaper;

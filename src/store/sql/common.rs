@@ -4,6 +4,7 @@
 //! settings both databases share.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +18,10 @@ use super::{bounded, max_tries, Call, SqlSettings};
 use crate::store::renewals::{Renewals, Renewed};
 use crate::store::{Ownership, Purged, Settled, Settlement, StoreError};
 
+/// Room a settlement's statement (and the row a replay reads back) takes beside its
+/// answer, and then some.
+const STATEMENT_SPARE: u64 = 64 << 10;
+
 /// The state a SQL store keeps beside its pool and statements.
 pub(super) struct Common {
     timeout: Duration,
@@ -28,6 +33,8 @@ pub(super) struct Common {
     pub renewals: Arc<Renewals>,
     /// Expired rows the reaper deleted since start.
     pub reaped: AtomicU64,
+    /// The largest statement the database takes, in bytes (`u64::MAX`: no limit known).
+    pub statement_limit: AtomicU64,
     /// The store's background tasks (listener or re-check, reaper), ended with it.
     tasks: Vec<AbortHandle>,
 }
@@ -55,6 +62,7 @@ impl Common {
             interests,
             renewals: Arc::default(),
             reaped: AtomicU64::new(0),
+            statement_limit: AtomicU64::new(u64::MAX),
             tasks,
         }
     }
@@ -82,6 +90,24 @@ impl Common {
             .get_or_try_init(|| bounded(timeout, self.tries, migrate))
             .await
             .map(|_| ())
+    }
+
+    /// `settlement` as the database can take it, and whether it had to change: an answer
+    /// too large for one statement (MySQL's `max_allowed_packet`) is refused every time it
+    /// is sent, so the claim would lapse with the answer lost (and, on a route that
+    /// releases lapsed claims, run again). The request ran: the key records "executed,
+    /// answer not stored" instead, as an answer over `max_answer` does.
+    pub(super) fn fitted(&self, settlement: Settlement) -> (Settlement, bool) {
+        let limit = self.statement_limit.load(Relaxed);
+        match settlement {
+            Settlement::Done { response, ttl }
+                if response.encode().len() as u64 > limit.saturating_sub(STATEMENT_SPARE) =>
+            {
+                let status = response.status();
+                (Settlement::NotStored { status, ttl }, true)
+            }
+            settlement => (settlement, false),
+        }
     }
 
     /// What a settle routine's answer `code` means; wakes the waiters in this process

@@ -174,6 +174,15 @@ impl Dialect for Mysql {
         Box::pin(async move { Ok(query.execute(&self.pool).await?.rows_affected()) })
     }
 
+    fn statement_limit(&self) -> Call<'_, Option<u64>> {
+        Box::pin(async move {
+            let limit: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+                .fetch_one(&self.pool)
+                .await?;
+            Ok(u64::try_from(limit).ok())
+        })
+    }
+
     fn outcome(row: &MySqlRow) -> Result<i64, StoreError> {
         row.try_get(0).map_err(decode)
     }

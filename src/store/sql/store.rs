@@ -57,6 +57,10 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// Runs `sql` with `args` and returns how many rows it changed.
     fn execute<'a>(&'a self, sql: &'a str, args: &'a [Arg<'a>]) -> Call<'a, u64>;
 
+    /// The largest statement the database takes (MySQL's `max_allowed_packet`), asked once
+    /// the schema is ready; `None`: no answer idemgate keeps comes near its limit.
+    fn statement_limit(&self) -> Call<'_, Option<u64>>;
+
     /// The claim routine's outcome (column 0 of its answer).
     fn outcome(row: &Self::Row) -> Result<i64, StoreError>;
 
@@ -121,12 +125,17 @@ impl<D: Dialect> SqlStore<D> {
         self.common.schema(|| self.migrate()).await
     }
 
-    /// One attempt at creating what is missing: the schema's statements in turn.
+    /// One attempt at creating what is missing: the schema's statements in turn; then the
+    /// database's statement limit.
     fn migrate(&self) -> Call<'_, ()> {
         Box::pin(async move {
             for sql in &self.statements().schema {
                 self.dialect.run(sql).await?;
             }
+            let limit = self.dialect.statement_limit().await?;
+            self.common
+                .statement_limit
+                .store(limit.unwrap_or(u64::MAX), Relaxed);
             Ok(())
         })
     }
@@ -316,6 +325,7 @@ impl<D: Dialect> SqlStore<D> {
         settlement: Settlement,
     ) -> Result<Settled, StoreError> {
         self.ready_schema().await?;
+        let (settlement, too_large) = self.common.fitted(settlement);
         let written = Written::of(&settlement);
         let token = owned.token.0.to_be_bytes();
         let params = [
@@ -330,7 +340,10 @@ impl<D: Dialect> SqlStore<D> {
             Arg::Flag(settlement.writes_back()),
         ];
         let row = self.fetch_one(&self.statements().settle, &params).await?;
-        self.common.settled(owned, &settlement, row.int(0)?)
+        match self.common.settled(owned, &settlement, row.int(0)?)? {
+            Settled::Written | Settled::WrittenBack if too_large => Ok(Settled::AnswerNotKept),
+            settled => Ok(settled),
+        }
     }
 
     /// See [`crate::store::Store::inspect`].
