@@ -16,7 +16,7 @@ use tokio::task::AbortHandle;
 use super::waiters::Interests;
 use super::{bounded, max_tries, Call, SqlSettings};
 use crate::store::renewals::{Renewals, Renewed};
-use crate::store::{Ownership, Purged, Settled, Settlement, StoreError};
+use crate::store::{Ownership, Purged, Settled, Settlement, StoreError, StoredResponse};
 
 /// Room a settlement's statement (and the row a replay reads back) takes beside its
 /// answer, and then some.
@@ -92,20 +92,28 @@ impl Common {
             .map(|_| ())
     }
 
-    /// `settlement` as the database can take it, and whether it had to change: an answer
-    /// too large for one statement (MySQL's `max_allowed_packet`) is refused every time it
-    /// is sent, so the claim would lapse with the answer lost (and, on a route that
-    /// releases lapsed claims, run again). The request ran: the key records "executed,
-    /// answer not stored" instead, as an answer over `max_answer` does.
+    /// `settlement` as the database can take it, and whether its answer was left out: an
+    /// answer too large for one statement (MySQL's `max_allowed_packet`) is refused every
+    /// time it is sent, so the claim would lapse with it lost (held as an unknown outcome,
+    /// or, on a route that releases lapsed claims, run again). The request ran: the key
+    /// records "executed, answer not stored" instead, as an answer over `max_answer` does.
+    /// A failure too large to share frees the key all the same, as on the memory store:
+    /// its waiters are told their owner failed, without its answer (a one-time token is
+    /// still given back).
     pub(super) fn fitted(&self, settlement: Settlement) -> (Settlement, bool) {
-        let limit = self.statement_limit.load(Relaxed);
+        let limit = self
+            .statement_limit
+            .load(Relaxed)
+            .saturating_sub(STATEMENT_SPARE);
+        let too_large = |response: &StoredResponse| response.encode().len() as u64 > limit;
         match settlement {
-            Settlement::Done { response, ttl }
-                if response.encode().len() as u64 > limit.saturating_sub(STATEMENT_SPARE) =>
-            {
+            Settlement::Done { response, ttl } if too_large(&response) => {
                 let status = response.status();
                 (Settlement::NotStored { status, ttl }, true)
             }
+            Settlement::Failed {
+                response, reissue, ..
+            } if too_large(&response) => (Settlement::Release { reissue }, false),
             settlement => (settlement, false),
         }
     }
