@@ -219,6 +219,7 @@ pub struct Metrics {
     store_bytes: Gauge,
     unknown: Family<RouteLabel, Counter>,
     evictions: Family<RouteLabel, Counter>,
+    tokens_refused: Counter,
     reaped: Counter,
     rekeyed: Family<RekeyedLabels, Counter>,
     routes: RwLock<HashMap<String, Arc<RouteMetrics>>>,
@@ -299,6 +300,12 @@ impl Metrics {
             "Live records the memory store evicted to make room (their repeats execute again), by route",
             evictions.clone(),
         );
+        let tokens_refused = Counter::default();
+        registry.register(
+            "store_tokens_refused",
+            "One-time tokens the memory store refused to issue (503): unspent tokens held their share (token_share), or the store was full",
+            tokens_refused.clone(),
+        );
         let connections = ConnectionMetrics::default();
         connections.register(&mut registry);
         let buffers = BufferMetrics::default();
@@ -329,6 +336,7 @@ impl Metrics {
             store_bytes,
             unknown,
             evictions,
+            tokens_refused,
             reaped,
             routes: RwLock::default(),
             tags: RwLock::new(vec![String::new()]),
@@ -431,7 +439,12 @@ impl Metrics {
                 counter.inc_by(total.saturating_sub(counter.get()));
             }
         }
-        // The store counts the total; the counter follows it.
+        // The store counts the totals; the counters follow them.
+        self.tokens_refused.inc_by(
+            stats
+                .tokens_refused
+                .saturating_sub(self.tokens_refused.get()),
+        );
         self.reaped
             .inc_by(stats.reaped.saturating_sub(self.reaped.get()));
         let mut out = String::new();
@@ -530,10 +543,15 @@ mod tests {
             in_flight: 1,
             bytes: 900,
             evictions: vec![(orders, 3)],
+            tokens_refused: 2,
             reaped: 0,
         });
         assert!(
             text.contains(r#"idemgate_store_evictions_total{route="orders"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("idemgate_store_tokens_refused_total 2"),
             "{text}"
         );
         assert!(

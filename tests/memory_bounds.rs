@@ -2,7 +2,8 @@
 //! buffered on a protected route costs about its bound (`max_body`, `max_answer`), even
 //! when it comes as one-byte chunks, and all of them together stay within
 //! `connections.max_buffered`. A counting allocator (this test binary's own) measures the
-//! peak.
+//! peak. The memory store's bounds are no lever for one caller against another's answers
+//! either: one-time tokens, which anyone may ask for, hold only their own share of it.
 
 mod common;
 
@@ -487,5 +488,81 @@ fn an_answer_over_the_buffer_budget_streams_on_and_is_never_run_again() {
             1.0
         );
         budget_drains(&proxy).await;
+    })
+}
+
+/// A memory store of 4 records, with one-time tokens and a fingerprinted order route.
+fn token_flood_config(when_full: &str) -> String {
+    format!(
+        r#"
+store:
+  memory: {{ max_entries: 4, when_full: {when_full} }}
+tokens: {{ ttl: 5m }}
+routes:
+  - name: orders
+    match: {{ methods: [POST], path: /orders }}
+    key: {{ fingerprint: {{ body: true }} }}
+"#
+    )
+}
+
+/// Asks for a token as each of `callers` made-up callers (each a caller of its own, under
+/// any per-caller rate): the statuses.
+async fn token_flood(proxy: &common::ProxyHandle, callers: usize) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for i in 0..callers {
+        let who = format!("Bearer anyone-{i}");
+        let headers = [("authorization", who.as_str())];
+        let answer = common::post(proxy.addr, "/.idemgate/token", &headers, "").await;
+        statuses.push(answer.status.as_u16());
+    }
+    statuses
+}
+
+/// Tokens anyone may ask for never cost a stored answer: issuing one never evicts a
+/// record, unspent tokens hold at most their share of the store (`token_share`), and
+/// issuances beyond it are refused (`503`, counted) while alice's order still replays.
+#[test]
+fn issuing_tokens_never_evicts_an_answer() {
+    alone(async {
+        let upstream = common::start_upstream().await;
+        let proxy = common::start_proxy(upstream.addr, &token_flood_config("evict")).await;
+        let alice = [("authorization", "Bearer alice"), ("idempotency-key", "r")];
+        let first = common::post(proxy.addr, "/orders", &alice, r#"{"sku":"A1"}"#).await;
+        assert_eq!(first.status, 201);
+        let statuses = token_flood(&proxy, 8).await;
+        eprintln!("token answers: {statuses:?}");
+        let again = common::post(proxy.addr, "/orders", &alice, r#"{"sku":"A1"}"#).await;
+        assert_eq!(upstream.executed_for("r"), 1, "alice's order ran again");
+        assert_eq!(again.status, 201);
+        assert_eq!(again.headers["idempotent-replayed"], "true");
+        assert!(statuses.contains(&503), "the flood was never refused");
+        let refused = statuses.iter().filter(|s| **s == 503).count();
+        assert_eq!(
+            proxy.metric("idemgate_store_tokens_refused_total"),
+            refused as f64
+        );
+        assert_eq!(
+            proxy.metric(r#"idemgate_store_evictions_total{route="orders"}"#),
+            0.0
+        );
+    })
+}
+
+/// With `when_full: reject`, a token flood cannot fill the store either: a new caller's
+/// order is still taken, not refused `503`.
+#[test]
+fn a_token_flood_leaves_room_for_orders_with_when_full_reject() {
+    alone(async {
+        let upstream = common::start_upstream().await;
+        let proxy = common::start_proxy(upstream.addr, &token_flood_config("reject")).await;
+        let alice = [("authorization", "Bearer alice"), ("idempotency-key", "a")];
+        let first = common::post(proxy.addr, "/orders", &alice, r#"{"sku":"A1"}"#).await;
+        assert_eq!(first.status, 201);
+        token_flood(&proxy, 8).await;
+        let bob = [("authorization", "Bearer bob"), ("idempotency-key", "b")];
+        let order = common::post(proxy.addr, "/orders", &bob, r#"{"sku":"B1"}"#).await;
+        assert_eq!(order.status, 201, "{:?}", order.body);
+        assert_eq!(upstream.executed_for("b"), 1);
     })
 }

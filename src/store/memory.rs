@@ -1,8 +1,11 @@
 //! The embedded store: sharded maps under short mutexes, bounded by entry count and bytes,
 //! expiring by TTL. In-flight claims are never evicted. When a bound is reached, expired
-//! records go first; a live record is evicted (earliest expiry first) only with
-//! `when_full: evict`, and every such eviction is counted by route and logged, since it
-//! drops a promise; `when_full: reject` answers 503 instead. The bounds are totals over all
+//! records go first, then unspent one-time tokens (earliest expiry first, counted); any
+//! other live record is evicted (earliest expiry first) only with `when_full: evict`, and
+//! every such eviction is counted by route and logged, since it drops a promise;
+//! `when_full: reject` answers 503 instead. Anyone may ask for a token, so issuing one
+//! never evicts anything live: unspent tokens hold at most `token_share` of the store, and
+//! an issuance finding no room is refused (503, counted). The bounds are totals over all
 //! shards (kept in atomics), so one large answer can use the whole byte budget.
 //!
 //! Every byte of a record is paid for by every key in a full store, so the layout is chosen for
@@ -54,8 +57,10 @@ pub struct MemoryStore {
     totals: Totals,
     /// Fixed-window counters for rate limits, at most `max_entries` (see `rate`).
     counters: Mutex<Counters>,
-    /// Live records evicted, by route.
+    /// Live records evicted, by route (unspent tokens under the default tag).
     evictions: Mutex<BTreeMap<RouteTag, u64>>,
+    /// Token issuances refused for want of room.
+    tokens_refused: AtomicU64,
     /// When an eviction was last logged (ms since `epoch`), so a full store logs once in a
     /// while, not once per request.
     eviction_logged: AtomicU64,
@@ -91,6 +96,7 @@ impl MemoryStore {
             totals: Totals::default(),
             counters: Mutex::default(),
             evictions: Mutex::default(),
+            tokens_refused: AtomicU64::new(0),
             eviction_logged: AtomicU64::new(0),
             #[cfg(test)]
             shard_waits: Default::default(),
@@ -137,22 +143,29 @@ impl MemoryStore {
         lock(&self.shards[self.shard_index(key)])
     }
 
-    /// See [`super::Store::issue`].
+    /// See [`super::Store::issue`]. Within the bounds and the tokens' budget
+    /// ([`MemoryLimits::max_tokens`]), making room by expiry alone: a token is never worth
+    /// a live record, another token included. Refused ([`StoreError::Full`], counted)
+    /// otherwise.
     pub fn issue(&self, key: Digest, ttl: Duration) -> Result<(), StoreError> {
         let index = self.shard_index(&key);
+        let refused = || {
+            self.tokens_refused.fetch_add(1, Ordering::Relaxed);
+            Err(StoreError::Full)
+        };
         let (mut shard, now) = loop {
             let mut shard = self.shard(&key);
             let (_, now) = self.now();
             shard.remove(&key, &self.totals);
-            match self.room_for_entry(&mut shard, index, now) {
+            match self.room_for_token(&mut shard, index, now) {
                 Room::Fits => break (shard, now),
-                Room::Full => return Err(StoreError::Full),
+                Room::Full => return refused(),
                 // Room is made holding no shard (see `claim`), then the token is issued
                 // under its shard's lock.
                 Room::Busy => {
                     drop(shard);
-                    if !self.room_for_entry_waiting(index, now) {
-                        return Err(StoreError::Full);
+                    if !self.room_for_token_waiting(index, now) {
+                        return refused();
                     }
                 }
             }
@@ -211,6 +224,7 @@ impl MemoryStore {
                 .iter()
                 .map(|(route, n)| (*route, *n))
                 .collect(),
+            tokens_refused: self.tokens_refused.load(Ordering::Relaxed),
             reaped: 0,
         }
     }
@@ -218,3 +232,5 @@ impl MemoryStore {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod token_tests;

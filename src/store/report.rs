@@ -48,8 +48,11 @@ pub struct StoreStats {
     pub in_flight: usize,
     /// Bytes accounted to done records.
     pub bytes: usize,
-    /// Live records evicted to make room, by route, since start.
+    /// Live records evicted to make room, by route (unspent one-time tokens under the
+    /// default tag, shown as route ""), since start.
     pub evictions: Vec<(RouteTag, u64)>,
+    /// One-time token issuances the memory store refused for want of room, since start.
+    pub tokens_refused: u64,
     /// Expired rows the SQL store's reaper deleted since start.
     pub reaped: u64,
 }

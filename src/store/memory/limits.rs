@@ -1,14 +1,16 @@
 //! The memory store's bounds ([`MemoryLimits`]) and how it stays within them: expired
-//! records are swept first, then, with `when_full: evict`, the live records closest to
-//! expiry are evicted, each counted by route and logged at most once in a while; with
-//! `when_full: reject` the write is refused instead. A caller's share (`caller_share`) is
-//! checked here too.
+//! records are swept first, then unspent one-time tokens closest to expiry are evicted,
+//! then, with `when_full: evict`, the live records closest to expiry, each counted by route
+//! and logged at most once in a while; with `when_full: reject` the write is refused
+//! instead. Issuing a token makes room by expiry alone and within the tokens' own budget
+//! (`token_share`): anyone may ask for one, so a token never costs another record. A
+//! caller's share (`caller_share`) is checked here too.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use super::record::Ticks;
-use super::shard::Shard;
+use super::shard::{Evictable, Shard};
 use super::totals::Totals;
 use super::MemoryStore;
 use crate::store::response::ENTRY_OVERHEAD;
@@ -58,6 +60,10 @@ pub struct MemoryLimits {
     /// The most of `max_entries` and of `max_bytes`, in percent, that the records of one
     /// caller (one scope) may hold; 100: no limit per caller.
     pub caller_share: u8,
+    /// The most of `max_entries` and of `max_bytes`, in percent, that unspent one-time
+    /// tokens may hold: whoever asks gets one, so without a budget of their own they
+    /// would crowd out claims and answers.
+    pub token_share: u8,
 }
 
 impl Default for MemoryLimits {
@@ -67,6 +73,7 @@ impl Default for MemoryLimits {
             max_bytes: 256 << 20,
             when_full: WhenFull::Evict,
             caller_share: 100,
+            token_share: 10,
         }
     }
 }
@@ -75,6 +82,37 @@ impl MemoryLimits {
     /// Whether records are counted per caller (a share below 100%).
     pub fn counts_callers(&self) -> bool {
         self.caller_share < 100
+    }
+
+    /// The most unspent tokens held at once: `token_share` of `max_entries`, and of
+    /// `max_bytes` at a token's cost; at least one.
+    pub fn max_tokens(&self) -> usize {
+        let share = usize::from(self.token_share);
+        let by_entries = self.max_entries.saturating_mul(share) / 100;
+        let by_bytes = self.max_bytes / 100 * share / ENTRY_OVERHEAD;
+        by_entries.min(by_bytes).max(1)
+    }
+}
+
+/// What making room may take, beyond expired records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Reclaim {
+    /// Nothing live: an issued token (whose room nobody may pay for), a failure shared for
+    /// a few seconds.
+    Expired,
+    /// Unspent tokens too, never another record: `when_full: reject`. A lost token costs
+    /// its holder a new one, never a run.
+    Tokens,
+    /// Unspent tokens, then any record but a claim in flight: `when_full: evict`.
+    Live,
+}
+
+impl From<WhenFull> for Reclaim {
+    fn from(when_full: WhenFull) -> Self {
+        match when_full {
+            WhenFull::Evict => Self::Live,
+            WhenFull::Reject => Self::Tokens,
+        }
     }
 }
 
@@ -104,35 +142,56 @@ impl MemoryStore {
         }
     }
 
-    /// Makes room for one more record of [`ENTRY_OVERHEAD`] bytes (a claim, an issued
-    /// token) while holding the writer's shard.
-    pub(super) fn room_for_entry(&self, own: &mut Shard, own_index: usize, now: Ticks) -> Room {
+    /// Whether the store is over a bound, or unspent tokens over their budget, with one
+    /// more token.
+    fn over_for_token(&self) -> impl Fn(&Totals) -> bool {
         let over = self.over_for_entry();
-        self.make_room(own, own_index, now, self.limits.when_full, over)
+        let most = self.limits.max_tokens();
+        move |t| over(t) || t.issued.load(Ordering::Relaxed) >= most
     }
 
-    /// After [`Room::Busy`]: makes room for one more record of [`ENTRY_OVERHEAD`] bytes,
-    /// holding no shard; whether there is room now.
+    /// Makes room for one more claim while holding the writer's shard.
+    pub(super) fn room_for_entry(&self, own: &mut Shard, own_index: usize, now: Ticks) -> Room {
+        let over = self.over_for_entry();
+        self.make_room(own, own_index, now, self.limits.when_full.into(), over)
+    }
+
+    /// After [`Room::Busy`]: makes room for one more claim, holding no shard; whether there
+    /// is room now.
     pub(super) fn room_for_entry_waiting(&self, own_index: usize, now: Ticks) -> bool {
         let over = self.over_for_entry();
-        self.make_room_waiting(own_index, now, self.limits.when_full, over)
+        self.make_room_waiting(own_index, now, self.limits.when_full.into(), over)
+    }
+
+    /// Makes room for one more unspent token, within the bounds and the tokens' budget, by
+    /// sweeping expired records only, while holding the writer's shard.
+    pub(super) fn room_for_token(&self, own: &mut Shard, own_index: usize, now: Ticks) -> Room {
+        let over = self.over_for_token();
+        self.make_room(own, own_index, now, Reclaim::Expired, over)
+    }
+
+    /// After [`Room::Busy`]: [`MemoryStore::room_for_token`] holding no shard; whether
+    /// there is room now.
+    pub(super) fn room_for_token_waiting(&self, own_index: usize, now: Ticks) -> bool {
+        let over = self.over_for_token();
+        self.make_room_waiting(own_index, now, Reclaim::Expired, over)
     }
 
     /// Makes room for `cost` more bytes (an answer replacing its claim's slot); whether
-    /// there is. `when_full` says whether live records may go for it: an answer to replay
-    /// is worth the store's own choice; a failure shared for a few seconds is never worth
-    /// a live record (whose repeats would run again), so it asks with `Reject`.
+    /// there is. `reclaim` says what live records may go for it: an answer to replay is
+    /// worth the store's own choice (`when_full`); a failure shared for a few seconds is
+    /// never worth a live record, so it asks with [`Reclaim::Expired`].
     pub(super) fn room_for_bytes(
         &self,
         own: &mut Shard,
         own_index: usize,
         now: Ticks,
         cost: usize,
-        when_full: WhenFull,
+        reclaim: Reclaim,
     ) -> bool {
         let max = self.limits.max_bytes;
         cost <= max
-            && self.make_room(own, own_index, now, when_full, |t| {
+            && self.make_room(own, own_index, now, reclaim, |t| {
                 t.bytes.load(Ordering::Relaxed) + cost > max
             }) == Room::Fits
     }
@@ -151,9 +210,13 @@ impl MemoryStore {
         if cost > max {
             return Room::Full;
         }
-        self.make_room(shard, own_index, now, self.limits.when_full, move |t| {
-            t.bytes.load(Ordering::Relaxed).saturating_sub(own) + cost > max
-        })
+        self.make_room(
+            shard,
+            own_index,
+            now,
+            self.limits.when_full.into(),
+            move |t| t.bytes.load(Ordering::Relaxed).saturating_sub(own) + cost > max,
+        )
     }
 
     /// After [`Room::Busy`]: [`MemoryStore::room_for_answer`] holding no shard; whether
@@ -166,23 +229,24 @@ impl MemoryStore {
         own: usize,
     ) -> bool {
         let max = self.limits.max_bytes;
-        self.make_room_waiting(own_index, now, self.limits.when_full, move |t| {
+        self.make_room_waiting(own_index, now, self.limits.when_full.into(), move |t| {
             t.bytes.load(Ordering::Relaxed).saturating_sub(own) + cost > max
         })
     }
 
     /// Frees room until `over` is false: expired records first, in the caller's shard (its
     /// lock is held) and every other shard it can lock without waiting (never blocking on
-    /// a second lock while holding one, so no lock-order deadlock); then, with
-    /// `when_full: evict`, live records closest to expiry, each counted. Shards passed
-    /// over because another thread held them make the answer [`Room::Busy`], not
-    /// [`Room::Full`]: what they hold may still go.
+    /// a second lock while holding one, so no lock-order deadlock); then, as `reclaim`
+    /// allows, unspent tokens closest to expiry, then live records closest to expiry, each
+    /// counted. Shards passed over because another thread held them make the answer
+    /// [`Room::Busy`], not [`Room::Full`]: what they hold may still go. No record but a
+    /// token goes while a shard passed over may still hold a token.
     fn make_room(
         &self,
         own: &mut Shard,
         own_index: usize,
         now: Ticks,
-        when_full: WhenFull,
+        reclaim: Reclaim,
         over: impl Fn(&Totals) -> bool,
     ) -> Room {
         if !over(&self.totals) {
@@ -202,15 +266,24 @@ impl MemoryStore {
                 }
             }
         }
-        if over(totals) && when_full == WhenFull::Evict {
-            self.evict_while(own, now, &over);
+        let tokens = reclaim >= Reclaim::Tokens && totals.issued.load(Ordering::Relaxed) > 0;
+        for which in [Evictable::Tokens, Evictable::Any] {
+            let allowed = match which {
+                Evictable::Tokens => tokens,
+                // Tokens in a shard passed over go first: the writer waits for it.
+                Evictable::Any => reclaim == Reclaim::Live && !(busy && tokens),
+            };
+            if !allowed || !over(totals) {
+                continue;
+            }
+            self.evict_while(own, now, which, &over);
             for (i, other) in self.shards.iter().enumerate() {
                 if !over(totals) {
                     break;
                 }
                 if i != own_index {
                     match try_lock(other) {
-                        Some(mut other) => self.evict_while(&mut other, now, &over),
+                        Some(mut other) => self.evict_while(&mut other, now, which, &over),
                         None => busy = true,
                     }
                 }
@@ -232,7 +305,7 @@ impl MemoryStore {
         &self,
         own_index: usize,
         now: Ticks,
-        when_full: WhenFull,
+        reclaim: Reclaim,
         over: impl Fn(&Totals) -> bool,
     ) -> bool {
         let totals = &self.totals;
@@ -244,22 +317,34 @@ impl MemoryStore {
             }
             self.wait_for(i).sweep(now, usize::MAX, totals);
         }
-        if when_full == WhenFull::Evict {
-            for i in order {
+        let passes = [Evictable::Tokens, Evictable::Any];
+        let allowed = |which: &Evictable| match which {
+            Evictable::Tokens => reclaim >= Reclaim::Tokens,
+            Evictable::Any => reclaim == Reclaim::Live,
+        };
+        for which in passes.into_iter().filter(allowed) {
+            for i in order.clone() {
                 if !over(totals) {
-                    break;
+                    return true;
                 }
-                self.evict_while(&mut self.wait_for(i), now, &over);
+                self.evict_while(&mut self.wait_for(i), now, which, &over);
             }
         }
         !over(totals)
     }
 
-    /// Evicts live records of `shard`, closest to expiry first, each counted, while `over`.
-    fn evict_while(&self, shard: &mut Shard, now: Ticks, over: &impl Fn(&Totals) -> bool) {
+    /// Evicts live records of `which` from `shard`, closest to expiry first, each counted,
+    /// while `over`.
+    fn evict_while(
+        &self,
+        shard: &mut Shard,
+        now: Ticks,
+        which: Evictable,
+        over: &impl Fn(&Totals) -> bool,
+    ) {
         while over(&self.totals) {
-            match shard.evict_one(&self.totals) {
-                Some(route) => self.count_eviction(route, now),
+            match shard.evict_one(which, &self.totals) {
+                Some(route) => self.count_eviction(route, now, which),
                 None => break,
             }
         }
@@ -275,7 +360,7 @@ impl MemoryStore {
         })
     }
 
-    fn count_eviction(&self, route: RouteTag, now: Ticks) {
+    fn count_eviction(&self, route: RouteTag, now: Ticks, which: Evictable) {
         let total = {
             let mut evictions = lock(&self.evictions);
             let count = evictions.entry(route).or_default();
@@ -290,6 +375,15 @@ impl MemoryStore {
                 .compare_exchange(last, now_ms.max(1), Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
+            if which == Evictable::Tokens {
+                tracing::warn!(
+                    evicted_so_far = total,
+                    max_entries = self.limits.max_entries,
+                    "memory store full: evicting unspent one-time tokens (their holders get \
+                     400 token-invalid and ask again); raise max_entries/max_bytes"
+                );
+                return;
+            }
             tracing::warn!(
                 evicted_so_far = total,
                 max_entries = self.limits.max_entries,

@@ -3,9 +3,8 @@
 //! closes. An answer that finds no room is kept as "executed, answer not stored"; a
 //! failure that finds none (it never evicts a live record) is shared without its answer.
 
-use super::limits::Room;
+use super::limits::{Reclaim, Room};
 use super::record::{Entry, Outcome, SettledRecord};
-use super::WhenFull;
 use super::{MemoryStore, SWEEP_PER_WRITE};
 use crate::store::response::ENTRY_OVERHEAD;
 use crate::store::{CallerTag, Ownership, RouteTag, Settled, Settlement};
@@ -20,7 +19,9 @@ impl MemoryStore {
             ..
         } = *owned;
         let index = self.shard_index(&key);
-        let mut evict = self.limits.when_full == WhenFull::Evict;
+        // Whether room may still be made waiting for shards other writes hold: an answer
+        // may take unspent tokens' room in either mode, and live records' with `evict`.
+        let mut evict = true;
         let (mut shard, ticks, route, caller, written) = loop {
             let mut shard = self.shard(&key);
             let (_, ticks) = self.now();
@@ -77,7 +78,13 @@ impl MemoryStore {
             Settlement::Done { response, ttl } => {
                 let cost = response.cost();
                 let fits = !self.over_caller_share(caller, (0, cost), (0, 0))
-                    && self.room_for_bytes(&mut shard, index, ticks, cost, self.limits.when_full);
+                    && self.room_for_bytes(
+                        &mut shard,
+                        index,
+                        ticks,
+                        cost,
+                        self.limits.when_full.into(),
+                    );
                 if fits {
                     let response = response.with_fingerprint(fingerprint);
                     let entry = Entry::Done {
@@ -109,7 +116,7 @@ impl MemoryStore {
             } => {
                 // Shared for a few seconds: never at the cost of a live record.
                 let cost = response.cost();
-                if self.room_for_bytes(&mut shard, index, ticks, cost, WhenFull::Reject) {
+                if self.room_for_bytes(&mut shard, index, ticks, cost, Reclaim::Expired) {
                     let ttl = linger.max(reissue.unwrap_or_default());
                     let issued = reissue.is_some();
                     let (entry, cost) = record(Outcome::Failed { response, issued });

@@ -6,6 +6,10 @@
 //! record: one whose record is gone or has another expiry is stale, skipped when it
 //! reaches the front, and dropped in bulk by [`Shard::compact`] before stale entries can
 //! outnumber live ones.
+//!
+//! Unspent one-time tokens have queues of their own, so a store making room finds them
+//! before any record that holds a claim or an answer: anyone may ask for a token, and
+//! losing an unspent one costs its holder a new token, never a run.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -38,7 +42,18 @@ pub(super) type Seen = (u64, SystemTime);
 #[derive(Debug)]
 struct ExpiryQueue {
     ttl: Duration,
+    /// Whether it holds unspent tokens ([`Entry::Issued`]) rather than other records.
+    tokens: bool,
     entries: VecDeque<(Ticks, Digest)>,
+}
+
+/// Which records [`Shard::evict_one`] may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Evictable {
+    /// Unspent tokens only.
+    Tokens,
+    /// Any record but a claim in flight.
+    Any,
 }
 
 /// Stale expiry-queue entries a shard tolerates beyond its live ones before compacting.
@@ -52,8 +67,12 @@ fn is_live(map: &DigestMap<Entry>, at: Ticks, key: &Digest) -> bool {
 impl Shard {
     /// Inserts a claim in flight, charged `cost` bytes (the slot it reserves).
     pub fn insert(&mut self, key: Digest, entry: Entry, cost: usize, totals: &Totals) {
-        if matches!(entry, Entry::InFlight(_)) {
-            self.in_flight += 1;
+        match entry {
+            Entry::InFlight(_) => self.in_flight += 1,
+            Entry::Issued { .. } => {
+                totals.issued.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
         }
         totals.callers.add(entry.caller(), cost);
         self.map.insert(key, entry);
@@ -72,14 +91,15 @@ impl Shard {
         cost: usize,
         totals: &Totals,
     ) {
-        let expires_at = self.index(key, now, ttl);
+        let tokens = matches!(entry, Entry::Issued { .. });
+        let expires_at = self.index(key, now, ttl, tokens);
         entry.set_expiry(expires_at);
         self.insert(key, entry, cost, totals);
     }
 
-    /// Enters `key` in the expiry queue of `ttl` and returns its expiry; the caller then
-    /// inserts the record with that expiry.
-    fn index(&mut self, key: Digest, now: Ticks, ttl: Duration) -> Ticks {
+    /// Enters `key` in the expiry queue of `ttl` (of unspent tokens with `tokens`) and
+    /// returns its expiry; the caller then inserts the record with that expiry.
+    fn index(&mut self, key: Digest, now: Ticks, ttl: Duration, tokens: bool) -> Ticks {
         // Before the push: the caller inserts the record only after this returns, so a
         // compaction after it would find no record for the new entry and drop it, leaving
         // a record that is never swept nor evicted.
@@ -87,11 +107,16 @@ impl Shard {
             self.compact();
         }
         let expires_at = now.saturating_add(ttl.as_nanos().min(u128::from(u64::MAX)) as Ticks);
-        let queue = match self.queues.iter().position(|q| q.ttl == ttl) {
+        let queue = match self
+            .queues
+            .iter()
+            .position(|q| q.ttl == ttl && q.tokens == tokens)
+        {
             Some(i) => &mut self.queues[i],
             None => {
                 self.queues.push(ExpiryQueue {
                     ttl,
+                    tokens,
                     entries: VecDeque::new(),
                 });
                 self.queues.last_mut().expect("just pushed")
@@ -149,8 +174,12 @@ impl Shard {
         let Some(entry) = self.map.remove(key) else {
             return false;
         };
-        if matches!(entry, Entry::InFlight(_)) {
-            self.in_flight -= 1;
+        match entry {
+            Entry::InFlight(_) => self.in_flight -= 1,
+            Entry::Issued { .. } => {
+                totals.issued.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
         }
         totals.callers.sub(entry.caller(), entry.cost());
         totals.bytes.fetch_sub(entry.cost(), Ordering::Relaxed);
@@ -158,12 +187,14 @@ impl Shard {
         true
     }
 
-    /// Pops the queue entry that expires first, if it expires no later than `by`.
-    fn pop_earliest(&mut self, by: Ticks) -> Option<(Ticks, Digest)> {
+    /// Pops the queue entry that expires first (of the token queues only, with
+    /// `tokens_only`), if it expires no later than `by`.
+    fn pop_earliest(&mut self, by: Ticks, tokens_only: bool) -> Option<(Ticks, Digest)> {
         let (index, at) = self
             .queues
             .iter()
             .enumerate()
+            .filter(|(_, q)| q.tokens || !tokens_only)
             .filter_map(|(i, q)| q.entries.front().map(|(at, _)| (i, *at)))
             .min_by_key(|(_, at)| *at)?;
         if at > by {
@@ -179,11 +210,16 @@ impl Shard {
         self.map.len() - self.in_flight
     }
 
-    /// Evicts the record closest to expiry and returns its route; `None` when there is
-    /// none (every record is in flight).
-    pub fn evict_one(&mut self, totals: &Totals) -> Option<RouteTag> {
-        while let Some((at, key)) = self.pop_earliest(Ticks::MAX) {
-            if is_live(&self.map, at, &key) {
+    /// Evicts the record of `which` closest to expiry and returns its route (an unspent
+    /// token's is the default tag); `None` when there is none (every record is in flight,
+    /// or, for [`Evictable::Tokens`], no token is unspent).
+    pub fn evict_one(&mut self, which: Evictable, totals: &Totals) -> Option<RouteTag> {
+        let tokens_only = which == Evictable::Tokens;
+        while let Some((at, key)) = self.pop_earliest(Ticks::MAX, tokens_only) {
+            // A token queue's entry whose key now holds a claim or an answer is stale,
+            // even should that record's expiry equal the token's to the nanosecond.
+            let taken = tokens_only && !matches!(self.map.get(&key), Some(Entry::Issued { .. }));
+            if !taken && is_live(&self.map, at, &key) {
                 let route = self.map.get(&key).map(Entry::route).unwrap_or_default();
                 self.remove(&key, totals);
                 return Some(route);
@@ -196,7 +232,7 @@ impl Shard {
     /// write never does more than `most` steps).
     pub fn sweep(&mut self, now: Ticks, most: usize, totals: &Totals) {
         for _ in 0..most {
-            let Some((at, key)) = self.pop_earliest(now) else {
+            let Some((at, key)) = self.pop_earliest(now, false) else {
                 break;
             };
             if is_live(&self.map, at, &key) {

@@ -9,15 +9,15 @@ use crate::store::{
     Settlement, StoredResponse,
 };
 
-const LEASE: Duration = Duration::from_secs(30);
-const FINGERPRINT: Digest = Digest([7; 32]);
+pub(super) const LEASE: Duration = Duration::from_secs(30);
+pub(super) const FINGERPRINT: Digest = Digest([7; 32]);
 
-fn key(n: u8) -> Digest {
+pub(super) fn key(n: u8) -> Digest {
     Digest([n; 32])
 }
 
 /// One shard (bounds below 1024 entries), so eviction order is exact.
-fn store(max_entries: usize) -> MemoryStore {
+pub(super) fn store(max_entries: usize) -> MemoryStore {
     MemoryStore::new(MemoryLimits {
         max_entries,
         max_bytes: 1 << 30,
@@ -25,14 +25,18 @@ fn store(max_entries: usize) -> MemoryStore {
     })
 }
 
-fn owner(store: &MemoryStore, k: Digest, lease: Duration) -> (OwnerToken, Option<Liveness>) {
+pub(super) fn owner(
+    store: &MemoryStore,
+    k: Digest,
+    lease: Duration,
+) -> (OwnerToken, Option<Liveness>) {
     match store.claim(&ClaimArgs::new(k, FINGERPRINT, lease)).unwrap() {
         RawClaim::Owner { token, liveness } => (token, liveness),
         RawClaim::Other(other) => panic!("{k:?} was not free: {}", other.as_str()),
     }
 }
 
-fn store_done(store: &MemoryStore, k: Digest, ttl: Duration) {
+pub(super) fn store_done(store: &MemoryStore, k: Digest, ttl: Duration) {
     let (token, _liveness) = owner(store, k, LEASE);
     let response = StoredResponse::new(http::StatusCode::OK, &http::HeaderMap::new(), b"ok");
     let owned = Ownership {
@@ -45,7 +49,7 @@ fn store_done(store: &MemoryStore, k: Digest, ttl: Duration) {
     assert_eq!(settled, Settled::Written);
 }
 
-fn is_done(store: &MemoryStore, k: Digest) -> bool {
+pub(super) fn is_done(store: &MemoryStore, k: Digest) -> bool {
     store.inspect(k).is_some_and(|info| info.state == "done")
 }
 
@@ -104,7 +108,7 @@ fn stale_queue_entries_stay_bounded_by_live_records() {
     assert_eq!(queued, in_queues);
 }
 
-fn numbered(tag: u8, n: u32) -> Digest {
+pub(super) fn numbered(tag: u8, n: u32) -> Digest {
     let mut k = Digest([tag; 32]);
     k.0[..4].copy_from_slice(&n.to_le_bytes());
     k
@@ -290,7 +294,7 @@ fn seen_counts(store: &MemoryStore) -> usize {
         .sum()
 }
 
-fn owned(k: Digest, token: OwnerToken) -> Ownership {
+pub(super) fn owned(k: Digest, token: OwnerToken) -> Ownership {
     Ownership {
         key: k,
         token,
@@ -308,6 +312,7 @@ fn a_removed_record_leaves_no_seen_count_behind() {
     let store = MemoryStore::new(MemoryLimits {
         max_entries: 10,
         max_bytes: 4096,
+        token_share: 100,
         ..MemoryLimits::default()
     });
     let too_big = StoredResponse::new(
@@ -447,7 +452,7 @@ fn full_in_shard_zero() -> MemoryStore {
 
 /// Runs `write` while another thread holds shard 0's lock, which it lets go once the store
 /// waits for it (or once `write` returned without waiting).
-fn while_shard_zero_is_held<T>(store: &MemoryStore, write: impl FnOnce() -> T) -> T {
+pub(super) fn while_shard_zero_is_held<T>(store: &MemoryStore, write: impl FnOnce() -> T) -> T {
     let answered = std::sync::atomic::AtomicBool::new(false);
     let (held_tx, held_rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {

@@ -16,6 +16,9 @@ use crate::sync::lock;
 pub(super) struct Totals {
     pub entries: AtomicUsize,
     pub bytes: AtomicUsize,
+    /// Unspent one-time tokens (expired ones not yet swept included), held to their
+    /// budget ([`MemoryLimits::token_share`](super::MemoryLimits::token_share)).
+    pub issued: AtomicUsize,
     pub callers: Callers,
 }
 

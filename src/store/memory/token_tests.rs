@@ -1,0 +1,242 @@
+//! How the memory store keeps one-time tokens, which anyone may ask for, from costing
+//! another record: issuing one never evicts, unspent ones hold at most `token_share`, and
+//! making room for a claim or an answer takes unspent tokens before any other record.
+
+use super::tests::{
+    is_done, key, numbered, owned, owner, while_shard_zero_is_held, FINGERPRINT, LEASE,
+};
+use super::*;
+use crate::store::{ClaimArgs, ClaimMode, RawClaim, Settled, Settlement, StoredResponse};
+
+/// The route of every answer here, so its evictions are told from the tokens' (counted
+/// under the default tag).
+const ORDERS: RouteTag = RouteTag(1);
+
+/// Stores an answer for `k` on [`ORDERS`], to expire after `ttl`.
+fn store_done(store: &MemoryStore, k: Digest, ttl: Duration) {
+    let args = ClaimArgs {
+        route: ORDERS,
+        ..ClaimArgs::new(k, FINGERPRINT, LEASE)
+    };
+    let Ok(RawClaim::Owner { token, .. }) = store.claim(&args) else {
+        panic!("{k:?} was not free");
+    };
+    let done = Settlement::Done {
+        response: answer(),
+        ttl,
+    };
+    assert_eq!(store.settle(&owned(k, token), done), Settled::Written);
+}
+
+const TOKEN_TTL: Duration = Duration::from_secs(300);
+/// Shorter than [`TOKEN_TTL`]: an answer that expires before the tokens, so earliest
+/// expiry alone would evict it first.
+const ANSWER_TTL: Duration = Duration::from_secs(10);
+
+/// One shard of `max_entries`, unspent tokens holding at most `token_share` percent.
+fn store(max_entries: usize, token_share: u8, when_full: WhenFull) -> MemoryStore {
+    MemoryStore::new(MemoryLimits {
+        max_entries,
+        max_bytes: 1 << 30,
+        when_full,
+        token_share,
+        ..MemoryLimits::default()
+    })
+}
+
+fn answer() -> StoredResponse {
+    StoredResponse::new(http::StatusCode::OK, &http::HeaderMap::new(), b"ok")
+}
+
+fn evictions(store: &MemoryStore, route: RouteTag) -> u64 {
+    let stats = store.stats();
+    stats
+        .evictions
+        .iter()
+        .filter(|e| e.0 == route)
+        .map(|e| e.1)
+        .sum()
+}
+
+fn token_evictions(store: &MemoryStore) -> u64 {
+    evictions(store, RouteTag::default())
+}
+
+fn record_evictions(store: &MemoryStore) -> u64 {
+    evictions(store, ORDERS)
+}
+
+/// A store full of answers refuses a token (counted) rather than evict one, even with
+/// `when_full: evict`.
+#[test]
+fn issuing_a_token_never_evicts_a_record() {
+    let store = store(4, 100, WhenFull::Evict);
+    for n in 1..=4 {
+        store_done(&store, key(n), ANSWER_TTL);
+    }
+    assert!(matches!(
+        store.issue(key(9), TOKEN_TTL),
+        Err(StoreError::Full)
+    ));
+    for n in 1..=4 {
+        assert!(is_done(&store, key(n)), "answer {n} was evicted");
+    }
+    assert_eq!(store.stats().tokens_refused, 1);
+    assert_eq!(record_evictions(&store), 0);
+}
+
+/// Unspent tokens hold at most `token_share` of the store, even with room to spare, and
+/// issuing one past that never evicts another token; a token spent (claimed) frees its
+/// place in the budget.
+#[test]
+fn unspent_tokens_hold_at_most_their_share() {
+    let store = store(10, 30, WhenFull::Evict);
+    assert_eq!(store.limits().max_tokens(), 3);
+    for n in 1..=3 {
+        store.issue(key(n), TOKEN_TTL).unwrap();
+    }
+    assert!(matches!(
+        store.issue(key(4), TOKEN_TTL),
+        Err(StoreError::Full)
+    ));
+    for n in 1..=3 {
+        assert_eq!(store.inspect(key(n)).map(|i| i.state), Some("issued"));
+    }
+    let spend = ClaimArgs {
+        mode: ClaimMode::IssuedOnly,
+        ..ClaimArgs::new(key(1), FINGERPRINT, LEASE)
+    };
+    assert!(matches!(store.claim(&spend), Ok(RawClaim::Owner { .. })));
+    store.issue(key(4), TOKEN_TTL).unwrap();
+    assert_eq!(store.stats().tokens_refused, 1);
+    assert_eq!(store.stats().entries, 4);
+}
+
+/// The budget holds by bytes as well: `token_share` of `max_bytes`, at a token's cost.
+#[test]
+fn the_token_budget_follows_max_bytes_too() {
+    let limits = MemoryLimits {
+        max_entries: 1_000_000,
+        max_bytes: 100 * ENTRY_OVERHEAD,
+        token_share: 10,
+        ..MemoryLimits::default()
+    };
+    assert_eq!(limits.max_tokens(), 10);
+    let tiny = MemoryLimits {
+        max_entries: 4,
+        ..limits
+    };
+    assert_eq!(
+        tiny.max_tokens(),
+        1,
+        "a store always has room for one token"
+    );
+}
+
+/// A claim on a full store evicts an unspent token before an answer that expires sooner,
+/// with either `when_full`: with `reject`, rather than answer `Full` (a 503) while a token
+/// could go. The token's eviction is counted (under the default route tag).
+#[test]
+fn a_claim_evicts_unspent_tokens_before_any_answer() {
+    for when_full in [WhenFull::Evict, WhenFull::Reject] {
+        let store = store(6, 50, when_full);
+        for n in 1..=3 {
+            store_done(&store, key(n), ANSWER_TTL);
+            store.issue(key(10 + n), TOKEN_TTL).unwrap();
+        }
+        let (_token, _liveness) = owner(&store, key(7), LEASE);
+        for n in 1..=3 {
+            assert!(is_done(&store, key(n)), "{when_full:?}: answer {n} evicted");
+        }
+        assert_eq!(store.inspect(key(11)).map(|i| i.state), None);
+        assert_eq!(store.stats().entries, 6);
+        assert_eq!(token_evictions(&store), 1, "{when_full:?}");
+        assert_eq!(record_evictions(&store), 0, "{when_full:?}");
+    }
+}
+
+/// With `when_full: evict`, once no token is left, the answer closest to expiry goes as
+/// before.
+#[test]
+fn without_tokens_a_claim_evicts_the_earliest_answer() {
+    let store = store(2, 50, WhenFull::Evict);
+    store_done(&store, key(1), TOKEN_TTL);
+    store_done(&store, key(2), ANSWER_TTL);
+    let (_token, _liveness) = owner(&store, key(3), LEASE);
+    assert!(is_done(&store, key(1)));
+    assert!(!is_done(&store, key(2)));
+    assert_eq!(record_evictions(&store), 1);
+}
+
+/// An answer that needs bytes takes them from unspent tokens, with `when_full: reject` as
+/// well: it is stored and replayed, not kept as "executed, answer not stored".
+#[test]
+fn an_answer_evicts_tokens_for_its_bytes() {
+    let cost = answer().cost();
+    assert!(cost > ENTRY_OVERHEAD);
+    // Room for the claim and three tokens, not for the answer beside them.
+    let store = MemoryStore::new(MemoryLimits {
+        max_entries: 100,
+        max_bytes: cost + 3 * ENTRY_OVERHEAD - 1,
+        when_full: WhenFull::Reject,
+        token_share: 100,
+        ..MemoryLimits::default()
+    });
+    let (token, _liveness) = owner(&store, key(1), LEASE);
+    for n in 11..=13 {
+        store.issue(key(n), TOKEN_TTL).unwrap();
+    }
+    let done = Settlement::Done {
+        response: answer(),
+        ttl: ANSWER_TTL,
+    };
+    assert_eq!(store.settle(&owned(key(1), token), done), Settled::Written);
+    assert!(is_done(&store, key(1)));
+    assert!(token_evictions(&store) >= 1);
+}
+
+/// Two shards (2048 entries) bounded by bytes to `answers` answers and `tokens` tokens.
+fn two_shards(answers: usize, tokens: usize) -> MemoryStore {
+    let store = MemoryStore::new(MemoryLimits {
+        max_entries: 2048,
+        max_bytes: answers * answer().cost() + tokens * ENTRY_OVERHEAD,
+        token_share: 100,
+        ..MemoryLimits::default()
+    });
+    assert_eq!(store.shards.len(), 2);
+    store
+}
+
+/// Tokens in another shard go before an answer in the claim's own shard.
+#[test]
+fn a_claim_evicts_a_token_in_another_shard_before_an_answer_in_its_own() {
+    let store = two_shards(2, 2);
+    store_done(&store, numbered(0, 1), ANSWER_TTL);
+    store_done(&store, numbered(0, 2), ANSWER_TTL);
+    store.issue(numbered(1, 1), TOKEN_TTL).unwrap();
+    store.issue(numbered(1, 2), TOKEN_TTL).unwrap();
+    let (_token, _liveness) = owner(&store, numbered(0, 3), LEASE);
+    assert!(is_done(&store, numbered(0, 1)));
+    assert!(is_done(&store, numbered(0, 2)));
+    assert_eq!(token_evictions(&store), 1);
+    assert_eq!(record_evictions(&store), 0);
+}
+
+/// Tokens in a shard another thread holds go before an answer in the claim's own shard:
+/// the claim waits for that shard rather than evict the answer it could reach at once.
+#[test]
+fn a_claim_waits_for_a_held_shard_with_tokens_rather_than_evict_an_answer() {
+    let store = two_shards(2, 2);
+    store_done(&store, numbered(1, 1), ANSWER_TTL);
+    store_done(&store, numbered(1, 2), ANSWER_TTL);
+    store.issue(numbered(0, 1), TOKEN_TTL).unwrap();
+    store.issue(numbered(0, 2), TOKEN_TTL).unwrap();
+    let claim = while_shard_zero_is_held(&store, || {
+        store.claim(&ClaimArgs::new(numbered(1, 3), FINGERPRINT, LEASE))
+    });
+    assert!(matches!(claim, Ok(RawClaim::Owner { .. })));
+    assert!(is_done(&store, numbered(1, 1)));
+    assert!(is_done(&store, numbered(1, 2)));
+    assert_eq!(token_evictions(&store), 1);
+    assert_eq!(record_evictions(&store), 0);
+}
