@@ -154,6 +154,19 @@ fn a_config_of_listen_and_upstream_alone_has_the_readme_defaults() {
         "store.memory.when_full: evict"
     );
     assert_eq!(memory.caller_share, 100, "store.memory.caller_share: 100%");
+    assert_eq!(memory.token_share, 10, "store.memory.token_share: 10%");
+    let shared = Config::parse(
+        &top("store:\n  memory: { token_share: 25% }\n"),
+        "tokens.yaml",
+    )
+    .unwrap();
+    let StoreConfig::Memory(shared) = &shared.store else {
+        panic!("a memory store")
+    };
+    assert_eq!(
+        shared.token_share, 25,
+        "store.memory.token_share as written"
+    );
     // The commented Redis line's values, when only its `url` is written.
     let redis = Config::parse(
         &top("store:\n  redis: { url: \"redis://127.0.0.1:6379\" }\n"),
