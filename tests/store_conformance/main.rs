@@ -64,6 +64,7 @@ macro_rules! store_conformance {
             a_free_key_has_exactly_one_owner_among_concurrent_claimers,
             an_owner_finishing_at_once_leaves_claimers_in_flight_or_done,
             a_completed_key_replays_status_headers_and_binary_body,
+            a_completed_key_replays_its_trailers_to_waiters_and_later_claims,
             another_fingerprint_mismatches_in_flight_and_done,
             the_none_fingerprint_never_mismatches,
             a_released_key_is_claimed_afresh,

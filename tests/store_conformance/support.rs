@@ -75,6 +75,7 @@ pub(crate) fn assert_same_response(got: &StoredResponse, want: &StoredResponse) 
     let cookies: Vec<_> = got.headers().get_all(SET_COOKIE).iter().cloned().collect();
     assert_eq!(cookies, ["session=abc; Path=/", "theme=dark"]);
     assert_eq!(got.body(), want.body());
+    assert_eq!(got.trailers(), want.trailers());
 }
 
 pub(crate) async fn claim(store: &Store, key: Digest, fp: Digest, lease: Duration) -> Claim {

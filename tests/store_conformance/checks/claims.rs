@@ -1,11 +1,12 @@
 //! Claims and replays: one owner among concurrent claimers, a completed key replaying its
-//! status, headers and binary body, fingerprint mismatches, and a released key claimed
-//! afresh.
+//! status, headers, binary body and trailers, fingerprint mismatches, and a released key
+//! claimed afresh.
 
 use std::sync::Arc;
 
 use idemgate::key::Digest;
-use idemgate::store::{Claim, Store};
+use idemgate::store::{Claim, Store, StoredResponse};
+use std::time::Instant;
 
 use crate::support::*;
 
@@ -86,6 +87,28 @@ pub async fn a_completed_key_replays_status_headers_and_binary_body(store: &Stor
     for _ in 0..2 {
         let got = expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await);
         assert_same_response(&got, &want);
+    }
+}
+
+/// An answer with trailers (a gRPC call's `grpc-status`) replays them, to the waiter that
+/// was holding for it and to every later claim, after the same body.
+pub async fn a_completed_key_replays_its_trailers_to_waiters_and_later_claims(store: &Store) {
+    let k = fresh_key();
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    trailers.insert("grpc-message", http::HeaderValue::from_static("done"));
+    let plain = response(&binary_body());
+    let (status, headers, body) = plain.parts();
+    let want = StoredResponse::with_trailers(status, &headers, &body, Some(&trailers));
+    let lease = expect_owner(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    let waiter = expect_in_flight(claim(store, k, fingerprint(1), LONG_LEASE).await);
+    let waiting = tokio::spawn(waiter.wait(Instant::now() + HANG_GUARD));
+    assert!(lease.complete(want.clone(), LONG_TTL).await.unwrap());
+    assert!(waiting.await.unwrap(), "the waiter hit its deadline");
+    for _ in 0..2 {
+        let got = expect_done(claim(store, k, fingerprint(1), LONG_LEASE).await);
+        assert_same_response(&got, &want);
+        assert_eq!(got.trailers(), Some(trailers.clone()));
     }
 }
 
