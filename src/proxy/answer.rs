@@ -4,12 +4,12 @@
 //! on, it is an upstream stream like a pass-through answer: cut off once the upstream sends
 //! nothing for `connections.upstream_read_timeout` (its `upstream_timeout` ended with the
 //! head), trailers filtered ([`ProxyBody::upstream`]). The trailers of an answer read whole
-//! are dropped (it is stored and replayed without them), unless its route only observes:
-//! then its client gets them, as it did before the route was observed. The same bound lets an observed
-//! request larger than `max_body` go on unchanged. What is buffered is taken from the
-//! process's [`Budget`], and from the share of the client connection the request came on,
-//! as it comes; a body that finds no room in either streams on past the part read, as one
-//! over the bound does.
+//! are kept, filtered alike, and count toward the bound and the budget as its body does
+//! (so a gRPC call's `grpc-status` is stored and replayed, and huge trailers stream on
+//! like a huge body). The same bound lets an observed request larger than `max_body` go on
+//! unchanged. What is buffered is taken from the process's [`Budget`], and from the share
+//! of the client connection the request came on, as it comes; a body that finds no room in
+//! either streams on past the part read, as one over the bound does.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -21,9 +21,10 @@ use http_body_util::BodyExt;
 
 use std::sync::Arc;
 
+use super::body::forwardable;
 use super::body::{BodyError, Joined, ProxyBody, ReadGap};
-use super::budget::{Budget, ConnBuffers, Refusal};
-use super::headers::strip_hop_by_hop;
+use super::budget::{Budget, ConnBuffers, Refusal, Short};
+use super::headers::{declare_trailers, strip_hop_by_hop};
 use crate::error::ProxyError;
 
 /// An upstream answer as the owner got it.
@@ -34,8 +35,8 @@ pub struct Answer {
     pub headers: HeaderMap,
     /// Its body.
     pub body: AnswerBody,
-    /// The trailers of a body read whole, when they were asked for ([`read`]); they go to
-    /// the client after it, filtered as a streamed answer's.
+    /// The trailers of a body read whole, filtered as a streamed answer's; they go to the
+    /// client after it.
     pub trailers: Option<HeaderMap>,
 }
 
@@ -51,29 +52,42 @@ pub enum AnswerBody {
 impl Answer {
     /// The answer for the client.
     pub fn into_response(self) -> Response<ProxyBody> {
-        let body = match (self.body, self.trailers) {
-            (AnswerBody::Whole(bytes), None) => ProxyBody::full(bytes),
-            (AnswerBody::Whole(bytes), Some(trailers)) => ProxyBody::upstream(
-                Prefixed {
-                    prefix: [Some(bytes).filter(|b| !b.is_empty()), None],
-                    trailers: Some(trailers),
-                    rest: http_body_util::Empty::<Bytes>::new()
-                        .map_err(|never| -> BodyError { match never {} }),
-                },
-                None,
-            ),
-            (AnswerBody::TooLarge(body), _) => body,
-        };
-        let mut response = Response::new(body);
-        *response.status_mut() = self.status;
-        *response.headers_mut() = self.headers;
-        response
+        match self.body {
+            AnswerBody::Whole(bytes) => whole(self.status, self.headers, bytes, self.trailers),
+            AnswerBody::TooLarge(body) => {
+                let mut response = Response::new(body);
+                *response.status_mut() = self.status;
+                *response.headers_mut() = self.headers;
+                response
+            }
+        }
     }
 }
 
-/// Reads `response`'s body, whole if it is at most `max` bytes and `budget` and the
-/// connection `conn` counts have room for it; with `keep_trailers`, the trailers of a body
-/// read whole too. A body that breaks off is an
+/// An answer held whole (the owner's, or a replay), its `trailers` after the body and named
+/// in a `Trailer` field.
+pub fn whole(
+    status: StatusCode,
+    mut headers: HeaderMap,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+) -> Response<ProxyBody> {
+    let body = match trailers {
+        None => ProxyBody::full(body),
+        Some(trailers) => {
+            declare_trailers(&mut headers, &trailers);
+            ProxyBody::full_with_trailers(body, trailers)
+        }
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// Reads `response`'s body, whole if it is at most `max` bytes (its trailers counted) and
+/// `budget` and the connection `conn` counts have room for it, with its trailers. A body
+/// that breaks off is an
 /// [`ProxyError::UpstreamFailed`]: the request went out. A larger one (or one without
 /// room) streams on as an upstream answer, cut off once the upstream sends nothing for the
 /// body's [`ReadGap`]: no timer covers it any more, and a stalled upstream would hold its
@@ -83,7 +97,6 @@ pub async fn read<B>(
     max: usize,
     budget: &Arc<Budget>,
     conn: &Arc<ConnBuffers>,
-    keep_trailers: bool,
 ) -> Result<Answer, ProxyError>
 where
     B: Body<Data = Bytes> + ReadGap + Send + Unpin + 'static,
@@ -100,7 +113,7 @@ where
         status: head.status,
         headers: head.headers,
         body,
-        trailers: trailers.filter(|_| keep_trailers),
+        trailers,
     })
 }
 
@@ -127,7 +140,9 @@ where
 /// holds stays within `max` ([`Joined`]) and is taken from `budget` and the connection's
 /// share; the frame that would pass the bound, or finds no room, is not copied in but
 /// streams on after the part read before it (which keeps its bytes of the budget until it
-/// has gone). The trailers of a body read whole come beside it.
+/// has gone). The trailers of a body read whole come beside it, filtered, counted toward
+/// `max` and charged as data (each field as a stored record holds it); trailers without
+/// room stream on after the body read, which then was not read whole.
 async fn bounded_then<B>(
     mut body: B,
     max: usize,
@@ -156,22 +171,41 @@ where
         };
         let data = match frame?.into_data() {
             Ok(data) => data,
+            // A request read whole goes on without its trailers: they are not kept.
+            Err(_) if what != Refusal::Answer => continue,
             Err(frame) => {
-                trailers = frame.into_trailers().ok();
-                continue;
+                let Some(kept) = frame.into_trailers().ok().and_then(forwardable) else {
+                    continue;
+                };
+                let size = fields_size(&kept);
+                let short = if joined.len() + size > max {
+                    None
+                } else {
+                    match joined.charge_more(size) {
+                        Ok(()) => {
+                            trailers = Some(kept);
+                            continue;
+                        }
+                        Err(short) => Some(short),
+                    }
+                };
+                if let Some(short) = short {
+                    refused(budget, what, short);
+                }
+                let read = joined.into_bytes();
+                let streamed = stream_on(Prefixed {
+                    prefix: [(!read.is_empty()).then_some(read), None],
+                    trailers: Some(kept),
+                    rest: body,
+                });
+                return Ok((AnswerBody::TooLarge(streamed), None));
             }
         };
         if joined.len() + data.len() > max {
             break data;
         }
         if let Err((data, short)) = joined.push(data) {
-            budget.refused(what, short);
-            tracing::warn!(
-                body = what.as_str(),
-                limit = short.as_str(),
-                "no room left under the buffer limit: this body streams on unbuffered \
-                 (an owner's answer is recorded as executed, not stored)"
-            );
+            refused(budget, what, short);
             break data;
         }
     };
@@ -182,6 +216,26 @@ where
         rest: body,
     });
     Ok((AnswerBody::TooLarge(streamed), None))
+}
+
+/// Counts and logs a body that found no room under the limit `short`.
+fn refused(budget: &Budget, what: Refusal, short: Short) {
+    budget.refused(what, short);
+    tracing::warn!(
+        body = what.as_str(),
+        limit = short.as_str(),
+        "no room left under the buffer limit: this body streams on unbuffered \
+         (an owner's answer is recorded as executed, not stored)"
+    );
+}
+
+/// What `fields` weigh against the bound: what a stored record holds for each, its name and
+/// value with their lengths.
+fn fields_size(fields: &HeaderMap) -> usize {
+    fields
+        .iter()
+        .map(|(n, v)| 6 + n.as_str().len() + v.len())
+        .sum()
 }
 
 /// `prefix` (the part read within the bound, then the frame that passed it), then
@@ -305,15 +359,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_within_the_bound_is_read_whole() {
-        let answer = read(
-            chunks(&[b"hel", b"lo"]),
-            5,
-            &budget(),
-            &Arc::default(),
-            false,
-        )
-        .await
-        .unwrap();
+        let answer = read(chunks(&[b"hel", b"lo"]), 5, &budget(), &Arc::default())
+            .await
+            .unwrap();
         assert!(matches!(answer.body, AnswerBody::Whole(ref b) if &b[..] == b"hello"));
     }
 
@@ -325,7 +373,6 @@ mod tests {
             4,
             &budget(),
             &Arc::default(),
-            false,
         )
         .await
         .unwrap();
@@ -346,7 +393,6 @@ mod tests {
             100,
             &budget,
             &Arc::default(),
-            false,
         )
         .await
         .unwrap();
@@ -386,7 +432,6 @@ mod tests {
             4,
             &budget(),
             &Arc::default(),
-            false,
         )
         .await
         .unwrap();
@@ -409,6 +454,117 @@ mod tests {
         assert!(
             matches!(end, Some(Err(BodyError::UpstreamStalled(gap))) if gap.as_secs() == 1),
             "{end:?}"
+        );
+    }
+
+    /// Data frames, then trailers, with no declared length.
+    struct Trailed(VecDeque<Frame<Bytes>>);
+
+    impl Body for Trailed {
+        type Data = Bytes;
+        type Error = BodyError;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+            Poll::Ready(self.get_mut().0.pop_front().map(Ok))
+        }
+    }
+
+    impl ReadGap for Trailed {
+        fn read_gap(&self) -> Option<std::time::Duration> {
+            None
+        }
+    }
+
+    /// `hello`, then the trailers `grpc-status: 0`, `grpc-message: <message>` and a
+    /// `set-cookie`, which only a header section may carry.
+    fn grpc(message: &str) -> Response<Trailed> {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        trailers.insert("grpc-message", message.parse().unwrap());
+        trailers.insert("set-cookie", "a=b".parse().unwrap());
+        Response::new(Trailed(
+            [
+                Frame::data(Bytes::from_static(b"hello")),
+                Frame::trailers(trailers),
+            ]
+            .into(),
+        ))
+    }
+
+    /// What `grpc(message)`'s kept trailers weigh.
+    fn grpc_weight(message: &str) -> usize {
+        6 + "grpc-status".len() + 1 + 6 + "grpc-message".len() + message.len()
+    }
+
+    /// An answer read whole keeps its trailers, filtered, and holds their bytes of the
+    /// budget beside its body's until both have gone.
+    #[tokio::test]
+    async fn an_answer_read_whole_keeps_its_trailers_charged_as_its_body() {
+        let metrics = crate::metrics::Metrics::new();
+        let budget = Budget::new(1 << 20, 1 << 20, metrics.buffers());
+        let answer = read(grpc("ok"), 100, &budget, &Arc::default())
+            .await
+            .unwrap();
+        assert!(matches!(answer.body, AnswerBody::Whole(ref b) if &b[..] == b"hello"));
+        let trailers = answer.trailers.clone().expect("trailers kept");
+        let names: Vec<_> = trailers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["grpc-status", "grpc-message"]);
+        assert_eq!(budget.held(), (5 + grpc_weight("ok")) as u64);
+        let collected = answer.into_response().into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers(), Some(&trailers));
+        assert_eq!(collected.to_bytes(), "hello");
+        assert_eq!(budget.held(), 0);
+    }
+
+    /// Trailers count toward `max_answer`: past it, the answer streams on (not stored), its
+    /// trailers after the body.
+    #[tokio::test]
+    async fn trailers_past_the_bound_stream_the_answer_on_with_them() {
+        let message = "m".repeat(200);
+        let max = 5 + grpc_weight(&message) - 1;
+        let answer = read(grpc(&message), max, &budget(), &Arc::default())
+            .await
+            .unwrap();
+        let AnswerBody::TooLarge(body) = answer.body else {
+            panic!("read whole past the bound");
+        };
+        assert!(answer.trailers.is_none());
+        let collected = body.collect().await.unwrap();
+        let trailers = collected.trailers().cloned().expect("trailers streamed on");
+        assert_eq!(trailers["grpc-message"], message.as_str());
+        assert!(!trailers.contains_key("set-cookie"));
+        assert_eq!(collected.to_bytes(), "hello");
+        // One byte more and it is read whole.
+        let answer = read(grpc(&message), max + 1, &budget(), &Arc::default())
+            .await
+            .unwrap();
+        assert!(matches!(answer.body, AnswerBody::Whole(_)));
+    }
+
+    /// Trailers the budget has no room for stream the answer on, as a body would.
+    #[tokio::test]
+    async fn trailers_without_room_in_the_budget_stream_the_answer_on() {
+        let metrics = crate::metrics::Metrics::new();
+        let budget = Budget::new(64, 64, metrics.buffers());
+        let message = "m".repeat(100);
+        let answer = read(grpc(&message), 1 << 20, &budget, &Arc::default())
+            .await
+            .unwrap();
+        let AnswerBody::TooLarge(body) = answer.body else {
+            panic!("read whole past the budget");
+        };
+        assert_eq!(budget.held(), 5);
+        let collected = body.collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+        drop(collected);
+        assert_eq!(budget.held(), 0);
+        let text = metrics.render(Default::default());
+        assert!(
+            text.contains(r#"idemgate_buffer_refusals_total{what="answer"} 1"#),
+            "{text}"
         );
     }
 }

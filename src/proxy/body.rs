@@ -113,6 +113,15 @@ impl ProxyBody {
         }
     }
 
+    /// A buffered body, then `trailers` (an answer read whole, or replayed). Its length is
+    /// left undeclared: HTTP/1.1 can send trailers only after a chunked body.
+    pub fn full_with_trailers(data: Bytes, trailers: HeaderMap) -> Self {
+        Self::boxed(Trailed {
+            data: Self::full(data),
+            trailers: Some(trailers),
+        })
+    }
+
     /// A streamed upstream answer body, cut off with [`BodyError::UpstreamStalled`] when
     /// the upstream sends nothing for `gap` (never, if `None`); its trailers lose the
     /// fields [`is_forwardable_trailer`] refuses.
@@ -257,16 +266,52 @@ impl Body for ProxyBody {
     }
 }
 
-/// A trailers frame without the fields [`is_forwardable_trailer`] refuses (a length, a
+/// A buffered body and the trailers that follow it ([`ProxyBody::full_with_trailers`]).
+struct Trailed {
+    data: ProxyBody,
+    trailers: Option<HeaderMap>,
+}
+
+impl Body for Trailed {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match Pin::new(&mut self.data).poll_frame(cx) {
+            Poll::Ready(None) => Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t)))),
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_end_stream() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.data.size_hint().lower());
+        hint
+    }
+}
+
+/// A trailers frame without the fields [`is_forwardable_trailer`] refuses; `None` when
+/// none is left.
+fn forwardable_trailers(frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
+    match frame.into_trailers() {
+        Ok(trailers) => forwardable(trailers).map(Frame::trailers),
+        Err(frame) => Some(frame),
+    }
+}
+
+/// `trailers` without the fields [`is_forwardable_trailer`] refuses (a length, a
 /// `Set-Cookie` or `Authorization`, a client address the recipient would take as the
 /// message's own); `None` when none is left. Copied only when one has to go.
-fn forwardable_trailers(frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
-    let trailers = match frame.into_trailers() {
-        Ok(trailers) => trailers,
-        Err(frame) => return Some(frame),
-    };
+pub(crate) fn forwardable(trailers: HeaderMap) -> Option<HeaderMap> {
     if trailers.keys().all(is_forwardable_trailer) {
-        return (!trailers.is_empty()).then(|| Frame::trailers(trailers));
+        return (!trailers.is_empty()).then_some(trailers);
     }
     let mut kept = HeaderMap::new();
     let mut current = None;
@@ -279,7 +324,7 @@ fn forwardable_trailers(frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
             kept.append(name.clone(), value);
         }
     }
-    (!kept.is_empty()).then(|| Frame::trailers(kept))
+    (!kept.is_empty()).then_some(kept)
 }
 
 /// A client's request body, as the handler gets it: streamed by hyper.
@@ -416,6 +461,12 @@ impl Joined {
         self.first.len() + self.copied.len()
     }
 
+    /// Charges `more` bytes besides the data (an answer's trailers, which come last); the
+    /// limit it found no room under if the budget or the connection's share has none.
+    pub(crate) fn charge_more(&mut self, more: usize) -> Result<(), Short> {
+        self.charge.grow(more)
+    }
+
     /// Adds `data`, which the caller keeps within the limit; hands it back with the
     /// limit it found no room under, the body unchanged, if the budget or the connection's
     /// share has no room for it.
@@ -481,109 +532,4 @@ async fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use http::HeaderValue;
-
-    /// One data frame, then `trailers`.
-    fn with_trailers(trailers: &[(&'static str, &'static str)]) -> ProxyBody {
-        let mut map = HeaderMap::new();
-        for (name, value) in trailers {
-            map.append(*name, HeaderValue::from_static(value));
-        }
-        let frames = [
-            Frame::data(Bytes::from_static(b"hello")),
-            Frame::trailers(map),
-        ];
-        let stream = futures_util::stream::iter(frames.map(Ok::<_, BodyError>));
-        ProxyBody::upstream(http_body_util::StreamBody::new(stream), None)
-    }
-
-    /// An upstream's trailers go on without a length, a cookie, a client address or a
-    /// connection field: a client that merges them into the head would take them as the
-    /// answer's own.
-    #[tokio::test]
-    async fn an_answers_trailers_lose_header_only_and_forwarding_fields() {
-        let body = with_trailers(&[
-            ("x-checksum", "1"),
-            ("content-length", "5"),
-            ("set-cookie", "a=b"),
-            ("x-checksum", "2"),
-            ("x-forwarded-for", "10.0.0.1"),
-            ("connection", "close"),
-        ]);
-        let collected = body.collect().await.unwrap();
-        let trailers = collected.trailers().cloned().expect("trailers");
-        assert_eq!(collected.to_bytes(), "hello");
-        let kept: Vec<_> = trailers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
-            .collect();
-        assert_eq!(kept, [("x-checksum", "1"), ("x-checksum", "2")]);
-    }
-
-    /// A body of one frame is that frame, not a copy of it: the hot path of every
-    /// protected request.
-    #[test]
-    fn a_body_of_one_frame_is_kept_without_a_copy() {
-        let frame = Bytes::from(vec![7u8; 1000]);
-        let mut joined = Joined::new(Some(1000), 4096, Charge::unbounded());
-        joined.push(Bytes::new()).unwrap();
-        joined.push(frame.clone()).unwrap();
-        joined.push(Bytes::new()).unwrap();
-        let whole = joined.into_bytes();
-        assert_eq!(whole.as_ptr(), frame.as_ptr());
-        assert_eq!(whole.len(), 1000);
-    }
-
-    /// Many small frames are copied into one buffer that never grows past the limit.
-    #[test]
-    fn small_frames_are_joined_in_one_buffer_within_the_limit() {
-        for declared in [None, Some(10_000)] {
-            let mut joined = Joined::new(declared, 10_000, Charge::unbounded());
-            for i in 0..10_000u32 {
-                joined.push(Bytes::from(vec![i as u8])).unwrap();
-                assert!(joined.copied.capacity() <= 10_000, "{declared:?}");
-            }
-            let whole = joined.into_bytes();
-            assert_eq!(whole.len(), 10_000);
-            assert!(whole.iter().enumerate().all(|(i, b)| *b == i as u8));
-        }
-    }
-
-    /// A body holds no byte the budget did not give: a frame with no room is handed back,
-    /// and the bytes come back when the body drops.
-    #[test]
-    fn a_body_takes_what_it_holds_from_the_budget() {
-        let metrics = crate::metrics::Metrics::new();
-        let budget = Budget::new(20_000, 100_000, metrics.buffers());
-        let mut joined = Joined::new(None, 100_000, budget.charge(&Arc::default()));
-        joined.push(Bytes::from(vec![1u8; 6000])).unwrap();
-        assert_eq!(budget.held(), 6000);
-        // The growth step (8 KiB) fits, then 16 KiB does, then nothing past 20 000.
-        joined.push(Bytes::from(vec![2u8; 1000])).unwrap();
-        assert_eq!(budget.held(), 8192);
-        joined.push(Bytes::from(vec![3u8; 9000])).unwrap();
-        assert_eq!(budget.held(), 16_384);
-        let (refused, short) = joined.push(Bytes::from(vec![4u8; 5000])).unwrap_err();
-        assert_eq!((refused.len(), short), (5000, Short::Total));
-        assert_eq!(budget.held(), 16_384);
-        // Room for the data alone, though not for a doubling.
-        joined.push(Bytes::from(vec![5u8; 3000])).unwrap();
-        assert_eq!(budget.held(), 19_000);
-        let whole = joined.into_bytes();
-        assert_eq!(whole.len(), 19_000);
-        assert_eq!(budget.held(), 19_000);
-        drop(whole);
-        assert_eq!(budget.held(), 0);
-    }
-
-    /// Trailers of which nothing may go on end the body without a trailers frame.
-    #[tokio::test]
-    async fn trailers_left_empty_are_not_sent() {
-        let body = with_trailers(&[("content-length", "5")]);
-        let collected = body.collect().await.unwrap();
-        assert!(collected.trailers().is_none());
-        assert_eq!(collected.to_bytes(), "hello");
-    }
-}
+mod tests;

@@ -235,6 +235,11 @@ impl Charge {
         Ok(())
     }
 
+    /// Makes the charge `more` bytes larger, as [`Charge::resize`] does.
+    pub fn grow(&mut self, more: usize) -> Result<(), Short> {
+        self.resize(self.bytes as usize + more)
+    }
+
     /// `data`, which this charge pays for, made to hold the charge until its last part
     /// drops. A charge of nothing costs nothing to attach.
     pub fn attach<T>(self, data: T) -> Bytes

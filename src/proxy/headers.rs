@@ -207,6 +207,15 @@ pub struct Forwarding<'a> {
     pub upgrade: bool,
 }
 
+/// Names `trailers` in a `Trailer` field of `headers`: hyper's HTTP/1.1 server sends only
+/// the trailer fields its answer declared (and only to a request with `TE: trailers`).
+pub fn declare_trailers(headers: &mut HeaderMap, trailers: &HeaderMap) {
+    let names: Vec<&str> = trailers.keys().map(HeaderName::as_str).collect();
+    if let Ok(value) = HeaderValue::from_str(&names.join(", ")) {
+        headers.insert(header::TRAILER, value);
+    }
+}
+
 /// Whether a trailer field may go on: not a hop-by-hop one (RFC 9110 §7.6.1), nor one only
 /// a header section may carry (§6.5.1: framing, routing, authentication, request
 /// modifiers, what the content is), nor one that says where a request came from

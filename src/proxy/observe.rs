@@ -172,9 +172,7 @@ async fn forward_streamed(
         .await?;
     cx.route_metrics.upstream_latency(started.elapsed());
     let conn = cx.conn.share.buffers();
-    Ok(
-        answer::read(response, policy.max_answer, cx.budget, conn, true)
-            .await?
-            .into_response(),
-    )
+    Ok(answer::read(response, policy.max_answer, cx.budget, conn)
+        .await?
+        .into_response())
 }

@@ -373,11 +373,9 @@ pub(super) async fn forward_unprotected(
             .send_untimed(request, cx.conn, false, &sending)
             .await?;
         let conn = cx.conn.share.buffers();
-        Ok(
-            answer::read(response, policy.max_answer, cx.budget, conn, policy.observe)
-                .await?
-                .into_response(),
-        )
+        Ok(answer::read(response, policy.max_answer, cx.budget, conn)
+            .await?
+            .into_response())
     };
     let answer = cx
         .conn
@@ -444,8 +442,7 @@ pub(super) async fn execute(
                 // over `max_answer` does: the request ran, so it never fails for that.
                 Ok(response) => {
                     let share = conn.share.buffers();
-                    let observed = policy.observe;
-                    answer::read(response, policy.max_answer, &budget, share, observed).await
+                    answer::read(response, policy.max_answer, &budget, share).await
                 }
                 Err(e) => Err(e),
             }
@@ -582,15 +579,12 @@ impl Drop for UnknownOnDrop {
     }
 }
 
-/// The stored answer with `Idempotent-Replayed: true`.
+/// The stored answer with `Idempotent-Replayed: true`, its trailers (if any) after the body.
 pub fn replay(stored: &StoredResponse) -> Response<ProxyBody> {
     let (status, mut headers, body) = stored.parts();
-    let mut response = Response::new(ProxyBody::full(body));
-    *response.status_mut() = status;
     headers.insert(
         IDEMPOTENT_REPLAYED.clone(),
         HeaderValue::from_static("true"),
     );
-    *response.headers_mut() = headers;
-    response
+    answer::whole(status, headers, body, stored.trailers())
 }

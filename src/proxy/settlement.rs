@@ -88,7 +88,9 @@ pub(super) async fn settle(
     };
     // Stamped while the record is this function's alone: in place, where the store, once
     // the client's answer shares the record, would have to copy it.
-    let stored = StoredResponse::new(status, &answer.headers, &body).with_fingerprint(fingerprint);
+    let trailers = answer.trailers.as_ref();
+    let stored = StoredResponse::with_trailers(status, &answer.headers, &body, trailers)
+        .with_fingerprint(fingerprint);
     // The response the client gets shares the stored record's bytes (unless sealed).
     let response = Answer {
         body: AnswerBody::Whole(stored.body()),

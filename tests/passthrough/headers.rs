@@ -137,13 +137,14 @@ async fn answer_trailers_lose_header_only_fields() {
     assert_eq!(trailers["x-checksum"], "1");
 }
 
-/// A protected answer is stored and replayed without trailers, so the first caller and
-/// its repeats get the same answer; one over `max_answer` streams, trailers included.
+/// A protected answer keeps its trailers (filtered as a streamed one's): stored, the first
+/// caller and its repeats get them after the body; one over `max_answer` streams, trailers
+/// included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn protected_answers_lose_trailers_unless_they_stream_over_max_answer() {
+async fn protected_answers_keep_their_trailers_stored_or_streamed_over_max_answer() {
     let upstream = raw_answering(Some(
         b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum\r\nconnection: close\r\n\r\n\
-          5\r\nhello\r\n0\r\nx-checksum: 1\r\n\r\n",
+          5\r\nhello\r\n0\r\nx-checksum: 1\r\nset-cookie: a=b\r\n\r\n",
     ))
     .await;
     let routes = "routes:\n  - name: stored\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key }\n  - name: streamed\n    match: { methods: [POST], path: /big }\n    key: { header: Idempotency-Key }\n    max_answer: 3B\n";
@@ -165,8 +166,12 @@ async fn protected_answers_lose_trailers_unless_they_stream_over_max_answer() {
             replayed
         );
         let collected = response.into_body().collect().await.unwrap();
-        assert_eq!(collected.trailers(), None, "replayed: {replayed}");
+        let trailers = collected.trailers().cloned();
         assert_eq!(collected.to_bytes(), "hello");
+        let trailers = trailers.unwrap_or_else(|| panic!("replayed: {replayed}: no trailers"));
+        let names: Vec<_> = trailers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-checksum"], "replayed: {replayed}");
+        assert_eq!(trailers["x-checksum"], "1");
     }
     let response = client.request(post("/big", "streamed")).await.unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
