@@ -4,9 +4,12 @@
 //! proxy names (with or without a port); an `Authorization` without a credential names no
 //! one; a spoofed `X-Forwarded-For` proves nothing; and one request to two hosts is two.
 //! A client a trusted proxy could not name has `tests/unnamed_caller.rs`; a credential sent
-//! twice or beside a shared one, `identity/repeated.rs`.
+//! twice or beside a shared one, `identity/repeated.rs`; cookies split over HTTP/2,
+//! `identity/http2.rs`.
 
 mod common;
+#[path = "identity/http2.rs"]
+mod http2;
 #[path = "identity/repeated.rs"]
 mod repeated;
 
@@ -449,28 +452,6 @@ async fn an_app_named_session_cookie_keeps_users_behind_a_shared_gate_apart() {
     assert_eq!(upstream.executed(), 2);
 }
 
-/// One browser's cookies with no listed session name, sent as separate `cookie` fields
-/// over HTTP/2 (RFC 9113 §8.2.3 lets a client split them) and as one `Cookie` field over
-/// HTTP/1.1 on its retry: one jar, one caller, one execution.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cookies_split_over_http2_are_the_caller_of_one_cookie_field() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(upstream.addr, "").await;
-    let body = r#"{"sku":"C1"}"#;
-    let first = h2_post(proxy.addr, "/orders", &["cart=77", "theme=dark"], body).await;
-    assert!(first.headers.get("idempotent-replayed").is_none());
-
-    let raw = raw_post("/orders", &["cookie: cart=77;theme=dark"], body);
-    let again = raw_exchange_from("127.0.0.1", proxy.addr, &raw).await;
-    assert!(replayed(&again), "the HTTP/1.1 retry ran again: {again}");
-    assert_eq!(upstream.executed(), 1);
-
-    let raw = raw_post("/orders", &["cookie: cart=78; theme=dark"], body);
-    let other = raw_exchange_from("127.0.0.1", proxy.addr, &raw).await;
-    assert!(!replayed(&other), "another jar got the first one's answer");
-    assert_eq!(upstream.executed(), 2);
-}
-
 /// A scope of headers only (`[header: Authorization]`, as a gateway-fed route might write
 /// it) from callers that send none of them: the default caller stands in, so two
 /// anonymous callers with one client key never share its answer, and each one's retry
@@ -575,35 +556,4 @@ routes:
         ("/orders", "cookie: session=; sid=deleted"),
     ];
     anonymous_callers_are_told_apart(&proxy, &upstream, &anonymous).await;
-}
-
-/// Sends one JSON POST over a new HTTP/2 connection, each of `cookies` in a `cookie` field
-/// of its own, as browsers split them (RFC 9113 §8.2.3).
-async fn h2_post(
-    proxy: std::net::SocketAddr,
-    path: &str,
-    cookies: &[&str],
-    body: &'static str,
-) -> common::Answer {
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-
-    let tcp = tokio::net::TcpStream::connect(proxy).await.unwrap();
-    let (mut h2, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let mut request = http::Request::post(format!("http://{proxy}{path}"))
-        .header("content-type", "application/json");
-    for cookie in cookies {
-        request = request.header("cookie", *cookie);
-    }
-    let request = request.body(Full::new(bytes::Bytes::from(body))).unwrap();
-    let (parts, body) = h2.send_request(request).await.unwrap().into_parts();
-    common::Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
 }

@@ -5,7 +5,8 @@
 //! cookie of any name: keyed by less than all of them, two users share an answer.
 
 use super::common::{post, raw_exchange_from, raw_post, start_proxy, start_upstream};
-use super::{h2_post, json_body, replayed};
+use super::http2::h2_post;
+use super::{json_body, replayed};
 
 /// `scope: [cookie: sid]`, and a victim whose browser sends `sid` twice: a copy an attacker
 /// planted for the path (so sent first) and the victim's own, split over two HTTP/2
