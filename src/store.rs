@@ -163,6 +163,11 @@ pub enum StoreError {
     /// nor run.
     #[error("unreadable record: {0}")]
     Unreadable(String),
+    /// The backend answered, but may lose records (a Redis whose `maxmemory-policy`
+    /// evicts): it takes no claim, and, being reachable, is no outage either, so the
+    /// request is not forwarded whatever `on_store_error` says.
+    #[error("store refuses claims: {0}")]
+    Evicting(String),
 }
 
 impl StoreError {

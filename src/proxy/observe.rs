@@ -96,7 +96,7 @@ pub async fn handle(
         Ok(claim) => claim,
         // A store refusing new keys is no outage: enforcement would answer 503 (or 429 past
         // the caller's share) whatever `on_store_error` says.
-        Err(StoreError::Full | StoreError::CallerFull) => {
+        Err(StoreError::Full | StoreError::CallerFull | StoreError::Evicting(_)) => {
             would(report, Outcome::WouldReject, false, None);
             return forward_unprotected(&cx, parts, body, policy).await;
         }

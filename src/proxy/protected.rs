@@ -177,10 +177,11 @@ pub async fn handle(
             Ok(claim) => claim,
             // Not an outage: this caller holds its share, and waits until it has room.
             Err(StoreError::CallerFull) => return Err(ProxyError::CallerOverShare),
-            // Not an outage either: a store refusing new keys (`when_full: reject`, or full
-            // of claims in flight) answers 503 whatever `on_store_error` says, since
-            // forwarding would run the request unprotected exactly when it is asked not to.
-            Err(e @ StoreError::Full) => {
+            // Not an outage either: a store refusing new keys (`when_full: reject`, full
+            // of claims in flight, or a Redis that may evict) answers 503 whatever
+            // `on_store_error` says, since forwarding would run the request unprotected
+            // exactly when it is asked not to.
+            Err(e @ (StoreError::Full | StoreError::Evicting(_))) => {
                 cx.route_metrics.waited(waiting_since);
                 return Err(e.into());
             }

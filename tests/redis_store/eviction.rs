@@ -67,3 +67,23 @@ async fn a_redis_that_will_not_say_whether_it_evicts_is_used_unchecked() {
     assert!(replay.replayed());
     assert_eq!(upstream.executed(), 1);
 }
+
+/// A server that may evict is reachable and answering: refusing its claims is not an
+/// outage, so `fail_open` must not forward the request unprotected (every retry of it
+/// would run again, a duplicate beside its running owner too). It gets the 503, as a
+/// memory store refusing new keys answers whatever `on_store_error` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_may_evict_is_not_failed_open_past() {
+    let redis = evicting(&[]);
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &redis_yaml(&redis.url(), "on_store_error: fail_open"),
+    )
+    .await;
+    for _ in 0..2 {
+        let answer = post(proxy.addr, "/orders", &[("idempotency-key", "a")], "{}").await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(upstream.executed(), 0, "a retry ran unprotected");
+}

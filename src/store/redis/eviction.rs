@@ -1,8 +1,9 @@
 //! Whether Redis may evict records: with a `maxmemory` and any `maxmemory-policy` but
 //! `noeviction`, memory pressure deletes keys, a claim in flight or a stored answer among
 //! them, and the request it recorded runs again. So a claim first asks (`INFO memory`,
-//! which managed services that forbid `CONFIG` still answer) and is refused, a store error,
-//! while the server may evict. A server that will not say (`INFO` renamed or denied by an
+//! which managed services that forbid `CONFIG` still answer) and is refused while the
+//! server may evict ([`StoreError::Evicting`]: a `503` whatever `on_store_error` says, as
+//! the server is reachable and forwarding would run every retry again). A server that will not say (`INFO` renamed or denied by an
 //! ACL) is used unchecked, with a warning. A verdict is kept a while and then asked again:
 //! the policy can change at runtime (`CONFIG SET`), or a failover land on another server.
 
@@ -66,7 +67,7 @@ impl RedisStore {
         }
         if let Some((until, why)) = lock(&eviction.refused).as_ref() {
             if Instant::now() < *until {
-                return Err(StoreError::Unavailable(why.clone()));
+                return Err(StoreError::Evicting(why.clone()));
             }
         }
         let mut info = redis::cmd("INFO");
@@ -80,7 +81,7 @@ impl RedisStore {
                 Some(why) => {
                     tracing::error!("{why}; claims are refused until it is set");
                     *lock(&eviction.refused) = Some((Instant::now() + REFUSED_FOR, why.clone()));
-                    Err(StoreError::Unavailable(why))
+                    Err(StoreError::Evicting(why))
                 }
             },
             Err(e) => {
