@@ -472,6 +472,23 @@ async fn an_unlisted_proxy_s_clients_are_told_apart_by_what_it_relays() {
             .replayed());
         assert_eq!(upstream.executed(), before + 2, "{name}");
     }
+    // The port some balancers write (Azure Application Gateway: `ip:port`) changes with
+    // every connection: a retry on a new one is the same client.
+    let path = "/orders/votes/ported";
+    let relayed = |entry: &'static str| [("x-forwarded-for", entry)];
+    let before = upstream.executed();
+    assert!(!post(proxy.addr, path, &relayed("203.0.113.1:51234"), body)
+        .await
+        .replayed());
+    let retry = post(proxy.addr, path, &relayed("203.0.113.1:40000"), body).await;
+    assert!(
+        retry.replayed(),
+        "a retry from another port of the same client ran again"
+    );
+    assert!(!post(proxy.addr, path, &relayed("203.0.113.2:51234"), body)
+        .await
+        .replayed());
+    assert_eq!(upstream.executed(), before + 2);
     // A client that sends none is the peer alone, as before.
     assert!(!post(proxy.addr, "/orders/votes/direct", &[], body)
         .await

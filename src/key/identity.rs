@@ -454,7 +454,7 @@ pub enum ClientAddress {
 /// or without a port (`203.0.113.9:51234`, `[2001:db8::1]:443`: Azure Application Gateway
 /// and some others write the client's port). `unknown` and obfuscated names are not
 /// addresses.
-fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
+pub(crate) fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
     let text = std::str::from_utf8(entry).ok()?;
     let is_port = |p: &str| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit());
     let ip = if let Ok(ip) = text.parse::<IpAddr>() {

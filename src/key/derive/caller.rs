@@ -7,7 +7,9 @@ use std::net::IpAddr;
 use http::{header, HeaderMap};
 
 use super::{header_value, KeyHasher, RequestView};
-use crate::key::identity::{carries_credential, cookies, names_a_session, ClientAddress, Tier};
+use crate::key::identity::{
+    carries_credential, cookies, names_a_session, parse_entry, ClientAddress, Tier,
+};
 
 /// The parts of the default identity a request was told apart by.
 #[derive(Debug, Default, Clone, Copy)]
@@ -214,11 +216,32 @@ fn relayed(req: &RequestView<'_>) -> Option<Vec<u8>> {
         if let Some(value) = header_value(req.headers, name) {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
-            out.extend_from_slice(&value);
+            if *name == header::FORWARDED {
+                out.extend_from_slice(&value);
+            } else {
+                write_addresses(&value, &mut out);
+            }
             out.push(b'\r');
         }
     }
     Some(out)
+}
+
+/// `X-Forwarded-For` or `X-Real-IP` entries, each an address without the port some
+/// balancers add (Azure Application Gateway's `ip:port`, new on every connection, so a
+/// retry on another would be another client), anything else as sent.
+fn write_addresses(value: &[u8], out: &mut Vec<u8>) {
+    use std::io::Write as _;
+    for entry in value.split(|&b| b == b',' || b == b'\n') {
+        let entry = entry.trim_ascii();
+        match parse_entry(entry) {
+            Some(ip) => {
+                let _ = write!(out, "{ip}");
+            }
+            None => out.extend_from_slice(entry),
+        }
+        out.push(b',');
+    }
 }
 
 /// An address as its octets.
