@@ -202,7 +202,8 @@ fn relayed(req: &RequestView<'_>) -> Option<Vec<u8>> {
         header::FORWARDED,
         header::HeaderName::from_static("x-real-ip"),
     ];
-    if !NAMES.iter().any(|name| req.headers.contains_key(name)) {
+    // One pass over the names sent costs less than three hashed lookups.
+    if !req.headers.keys().any(|sent| NAMES.contains(sent)) {
         return None;
     }
     if req
