@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{watch, Notify};
 
 use common::{raw_exchange, start_proxy};
@@ -101,28 +101,7 @@ async fn serve_h1(
     opened: watch::Receiver<bool>,
 ) {
     let mut buf = Vec::new();
-    loop {
-        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-            let mut chunk = [0u8; 4096];
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-            continue;
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-        let len: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .map_or(0, |v| v.trim().parse().unwrap());
-        while buf.len() < end + 4 + len {
-            let mut chunk = [0u8; 4096];
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-        buf.drain(..end + 4 + len);
+    while common::read_one_request(&mut stream, &mut buf).await {
         run(&count, &arrived, opened.clone()).await;
         if stream.write_all(RAW_GRPC_ANSWER).await.is_err() {
             return;

@@ -315,7 +315,7 @@ async fn raw_upstream(
     std::net::SocketAddr,
     std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -325,28 +325,7 @@ async fn raw_upstream(
             let executed = std::sync::Arc::clone(&executed);
             tokio::spawn(async move {
                 let mut buf = Vec::new();
-                loop {
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        let mut chunk = [0u8; 4096];
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .map_or(0, |v| v.trim().parse().unwrap());
-                    while buf.len() < end + 4 + len {
-                        let mut chunk = [0u8; 4096];
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    buf.drain(..end + 4 + len);
+                while common::read_one_request(&mut stream, &mut buf).await {
                     executed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     if stream.write_all(answer).await.is_err() {
                         return;

@@ -331,3 +331,40 @@ pub fn pattern_bytes(n: usize) -> Vec<u8> {
         })
         .collect()
 }
+
+/// For upstreams that write raw bytes: reads one request (its head and a `Content-Length`
+/// body, if any) off `stream` into `buf` and drops it from `buf`, leaving what follows
+/// (a pipelined request). False when the peer closed first.
+pub async fn read_one_request(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> bool {
+    use tokio::io::AsyncReadExt;
+    async fn more(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> bool {
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                true
+            }
+        }
+    }
+    let end = loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end;
+        }
+        if !more(stream, buf).await {
+            return false;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    while buf.len() < end + 4 + len {
+        if !more(stream, buf).await {
+            return false;
+        }
+    }
+    buf.drain(..end + 4 + len);
+    true
+}
