@@ -302,8 +302,8 @@ mod tests {
         )
     }
 
-    /// A body of prepared chunks, with no declared length.
-    struct Chunks(VecDeque<Bytes>);
+    /// A body of prepared frames (data, then perhaps trailers), with no declared length.
+    struct Chunks(VecDeque<Frame<Bytes>>);
 
     impl Body for Chunks {
         type Data = Bytes;
@@ -313,7 +313,7 @@ mod tests {
             self: Pin<&mut Self>,
             _: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-            Poll::Ready(self.get_mut().0.pop_front().map(|c| Ok(Frame::data(c))))
+            Poll::Ready(self.get_mut().0.pop_front().map(Ok))
         }
     }
 
@@ -349,7 +349,10 @@ mod tests {
 
     fn chunks(parts: &[&'static [u8]]) -> Response<Chunks> {
         Response::new(Chunks(
-            parts.iter().map(|p| Bytes::from_static(p)).collect(),
+            parts
+                .iter()
+                .map(|p| Frame::data(Bytes::from_static(p)))
+                .collect(),
         ))
     }
 
@@ -457,35 +460,14 @@ mod tests {
         );
     }
 
-    /// Data frames, then trailers, with no declared length.
-    struct Trailed(VecDeque<Frame<Bytes>>);
-
-    impl Body for Trailed {
-        type Data = Bytes;
-        type Error = BodyError;
-
-        fn poll_frame(
-            self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-            Poll::Ready(self.get_mut().0.pop_front().map(Ok))
-        }
-    }
-
-    impl ReadGap for Trailed {
-        fn read_gap(&self) -> Option<std::time::Duration> {
-            None
-        }
-    }
-
     /// `hello`, then the trailers `grpc-status: 0`, `grpc-message: <message>` and a
     /// `set-cookie`, which only a header section may carry.
-    fn grpc(message: &str) -> Response<Trailed> {
+    fn grpc(message: &str) -> Response<Chunks> {
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", "0".parse().unwrap());
         trailers.insert("grpc-message", message.parse().unwrap());
         trailers.insert("set-cookie", "a=b".parse().unwrap());
-        Response::new(Trailed(
+        Response::new(Chunks(
             [
                 Frame::data(Bytes::from_static(b"hello")),
                 Frame::trailers(trailers),
