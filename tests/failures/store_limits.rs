@@ -7,11 +7,19 @@ use http::StatusCode;
 use crate::common::{self, post, start_proxy, start_upstream};
 use crate::{park_duplicates, route};
 
-/// An answer over `max_answer` streams to its client whole, and the key records
-/// "executed, answer not stored": the duplicates that waited and every later repeat get
-/// that problem, and nothing executes twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_answer_too_large_to_store_streams_and_its_repeats_never_execute() {
+/// A route with `max_answer: 64KiB`, and a request with client key `key` whose 1 MiB
+/// answer (status `status`) the upstream holds until `waiters` duplicates wait on it: the
+/// upstream, the proxy, the owner's answer and the duplicates still to be answered.
+async fn a_1_mib_answer_with_waiters(
+    key: &'static str,
+    status: &'static str,
+    waiters: usize,
+) -> (
+    common::Upstream,
+    common::ProxyHandle,
+    common::Answer,
+    Vec<tokio::task::JoinHandle<common::Answer>>,
+) {
     let upstream = start_upstream().await;
     let proxy = start_proxy(
         upstream.addr,
@@ -21,16 +29,26 @@ async fn an_answer_too_large_to_store_streams_and_its_repeats_never_execute() {
     let addr = proxy.addr;
     let owner = tokio::spawn(async move {
         let headers = [
-            ("idempotency-key", "big"),
-            ("x-test-gate", "big"),
+            ("idempotency-key", key),
+            ("x-test-gate", key),
+            ("x-test-status", status),
             ("x-test-bytes", "1048576"),
         ];
         post(addr, "/orders", &headers, "{}").await
     });
-    upstream.arrived("big", 1).await;
-    let duplicates = park_duplicates(&proxy, "big", 3).await;
-    upstream.open("big");
+    upstream.arrived(key, 1).await;
+    let duplicates = park_duplicates(&proxy, key, waiters).await;
+    upstream.open(key);
     let owner = owner.await.unwrap();
+    (upstream, proxy, owner, duplicates)
+}
+
+/// An answer over `max_answer` streams to its client whole, and the key records
+/// "executed, answer not stored": the duplicates that waited and every later repeat get
+/// that problem, and nothing executes twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_too_large_to_store_streams_and_its_repeats_never_execute() {
+    let (upstream, proxy, owner, duplicates) = a_1_mib_answer_with_waiters("big", "201", 3).await;
     assert_eq!(owner.status, StatusCode::CREATED);
     assert_eq!(owner.body.len(), 1 << 20, "streamed whole");
     assert!(owner.body.iter().all(|b| *b == b'x'));
@@ -66,26 +84,8 @@ async fn an_answer_too_large_to_store_streams_and_its_repeats_never_execute() {
 /// that waited on it are told it failed (its body was not kept to share), never run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_5xx_too_large_to_store_still_releases_its_key() {
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(
-        upstream.addr,
-        &route("max_answer: 64KiB\n    wait_timeout: 30s"),
-    )
-    .await;
-    let addr = proxy.addr;
-    let owner = tokio::spawn(async move {
-        let headers = [
-            ("idempotency-key", "big-500"),
-            ("x-test-gate", "big-500"),
-            ("x-test-status", "503"),
-            ("x-test-bytes", "1048576"),
-        ];
-        post(addr, "/orders", &headers, "{}").await
-    });
-    upstream.arrived("big-500", 1).await;
-    let duplicates = park_duplicates(&proxy, "big-500", 2).await;
-    upstream.open("big-500");
-    let owner = owner.await.unwrap();
+    let (upstream, proxy, owner, duplicates) =
+        a_1_mib_answer_with_waiters("big-500", "503", 2).await;
     assert_eq!(owner.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(owner.body.len(), 1 << 20, "streamed whole");
     for duplicate in duplicates {
