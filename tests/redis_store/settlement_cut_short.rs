@@ -14,6 +14,18 @@ use idemgate::store::{Claim, ClaimArgs, Lapse, RedisSettings, RedisStore, Store,
 use crate::common::redis_server::RedisServer;
 use crate::common::relay::relay_to;
 
+/// A Redis store reached through the relay at `addr`, each command bounded by `timeout`.
+fn store_through(addr: std::net::SocketAddr, timeout: Duration) -> Store {
+    let settings = RedisSettings {
+        url: Some(format!("redis://{addr}")),
+        cluster: Vec::new(),
+        prefix: "t:".into(),
+        timeout,
+        ca: None,
+    };
+    Store::Redis(Arc::new(RedisStore::connect(&settings).expect("store")))
+}
+
 /// The owner's completion is sent, held on its way to Redis, and its future dropped there;
 /// the held command never runs (Redis drops its connection). The answer is stored all the
 /// same once Redis can be reached, and its repeat replays it instead of finding the claim
@@ -22,15 +34,8 @@ use crate::common::relay::relay_to;
 async fn a_completion_dropped_before_redis_answered_is_made_again() {
     let redis = RedisServer::start();
     let relay = relay_to(redis.port).await;
-    let settings = RedisSettings {
-        url: Some(format!("redis://{}", relay.addr)),
-        cluster: Vec::new(),
-        prefix: "t:".into(),
-        // A hang guard: the completion is dropped long before.
-        timeout: Duration::from_secs(30),
-        ca: None,
-    };
-    let store = Store::Redis(Arc::new(RedisStore::connect(&settings).expect("store")));
+    // A hang guard: the completion is dropped long before.
+    let store = store_through(relay.addr, Duration::from_secs(30));
     let key = Digest([0x5c; 32]);
     let args = ClaimArgs::new(key, Digest([1; 32]), Duration::from_secs(1));
     let Claim::Owner(lease) = store.claim_with(args).await.expect("claim") else {
@@ -76,14 +81,7 @@ async fn a_completion_dropped_before_redis_answered_is_made_again() {
 async fn an_answer_redis_missed_past_the_lease_is_recorded_before_its_claim_can_be_taken_over() {
     let redis = RedisServer::start();
     let relay = relay_to(redis.port).await;
-    let settings = RedisSettings {
-        url: Some(format!("redis://{}", relay.addr)),
-        cluster: Vec::new(),
-        prefix: "t:".into(),
-        timeout: Duration::from_millis(300),
-        ca: None,
-    };
-    let store = Store::Redis(Arc::new(RedisStore::connect(&settings).expect("store")));
+    let store = store_through(relay.addr, Duration::from_millis(300));
     let key = Digest([0x5d; 32]);
     let grace = Duration::from_secs(12);
     let args = ClaimArgs {
