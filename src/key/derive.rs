@@ -168,7 +168,9 @@ pub fn derive_key(
 ) -> Result<Derived, KeyError> {
     let mut hasher = KeyHasher::new(b"idemgate:key:v4");
     hasher.field(req.route.as_bytes());
-    hasher.field(&method::operation(req.method, req.headers));
+    // The method with any override: hashed here and in the canonical request alike.
+    let operation = method::operation(req.method, req.headers);
+    hasher.field(&operation);
     hash_host(&mut hasher, req.headers);
     // Checked after the material: a request the rule refuses is refused whoever sent it.
     let unnamed = hash_scope(&mut hasher, &rule.scope, req, trace.as_deref_mut());
@@ -183,7 +185,13 @@ pub fn derive_key(
                 t.material = format!("{name}: {}", String::from_utf8_lossy(&client_key));
             }
             hasher.field(&client_key);
-            payload_fingerprint(req, &rule.payload, trace.as_deref_mut(), Host::InKey)
+            payload_fingerprint(
+                req,
+                &operation,
+                &rule.payload,
+                trace.as_deref_mut(),
+                Host::InKey,
+            )
         }
         KeySource::Fields(pointers) => {
             // A body that is not JSON has none of the fields: refused, or let through
@@ -233,14 +241,22 @@ pub fn derive_key(
             // to another tenant is other work.
             return Ok(Derived::Key(DerivedKey {
                 key: token_digest(&rule.scope, req, &token),
-                fingerprint: payload_fingerprint(req, &rule.payload, trace, Host::Included),
+                fingerprint: payload_fingerprint(
+                    req,
+                    &operation,
+                    &rule.payload,
+                    trace,
+                    Host::Included,
+                ),
             }));
         }
         KeySource::Fingerprint(fp) => {
             SCRATCH.with_borrow_mut(|buf| {
                 buf.clear();
                 let ignored = trace.as_deref_mut().map(|t| &mut t.ignored);
-                write_canonical_request(req, fp.query, fp.body, &fp.ignore, buf, ignored);
+                write_canonical_request(
+                    req, &operation, fp.query, fp.body, &fp.ignore, buf, ignored,
+                );
                 hasher.field(buf);
                 if let Some(t) = trace {
                     t.material = String::from_utf8_lossy(buf).into_owned();
@@ -431,6 +447,7 @@ fn header_value<'r>(headers: &'r HeaderMap, name: &http::HeaderName) -> Option<C
 /// client key so its reuse with another payload is caught.
 fn payload_fingerprint(
     req: &RequestView<'_>,
+    operation: &[u8],
     rule: &FingerprintRule,
     trace: Option<&mut Trace>,
     host: Host,
@@ -441,6 +458,7 @@ fn payload_fingerprint(
         let want_trace = trace.is_some();
         write_canonical_request(
             req,
+            operation,
             rule.query,
             rule.body,
             &rule.ignore,
@@ -468,19 +486,20 @@ enum Host {
     Included,
 }
 
-/// Writes `method path\nquery\nbody` in canonical form (the method with any override the
-/// request sends, see [`method::operation`]): query and form bodies sorted, JSON
+/// Writes `method path\nquery\nbody` in canonical form (`operation`: the method with any
+/// override the request sends, see [`method::operation`]): query and form bodies sorted, JSON
 /// canonicalized, anything else (or invalid JSON) as raw bytes. Each part carries a tag so a
 /// raw body can never collide with a canonical one.
 fn write_canonical_request(
     req: &RequestView<'_>,
+    operation: &[u8],
     query: bool,
     body: bool,
     ignore: &IgnoreSet,
     out: &mut Vec<u8>,
     mut ignored: Option<&mut Vec<String>>,
 ) {
-    out.extend_from_slice(&method::operation(req.method, req.headers));
+    out.extend_from_slice(operation);
     out.push(b' ');
     out.extend_from_slice(req.path.as_bytes());
     out.extend_from_slice(b"\nquery:");
