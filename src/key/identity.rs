@@ -409,7 +409,7 @@ impl TrustedProxies {
         let mut fields = headers.get_all(&X_FORWARDED_FOR).iter().rev().peekable();
         if fields.peek().is_none() {
             return if headers.contains_key(http::header::FORWARDED)
-                || headers.contains_key(X_REAL_IP)
+                || headers.contains_key(&X_REAL_IP)
             {
                 ClientAddress::Unnamed
             } else {
@@ -437,7 +437,7 @@ impl TrustedProxies {
 }
 
 /// nginx's one-address client field: a sign that a trusted peer forwards someone else.
-const X_REAL_IP: &str = "x-real-ip";
+pub(crate) const X_REAL_IP: http::HeaderName = http::HeaderName::from_static("x-real-ip");
 
 /// Who the client is, as far as its address tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,8 +8,9 @@ use http::{header, HeaderMap};
 
 use super::{header_value, KeyHasher, RequestView};
 use crate::key::identity::{
-    carries_credential, cookies, names_a_session, parse_entry, ClientAddress, Tier,
+    carries_credential, cookies, names_a_session, parse_entry, ClientAddress, Tier, X_REAL_IP,
 };
+use crate::proxy::headers::X_FORWARDED_FOR;
 
 /// The parts of the default identity a request was told apart by.
 #[derive(Debug, Default, Clone, Copy)]
@@ -197,13 +198,9 @@ const RELAYED: &[u8] = b"relayed";
 /// writes them itself only sets itself apart; one relayed client's retries carry the same
 /// ones. Never for a trusted peer, whose header already named the client.
 fn relayed(req: &RequestView<'_>) -> Option<Vec<u8>> {
-    const NAMES: [header::HeaderName; 3] = [
-        header::HeaderName::from_static("x-forwarded-for"),
-        header::FORWARDED,
-        header::HeaderName::from_static("x-real-ip"),
-    ];
+    let names = [&X_FORWARDED_FOR, &header::FORWARDED, &X_REAL_IP];
     // One pass over the names sent costs less than three hashed lookups.
-    if !req.headers.keys().any(|sent| NAMES.contains(sent)) {
+    if !req.headers.keys().any(|sent| names.contains(&sent)) {
         return None;
     }
     if req
@@ -213,11 +210,11 @@ fn relayed(req: &RequestView<'_>) -> Option<Vec<u8>> {
         return None;
     }
     let mut out = Vec::new();
-    for name in &NAMES {
+    for name in names {
         if let Some(value) = header_value(req.headers, name) {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
-            if *name == header::FORWARDED {
+            if name == header::FORWARDED {
                 out.extend_from_slice(&value);
             } else {
                 write_addresses(&value, &mut out);
