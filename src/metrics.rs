@@ -221,6 +221,7 @@ pub struct Metrics {
     evictions: Family<RouteLabel, Counter>,
     tokens_refused: Counter,
     reaped: Counter,
+    settlements_lost: Counter,
     rekeyed: Family<RekeyedLabels, Counter>,
     routes: RwLock<HashMap<String, Arc<RouteMetrics>>>,
     /// Route names by [`RouteTag`]: tag 0 is "" (no route: issued tokens).
@@ -316,6 +317,12 @@ impl Metrics {
             "Expired rows the SQL store's reaper deleted",
             reaped.clone(),
         );
+        let settlements_lost = Counter::default();
+        registry.register(
+            "store_settlements_lost",
+            "Answers and failures the store never took before their claim's record ended (Redis, SQL): each one's repeat runs again or hears outcome-unknown",
+            settlements_lost.clone(),
+        );
         let rekeyed = Family::<RekeyedLabels, Counter>::default();
         registry.register(
             "rekeyed",
@@ -338,6 +345,7 @@ impl Metrics {
             evictions,
             tokens_refused,
             reaped,
+            settlements_lost,
             routes: RwLock::default(),
             tags: RwLock::new(vec![String::new()]),
         }
@@ -447,6 +455,11 @@ impl Metrics {
         );
         self.reaped
             .inc_by(stats.reaped.saturating_sub(self.reaped.get()));
+        self.settlements_lost.inc_by(
+            stats
+                .settlements_lost
+                .saturating_sub(self.settlements_lost.get()),
+        );
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -545,7 +558,12 @@ mod tests {
             evictions: vec![(orders, 3)],
             tokens_refused: 2,
             reaped: 0,
+            settlements_lost: 4,
         });
+        assert!(
+            text.contains("idemgate_store_settlements_lost_total 4"),
+            "{text}"
+        );
         assert!(
             text.contains(r#"idemgate_store_evictions_total{route="orders"} 3"#),
             "{text}"

@@ -38,6 +38,7 @@ pub mod sql;
 mod unanswered;
 mod waiter;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -377,17 +378,36 @@ impl Store {
     /// Current gauges (the memory store's; the SQL stores' reaper count; Redis keeps its
     /// own, see `INFO keyspace`).
     pub fn stats(&self) -> StoreStats {
+        let lost = |count: &AtomicU64| count.load(Ordering::Relaxed);
         match self {
             Self::Memory(m) => m.stats(),
-            Self::Redis(_) => StoreStats::default(),
+            Self::Redis(r) => StoreStats {
+                settlements_lost: lost(r.settlements_lost()),
+                ..StoreStats::default()
+            },
             Self::Postgres(p) => StoreStats {
                 reaped: p.reaped(),
+                settlements_lost: lost(p.settlements_lost()),
                 ..StoreStats::default()
             },
             Self::Mysql(m) => StoreStats {
                 reaped: m.reaped(),
+                settlements_lost: lost(m.settlements_lost()),
                 ..StoreStats::default()
             },
         }
+    }
+
+    /// Counts a settlement the store never took before its claim's record ended: an
+    /// operator alerts on it, as its repeat runs again or hears "outcome unknown".
+    pub(crate) fn settlement_lost(&self) {
+        let count = match self {
+            // Settling in memory cannot fail, so nothing is ever given up there.
+            Self::Memory(_) => return,
+            Self::Redis(r) => r.settlements_lost(),
+            Self::Postgres(p) => p.settlements_lost(),
+            Self::Mysql(m) => m.settlements_lost(),
+        };
+        count.fetch_add(1, Ordering::Relaxed);
     }
 }

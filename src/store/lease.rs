@@ -338,6 +338,7 @@ async fn settle_again(
                 settled = what,
                 "could not settle the claim before its record expired; the settlement is lost"
             );
+            store.settlement_lost();
             return;
         }
         tokio::time::sleep(pause).await;

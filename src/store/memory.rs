@@ -225,7 +225,7 @@ impl MemoryStore {
                 .map(|(route, n)| (*route, *n))
                 .collect(),
             tokens_refused: self.tokens_refused.load(Ordering::Relaxed),
-            reaped: 0,
+            ..StoreStats::default()
         }
     }
 }

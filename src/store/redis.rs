@@ -52,7 +52,7 @@ mod scripts;
 mod settle;
 pub(super) mod subscriptions;
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -101,6 +101,8 @@ pub struct RedisStore {
     renewals: Arc<Renewals>,
     /// Whether the server may evict records (claims are refused while it may).
     eviction: eviction::Eviction,
+    /// Settlements given up on (see [`Store::settlement_lost`]).
+    settlements_lost: AtomicU64,
 }
 
 impl Drop for RedisStore {
@@ -120,6 +122,11 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
+    /// Settlements given up on since start (see [`Store::settlement_lost`]).
+    pub(crate) fn settlements_lost(&self) -> &AtomicU64 {
+        &self.settlements_lost
+    }
+
     /// Sets up the connection without waiting for Redis: a server that is down at start
     /// makes requests fail (and `/readyz` say so) until it is back, but does not stop the
     /// proxy from starting.
@@ -138,6 +145,7 @@ impl RedisStore {
             no_set_ifeq: AtomicBool::new(false),
             renewals: Arc::default(),
             eviction: eviction::Eviction::default(),
+            settlements_lost: AtomicU64::new(0),
         })
     }
 

@@ -55,4 +55,7 @@ pub struct StoreStats {
     pub tokens_refused: u64,
     /// Expired rows the SQL store's reaper deleted since start.
     pub reaped: u64,
+    /// Settlements (answers, failures) the store never took before their claim's record
+    /// ended, since start: each one's repeat runs again or hears "outcome unknown".
+    pub settlements_lost: u64,
 }

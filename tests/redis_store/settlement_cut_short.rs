@@ -125,3 +125,41 @@ async fn an_answer_redis_missed_past_the_lease_is_recorded_before_its_claim_can_
         other => panic!("the answered key's repeat got {}", other.as_str()),
     }
 }
+
+/// Redis stays away for the whole life of the claim's record: the answer can never be
+/// recorded, and the store counts it lost (`idemgate_store_settlements_lost_total`, what an
+/// operator alerts on) rather than only logging it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_redis_never_took_is_counted_lost() {
+    let redis = RedisServer::start();
+    let relay = relay_to(redis.port).await;
+    let store = store_through(relay.addr, Duration::from_millis(300));
+    let key = Digest([0x5e; 32]);
+    let args = ClaimArgs {
+        lapse: Lapse::Release {
+            grace: Duration::from_secs(1),
+        },
+        ..ClaimArgs::new(key, Digest([1; 32]), Duration::from_millis(300))
+    };
+    let Claim::Owner(lease) = store.claim_with(args).await.expect("claim") else {
+        panic!("a fresh key is owned");
+    };
+    relay.cut.store(true, Ordering::SeqCst);
+    let answer = StoredResponse::new(StatusCode::CREATED, &Default::default(), b"made");
+    assert!(
+        lease
+            .complete(answer, Duration::from_secs(3600))
+            .await
+            .is_err(),
+        "Redis is cut off"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.stats().settlements_lost == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: the settlement was given up without being counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(store.stats().settlements_lost, 1);
+}

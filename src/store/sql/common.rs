@@ -33,6 +33,8 @@ pub(super) struct Common {
     pub renewals: Arc<Renewals>,
     /// Expired rows the reaper deleted since start.
     pub reaped: AtomicU64,
+    /// Settlements given up on (see `Store::settlement_lost`).
+    pub settlements_lost: AtomicU64,
     /// The largest statement the database takes, in bytes (`u64::MAX`: no limit known).
     pub statement_limit: AtomicU64,
     /// The store's background tasks (listener or re-check, reaper), ended with it.
@@ -62,6 +64,7 @@ impl Common {
             interests,
             renewals: Arc::default(),
             reaped: AtomicU64::new(0),
+            settlements_lost: AtomicU64::new(0),
             statement_limit: AtomicU64::new(u64::MAX),
             tasks,
         }

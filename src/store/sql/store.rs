@@ -120,6 +120,11 @@ impl<D: Dialect> SqlStore<D> {
         self.common.reaped.load(Relaxed)
     }
 
+    /// Settlements given up on since start (see `Store::settlement_lost`).
+    pub(crate) fn settlements_lost(&self) -> &AtomicU64 {
+        &self.common.settlements_lost
+    }
+
     /// Creates the tables and routines when missing (once per store).
     async fn ready_schema(&self) -> Result<(), StoreError> {
         self.common.schema(|| self.migrate()).await
