@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 
 use crate::common::redis_server::RedisServer;
-use crate::common::{post, start_proxy, start_upstream};
+use crate::common::{post, start_proxy, start_upstream, ProxyHandle, Upstream};
 use crate::redis_yaml;
 
 fn evicting(extra: &[&str]) -> RedisServer {
@@ -18,15 +18,18 @@ fn evicting(extra: &[&str]) -> RedisServer {
     RedisServer::start_with(args.into_iter().map(String::from).collect())
 }
 
+/// An upstream and a proxy in front of it on `redis`, with `on_store_error` as given.
+async fn proxy_on(redis: &RedisServer, on_store_error: &str) -> (Upstream, ProxyHandle) {
+    let upstream = start_upstream().await;
+    let yaml = redis_yaml(&redis.url(), &format!("on_store_error: {on_store_error}"));
+    let proxy = start_proxy(upstream.addr, &yaml).await;
+    (upstream, proxy)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_may_evict_claims_is_refused_until_it_no_longer_may() {
     let redis = evicting(&[]);
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(
-        upstream.addr,
-        &redis_yaml(&redis.url(), "on_store_error: fail_closed"),
-    )
-    .await;
+    let (upstream, proxy) = proxy_on(&redis, "fail_closed").await;
     let refused = post(proxy.addr, "/orders", &[("idempotency-key", "a")], "{}").await;
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
@@ -55,12 +58,7 @@ async fn a_redis_that_may_evict_claims_is_refused_until_it_no_longer_may() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_will_not_say_whether_it_evicts_is_used_unchecked() {
     let redis = evicting(&["--rename-command", "INFO", "info-hidden"]);
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(
-        upstream.addr,
-        &redis_yaml(&redis.url(), "on_store_error: fail_closed"),
-    )
-    .await;
+    let (upstream, proxy) = proxy_on(&redis, "fail_closed").await;
     let first = post(proxy.addr, "/orders", &[("idempotency-key", "a")], "{}").await;
     assert_eq!(first.status, StatusCode::CREATED);
     let replay = post(proxy.addr, "/orders", &[("idempotency-key", "a")], "{}").await;
@@ -75,12 +73,7 @@ async fn a_redis_that_will_not_say_whether_it_evicts_is_used_unchecked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_may_evict_is_not_failed_open_past() {
     let redis = evicting(&[]);
-    let upstream = start_upstream().await;
-    let proxy = start_proxy(
-        upstream.addr,
-        &redis_yaml(&redis.url(), "on_store_error: fail_open"),
-    )
-    .await;
+    let (upstream, proxy) = proxy_on(&redis, "fail_open").await;
     for _ in 0..2 {
         let answer = post(proxy.addr, "/orders", &[("idempotency-key", "a")], "{}").await;
         assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
