@@ -1,6 +1,6 @@
 //! The client side: requests through hyper's client ([`send`], [`post`]) and as raw bytes
 //! (from another loopback address too), the [`Answer`] they return, and the requests that
-//! carry secrets no store may hold in clear.
+//! carry secrets no store may hold in clear; [`closed_by_the_proxy`] waits out a connection.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -169,4 +169,22 @@ pub async fn send_secrets(addr: SocketAddr) -> Vec<Answer> {
         }
     }
     answers
+}
+
+/// Waits for the proxy to close `stream`, reading and dropping what it sends first (such
+/// as HTTP/2 SETTINGS, or a TLS alert); false if it is still open after the 10 s hang
+/// guard.
+pub async fn closed_by_the_proxy(stream: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = vec![0u8; 4096];
+    let closed = async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .is_ok()
 }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{metric, post, start_proxy, start_upstream};
+use common::{closed_by_the_proxy, metric, post, start_proxy, start_upstream};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
@@ -306,22 +306,6 @@ async fn one_slot_short_head_timeout() -> (common::Upstream, common::ProxyHandle
     })
     .await;
     (upstream, proxy)
-}
-
-/// Waits for the proxy to close `stream`, reading and dropping what it sends first (such
-/// as HTTP/2 SETTINGS); false if it is still open after the 10 s hang guard.
-async fn closed_by_the_proxy(stream: &mut TcpStream) -> bool {
-    let mut buf = vec![0u8; 4096];
-    let closed = async {
-        while let Ok(n) = stream.read(&mut buf).await {
-            if n == 0 {
-                return;
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), closed)
-        .await
-        .is_ok()
 }
 
 /// A connection that sends nothing is closed once the head timeout passes from its
