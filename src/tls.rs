@@ -65,8 +65,10 @@ fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
     Ok(store)
 }
 
-/// The listener's config. With `client_ca`, a client must present a certificate signed by
-/// it (mutual TLS); its SHA-256 is then available to `scope: [client_cert]`.
+/// The listener's config. With `client_ca`, every client must present a certificate
+/// that chains to it, unexpired and not restricted to other uses than client
+/// authentication (mutual TLS; revocation is not checked); its leaf's SHA-256 is then the
+/// caller's certificate, for the default caller and `scope: [client_cert]`.
 pub fn server_config(
     cert: &Path,
     key: &Path,
@@ -90,6 +92,14 @@ pub fn server_config(
         .with_single_cert(chain, key)
         .map_err(|e| TlsError::Rustls(e.to_string()))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // No 0-RTT, set here rather than left to rustls' default so that no dependency bump
+    // turns it on: early data can be replayed by anyone who recorded it, and the request
+    // it carries would run again (tests/tls/listener.rs pins it).
+    config.max_early_data_size = 0;
+    config.send_half_rtt_data = false;
+    // The session cache stays this config's own (the builder's): a resumed session brings
+    // the client certificate it began with, not verified again, so a cache shared across
+    // reloads would let in certificates a new `client_ca` refuses.
     Ok(Arc::new(config))
 }
 

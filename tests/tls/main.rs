@@ -5,6 +5,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod listener;
 mod upstream;
 
 use std::path::{Path, PathBuf};
@@ -69,7 +70,12 @@ impl Pki {
                 .unwrap(),
             None => builder.with_no_client_auth(),
         };
-        config.alpn_protocols = vec![alpn.to_vec()];
+        // An empty `alpn`: a client that offers no ALPN at all.
+        config.alpn_protocols = if alpn.is_empty() {
+            Vec::new()
+        } else {
+            vec![alpn.to_vec()]
+        };
         tokio_rustls::TlsConnector::from(Arc::new(config))
     }
 }
@@ -101,13 +107,15 @@ async fn connect_tls(
         .map_err(|e| e.to_string())
 }
 
-/// One POST over the connection `tls`, which agreed on `alpn`.
+/// One POST over the connection `tls`, which agreed on `alpn` (an empty one: none, and
+/// HTTP/1.1 is spoken).
 async fn post_on(
     tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
     alpn: &[u8],
     key: &str,
 ) -> Result<Answer, String> {
-    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(alpn), "ALPN agreed");
+    let agreed = (!alpn.is_empty()).then_some(alpn);
+    assert_eq!(tls.get_ref().1.alpn_protocol(), agreed, "ALPN agreed");
     let request = Request::post("https://localhost/orders")
         .header("host", "localhost")
         .header("idempotency-key", key)
@@ -147,13 +155,16 @@ fn tls_yaml(cert: &Path, key: &Path, client_ca: Option<&Path>) -> String {
     )
 }
 
+/// Clients that agree on `h2` or `http/1.1` are served in it, and one that offers no ALPN
+/// at all in HTTP/1.1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_clients_complete_requests_over_h2_and_http1() {
     let pki = Pki::new();
     let (cert, key) = pki.issue("server", &["localhost"]);
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, &tls_yaml(&cert, &key, None)).await;
-    for alpn in [&b"h2"[..], b"http/1.1"] {
+    // No ALPN offered: HTTP/1.1.
+    for alpn in [&b"h2"[..], b"http/1.1", b""] {
         let connector = pki.client(alpn, None);
         let first = post_tls(proxy.addr, &connector, alpn, "tls-key")
             .await
@@ -373,6 +384,45 @@ async fn a_reload_renews_the_certificate_for_new_connections() {
         idemgate::config::Config::parse(&text, "r.yaml").unwrap(),
     ));
     assert_eq!(presented(proxy.addr, &connector).await, der(&new_cert));
+}
+
+/// A reload that replaces `tls.client_ca` applies to every new connection, one that would
+/// resume a session verified under the old CA included: from then on a certificate of the
+/// old CA is refused and one of the new CA taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_replaces_client_ca_refuses_the_old_cas_certificates_resumed_or_not() {
+    let (pki, other) = (Pki::new(), Pki::new());
+    let (cert, key) = pki.issue("server", &["localhost"]);
+    let (alice_cert, alice_key) = pki.issue("alice", &["alice"]);
+    let (carol_cert, carol_key) = other.issue("carol", &["carol"]);
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &tls_yaml(&cert, &key, Some(&pki.path("ca.pem"))),
+    )
+    .await;
+    let alice = pki.client(b"h2", Some((&alice_cert, &alice_key)));
+    let carol = pki.client(b"h2", Some((&carol_cert, &carol_key)));
+    assert!(post_tls(proxy.addr, &alice, b"h2", "a1").await.is_ok());
+    assert!(
+        post_tls(proxy.addr, &carol, b"h2", "c1").await.is_err(),
+        "a certificate of a CA not configured was taken"
+    );
+    let text = format!(
+        "listen: 127.0.0.1:0\nupstream: http://{}\n{}",
+        upstream.addr,
+        tls_yaml(&cert, &key, Some(&other.path("ca.pem")))
+    );
+    proxy.proxy.reload(Arc::new(
+        idemgate::config::Config::parse(&text, "r.yaml").unwrap(),
+    ));
+    // alice's connector holds a session from before the reload, and offers it.
+    assert!(
+        post_tls(proxy.addr, &alice, b"h2", "a2").await.is_err(),
+        "the old CA's certificate (or its session) was taken after the reload"
+    );
+    assert!(post_tls(proxy.addr, &carol, b"h2", "c2").await.is_ok());
+    assert_eq!(upstream.executed(), 2);
 }
 
 /// Whether the port speaks TLS is set at start, as its address is: a reload that adds
