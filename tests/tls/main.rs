@@ -38,9 +38,20 @@ impl Pki {
 
     /// Writes `<name>.pem` and `<name>.key` for a certificate with these names.
     fn issue(&self, name: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
+        self.issue_with(name, sans, |_| {})
+    }
+
+    /// [`Pki::issue`], with `tune` applied to the certificate's parameters first.
+    fn issue_with(
+        &self,
+        name: &str,
+        sans: &[&str],
+        tune: impl FnOnce(&mut CertificateParams),
+    ) -> (PathBuf, PathBuf) {
         let key = KeyPair::generate().unwrap();
-        let params =
+        let mut params =
             CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        tune(&mut params);
         let cert = params.signed_by(&key, &self.ca).unwrap();
         let (cert_path, key_path) = (
             self.path(&format!("{name}.pem")),
@@ -216,6 +227,45 @@ async fn mtls_refuses_clients_without_a_certificate_and_scopes_by_certificate() 
         .unwrap()
         .replayed());
     assert_eq!(upstream.executed(), 2);
+}
+
+/// With `client_ca`, a certificate of that CA is taken only while it is valid and, when
+/// it names its uses, only if client authentication is one: an expired one, one not yet
+/// valid and one for server authentication only are refused, and nothing of theirs runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_refuses_expired_and_not_for_client_auth_certificates() {
+    use rcgen::{date_time_ymd, ExtendedKeyUsagePurpose};
+    let pki = Pki::new();
+    let (cert, key) = pki.issue("server", &["localhost"]);
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(
+        upstream.addr,
+        &tls_yaml(&cert, &key, Some(&pki.path("ca.pem"))),
+    )
+    .await;
+    let refused = [
+        pki.issue_with("expired", &["expired"], |p| {
+            p.not_after = date_time_ymd(2020, 1, 1);
+        }),
+        pki.issue_with("early", &["early"], |p| {
+            p.not_before = date_time_ymd(4000, 1, 1);
+        }),
+        pki.issue_with("server-only", &["server-only"], |p| {
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        }),
+    ];
+    for (cert, key) in &refused {
+        let client = pki.client(b"http/1.1", Some((cert, key)));
+        let answer = post_tls(proxy.addr, &client, b"http/1.1", "k").await;
+        assert!(answer.is_err(), "{} was taken: {answer:?}", cert.display());
+    }
+    assert_eq!(upstream.executed(), 0);
+    let (good_cert, good_key) = pki.issue_with("client", &["client"], |p| {
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    });
+    let client = pki.client(b"http/1.1", Some((&good_cert, &good_key)));
+    let answer = post_tls(proxy.addr, &client, b"http/1.1", "k").await;
+    assert_eq!(answer.map(|a| a.status), Ok(StatusCode::CREATED));
 }
 
 /// With mutual TLS on, the default scope (`caller`) counts the verified certificate as a
