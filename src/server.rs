@@ -275,7 +275,10 @@ async fn accept_loop<F, S>(
                             tracing::debug!(error = %e, %peer, "TLS handshake failed");
                             return;
                         }
-                        Err(_) => return,
+                        Err(_) => {
+                            tracing::debug!(%peer, ?bound, "TLS handshake timed out");
+                            return;
+                        }
                     };
                     let client_cert = stream
                         .get_ref()
