@@ -219,6 +219,9 @@ async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let _ = serving.await;
     // Owners whose clients left keep running detached; give them the rest of the drain.
     proxy.owners().finished(deadline).await;
+    // Then the settlements made in the background once their owners ended (the store failed
+    // the first try): an exit that cut one off would lose an answer the upstream gave.
+    idemgate::store::background::finished(deadline).await;
     // Those still running keep their claims: their requests went out, so no replica may
     // run them again. On a shared store they lapse after their lease, as a dead owner's.
     let running = proxy.owners().len();
@@ -226,6 +229,13 @@ async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         tracing::warn!(
             running,
             "stopped with upstream calls still running; their keys stay claimed"
+        );
+    }
+    let unwritten = idemgate::store::background::pending();
+    if unwritten > 0 {
+        tracing::error!(
+            unwritten,
+            "stopped with settlements still unwritten (the store failed them); their claims lapse as a dead owner's do"
         );
     }
     tracing::info!("stopped");

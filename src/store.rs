@@ -19,11 +19,13 @@
 //! names), `settlement` (how a claim ends), `waiter` (a duplicate's wait), `report` (what the
 //! admin API and `/metrics` show), `response` (a stored answer), `seal` (answers encrypted at
 //! rest), `lease` (ownership as a value), `renewals` (the shared stores' renewing task) and
-//! `unanswered` (the release of a shared store's claim that got no answer), `revision` (which
+//! `unanswered` (the release of a shared store's claim that got no answer), `background` (the
+//! count of writes made after their owner ended, which a shutdown waits for), `revision` (which
 //! record a key holds, as the admin API's `ETag` names it). The
 //! backends (`memory`, `redis`, `sql`) import those, never each other. Everything a caller
 //! needs is re-exported here, so `crate::store::X` is the path to use.
 
+pub mod background;
 mod claim;
 pub mod lease;
 pub mod memory;

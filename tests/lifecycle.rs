@@ -326,3 +326,86 @@ async fn an_owner_still_upstream_at_the_end_of_the_drain_is_answered_504_and_kee
     assert_eq!(upstream.executed_for("sent"), 1, "never run again");
     upstream.open("sent");
 }
+
+/// A Redis config for the shutdown tests below: `drain` and `defaults`, the store's timeout
+/// short so a store that is down fails a settlement at once.
+fn redis_config(redis: &common::redis_server::RedisServer, drain: &str, defaults: &str) -> String {
+    format!(
+        "store:\n  redis: {{ url: \"{}\", timeout: 500ms }}\ndrain_timeout: {drain}\ndefaults: {{ {defaults} }}\n{ROUTES}",
+        redis.url()
+    )
+}
+
+/// Sends SIGTERM to `proxy` while its owner of `key` is held at the upstream's gate, waits
+/// until the drain started, then lets the upstream answer: the owner's client's result.
+async fn answer_during_the_drain(
+    upstream: &common::Upstream,
+    proxy: &common::ProxyProcess,
+    key: &'static str,
+    before_the_answer: impl FnOnce(),
+) -> Result<common::Answer, String> {
+    let addr = proxy.addr;
+    let owner = tokio::spawn(async move {
+        try_post(addr, &[("idempotency-key", key), ("x-test-gate", key)]).await
+    });
+    upstream.arrived(key, 1).await;
+    before_the_answer();
+    proxy.signal("TERM");
+    common::redis_server::wait_until(
+        || {
+            proxy
+                .log()
+                .contains("stopping: no new connections, draining")
+        },
+        "the drain to start",
+    );
+    upstream.open(key);
+    owner.await.unwrap()
+}
+
+/// SIGTERM while an owner's call runs, and the store down when the answer comes: the
+/// settlement fails, and is made again in the background. The drain waits for it (within
+/// `drain_timeout`) rather than exiting with it pending: once Redis is back (empty, as a
+/// restart without persistence leaves it), the answer is written, and a retry after the
+/// exit is replayed, not run a second time on a key that nothing holds any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_the_store_refused_during_the_drain_is_made_before_the_exit() {
+    let mut redis = common::redis_server::RedisServer::start();
+    let upstream = start_upstream().await;
+    let config = redis_config(&redis, "30s", "lease: 30s");
+    let mut a = common::ProxyProcess::start_logging(upstream.addr, &config, "info");
+    let answer = answer_during_the_drain(&upstream, &a, "down", || redis.kill()).await;
+    let answer = answer.expect("the owner's client got its answer");
+    assert_eq!(answer.status, StatusCode::CREATED, "the upstream's answer");
+    redis.restart();
+    assert!(a.wait_exit().success());
+    let b = common::ProxyProcess::start(upstream.addr, &config);
+    let retry = post(b.addr, "/orders", &[("idempotency-key", "down")], "{}").await;
+    assert!(
+        retry.replayed(),
+        "the answer was written before the exit: {} {}\n{}",
+        retry.status,
+        String::from_utf8_lossy(&retry.body),
+        a.log()
+    );
+    assert_eq!(upstream.executed_for("down"), 1, "never run again");
+}
+
+/// The same with the store down for the whole drain: the exit waits no longer than
+/// `drain_timeout`, and says how many settlements it leaves unwritten, rather than losing
+/// them silently (their claims lapse as a dead owner's do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_still_unwritten_when_the_drain_ends_are_logged_at_the_exit() {
+    let mut redis = common::redis_server::RedisServer::start();
+    let upstream = start_upstream().await;
+    let config = redis_config(&redis, "1s", "lease: 30s");
+    let mut a = common::ProxyProcess::start_logging(upstream.addr, &config, "info");
+    let answer = answer_during_the_drain(&upstream, &a, "lost", || redis.kill()).await;
+    assert_eq!(answer.expect("answered").status, StatusCode::CREATED);
+    assert!(a.wait_exit().success());
+    let log = a.log();
+    assert!(
+        log.contains("settlements still unwritten") && log.contains("unwritten=1"),
+        "the exit named what it left: {log}"
+    );
+}

@@ -23,7 +23,7 @@ use super::claim::{ClaimArgs, Lapse, OwnerToken, Ownership};
 use super::renewals::{HeldClaim, Renewal};
 use super::response::StoredResponse;
 use super::settlement::{Settled, Settlement};
-use super::{unanswered, Store, StoreError};
+use super::{background, unanswered, Store, StoreError};
 use crate::key::Digest;
 use tracing::Instrument;
 
@@ -227,12 +227,14 @@ impl Drop for Lease {
         let lease = self.lease;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let span = tracing::Span::current();
-            rt.spawn(async move {
-                if let Err(e) = settle_and_follow_up(&store, owned, settlement, lease, renewal).await {
+            let settle = async move {
+                if let Err(e) =
+                    settle_and_follow_up(&store, owned, settlement, lease, renewal).await
+                {
                     tracing::warn!(%key, error = %e, "could not settle a dropped claim; retrying");
                 }
-            }
-            .instrument(span));
+            };
+            background::spawn(&rt, settle.instrument(span));
         }
     }
 }
@@ -265,7 +267,7 @@ async fn settle_and_follow_up(
     if settled.is_err() {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let retry = settle_again(store.clone(), owned, settlement, lease, unanswered);
-            rt.spawn(retry.instrument(tracing::Span::current()));
+            background::spawn(&rt, retry.instrument(tracing::Span::current()));
         }
     } else if unanswered {
         unanswered::settle_after_unanswered_renewal(store, owned, settlement, lease);
@@ -310,7 +312,7 @@ impl Drop for Pending<'_> {
         // Whether a renewal went unanswered is not known here: assumed so, which on a SQL
         // database only repeats a settlement that leaves no record, fenced by the token.
         let again = settle_again(store.clone(), owned, settlement, lease, true);
-        rt.spawn(again.instrument(tracing::Span::current()));
+        background::spawn(&rt, again.instrument(tracing::Span::current()));
     }
 }
 

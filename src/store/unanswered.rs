@@ -113,7 +113,7 @@ impl<F: FnOnce() -> Store> Drop for Unanswered<F> {
             let _releasing = Releasing;
             release(&store, orphan).await;
         };
-        rt.spawn(release.instrument(tracing::Span::current()));
+        super::background::spawn(&rt, release.instrument(tracing::Span::current()));
     }
 }
 
@@ -190,7 +190,7 @@ pub(crate) fn settle_after_unanswered_renewal(
         )
         .await;
     };
-    rt.spawn(repeated.instrument(tracing::Span::current()));
+    super::background::spawn(&rt, repeated.instrument(tracing::Span::current()));
 }
 
 /// Makes `settlement` of `owned`, tried again until an answer is final: on Redis the first
