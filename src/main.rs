@@ -224,8 +224,14 @@ async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     idemgate::store::background::finished(deadline).await;
     // Those still running keep their claims: their requests went out, so no replica may
     // run them again. On a shared store they lapse after their lease, as a dead owner's.
+    // The memory store ends with this process: nothing of theirs is left anywhere.
     let running = proxy.owners().len();
-    if running > 0 {
+    if running > 0 && matches!(config.store, StoreConfig::Memory(_)) {
+        tracing::warn!(
+            running,
+            "stopped with upstream calls still running; the memory store forgets their keys, so a retry after a restart runs them again"
+        );
+    } else if running > 0 {
         tracing::warn!(
             running,
             "stopped with upstream calls still running; their keys stay claimed"

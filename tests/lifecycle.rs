@@ -409,3 +409,32 @@ async fn settlements_still_unwritten_when_the_drain_ends_are_logged_at_the_exit(
         "the exit named what it left: {log}"
     );
 }
+
+/// The memory store ends with its process: a call still running when the drain ends
+/// leaves no claim anywhere. The exit says so, not that its key stays claimed, and a
+/// retry after the restart runs again (the documented limit of the memory store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_drain_on_the_memory_store_says_its_running_calls_are_forgotten() {
+    let upstream = start_upstream().await;
+    let config = format!("drain_timeout: 300ms\n{ROUTES}");
+    let mut a = common::ProxyProcess::start(upstream.addr, &config);
+    let addr = a.addr;
+    let owner = tokio::spawn(async move {
+        try_post(addr, &[("idempotency-key", "mem"), ("x-test-gate", "mem")]).await
+    });
+    upstream.arrived("mem", 1).await;
+    a.signal("TERM");
+    assert!(a.wait_exit().success());
+    let _ = owner.await;
+    let log = a.log();
+    assert!(
+        !log.contains("their keys stay claimed") && log.contains("the memory store forgets"),
+        "the exit told the truth: {log}"
+    );
+    upstream.open("mem");
+    let b = common::ProxyProcess::start(upstream.addr, &config);
+    let retry = post(b.addr, "/orders", &[("idempotency-key", "mem")], "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(upstream.executed_for("mem"), 2, "the limit the docs state");
+}
