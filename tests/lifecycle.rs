@@ -1,5 +1,7 @@
 //! The life of a claim around the operator and the process: an admin purge never frees a
-//! key whose owner still runs, and a shutdown answers the requests it was holding.
+//! key whose owner still runs, and a shutdown answers the requests it was holding, waits
+//! for the settlements it still has to make, and leaves the claims of calls still running
+//! exactly as they are (saying what it left, and, on the memory store, that it forgets).
 
 mod common;
 
@@ -437,4 +439,59 @@ async fn sigterm_past_the_drain_on_the_memory_store_says_its_running_calls_are_f
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(!retry.replayed());
     assert_eq!(upstream.executed_for("mem"), 2, "the limit the docs state");
+}
+
+/// SIGTERM past the drain on a route with `on_unknown_outcome: release`: the call still
+/// running keeps its claim through the exit (no lease is dropped at the exit, which would
+/// settle it as released, and log that it did). Another replica's retries are told it is in flight, and take it over only once
+/// `lease + background_timeout` has passed since the dead process's last renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_drain_on_a_release_route_keeps_the_claim_until_its_grace() {
+    let redis = common::redis_server::RedisServer::start();
+    let upstream = start_upstream().await;
+    let grace = std::time::Duration::from_secs(2);
+    let config = redis_config(
+        &redis,
+        "300ms",
+        "lease: 1s, upstream_timeout: 1s, background_timeout: 2s, on_unknown_outcome: release, wait_timeout: 100ms",
+    );
+    let mut a = common::ProxyProcess::start(upstream.addr, &config);
+    let b = common::ProxyProcess::start(upstream.addr, &config);
+    let addr = a.addr;
+    let owner = tokio::spawn(async move {
+        try_post(addr, &[("idempotency-key", "rel"), ("x-test-gate", "rel")]).await
+    });
+    upstream.arrived("rel", 1).await;
+    a.signal("TERM");
+    assert!(a.wait_exit().success());
+    let exited = std::time::Instant::now();
+    let _ = owner.await;
+    let log = a.log();
+    assert!(
+        !log.contains("claim dropped unsettled") && !log.contains("within background_timeout"),
+        "the exit gave nothing up, and did not say it did: {log}"
+    );
+    let deadline = exited + std::time::Duration::from_secs(30);
+    let taken_over = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: never taken over"
+        );
+        let retry = post(b.addr, "/orders", &[("idempotency-key", "rel")], "{}").await;
+        let now = std::time::Instant::now();
+        if retry.status == StatusCode::CREATED {
+            break now;
+        }
+        assert_eq!(retry.status, StatusCode::CONFLICT);
+        assert_eq!(retry.problem(), "urn:idemgate:problem:in-flight");
+        assert_eq!(
+            upstream.executed_for("rel"),
+            1,
+            "not run again while in flight"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(taken_over - exited >= grace, "{:?}", taken_over - exited);
+    assert_eq!(upstream.executed_for("rel"), 2);
+    upstream.open("rel");
 }
