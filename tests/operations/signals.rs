@@ -185,7 +185,8 @@ async fn a_reload_swaps_the_upstream_and_open_client_connections_stay() {
 }
 
 /// The call is held at the upstream's gate until the process logged that it is draining,
-/// so the SIGTERM always meets it in progress.
+/// so the SIGTERM always meets it in progress. A second SIGTERM and a Ctrl-C sent then do
+/// not cut the drain short.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_a_slow_call_finish_and_stores_its_answer() {
     let redis = RedisServer::start();
@@ -212,6 +213,8 @@ async fn sigterm_lets_a_slow_call_finish_and_stores_its_answer() {
         || a.log().contains("stopping: no new connections, draining"),
         "the drain to start",
     );
+    a.signal("TERM");
+    a.signal("INT");
     upstream.open("drain");
     let answer = slow.await.unwrap();
     assert_eq!(
