@@ -332,10 +332,16 @@ async fn an_owner_still_upstream_at_the_end_of_the_drain_is_answered_504_and_kee
 /// A Redis config for the shutdown tests below: `drain` and `defaults`, the store's timeout
 /// short so a store that is down fails a settlement at once.
 fn redis_config(redis: &common::redis_server::RedisServer, drain: &str, defaults: &str) -> String {
-    format!(
-        "store:\n  redis: {{ url: \"{}\", timeout: 500ms }}\ndrain_timeout: {drain}\ndefaults: {{ {defaults} }}\n{ROUTES}",
-        redis.url()
+    store_config(
+        &format!("redis: {{ url: \"{}\", timeout: 500ms }}", redis.url()),
+        drain,
+        defaults,
     )
+}
+
+/// A config with `store` (one line of YAML under `store:`), `drain` and `defaults`.
+fn store_config(store: &str, drain: &str, defaults: &str) -> String {
+    format!("store:\n  {store}\ndrain_timeout: {drain}\ndefaults: {{ {defaults} }}\n{ROUTES}")
 }
 
 /// Sends SIGTERM to `proxy` while its owner of `key` is held at the upstream's gate, waits
@@ -443,15 +449,29 @@ async fn sigterm_past_the_drain_on_the_memory_store_says_its_running_calls_are_f
 
 /// SIGTERM past the drain on a route with `on_unknown_outcome: release`: the call still
 /// running keeps its claim through the exit (no lease is dropped at the exit, which would
-/// settle it as released, and log that it did). Another replica's retries are told it is in flight, and take it over only once
-/// `lease + background_timeout` has passed since the dead process's last renewal.
+/// settle it as released, and log that it did). Another replica's retries are told it is
+/// in flight, and take it over only once `lease + background_timeout` has passed since
+/// the dead process's last renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_past_the_drain_on_a_release_route_keeps_the_claim_until_its_grace() {
     let redis = common::redis_server::RedisServer::start();
+    let store = format!("redis: {{ url: \"{}\" }}", redis.url());
+    release_route_keeps_the_claim_through_the_exit(&store).await;
+}
+
+/// The same on PostgreSQL, whose lapses the database's clock decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_drain_on_a_postgres_release_route_keeps_the_claim_until_its_grace() {
+    let db = common::postgres_server::PostgresServer::start();
+    let store = format!("postgres: {{ url: \"{}\" }}", db.url());
+    release_route_keeps_the_claim_through_the_exit(&store).await;
+}
+
+async fn release_route_keeps_the_claim_through_the_exit(store: &str) {
     let upstream = start_upstream().await;
     let grace = std::time::Duration::from_secs(2);
-    let config = redis_config(
-        &redis,
+    let config = store_config(
+        store,
         "300ms",
         "lease: 1s, upstream_timeout: 1s, background_timeout: 2s, on_unknown_outcome: release, wait_timeout: 100ms",
     );
