@@ -25,7 +25,10 @@ use crate::signal::Signal;
 /// The owners running in this process right now, so a shutdown can wait for them. Those
 /// still running when the drain ends keep their claims: their requests went out, so no
 /// other replica may run them again (it treats them as dead owners once their leases
-/// lapse).
+/// lapse). The process exits without dropping them, so no lease of theirs settles on its
+/// way out; on the memory store their claims end with it all the same. What they hand to
+/// the background once ended (a settlement the store failed) is counted in
+/// `crate::store::background`, which the shutdown waits for next.
 ///
 /// Holding a claim here is two atomic operations.
 #[derive(Debug, Default)]
