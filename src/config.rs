@@ -170,7 +170,31 @@ impl Config {
         notes
     }
 
-    /// Which route a request belongs to, and what protection it gets.
+    /// Which route a request with `headers` belongs to, and what protection it gets: that
+    /// of [`protection_for`](Self::protection_for), but a `POST` that names another method
+    /// in a method-override header ([`crate::route::overridden_methods`]), which the app
+    /// may run as that method, gets the first of those methods' routes that protects it.
+    /// An app that ignores the override runs the POST: where no route of a named method
+    /// protects, the POST's own route (or the fallback) holds.
+    pub fn route_for(
+        &self,
+        host: Option<&str>,
+        method: &Method,
+        headers: &http::HeaderMap,
+        path: &str,
+    ) -> (&str, &Protection) {
+        for named in crate::route::overridden_methods(method, headers) {
+            let found = self.protection_for(host, &named, path);
+            // A route of its own: the fallback is the POST's too.
+            if matches!(found.1, Protection::On(_)) && found.0 != FALLBACK_ROUTE {
+                return found;
+            }
+        }
+        self.protection_for(host, method, path)
+    }
+
+    /// Which route a request belongs to, and what protection it gets, by its method alone
+    /// (see [`route_for`](Self::route_for)).
     pub fn protection_for(
         &self,
         host: Option<&str>,

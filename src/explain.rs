@@ -72,7 +72,7 @@ pub fn explain_key(
             return Ok((text, None));
         }
     }
-    let (route, protection) = config.protection_for(host, &request.method, path);
+    let (route, protection) = config.route_for(host, &request.method, &headers, path);
     let mut out = String::new();
     if path != raw_path {
         let _ = writeln!(

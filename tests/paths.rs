@@ -338,3 +338,63 @@ async fn a_raw_character_is_its_escape_to_a_route() {
     assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
     assert_eq!(upstream.seen()[0].target, "/api/caf%C3%A9/1");
 }
+
+const OVERRIDDEN: &str = r#"
+defaults:
+  key: off
+routes:
+  - name: pay
+    match: { methods: [POST], path: /api/orders }
+    key: { header: Idempotency-Key, required: true }
+  - name: delete-user
+    match: { methods: [DELETE], path: "/api/users/{id}" }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+/// Rack, Express's `method-override`, Symfony and ASP.NET run a `POST` with
+/// `X-HTTP-Method-Override: DELETE` as the DELETE: such a POST is routed by the method it
+/// names, so it cannot step around the DELETE route's rule (here, with `defaults.key: off`,
+/// it would run unprotected). An app that ignores overrides runs the POST: a route the
+/// POST itself matches still holds when the named method's route is none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_override_cannot_step_around_the_route_of_the_method_it_names() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, OVERRIDDEN).await;
+    for name in [
+        "x-http-method-override",
+        "X-HTTP-Method",
+        "x-method-override",
+    ] {
+        for value in ["DELETE", "delete"] {
+            let answer = post(proxy.addr, "/api/users/7", &[(name, value)], "{}").await;
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{name}: {value}");
+            assert_eq!(
+                answer.json()["type"],
+                "urn:idemgate:problem:key-invalid",
+                "{name}: {value}"
+            );
+        }
+    }
+    // Overridden to a method no route has, or a safe one: the POST's route holds.
+    for value in ["PUT", "GET"] {
+        let answer = post(
+            proxy.addr,
+            "/api/orders",
+            &[("x-http-method-override", value)],
+            "{}",
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{value}");
+    }
+    assert_eq!(upstream.executed(), 0, "an overridden POST ran unprotected");
+    // With a key it runs once, and a repeat is replayed.
+    let headers = [
+        ("x-http-method-override", "DELETE"),
+        ("idempotency-key", "k1"),
+    ];
+    let first = post(proxy.addr, "/api/users/7", &headers, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let again = post(proxy.addr, "/api/users/7", &headers, "{}").await;
+    assert!(again.replayed());
+    assert_eq!(upstream.executed(), 1);
+}

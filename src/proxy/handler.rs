@@ -241,9 +241,12 @@ impl Proxy {
         let (route, protection, older) = match admission::admit(&request) {
             Ok(host) => {
                 let (method, path) = (request.method(), request.uri().path());
-                let (route, protection) = live.config.protection_for(host, method, path);
+                let headers = request.headers();
+                let (route, protection) = live.config.route_for(host, method, headers, path);
                 let older = match protection {
-                    Protection::On(rule) => live.previous.rules_for(rule, host, method, path),
+                    Protection::On(rule) => {
+                        live.previous.rules_for(rule, host, method, headers, path)
+                    }
                     Protection::Off(_) => Vec::new(),
                 };
                 (route, protection, older)

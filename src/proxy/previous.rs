@@ -98,6 +98,7 @@ impl Generations {
         now: &Protected,
         host: Option<&str>,
         method: &Method,
+        headers: &http::HeaderMap,
         path: &str,
     ) -> Vec<Arc<Protected>> {
         if self.0.is_empty() || now.policy.observe || is_token(now) {
@@ -107,20 +108,22 @@ impl Generations {
         self.0
             .iter()
             .filter(|g| g.until > at)
-            .filter_map(|g| match g.config.protection_for(host, method, path).1 {
-                Protection::On(rule)
-                    if !is_token(rule)
+            .filter_map(
+                |g| match g.config.route_for(host, method, headers, path).1 {
+                    Protection::On(rule)
+                        if !is_token(rule)
                         && rule.key.scope == now.key.scope
                         && rule.identity == now.identity
                         && tells_apart_as_finely(&rule.key.source, &now.key.source)
                         // The same name and material make the same key: nothing to claim,
                         // and no second derivation on every request of an unchanged route.
                         && (rule.route != now.route || rule.key.source != now.key.source) =>
-                {
-                    Some(Arc::clone(rule))
-                }
-                _ => None,
-            })
+                    {
+                        Some(Arc::clone(rule))
+                    }
+                    _ => None,
+                },
+            )
             .collect()
     }
 }
@@ -517,7 +520,7 @@ mod tests {
             let Protection::On(now) = new.protection_for(None, &Method::POST, path).1 else {
                 unreachable!("protected")
             };
-            kept.rules_for(now, None, &Method::POST, path)
+            kept.rules_for(now, None, &Method::POST, &http::HeaderMap::new(), path)
         };
         let older = rules("/orders");
         assert_eq!(older.len(), 1);

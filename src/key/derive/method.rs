@@ -4,14 +4,9 @@
 
 use std::borrow::Cow;
 
-use http::{HeaderMap, HeaderName, Method};
+use http::{HeaderMap, Method};
 
-/// The headers frameworks read as the method to run a request as.
-const OVERRIDES: [HeaderName; 3] = [
-    HeaderName::from_static("x-http-method-override"),
-    HeaderName::from_static("x-http-method"),
-    HeaderName::from_static("x-method-override"),
-];
+use crate::route::METHOD_OVERRIDES as OVERRIDES;
 
 /// The method, then a `\nname: VALUE` line per override value sent, upper-cased as the
 /// frameworks read it. A method has no space or newline and a header value no newline, so
