@@ -12,7 +12,6 @@ use crate::config::units::format_duration;
 use crate::config::{Admin, Config, Protection};
 use crate::error::ProxyError;
 use crate::key::{derive_key, Derived, Digest, KeySource, RequestView, Trace};
-use crate::route::normalize::normalize_path;
 
 /// One request to explain.
 #[derive(Debug, Clone)]
@@ -33,7 +32,8 @@ pub struct Request {
     pub client_cert: Option<Digest>,
 }
 
-/// Renders the explanation as text; `Err` when the proxy would answer 400.
+/// Renders the explanation as text; `Err` when the proxy would refuse the request (a 400, or
+/// the 501 of `CONNECT`).
 pub fn explain(config: &Config, request: &Request) -> Result<String, ProxyError> {
     explain_key(config, request).map(|(text, _)| text)
 }
@@ -44,23 +44,31 @@ pub fn explain_key(
     config: &Config,
     request: &Request,
 ) -> Result<(String, Option<Digest>), ProxyError> {
-    // As the proxy does: an absolute-form target's authority is the request's Host.
-    let mut headers = request.headers.clone();
-    if let Some(authority) = request.uri.authority() {
-        if let Ok(value) = http::HeaderValue::from_str(authority.as_str()) {
-            headers.insert(http::header::HOST, value);
-        }
-    }
+    // As the proxy does, by the proxy's own steps: the path put in its normal form, the
+    // request refused where the proxy refuses it before routing (two `Host`s, one that is
+    // not a host, `POST *`, …), then routed by the target's authority, which becomes its
+    // `Host`. A request given no `Host` is taken for one that need not have it (HTTP/2),
+    // so the route and key can still be shown.
+    let mut head = http::Request::new(());
+    *head.method_mut() = request.method.clone();
+    *head.uri_mut() = request.uri.clone();
+    *head.headers_mut() = request.headers.clone();
+    let has_host =
+        request.uri.authority().is_some() || request.headers.contains_key(http::header::HOST);
+    *head.version_mut() = if has_host {
+        http::Version::HTTP_11
+    } else {
+        http::Version::HTTP_2
+    };
+    crate::proxy::admission::normalize_target(&mut head)?;
+    crate::proxy::admission::admit(&head)?;
+    crate::proxy::admission::host_from_target(&mut head);
+    let raw_path = request.uri.path();
+    let headers = head.headers();
     let host = headers
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok());
-    let raw_path = request.uri.path();
-    let normal = if crate::route::is_safe(&request.method) {
-        std::borrow::Cow::Borrowed(raw_path)
-    } else {
-        normalize_path(raw_path).map_err(ProxyError::BadPath)?
-    };
-    let path = normal.as_ref();
+    let path = head.uri().path();
     // As the proxy does: the token endpoint, at its normalised path, answers before any
     // route is looked at.
     if let Some(issuer) = &config.tokens {
@@ -72,7 +80,7 @@ pub fn explain_key(
             return Ok((text, None));
         }
     }
-    let (route, protection) = config.route_for(host, &request.method, &headers, path);
+    let (route, protection) = config.route_for(host, &request.method, headers, path);
     let mut out = String::new();
     if path != raw_path {
         let _ = writeln!(
@@ -120,7 +128,7 @@ pub fn explain_key(
         method: &request.method,
         path,
         query: request.uri.query(),
-        headers: &headers,
+        headers,
         peer: request.client_ip,
         identity: &rule.identity,
         client_cert: request.client_cert.as_ref().map(|d| &d.0[..]),

@@ -132,8 +132,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             request.client_cert = client_cert
                 .map(|path| certificate_digest(&path))
                 .transpose()?;
-            let (text, key) = idemgate::explain::explain_key(&loaded, &request)
-                .map_err(|e| anyhow::anyhow!("the proxy would answer 400: {e}"))?;
+            let (text, key) = idemgate::explain::explain_key(&loaded, &request).map_err(|e| {
+                anyhow::anyhow!("the proxy would answer {}: {e}", e.status().as_u16())
+            })?;
             print!("{text}");
             // With an admin listener configured, the running proxy says what it holds for
             // the key (and, on an observed route, how often it was seen).

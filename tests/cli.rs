@@ -250,3 +250,57 @@ fn explain_without_client_ip_says_an_address_scoped_digest_needs_it() {
     let text = explain("/orders", &["-H", "Authorization: Bearer alice"]);
     assert_eq!(note(&text), None, "a caller by its credential: {text}");
 }
+
+/// `explain` refuses what the proxy refuses before routing, with the same reason: two
+/// `Host` fields, a `Host` that is not one host, a POST to `*`. Shown a route and a digest
+/// instead, an operator would read a key the running proxy never derives.
+#[test]
+fn explain_refuses_what_the_proxy_refuses_before_routing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    write_config(&config, ROUTE);
+    for args in [
+        &[
+            "--path",
+            "/orders",
+            "-H",
+            "Host: a.example",
+            "-H",
+            "Host: b.example",
+        ][..],
+        &["--path", "/orders", "-H", "Host: a.example, b.example"],
+        &["--path", "/orders", "-H", "Host: user@a.example"],
+        &["--path", "*", "-H", "Host: a.example"],
+    ] {
+        let out = idemgate(dir.path())
+            .args(["explain", "--config"])
+            .arg(&config)
+            .args(["--method", "POST", "-H", "Idempotency-Key: k1"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(stderr.contains("would answer 400"), "{args:?}: {stderr}");
+    }
+    // The same request with one host is explained.
+    let out = idemgate(dir.path())
+        .args(["explain", "--config"])
+        .arg(&config)
+        .args([
+            "--method",
+            "POST",
+            "--path",
+            "/orders",
+            "-H",
+            "Idempotency-Key: k1",
+        ])
+        .args(["-H", "Host: a.example"])
+        .output()
+        .unwrap();
+    assert!(succeeded(&out).contains("route:             env-orders"));
+}
