@@ -398,3 +398,66 @@ async fn a_method_override_cannot_step_around_the_route_of_the_method_it_names()
     assert!(again.replayed());
     assert_eq!(upstream.executed(), 1);
 }
+
+const HOSTED: &str = r#"
+routes:
+  - name: update-user
+    match: { methods: [PUT], path: "/api/users/{id}", host: pay.example }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+/// Every spelling of a route's host is the route's: any case, a port (the default one or
+/// another), a fully qualified name's trailing dot, the authority of an absolute-form
+/// target (which wins over the `Host` field, RFC 9112 §3.2.2, and is what the upstream
+/// gets). A name with an empty label (`pay.example..`, `.pay.example`) has no one reading
+/// (nginx refuses it, others strip dots): a 400, not a request past the route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_spelling_of_a_route_s_host_gets_past_it() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, HOSTED).await;
+    let put = |target: &str, host: &str| {
+        format!(
+            "PUT {target} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        )
+    };
+    for host in [
+        "PAY.Example",
+        "pay.example:80",
+        "pay.example:443",
+        "pay.example:8443",
+        "pay.example.",
+        "pay.example.:80",
+    ] {
+        let raw = raw_exchange(proxy.addr, put("/api/users/1", host).as_bytes()).await;
+        assert!(raw.starts_with("HTTP/1.1 400"), "{host}: {raw}");
+        assert!(raw.contains("key-invalid"), "{host}: {raw}");
+    }
+    let absolute = put("http://pay.example/api/users/1", "other.example");
+    let raw = raw_exchange(proxy.addr, absolute.as_bytes()).await;
+    assert!(raw.contains("key-invalid"), "absolute form: {raw}");
+    for host in [
+        "pay.example..",
+        ".pay.example",
+        "pay..example",
+        "pay.example..:80",
+    ] {
+        let raw = raw_exchange(proxy.addr, put("/api/users/1", host).as_bytes()).await;
+        assert!(raw.starts_with("HTTP/1.1 400"), "{host}: {raw}");
+        assert!(
+            raw.contains("urn:idemgate:problem:bad-request"),
+            "{host}: {raw}"
+        );
+    }
+    assert_eq!(
+        upstream.executed(),
+        0,
+        "a spelling of the host ran unprotected"
+    );
+    // The target's authority is the host the upstream gets, as the route matched it.
+    let absolute = "PUT http://pay.example/api/users/1 HTTP/1.1\r\nhost: other.example\r\nidempotency-key: k1\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+    let raw = raw_exchange(proxy.addr, absolute.as_bytes()).await;
+    assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
+    let seen = &upstream.seen()[0];
+    assert_eq!(seen.target, "/api/users/1");
+    assert_eq!(seen.headers["host"], "pay.example");
+}

@@ -99,8 +99,8 @@ pub fn host_from_target<B>(request: &mut Request<B>) {
 /// A `Host` value that is one host and an optional port (RFC 9110 §7.2 `uri-host [ ":"
 /// port ]`, or empty): a name of letters, digits, `-`, `.`, `_`, `~`, or a bracketed IPv6
 /// literal, then at most `:` and a port number. Anything else (a list, a space, userinfo, a
-/// path, sub-delimiters, percent-escapes, non-ASCII) is a 400 by RFC 9112 §3.2, since
-/// routes would match it differently from how the upstream reads it.
+/// path, sub-delimiters, percent-escapes, non-ASCII, an empty label) is a 400 by RFC 9112
+/// §3.2, since routes would match it differently from how the upstream reads it.
 fn host_value(value: &[u8]) -> Option<&str> {
     if value.is_empty() {
         // RFC 9112 §3.2: the empty Host of a target without an authority.
@@ -121,6 +121,14 @@ fn host_value(value: &[u8]) -> Option<&str> {
         let end = value.iter().position(|&b| b == b':').unwrap_or(value.len());
         let name = &value[..end];
         if name.is_empty() || !name.iter().all(|&b| NAME_BYTES[usize::from(b)]) {
+            return None;
+        }
+        // An empty label (`pay.example..`, `.pay.example`, `pay..example`) has no one
+        // reading: nginx refuses it, other servers strip the dots and read `pay.example`,
+        // which a route for that host must then not miss. A fully qualified name's one
+        // trailing dot is the name ([`crate::route::host_name`]).
+        let labels = name.strip_suffix(b".").unwrap_or(name);
+        if labels.split(|&b| b == b'.').any(<[u8]>::is_empty) {
             return None;
         }
         value.get(end + 1..)
@@ -230,6 +238,10 @@ mod tests {
             b"pay.example:8a",
             b"pay%2eexample",
             b"pay!example",
+            b"pay.example..",
+            b".pay.example",
+            b"pay..example:80",
+            b".",
             b"[::1",
             b"[::1]x",
             b"[zz]",
@@ -246,6 +258,8 @@ mod tests {
             "[::1]",
             "10.0.0.1",
             "xn--bcher-kva.example",
+            "pay.example.",
+            "pay.example.:80",
             "",
         ] {
             let r = request("POST", Version::HTTP_11, &[("host", good)]);
