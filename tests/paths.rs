@@ -461,3 +461,47 @@ async fn no_spelling_of_a_route_s_host_gets_past_it() {
     assert_eq!(seen.target, "/api/users/1");
     assert_eq!(seen.headers["host"], "pay.example");
 }
+
+/// A dot, slash or backslash spelled so that only some decoders read it as one: an
+/// overlong UTF-8 form (`%C0%AE`, which old Java and IIS decoders took for `.`) or a
+/// second layer of escaping (`%252E`, for an upstream that decodes twice). Neither is a
+/// name any client means; read as the character, `/api/x/%C0%AE%C0%AE/orders` is
+/// `/api/orders`, which its route must not miss: a 400 before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dot_or_slash_only_some_decoders_read_is_a_400() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, REQUIRED).await;
+    for path in [
+        "/api/x/%C0%AE%C0%AE/orders",
+        "/api/x/%c0%ae%c0%ae/orders",
+        "/api/x/%E0%80%AE%E0%80%AE/orders",
+        "/api/x/%F0%80%80%AE%F0%80%80%AE/orders",
+        "/api%C0%AForders",
+        "/api%C1%9Corders",
+        "/api/x/%252E%252E/orders",
+        "/api/x/%252e%252e/orders",
+        "/api%252Forders",
+        "/api%255Corders",
+    ] {
+        let answer = post(proxy.addr, path, &[], "{}").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(
+            answer.json()["type"],
+            "urn:idemgate:problem:path-not-normalizable",
+            "{path}"
+        );
+    }
+    // The raw bytes, which hyper takes as a target and the proxy escapes.
+    let raw = raw_exchange(
+        proxy.addr,
+        b"POST /api/x/\xC0\xAE\xC0\xAE/orders HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+    )
+    .await;
+    assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
+    assert_eq!(upstream.executed(), 0, "an overlong or double escape ran");
+    // Escapes that are one character however they are decoded still pass.
+    for path in ["/api/caf%C3%A9", "/api/caf%E9", "/api/100%25", "/api/%25C3"] {
+        let answer = post(proxy.addr, path, &[], "{}").await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{path}");
+    }
+}

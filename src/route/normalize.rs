@@ -7,7 +7,9 @@
 //! takes raw (UTF-8, `|`, `[`, …) escaped, repeated slashes merged, then dot segments removed
 //! (§5.2.4). Forms that cannot be normalised without guessing how the upstream reads them
 //! are refused: an encoded `/` or `\`, an encoded NUL, a `%` that is not an escape, a
-//! raw backslash (which some servers take for a slash), and a dot segment with parameters
+//! raw backslash (which some servers take for a slash), an overlong UTF-8 form or a double
+//! escape of a dot, slash or backslash (`%C0%AE`, `%252E`: some decoders read them as the
+//! character, others as none), and a dot segment with parameters
 //! (`..;x`, `.;`, `%2E%2E%3B`): Java servers drop a segment's `;` parameters before they
 //! remove dot segments, so `/api/x/..;/orders` is `/api/orders` to them and a segment named
 //! `..;` to others.
@@ -55,6 +57,14 @@ pub enum PathError {
     /// read either as a dot segment or as a name.
     #[error("the path has a dot segment with ;parameters")]
     DotSegmentWithParams,
+    /// An overlong UTF-8 form (`%C0%AE`): no character to a strict decoder, `.` or `/`
+    /// to the lenient ones old Java and IIS servers had.
+    #[error("the path has an overlong UTF-8 sequence")]
+    OverlongUtf8,
+    /// `%252E`, `%252F`, `%255C`: an escaped escape of a dot, slash or backslash, which an
+    /// upstream that decodes twice reads as the character.
+    #[error("the path has a doubly escaped dot, slash or backslash")]
+    DoubleEscape,
 }
 
 /// The normal form of `path` (a request path without the query): borrowed when it is
@@ -64,6 +74,7 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
         return Ok(Cow::Borrowed(path));
     }
     let decoded = decode(path.as_bytes())?;
+    check_escapes(&decoded)?;
     let normal = remove_dot_segments(&decoded)?;
     if normal == path {
         return Ok(Cow::Borrowed(path));
@@ -160,6 +171,50 @@ fn decode(path: &[u8]) -> Result<Vec<u8>, PathError> {
         }
     }
     Ok(out)
+}
+
+/// Refuses, in a [`decode`]d path (every byte past ASCII escaped, hex upper-cased), escapes
+/// that only some decoders read as a character: an overlong UTF-8 lead (`C0`/`C1` then a
+/// continuation byte, `E0` then `80`–`9F`, `F0` then `80`–`8F`), which lenient decoders
+/// took for `.` or `/`, and an escaped `%` whose next two characters are the escape of
+/// `.`, `/` or `\` (`%252E`), which an upstream that decodes twice reads as that.
+fn check_escapes(path: &[u8]) -> Result<(), PathError> {
+    let escaped = |at: usize| -> Option<u8> {
+        match path.get(at..at + 3)? {
+            [b'%', hi, lo] => Some(hex_value(*hi)? << 4 | hex_value(*lo)?),
+            _ => None,
+        }
+    };
+    for at in percents(path) {
+        let Some(byte) = escaped(at) else { continue };
+        if byte == b'%' {
+            // Not upper-cased by `decode`: the characters after `%25` are not an escape.
+            let twice = path
+                .get(at + 3..at + 5)
+                .and_then(|hex| Some(hex_value(hex[0])? << 4 | hex_value(hex[1])?));
+            if matches!(twice, Some(b'.' | b'/' | b'\\')) {
+                return Err(PathError::DoubleEscape);
+            }
+            continue;
+        }
+        let overlong = match (byte, escaped(at + 3)) {
+            (0xC0 | 0xC1, Some(0x80..=0xBF)) => true,
+            (0xE0, Some(0x80..=0x9F)) => true,
+            (0xF0, Some(0x80..=0x8F)) => true,
+            _ => false,
+        };
+        if overlong {
+            return Err(PathError::OverlongUtf8);
+        }
+    }
+    Ok(())
+}
+
+/// Where each `%` of `path` is.
+fn percents(path: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    path.iter()
+        .enumerate()
+        .filter_map(|(at, &b)| (b == b'%').then_some(at))
 }
 
 /// Merges repeated slashes and removes `.` and `..` segments (RFC 3986 §5.2.4; `..` above
@@ -295,6 +350,34 @@ mod tests {
         assert_eq!(normalize_path("/a%"), Err(PathError::BadEscape));
         assert_eq!(normalize_path("/a\\b"), Err(PathError::Backslash));
         assert_eq!(normalize_path("/a/..\\b"), Err(PathError::Backslash));
+    }
+
+    #[test]
+    fn overlong_utf8_and_double_escapes_of_dot_and_slash_are_refused() {
+        for path in [
+            "/%C0%AE",
+            "/a%c1%9cb",
+            "/%E0%80%AE",
+            "/%F0%80%80%AE",
+            "/%C0%80",
+        ] {
+            assert_eq!(normalize_path(path), Err(PathError::OverlongUtf8), "{path}");
+        }
+        for path in ["/%252E%252E/a", "/a%252fb", "/a%255Cb", "/x/%252e"] {
+            assert_eq!(normalize_path(path), Err(PathError::DoubleEscape), "{path}");
+        }
+        // One character however decoded: a Latin-1 or UTF-8 letter, a literal `%`.
+        for path in [
+            "/%C0",
+            "/%C0x",
+            "/caf%E9",
+            "/%C3%A9",
+            "/%E0%A4%85",
+            "/100%25",
+            "/%2541",
+        ] {
+            assert!(normalize_path(path).is_ok(), "{path}");
+        }
     }
 
     #[test]
