@@ -130,6 +130,27 @@ impl PathPattern {
         self.rest || skip_bare_params(rest).is_none()
     }
 
+    /// Whether every path `other` matches, this pattern matches too: segment by segment a
+    /// parameter covers any segment and a literal the same literal (in any case), and a
+    /// rest wildcard covers whatever is left, even nothing; without one, `other` must end
+    /// where this pattern does. (Matching ignores `;` parameters and a trailing slash
+    /// alike on both sides, so the segments say it all.)
+    pub fn covers(&self, other: &PathPattern) -> bool {
+        if self.segments.len() > other.segments.len()
+            || (!self.rest && (other.rest || other.segments.len() > self.segments.len()))
+        {
+            return false;
+        }
+        self.segments
+            .iter()
+            .zip(&other.segments)
+            .all(|(mine, theirs)| match (mine, theirs) {
+                (Segment::Param, _) => true,
+                (Segment::Literal(a), Segment::Literal(b)) => a.eq_ignore_ascii_case(b),
+                (Segment::Literal(_), Segment::Param) => false,
+            })
+    }
+
     /// Whether the pattern is literal segments only: one path (in any case, with or
     /// without a trailing slash), not a family of them.
     pub fn is_literal(&self) -> bool {
@@ -302,6 +323,21 @@ impl HostPattern {
     }
 }
 
+impl HostPattern {
+    /// Whether every host `other` matches, this pattern matches too: the same host, or a
+    /// subdomain wildcard over `other`'s host or its own wildcard's domain.
+    pub fn covers(&self, other: &HostPattern) -> bool {
+        match (&self.suffix, &other.suffix) {
+            (None, None) => self.source == other.source,
+            (None, Some(_)) => false,
+            (Some(_), None) => self.matches(&other.source),
+            (Some(mine), Some(theirs)) => {
+                theirs.len() >= mine.len() && theirs.ends_with(mine.as_str())
+            }
+        }
+    }
+}
+
 impl fmt::Display for HostPattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.source)
@@ -374,6 +410,21 @@ pub fn overridden_methods<'h>(
         .filter(|m| !is_safe(m) && *m != Method::POST)
 }
 
+impl RouteMatch {
+    /// Whether every request `other` matches, this one matches too: each of its methods,
+    /// any host it may have, and every path it does. A route after one that covers it is
+    /// never reached.
+    pub fn covers(&self, other: &RouteMatch) -> bool {
+        other.methods.iter().all(|m| self.methods.contains(m))
+            && match (&self.host, &other.host) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(mine), Some(theirs)) => mine.covers(theirs),
+            }
+            && self.path.covers(&other.path)
+    }
+}
+
 /// Safe methods (RFC 9110 §9.2.1) always pass through, whatever the config says.
 pub fn is_safe(method: &Method) -> bool {
     matches!(
@@ -429,6 +480,40 @@ mod tests {
         for bad in ["api", "/a/*/b", "/a/x{id}", "/a/{id-x}"] {
             assert!(PathPattern::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_pattern_covers_every_path_it_matches_of_another() {
+        let p = |s: &str| PathPattern::parse(s).unwrap();
+        for (wide, narrow) in [
+            ("/a/*", "/a/b/{c}"),
+            ("/a/*", "/a"),
+            ("/a/*", "/a/*"),
+            ("/{*all}", "/"),
+            ("/a/{x}", "/A/b/"),
+            ("/a/{x}/c", "/a/{y}/C"),
+            ("/a/{x}/*", "/a/b/*"),
+        ] {
+            assert!(p(wide).covers(&p(narrow)), "{wide} over {narrow}");
+        }
+        for (wide, narrow) in [
+            ("/a/b", "/a/{x}"),
+            ("/a/{x}", "/a/*"),
+            ("/a/{x}", "/a"),
+            ("/a/{x}", "/a/b/c"),
+            ("/a/b/*", "/a"),
+            ("/a", "/a/b"),
+            ("/a/*", "/b/c"),
+        ] {
+            assert!(!p(wide).covers(&p(narrow)), "{wide} over {narrow}");
+        }
+        let h = |s: &str| HostPattern::parse(s).unwrap();
+        assert!(h("*.example.com").covers(&h("pay.Example.com")));
+        assert!(h("*.example.com").covers(&h("*.pay.example.com")));
+        assert!(h("pay.example.com").covers(&h("PAY.example.com.")));
+        assert!(!h("*.example.com").covers(&h("example.com")));
+        assert!(!h("*.example.com").covers(&h("*.xexample.com")));
+        assert!(!h("pay.example.com").covers(&h("*.example.com")));
     }
 
     #[test]

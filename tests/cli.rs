@@ -304,3 +304,46 @@ fn explain_refuses_what_the_proxy_refuses_before_routing() {
         .unwrap();
     assert!(succeeded(&out).contains("route:             env-orders"));
 }
+
+/// Routes match first to last: a route an earlier one covers entirely (every method, host
+/// and path it matches) is never reached, and its rule never applies, while the file
+/// reads as if it did (`/uploads/*` off, then `/uploads/{id}/commit` with a required key,
+/// runs every commit unprotected). `check` refuses such a file, naming both routes; one
+/// the earlier route only partly covers is fine.
+#[test]
+fn check_refuses_a_route_an_earlier_one_hides() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    let check = |routes: &str| {
+        write_config(&config, &format!("routes:\n{routes}"));
+        idemgate(dir.path())
+            .args(["check", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    let commit = "  - name: commit\n    match: { methods: [POST], path: \"/uploads/{id}/commit\", host: pay.example }\n    key: { header: K, required: true }\n";
+    for earlier in [
+        "  - name: uploads\n    match: { path: \"/uploads/*\" }\n    idempotency: off\n",
+        "  - name: uploads\n    match: { methods: [POST], path: \"/Uploads/{x}/COMMIT/\", host: \"*.example\" }\n    idempotency: off\n",
+        "  - name: uploads\n    match: { methods: [POST], path: \"/{*rest}\" }\n    key: { header: K }\n",
+    ] {
+        let out = check(&format!("{earlier}{commit}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{earlier}: {stderr}");
+        assert!(
+            stderr.contains("routes[1]") && stderr.contains("uploads") && stderr.contains("commit"),
+            "{stderr}"
+        );
+    }
+    for earlier in [
+        // Another method, host or path: the later route still has requests of its own.
+        "  - name: uploads\n    match: { methods: [PUT], path: \"/uploads/*\" }\n    idempotency: off\n",
+        "  - name: uploads\n    match: { path: \"/uploads/*\", host: other.example }\n    idempotency: off\n",
+        "  - name: uploads\n    match: { path: \"/uploads/{id}\" }\n    idempotency: off\n",
+        "  - name: uploads\n    match: { path: \"/uploads/{id}/commit/x/*\" }\n    idempotency: off\n",
+    ] {
+        let out = check(&format!("{earlier}{commit}"));
+        succeeded(&out);
+    }
+}

@@ -161,6 +161,20 @@ pub(super) fn compile_routing(
             )
             .after(needle));
         }
+        if let Some((j, earlier)) = compiled
+            .iter()
+            .enumerate()
+            .find(|(_, earlier)| earlier.matcher.covers(&route.matcher))
+        {
+            return Err(CompileError::new(
+                format!("{key}.match"),
+                format!(
+                    "route {:?} is never reached: routes[{j}] ({:?}) comes first and matches every request it does (routes match first to last); put it after {:?}, or narrow that route",
+                    route.name, earlier.name, route.name
+                ),
+                needle,
+            ));
+        }
         compiled.push(route);
     }
     Ok(Routing {
