@@ -25,6 +25,12 @@ pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-fo
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 /// See [`X_FORWARDED_FOR`].
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// The path a request was sent to before a front server rewrote it, which IIS's URL
+/// Rewrite sets and the apps behind it (and old Symfony) dispatch by instead of the
+/// target: never a client's to say.
+pub static X_ORIGINAL_URL: HeaderName = HeaderName::from_static("x-original-url");
+/// See [`X_ORIGINAL_URL`] (Zend's and old Symfony's spelling).
+pub static X_REWRITE_URL: HeaderName = HeaderName::from_static("x-rewrite-url");
 
 /// Removes hop-by-hop headers. With `keep_upgrade`, `Upgrade` and `Connection: upgrade`
 /// survive, since forwarding a protocol switch is exactly what they are for.
@@ -219,7 +225,8 @@ pub fn declare_trailers(headers: &mut HeaderMap, trailers: &HeaderMap) {
 /// Whether a trailer field may go on: not a hop-by-hop one (RFC 9110 §7.6.1), nor one only
 /// a header section may carry (§6.5.1: framing, routing, authentication, request
 /// modifiers, what the content is), nor one that says where a request came from
-/// (`X-Forwarded-*`, which this proxy sets, and `Forwarded`). A recipient that merges
+/// (`X-Forwarded-*`, which this proxy sets, and `Forwarded`) or which path it is for
+/// (`X-Original-URL`, `X-Rewrite-URL`). A recipient that merges
 /// trailers into the header section would otherwise take them as the message's own: a
 /// second `Host`, a length, a client address.
 pub fn is_forwardable_trailer(name: &HeaderName) -> bool {
@@ -243,6 +250,8 @@ pub fn is_forwardable_trailer(name: &HeaderName) -> bool {
                 | "x-forwarded-for"
                 | "x-forwarded-proto"
                 | "x-forwarded-host"
+                | "x-original-url"
+                | "x-rewrite-url"
         )
 }
 

@@ -237,3 +237,33 @@ async fn a_clients_forwarded_field_does_not_reach_the_upstream() {
     assert!(seen.get("forwarded").is_none(), "{seen}");
     assert_eq!(seen["x-forwarded-host"][0], "shop.example");
 }
+
+/// `X-Original-URL` and `X-Rewrite-URL` name another path to upstreams that honour them
+/// (IIS's URL Rewrite, ASP.NET and Zend apps behind it, Symfony before 2018): `PUT
+/// /echo-headers` with `X-Original-URL: /api/orders` would run `/api/orders` there while
+/// the route was chosen by `/echo-headers` (here none: unprotected). The upstream reads the
+/// path the request was routed by: the client's fields are not passed on, whatever the
+/// method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_rewrite_url_fields_do_not_reach_the_upstream() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, ROUTES).await;
+    for method in [Method::PUT, Method::POST, Method::GET] {
+        let a = send(
+            proxy.addr,
+            method.clone(),
+            "/echo-headers",
+            &[
+                ("host", "shop.example"),
+                ("x-original-url", "/api/orders"),
+                ("X-Rewrite-URL", "/api/orders"),
+            ],
+            "",
+        )
+        .await;
+        let seen = &a.json()["headers"];
+        assert!(seen.get("x-original-url").is_none(), "{method}: {seen}");
+        assert!(seen.get("x-rewrite-url").is_none(), "{method}: {seen}");
+        assert_eq!(seen["x-forwarded-host"][0], "shop.example", "{method}");
+    }
+}

@@ -9,7 +9,7 @@ use http_body::Body;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::headers::{
     is_chunked_alone, is_forwardable_trailer, strip_hop_by_hop, Forwarding, X_FORWARDED_FOR,
-    X_FORWARDED_HOST, X_FORWARDED_PROTO,
+    X_FORWARDED_HOST, X_FORWARDED_PROTO, X_ORIGINAL_URL, X_REWRITE_URL,
 };
 
 /// Rewrites `parts` into the request the upstream gets: origin form (what an HTTP/1.1
@@ -21,7 +21,10 @@ use crate::proxy::headers::{
 /// appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set, and the client's
 /// `Forwarded` (RFC 7239, which says the same and which some upstreams read first, Spring's
 /// `ForwardedHeaderFilter` among them) removed, so a client cannot name its own scheme,
-/// host or address to the upstream. Trailer fields the client
+/// host or address to the upstream; nor its own path: `X-Original-URL` and
+/// `X-Rewrite-URL`, which IIS's URL Rewrite, the apps behind it and old Symfony dispatch
+/// by instead of the target, are removed too, so the upstream runs the path that was
+/// routed. Trailer fields the client
 /// declared in `Trailer` are declared again, less those only a header section may carry:
 /// hyper sends only declared trailers.
 pub fn prepare(
@@ -45,6 +48,7 @@ pub fn prepare(
             "x-forwarded-proto" => seen.remove |= 4,
             "x-forwarded-host" => seen.remove |= 8,
             "forwarded" => seen.remove |= 16,
+            "x-original-url" | "x-rewrite-url" => seen.remove |= 32,
             "x-forwarded-for" => seen.forwarded_for = true,
             "trailer" => seen.trailer = true,
             "cookie" => seen.cookie = true,
@@ -71,6 +75,10 @@ pub fn prepare(
     }
     if seen.remove & 16 != 0 {
         headers.remove(header::FORWARDED);
+    }
+    if seen.remove & 32 != 0 {
+        headers.remove(&X_ORIGINAL_URL);
+        headers.remove(&X_REWRITE_URL);
     }
     let forwarded_for = if seen.forwarded_for {
         let mut list = Vec::new();
