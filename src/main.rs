@@ -458,7 +458,8 @@ fn explain_request(
     headers: &[String],
     body: Option<&str>,
 ) -> anyhow::Result<idemgate::explain::Request> {
-    let method = Method::from_bytes(method.to_ascii_uppercase().as_bytes()).context("--method")?;
+    // As sent: a lower-case method is one the proxy refuses, and `explain` says so.
+    let method = Method::from_bytes(method.as_bytes()).context("--method")?;
     let uri = path.parse().with_context(|| format!("--path {path:?}"))?;
     let mut map = HeaderMap::new();
     for h in headers {

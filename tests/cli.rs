@@ -252,7 +252,7 @@ fn explain_without_client_ip_says_an_address_scoped_digest_needs_it() {
 }
 
 /// `explain` refuses what the proxy refuses before routing, with the same reason: two
-/// `Host` fields, a `Host` that is not one host, a POST to `*`. Shown a route and a digest
+/// `Host` fields, a `Host` that is not one host, a POST to `*`, a lower-case method. Shown a route and a digest
 /// instead, an operator would read a key the running proxy never derives.
 #[test]
 fn explain_refuses_what_the_proxy_refuses_before_routing() {
@@ -287,6 +287,29 @@ fn explain_refuses_what_the_proxy_refuses_before_routing() {
         );
         assert!(stderr.contains("would answer 400"), "{args:?}: {stderr}");
     }
+    // A method with a lower-case letter is a 400 to the proxy (Django and Flask would run
+    // `post` as a POST no route saw), so it is to `explain`, not upper-cased for it.
+    let out = idemgate(dir.path())
+        .args(["explain", "--config"])
+        .arg(&config)
+        .args([
+            "--method",
+            "post",
+            "--path",
+            "/orders",
+            "-H",
+            "Idempotency-Key: k1",
+        ])
+        .args(["-H", "Host: a.example"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(stderr.contains("would answer 400"), "{stderr}");
     // The same request with one host is explained.
     let out = idemgate(dir.path())
         .args(["explain", "--config"])
