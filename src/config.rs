@@ -171,11 +171,12 @@ impl Config {
     }
 
     /// Which route a request with `headers` belongs to, and what protection it gets: that
-    /// of [`protection_for`](Self::protection_for), but a `POST` that names another method
-    /// in a method-override header ([`crate::route::overridden_methods`]), which the app
-    /// may run as that method, gets the first of those methods' routes that protects it.
-    /// An app that ignores the override runs the POST: where no route of a named method
-    /// protects, the POST's own route (or the fallback) holds.
+    /// of [`protection_for`](Self::protection_for), but for a `POST` that names another
+    /// method in a method-override header ([`crate::route::overridden_methods`]), which
+    /// the app may run as that method. Which it does is not known here, so the POST's own
+    /// route holds where it is written for the POST (not the fallback) and enforces; else
+    /// the first route of a named method that protects (one that only observes, where the
+    /// POST's own protection does not enforce), else the POST's own route or fallback.
     pub fn route_for(
         &self,
         host: Option<&str>,
@@ -183,14 +184,23 @@ impl Config {
         headers: &http::HeaderMap,
         path: &str,
     ) -> (&str, &Protection) {
+        let own = self.protection_for(host, method, path);
+        let enforces = |p: &Protection| matches!(p, Protection::On(rule) if !rule.policy.observe);
+        let own_enforces = enforces(own.1);
+        if own_enforces && own.0 != FALLBACK_ROUTE {
+            return own;
+        }
         for named in crate::route::overridden_methods(method, headers) {
             let found = self.protection_for(host, &named, path);
             // A route of its own: the fallback is the POST's too.
-            if matches!(found.1, Protection::On(_)) && found.0 != FALLBACK_ROUTE {
+            if found.0 != FALLBACK_ROUTE
+                && matches!(found.1, Protection::On(_))
+                && (enforces(found.1) || !own_enforces)
+            {
                 return found;
             }
         }
-        self.protection_for(host, method, path)
+        own
     }
 
     /// Which route a request belongs to, and what protection it gets, by its method alone

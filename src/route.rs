@@ -398,7 +398,9 @@ pub fn overridden_methods<'h>(
     method: &Method,
     headers: &'h HeaderMap,
 ) -> impl Iterator<Item = Method> + 'h {
-    let post = *method == Method::POST;
+    // One pass over the names sent (a handful) costs less than three hashed look-ups.
+    let post =
+        *method == Method::POST && headers.keys().any(|sent| METHOD_OVERRIDES.contains(sent));
     METHOD_OVERRIDES
         .iter()
         .filter(move |_| post)

@@ -349,13 +349,18 @@ routes:
   - name: delete-user
     match: { methods: [DELETE], path: "/api/users/{id}" }
     key: { header: Idempotency-Key, required: true }
+  - name: delete-any
+    match: { methods: [DELETE], path: "/api/*" }
+    key: { header: Idempotency-Key }
+    idempotency: observe
 "#;
 
 /// Rack, Express's `method-override`, Symfony and ASP.NET run a `POST` with
 /// `X-HTTP-Method-Override: DELETE` as the DELETE: such a POST is routed by the method it
 /// names, so it cannot step around the DELETE route's rule (here, with `defaults.key: off`,
-/// it would run unprotected). An app that ignores overrides runs the POST: a route the
-/// POST itself matches still holds when the named method's route is none.
+/// it would run unprotected). An app that ignores overrides runs the POST: a route written
+/// for the POST itself that enforces holds, whatever the named method's route (none, or
+/// one that only observes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_method_override_cannot_step_around_the_route_of_the_method_it_names() {
     let upstream = start_recorder().await;
@@ -375,8 +380,9 @@ async fn a_method_override_cannot_step_around_the_route_of_the_method_it_names()
             );
         }
     }
-    // Overridden to a method no route has, or a safe one: the POST's route holds.
-    for value in ["PUT", "GET"] {
+    // Overridden to a method no route has, a safe one, or one whose route only observes:
+    // the POST's route holds.
+    for value in ["PUT", "GET", "DELETE"] {
         let answer = post(
             proxy.addr,
             "/api/orders",
