@@ -292,6 +292,22 @@ impl HostPattern {
                 "host pattern {source:?} must be a host name without port or scheme"
             ));
         }
+        // What no admitted `Host` has (an empty label, a character besides a name's) would
+        // never match, and the route's requests would pass it by.
+        let name = lower.strip_prefix("*.").unwrap_or(&lower);
+        if let Some(c) = name
+            .chars()
+            .find(|&c| !(c.is_ascii_alphanumeric() || "-._~*".contains(c)))
+        {
+            return Err(format!(
+                "host pattern {source:?} never matches: requests with {c:?} in their host are refused"
+            ));
+        }
+        if name.split('.').any(str::is_empty) {
+            return Err(format!(
+                "host pattern {source:?} never matches: it has an empty label, and requests with one are refused"
+            ));
+        }
         let suffix = match lower.strip_prefix("*.") {
             Some(rest) if !rest.contains('*') => Some(format!(".{rest}")),
             Some(_) => return Err(format!("host pattern {source:?}: one leading '*.' at most")),
@@ -516,6 +532,34 @@ mod tests {
         assert!(!h("*.example.com").covers(&h("example.com")));
         assert!(!h("*.example.com").covers(&h("*.xexample.com")));
         assert!(!h("pay.example.com").covers(&h("*.example.com")));
+    }
+
+    /// A host no admitted request names (an empty label, a character a `Host` may not
+    /// have) would never match: the route's requests would pass it by, unseen.
+    #[test]
+    fn host_patterns_no_admitted_host_has_are_refused() {
+        for bad in [
+            "pay.example..",
+            ".pay.example",
+            "pay..example",
+            "*..example",
+            "*.",
+            "pay!example",
+            "pay%2eexample",
+            "pay,example",
+            "café.example",
+        ] {
+            assert!(HostPattern::parse(bad).is_err(), "{bad}");
+        }
+        for good in [
+            "pay.example",
+            "pay.example.",
+            "*.pay.example",
+            "10.0.0.1",
+            "a_b.example",
+        ] {
+            assert!(HostPattern::parse(good).is_ok(), "{good}");
+        }
     }
 
     #[test]
