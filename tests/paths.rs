@@ -497,7 +497,7 @@ async fn a_dot_or_slash_only_some_decoders_read_is_a_400() {
             "{path}"
         );
     }
-    // The raw bytes, which hyper takes as a target and the proxy escapes.
+    // The raw bytes are no UTF-8: hyper refuses such a target itself (a bare 400).
     let raw = raw_exchange(
         proxy.addr,
         b"POST /api/x/\xC0\xAE\xC0\xAE/orders HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
