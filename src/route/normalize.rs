@@ -197,13 +197,12 @@ fn check_escapes(path: &[u8]) -> Result<(), PathError> {
             }
             continue;
         }
-        let overlong = match (byte, escaped(at + 3)) {
-            (0xC0 | 0xC1, Some(0x80..=0xBF)) => true,
-            (0xE0, Some(0x80..=0x9F)) => true,
-            (0xF0, Some(0x80..=0x8F)) => true,
-            _ => false,
-        };
-        if overlong {
+        if matches!(
+            (byte, escaped(at + 3)),
+            (0xC0 | 0xC1, Some(0x80..=0xBF))
+                | (0xE0, Some(0x80..=0x9F))
+                | (0xF0, Some(0x80..=0x8F))
+        ) {
             return Err(PathError::OverlongUtf8);
         }
     }
