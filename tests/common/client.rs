@@ -108,9 +108,7 @@ pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
 /// `connection: close`). The 30 s bound is a hang guard only.
 pub async fn raw_exchange_from(source: &str, addr: SocketAddr, request: &[u8]) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
-    let mut stream = socket.connect(addr).await.unwrap();
+    let mut stream = connect_from(source, addr).await;
     stream.write_all(request).await.unwrap();
     let mut answer = Vec::new();
     tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut answer))
@@ -118,6 +116,14 @@ pub async fn raw_exchange_from(source: &str, addr: SocketAddr, request: &[u8]) -
         .expect("hang guard: the proxy neither answered nor closed the connection")
         .unwrap();
     String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A connection to `addr` from a socket bound to `source` (another loopback address is
+/// another peer).
+pub async fn connect_from(source: &str, addr: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
 }
 
 /// A JSON POST of `body` to `path` as raw HTTP/1.1 with `extra` header lines

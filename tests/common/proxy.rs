@@ -114,6 +114,16 @@ pub async fn start_proxy_tuned(
     }
 }
 
+/// Swaps in the config `rest` (the YAML after `listen`/`upstream`, as [`start_proxy`]
+/// takes it) as `Proxy::reload` does on SIGHUP: connections already open stay open.
+pub fn reload(proxy: &ProxyHandle, upstream: SocketAddr, rest: &str) -> idemgate::proxy::Reloaded {
+    let text = with_upstream_protocol(&format!(
+        "listen: 127.0.0.1:0\nupstream: http://{upstream}\n{rest}"
+    ));
+    let config = Config::parse(&text, "test.yaml").expect("test config");
+    proxy.proxy.reload(Arc::new(config))
+}
+
 /// `text` speaking to its upstream in the protocol `IDEMGATE_TEST_UPSTREAM_PROTOCOL` names
 /// (`scripts/test` runs the exactly-once and failure suites again with `http2`), unless
 /// the test sets its own `connections:`; and over HTTP/1.1 with the client

@@ -3,12 +3,10 @@
 //! running across it wait for them, a key reused with another payload is still a 422; and
 //! a reload that changes no key makes no second claim.
 
-use std::sync::Arc;
-
 use http::StatusCode;
 
 use crate::common::redis_server::RedisServer;
-use crate::common::{self, post, start_proxy_with_admin, start_upstream, ProxyHandle, Upstream};
+use crate::common::{self, post, reload, start_proxy_with_admin, start_upstream, ProxyHandle};
 use crate::ROUTES;
 
 /// `ROUTES` with the `orders` route renamed: every key of its requests changes.
@@ -23,16 +21,6 @@ routes:
     match: { methods: [POST], path: /orders }
     key: { fingerprint: { body: true } }
 "#;
-
-/// Swaps in `rest` as `Proxy::reload` does on SIGHUP.
-fn reload(proxy: &ProxyHandle, upstream: &Upstream, rest: &str) -> idemgate::proxy::Reloaded {
-    let text = common::with_upstream_protocol(&format!(
-        "listen: 127.0.0.1:0\nupstream: http://{}\n{rest}",
-        upstream.addr
-    ));
-    let config = idemgate::config::Config::parse(&text, "test.yaml").expect("test config");
-    proxy.proxy.reload(Arc::new(config))
-}
 
 fn rekeyed(proxy: &ProxyHandle, route: &str, found: &str) -> f64 {
     proxy.metric(&format!(
@@ -66,7 +54,7 @@ async fn duplicate_across_a_rekeying_reload(config: &str) {
     });
     upstream.arrived("across", 1).await;
     let renamed = config.replace("- name: orders\n", "- name: purchases\n");
-    let reloaded = reload(&proxy, &upstream, &renamed);
+    let reloaded = reload(&proxy, upstream.addr, &renamed);
     assert!(reloaded.honoured_until.is_some(), "{reloaded:?}");
     let duplicate =
         tokio::spawn(
@@ -95,7 +83,7 @@ async fn a_key_reused_with_another_payload_across_a_rekeying_reload_is_a_422() {
     let key = [("idempotency-key", "reused")];
     let first = post(proxy.addr, "/orders", &key, r#"{"sku":"A1"}"#).await;
     assert_eq!(first.status, StatusCode::CREATED);
-    reload(&proxy, &upstream, &renamed());
+    reload(&proxy, upstream.addr, &renamed());
     let other = post(proxy.addr, "/orders", &key, r#"{"sku":"B2"}"#).await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(rekeyed(&proxy, "purchases", "mismatch"), 1.0);
@@ -115,7 +103,7 @@ async fn only_requests_whose_keys_changed_claim_their_earlier_key() {
     let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
     let policies = ROUTES.replace("in_flight: reject\n", "in_flight: reject\n    ttl: 1h\n");
     assert_ne!(policies, ROUTES);
-    let reloaded = reload(&proxy, &upstream, &policies);
+    let reloaded = reload(&proxy, upstream.addr, &policies);
     assert!(reloaded.rekeyed.is_empty(), "{reloaded:?}");
     assert!(reloaded.honoured_until.is_none());
     for path in ["/orders", "/orders/quick"] {
@@ -128,7 +116,7 @@ async fn only_requests_whose_keys_changed_claim_their_earlier_key() {
 
     reload(
         &proxy,
-        &upstream,
+        upstream.addr,
         &renamed().replace("in_flight: reject\n", "in_flight: reject\n    ttl: 1h\n"),
     );
     let key = [("idempotency-key", "new")];
@@ -175,7 +163,7 @@ async fn a_sealed_answer_is_carried_to_the_new_key_under_the_new_ring() {
     let first = post(proxy.addr, "/orders", &key, "{}").await;
     assert_eq!(first.status, StatusCode::CREATED);
     let rotated = sealed(&k2).replace("- name: orders\n", "- name: purchases\n");
-    reload(&proxy, &upstream, &rotated);
+    reload(&proxy, upstream.addr, &rotated);
     for _ in 0..2 {
         let retry = post(proxy.addr, "/orders", &key, "{}").await;
         assert_eq!(retry.status, StatusCode::CREATED);
@@ -201,7 +189,7 @@ async fn a_duplicate_across_a_rekeying_reload_on_a_rejecting_route_gets_409_and_
     upstream.arrived("quick", 1).await;
     reload(
         &proxy,
-        &upstream,
+        upstream.addr,
         &ROUTES.replace("- name: quick\n", "- name: fast\n"),
     );
     let key = [("idempotency-key", "quick")];
@@ -230,7 +218,7 @@ async fn a_reload_that_tells_callers_apart_does_not_share_the_old_keys_between_t
     assert_eq!(alice.status, StatusCode::CREATED);
     let reloaded = reload(
         &proxy,
-        &upstream,
+        upstream.addr,
         &format!("credential_headers: [X-Tenant-Key]\n{ROUTES}"),
     );
     assert!(reloaded
@@ -267,7 +255,7 @@ async fn a_reload_that_adds_a_field_to_the_key_does_not_answer_a_new_request_fro
     .await;
     assert_eq!(first.status, StatusCode::CREATED);
     let finer = REFUNDS.replace("[/refund_id]", "[/refund_id, /order_id]");
-    assert!(!reload(&proxy, &upstream, &finer).rekeyed.is_empty());
+    assert!(!reload(&proxy, upstream.addr, &finer).rekeyed.is_empty());
     let other = post(
         proxy.addr,
         "/orders/refunds",
@@ -289,7 +277,7 @@ async fn a_reload_from_fingerprints_to_client_keys_does_not_merge_two_keyed_requ
     let order = r#"{"sku":"A1"}"#;
     let first = post(proxy.addr, "/orders", &[("idempotency-key", "one")], order).await;
     assert_eq!(first.status, StatusCode::CREATED);
-    reload(&proxy, &upstream, ROUTES);
+    reload(&proxy, upstream.addr, ROUTES);
     let second = post(proxy.addr, "/orders", &[("idempotency-key", "two")], order).await;
     assert!(!second.replayed(), "the client named it another request");
     assert_eq!(upstream.executed_for("two"), 1);
@@ -306,7 +294,7 @@ async fn a_reload_that_drops_a_field_from_the_key_still_replays_earlier_answers(
     let body = r#"{"refund_id":"r1","order_id":"o1"}"#;
     let first = post(proxy.addr, "/orders/refunds", &tag, body).await;
     assert_eq!(first.status, StatusCode::CREATED);
-    reload(&proxy, &upstream, REFUNDS);
+    reload(&proxy, upstream.addr, REFUNDS);
     let retry = post(proxy.addr, "/orders/refunds", &tag, body).await;
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
@@ -328,7 +316,7 @@ async fn a_duplicate_whose_client_leaves_while_it_waits_on_the_old_key_frees_its
         post(addr, "/orders", &headers, "{}").await
     });
     upstream.arrived("leaves", 1).await;
-    reload(&proxy, &upstream, &renamed());
+    reload(&proxy, upstream.addr, &renamed());
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let request = format!(
         "POST /orders HTTP/1.1\r\nhost: {addr}\r\nidempotency-key: leaves\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}"
@@ -367,7 +355,9 @@ async fn a_retry_on_a_replica_not_yet_reloaded_is_replayed_not_run_again() {
     let reloaded = start_proxy_with_admin(upstream.addr, &config, None).await;
     let behind = start_proxy_with_admin(upstream.addr, &config, None).await;
     let renamed = config.replace("- name: orders\n", "- name: purchases\n");
-    assert!(!reload(&reloaded, &upstream, &renamed).rekeyed.is_empty());
+    assert!(!reload(&reloaded, upstream.addr, &renamed)
+        .rekeyed
+        .is_empty());
     let key = [("idempotency-key", "rolling")];
     let first = post(reloaded.addr, "/orders", &key, "{}").await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -405,7 +395,7 @@ async fn a_request_routed_before_a_rekeying_reload_and_claimed_after_it_is_repla
         interim.push(byte[0]);
     }
     assert!(interim.starts_with(b"HTTP/1.1 100"), "{interim:?}");
-    reload(&proxy, &upstream, &renamed());
+    reload(&proxy, upstream.addr, &renamed());
     let key = [("idempotency-key", "straggler")];
     let first = post(proxy.addr, "/orders", &key, "{}").await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -441,7 +431,9 @@ async fn an_owner_that_gives_up_unanswered_holds_the_previous_configs_key_too() 
     let reloaded = start_proxy_with_admin(upstream.addr, &config, None).await;
     let behind = start_proxy_with_admin(upstream.addr, &config, None).await;
     let renamed = config.replace("- name: orders\n", "- name: purchases\n");
-    assert!(!reload(&reloaded, &upstream, &renamed).rekeyed.is_empty());
+    assert!(!reload(&reloaded, upstream.addr, &renamed)
+        .rekeyed
+        .is_empty());
     let addr = reloaded.addr;
     let first = tokio::spawn(async move {
         let held = [("idempotency-key", "given-up"), ("x-test-gate", "given-up")];
@@ -494,7 +486,7 @@ async fn a_reload_that_ignores_one_more_field_still_holds_duplicates_of_running_
     });
     upstream.arrived("noted", 1).await;
     let ignoring = FINGERPRINTED.replace("{ body: true }", "{ body: true, ignore: [note] }");
-    assert!(!reload(&proxy, &upstream, &ignoring).rekeyed.is_empty());
+    assert!(!reload(&proxy, upstream.addr, &ignoring).rekeyed.is_empty());
     let mut duplicate =
         tokio::spawn(
             async move { post(addr, "/orders", &[("idempotency-key", "noted")], order).await },
@@ -534,7 +526,7 @@ async fn a_retry_of_an_observed_request_is_replayed_after_a_reload_that_enforces
     let key = [("idempotency-key", "watched")];
     let first = post(proxy.addr, "/orders", &key, "{}").await;
     assert_eq!(first.status, StatusCode::CREATED);
-    assert!(!reload(&proxy, &upstream, &renamed()).rekeyed.is_empty());
+    assert!(!reload(&proxy, upstream.addr, &renamed()).rekeyed.is_empty());
     let retry = post(proxy.addr, "/orders", &key, "{}").await;
     assert_eq!(upstream.executed_for("watched"), 1, "the retry ran again");
     assert!(retry.replayed());
