@@ -4,6 +4,7 @@
 //!
 //! The routes and the raw-socket helpers every module uses are here; `bodies.rs` has the
 //! bodies streamed byte-exact, `headers.rs` header cleaning, `Expect` and trailers,
+//! `forwarded.rs` the forwarded fields of trusted and other peers,
 //! `protocols.rs` upgrades and HTTP/2, `stalls.rs` peers that stall, and `unprotected.rs`
 //! the rules of routes with `idempotency: off`.
 
@@ -11,6 +12,7 @@
 mod common;
 
 mod bodies;
+mod forwarded;
 mod headers;
 mod protocols;
 mod stalls;

@@ -1,0 +1,167 @@
+//! The forwarded fields a peer in `trusted_proxies` sent (`X-Forwarded-Proto`,
+//! `X-Forwarded-Host`, `Forwarded`) reach the upstream as it sent them, on every path that
+//! forwards: a TLS-terminating load balancer in front says `https`, and an app behind a
+//! proxy that said `http` would redirect to itself forever. Any other peer's are replaced
+//! or removed, as a client must not name its own scheme or host; and which a peer is, is
+//! decided per request, so a reload that stops trusting it applies on its open connections.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+
+use crate::common::{connect_from, reload, start_proxy, start_upstream};
+
+/// Every path that forwards to the upstream echoing the headers it got: an owner, an
+/// observed request and one too large to buffer (streamed on), and pass-through.
+const ROUTES: &str = r#"
+routes:
+  - name: owned
+    match: { methods: [POST], path: /echo-headers }
+    key: { header: Idempotency-Key, required: true }
+  - name: observed
+    match: { methods: [PUT], path: /echo-headers }
+    key: { header: Idempotency-Key, required: true }
+    idempotency: observe
+    max_body: 16B
+  - name: open
+    match: { path: /echo-headers }
+    idempotency: off
+"#;
+
+const TRUSTING_LOOPBACK: &str = "trusted_proxies: [127.0.0.1/32]\n";
+
+/// What a TLS-terminating load balancer tells the app it forwards to.
+const BALANCER: [(&str, &str); 3] = [
+    ("x-forwarded-proto", "https"),
+    ("x-forwarded-host", "shop.example"),
+    ("forwarded", "for=203.0.113.7;proto=https;host=shop.example"),
+];
+
+/// The `Host` the proxy is reached by (the balancer's name for its backend).
+const HOST: &str = "backend.internal:8080";
+
+/// One keep-alive HTTP/1.1 connection to `proxy` from `source`.
+async fn open(source: &str, proxy: SocketAddr) -> SendRequest<Full<Bytes>> {
+    let stream = connect_from(source, proxy).await;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// A request down each path, on `sender`, with `fields`; per path, the headers the upstream
+/// received. `round` makes the keys new.
+async fn each_path(
+    sender: &mut SendRequest<Full<Bytes>>,
+    fields: &[(&str, &str)],
+    round: &str,
+) -> Vec<(&'static str, serde_json::Value)> {
+    let large = "x".repeat(64);
+    let paths = [
+        ("pass-through", Method::GET, "", ""),
+        ("owner", Method::POST, "owned", "{}"),
+        ("observed", Method::PUT, "observed", "{}"),
+        ("observed, too large", Method::PUT, "large", large.as_str()),
+    ];
+    let mut seen = Vec::new();
+    for (path, method, key, body) in paths {
+        let mut request = Request::builder()
+            .method(method)
+            .uri("/echo-headers")
+            .header("host", HOST);
+        if !key.is_empty() {
+            request = request.header("idempotency-key", format!("{round}-{key}"));
+        }
+        for (name, value) in fields {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .unwrap();
+        sender.ready().await.expect("the connection stays open");
+        let answer = sender.send_request(request).await.unwrap();
+        assert!(answer.status().is_success(), "{path}: {}", answer.status());
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        let echoed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        seen.push((path, echoed["headers"].clone()));
+    }
+    seen
+}
+
+/// Asserts the balancer's fields reached the upstream unchanged on every path.
+fn kept(seen: &[(&str, serde_json::Value)]) {
+    for (path, headers) in seen {
+        for (name, value) in BALANCER {
+            assert_eq!(
+                headers[name],
+                serde_json::json!([value]),
+                "{path}: {name}: {headers}"
+            );
+        }
+    }
+}
+
+/// Asserts the proxy's own fields replaced the client's on every path, and `Forwarded` went.
+fn replaced(seen: &[(&str, serde_json::Value)]) {
+    for (path, headers) in seen {
+        assert_eq!(
+            headers["x-forwarded-proto"],
+            serde_json::json!(["http"]),
+            "{path}: {headers}"
+        );
+        assert_eq!(
+            headers["x-forwarded-host"],
+            serde_json::json!([HOST]),
+            "{path}: {headers}"
+        );
+        assert!(headers.get("forwarded").is_none(), "{path}: {headers}");
+    }
+}
+
+/// Behind a TLS-terminating balancer idemgate listens in cleartext: the balancer's `https`
+/// (and its host, and its `Forwarded`) is what the app must see, on unprotected and
+/// protected routes alike. A trusted peer that sent none of them gets the proxy's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_proxys_forwarded_fields_reach_the_upstream_unchanged() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &format!("{TRUSTING_LOOPBACK}{ROUTES}")).await;
+    let mut balancer = open("127.0.0.1", proxy.addr).await;
+    kept(&each_path(&mut balancer, &BALANCER, "lb").await);
+    replaced(&each_path(&mut balancer, &[], "bare").await);
+    // X-Forwarded-For is appended to from every peer: the balancer's own address last.
+    let seen = each_path(&mut balancer, &[("x-forwarded-for", "203.0.113.7")], "xff").await;
+    for (path, headers) in seen {
+        assert_eq!(
+            headers["x-forwarded-for"],
+            serde_json::json!(["203.0.113.7, 127.0.0.1"]),
+            "{path}: {headers}"
+        );
+    }
+}
+
+/// A peer outside `trusted_proxies` (127.0.0.2 here, with 127.0.0.1 trusted) names no
+/// scheme or host of its own: the proxy's replace them, and its `Forwarded` is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_peers_forwarded_fields_are_replaced_or_removed() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &format!("{TRUSTING_LOOPBACK}{ROUTES}")).await;
+    let mut client = open("127.0.0.2", proxy.addr).await;
+    replaced(&each_path(&mut client, &BALANCER, "client").await);
+}
+
+/// A reload that drops the peer from `trusted_proxies` applies to its next request on the
+/// connection it already has open: keep-alive connections from a balancer live for hours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_stops_trusting_a_peer_applies_on_its_open_connection() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &format!("{TRUSTING_LOOPBACK}{ROUTES}")).await;
+    let mut peer = open("127.0.0.1", proxy.addr).await;
+    kept(&each_path(&mut peer, &BALANCER, "before").await);
+    reload(&proxy, upstream.addr, ROUTES);
+    replaced(&each_path(&mut peer, &BALANCER, "after").await);
+}
