@@ -283,6 +283,10 @@ impl Proxy {
         let route_metrics = self.metrics.route(route);
         let method = request.method().clone();
         let mut report = Report::default();
+        // Per request, by the config serving it: a reload that stops trusting a peer
+        // applies on its open connections. Without trusted proxies, no lookup at all.
+        let proxies = &live.config.identity.trusted_proxies;
+        let trusted_peer = !proxies.is_empty() && proxies.contains(conn.peer.ip());
         let result = match protection {
             Protection::Off(head) => {
                 report.outcome = Some(Outcome::Passthrough);
@@ -292,7 +296,8 @@ impl Proxy {
                     client_gap: self.body_read_timeout,
                     upstream_gap: live.config.connections.upstream_read_timeout,
                 };
-                let result = passthrough::forward(&live.client, request, conn, timeouts).await;
+                let result =
+                    passthrough::forward(&live.client, request, conn, trusted_peer, timeouts).await;
                 route_metrics.upstream_latency(started.elapsed());
                 result
             }
@@ -301,6 +306,7 @@ impl Proxy {
                     store: &self.store,
                     client: &live.client,
                     conn,
+                    trusted_peer,
                     metrics: &self.metrics,
                     route_metrics: &route_metrics,
                     owners: &self.owners,

@@ -166,7 +166,7 @@ async fn forward_streamed(
         .send(
             Request::from_parts(parts, body),
             cx.conn,
-            false,
+            cx.hop(),
             started + policy.upstream_timeout,
         )
         .await?;

@@ -10,7 +10,7 @@ use hyper_util::rt::TokioIo;
 
 use super::body::{ProxyBody, RequestBody};
 use super::headers::{strip_hop_by_hop, wants_upgrade};
-use super::upstream::{UpstreamBody, UpstreamClient};
+use super::upstream::{Hop, UpstreamBody, UpstreamClient};
 use crate::error::ProxyError;
 
 /// The bounds on one pass-through exchange.
@@ -24,11 +24,13 @@ pub struct Timeouts {
     pub upstream_gap: Duration,
 }
 
-/// Forwards `request` with its body streaming; the response streams back.
+/// Forwards `request` with its body streaming; the response streams back. `trusted_peer`:
+/// the connection's peer is a trusted proxy, whose forwarded fields go on.
 pub async fn forward(
     client: &UpstreamClient,
     mut request: Request<RequestBody>,
     conn: &super::ConnInfo,
+    trusted_peer: bool,
     timeouts: Timeouts,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let upgrade = request.version() <= http::Version::HTTP_11 && wants_upgrade(request.headers());
@@ -38,7 +40,15 @@ pub async fn forward(
         Request::from_parts(parts, body.into_proxy_body(Some(timeouts.client_gap)));
     let deadline = Instant::now() + timeouts.head;
     let mut response = client
-        .send(upstream_request, conn, upgrade, deadline)
+        .send(
+            upstream_request,
+            conn,
+            Hop {
+                upgrade,
+                trusted_peer,
+            },
+            deadline,
+        )
         .await?;
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {

@@ -32,7 +32,7 @@ use super::previous::{self, Earlier, Older};
 use super::settlement;
 pub use super::stopping::Owners;
 use super::stopping::Stopping;
-use super::upstream::{timed_out, UpstreamClient};
+use super::upstream::{timed_out, Hop, UpstreamClient};
 use crate::config::{InFlightMode, OnStoreError, OnUnknownOutcome, Protected};
 use crate::error::{NotKept, ProxyError};
 use crate::key::derive::scope_digest;
@@ -58,6 +58,8 @@ pub struct Context<'a> {
     pub client: &'a UpstreamClient,
     /// The connection the request came on.
     pub conn: &'a super::ConnInfo,
+    /// Its peer is in `trusted_proxies` of the config serving this request.
+    pub trusted_peer: bool,
     /// Process-wide metrics (the in-flight gauge).
     pub metrics: &'a Arc<Metrics>,
     /// This route's metric handles.
@@ -75,6 +77,16 @@ pub struct Context<'a> {
     /// The rules of the previous generations that would have protected this request, newest
     /// first (`super::previous`): empty unless a reload re-keyed requests.
     pub older: &'a [Arc<Protected>],
+}
+
+impl Context<'_> {
+    /// How its buffered request goes on: never as a protocol switch.
+    pub(super) fn hop(&self) -> Hop {
+        Hop {
+            upgrade: false,
+            trusted_peer: self.trusted_peer,
+        }
+    }
 }
 
 /// What the access log and metrics learn about a protected request as it runs.
@@ -371,7 +383,7 @@ pub(super) async fn forward_unprotected(
         let request = Request::from_parts(parts, ProxyBody::full(body));
         let response = cx
             .client
-            .send_untimed(request, cx.conn, false, &sending)
+            .send_untimed(request, cx.conn, cx.hop(), &sending)
             .await?;
         let conn = cx.conn.share.buffers();
         Ok(answer::read(response, policy.max_answer, cx.budget, conn)
@@ -406,6 +418,7 @@ pub(super) async fn execute(
     let client = cx.client.clone();
     let owner_rule = Arc::clone(rule);
     let conn = cx.conn.clone();
+    let hop = cx.hop();
     let running = cx.metrics.owner_running();
     let owned = cx.owners.hold();
     let route_metrics = Arc::clone(cx.route_metrics);
@@ -438,7 +451,7 @@ pub(super) async fn execute(
         let request = Request::from_parts(parts, ProxyBody::full(body));
         let sending = guard.lease.as_ref().expect("held").sending();
         let exchange = async {
-            match client.send_untimed(request, &conn, false, &sending).await {
+            match client.send_untimed(request, &conn, hop, &sending).await {
                 // An answer the budget has no room for streams on, not stored, as one
                 // over `max_answer` does: the request ran, so it never fails for that.
                 Ok(response) => {

@@ -63,6 +63,18 @@ impl OwnPools {
     }
 }
 
+/// What a request's handler decided about how it goes on, beyond its head: passed per
+/// request, as a reload may change whether its peer is trusted between two requests on one
+/// connection.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Hop {
+    /// A protocol switch is forwarded.
+    pub upgrade: bool,
+    /// The TCP peer is in `trusted_proxies` of the config serving the request: the
+    /// forwarded fields it sent go on ([`request::prepare`]).
+    pub trusted_peer: bool,
+}
+
 /// A pooled client for one upstream origin.
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
@@ -132,7 +144,8 @@ impl UpstreamClient {
 
     /// Sends a client's request on to the upstream and waits until `deadline` for the
     /// answer head. The request goes out in origin form with its fields cleaned and
-    /// `X-Forwarded-*` added ([`request::prepare`]); `upgrade` forwards a protocol switch.
+    /// `X-Forwarded-*` added ([`request::prepare`]); `hop` says whether it forwards a
+    /// protocol switch and whether its peer is a trusted proxy.
     /// The answer's body hands the connection back to the pool once read to its end.
     ///
     /// A deadline that passes before the request was handed to a connection (still
@@ -142,15 +155,12 @@ impl UpstreamClient {
         &self,
         request: Request<ProxyBody>,
         conn: &super::ConnInfo,
-        upgrade: bool,
+        hop: Hop,
         deadline: Instant,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
         let sending = AtomicBool::new(false);
         conn.upstream_timer
-            .timeout_at(
-                deadline,
-                self.send_untimed(request, conn, upgrade, &sending),
-            )
+            .timeout_at(deadline, self.send_untimed(request, conn, hop, &sending))
             .await
             .unwrap_or_else(|| Err(timed_out(&sending)))
     }
@@ -161,13 +171,18 @@ impl UpstreamClient {
         &self,
         request: Request<ProxyBody>,
         conn: &super::ConnInfo,
-        upgrade: bool,
+        hop: Hop,
         sending: &AtomicBool,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
+        let Hop {
+            upgrade,
+            trusted_peer,
+        } = hop;
         let forwarding = Forwarding {
             client_ip: &conn.forwarded_for,
             proto: conn.proto(),
             upgrade,
+            trusted_peer,
         };
         let (mut parts, body) = request.into_parts();
         let method = parts.method.clone();

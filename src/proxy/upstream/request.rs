@@ -21,9 +21,11 @@ use crate::proxy::headers::{
 /// appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set, and the client's
 /// `Forwarded` (RFC 7239, which says the same and which some upstreams read first, Spring's
 /// `ForwardedHeaderFilter` among them) removed, so a client cannot name its own scheme,
-/// host or address to the upstream; nor its own path: `X-Original-URL` and
+/// host or address to the upstream. From a trusted peer ([`Forwarding::trusted_peer`]) those
+/// three go on as it sent them, ours set only where it sent none: it saw the client, this
+/// proxy saw only it. Nor can a client name its own path: `X-Original-URL` and
 /// `X-Rewrite-URL`, which IIS's URL Rewrite, the apps behind it and old Symfony dispatch
-/// by instead of the target, are removed too, so the upstream runs the path that was
+/// by instead of the target, are removed, so the upstream runs the path that was
 /// routed. Trailer fields the client
 /// declared in `Trailer` are declared again, less those only a header section may carry:
 /// hyper sends only declared trailers.
@@ -55,6 +57,14 @@ pub fn prepare(
             _ => {}
         }
     }
+    // A trusted peer's forwarded fields stay, and ours go only where it sent none.
+    let (their_proto, their_host) = if forwarding.trusted_peer {
+        let theirs = (seen.remove & 4 != 0, seen.remove & 8 != 0);
+        seen.remove &= !(4 | 8 | 16);
+        theirs
+    } else {
+        (false, false)
+    };
     let declared_trailers = seen.trailer.then(|| declared_trailers(headers));
     if seen.cookie {
         join_cookies(headers);
@@ -92,10 +102,12 @@ pub fn prepare(
         forwarding.client_ip.clone()
     };
     headers.insert(X_FORWARDED_FOR.clone(), forwarded_for);
-    headers.insert(
-        X_FORWARDED_PROTO.clone(),
-        HeaderValue::from_static(forwarding.proto),
-    );
+    if !their_proto {
+        headers.insert(
+            X_FORWARDED_PROTO.clone(),
+            HeaderValue::from_static(forwarding.proto),
+        );
+    }
     let host = if seen.host {
         headers.get(header::HOST).cloned()
     } else {
@@ -105,7 +117,7 @@ pub fn prepare(
         }
         host
     };
-    if let Some(host) = host {
+    if let Some(host) = host.filter(|_| !their_host) {
         headers.insert(X_FORWARDED_HOST.clone(), host);
     }
     if body.is_end_stream() {
@@ -410,5 +422,36 @@ mod tests {
             HeaderValue::from_static("chunked"),
         );
         assert!(check_answer(&Method::POST, StatusCode::OK, &mut chunked, false).is_ok());
+    }
+
+    /// A trusted peer's forwarded fields go on as it sent them, ours only where it sent
+    /// none; any other peer's are replaced (`X-Forwarded-*`) or removed (`Forwarded`).
+    #[test]
+    fn a_trusted_peers_forwarded_fields_go_on_and_ours_fill_the_gaps() {
+        let client_ip = HeaderValue::from_static("10.0.0.1");
+        for trusted_peer in [true, false] {
+            let (mut parts, ()) = http::Request::get("/")
+                .header(header::HOST, "backend:8080")
+                .header(X_FORWARDED_PROTO.clone(), "https")
+                .header(header::FORWARDED, "proto=https;host=shop.example")
+                .body(())
+                .unwrap()
+                .into_parts();
+            let forwarding = Forwarding {
+                client_ip: &client_ip,
+                proto: "http",
+                upgrade: false,
+                trusted_peer,
+            };
+            prepare(&mut parts, &ProxyBody::empty(), &forwarding, || None);
+            let h = &parts.headers;
+            let proto = if trusted_peer { "https" } else { "http" };
+            assert_eq!(h.get_all(&X_FORWARDED_PROTO).iter().count(), 1);
+            assert_eq!(h[&X_FORWARDED_PROTO], proto, "trusted: {trusted_peer}");
+            // It sent none: ours, from either peer.
+            assert_eq!(h[&X_FORWARDED_HOST], "backend:8080");
+            assert_eq!(h.contains_key(header::FORWARDED), trusted_peer);
+            assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
+        }
     }
 }
