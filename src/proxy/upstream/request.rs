@@ -57,19 +57,23 @@ pub fn prepare(
             _ => {}
         }
     }
-    // A trusted peer's forwarded fields stay, and ours go only where it sent none.
-    let (their_proto, their_host) = if forwarding.trusted_peer {
-        let theirs = (seen.remove & 4 != 0, seen.remove & 8 != 0);
-        seen.remove &= !(4 | 8 | 16);
-        theirs
-    } else {
-        (false, false)
-    };
     let declared_trailers = seen.trailer.then(|| declared_trailers(headers));
     if seen.cookie {
         join_cookies(headers);
     }
     strip_hop_by_hop(headers, forwarding.upgrade);
+    // A trusted peer's forwarded fields stay, and ours go only where it sent none. Looked
+    // up after the hop-by-hop ones went: one its `Connection` named was for this hop only.
+    let (their_proto, their_host) = if forwarding.trusted_peer {
+        let theirs = (
+            seen.remove & 4 != 0 && headers.contains_key(&X_FORWARDED_PROTO),
+            seen.remove & 8 != 0 && headers.contains_key(&X_FORWARDED_HOST),
+        );
+        seen.remove &= !(4 | 8 | 16);
+        theirs
+    } else {
+        (false, false)
+    };
     // Only those present: each removal hashes its name.
     if seen.remove & 1 != 0 {
         headers.remove(header::CONTENT_LENGTH);
@@ -453,5 +457,21 @@ mod tests {
             assert_eq!(h.contains_key(header::FORWARDED), trusted_peer);
             assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
         }
+        // One its `Connection` names was for the hop to here: ours replaces it.
+        let (mut parts, ()) = http::Request::get("/")
+            .header(header::HOST, "backend:8080")
+            .header(header::CONNECTION, "x-forwarded-host")
+            .header(X_FORWARDED_HOST.clone(), "hop.example")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let forwarding = Forwarding {
+            client_ip: &client_ip,
+            proto: "http",
+            upgrade: false,
+            trusted_peer: true,
+        };
+        prepare(&mut parts, &ProxyBody::empty(), &forwarding, || None);
+        assert_eq!(parts.headers[&X_FORWARDED_HOST], "backend:8080");
     }
 }
