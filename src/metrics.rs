@@ -4,7 +4,7 @@
 //! Per-route handles are cached, so counting a request allocates nothing.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::text::encode;
@@ -222,6 +222,8 @@ pub struct Metrics {
     tokens_refused: Counter,
     reaped: Counter,
     settlements_lost: Counter,
+    /// Held while the counters above follow the store's totals ([`Metrics::render`]).
+    following: Mutex<()>,
     rekeyed: Family<RekeyedLabels, Counter>,
     routes: RwLock<HashMap<String, Arc<RouteMetrics>>>,
     /// Route names by [`RouteTag`]: tag 0 is "" (no route: issued tokens).
@@ -346,6 +348,7 @@ impl Metrics {
             tokens_refused,
             reaped,
             settlements_lost,
+            following: Mutex::new(()),
             routes: RwLock::default(),
             tags: RwLock::new(vec![String::new()]),
         }
@@ -439,27 +442,24 @@ impl Metrics {
         self.store_entries.set(stats.entries as i64);
         self.store_bytes.set(stats.bytes as i64);
         {
+            // The store counts totals and each counter follows them by what it lacks: two
+            // scrapes at once, each adding that, would add it twice.
+            let _one_at_a_time = self.following.lock().unwrap_or_else(|p| p.into_inner());
+            let follow = |counter: &Counter, total: u64| {
+                counter.inc_by(total.saturating_sub(counter.get()));
+            };
             let tags = self.tags.read().unwrap_or_else(|p| p.into_inner());
             for (tag, total) in &stats.evictions {
                 let route = tags.get(usize::from(tag.0)).cloned().unwrap_or_default();
-                let counter = self.evictions.get_or_create_owned(&RouteLabel { route });
-                // The store counts totals; the counter follows them.
-                counter.inc_by(total.saturating_sub(counter.get()));
+                follow(
+                    &self.evictions.get_or_create_owned(&RouteLabel { route }),
+                    *total,
+                );
             }
+            follow(&self.tokens_refused, stats.tokens_refused);
+            follow(&self.reaped, stats.reaped);
+            follow(&self.settlements_lost, stats.settlements_lost);
         }
-        // The store counts the totals; the counters follow them.
-        self.tokens_refused.inc_by(
-            stats
-                .tokens_refused
-                .saturating_sub(self.tokens_refused.get()),
-        );
-        self.reaped
-            .inc_by(stats.reaped.saturating_sub(self.reaped.get()));
-        self.settlements_lost.inc_by(
-            stats
-                .settlements_lost
-                .saturating_sub(self.settlements_lost.get()),
-        );
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
