@@ -247,7 +247,7 @@ async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     if unwritten > 0 {
         tracing::error!(
             unwritten,
-            "stopped with settlements still unwritten (the store failed them); their claims lapse as a dead owner's do"
+            "stopped with settlements still unwritten (store writes made in the background after their owners ended: answers the store failed, releases of unanswered claims); their claims lapse as a dead owner's do"
         );
     }
     tracing::info!("stopped");
