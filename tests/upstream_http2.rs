@@ -335,3 +335,79 @@ async fn request_trailers_lose_header_only_and_forwarding_fields_over_http2_too(
         }
     }
 }
+
+/// The protected POST's answer is cut short by an HTTP/2 upstream that ran it: `200`,
+/// 40 bytes of body (of `content_length`, when the head names one), then `RST_STREAM`
+/// with `NO_ERROR` before any `END_STREAM`. hyper's client ends such a body as if it were
+/// whole (RFC 9113 §8.1 allows `NO_ERROR` only after a complete answer), so the proxy
+/// must itself see that the stream never ended: the owner's client gets a 502, the
+/// duplicate that waited on it and the later retry the outcome-unknown 409, and no
+/// truncated answer is stored or replayed.
+async fn an_answer_cut_by_a_no_error_reset_is_never_stored(content_length: Option<usize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (arrived, arrival) = tokio::sync::oneshot::channel();
+    let (open, gate) = tokio::sync::oneshot::channel::<()>();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let runs = Arc::clone(&ran);
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let ran = async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            arrived.send(()).unwrap();
+            gate.await.unwrap();
+        };
+        common::answer_cut_by_a_reset(stream, content_length, &[b'x'; 40], 0, ran).await;
+    });
+    let proxy = start_proxy(addr, &h2(ROUTES)).await;
+    let key = [("idempotency-key", "cut")];
+    let owner = tokio::spawn(async move { post(proxy.addr, "/orders", &key, "{}").await });
+    arrival.await.unwrap();
+    let waiter = tokio::spawn(async move { post(proxy.addr, "/orders", &key, "{}").await });
+    proxy.metric_reaches("idemgate_waiting", 1.0).await;
+    open.send(()).unwrap();
+
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.status, StatusCode::BAD_GATEWAY, "{owner:?}");
+    assert_eq!(owner.problem(), "urn:idemgate:problem:upstream-failed");
+    let waiter = waiter.await.unwrap();
+    assert_eq!(waiter.status, StatusCode::CONFLICT, "{waiter:?}");
+    assert_eq!(waiter.problem(), "urn:idemgate:problem:outcome-unknown");
+    let retry = post(proxy.addr, "/orders", &key, "{}").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    assert_eq!(retry.problem(), "urn:idemgate:problem:outcome-unknown");
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "run once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_cut_short_of_its_length_by_a_no_error_reset_is_never_stored() {
+    an_answer_cut_by_a_no_error_reset_is_never_stored(Some(100)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_without_a_length_cut_by_a_no_error_reset_is_never_stored() {
+    an_answer_cut_by_a_no_error_reset_is_never_stored(None).await;
+}
+
+/// RFC 9113 §8.1: an upstream may answer whole (`END_STREAM`) before it read the request's
+/// body, then reset the stream with `NO_ERROR` to stop the upload. That answer is complete:
+/// the owner's client gets it and the retry its replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_then_a_no_error_reset_is_stored_and_replayed() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        common::answer_early_then_reset(stream, b"{\"early\":true}").await;
+    });
+    let proxy = start_proxy(addr, &h2(ROUTES)).await;
+    // More than the 64 KiB window a server that never reads the body leaves the client.
+    let body = format!("\"{}\"", "b".repeat(200 << 10));
+    let key = [("idempotency-key", "early")];
+    let first = post(proxy.addr, "/orders", &key, &body).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert_eq!(first.body, "{\"early\":true}");
+    let again = post(proxy.addr, "/orders", &key, &body).await;
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.body, "{\"early\":true}");
+}

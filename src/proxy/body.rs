@@ -35,6 +35,11 @@ pub enum BodyError {
     /// (`connections.upstream_http1: idemgate`).
     #[error("upstream body: {0}")]
     UpstreamWire(std::io::Error),
+    /// An HTTP/2 answer's stream ended before its `END_STREAM`: reset with `NO_ERROR`,
+    /// which hyper's client reports as the body's end, though RFC 9113 §8.1 allows it
+    /// only after a complete answer. The answer is cut short.
+    #[error("upstream body: the stream was reset before the answer ended")]
+    UpstreamCutShort,
     /// The upstream sent no part of its answer's body for this long.
     #[error("the upstream sent no part of its answer's body for {0:?}")]
     UpstreamStalled(Duration),

@@ -534,6 +534,13 @@ impl Body for UpstreamBody {
                 if matches!(polled, Poll::Ready(None | Some(Err(_)))) || body.is_end_stream() {
                     *stream = None;
                 }
+                // hyper ends the body of a stream reset with `NO_ERROR` as if it were
+                // whole; only h2 knows whether `END_STREAM` came first (a reset after a
+                // complete answer, which §8.1 allows, keeps it). Without it the answer
+                // is cut short, and read whole it would be stored and replayed so.
+                if matches!(polled, Poll::Ready(None)) && !body.is_end_stream() {
+                    return Poll::Ready(Some(Err(BodyError::UpstreamCutShort)));
+                }
                 polled
             }
         };
