@@ -456,6 +456,26 @@ vector!(
     }
 );
 
+// A chunked answer without its last chunk, then close (RFC 9112 §7.1: the body ends only
+// with the zero-size chunk): cut short, never stored as complete. Protected: 502, key held.
+// Unprotected: the head and the chunk that came reach the caller, and its body ends
+// unterminated.
+vector!(
+    a_chunked_answer_closed_before_its_last_chunk,
+    Vector {
+        script: || {
+            vec![
+                send("HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\n\r\nb\r\n{\"partial\":\r\n"),
+                Step::Close,
+            ]
+        },
+        protected: Some(Outcome::Failed),
+        plain: Outcome::Cut(201, b"{\"partial\":"),
+        conn: Conn::ClosedByUpstream,
+        ..BASE
+    }
+);
+
 // RFC 9112 §6.3 (8): no length, so the body runs to close; read whole, stored whole.
 vector!(
     an_http_1_0_answer_read_to_close,
