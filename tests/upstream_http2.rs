@@ -411,3 +411,56 @@ async fn a_whole_answer_then_a_no_error_reset_is_stored_and_replayed() {
     assert!(again.replayed(), "{again:?}");
     assert_eq!(again.body, "{\"early\":true}");
 }
+
+/// An HTTP/2 upstream that answers `204` and `304` with DATA anyway (and a length for it):
+/// those answers end at their head (RFC 9110 §15.3.5, §15.4.5), as the HTTP/1.1 clients
+/// frame them, so their body is neither stored nor sent on. Kept, it reached clients over
+/// HTTP/2 as content of a 204, in the owner's answer and in every replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_204_or_304_from_an_http2_upstream_keeps_no_body() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    let status = request.headers()["x-status"].to_str().unwrap().to_owned();
+                    let answer = http::Response::builder()
+                        .status(status.as_str())
+                        .header("content-length", "5")
+                        .body(())
+                        .unwrap();
+                    let mut body = respond.send_response(answer, false).unwrap();
+                    body.send_data(bytes::Bytes::from_static(b"stray"), true)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    let proxy = start_proxy(addr, &h2(ROUTES)).await;
+    let h2_client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    // A 304 is not replayed by default: only its owner's answer is checked.
+    for (status, attempts) in [("204", &["owner", "replay"][..]), ("304", &["owner"])] {
+        let key = format!("bodiless-{status}");
+        let fields = [("idempotency-key", key.as_str()), ("x-status", status)];
+        for attempt in attempts {
+            let answer = common::send_with(
+                &h2_client,
+                proxy.addr,
+                Method::POST,
+                "/orders",
+                &fields,
+                "{}",
+            )
+            .await;
+            assert_eq!(answer.status.as_str(), status, "{attempt}: {answer:?}");
+            assert_eq!(answer.body, "", "{attempt} of {status}: {answer:?}");
+        }
+    }
+}

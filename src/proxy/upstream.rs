@@ -366,10 +366,18 @@ impl UpstreamClient {
                 tracing::warn!(error = why, "upstream answer refused");
                 return Err(ProxyError::UpstreamFailed(why.into()));
             }
+            // DATA on an answer that ends at its head (a 204, say) is no part of it: HTTP/1.1
+            // frames it so, and kept it would be stored, then sent on to HTTP/2 clients.
+            // Dropped, the stream is reset and its place on the connection freed.
+            let body = if request::bodiless(&method, head.status) {
+                Held::Empty
+            } else {
+                Held::Http2(incoming, Some(stream))
+            };
             return Ok(Response::from_parts(
                 head,
                 UpstreamBody {
-                    body: Held::Http2(incoming, Some(stream)),
+                    body,
                     read_gap: self.read_gap,
                 },
             ));
@@ -510,6 +518,8 @@ enum Held {
     Http2(hyper::body::Incoming, Option<pool::h2::Stream>),
     /// The hand-written client's connection, handed back at the end.
     Own(http1::body::AnswerBody),
+    /// None: an HTTP/2 answer that ends at its head, its stream let go.
+    Empty,
 }
 
 impl ReadGap for UpstreamBody {
@@ -528,6 +538,7 @@ impl Body for UpstreamBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let polled = match &mut self.get_mut().body {
             Held::Own(body) => return Pin::new(body).poll_frame(cx),
+            Held::Empty => return Poll::Ready(None),
             Held::Http1(body) => Pin::new(body).poll_frame(cx),
             Held::Http2(body, stream) => {
                 let polled = Pin::new(&mut *body).poll_frame(cx);
@@ -552,6 +563,7 @@ impl Body for UpstreamBody {
             Held::Http1(body) => body.is_end_stream(),
             Held::Http2(body, _) => body.is_end_stream(),
             Held::Own(body) => body.is_end_stream(),
+            Held::Empty => true,
         }
     }
 
@@ -560,6 +572,7 @@ impl Body for UpstreamBody {
             Held::Http1(body) => body.size_hint(),
             Held::Http2(body, _) => body.size_hint(),
             Held::Own(body) => body.size_hint(),
+            Held::Empty => SizeHint::with_exact(0),
         }
     }
 }

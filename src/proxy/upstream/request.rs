@@ -277,11 +277,7 @@ pub fn check_answer(
             coded = true;
         }
     }
-    let bodiless = *method == Method::HEAD
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
-    if coded && !bodiless {
+    if coded && !bodiless(method, status) {
         let codings = headers.get_all(header::TRANSFER_ENCODING);
         if lengths > 0 || !is_chunked_alone(codings.iter().map(|v| v.as_bytes())) {
             return Err("the upstream's answer is framed both ways or coded besides chunked");
@@ -291,6 +287,15 @@ pub fn check_answer(
         one_content_length(headers);
     }
     Ok(())
+}
+
+/// Whether an answer with `status` to `method` ends at its head, whatever follows it
+/// (RFC 9110 §6.4.1): HTTP/1.1 frames it so; HTTP/2 leaves it to the endpoints.
+pub fn bodiless(method: &Method, status: StatusCode) -> bool {
+    *method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
 }
 
 /// Makes an answer's `Content-Length` one number. hyper's client reads a list of equal
