@@ -484,10 +484,13 @@ async fn a_dot_or_slash_only_some_decoders_read_is_a_400() {
         "/api/x/%F0%80%80%AE%F0%80%80%AE/orders",
         "/api%C0%AForders",
         "/api%C1%9Corders",
+        "/api%E0%80%AForders",
+        "/api%C0%80",
+        "/api/x/%C0%AE./orders",
         "/api/x/%252E%252E/orders",
         "/api/x/%252e%252e/orders",
-        "/api%252Forders",
-        "/api%255Corders",
+        "/api/x/.%252E/orders",
+        "/api/x/%252E%252E;x/orders",
     ] {
         let answer = post(proxy.addr, path, &[], "{}").await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
@@ -505,9 +508,50 @@ async fn a_dot_or_slash_only_some_decoders_read_is_a_400() {
     .await;
     assert!(raw.starts_with("HTTP/1.1 400"), "{raw}");
     assert_eq!(upstream.executed(), 0, "an overlong or double escape ran");
-    // Escapes that are one character however they are decoded still pass.
-    for path in ["/api/caf%C3%A9", "/api/caf%E9", "/api/100%25", "/api/%25C3"] {
+    // Escapes that are one character however they are decoded still pass, and so do a
+    // legacy multibyte character (EUC-KR, GBK) and a slash or dot escaped twice in a name.
+    for path in [
+        "/api/caf%C3%A9",
+        "/api/caf%E9",
+        "/api/100%25",
+        "/api/%25C3",
+        "/api/%C0%BA",
+        "/api/%C1%AA%C1%AC",
+        "/api/%C0%A5%B0%B3",
+        "/api/feature%252Fbar",
+        "/api/a%255Cb",
+        "/api/v1%252E2",
+    ] {
         let answer = post(proxy.addr, path, &[], "{}").await;
         assert_eq!(answer.status, StatusCode::CREATED, "{path}");
+    }
+}
+
+const LEGACY: &str = r#"
+routes:
+  - name: board
+    match: { methods: [POST], path: "/board/{post}" }
+    key: { header: Idempotency-Key, required: true }
+  - name: build
+    match: { methods: [POST], path: "/job/*" }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+/// A path a legacy app really has, an EUC-KR word (`은`, `%C0%BA`) or a Jenkins branch
+/// whose slash is escaped twice to stay in its segment (`feature%252Fbar`), is protected like
+/// any other: it reaches the upstream once, as sent, and its retry gets the stored answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_multibyte_word_or_a_twice_escaped_slash_runs_once_and_replays() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, LEGACY).await;
+    let paths = ["/board/%C0%BA", "/job/x/job/feature%252Fbar/build"];
+    for (n, path) in paths.into_iter().enumerate() {
+        let key = format!("k{n}");
+        let first = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
+        assert_eq!(first.status, StatusCode::CREATED, "{path}");
+        let again = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
+        assert!(again.replayed(), "{path}: {:?}", again.status);
+        assert_eq!(upstream.executed(), n + 1, "{path}");
+        assert_eq!(upstream.seen()[n].target, path);
     }
 }

@@ -352,20 +352,96 @@ mod tests {
     }
 
     #[test]
-    fn overlong_utf8_and_double_escapes_of_dot_and_slash_are_refused() {
+    fn overlong_forms_of_slash_backslash_and_nul_are_refused_anywhere() {
         for path in [
-            "/%C0%AE",
+            "/a%C0%AFb",
             "/a%c1%9cb",
-            "/%E0%80%AE",
-            "/%F0%80%80%AE",
             "/%C0%80",
+            "/a%E0%80%AFb",
+            "/a%E0%81%9Cb",
+            "/a%E0%80%80",
+            "/a%F0%80%80%AFb",
+            "/a%F0%80%81%9Cb",
         ] {
             assert_eq!(normalize_path(path), Err(PathError::OverlongUtf8), "{path}");
         }
-        for path in ["/%252E%252E/a", "/a%252fb", "/a%255Cb", "/x/%252e"] {
+    }
+
+    /// A segment that a lenient UTF-8 decoder (`%C0%AE`) or a second decode (`%252E`)
+    /// reads as `.` or `..`, with or without parameters.
+    #[test]
+    fn dot_segments_only_a_lenient_or_second_decode_reads_are_refused() {
+        for path in [
+            "/%C0%AE",
+            "/a/%C0%AE%C0%AE/b",
+            "/a/%c0%ae./b",
+            "/%E0%80%AE",
+            "/%F0%80%80%AE",
+            "/a/%C0%AE%252E/b",
+            "/a/%C0%A52E/b",
+            "/a/%C0%AE;x/b",
+        ] {
+            assert_eq!(normalize_path(path), Err(PathError::OverlongUtf8), "{path}");
+        }
+        for path in [
+            "/%252E%252E/a",
+            "/x/%252e",
+            "/a/.%252E/b",
+            "/a/%252E./b",
+            "/a/%2E%252E/b",
+            "/a/%252E%252E;x/b",
+            "/a/%252E%252E%253Bx/b",
+            "/a/%252E%3B/b",
+        ] {
             assert_eq!(normalize_path(path), Err(PathError::DoubleEscape), "{path}");
         }
-        // One character however decoded: a Latin-1 or UTF-8 letter, a literal `%`.
+    }
+
+    /// Legacy multibyte encodings whose bytes look like an overlong UTF-8 lead: EUC-KR
+    /// `은` `을`, GBK `联` `连`, Shift_JIS half-width katakana and `E0` row kanji, and the
+    /// EUC-KR and GBK characters an overlong `.` or `%` spells, inside a name.
+    #[test]
+    fn legacy_multibyte_characters_pass() {
+        for path in [
+            "/board/%C0%BA",
+            "/board/%c0%bb",
+            "/%C1%AA%C1%AC",
+            "/%C0%B2%C0%B3",
+            "/%E0%40%E0%9F",
+            "/%F0%80",
+            "/%C0%AE%B0%A1",
+            "/%B0%A1%C0%AE",
+            "/%C0%A5%B0%B3%B9%DF",
+            "/%C0%A5",
+            "/a/%C0%AE%C0%AE%C0%AE/b",
+        ] {
+            assert!(normalize_path(path).is_ok(), "{path}");
+        }
+    }
+
+    /// A slash or backslash escaped twice carries one inside a segment (Jenkins), and a dot
+    /// escaped twice in a name is no dot segment however often it is decoded.
+    #[test]
+    fn twice_escaped_slashes_and_dots_in_a_name_pass_as_sent() {
+        for path in [
+            "/job/x/job/feature%252Fbar/build",
+            "/job/x/job/feature%252fbar/build",
+            "/a%255Cb",
+            "/files/v1%252E2",
+            "/a/%252E%252E%252E/b",
+            "/a/%252Ex/b",
+            "/a/x%252E/b",
+        ] {
+            assert!(
+                matches!(normalize_path(path), Ok(Cow::Borrowed(p)) if p == path),
+                "{path}"
+            );
+        }
+    }
+
+    /// One character however decoded: a Latin-1 or UTF-8 letter, a literal `%`.
+    #[test]
+    fn escapes_of_one_character_however_decoded_pass() {
         for path in [
             "/%C0",
             "/%C0x",
