@@ -468,9 +468,9 @@ async fn no_spelling_of_a_route_s_host_gets_past_it() {
     assert_eq!(seen.headers["host"], "pay.example");
 }
 
-/// A dot, slash or backslash spelled so that only some decoders read it as one: an
-/// overlong UTF-8 form (`%C0%AE`, which old Java and IIS decoders took for `.`) or a
-/// second layer of escaping (`%252E`, for an upstream that decodes twice). Neither is a
+/// A dot segment, slash or backslash spelled so that only some decoders read it as one:
+/// an overlong UTF-8 form (`%C0%AE`, which old Java and IIS decoders took for `.`) or a
+/// dot segment escaped twice (`%252E`, for an upstream that decodes twice). Neither is a
 /// name any client means; read as the character, `/api/x/%C0%AE%C0%AE/orders` is
 /// `/api/orders`, which its route must not miss: a 400 before anything runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

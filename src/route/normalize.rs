@@ -7,12 +7,13 @@
 //! takes raw (UTF-8, `|`, `[`, …) escaped, repeated slashes merged, then dot segments removed
 //! (§5.2.4). Forms that cannot be normalised without guessing how the upstream reads them
 //! are refused: an encoded `/` or `\`, an encoded NUL, a `%` that is not an escape, a
-//! raw backslash (which some servers take for a slash), an overlong UTF-8 form or a double
-//! escape of a dot, slash or backslash (`%C0%AE`, `%252E`: some decoders read them as the
-//! character, others as none), and a dot segment with parameters
-//! (`..;x`, `.;`, `%2E%2E%3B`): Java servers drop a segment's `;` parameters before they
-//! remove dot segments, so `/api/x/..;/orders` is `/api/orders` to them and a segment named
-//! `..;` to others.
+//! raw backslash (which some servers take for a slash), an overlong UTF-8 form of a slash,
+//! backslash or NUL (`%C0%AF`: lenient decoders read the character, others a name), a
+//! segment that such a decoder or a second decode reads as a dot segment (`%C0%AE`,
+//! `%252E%252E`; `%252F`, or `%C0%BA`, EUC-KR `은`, passes), and a dot segment with
+//! parameters (`..;x`, `.;`, `%2E%2E%3B`): Java servers drop a segment's `;` parameters
+//! before they remove dot segments, so `/api/x/..;/orders` is `/api/orders` to them and a
+//! segment named `..;` to others.
 //!
 //! Other `;` parameters stay in the path: they are forwarded as sent (a `jsessionid` must
 //! reach the upstream), and routes match the path without them
@@ -57,13 +58,14 @@ pub enum PathError {
     /// read either as a dot segment or as a name.
     #[error("the path has a dot segment with ;parameters")]
     DotSegmentWithParams,
-    /// An overlong UTF-8 form (`%C0%AE`): no character to a strict decoder, `.` or `/`
-    /// to the lenient ones old Java and IIS servers had.
-    #[error("the path has an overlong UTF-8 sequence")]
+    /// An overlong UTF-8 form of `/`, `\` or NUL anywhere (`%C0%AF`), or of `.` or `%`
+    /// making a dot segment (`%C0%AE%C0%AE`): no character to a strict decoder, that
+    /// character to the lenient ones old Java and IIS servers had.
+    #[error("the path has an overlong UTF-8 form of a slash, backslash, NUL or dot segment")]
     OverlongUtf8,
-    /// `%252E`, `%252F`, `%255C`: an escaped escape of a dot, slash or backslash, which an
-    /// upstream that decodes twice reads as the character.
-    #[error("the path has a doubly escaped dot, slash or backslash")]
+    /// A segment of dots, one escaped twice (`%252E%252E`), which an upstream that decodes
+    /// twice reads as a dot segment.
+    #[error("the path has a dot segment escaped twice")]
     DoubleEscape,
 }
 
@@ -73,8 +75,11 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
     if !path.starts_with('/') || is_normal(path.as_bytes())? {
         return Ok(Cow::Borrowed(path));
     }
-    let decoded = decode(path.as_bytes())?;
-    check_escapes(&decoded)?;
+    let (decoded, escapes) = decode(path.as_bytes())?;
+    if escapes {
+        // Raw bytes are UTF-8 (a `str`), so only an escape can be overlong.
+        check_escapes(&decoded)?;
+    }
     let normal = remove_dot_segments(&decoded)?;
     if normal == path {
         return Ok(Cow::Borrowed(path));
@@ -131,9 +136,11 @@ fn hex_value(b: u8) -> Option<u8> {
 }
 
 /// Decodes escapes of unreserved characters, upper-cases the hex of the others, escapes
-/// the bytes a path carries only escaped ([`must_escape`]), refuses the unsafe ones.
-fn decode(path: &[u8]) -> Result<Vec<u8>, PathError> {
+/// the bytes a path carries only escaped ([`must_escape`]), refuses the unsafe ones; and
+/// whether `path` had any escape.
+fn decode(path: &[u8]) -> Result<(Vec<u8>, bool), PathError> {
     let mut out = Vec::with_capacity(path.len());
+    let mut escapes = false;
     let mut i = 0;
     while i < path.len() {
         match path[i] {
@@ -144,6 +151,7 @@ fn decode(path: &[u8]) -> Result<Vec<u8>, PathError> {
                 ) else {
                     return Err(PathError::BadEscape);
                 };
+                escapes = true;
                 let byte = hi << 4 | lo;
                 match byte {
                     b'/' => return Err(PathError::EncodedSlash),
@@ -170,50 +178,117 @@ fn decode(path: &[u8]) -> Result<Vec<u8>, PathError> {
             }
         }
     }
-    Ok(out)
+    Ok((out, escapes))
 }
 
-/// Refuses, in a [`decode`]d path (every byte past ASCII escaped, hex upper-cased), escapes
-/// that only some decoders read as a character: an overlong UTF-8 lead (`C0`/`C1` then a
-/// continuation byte, `E0` then `80`–`9F`, `F0` then `80`–`8F`), which lenient decoders
-/// took for `.` or `/`, and an escaped `%` whose next two characters are the escape of
-/// `.`, `/` or `\` (`%252E`), which an upstream that decodes twice reads as that.
+/// Refuses, in a [`decode`]d path (every byte past ASCII escaped, hex upper-cased but for
+/// the two characters after a `%25`), what only some decoders read as a character that
+/// routing depends on:
+/// - anywhere, an overlong UTF-8 form of `/`, `\` or NUL (`%C0%AF`, `%C1%9C`, `%C0%80`,
+///   `%E0%80%AF`, `%F0%80%80%AF`, …), which the lenient decoders of old Java and IIS
+///   servers read as that character: a segment boundary or an end the routes did not see;
+/// - a segment that such a decoder, or an upstream that decodes twice, reads as `.` or
+///   `..` (then `;` parameters or not): made only of dots, one of them an overlong `.`
+///   (`%C0%AE`), a `%252E`, or an overlong `%` before `2E` (`%C0%A52E`).
+///
+/// Everything else passes, since these bytes are also what legacy multibyte encodings
+/// percent-encode: `%C0%BA` is `은` in EUC-KR, `%C1%AA` `联` in GBK. Where a character's
+/// bytes are one of the refused forms, the refusal wins over that character: `%C0%AF` is
+/// `유` in EUC-KR, `政` in EUC-JP, `蜡` in GBK, and a 400 here, since a path split where the
+/// routes saw none is a request run outside its route's rules, while a `.` or `%` inside a
+/// name (`%C0%AE`, `%C0%A5`: `윙`, `웹`, `成`, `昆`) changes no route, and passes.
+/// `%252F` and `%255C` pass too: they are how Jenkins and others keep a slash inside one
+/// segment through proxies, though an upstream that decodes twice reads a slash there.
 fn check_escapes(path: &[u8]) -> Result<(), PathError> {
-    let escaped = |at: usize| -> Option<u8> {
-        match path.get(at..at + 3)? {
-            [b'%', hi, lo] => Some(hex_value(*hi)? << 4 | hex_value(*lo)?),
-            _ => None,
-        }
-    };
-    for at in percents(path) {
-        let Some(byte) = escaped(at) else { continue };
-        if byte == b'%' {
-            // Not upper-cased by `decode`: the characters after `%25` are not an escape.
-            let twice = path
-                .get(at + 3..at + 5)
-                .and_then(|hex| Some(hex_value(hex[0])? << 4 | hex_value(hex[1])?));
-            if matches!(twice, Some(b'.' | b'/' | b'\\')) {
-                return Err(PathError::DoubleEscape);
-            }
+    for segment in path.split(|&b| b == b'/') {
+        if !segment.contains(&b'%') {
             continue;
         }
-        if matches!(
-            (byte, escaped(at + 3)),
-            (0xC0 | 0xC1, Some(0x80..=0xBF))
-                | (0xE0, Some(0x80..=0x9F))
-                | (0xF0, Some(0x80..=0x8F))
-        ) {
-            return Err(PathError::OverlongUtf8);
+        for at in (0..segment.len()).filter(|&at| segment[at] == b'%') {
+            if let Some((0 | 0x2F | 0x5C, _)) = overlong(segment, at) {
+                return Err(PathError::OverlongUtf8);
+            }
         }
+        check_hidden_dot_segment(segment)?;
     }
     Ok(())
 }
 
-/// Where each `%` of `path` is.
-fn percents(path: &[u8]) -> impl Iterator<Item = usize> + '_ {
-    path.iter()
-        .enumerate()
-        .filter_map(|(at, &b)| (b == b'%').then_some(at))
+/// The byte an escape at `at` of `s` stands for.
+fn escaped(s: &[u8], at: usize) -> Option<u8> {
+    match s.get(at..at + 3)? {
+        [b'%', hi, lo] => Some(hex_value(*hi)? << 4 | hex_value(*lo)?),
+        _ => None,
+    }
+}
+
+/// The code point and length of an overlong UTF-8 form escaped at `at` of `s` (`C0`/`C1`
+/// then a continuation, `E0` then `80`–`9F`, `F0` then `80`–`8F`, then continuations):
+/// what a decoder that does not refuse overlong forms reads there.
+fn overlong(s: &[u8], at: usize) -> Option<(u32, usize)> {
+    let lead = escaped(s, at)?;
+    let (len, second) = match lead {
+        0xC0 | 0xC1 => (2, 0xBF),
+        0xE0 => (3, 0x9F),
+        0xF0 => (4, 0x8F),
+        _ => return None,
+    };
+    let mut code = u32::from(lead & (0x7F >> len));
+    for n in 1..len {
+        let last = if n == 1 { second } else { 0xBF };
+        let byte = escaped(s, at + 3 * n).filter(|b| (0x80..=last).contains(b))?;
+        code = code << 6 | u32::from(byte & 0x3F);
+    }
+    Some((code, 3 * len))
+}
+
+/// Refuses a segment that, read leniently or decoded twice, is `.` or `..`, perhaps with
+/// `;` parameters (see [`check_escapes`]). A segment of plain dots is left to
+/// [`remove_dot_segments`].
+fn check_hidden_dot_segment(segment: &[u8]) -> Result<(), PathError> {
+    let (mut dots, mut hidden, mut at) = (0, None, 0);
+    while at < segment.len() {
+        let (c, len, how) = read_leniently(segment, at);
+        match c {
+            0x2E => dots += 1,
+            0x3B => break,
+            _ => return Ok(()),
+        }
+        // An overlong form names the error over a second decode.
+        if how.is_some() && hidden != Some(PathError::OverlongUtf8) {
+            hidden = how;
+        }
+        at += len;
+    }
+    match hidden {
+        Some(error) if (1..=2).contains(&dots) => Err(error),
+        _ => Ok(()),
+    }
+}
+
+/// The character at `at` of `segment` as the most lenient reader takes it, its length, and
+/// what makes it hidden from the routes, if anything: an overlong form, or a `%` (escaped or
+/// overlong) before two hex digits that a second decode reads as one escape.
+fn read_leniently(segment: &[u8], at: usize) -> (u32, usize, Option<PathError>) {
+    if segment[at] != b'%' {
+        return (u32::from(segment[at]), 1, None);
+    }
+    let (c, len, how) = match overlong(segment, at) {
+        Some((c, len)) => (c, len, Some(PathError::OverlongUtf8)),
+        None => match escaped(segment, at) {
+            Some(b) => (u32::from(b), 3, None),
+            None => (u32::from(b'%'), 1, None),
+        },
+    };
+    if c == 0x25 {
+        if let Some(b) = segment
+            .get(at + len..at + len + 2)
+            .and_then(|hex| Some(hex_value(hex[0])? << 4 | hex_value(hex[1])?))
+        {
+            return (u32::from(b), len + 2, how.or(Some(PathError::DoubleEscape)));
+        }
+    }
+    (c, len, how)
 }
 
 /// Merges repeated slashes and removes `.` and `..` segments (RFC 3986 §5.2.4; `..` above
