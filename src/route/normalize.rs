@@ -7,10 +7,9 @@
 //! takes raw (UTF-8, `|`, `[`, …) escaped, repeated slashes merged, then dot segments removed
 //! (§5.2.4). Forms that cannot be normalised without guessing how the upstream reads them
 //! are refused: an encoded `/` or `\`, an encoded NUL, a `%` that is not an escape, a
-//! raw backslash (which some servers take for a slash), an overlong UTF-8 form of a slash,
-//! backslash or NUL (`%C0%AF`: lenient decoders read the character, others a name), a
-//! segment that such a decoder or a second decode reads as a dot segment (`%C0%AE`,
-//! `%252E%252E`; `%252F`, or `%C0%BA`, EUC-KR `은`, passes), and a dot segment with
+//! raw backslash (which some servers take for a slash), a dot segment only a lenient UTF-8
+//! decoder or a second decode reads (`%C0%AE%C0%AE`, `%252E%252E`, `x%C0%AF..`; a name
+//! such as `%C0%AF`, EUC-KR `유`, or `a%252Fb` passes), and a dot segment with
 //! parameters (`..;x`, `.;`, `%2E%2E%3B`): Java servers drop a segment's `;` parameters
 //! before they remove dot segments, so `/api/x/..;/orders` is `/api/orders` to them and a
 //! segment named `..;` to others.
@@ -58,14 +57,14 @@ pub enum PathError {
     /// read either as a dot segment or as a name.
     #[error("the path has a dot segment with ;parameters")]
     DotSegmentWithParams,
-    /// An overlong UTF-8 form of `/`, `\` or NUL anywhere (`%C0%AF`), or of `.` or `%`
-    /// making a dot segment (`%C0%AE%C0%AE`): no character to a strict decoder, that
-    /// character to the lenient ones old Java and IIS servers had.
-    #[error("the path has an overlong UTF-8 form of a slash, backslash, NUL or dot segment")]
+    /// A dot segment that overlong UTF-8 forms make (`%C0%AE%C0%AE`, `x%C0%AF..`): no
+    /// character to a strict decoder, `.` or `/` to the lenient ones old Java and IIS
+    /// servers had.
+    #[error("the path has a dot segment only a lenient UTF-8 decoder reads")]
     OverlongUtf8,
-    /// A segment of dots, one escaped twice (`%252E%252E`), which an upstream that decodes
-    /// twice reads as a dot segment.
-    #[error("the path has a dot segment escaped twice")]
+    /// A dot segment an upstream that decodes twice reads: dots escaped twice
+    /// (`%252E%252E`), or cut out of a name by a slash escaped twice (`x%252F..`).
+    #[error("the path has a dot segment only a second decode reads")]
     DoubleEscape,
 }
 
@@ -182,34 +181,26 @@ fn decode(path: &[u8]) -> Result<(Vec<u8>, bool), PathError> {
 }
 
 /// Refuses, in a [`decode`]d path (every byte past ASCII escaped, hex upper-cased but for
-/// the two characters after a `%25`), what only some decoders read as a character that
-/// routing depends on:
-/// - anywhere, an overlong UTF-8 form of `/`, `\` or NUL (`%C0%AF`, `%C1%9C`, `%C0%80`,
-///   `%E0%80%AF`, `%F0%80%80%AF`, …), which the lenient decoders of old Java and IIS
-///   servers read as that character: a segment boundary or an end the routes did not see;
-/// - a segment that such a decoder, or an upstream that decodes twice, reads as `.` or
-///   `..` (then `;` parameters or not): made only of dots, one of them an overlong `.`
-///   (`%C0%AE`), a `%252E`, or an overlong `%` before `2E` (`%C0%A52E`).
+/// the two characters after a `%25`), a dot segment only some decoders see: a piece of a
+/// segment that the lenient UTF-8 decoders of old Java and IIS servers, or an upstream that
+/// decodes twice, read as `.` or `..` (then `;` parameters or not), because one of its
+/// dots is an overlong `.` (`%C0%AE`), a `%252E` or an overlong `%` before `2E`
+/// (`%C0%A52E`), or because such a reader sees a `/` or `\` beside it that the routes do
+/// not (`%C0%AF`, `%C1%9C`, `%252F`, `%255C`): `/api/x%C0%AF..%C0%AForders` is
+/// `/api/orders` to it.
 ///
 /// Everything else passes, since these bytes are also what legacy multibyte encodings
-/// percent-encode: `%C0%BA` is `은` in EUC-KR, `%C1%AA` `联` in GBK. Where a character's
-/// bytes are one of the refused forms, the refusal wins over that character: `%C0%AF` is
-/// `유` in EUC-KR, `政` in EUC-JP, `蜡` in GBK, and a 400 here, since a path split where the
-/// routes saw none is a request run outside its route's rules, while a `.` or `%` inside a
-/// name (`%C0%AE`, `%C0%A5`: `윙`, `웹`, `成`, `昆`) changes no route, and passes.
-/// `%252F` and `%255C` pass too: they are how Jenkins and others keep a slash inside one
-/// segment through proxies, though an upstream that decodes twice reads a slash there.
+/// percent-encode, and a request that runs under the fallback rather than its route is
+/// what the app did before idemgate, while a 400 breaks it: `%C0%AF` is `유` in EUC-KR
+/// (a Korean JSP app with `URIEncoding="EUC-KR"` reads it so), `政` in EUC-JP, `蜡` in
+/// GBK; `%C0%BA` `은`, `%C1%AA` `联`, `%C0%AE` `윙`, `%C0%A5` `웹`. `%252F` and `%255C`
+/// pass in a name too: they are how Jenkins and others keep a slash inside one segment
+/// through proxies.
 fn check_escapes(path: &[u8]) -> Result<(), PathError> {
     for segment in path.split(|&b| b == b'/') {
-        if !segment.contains(&b'%') {
-            continue;
+        if segment.contains(&b'%') {
+            check_hidden_dot_segments(segment)?;
         }
-        for at in (0..segment.len()).filter(|&at| segment[at] == b'%') {
-            if let Some((0 | 0x2F | 0x5C, _)) = overlong(segment, at) {
-                return Err(PathError::OverlongUtf8);
-            }
-        }
-        check_hidden_dot_segment(segment)?;
     }
     Ok(())
 }
@@ -242,27 +233,64 @@ fn overlong(s: &[u8], at: usize) -> Option<(u32, usize)> {
     Some((code, 3 * len))
 }
 
-/// Refuses a segment that, read leniently or decoded twice, is `.` or `..`, perhaps with
-/// `;` parameters (see [`check_escapes`]). A segment of plain dots is left to
-/// [`remove_dot_segments`].
-fn check_hidden_dot_segment(segment: &[u8]) -> Result<(), PathError> {
-    let (mut dots, mut hidden, mut at) = (0, None, 0);
+/// Refuses a piece of `segment` that, read leniently or decoded twice, is `.` or `..`,
+/// perhaps with `;` parameters, where that reading is not the strict one (see
+/// [`check_escapes`]): a piece between two separators only the lenient reader sees, or
+/// with a dot only it sees. A segment of plain dots is left to [`remove_dot_segments`].
+fn check_hidden_dot_segments(segment: &[u8]) -> Result<(), PathError> {
+    let mut piece = Piece::default();
+    let mut at = 0;
     while at < segment.len() {
         let (c, len, how) = read_leniently(segment, at);
-        match c {
-            0x2E => dots += 1,
-            0x3B => break,
-            _ => return Ok(()),
-        }
-        // An overlong form names the error over a second decode.
-        if how.is_some() && hidden != Some(PathError::OverlongUtf8) {
-            hidden = how;
-        }
         at += len;
+        match c {
+            0x2F | 0x5C if how.is_some() => {
+                piece.end(how)?;
+                piece = Piece {
+                    hidden: how,
+                    ..Piece::default()
+                };
+            }
+            _ if piece.params => {}
+            0x2E => {
+                piece.dots += 1;
+                piece.hide(how);
+            }
+            0x3B => piece.params = true,
+            _ => piece.named = true,
+        }
     }
-    match hidden {
-        Some(error) if (1..=2).contains(&dots) => Err(error),
-        _ => Ok(()),
+    piece.end(None)
+}
+
+/// A piece of a segment as the most lenient reader splits it.
+#[derive(Default)]
+struct Piece {
+    /// Its dots before any `;`.
+    dots: usize,
+    /// Whether it holds anything but dots before any `;`.
+    named: bool,
+    /// Whether a `;` began its parameters.
+    params: bool,
+    /// What only the lenient reader sees in it or at its start, an overlong form first.
+    hidden: Option<PathError>,
+}
+
+impl Piece {
+    fn hide(&mut self, how: Option<PathError>) {
+        if self.hidden != Some(PathError::OverlongUtf8) {
+            self.hidden = how.or(self.hidden);
+        }
+    }
+
+    /// Ends the piece (at a separator only the lenient reader sees, `how`, or at the
+    /// segment's end): an error if it is a dot segment to that reader alone.
+    fn end(mut self, how: Option<PathError>) -> Result<(), PathError> {
+        self.hide(how);
+        match self.hidden {
+            Some(error) if !self.named && (1..=2).contains(&self.dots) => Err(error),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -426,19 +454,41 @@ mod tests {
         assert_eq!(normalize_path("/a/..\\b"), Err(PathError::Backslash));
     }
 
+    /// An overlong `/`, `\` or NUL, or a slash escaped twice, in a name: a character of a
+    /// legacy encoding there (EUC-KR `유`), left as sent.
     #[test]
-    fn overlong_forms_of_slash_backslash_and_nul_are_refused_anywhere() {
+    fn overlong_slashes_and_nul_in_a_name_pass() {
         for path in [
             "/a%C0%AFb",
             "/a%c1%9cb",
             "/%C0%80",
+            "/%C0%AF%C0%AF",
             "/a%E0%80%AFb",
             "/a%E0%81%9Cb",
-            "/a%E0%80%80",
             "/a%F0%80%80%AFb",
-            "/a%F0%80%81%9Cb",
+            "/a%C0%AF.b",
+            "/a%252F...%252Fb",
+        ] {
+            assert!(normalize_path(path).is_ok(), "{path}");
+        }
+    }
+
+    /// A `.` or `..` that a lenient decoder or a second decode cuts out of a name with a
+    /// slash or backslash only it sees (`/api/x%C0%AF..%C0%AForders` is `/api/orders` to it).
+    #[test]
+    fn dot_segments_between_slashes_only_some_decoders_read_are_refused() {
+        for path in [
+            "/a/..%C0%AFb",
+            "/a/x%C0%AF..",
+            "/a/x%C0%AF..%C0%AFb",
+            "/a/x%C1%9C.%C1%9Cb",
+            "/a/x%E0%80%AF..;y",
+            "/a/x%C0%AF..;y%C0%AFb",
         ] {
             assert_eq!(normalize_path(path), Err(PathError::OverlongUtf8), "{path}");
+        }
+        for path in ["/a/..%252Fb", "/a/x%255C..%255Cb", "/a/x%252f.."] {
+            assert_eq!(normalize_path(path), Err(PathError::DoubleEscape), "{path}");
         }
     }
 
