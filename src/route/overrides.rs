@@ -18,7 +18,10 @@ pub static METHOD_OVERRIDES: [HeaderName; 3] = [
 
 /// The methods a `POST` names in its override headers ([`METHOD_OVERRIDES`]), upper-cased
 /// as the frameworks read them, in the order sent; none for another method (frameworks
-/// honour overrides on POST only), nor for a value that is no method or a safe one.
+/// honour overrides on POST only), nor for a value that is no method or a safe one. A value
+/// is a comma list: each element (without the spaces around it) is a method named, since
+/// Express runs the first (`DELETE, POST` is a DELETE) and another framework may run
+/// another.
 pub fn overridden_methods<'h>(
     method: &Method,
     headers: &'h HeaderMap,
@@ -30,8 +33,9 @@ pub fn overridden_methods<'h>(
         .iter()
         .filter(move |_| post)
         .flat_map(|name| headers.get_all(name))
-        .filter_map(|value| {
-            let upper = value.as_bytes().trim_ascii().to_ascii_uppercase();
+        .flat_map(|value| value.as_bytes().split(|&b| b == b','))
+        .filter_map(|element| {
+            let upper = element.trim_ascii().to_ascii_uppercase();
             Method::from_bytes(&upper).ok()
         })
         .filter(|m| !is_safe(m) && *m != Method::POST)
