@@ -124,6 +124,7 @@ fn bench_identity(c: &mut Criterion) {
     use idemgate::key::identity::{Identity, TrustedProxies};
     use idemgate::key::{derive_key, FingerprintRule, KeyRule, KeySource, RequestView, ScopePart};
     use idemgate::route::normalize::normalize_path;
+    use idemgate::route::Overrides;
 
     let mut group = c.benchmark_group("normalize_path");
     for (name, path) in [
@@ -203,6 +204,7 @@ fn bench_identity(c: &mut Criterion) {
         path: "/api/v1/orders",
         query: None,
         headers,
+        overrides: Overrides::find(headers),
         peer: Some(untrusted_peer),
         identity: &identity,
         client_cert: None,

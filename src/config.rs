@@ -35,6 +35,7 @@ use std::time::Duration;
 use http::Method;
 
 use crate::key::identity::Identity;
+use crate::route::Overrides;
 use crate::store::seal::KeyRing;
 use error::CompileError;
 use raw::RawConfig;
@@ -87,6 +88,9 @@ pub struct Config {
     pub encrypt: Option<Arc<KeyRing>>,
     /// Connection caps, timeouts and lingering close (`connections:`).
     pub connections: Connections,
+    /// The methods besides `POST` that protected routes list: those a method override can
+    /// route a POST by. None, and routing never looks at overrides.
+    overridable: Vec<Method>,
 }
 
 impl Config {
@@ -170,28 +174,41 @@ impl Config {
         notes
     }
 
+    /// Whether a request with `method` may be routed by a method override: a `POST`, where
+    /// a protected route lists a method an override can name. Only then does
+    /// [`route_for`](Self::route_for) read the overrides, so only then need they be found.
+    pub fn routes_by_override(&self, method: &Method) -> bool {
+        *method == Method::POST && !self.overridable.is_empty()
+    }
+
     /// Which route a request with `headers` belongs to, and what protection it gets: that
     /// of [`protection_for`](Self::protection_for), but for a `POST` that names another
-    /// method in a method-override header ([`crate::route::overridden_methods`]), which
-    /// the app may run as that method. Which it does is not known here, so the POST's own
-    /// route holds where it is written for the POST (not the fallback) and enforces; else
-    /// the first route of a named method that protects (one that only observes, where the
-    /// POST's own protection does not enforce), else the POST's own route or fallback.
+    /// method in a method-override header (`overrides`, those `headers` holds, found where
+    /// [`routes_by_override`](Self::routes_by_override)), which the app may run as that
+    /// method. Which it does is not known here, so the POST's own route holds where it is
+    /// written for the POST (not the fallback) and enforces; else the first route of a
+    /// named method that protects (one that only observes, where the POST's own
+    /// protection does not enforce), else the POST's own route or fallback.
     pub fn route_for(
         &self,
         host: Option<&str>,
         method: &Method,
         headers: &http::HeaderMap,
+        overrides: Overrides,
         path: &str,
     ) -> (&str, &Protection) {
         let own = self.protection_for(host, method, path);
+        if !self.routes_by_override(method) {
+            return own;
+        }
+        debug_assert_eq!(overrides, Overrides::find(headers), "overrides not found");
         let enforces = |p: &Protection| matches!(p, Protection::On(rule) if !rule.policy.observe);
         let own_enforces = enforces(own.1);
         if own_enforces && own.0 != FALLBACK_ROUTE {
             return own;
         }
-        for named in crate::route::overridden_methods(method, headers) {
-            let found = self.protection_for(host, &named, path);
+        for named in overrides.methods(headers, &self.overridable) {
+            let found = self.protection_for(host, named, path);
             // A route of its own: the fallback is the POST's too.
             if found.0 != FALLBACK_ROUTE
                 && matches!(found.1, Protection::On(_))
@@ -283,6 +300,7 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
         &identity,
         mutual_tls,
     )?;
+    let overridable = overridable(&routes);
     Ok(Config {
         listen: raw.listen.0,
         upstream,
@@ -298,5 +316,60 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
         identity,
         encrypt,
         connections: connections::compile_connections(raw.connections.unwrap_or_default())?,
+        overridable,
     })
+}
+
+/// The methods besides `POST` protected routes list, each once: all an override can route
+/// a POST by, since [`Config::route_for`] takes only a protected route of its own for one
+/// (a config can list no safe method).
+fn overridable(routes: &[Route]) -> Vec<Method> {
+    let mut methods: Vec<Method> = Vec::new();
+    let protected = routes
+        .iter()
+        .filter(|r| matches!(r.protection, Protection::On(_)));
+    for method in protected.flat_map(|r| &r.matcher.methods) {
+        if *method != Method::POST && !methods.contains(method) {
+            methods.push(method.clone());
+        }
+    }
+    methods
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(routes: &str) -> Config {
+        let text = format!(
+            "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\ndefaults:\n  key: off\nroutes:\n{routes}"
+        );
+        Config::parse(&text, "proxy.yaml").unwrap()
+    }
+
+    /// Only a protected route of another method can take an overridden POST, so where
+    /// there is none the overrides are never looked for; where there is, any element of
+    /// any override value routes to it.
+    #[test]
+    fn overrides_route_a_post_only_to_a_protected_route_of_the_method_named() {
+        let off = config(
+            "  - name: purge\n    match: { methods: [DELETE], path: /x }\n    idempotency: off\n",
+        );
+        assert!(!off.routes_by_override(&Method::POST));
+        let on = config(
+            "  - name: purge\n    match: { methods: [DELETE], path: /x }\n    key: { header: Idempotency-Key }\n",
+        );
+        assert!(on.routes_by_override(&Method::POST));
+        assert!(!on.routes_by_override(&Method::PUT));
+        assert_eq!(on.overridable, [Method::DELETE]);
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-http-method", "get , Delete".parse().unwrap());
+        let overrides = Overrides::find(&headers);
+        let routed = |path| {
+            on.route_for(None, &Method::POST, &headers, overrides, path)
+                .0
+        };
+        assert_eq!(routed("/x"), "purge");
+        assert_eq!(routed("/y"), FALLBACK_ROUTE);
+    }
 }

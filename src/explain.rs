@@ -12,6 +12,7 @@ use crate::config::units::format_duration;
 use crate::config::{Admin, Config, Protection};
 use crate::error::ProxyError;
 use crate::key::{derive_key, Derived, Digest, KeySource, RequestView, Trace};
+use crate::route::Overrides;
 
 /// One request to explain.
 #[derive(Debug, Clone)]
@@ -80,7 +81,8 @@ pub fn explain_key(
             return Ok((text, None));
         }
     }
-    let (route, protection) = config.route_for(host, &request.method, headers, path);
+    let overrides = Overrides::find(headers);
+    let (route, protection) = config.route_for(host, &request.method, headers, overrides, path);
     let mut out = String::new();
     if path != raw_path {
         let _ = writeln!(
@@ -129,6 +131,7 @@ pub fn explain_key(
         path,
         query: request.uri.query(),
         headers,
+        overrides,
         peer: request.client_ip,
         identity: &rule.identity,
         client_cert: request.client_cert.as_ref().map(|d| &d.0[..]),

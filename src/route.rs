@@ -13,7 +13,7 @@ use std::fmt;
 
 use http::Method;
 
-pub use overrides::{overridden_methods, METHOD_OVERRIDES};
+pub use overrides::{Overrides, METHOD_OVERRIDES};
 
 /// A compiled path pattern: literal segments, `{name}` for exactly one segment, and a final
 /// `*` or `{*name}` for the rest of the path (zero or more segments).

@@ -13,6 +13,7 @@ use super::identity::{names_a_session, names_someone, session_cookie, ClientAddr
 use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::query::canonical_form;
 use crate::canonical::{canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError};
+use crate::route::Overrides;
 use caller::{cookie_jar, describe_caller, has_credential, hash_address, hash_caller, Caller};
 
 /// The parts of a request a key can depend on; the body is already buffered.
@@ -28,6 +29,9 @@ pub struct RequestView<'a> {
     pub query: Option<&'a str>,
     /// Request headers.
     pub headers: &'a HeaderMap,
+    /// The method-override headers `headers` holds ([`Overrides::find`]), found once per
+    /// request: part of the key's operation.
+    pub overrides: Overrides,
     /// The connecting peer (the TCP peer, before `trusted_proxies` are applied).
     pub peer: Option<IpAddr>,
     /// How callers are told apart: trusted proxies and session cookie names.
@@ -144,6 +148,7 @@ thread_local! {
 /// use http::{HeaderMap, Method};
 /// use idemgate::key::identity::Identity;
 /// use idemgate::key::{derive_key, FingerprintRule, KeyRule, KeySource, RequestView};
+/// use idemgate::route::Overrides;
 /// let rule = KeyRule {
 ///     source: KeySource::Fingerprint(Box::new(FingerprintRule::standard())),
 ///     required: true,
@@ -153,8 +158,8 @@ thread_local! {
 /// let (headers, identity) = (HeaderMap::new(), Identity::default());
 /// let view = |body: &'static [u8]| RequestView {
 ///     route: "orders", method: &Method::POST, path: "/orders", query: None,
-///     headers: &headers, peer: Some([192, 0, 2, 7].into()), identity: &identity,
-///     client_cert: None, body,
+///     headers: &headers, overrides: Overrides::NONE, peer: Some([192, 0, 2, 7].into()),
+///     identity: &identity, client_cert: None, body,
 /// };
 /// let a = derive_key(&rule, &view(br#"{"sku":"A1","qty":2,"timestamp":1}"#), None).unwrap();
 /// let b = derive_key(&rule, &view(br#"{ "qty": 2.0, "sku": "A1", "timestamp": 2 }"#), None).unwrap();
@@ -169,7 +174,7 @@ pub fn derive_key(
     let mut hasher = KeyHasher::new(b"idemgate:key:v4");
     hasher.field(req.route.as_bytes());
     // The method with any override: hashed here and in the canonical request alike.
-    let operation = method::operation(req.method, req.headers);
+    let operation = method::operation(req.method, req.headers, req.overrides);
     hasher.field(&operation);
     hash_host(&mut hasher, req.headers);
     // Checked after the material: a request the rule refuses is refused whoever sent it.

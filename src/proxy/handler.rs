@@ -23,6 +23,7 @@ use super::upstream::UpstreamClient;
 use crate::config::{Config, Protection};
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
+use crate::route::Overrides;
 use crate::store::Store;
 
 /// The part of the proxy a reload replaces: routes, policies and the upstream pool.
@@ -238,18 +239,30 @@ impl Proxy {
             let report = Report::default();
             return finish("", &metrics, method, version, report, access, Err(error));
         }
-        let (route, protection, older) = match admission::admit(&request) {
+        let (route, protection, older, overrides) = match admission::admit(&request) {
             Ok(host) => {
                 let (method, path) = (request.method(), request.uri().path());
                 let headers = request.headers();
-                let (route, protection) = live.config.route_for(host, method, headers, path);
+                let config = &live.config;
+                // The method-override headers, looked for once and only where they count:
+                // where one may route this request, then for a protected one's keys.
+                let routed = config.routes_by_override(method);
+                let mut overrides = Overrides::NONE;
+                if routed {
+                    overrides = Overrides::find(headers);
+                }
+                let (route, protection) = config.route_for(host, method, headers, overrides, path);
                 let older = match protection {
                     Protection::On(rule) => {
-                        live.previous.rules_for(rule, host, method, headers, path)
+                        if !routed {
+                            overrides = Overrides::find(headers);
+                        }
+                        live.previous
+                            .rules_for(rule, host, method, headers, overrides, path)
                     }
                     Protection::Off(_) => Vec::new(),
                 };
-                (route, protection, older)
+                (route, protection, older, overrides)
             }
             // Answered, counted (unrouted) and logged like any other error, before any
             // await: an error kept across them would grow every request's future.
@@ -314,6 +327,7 @@ impl Proxy {
                     body_read_timeout: self.body_read_timeout,
                     budget: &self.budget,
                     older: &older,
+                    overrides,
                 };
                 if rule.policy.observe {
                     observe::handle(cx, rule, request, &mut report).await

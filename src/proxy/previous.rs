@@ -32,6 +32,7 @@ use crate::config::{Config, InFlightMode, Protected, Protection};
 use crate::error::{NotKept, ProxyError};
 use crate::key::{derive_key, Derived, FingerprintRule, KeyError, KeySource};
 use crate::metrics::Outcome;
+use crate::route::Overrides;
 use crate::store::seal::KeyRing;
 use crate::store::{Claim, ClaimMode, Lease, Settlement, StoreError, StoredResponse};
 
@@ -99,6 +100,7 @@ impl Generations {
         host: Option<&str>,
         method: &Method,
         headers: &http::HeaderMap,
+        overrides: Overrides,
         path: &str,
     ) -> Vec<Arc<Protected>> {
         if self.0.is_empty() || now.policy.observe || is_token(now) {
@@ -108,24 +110,27 @@ impl Generations {
         self.0
             .iter()
             .filter(|g| g.until > at)
-            .filter_map(
-                |g| match g.config.route_for(host, method, headers, path).1 {
-                    Protection::On(rule)
-                        if !is_token(rule)
-                        && rule.key.scope == now.key.scope
-                        && rule.identity == now.identity
-                        && tells_apart_as_finely(&rule.key.source, &now.key.source)
-                        // The same name and material make the same key: nothing to claim,
-                        // and no second derivation on every request of an unchanged route.
-                        && (rule.route != now.route || rule.key.source != now.key.source) =>
-                    {
-                        Some(Arc::clone(rule))
-                    }
+            .filter_map(|g| {
+                let (_, protection) = g.config.route_for(host, method, headers, overrides, path);
+                match protection {
+                    Protection::On(old) if keys_worth_claiming(old, now) => Some(Arc::clone(old)),
                     _ => None,
-                },
-            )
+                }
+            })
             .collect()
     }
+}
+
+/// Whether the key `old` gave a request is one to claim besides the key `now` gives it
+/// (see [`Generations::rules_for`]).
+fn keys_worth_claiming(old: &Protected, now: &Protected) -> bool {
+    !is_token(old)
+        && old.key.scope == now.key.scope
+        && old.identity == now.identity
+        && tells_apart_as_finely(&old.key.source, &now.key.source)
+        // The same name and material make the same key: nothing to claim, and no second
+        // derivation on every request of an unchanged route.
+        && (old.route != now.route || old.key.source != now.key.source)
 }
 
 fn is_token(rule: &Protected) -> bool {
@@ -520,7 +525,14 @@ mod tests {
             let Protection::On(now) = new.protection_for(None, &Method::POST, path).1 else {
                 unreachable!("protected")
             };
-            kept.rules_for(now, None, &Method::POST, &http::HeaderMap::new(), path)
+            kept.rules_for(
+                now,
+                None,
+                &Method::POST,
+                &http::HeaderMap::new(),
+                Overrides::NONE,
+                path,
+            )
         };
         let older = rules("/orders");
         assert_eq!(older.len(), 1);

@@ -38,6 +38,7 @@ use crate::error::{NotKept, ProxyError};
 use crate::key::derive::scope_digest;
 use crate::key::{derive_key, Derived, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
+use crate::route::Overrides;
 use crate::store::{
     CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Store, StoreError, StoredResponse, Waiter,
 };
@@ -77,6 +78,8 @@ pub struct Context<'a> {
     /// The rules of the previous generations that would have protected this request, newest
     /// first (`super::previous`): empty unless a reload re-keyed requests.
     pub older: &'a [Arc<Protected>],
+    /// The method-override headers the request sends, found when it was routed.
+    pub overrides: Overrides,
 }
 
 impl Context<'_> {
@@ -114,6 +117,7 @@ pub(super) fn request_view<'a>(
         path: parts.uri.path(),
         query: parts.uri.query(),
         headers: &parts.headers,
+        overrides: cx.overrides,
         peer: Some(cx.conn.peer.ip()),
         identity: &rule.identity,
         client_cert: cx.conn.client_cert(),

@@ -12,6 +12,7 @@ use crate::config::TokenIssuer;
 use crate::error::ProxyError;
 use crate::key::derive::scope_digest;
 use crate::key::{token_digest, RequestView};
+use crate::route::Overrides;
 use crate::store::Store;
 
 /// Issues one token to the caller of `request`.
@@ -27,6 +28,7 @@ pub async fn issue<B>(
         path: request.uri().path(),
         query: None,
         headers: request.headers(),
+        overrides: Overrides::find(request.headers()),
         peer: Some(conn.peer.ip()),
         identity: &issuer.identity,
         client_cert: conn.client_cert(),

@@ -38,6 +38,7 @@ fn view<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> RequestView<'a> {
         path: "/orders",
         query: None,
         headers,
+        overrides: Overrides::find(headers),
         peer: Some(IpAddr::from([192, 0, 2, 1])),
         identity: &IDENTITY,
         client_cert: None,
