@@ -369,7 +369,7 @@ routes:
 /// `X-HTTP-Method-Override: DELETE` as a DELETE: the override names another operation,
 /// so it is part of every key (`fields` and `header` keys too), and a token spent on one
 /// operation is refused for the other. The value is read as those frameworks read it,
-/// in any case.
+/// in any case; a comma list is its own operation, since one may run either element.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_method_override_header_is_another_operation() {
     let upstream = start_upstream().await;
@@ -422,7 +422,14 @@ routes:
         )
         .await;
         assert!(again.replayed(), "{path}: a repeated DELETE runs once");
-        assert_eq!(upstream.executed(), before + 4, "{path}");
+        // A framework may run either element of a list: another operation than DELETE.
+        let listed = with("x-http-method-override", "DELETE, PUT");
+        let listed = post(proxy.addr, path, &listed, body).await;
+        assert!(
+            !listed.replayed(),
+            "{path}: `DELETE, PUT` got the DELETE's answer"
+        );
+        assert_eq!(upstream.executed(), before + 5, "{path}");
     }
 
     let caller = ("authorization", "Bearer alice");
