@@ -217,6 +217,7 @@ pub struct Metrics {
     waiting: Gauge,
     store_entries: Gauge,
     store_bytes: Gauge,
+    background_writes: Gauge,
     unknown: Family<RouteLabel, Counter>,
     evictions: Family<RouteLabel, Counter>,
     tokens_refused: Counter,
@@ -256,6 +257,7 @@ impl Metrics {
         let waiting = Gauge::default();
         let store_entries = Gauge::default();
         let store_bytes = Gauge::default();
+        let background_writes = Gauge::default();
         registry.register(
             "requests",
             "Requests by route and outcome",
@@ -290,6 +292,11 @@ impl Metrics {
             "store_bytes",
             "Bytes accounted to records in the memory store",
             store_bytes.clone(),
+        );
+        registry.register(
+            "store_background_writes",
+            "Store writes running in the background after their owners ended (answers the store failed, made again; releases of unanswered claims): above zero while a Redis or SQL store is unreachable",
+            background_writes.clone(),
         );
         let unknown = Family::<RouteLabel, Counter>::default();
         registry.register(
@@ -343,6 +350,7 @@ impl Metrics {
             waiting,
             store_entries,
             store_bytes,
+            background_writes,
             unknown,
             evictions,
             tokens_refused,
@@ -441,6 +449,8 @@ impl Metrics {
     pub fn render(&self, stats: StoreStats) -> String {
         self.store_entries.set(stats.entries as i64);
         self.store_bytes.set(stats.bytes as i64);
+        self.background_writes
+            .set(crate::store::background::pending() as i64);
         {
             // The store counts totals and each counter follows them by what it lacks: two
             // scrapes at once, each adding that, would add it twice.

@@ -127,8 +127,10 @@ async fn an_answer_redis_missed_past_the_lease_is_recorded_before_its_claim_can_
 }
 
 /// Redis stays away for the whole life of the claim's record: the answer can never be
-/// recorded, and the store counts it lost (`idemgate_store_settlements_lost_total`, what an
-/// operator alerts on) rather than only logging it.
+/// recorded. While it is made again it shows among the background writes
+/// (`idemgate_store_background_writes`), and once given up the store counts it lost
+/// (`idemgate_store_settlements_lost_total`, what an operator alerts on) rather than only
+/// logging it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_redis_never_took_is_counted_lost() {
     let redis = RedisServer::start();
@@ -137,7 +139,7 @@ async fn an_answer_redis_never_took_is_counted_lost() {
     let key = Digest([0x5e; 32]);
     let args = ClaimArgs {
         lapse: Lapse::Release {
-            grace: Duration::from_secs(1),
+            grace: Duration::from_secs(3),
         },
         ..ClaimArgs::new(key, Digest([1; 32]), Duration::from_millis(300))
     };
@@ -153,6 +155,13 @@ async fn an_answer_redis_never_took_is_counted_lost() {
             .is_err(),
         "Redis is cut off"
     );
+    let text = idemgate::metrics::Metrics::new().render(store.stats());
+    let writing: i64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("idemgate_store_background_writes "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no background writes gauge:\n{text}"));
+    assert!(writing >= 1, "the answer made again is not shown:\n{text}");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while store.stats().settlements_lost == 0 {
         assert!(
