@@ -259,72 +259,52 @@ fn explain_refuses_what_the_proxy_refuses_before_routing() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("proxy.yaml");
     write_config(&config, ROUTE);
-    for args in [
-        &[
-            "--path",
-            "/orders",
-            "-H",
-            "Host: a.example",
-            "-H",
-            "Host: b.example",
-        ][..],
-        &["--path", "/orders", "-H", "Host: a.example, b.example"],
-        &["--path", "/orders", "-H", "Host: user@a.example"],
-        &["--path", "*", "-H", "Host: a.example"],
-    ] {
-        let out = idemgate(dir.path())
+    let explain = |method: &str, args: &[&str]| {
+        idemgate(dir.path())
             .args(["explain", "--config"])
             .arg(&config)
-            .args(["--method", "POST", "-H", "Idempotency-Key: k1"])
+            .args(["--method", method, "-H", "Idempotency-Key: k1"])
             .args(args)
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let one_host = ["--path", "/orders", "-H", "Host: a.example"];
+    for (method, args) in [
+        (
+            "POST",
+            &[
+                "--path",
+                "/orders",
+                "-H",
+                "Host: a.example",
+                "-H",
+                "Host: b.example",
+            ][..],
+        ),
+        (
+            "POST",
+            &["--path", "/orders", "-H", "Host: a.example, b.example"],
+        ),
+        ("POST", &["--path", "/orders", "-H", "Host: user@a.example"]),
+        ("POST", &["--path", "*", "-H", "Host: a.example"]),
+        // A method with a lower-case letter is a 400 to the proxy (Django and Flask would
+        // run `post` as a POST no route saw), so it is to `explain`, not upper-cased for it.
+        ("post", &one_host),
+    ] {
+        let out = explain(method, args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success(),
-            "{args:?}: {}",
+            "{method} {args:?}: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        assert!(stderr.contains("would answer 400"), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("would answer 400"),
+            "{method} {args:?}: {stderr}"
+        );
     }
-    // A method with a lower-case letter is a 400 to the proxy (Django and Flask would run
-    // `post` as a POST no route saw), so it is to `explain`, not upper-cased for it.
-    let out = idemgate(dir.path())
-        .args(["explain", "--config"])
-        .arg(&config)
-        .args([
-            "--method",
-            "post",
-            "--path",
-            "/orders",
-            "-H",
-            "Idempotency-Key: k1",
-        ])
-        .args(["-H", "Host: a.example"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert!(stderr.contains("would answer 400"), "{stderr}");
     // The same request with one host is explained.
-    let out = idemgate(dir.path())
-        .args(["explain", "--config"])
-        .arg(&config)
-        .args([
-            "--method",
-            "POST",
-            "--path",
-            "/orders",
-            "-H",
-            "Idempotency-Key: k1",
-        ])
-        .args(["-H", "Host: a.example"])
-        .output()
-        .unwrap();
+    let out = explain("POST", &one_host);
     assert!(succeeded(&out).contains("route:             env-orders"));
 }
 
