@@ -12,7 +12,7 @@ use idemgate::key::Digest;
 use idemgate::store::{Claim, ClaimArgs, Lapse, RedisSettings, RedisStore, Store, StoredResponse};
 
 use crate::common::redis_server::RedisServer;
-use crate::common::relay::relay_to;
+use crate::common::relay::{relay_to, Relay};
 
 /// A Redis store reached through the relay at `addr`, each command bounded by `timeout`.
 fn store_through(addr: std::net::SocketAddr, timeout: Duration) -> Store {
@@ -24,6 +24,36 @@ fn store_through(addr: std::net::SocketAddr, timeout: Duration) -> Store {
         ca: None,
     };
     Store::Redis(Arc::new(RedisStore::connect(&settings).expect("store")))
+}
+
+/// A claim of `key` that lapses into a release after `grace`, owned through a relay to a
+/// fresh Redis, then Redis cut off and the owner's answer failed: the outage the tests
+/// below start from. Returns the server and the relay (the outage lasts while they do),
+/// the store and the claim's arguments.
+async fn an_answer_redis_failed(
+    key: Digest,
+    grace: Duration,
+) -> (RedisServer, Relay, Store, ClaimArgs) {
+    let redis = RedisServer::start();
+    let relay = relay_to(redis.port).await;
+    let store = store_through(relay.addr, Duration::from_millis(300));
+    let args = ClaimArgs {
+        lapse: Lapse::Release { grace },
+        ..ClaimArgs::new(key, Digest([1; 32]), Duration::from_millis(300))
+    };
+    let Claim::Owner(lease) = store.claim_with(args).await.expect("claim") else {
+        panic!("a fresh key is owned");
+    };
+    relay.cut.store(true, Ordering::SeqCst);
+    let answer = StoredResponse::new(StatusCode::CREATED, &Default::default(), b"made");
+    assert!(
+        lease
+            .complete(answer, Duration::from_secs(3600))
+            .await
+            .is_err(),
+        "Redis is cut off"
+    );
+    (redis, relay, store, args)
 }
 
 /// The owner's completion is sent, held on its way to Redis, and its future dropped there;
@@ -79,27 +109,9 @@ async fn a_completion_dropped_before_redis_answered_is_made_again() {
 /// grace records the answer before then, so the repeat replays it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_redis_missed_past_the_lease_is_recorded_before_its_claim_can_be_taken_over() {
-    let redis = RedisServer::start();
-    let relay = relay_to(redis.port).await;
-    let store = store_through(relay.addr, Duration::from_millis(300));
     let key = Digest([0x5d; 32]);
     let grace = Duration::from_secs(12);
-    let args = ClaimArgs {
-        lapse: Lapse::Release { grace },
-        ..ClaimArgs::new(key, Digest([1; 32]), Duration::from_millis(300))
-    };
-    let Claim::Owner(lease) = store.claim_with(args).await.expect("claim") else {
-        panic!("a fresh key is owned");
-    };
-    relay.cut.store(true, Ordering::SeqCst);
-    let answer = StoredResponse::new(StatusCode::CREATED, &Default::default(), b"made");
-    assert!(
-        lease
-            .complete(answer, Duration::from_secs(3600))
-            .await
-            .is_err(),
-        "Redis is cut off"
-    );
+    let (redis, relay, store, args) = an_answer_redis_failed(key, grace).await;
     // An outage well past the lease, ending a few seconds before the record expires (as
     // Redis itself counts, read past the relay): the answer is recorded before then.
     let record = format!("t:{{{}}}", hex::encode(key.0));
@@ -133,28 +145,8 @@ async fn an_answer_redis_missed_past_the_lease_is_recorded_before_its_claim_can_
 /// logging it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_redis_never_took_is_counted_lost() {
-    let redis = RedisServer::start();
-    let relay = relay_to(redis.port).await;
-    let store = store_through(relay.addr, Duration::from_millis(300));
     let key = Digest([0x5e; 32]);
-    let args = ClaimArgs {
-        lapse: Lapse::Release {
-            grace: Duration::from_secs(3),
-        },
-        ..ClaimArgs::new(key, Digest([1; 32]), Duration::from_millis(300))
-    };
-    let Claim::Owner(lease) = store.claim_with(args).await.expect("claim") else {
-        panic!("a fresh key is owned");
-    };
-    relay.cut.store(true, Ordering::SeqCst);
-    let answer = StoredResponse::new(StatusCode::CREATED, &Default::default(), b"made");
-    assert!(
-        lease
-            .complete(answer, Duration::from_secs(3600))
-            .await
-            .is_err(),
-        "Redis is cut off"
-    );
+    let (_redis, _relay, store, _) = an_answer_redis_failed(key, Duration::from_secs(3)).await;
     let text = idemgate::metrics::Metrics::new().render(store.stats());
     let writing: i64 = text
         .lines()
