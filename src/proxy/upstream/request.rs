@@ -21,9 +21,9 @@ use crate::proxy::headers::{
 /// appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set, and the client's
 /// `Forwarded` (RFC 7239, which says the same and which some upstreams read first, Spring's
 /// `ForwardedHeaderFilter` among them) removed, so a client cannot name its own scheme,
-/// host or address to the upstream. From a trusted peer ([`Forwarding::trusted_peer`]) those
-/// three go on as it sent them, ours set only where it sent none: it saw the client, this
-/// proxy saw only it. Nor can a client name its own path: `X-Original-URL` and
+/// host or address to the upstream. From a trusted peer ([`Forwarding::trusted_peer`]) the
+/// scheme its hop wrote goes on instead of ours ([`trusted_scheme`]): it saw the client's,
+/// this proxy only its own. Nor can a client name its own path: `X-Original-URL` and
 /// `X-Rewrite-URL`, which IIS's URL Rewrite, the apps behind it and old Symfony dispatch
 /// by instead of the target, are removed, so the upstream runs the path that was
 /// routed. Trailer fields the client
@@ -62,17 +62,12 @@ pub fn prepare(
         join_cookies(headers);
     }
     strip_hop_by_hop(headers, forwarding.upgrade);
-    // A trusted peer's forwarded fields stay, and ours go only where it sent none. Looked
-    // up after the hop-by-hop ones went: one its `Connection` named was for this hop only.
-    let (their_proto, their_host) = if forwarding.trusted_peer {
-        let theirs = (
-            seen.remove & 4 != 0 && headers.contains_key(&X_FORWARDED_PROTO),
-            seen.remove & 8 != 0 && headers.contains_key(&X_FORWARDED_HOST),
-        );
-        seen.remove &= !(4 | 8 | 16);
-        theirs
+    // A trusted peer's scheme goes on instead of ours. Read after the hop-by-hop fields
+    // went: one its `Connection` named was for this hop only.
+    let their_proto = if forwarding.trusted_peer && seen.remove & 4 != 0 {
+        trusted_scheme(headers)
     } else {
-        (false, false)
+        None
     };
     // Only those present: each removal hashes its name.
     if seen.remove & 1 != 0 {
@@ -106,12 +101,10 @@ pub fn prepare(
         forwarding.client_ip.clone()
     };
     headers.insert(X_FORWARDED_FOR.clone(), forwarded_for);
-    if !their_proto {
-        headers.insert(
-            X_FORWARDED_PROTO.clone(),
-            HeaderValue::from_static(forwarding.proto),
-        );
-    }
+    headers.insert(
+        X_FORWARDED_PROTO.clone(),
+        HeaderValue::from_static(their_proto.unwrap_or(forwarding.proto)),
+    );
     let host = if seen.host {
         headers.get(header::HOST).cloned()
     } else {
@@ -121,7 +114,7 @@ pub fn prepare(
         }
         host
     };
-    if let Some(host) = host.filter(|_| !their_host) {
+    if let Some(host) = host {
         headers.insert(X_FORWARDED_HOST.clone(), host);
     }
     if body.is_end_stream() {
@@ -208,6 +201,24 @@ struct Seen {
 /// an HTTP/2 client may send its cookies as separate fields, which MUST be joined before
 /// they go into HTTP/1.1; RFC 6265 §5.4 allows one `Cookie` field there, and an app that
 /// reads only the first would miss the rest.
+/// The scheme a trusted peer's own hop wrote in `X-Forwarded-Proto`: the last element of
+/// its last field, as it appends its own after any the client sent (HAProxy's
+/// `add-header`, a list), and the client's would come first, where most apps read. `None`
+/// when that is no scheme: ours goes then. Only the scheme: its `X-Forwarded-Host` and
+/// `Forwarded` would name a host that routes and keys, read from `Host`, never saw, so
+/// that two tenants behind one balancer could share a key there.
+fn trusted_scheme(headers: &HeaderMap) -> Option<&'static str> {
+    let last = headers.get_all(&X_FORWARDED_PROTO).iter().next_back()?;
+    let element = last.as_bytes().rsplit(|&b| b == b',').next()?.trim_ascii();
+    if element.eq_ignore_ascii_case(b"https") {
+        Some("https")
+    } else if element.eq_ignore_ascii_case(b"http") {
+        Some("http")
+    } else {
+        None
+    }
+}
+
 fn join_cookies(headers: &mut HeaderMap) {
     let mut fields = headers.get_all(header::COOKIE).iter();
     if fields.nth(1).is_none() {
@@ -433,50 +444,58 @@ mod tests {
         assert!(check_answer(&Method::POST, StatusCode::OK, &mut chunked, false).is_ok());
     }
 
-    /// A trusted peer's forwarded fields go on as it sent them, ours only where it sent
-    /// none; any other peer's are replaced (`X-Forwarded-*`) or removed (`Forwarded`).
-    #[test]
-    fn a_trusted_peers_forwarded_fields_go_on_and_ours_fill_the_gaps() {
-        let client_ip = HeaderValue::from_static("10.0.0.1");
-        for trusted_peer in [true, false] {
-            let (mut parts, ()) = http::Request::get("/")
-                .header(header::HOST, "backend:8080")
-                .header(X_FORWARDED_PROTO.clone(), "https")
-                .header(header::FORWARDED, "proto=https;host=shop.example")
-                .body(())
-                .unwrap()
-                .into_parts();
-            let forwarding = Forwarding {
-                client_ip: &client_ip,
-                proto: "http",
-                upgrade: false,
-                trusted_peer,
-            };
-            prepare(&mut parts, &ProxyBody::empty(), &forwarding, || None);
-            let h = &parts.headers;
-            let proto = if trusted_peer { "https" } else { "http" };
-            assert_eq!(h.get_all(&X_FORWARDED_PROTO).iter().count(), 1);
-            assert_eq!(h[&X_FORWARDED_PROTO], proto, "trusted: {trusted_peer}");
-            // It sent none: ours, from either peer.
-            assert_eq!(h[&X_FORWARDED_HOST], "backend:8080");
-            assert_eq!(h.contains_key(header::FORWARDED), trusted_peer);
-            assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
+    /// `headers` made ready for the upstream from a peer trusted or not.
+    fn prepared(headers: &[(&str, &str)], trusted_peer: bool) -> HeaderMap {
+        let mut request = http::Request::get("/").header(header::HOST, "backend:8080");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
-        // One its `Connection` names was for the hop to here: ours replaces it.
-        let (mut parts, ()) = http::Request::get("/")
-            .header(header::HOST, "backend:8080")
-            .header(header::CONNECTION, "x-forwarded-host")
-            .header(X_FORWARDED_HOST.clone(), "hop.example")
-            .body(())
-            .unwrap()
-            .into_parts();
+        let (mut parts, ()) = request.body(()).unwrap().into_parts();
+        let client_ip = HeaderValue::from_static("10.0.0.1");
         let forwarding = Forwarding {
             client_ip: &client_ip,
             proto: "http",
             upgrade: false,
-            trusted_peer: true,
+            trusted_peer,
         };
         prepare(&mut parts, &ProxyBody::empty(), &forwarding, || None);
-        assert_eq!(parts.headers[&X_FORWARDED_HOST], "backend:8080");
+        parts.headers
+    }
+
+    /// A trusted peer's scheme goes on, as the last element its own hop appended; its host
+    /// and `Forwarded` never do (routes and keys read `Host`), nor any other peer's.
+    #[test]
+    fn only_a_trusted_peers_own_scheme_goes_on() {
+        let balancer = [
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "shop.example"),
+            ("forwarded", "proto=https;host=shop.example"),
+        ];
+        for trusted_peer in [true, false] {
+            let h = prepared(&balancer, trusted_peer);
+            let proto = if trusted_peer { "https" } else { "http" };
+            assert_eq!(h.get_all(&X_FORWARDED_PROTO).iter().count(), 1);
+            assert_eq!(h[&X_FORWARDED_PROTO], proto, "trusted: {trusted_peer}");
+            assert_eq!(h[&X_FORWARDED_HOST], "backend:8080");
+            assert!(!h.contains_key(header::FORWARDED));
+            assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
+        }
+        // The client's own comes first, the balancer's appended after it, as a second
+        // field or in one list: the balancer's goes on.
+        let appended = [
+            ("x-forwarded-proto", "http"),
+            ("x-forwarded-proto", "https"),
+        ];
+        assert_eq!(prepared(&appended, true)[&X_FORWARDED_PROTO], "https");
+        let listed = [("x-forwarded-proto", "javascript, HTTPS ")];
+        assert_eq!(prepared(&listed, true)[&X_FORWARDED_PROTO], "https");
+        // No scheme, or one its `Connection` named (for the hop to here): ours.
+        let bogus = [("x-forwarded-proto", "https, gopher")];
+        assert_eq!(prepared(&bogus, true)[&X_FORWARDED_PROTO], "http");
+        let hop = [
+            ("connection", "x-forwarded-proto"),
+            ("x-forwarded-proto", "https"),
+        ];
+        assert_eq!(prepared(&hop, true)[&X_FORWARDED_PROTO], "http");
     }
 }
