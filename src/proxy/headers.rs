@@ -211,9 +211,9 @@ pub struct Forwarding<'a> {
     pub proto: &'static str,
     /// A protocol switch is forwarded: `Upgrade` is kept and `Connection: upgrade` sent.
     pub upgrade: bool,
-    /// The TCP peer is in `trusted_proxies`: the `X-Forwarded-Proto`, `X-Forwarded-Host`
-    /// and `Forwarded` it sent go on (a TLS-terminating balancer's `https` is the scheme
-    /// the client used; ours would say `http` and send the app into redirect loops).
+    /// The TCP peer is in `trusted_proxies`: the scheme it sent in `X-Forwarded-Proto` goes
+    /// on (a TLS-terminating balancer's `https` is the scheme the client used; ours would
+    /// say `http` and send the app into redirect loops).
     pub trusted_peer: bool,
 }
 

@@ -71,7 +71,7 @@ pub struct Hop {
     /// A protocol switch is forwarded.
     pub upgrade: bool,
     /// The TCP peer is in `trusted_proxies` of the config serving the request: the
-    /// forwarded fields it sent go on ([`request::prepare`]).
+    /// scheme it sent goes on ([`request::prepare`]).
     pub trusted_peer: bool,
 }
 
