@@ -119,6 +119,9 @@ impl Upstream {
 ///   version and the request target (absolute over HTTP/2: `:scheme` and `:authority`);
 /// - `/upload`: hashes the streamed body without buffering it, answers `"<len> <sha256>"`;
 /// - GET `/download?bytes=N`: streams N deterministic bytes;
+/// - `/trailers`: streams `hello`, then the trailers `x-checksum: 1`, `grpc-status: 0` and
+///   `set-cookie: t=1`, declared in `Trailer` (not with `?undeclared`, as gRPC servers
+///   answer over HTTP/2); over HTTP/1.1 hyper sends them only to `TE: trailers`;
 /// - `Upgrade: echo` anywhere: switches protocols and echoes bytes.
 pub async fn start_upstream() -> Upstream {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -235,6 +238,23 @@ async fn upstream_handle(
             .collect::<Vec<_>>();
         let stream = futures_util::stream::iter(chunks);
         return Ok(Response::new(StreamBody::new(stream).boxed()));
+    }
+    if path == "/trailers" {
+        let _ = req.body_mut().collect().await;
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", "1".parse().unwrap());
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        trailers.insert("set-cookie", "t=1".parse().unwrap());
+        let frames = [
+            Frame::data(Bytes::from_static(b"hello")),
+            Frame::trailers(trailers),
+        ];
+        let body = StreamBody::new(futures_util::stream::iter(frames.map(Ok::<_, Infallible>)));
+        let mut answer = Response::builder();
+        if req.uri().query() != Some("undeclared") {
+            answer = answer.header("trailer", "x-checksum, grpc-status, set-cookie");
+        }
+        return Ok(answer.body(body.boxed()).unwrap());
     }
     if path == "/echo-headers" {
         let (version, uri) = (req.version(), req.uri().to_string());

@@ -5,8 +5,9 @@
 //! The routes and the raw-socket helpers every module uses are here; `bodies.rs` has the
 //! bodies streamed byte-exact, `headers.rs` header cleaning, `Expect` and trailers,
 //! `forwarded.rs` the forwarded fields of trusted and other peers,
-//! `protocols.rs` upgrades and HTTP/2, `stalls.rs` peers that stall, and `unprotected.rs`
-//! the rules of routes with `idempotency: off`.
+//! `protocols.rs` upgrades and HTTP/2, `stalls.rs` peers that stall, `trailers.rs` answer
+//! trailers to HTTP/1.1 and HTTP/2 clients, and `unprotected.rs` the rules of routes with
+//! `idempotency: off`.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -16,6 +17,7 @@ mod forwarded;
 mod headers;
 mod protocols;
 mod stalls;
+mod trailers;
 mod unprotected;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
