@@ -32,14 +32,28 @@ pub static X_ORIGINAL_URL: HeaderName = HeaderName::from_static("x-original-url"
 /// See [`X_ORIGINAL_URL`] (Zend's and old Symfony's spelling).
 pub static X_REWRITE_URL: HeaderName = HeaderName::from_static("x-rewrite-url");
 
-/// Removes hop-by-hop headers. With `keep_upgrade`, `Upgrade` and `Connection: upgrade`
-/// survive, since forwarding a protocol switch is exactly what they are for.
+/// What [`strip_hop_by_hop`] removed that its caller may send again on its own terms.
+#[derive(Debug, Default)]
+pub struct Stripped {
+    /// The names the message declared in `Trailer` that may go on
+    /// ([`is_forwardable_trailer`]), as one value. `Trailer` is end-to-end (RFC 9110
+    /// §6.6.2) but only true of a body whose framing can carry trailers, which the caller
+    /// knows and this does not; and hyper sends only the trailer fields it names.
+    pub declared_trailers: Option<HeaderValue>,
+    /// `TE` listed `trailers`: the sender can take trailers on this hop (§10.1.4).
+    pub te_trailers: bool,
+}
+
+/// Removes hop-by-hop headers, `Trailer` among them (see [`Stripped`] for putting it
+/// back). With `keep_upgrade`, `Upgrade` and `Connection: upgrade` survive, since
+/// forwarding a protocol switch is exactly what they are for.
 ///
 /// This runs on every request and every answer, so it looks before it removes: one pass
 /// over the few names a message has says which hop-by-hop headers are there (a removal
 /// hashes its name), and the common `Connection` tokens (`keep-alive`, `close`,
-/// `upgrade`) are recognised without building a header name for them.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+/// `upgrade`) are recognised without building a header name for them. A message with
+/// neither `Trailer` nor `TE` costs nothing more for the [`Stripped`] it returns.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) -> Stripped {
     let mut present = 0u32;
     for name in headers.keys() {
         if let Some(bit) = hop_by_hop_bit(name.as_str()) {
@@ -47,8 +61,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         }
     }
     if present == 0 {
-        return;
+        return Stripped::default();
     }
+    // Read before `Connection` is: `TE` must be named there (§10.1.4), and is then
+    // removed with the other headers it names.
+    let te_trailers = present & (1 << TE_BIT) != 0 && asks_for_trailers(headers);
     // HOP_BY_HOP[0] is `Connection`: the headers it names go too.
     let mut listed = Vec::new();
     if present & 1 != 0 {
@@ -71,6 +88,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for name in listed {
         headers.remove(name);
     }
+    // Read after: a `Trailer` that `Connection` named was for the last hop only.
+    let declared_trailers = (present & (1 << TRAILER_BIT) != 0)
+        .then(|| forwardable_trailer_names(headers))
+        .flatten();
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
         if present & (1 << i) != 0 {
             headers.remove(name);
@@ -81,6 +102,43 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     } else if present & (1 << UPGRADE_BIT) != 0 {
         headers.remove(header::UPGRADE);
     }
+    Stripped {
+        declared_trailers,
+        te_trailers,
+    }
+}
+
+/// [`hop_by_hop_bit`] of `TE`.
+const TE_BIT: usize = 5;
+/// [`hop_by_hop_bit`] of `Trailer`.
+const TRAILER_BIT: usize = 6;
+
+/// Whether the message's `TE` lists `trailers` (a `;q=` after it allowed).
+pub fn asks_for_trailers(headers: &HeaderMap) -> bool {
+    headers.get_all(header::TE).iter().any(|v| {
+        v.as_bytes().split(|&b| b == b',').any(|t| {
+            let coding = t.split(|&b| b == b';').next().unwrap_or(t);
+            coding.trim_ascii().eq_ignore_ascii_case(b"trailers")
+        })
+    })
+}
+
+/// The names of the message's `Trailer` fields that may go on ([`is_forwardable_trailer`]),
+/// as one value; `None` if none may.
+fn forwardable_trailer_names(headers: &HeaderMap) -> Option<HeaderValue> {
+    let names: Vec<&str> = headers
+        .get_all(header::TRAILER)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("").split(','))
+        .map(str::trim)
+        .filter(|name| {
+            HeaderName::from_bytes(name.as_bytes()).is_ok_and(|n| is_forwardable_trailer(&n))
+        })
+        .collect();
+    if names.is_empty() {
+        return None;
+    }
+    HeaderValue::from_str(&names.join(", ")).ok()
 }
 
 /// The bit of a hop-by-hop header in [`strip_hop_by_hop`]'s scan: `i` for `HOP_BY_HOP[i]`,
@@ -297,6 +355,36 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
+    }
+
+    /// `Trailer` goes as a hop-by-hop field does, its forwardable names given back to put
+    /// again; `TE: trailers` is seen even when `Connection` names `TE`, as it must.
+    #[test]
+    fn declared_trailers_and_te_trailers_are_given_back() {
+        assert_eq!(hop_by_hop_bit("te"), Some(TE_BIT));
+        assert_eq!(hop_by_hop_bit("trailer"), Some(TRAILER_BIT));
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("TE"));
+        h.insert(header::TE, HeaderValue::from_static("gzip, Trailers;q=1"));
+        h.append(
+            header::TRAILER,
+            HeaderValue::from_static("x-sum, content-length"),
+        );
+        h.append(header::TRAILER, HeaderValue::from_static("grpc-status,te"));
+        let stripped = strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
+        assert!(stripped.te_trailers);
+        assert_eq!(stripped.declared_trailers.unwrap(), "x-sum, grpc-status");
+        // Named in `Connection`, `Trailer` was for the last hop only.
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("trailer"));
+        h.insert(header::TRAILER, HeaderValue::from_static("x-sum"));
+        h.insert(header::TE, HeaderValue::from_static("gzip"));
+        let stripped = strip_hop_by_hop(&mut h, false);
+        assert!(stripped.declared_trailers.is_none() && !stripped.te_trailers);
+        let mut h = HeaderMap::new();
+        h.insert(header::TRAILER, HeaderValue::from_static("set-cookie"));
+        assert!(strip_hop_by_hop(&mut h, false).declared_trailers.is_none());
     }
 
     #[test]

@@ -74,7 +74,14 @@ pub async fn forward(
         }
     }
     let (mut parts, body) = response.into_parts();
-    strip_hop_by_hop(&mut parts.headers, false);
+    // `Trailer` is end-to-end (RFC 9110 §6.6.2): declared again, less what only a head
+    // may carry, it has hyper send an HTTP/1.1 client that asked (`TE: trailers`) the
+    // trailers that follow; HTTP/2 clients get them whether declared or not. Trailers an
+    // upstream did not declare (an HTTP/2 one need not) come after the head went out,
+    // too late to name, so an HTTP/1.1 client gets none of them.
+    if let Some(trailers) = strip_hop_by_hop(&mut parts.headers, false).declared_trailers {
+        parts.headers.insert(http::header::TRAILER, trailers);
+    }
     Ok(Response::from_parts(
         parts,
         ProxyBody::upstream(body, Some(timeouts.upstream_gap)),

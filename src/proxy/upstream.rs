@@ -189,11 +189,9 @@ impl UpstreamClient {
         // HTTP/2 clients name the host in `:authority`; an HTTP/1.0 client may name none,
         // and then the upstream's own is sent.
         let authority = parts.uri.authority().cloned();
-        // `TE: trailers` is the one connection-specific field HTTP/2 allows (RFC 9113
-        // §8.2.2), and gRPC servers require it: it goes on to an HTTP/2 upstream.
-        let te_trailers =
-            matches!(self.pool, Pools::Http2(_)) && request::asks_for_trailers(&parts.headers);
-        request::prepare(&mut parts, &body, &forwarding, || {
+        // Whether the proxy asked for trailers as its client did: to an HTTP/2 upstream,
+        // `TE: trailers` goes without its `Connection` (RFC 9113 §8.2.2).
+        let te_trailers = request::prepare(&mut parts, &body, &forwarding, || {
             authority
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
                 .or_else(|| self.host.clone())

@@ -67,7 +67,14 @@ pub(crate) const SEEN: &[Seen] = &[
         "host",
         &["b"],
     ),
-    seen("te_trailers", Std(&[(b"te", b"trailers")]), "te", &[]),
+    // The client's `TE` is for its hop; asking for trailers, it has the proxy ask with its
+    // own (RFC 9110 §10.1.4), since the proxy passes them on.
+    seen(
+        "te_trailers",
+        Std(&[(b"te", b"trailers")]),
+        "te",
+        &["trailers"],
+    ),
     // RFC 9113 §8.2.3: cookie crumbs "MUST be concatenated into a single octet string
     // using the two-octet delimiter of 0x3b, 0x20 ("; ") before being passed into a
     // non-HTTP/2 context, such as an HTTP/1.1 connection"; RFC 6265 §5.4 lets a request

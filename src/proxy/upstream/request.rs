@@ -8,8 +8,8 @@ use http_body::Body;
 
 use crate::proxy::body::ProxyBody;
 use crate::proxy::headers::{
-    is_chunked_alone, is_forwardable_trailer, strip_hop_by_hop, Forwarding, X_FORWARDED_FOR,
-    X_FORWARDED_HOST, X_FORWARDED_PROTO, X_ORIGINAL_URL, X_REWRITE_URL,
+    is_chunked_alone, strip_hop_by_hop, Forwarding, X_FORWARDED_FOR, X_FORWARDED_HOST,
+    X_FORWARDED_PROTO, X_ORIGINAL_URL, X_REWRITE_URL,
 };
 
 /// Rewrites `parts` into the request the upstream gets: origin form (what an HTTP/1.1
@@ -29,12 +29,19 @@ use crate::proxy::headers::{
 /// routed. Trailer fields the client
 /// declared in `Trailer` are declared again, less those only a header section may carry:
 /// hyper sends only declared trailers.
+///
+/// A client that asked for trailers (`TE: trailers`) has the proxy ask for them too:
+/// `TE` is hop-by-hop (RFC 9110 §10.1.4), but a proxy that can pass trailers on may send
+/// its own, and this one passes them on to that client. hyper's HTTP/1.1 server (and so
+/// many Rust upstreams) sends trailers only when asked. It goes as `TE: trailers` with
+/// the `TE` connection option §10.1.4 requires beside it; the return says it went, for
+/// [`to_http2`], whose `TE` stands alone.
 pub fn prepare(
     parts: &mut http::request::Parts,
     body: &ProxyBody,
     forwarding: &Forwarding<'_>,
     fallback_host: impl FnOnce() -> Option<HeaderValue>,
-) {
+) -> bool {
     if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         parts.uri = Uri::try_from(target).unwrap_or_else(|_| Uri::from_static("/"));
@@ -52,16 +59,14 @@ pub fn prepare(
             "forwarded" => seen.remove |= 16,
             "x-original-url" | "x-rewrite-url" => seen.remove |= 32,
             "x-forwarded-for" => seen.forwarded_for = true,
-            "trailer" => seen.trailer = true,
             "cookie" => seen.cookie = true,
             _ => {}
         }
     }
-    let declared_trailers = seen.trailer.then(|| declared_trailers(headers));
     if seen.cookie {
         join_cookies(headers);
     }
-    strip_hop_by_hop(headers, forwarding.upgrade);
+    let stripped = strip_hop_by_hop(headers, forwarding.upgrade);
     // A trusted peer's scheme goes on instead of ours. Read after the hop-by-hop fields
     // went: one its `Connection` named was for this hop only.
     let their_proto = if forwarding.trusted_peer && seen.remove & 4 != 0 {
@@ -128,18 +133,24 @@ pub fn prepare(
             header::TRANSFER_ENCODING,
             HeaderValue::from_static("chunked"),
         );
-        if let Some(Some(trailers)) = declared_trailers {
+        if let Some(trailers) = stripped.declared_trailers {
             headers.insert(header::TRAILER, trailers);
         }
     }
+    if stripped.te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        // Appended: a forwarded protocol switch has its `Connection: upgrade` there.
+        headers.append(header::CONNECTION, HeaderValue::from_static("te"));
+    }
+    stripped.te_trailers
 }
 
 /// Turns a request [`prepare`] made for HTTP/1.1 into one for an HTTP/2 connection: the
 /// `Host` it carries becomes `:authority` (RFC 9113 §8.3.1: a client that makes HTTP/2
 /// requests uses `:authority`, not `Host`), `scheme` becomes `:scheme`, and the framing
-/// field HTTP/2 forbids goes (`Transfer-Encoding`; the other connection-specific fields
-/// `prepare` already removed); with `te_trailers`, `TE: trailers` goes back (the client
-/// sent it: [`asks_for_trailers`]). hyper's HTTP/2 client takes both pseudo-fields from an
+/// fields HTTP/2 forbids go (`Transfer-Encoding`; with `te_trailers`, the `Connection: te`
+/// [`prepare`] sent beside its `TE: trailers`, which stays: RFC 9113 §8.2.2 allows it
+/// alone, and gRPC servers require it). hyper's HTTP/2 client takes both pseudo-fields from an
 /// absolute URI. An error: the `Host` is no authority (HTTP/1.1 servers may accept one,
 /// `:authority` cannot carry it).
 pub fn to_http2(
@@ -150,9 +161,9 @@ pub fn to_http2(
     parts.version = Version::HTTP_2;
     parts.headers.remove(header::TRANSFER_ENCODING);
     if te_trailers {
-        parts
-            .headers
-            .insert(header::TE, HeaderValue::from_static("trailers"));
+        // Its only one: `prepare` sends `Connection` otherwise for an upgrade alone, which
+        // never goes to an HTTP/2 upstream.
+        parts.headers.remove(header::CONNECTION);
     }
     let Some(host) = parts.headers.remove(header::HOST) else {
         return Err("a request without a host cannot go to an HTTP/2 upstream".into());
@@ -173,16 +184,6 @@ pub fn to_http2(
     Ok(())
 }
 
-/// Whether the request's `TE` lists `trailers`.
-pub fn asks_for_trailers(headers: &HeaderMap) -> bool {
-    headers.get_all(header::TE).iter().any(|v| {
-        v.as_bytes().split(|&b| b == b',').any(|t| {
-            let coding = t.split(|&b| b == b';').next().unwrap_or(t);
-            coding.trim_ascii().eq_ignore_ascii_case(b"trailers")
-        })
-    })
-}
-
 /// What [`prepare`] looks for in one pass over the field names.
 #[derive(Default)]
 struct Seen {
@@ -192,7 +193,6 @@ struct Seen {
     /// `Forwarded`.
     remove: u8,
     forwarded_for: bool,
-    trailer: bool,
     /// A `Cookie` field (an HTTP/2 client may have split its cookies into several).
     cookie: bool,
 }
@@ -235,24 +235,6 @@ fn join_cookies(headers: &mut HeaderMap) {
     if let Ok(value) = HeaderValue::from_bytes(&joined) {
         headers.insert(header::COOKIE, value);
     }
-}
-
-/// The client's `Trailer` names that may go on, as one value.
-fn declared_trailers(headers: &HeaderMap) -> Option<HeaderValue> {
-    let names: Vec<&str> = headers
-        .get_all(header::TRAILER)
-        .iter()
-        .flat_map(|v| v.to_str().unwrap_or("").split(','))
-        .map(str::trim)
-        .filter(|name| {
-            header::HeaderName::from_bytes(name.as_bytes())
-                .is_ok_and(|n| is_forwardable_trailer(&n))
-        })
-        .collect();
-    if names.is_empty() {
-        return None;
-    }
-    HeaderValue::from_str(&names.join(", ")).ok()
 }
 
 /// The checks on an answer head that hyper's client leaves to its user, in one pass over
