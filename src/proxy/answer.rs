@@ -103,12 +103,18 @@ where
     B::Error: Into<BodyError> + std::fmt::Display,
 {
     let (mut head, body) = response.into_parts();
-    strip_hop_by_hop(&mut head.headers, false);
+    let declared = strip_hop_by_hop(&mut head.headers, false).declared_trailers;
     let gap = body.read_gap();
     let stream_on = |rest| ProxyBody::upstream(rest, gap);
     let (body, trailers) = bounded_then(body, max, (budget, conn), Refusal::Answer, stream_on)
         .await
         .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
+    // Streaming on, its trailers are still to come: declared as the upstream declared
+    // them, as a pass-through answer's are (an HTTP/1.1 client gets only declared ones).
+    // One read whole declares those it kept ([`whole`]).
+    if let (AnswerBody::TooLarge(_), Some(declared)) = (&body, declared) {
+        head.headers.insert(http::header::TRAILER, declared);
+    }
     Ok(Answer {
         status: head.status,
         headers: head.headers,

@@ -123,3 +123,29 @@ async fn undeclared_trailers_of_an_http2_upstream_reach_only_http2_clients() {
     let names: Vec<_> = trailers.keys().map(|n| n.as_str()).collect();
     assert_eq!(names, ["x-checksum", "grpc-status"]);
 }
+
+/// A protected answer over `max_answer` streams on as a pass-through one does, and keeps
+/// its declared trailers for an HTTP/1.1 client alike (a stored one declares those it
+/// kept: `tests/grpc_trailers.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protected_answer_streamed_over_max_answer_keeps_its_declared_trailers() {
+    let upstream = raw_answering(Some(
+        b"HTTP/1.1 201 Created\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum\r\n\r\n\
+          5\r\nhello\r\n0\r\nx-checksum: 1\r\n\r\n",
+    ))
+    .await;
+    let routes = "routes:\n  - name: streamed\n    match: { methods: [POST], path: /big }\n    \
+                  key: { header: Idempotency-Key }\n    max_answer: 3B\n";
+    let proxy = start_proxy(upstream, routes).await;
+    let answer = common::raw_exchange(
+        proxy.addr,
+        b"POST /big HTTP/1.1\r\nhost: x\r\nidempotency-key: big\r\nte: trailers\r\n\
+          content-length: 2\r\nconnection: close\r\n\r\n{}",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(
+        answer.ends_with("\r\n0\r\nx-checksum: 1\r\n\r\n"),
+        "{answer}"
+    );
+}
