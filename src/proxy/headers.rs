@@ -114,7 +114,7 @@ const TE_BIT: usize = 5;
 const TRAILER_BIT: usize = 6;
 
 /// Whether the message's `TE` lists `trailers` (a `;q=` after it allowed).
-pub fn asks_for_trailers(headers: &HeaderMap) -> bool {
+fn asks_for_trailers(headers: &HeaderMap) -> bool {
     headers.get_all(header::TE).iter().any(|v| {
         v.as_bytes().split(|&b| b == b',').any(|t| {
             let coding = t.split(|&b| b == b';').next().unwrap_or(t);

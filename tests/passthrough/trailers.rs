@@ -136,16 +136,22 @@ async fn a_protected_answer_streamed_over_max_answer_keeps_its_declared_trailers
     .await;
     let routes = "routes:\n  - name: streamed\n    match: { methods: [POST], path: /big }\n    \
                   key: { header: Idempotency-Key }\n    max_answer: 3B\n";
-    let proxy = start_proxy(upstream, routes).await;
-    let answer = common::raw_exchange(
-        proxy.addr,
-        b"POST /big HTTP/1.1\r\nhost: x\r\nidempotency-key: big\r\nte: trailers\r\n\
-          content-length: 2\r\nconnection: close\r\n\r\n{}",
-    )
-    .await;
-    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
-    assert!(
-        answer.ends_with("\r\n0\r\nx-checksum: 1\r\n\r\n"),
-        "{answer}"
-    );
+    // A raw HTTP/1.1 upstream: through either HTTP/1.1 client.
+    for connections in &UPSTREAMS[..2] {
+        let proxy = start_proxy(upstream, &format!("{connections}\n{routes}")).await;
+        let answer = common::raw_exchange(
+            proxy.addr,
+            b"POST /big HTTP/1.1\r\nhost: x\r\nidempotency-key: big\r\nte: trailers\r\n\
+              content-length: 2\r\nconnection: close\r\n\r\n{}",
+        )
+        .await;
+        assert!(
+            answer.starts_with("HTTP/1.1 201"),
+            "{connections}: {answer}"
+        );
+        assert!(
+            answer.ends_with("\r\n0\r\nx-checksum: 1\r\n\r\n"),
+            "{connections}: {answer}"
+        );
+    }
 }
