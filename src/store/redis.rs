@@ -101,7 +101,7 @@ pub struct RedisStore {
     renewals: Arc<Renewals>,
     /// Whether the server may evict records (claims are refused while it may).
     eviction: eviction::Eviction,
-    /// Settlements given up on (see [`Store::settlement_lost`]).
+    /// Settlements given up on (see [`Store::settlement_lost`](super::Store::settlement_lost)).
     settlements_lost: AtomicU64,
 }
 
@@ -122,7 +122,7 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Settlements given up on since start (see [`Store::settlement_lost`]).
+    /// Settlements given up on since start (see [`Store::settlement_lost`](super::Store::settlement_lost)).
     pub(crate) fn settlements_lost(&self) -> &AtomicU64 {
         &self.settlements_lost
     }
