@@ -464,3 +464,66 @@ async fn a_204_or_304_from_an_http2_upstream_keeps_no_body() {
         }
     }
 }
+
+/// An HTTP/2 upstream that sends its `204` head first and ends its stream only later, as
+/// Go's server does for a handler that flushes the head and is still committing its work.
+/// The proxy reads that stream to its `END_STREAM`: dropped at the head, it was reset
+/// (`CANCEL`), which cancels such a handler, and a rolled-back handler's 204 stored and
+/// replayed claims work that was never done. The owner's answer, and with it the
+/// settlement, wait for that end: a duplicate meanwhile waits on the owner, then gets the
+/// 204 (no body), as a later retry does from the store; the upstream ran it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_204_head_from_an_http2_upstream_is_read_to_its_end_not_reset() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (sent, head_sent) = tokio::sync::oneshot::channel();
+    let (open, gate) = tokio::sync::oneshot::channel::<()>();
+    let (ended, reset) = tokio::sync::oneshot::channel();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let runs = Arc::clone(&ran);
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let head = move || {
+            runs.fetch_add(1, Ordering::SeqCst);
+            sent.send(()).unwrap();
+        };
+        let returned = async {
+            let _ = gate.await;
+        };
+        let on_end = |reset| {
+            let _ = ended.send(reset);
+        };
+        common::no_content_ended_later(stream, head, returned, on_end).await;
+    });
+    let proxy = start_proxy(addr, &h2(ROUTES)).await;
+    let key = [("idempotency-key", "flushed")];
+    let mut owner = tokio::spawn(async move { post(proxy.addr, "/orders", &key, "{}").await });
+    head_sent.await.unwrap();
+    let mut waiter = tokio::spawn(async move { post(proxy.addr, "/orders", &key, "{}").await });
+    // The owner is still reading the upstream's stream, so the duplicate waits on it; an
+    // answer before the upstream ended its stream is what this test pins.
+    tokio::select! {
+        () = proxy.metric_reaches("idemgate_waiting", 1.0) => {}
+        owner = &mut owner => panic!("the owner answered before the stream ended: {owner:?}"),
+        waiter = &mut waiter => panic!("the duplicate answered before it ended: {waiter:?}"),
+    }
+    open.send(()).unwrap();
+    let reset = reset.await.unwrap();
+    assert_eq!(
+        reset, None,
+        "the proxy reset the stream (code {reset:?}) before its end"
+    );
+
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.status, StatusCode::NO_CONTENT, "{owner:?}");
+    assert_eq!(owner.body, "", "{owner:?}");
+    assert!(!owner.replayed(), "{owner:?}");
+    let waiter = waiter.await.unwrap();
+    assert_eq!(waiter.status, StatusCode::NO_CONTENT, "{waiter:?}");
+    assert_eq!(waiter.body, "", "{waiter:?}");
+    let retry = post(proxy.addr, "/orders", &key, "{}").await;
+    assert_eq!(retry.status, StatusCode::NO_CONTENT, "{retry:?}");
+    assert_eq!(retry.body, "", "{retry:?}");
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "run once");
+}

@@ -2,7 +2,8 @@
 //! that refuses every stream with a GOAWAY whose last stream id (0) is below it (RFC 9113
 //! §8.7 says such a stream was not processed), and one that cuts an answer short with a
 //! `RST_STREAM` before its `END_STREAM` (h2's server drops the data it has queued when
-//! asked to reset).
+//! asked to reset), and one that sends a `204` head and ends its stream only later, as a
+//! server whose handler flushes its head before it returns.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -73,6 +74,61 @@ pub async fn answer_early_then_reset(mut stream: TcpStream, body: &[u8]) {
     let _ = stream.read_to_end(&mut Vec::new()).await;
 }
 
+/// Answers the client's first stream (1), once its request is whole, with a `204` head
+/// without `END_STREAM`, as Go's HTTP/2 server does for a handler that flushes its head and
+/// goes on (committing its work, say); calls `head_sent`, then reads the client's frames
+/// until `returned` resolves (the handler returned) and only then ends the stream with an
+/// empty DATA frame. `on_end` gets the error code of the `RST_STREAM` the client sent on
+/// stream 1 before that end, if any: Go cancels the handler's context on it. Holds the
+/// connection open until the client closes it.
+pub async fn no_content_ended_later(
+    mut stream: TcpStream,
+    head_sent: impl FnOnce(),
+    returned: impl std::future::Future<Output = ()>,
+    on_end: impl FnOnce(Option<u32>),
+) {
+    serve_until(&mut stream, |kind, flags| {
+        (kind == 0x1 || kind == 0x0) && flags & 0x1 == 1
+    })
+    .await;
+    stream
+        .write_all(&frame(0x1, 0x4, &status_head(204, None)))
+        .await
+        .unwrap();
+    head_sent();
+    let mut reset = None;
+    let mut returned = std::pin::pin!(returned);
+    loop {
+        // A frame read part-way when `returned` wins is lost: only frames before the end
+        // count, and after it nothing more is parsed.
+        tokio::select! {
+            biased;
+            () = &mut returned => break,
+            read = read_frame(&mut stream) => match read {
+                Some((0x3, _, 1, payload)) if reset.is_none() => {
+                    reset = Some(u32::from_be_bytes(payload[..4].try_into().unwrap()));
+                }
+                Some(_) => {}
+                None => break,
+            },
+        }
+    }
+    let _ = stream.write_all(&frame(0x0, 0x1, &[])).await;
+    on_end(reset);
+    let _ = stream.read_to_end(&mut Vec::new()).await;
+}
+
+/// One frame from `stream`: its type, flags, stream id and payload; `None` at its end.
+async fn read_frame(stream: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+    let mut head = [0; 9];
+    stream.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0; len];
+    stream.read_exact(&mut payload).await.ok()?;
+    let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    Some((head[3], head[4], id, payload))
+}
+
 /// Sends a server preface and reads the client's frames, acknowledging its SETTINGS,
 /// until one of stream 1's for which `stop(type, flags)` holds.
 async fn serve_until(stream: &mut TcpStream, stop: impl Fn(u8, u8) -> bool) {
@@ -83,19 +139,13 @@ async fn serve_until(stream: &mut TcpStream, stop: impl Fn(u8, u8) -> bool) {
     let mut preface = [0; 24];
     stream.read_exact(&mut preface).await.unwrap();
     loop {
-        let mut head = [0; 9];
-        stream.read_exact(&mut head).await.unwrap();
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let mut payload = vec![0; len];
-        stream.read_exact(&mut payload).await.unwrap();
-        let (kind, flags) = (head[3], head[4]);
+        let (kind, flags, id, _) = read_frame(stream).await.expect("the client's frames");
         if kind == 0x4 && flags & 0x1 == 0 {
             stream
                 .write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0])
                 .await
                 .unwrap();
         }
-        let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
         if id == 1 && stop(kind, flags) {
             return;
         }
