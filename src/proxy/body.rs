@@ -40,6 +40,10 @@ pub enum BodyError {
     /// only after a complete answer. The answer is cut short.
     #[error("upstream body: the stream was reset before the answer ended")]
     UpstreamCutShort,
+    /// The upstream sent more than this many bytes on an HTTP/2 stream after an answer
+    /// that ends at its head (a 204, say): a hostile upstream's.
+    #[error("upstream body: more than {0} bytes after an answer that ends at its head")]
+    UpstreamStray(usize),
     /// The upstream sent no part of its answer's body for this long.
     #[error("the upstream sent no part of its answer's body for {0:?}")]
     UpstreamStalled(Duration),

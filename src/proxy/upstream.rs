@@ -8,6 +8,7 @@
 //! (its key may be released); anything after that is [`ProxyError::UpstreamFailed`] or
 //! [`ProxyError::UpstreamTimeout`].
 
+mod bodiless;
 mod connector;
 pub(crate) mod http1;
 mod pool;
@@ -364,13 +365,14 @@ impl UpstreamClient {
                 tracing::warn!(error = why, "upstream answer refused");
                 return Err(ProxyError::UpstreamFailed(why.into()));
             }
-            // DATA on an answer that ends at its head (a 204, say) is no part of it: HTTP/1.1
-            // frames it so, and kept it would be stored, then sent on to HTTP/2 clients.
-            // Dropped, the stream is reset and its place on the connection freed.
-            let body = if request::bodiless(&method, head.status) {
+            // DATA on an answer that ends at its head (a 204, say) is no part of it, but its
+            // stream is read to its end: [`bodiless`] says why, and why the body waits.
+            let body = if !request::bodiless(&method, head.status) {
+                Held::Http2(incoming, Some(stream))
+            } else if incoming.is_end_stream() {
                 Held::Empty
             } else {
-                Held::Http2(incoming, Some(stream))
+                Held::Drain(bodiless::Drain::new(incoming, stream, self.read_gap))
             };
             return Ok(Response::from_parts(
                 head,
@@ -516,8 +518,10 @@ enum Held {
     Http2(hyper::body::Incoming, Option<pool::h2::Stream>),
     /// The hand-written client's connection, handed back at the end.
     Own(http1::body::AnswerBody),
-    /// None: an HTTP/2 answer that ends at its head, its stream let go.
+    /// None: an HTTP/2 answer that ends at its head, its stream ended with it.
     Empty,
+    /// None, but the stream of an HTTP/2 answer that ends at its head is read to its end.
+    Drain(bodiless::Drain),
 }
 
 impl ReadGap for UpstreamBody {
@@ -537,6 +541,7 @@ impl Body for UpstreamBody {
         let polled = match &mut self.get_mut().body {
             Held::Own(body) => return Pin::new(body).poll_frame(cx),
             Held::Empty => return Poll::Ready(None),
+            Held::Drain(rest) => return rest.poll_end(cx),
             Held::Http1(body) => Pin::new(body).poll_frame(cx),
             Held::Http2(body, stream) => {
                 let polled = Pin::new(&mut *body).poll_frame(cx);
@@ -562,6 +567,7 @@ impl Body for UpstreamBody {
             Held::Http2(body, _) => body.is_end_stream(),
             Held::Own(body) => body.is_end_stream(),
             Held::Empty => true,
+            Held::Drain(rest) => rest.is_end_stream(),
         }
     }
 
@@ -571,6 +577,7 @@ impl Body for UpstreamBody {
             Held::Http2(body, _) => body.size_hint(),
             Held::Own(body) => body.size_hint(),
             Held::Empty => SizeHint::with_exact(0),
+            Held::Drain(rest) => rest.size_hint(),
         }
     }
 }
