@@ -527,3 +527,61 @@ async fn a_204_head_from_an_http2_upstream_is_read_to_its_end_not_reset() {
     assert!(retry.replayed(), "{retry:?}");
     assert_eq!(ran.load(Ordering::SeqCst), 1, "run once");
 }
+
+/// The same upstream on an unprotected route, its answer passed through to an HTTP/1.1
+/// client: that client has the whole 204 at its head (hyper's server drops the body of a
+/// 204 unread), and the stream is still read to its end, not reset under the handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_204_head_passed_through_is_answered_at_once_and_its_stream_read_to_its_end() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (open, gate) = tokio::sync::oneshot::channel::<()>();
+    let (ended, reset) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let returned = async {
+            let _ = gate.await;
+        };
+        let on_end = |reset| {
+            let _ = ended.send(reset);
+        };
+        common::no_content_ended_later(stream, || {}, returned, on_end).await;
+    });
+    let proxy = start_proxy(addr, &h2(ROUTES)).await;
+    let answer = send(proxy.addr, Method::POST, "/plain/x", &[], "").await;
+    assert_eq!(answer.status, StatusCode::NO_CONTENT, "{answer:?}");
+    assert_eq!(answer.body, "", "{answer:?}");
+    assert!(answer.headers.get("content-length").is_none(), "{answer:?}");
+    open.send(()).unwrap();
+    let reset = reset.await.unwrap();
+    assert_eq!(
+        reset, None,
+        "the proxy reset the stream (code {reset:?}) before its end"
+    );
+}
+
+/// An HTTP/2 upstream that follows its `204` head with more stray DATA than the proxy
+/// reads of it (64 KiB) is taken for a hostile one: the owner's client gets a 502 and its
+/// retry the outcome-unknown 409, nothing stored, rather than the proxy reading on forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_data_after_a_204_from_an_http2_upstream_is_never_stored() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let mut conn = h2::server::handshake(stream).await.unwrap();
+        while let Some(Ok((_, mut respond))) = conn.accept().await {
+            let answer = http::Response::builder().status(204).body(()).unwrap();
+            let mut body = respond.send_response(answer, false).unwrap();
+            body.send_data(vec![b's'; 100 << 10].into(), true).unwrap();
+        }
+    });
+    let proxy = start_proxy(addr, &h2(ROUTES)).await;
+    let key = [("idempotency-key", "stray")];
+    let owner = post(proxy.addr, "/orders", &key, "{}").await;
+    assert_eq!(owner.status, StatusCode::BAD_GATEWAY, "{owner:?}");
+    assert_eq!(owner.problem(), "urn:idemgate:problem:upstream-failed");
+    let retry = post(proxy.addr, "/orders", &key, "{}").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    assert_eq!(retry.problem(), "urn:idemgate:problem:outcome-unknown");
+}
