@@ -585,3 +585,17 @@ async fn endless_data_after_a_204_from_an_http2_upstream_is_never_stored() {
     assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
     assert_eq!(retry.problem(), "urn:idemgate:problem:outcome-unknown");
 }
+
+/// An answer to HEAD from an HTTP/2 upstream keeps its head (its `Content-Length` too) and
+/// no body, and ends with its stream: nothing is left to read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_to_head_from_an_http2_upstream_keeps_its_length_and_no_body() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, &h2(ROUTES)).await;
+    for _ in 0..2 {
+        let answer = send(proxy.addr, Method::HEAD, "/plain/x", &[], "").await;
+        assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+        assert_eq!(answer.body, "", "{answer:?}");
+        assert!(answer.headers.contains_key("content-length"), "{answer:?}");
+    }
+}
