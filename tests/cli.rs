@@ -350,3 +350,41 @@ fn check_refuses_a_route_an_earlier_one_hides() {
         succeeded(&out);
     }
 }
+
+/// `explain` refuses, as the proxy does, a path that a slash only some decoders read
+/// (`%252F`, `%C0%AF`) moves onto another route: shown the fallback's key, an operator
+/// would read a key the proxy never derives. Where both readings are one route, it is
+/// explained.
+#[test]
+fn explain_refuses_a_path_a_hidden_slash_moves_onto_another_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    write_config(&config, ROUTE);
+    let explain = |path: &str| {
+        idemgate(dir.path())
+            .args(["explain", "--config"])
+            .arg(&config)
+            .args([
+                "--method",
+                "POST",
+                "--path",
+                path,
+                "-H",
+                "Idempotency-Key: k1",
+            ])
+            .output()
+            .unwrap()
+    };
+    for path in ["/%252Forders", "/%C0%AForders", "/%252F%252Forders/"] {
+        let out = explain(path);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{path}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(stderr.contains("would answer 400"), "{path}: {stderr}");
+    }
+    let out = explain("/orders%252Fx");
+    assert!(succeeded(&out).contains("route:             default"));
+}

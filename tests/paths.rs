@@ -566,3 +566,97 @@ async fn a_legacy_multibyte_word_or_a_twice_escaped_slash_runs_once_and_replays(
         assert_eq!(upstream.seen()[n].target, path);
     }
 }
+
+/// A slash only an upstream that decodes twice (`%252F`, `%255C`) or an old lenient UTF-8
+/// decoder (`%C0%AF`, `%C1%9C`) reads makes `/api%252Forders` the path `/api/orders` to
+/// it: such a path is routed as read both ways, and where the two readings are other
+/// routes (or other protection) it is a 400 before anything runs, never the fallback's
+/// key (or, under `defaults.key: off`, no key) while the upstream runs the route's path.
+/// A POST that names another method is routed by it both ways too. Where both readings
+/// are one route, a Jenkins branch (`feature%252Fbar`) or an EUC-KR word (`%C0%AF` is
+/// `유`) runs once and replays, sent as it came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slash_only_some_decoders_read_cannot_move_a_request_off_its_route() {
+    for config in [REQUIRED, OVERRIDDEN] {
+        let upstream = start_recorder().await;
+        let proxy = start_proxy(upstream.addr, config).await;
+        for path in [
+            "/api%252Forders",
+            "/api%252forders",
+            "/api%C0%AForders",
+            "/api%c0%afORDERS",
+            "/api%E0%80%AForders",
+            "/api%C1%9Corders",
+            "/api%255Corders",
+            "/api%25C0%25AForders",
+            "/api%252F%252Forders/",
+            "/x/../api%252Forders",
+            "/ap%2569%252Forders",
+        ] {
+            let answer = post(proxy.addr, path, &[], r#"{"amount":5}"#).await;
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
+            assert_eq!(
+                answer.json()["type"],
+                "urn:idemgate:problem:path-not-normalizable",
+                "{path}"
+            );
+        }
+        assert_eq!(
+            upstream.executed(),
+            0,
+            "a hidden slash stepped around a route"
+        );
+    }
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, OVERRIDDEN).await;
+    let delete = [("x-http-method-override", "DELETE")];
+    let answer = post(proxy.addr, "/api%252Fusers/7", &delete, "{}").await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        answer.json()["type"],
+        "urn:idemgate:problem:path-not-normalizable"
+    );
+    assert_eq!(upstream.executed(), 0, "an overridden POST stepped around");
+    // Both readings unprotected (the fallback is off here): it passes, as sent.
+    let answer = post(proxy.addr, "/api%252Fusers/7", &[], "{}").await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    assert_eq!(upstream.seen()[0].target, "/api%252Fusers/7");
+
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, LEGACY).await;
+    let paths = ["/job/x/job/feature%252Fbar/build", "/board/%C0%AF%C0%BA"];
+    for (n, path) in paths.into_iter().enumerate() {
+        let key = format!("k{n}");
+        let first = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
+        assert_eq!(first.status, StatusCode::CREATED, "{path}");
+        let again = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
+        assert!(again.replayed(), "{path}: {:?}", again.status);
+        assert_eq!(upstream.executed(), n + 1, "{path}");
+        assert_eq!(upstream.seen()[n].target, path);
+    }
+}
+
+/// A `;` only a second decode (`%253B`) or a lenient UTF-8 decoder (`%C0%BB`) reads, after
+/// plain dots, is `..;x` to such a reader and `..` to a Java server that then drops the
+/// parameter; an overlong dot escaped twice (`%25C0%25AE`) is a dot to an upstream that
+/// does both. Each is a 400 before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dot_segment_only_a_second_or_lenient_decode_gives_params_is_a_400() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, REQUIRED).await;
+    for path in [
+        "/api/x/..%253Bx/orders",
+        "/api/x/..%C0%BBx/orders",
+        "/api/x/.%253b/orders",
+        "/api/x/%25C0%25AE%25C0%25AE/orders",
+    ] {
+        let answer = post(proxy.addr, path, &[("idempotency-key", "k")], "{}").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(
+            answer.json()["type"],
+            "urn:idemgate:problem:path-not-normalizable",
+            "{path}"
+        );
+    }
+    assert_eq!(upstream.executed(), 0);
+}

@@ -86,6 +86,23 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
     Ok(Cow::Owned(normal))
 }
 
+/// A path's normal form, and the normal form of how a lenient reader reads it.
+#[derive(Debug)]
+pub struct NormalForms<'a> {
+    /// What routes match and what is forwarded ([`normalize_path`]).
+    pub strict: Cow<'a, str>,
+    /// The path as an upstream that decodes twice or reads overlong forms reads it.
+    pub lenient: Option<String>,
+}
+
+/// [`normalize_path`], and the lenient reading.
+pub fn normal_forms(path: &str) -> Result<NormalForms<'_>, PathError> {
+    Ok(NormalForms {
+        strict: normalize_path(path)?,
+        lenient: None,
+    })
+}
+
 /// One look at each byte: whether the path has nothing to decode, merge or remove.
 fn is_normal(path: &[u8]) -> Result<bool, PathError> {
     let mut normal = true;

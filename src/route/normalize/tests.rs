@@ -269,3 +269,123 @@ fn normalising_twice_changes_nothing() {
         );
     }
 }
+
+/// A `;` only a lenient decoder (`%C0%BB`) or a second decode (`%253B`) reads, after plain
+/// dots: `..;x` to such a reader, and `..` to a Java server that then drops the parameter.
+#[test]
+fn dot_segments_with_params_only_a_lenient_or_second_decode_reads_are_refused() {
+    for path in [
+        "/a/..%C0%BBx/b",
+        "/a/.%c0%bb/b",
+        "/a/..%E0%80%BB",
+        "/a/x%C0%AF..%C0%BBx/b",
+    ] {
+        assert_eq!(normalize_path(path), Err(PathError::OverlongUtf8), "{path}");
+    }
+    for path in ["/a/..%253Bx/b", "/a/.%253b/b", "/a/..%253B"] {
+        assert_eq!(normalize_path(path), Err(PathError::DoubleEscape), "{path}");
+    }
+    // A name, however it is read.
+    for path in ["/a/x..%253Bx/b", "/a/...%C0%BBx/b", "/a/%C0%BB../b"] {
+        assert!(normalize_path(path).is_ok(), "{path}");
+    }
+}
+
+/// An overlong form escaped twice (`%25C0%25AE`), or half of it (`%C0%25AE`): a dot or
+/// slash to an upstream that decodes twice with a lenient UTF-8 decoder.
+#[test]
+fn overlong_forms_escaped_twice_that_make_a_dot_segment_are_refused() {
+    for path in [
+        "/a/%25C0%25AE%25C0%25AE/b",
+        "/a/%25c0%25ae./b",
+        "/a/%C0%25AE%25C0%AE/b",
+        "/a/x%25C0%25AF..%25C0%25AFb",
+        "/a/..%25C0%25BB/b",
+    ] {
+        assert_eq!(normalize_path(path), Err(PathError::OverlongUtf8), "{path}");
+    }
+    // In a name they pass, as sent.
+    for path in [
+        "/a/%25C0%25AEx/b",
+        "/a/x%25C0%25AFb",
+        "/a/%25C0%25AE%25C0%25AE%25C0%25AE",
+    ] {
+        assert!(
+            matches!(normalize_path(path), Ok(Cow::Borrowed(p)) if p == path),
+            "{path}"
+        );
+    }
+}
+
+fn lenient(path: &str) -> Option<String> {
+    normal_forms(path).unwrap().lenient
+}
+
+/// Where a decoder that decodes twice or reads overlong forms sees a slash the routes do
+/// not, the path as it reads it is normalised too, for the routes to be matched on both.
+#[test]
+fn a_slash_only_some_decoders_read_gives_the_lenient_reading() {
+    for path in [
+        "/api%252Forders",
+        "/api%252forders",
+        "/api%C0%AForders",
+        "/api%c0%afOrders",
+        "/api%E0%80%AForders",
+        "/api%F0%80%80%AForders",
+        "/api%C1%9Corders",
+        "/api%255Corders",
+        "/api%C0%A52Forders",
+        "/api%25C0%25AForders",
+        "/api%252F%252Forders",
+        "/x/../api%252Forders",
+        "/ap%2569%252Forders",
+        "/ap%C1%A9%C0%AForders",
+    ] {
+        assert_eq!(
+            lenient(path).map(|p| p.to_ascii_lowercase()),
+            Some("/api/orders".into()),
+            "{path}"
+        );
+    }
+    // The strict reading is the normal form as ever.
+    let forms = normal_forms("/job/x/job/feature%252Fbar/build").unwrap();
+    assert!(matches!(
+        forms.strict,
+        Cow::Borrowed("/job/x/job/feature%252Fbar/build")
+    ));
+    assert_eq!(
+        forms.lenient.as_deref(),
+        Some("/job/x/job/feature/bar/build")
+    );
+    assert_eq!(
+        lenient("/board/%C0%AF%C0%BA").as_deref(),
+        Some("/board/%3A")
+    );
+    assert_eq!(
+        lenient("/api%252Forders%252F").as_deref(),
+        Some("/api/orders/")
+    );
+    assert_eq!(
+        lenient("/a%252Fcaf%C3%A9%253B").as_deref(),
+        Some("/a/caf%C3%A9%3B")
+    );
+    assert_eq!(lenient("/a%252F%25C3%25A9").as_deref(), Some("/a/%C3%A9"));
+}
+
+/// Without such a slash there is no other reading to route: nothing more is allocated.
+#[test]
+fn without_a_slash_only_some_decoders_read_there_is_no_lenient_reading() {
+    for path in [
+        "/api/orders",
+        "/api//orders",
+        "/caf%C3%A9",
+        "/board/%C0%BA",
+        "/a/%252E%252E%252E/b",
+        "/100%25",
+        "/a%2541",
+        "/a%C0%AE%B0%A1",
+        "*",
+    ] {
+        assert_eq!(lenient(path), None, "{path}");
+    }
+}
