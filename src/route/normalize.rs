@@ -201,10 +201,11 @@ fn decode(path: &[u8]) -> Result<(Vec<u8>, bool), PathError> {
 /// the two characters after a `%25`), a dot segment only some decoders see: a piece of a
 /// segment that the lenient UTF-8 decoders of old Java and IIS servers, or an upstream that
 /// decodes twice, read as `.` or `..` (then `;` parameters or not), because one of its
-/// dots is an overlong `.` (`%C0%AE`), a `%252E` or an overlong `%` before `2E`
-/// (`%C0%A52E`), or because such a reader sees a `/` or `\` beside it that the routes do
-/// not (`%C0%AF`, `%C1%9C`, `%252F`, `%255C`): `/api/x%C0%AF..%C0%AForders` is
-/// `/api/orders` to it.
+/// dots is an overlong `.` (`%C0%AE`, or escaped twice, `%25C0%25AE`), a `%252E` or an
+/// overlong `%` before `2E` (`%C0%A52E`), its `;` is one only such a reader sees
+/// (`..%253Bx`, `..%C0%BBx`), or because such a reader sees a `/` or `\` beside it that
+/// the routes do not (`%C0%AF`, `%C1%9C`, `%252F`, `%255C`): `/api/x%C0%AF..%C0%AForders`
+/// is `/api/orders` to it.
 ///
 /// Everything else passes, since these bytes are also what legacy multibyte encodings
 /// percent-encode, and a request that runs under the fallback rather than its route is
@@ -230,24 +231,40 @@ fn escaped(s: &[u8], at: usize) -> Option<u8> {
     }
 }
 
+/// The byte escaped once (`%HH`) or twice (`%25HH`) at `at` of `s`, and the escape's
+/// length: a byte of what an upstream that decodes twice reads.
+fn escaped_once_or_twice(s: &[u8], at: usize) -> Option<(u8, usize)> {
+    match escaped(s, at)? {
+        0x25 => match s.get(at + 3..at + 5) {
+            Some(&[hi, lo]) => Some((hex_value(hi)? << 4 | hex_value(lo)?, 5)),
+            _ => None,
+        },
+        b => Some((b, 3)),
+    }
+}
+
 /// The code point and length of an overlong UTF-8 form escaped at `at` of `s` (`C0`/`C1`
-/// then a continuation, `E0` then `80`–`9F`, `F0` then `80`–`8F`, then continuations):
-/// what a decoder that does not refuse overlong forms reads there.
+/// then a continuation, `E0` then `80`–`9F`, `F0` then `80`–`8F`, then continuations),
+/// each byte escaped once or twice (`%25C0%25AE`): what a decoder that does not refuse
+/// overlong forms reads there, after a second decode if it makes one.
 fn overlong(s: &[u8], at: usize) -> Option<(u32, usize)> {
-    let lead = escaped(s, at)?;
+    let (lead, mut end) = escaped_once_or_twice(s, at)?;
     let (len, second) = match lead {
         0xC0 | 0xC1 => (2, 0xBF),
         0xE0 => (3, 0x9F),
         0xF0 => (4, 0x8F),
         _ => return None,
     };
+    end += at;
     let mut code = u32::from(lead & (0x7F >> len));
     for n in 1..len {
         let last = if n == 1 { second } else { 0xBF };
-        let byte = escaped(s, at + 3 * n).filter(|b| (0x80..=last).contains(b))?;
+        let (byte, step) =
+            escaped_once_or_twice(s, end).filter(|(b, _)| (0x80..=last).contains(b))?;
         code = code << 6 | u32::from(byte & 0x3F);
+        end += step;
     }
-    Some((code, 3 * len))
+    Some((code, end - at))
 }
 
 /// Refuses a piece of `segment` that, read leniently or decoded twice, is `.` or `..`,
@@ -273,7 +290,12 @@ fn check_hidden_dot_segments(segment: &[u8]) -> Result<(), PathError> {
                 piece.dots += 1;
                 piece.hide(how);
             }
-            0x3B => piece.params = true,
+            // A `;` only a lenient reader sees after dots makes them a dot segment with
+            // parameters to it alone (`..%253Bx`), which a Java server then reads as `..`.
+            0x3B => {
+                piece.params = true;
+                piece.hide(how);
+            }
             _ => piece.named = true,
         }
     }
