@@ -61,7 +61,7 @@ pub fn explain_key(
     } else {
         http::Version::HTTP_2
     };
-    crate::proxy::admission::normalize_target(&mut head)?;
+    let lenient = crate::proxy::admission::normalize_target(&mut head)?;
     crate::proxy::admission::admit(&head)?;
     crate::proxy::admission::host_from_target(&mut head);
     let raw_path = request.uri.path();
@@ -83,6 +83,16 @@ pub fn explain_key(
     }
     let overrides = Overrides::find(headers);
     let (route, protection) = config.route_for(host, &request.method, headers, overrides, path);
+    // Refused, as the proxy refuses it, where a slash only some decoders read moves it.
+    crate::proxy::admission::one_route_however_read(
+        config,
+        host,
+        &request.method,
+        headers,
+        overrides,
+        (route, protection),
+        lenient.as_deref(),
+    )?;
     let mut out = String::new();
     if path != raw_path {
         let _ = writeln!(

@@ -21,6 +21,18 @@ pub enum Protection {
     On(Arc<Protected>),
 }
 
+impl Protection {
+    /// Whether `self` and `other` are one protection: both off with one timeout, or both
+    /// the one rule of one route (or of the fallback).
+    pub fn is(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Off(a), Self::Off(b)) => a == b,
+            (Self::On(a), Self::On(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
 /// A protected route's rule and policy, shared by all its requests.
 #[derive(Debug, Clone)]
 pub struct Protected {

@@ -15,9 +15,11 @@ use http::header::{HOST, TRANSFER_ENCODING};
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Uri, Version};
 
+use crate::config::{Config, Protection};
 use crate::error::ProxyError;
 use crate::proxy::headers::is_chunked_alone;
-use crate::route::normalize::normalize_path;
+use crate::route::normalize::{normal_forms, PathError};
+use crate::route::Overrides;
 
 /// The host the request is routed by, or why it is refused: its target's authority when
 /// it has one (an absolute-form target, RFC 9112 §3.2.2, or HTTP/2's `:authority`), else
@@ -159,16 +161,22 @@ static NAME_BYTES: [bool; 256] = {
     table
 };
 
-/// Puts the request's path in its one normal form ([`normalize_path`]) before it is
+/// Puts the request's path in its one normal form ([`normal_forms`]) before it is
 /// routed and forwarded, so what the upstream reads is what was matched; the query is
 /// left alone. Only methods that routes can apply to are touched: safe methods always
 /// pass through, so theirs reach the upstream as sent.
-pub fn normalize_target<B>(request: &mut Request<B>) -> Result<(), ProxyError> {
+///
+/// Returns the path's lenient reading, if it has a slash only lenient readers see
+/// ([`NormalForms::lenient`](crate::route::normalize::NormalForms::lenient)), for
+/// [`one_route_however_read`] once the request is routed.
+pub fn normalize_target<B>(request: &mut Request<B>) -> Result<Option<String>, ProxyError> {
     if crate::route::is_safe(request.method()) {
-        return Ok(());
+        return Ok(None);
     }
-    let normal = match normalize_path(request.uri().path()).map_err(ProxyError::BadPath)? {
-        Cow::Borrowed(_) => return Ok(()),
+    let forms = normal_forms(request.uri().path()).map_err(ProxyError::BadPath)?;
+    let (strict, lenient) = (forms.strict, forms.lenient);
+    let normal = match strict {
+        Cow::Borrowed(_) => return Ok(lenient),
         Cow::Owned(normal) => normal,
     };
     let target = match request.uri().query() {
@@ -182,7 +190,32 @@ pub fn normalize_target<B>(request: &mut Request<B>) -> Result<(), ProxyError> {
     );
     *request.uri_mut() = Uri::from_parts(parts)
         .map_err(|e| ProxyError::BadRequest(format!("the normalised path: {e}")))?;
-    Ok(())
+    Ok(lenient)
+}
+
+/// Refuses a request `routed` (route name and protection, by
+/// [`Config::route_for`]) that its path's `lenient` reading, from [`normalize_target`],
+/// routes elsewhere or protects otherwise, by the same override-aware look-up: an upstream
+/// that decodes twice runs `/api%252Forders` as `/api/orders`, whose required key or ttl
+/// the fallback would step around. Where both readings are one route (a Jenkins branch
+/// `/job/x/job/feature%252Fbar/build` under `/job/*`), it passes as sent.
+pub fn one_route_however_read(
+    config: &Config,
+    host: Option<&str>,
+    method: &Method,
+    headers: &http::HeaderMap,
+    overrides: Overrides,
+    routed: (&str, &Protection),
+    lenient: Option<&str>,
+) -> Result<(), ProxyError> {
+    let Some(lenient) = lenient else {
+        return Ok(());
+    };
+    let (route, protection) = config.route_for(host, method, headers, overrides, lenient);
+    if route == routed.0 && protection.is(routed.1) {
+        return Ok(());
+    }
+    Err(ProxyError::BadPath(PathError::HiddenSlashMovesRoute))
 }
 
 #[cfg(test)]

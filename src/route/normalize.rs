@@ -66,41 +66,65 @@ pub enum PathError {
     /// (`%252E%252E`), or cut out of a name by a slash escaped twice (`x%252F..`).
     #[error("the path has a dot segment only a second decode reads")]
     DoubleEscape,
+    /// A slash or backslash only an upstream that decodes twice or a lenient UTF-8 decoder
+    /// reads (`%252F`, `%C0%AF`) that, read so, puts the request on another route or under
+    /// other protection ([`NormalForms::lenient`]; found where it is routed).
+    #[error("the path has a slash only some decoders read (%252F, %C0%AF), and read so it is another route's")]
+    HiddenSlashMovesRoute,
 }
 
 /// The normal form of `path` (a request path without the query): borrowed when it is
 /// already normal. A path that does not start with `/` (`*`, or none) is left alone.
 pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
-    if !path.starts_with('/') || is_normal(path.as_bytes())? {
-        return Ok(Cow::Borrowed(path));
-    }
-    let (decoded, escapes) = decode(path.as_bytes())?;
-    if escapes {
-        // Raw bytes are UTF-8 (a `str`), so only an escape can be overlong.
-        check_escapes(&decoded)?;
-    }
-    let normal = remove_dot_segments(&decoded)?;
-    if normal == path {
-        return Ok(Cow::Borrowed(path));
-    }
-    Ok(Cow::Owned(normal))
+    normal_forms(path).map(|forms| forms.strict)
 }
 
-/// A path's normal form, and the normal form of how a lenient reader reads it.
+/// A path's normal form, and where a lenient reader sees a slash the routes do not, the
+/// normal form of the path as that reader reads it.
 #[derive(Debug)]
 pub struct NormalForms<'a> {
     /// What routes match and what is forwarded ([`normalize_path`]).
     pub strict: Cow<'a, str>,
-    /// The path as an upstream that decodes twice or reads overlong forms reads it.
+    /// `strict` as an upstream that decodes twice, or an old lenient UTF-8 decoder, reads
+    /// it, normalised; only for a path with a slash or backslash only such a reader sees
+    /// (`%252F`, `%255C`, `%C0%AF`, `%C1%9C`, …), which passes in a name (a Jenkins branch
+    /// `feature%252Fbar`, EUC-KR `유`) but would make `/api%252Forders` step around a
+    /// route for `/api/orders`: the request is routed by both readings, and refused where
+    /// they differ.
     pub lenient: Option<String>,
 }
 
-/// [`normalize_path`], and the lenient reading.
+/// [`normalize_path`], and the lenient reading of a path with a slash only lenient
+/// readers see ([`NormalForms::lenient`]). A path without a `%` costs what it did.
+///
+/// ```
+/// use idemgate::route::normalize::normal_forms;
+/// let forms = normal_forms("/api%252Forders").unwrap();
+/// assert_eq!(forms.strict, "/api%252Forders");
+/// assert_eq!(forms.lenient.as_deref(), Some("/api/orders"));
+/// assert_eq!(normal_forms("/api/orders").unwrap().lenient, None);
+/// ```
 pub fn normal_forms(path: &str) -> Result<NormalForms<'_>, PathError> {
-    Ok(NormalForms {
-        strict: normalize_path(path)?,
-        lenient: None,
-    })
+    if !path.starts_with('/') || is_normal(path.as_bytes())? {
+        let strict = Cow::Borrowed(path);
+        return Ok(NormalForms {
+            strict,
+            lenient: None,
+        });
+    }
+    let (decoded, escapes) = decode(path.as_bytes())?;
+    // Raw bytes are UTF-8 (a `str`), so only an escape can be overlong.
+    let hidden_slash = escapes && check_escapes(&decoded)?;
+    let normal = remove_dot_segments(&decoded)?;
+    let lenient = match hidden_slash {
+        true => read_leniently_path(normal.as_bytes())?,
+        false => None,
+    };
+    let strict = match normal == path {
+        true => Cow::Borrowed(path),
+        false => Cow::Owned(normal),
+    };
+    Ok(NormalForms { strict, lenient })
 }
 
 /// One look at each byte: whether the path has nothing to decode, merge or remove.
@@ -134,6 +158,12 @@ fn is_normal(path: &[u8]) -> Result<bool, PathError> {
 /// normal form escapes it, as routes write it.
 fn must_escape(b: u8) -> bool {
     !b.is_ascii() || matches!(b, b'"' | b'{' | b'}' | b'[' | b']' | b'^' | b'|' | b'`')
+}
+
+/// Appends the escape of `b`, its hex upper case.
+fn push_escape(out: &mut Vec<u8>, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
 }
 
 /// Unreserved characters (RFC 3986 §2.3): the only ones whose escape means the same as the
@@ -184,8 +214,7 @@ fn decode(path: &[u8]) -> Result<(Vec<u8>, bool), PathError> {
             }
             b'\\' => return Err(PathError::Backslash),
             b if must_escape(b) => {
-                const HEX: &[u8; 16] = b"0123456789ABCDEF";
-                out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+                push_escape(&mut out, b);
                 i += 1;
             }
             b => {
@@ -214,13 +243,17 @@ fn decode(path: &[u8]) -> Result<(Vec<u8>, bool), PathError> {
 /// GBK; `%C0%BA` `은`, `%C1%AA` `联`, `%C0%AE` `윙`, `%C0%A5` `웹`. `%252F` and `%255C`
 /// pass in a name too: they are how Jenkins and others keep a slash inside one segment
 /// through proxies.
-fn check_escapes(path: &[u8]) -> Result<(), PathError> {
+///
+/// Whether the path has a slash or backslash only such a reader sees: then it is routed
+/// by that reading too ([`NormalForms::lenient`]).
+fn check_escapes(path: &[u8]) -> Result<bool, PathError> {
+    let mut hidden_slash = false;
     for segment in path.split(|&b| b == b'/') {
         if segment.contains(&b'%') {
-            check_hidden_dot_segments(segment)?;
+            hidden_slash |= check_hidden_dot_segments(segment)?;
         }
     }
-    Ok(())
+    Ok(hidden_slash)
 }
 
 /// The byte an escape at `at` of `s` stands for.
@@ -271,14 +304,17 @@ fn overlong(s: &[u8], at: usize) -> Option<(u32, usize)> {
 /// perhaps with `;` parameters, where that reading is not the strict one (see
 /// [`check_escapes`]): a piece between two separators only the lenient reader sees, or
 /// with a dot only it sees. A segment of plain dots is left to [`remove_dot_segments`].
-fn check_hidden_dot_segments(segment: &[u8]) -> Result<(), PathError> {
+/// Whether the segment has a separator only that reader sees.
+fn check_hidden_dot_segments(segment: &[u8]) -> Result<bool, PathError> {
     let mut piece = Piece::default();
+    let mut hidden_slash = false;
     let mut at = 0;
     while at < segment.len() {
         let (c, len, how) = read_leniently(segment, at);
         at += len;
         match c {
             0x2F | 0x5C if how.is_some() => {
+                hidden_slash = true;
                 piece.end(how)?;
                 piece = Piece {
                     hidden: how,
@@ -299,7 +335,8 @@ fn check_hidden_dot_segments(segment: &[u8]) -> Result<(), PathError> {
             _ => piece.named = true,
         }
     }
-    piece.end(None)
+    piece.end(None)?;
+    Ok(hidden_slash)
 }
 
 /// A piece of a segment as the most lenient reader splits it.
@@ -356,6 +393,52 @@ fn read_leniently(segment: &[u8], at: usize) -> (u32, usize, Option<PathError>) 
         }
     }
     (c, len, how)
+}
+
+/// The normal form of `normal` (a normal path with a slash only a lenient reader sees) as
+/// the most lenient reader reads it: what only it reads as a `/` or `\` is a `/`, what
+/// it reads as an unreserved character is that character (`%2569` is `i`), anything else
+/// it alone reads is the one escape of what it reads (`%253B` is `%3B`, `%25C3%25A9` is
+/// `%C3%A9`), and the rest is as the routes read it. `None` if it reads no such slash
+/// there after all (one in a segment a `..` removed).
+fn read_leniently_path(normal: &[u8]) -> Result<Option<String>, PathError> {
+    let mut read = Vec::with_capacity(normal.len());
+    let mut hidden_slash = false;
+    for (n, segment) in normal.split(|&b| b == b'/').enumerate() {
+        if n > 0 {
+            read.push(b'/');
+        }
+        let mut at = 0;
+        while at < segment.len() {
+            let (c, len, how) = read_leniently(segment, at);
+            let sent = &segment[at..at + len];
+            // A byte, or (an overlong form that is not an overlong `%` before two hex
+            // digits) a code point.
+            let code_point = overlong(segment, at) == Some((c, len));
+            match (how, u8::try_from(c)) {
+                (None, _) => read.extend_from_slice(sent),
+                (Some(_), Ok(b'/' | b'\\')) => {
+                    hidden_slash = true;
+                    read.push(b'/');
+                }
+                (Some(_), Ok(b)) if is_unreserved(b) => read.push(b),
+                (Some(_), Ok(b)) if b.is_ascii() || !code_point => push_escape(&mut read, b),
+                (Some(_), _) => match char::from_u32(c) {
+                    Some(c) => {
+                        for &b in c.encode_utf8(&mut [0; 4]).as_bytes() {
+                            push_escape(&mut read, b);
+                        }
+                    }
+                    None => read.extend_from_slice(sent),
+                },
+            }
+            at += len;
+        }
+    }
+    if !hidden_slash {
+        return Ok(None);
+    }
+    remove_dot_segments(&read).map(Some)
 }
 
 /// Merges repeated slashes and removes `.` and `..` segments (RFC 3986 §5.2.4; `..` above
