@@ -9,7 +9,8 @@
 //! are refused: an encoded `/` or `\`, an encoded NUL, a `%` that is not an escape, a
 //! raw backslash (which some servers take for a slash), a dot segment only a lenient UTF-8
 //! decoder or a second decode reads (`%C0%AE%C0%AE`, `%252E%252E`, `x%C0%AF..`; a name
-//! such as `%C0%AF`, EUC-KR `유`, or `a%252Fb` passes), and a dot segment with
+//! such as `%C0%AF`, EUC-KR `유`, or `a%252Fb` passes, but is routed as such a reader
+//! reads it too: [`normal_forms`]), and a dot segment with
 //! parameters (`..;x`, `.;`, `%2E%2E%3B`): Java servers drop a segment's `;` parameters
 //! before they remove dot segments, so `/api/x/..;/orders` is `/api/orders` to them and a
 //! segment named `..;` to others.
@@ -237,15 +238,13 @@ fn decode(path: &[u8]) -> Result<(Vec<u8>, bool), PathError> {
 /// is `/api/orders` to it.
 ///
 /// Everything else passes, since these bytes are also what legacy multibyte encodings
-/// percent-encode, and a request that runs under the fallback rather than its route is
-/// what the app did before idemgate, while a 400 breaks it: `%C0%AF` is `유` in EUC-KR
-/// (a Korean JSP app with `URIEncoding="EUC-KR"` reads it so), `政` in EUC-JP, `蜡` in
-/// GBK; `%C0%BA` `은`, `%C1%AA` `联`, `%C0%AE` `윙`, `%C0%A5` `웹`. `%252F` and `%255C`
+/// percent-encode, and a 400 would break the apps that read them so: `%C0%AF` is `유`
+/// in EUC-KR (a Korean JSP app with `URIEncoding="EUC-KR"` reads it so), `政` in EUC-JP,
+/// `蜡` in GBK; `%C0%BA` `은`, `%C1%AA` `联`, `%C0%AE` `윙`, `%C0%A5` `웹`. `%252F` and `%255C`
 /// pass in a name too: they are how Jenkins and others keep a slash inside one segment
-/// through proxies.
-///
-/// Whether the path has a slash or backslash only such a reader sees: then it is routed
-/// by that reading too ([`NormalForms::lenient`]).
+/// through proxies. Such a slash must still not move a request off its route, so this
+/// returns whether the path has one: the path is then routed as the lenient reader reads
+/// it too ([`NormalForms::lenient`]).
 fn check_escapes(path: &[u8]) -> Result<bool, PathError> {
     let mut hidden_slash = false;
     for segment in path.split(|&b| b == b'/') {
