@@ -569,14 +569,15 @@ async fn a_legacy_multibyte_word_or_a_twice_escaped_slash_runs_once_and_replays(
 
 /// A slash only an upstream that decodes twice (`%252F`, `%255C`) or an old lenient UTF-8
 /// decoder (`%C0%AF`, `%C1%9C`) reads makes `/api%252Forders` the path `/api/orders` to
-/// it: such a path is routed as read both ways, and where the two readings are other
+/// it, and so does a letter escaped twice or overlong (`/api/%256Frders`): such a path is
+/// routed as read both ways, and where the two readings are other
 /// routes (or other protection) it is a 400 before anything runs, never the fallback's
 /// key (or, under `defaults.key: off`, no key) while the upstream runs the route's path.
 /// A POST that names another method is routed by it both ways too. Where both readings
 /// are one route, a Jenkins branch (`feature%252Fbar`) or an EUC-KR word (`%C0%AF` is
 /// `유`) runs once and replays, sent as it came.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slash_only_some_decoders_read_cannot_move_a_request_off_its_route() {
+async fn a_character_only_some_decoders_read_cannot_move_a_request_off_its_route() {
     for config in [REQUIRED, OVERRIDDEN] {
         let upstream = start_recorder().await;
         let proxy = start_proxy(upstream.addr, config).await;
@@ -592,6 +593,8 @@ async fn a_slash_only_some_decoders_read_cannot_move_a_request_off_its_route() {
             "/api%252F%252Forders/",
             "/x/../api%252Forders",
             "/ap%2569%252Forders",
+            "/api/%256Frders",
+            "/api/%C1%AFrders",
         ] {
             let answer = post(proxy.addr, path, &[], r#"{"amount":5}"#).await;
             assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");

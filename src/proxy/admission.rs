@@ -215,7 +215,7 @@ pub fn one_route_however_read(
     if route == routed.0 && protection.is(routed.1) {
         return Ok(());
     }
-    Err(ProxyError::BadPath(PathError::HiddenSlashMovesRoute))
+    Err(ProxyError::BadPath(PathError::LenientReadingMovesRoute))
 }
 
 #[cfg(test)]

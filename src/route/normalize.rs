@@ -67,11 +67,12 @@ pub enum PathError {
     /// (`%252E%252E`), or cut out of a name by a slash escaped twice (`x%252F..`).
     #[error("the path has a dot segment only a second decode reads")]
     DoubleEscape,
-    /// A slash or backslash only an upstream that decodes twice or a lenient UTF-8 decoder
-    /// reads (`%252F`, `%C0%AF`) that, read so, puts the request on another route or under
-    /// other protection ([`NormalForms::lenient`]; found where it is routed).
-    #[error("the path has a slash only some decoders read (%252F, %C0%AF), and read so it is another route's")]
-    HiddenSlashMovesRoute,
+    /// A character only an upstream that decodes twice or a lenient UTF-8 decoder reads (a
+    /// slash `%252F` or `%C0%AF`, a letter `%256F` or `%C1%AF`) that, read so, puts the
+    /// request on another route or under other protection ([`NormalForms::lenient`]; found
+    /// where it is routed).
+    #[error("the path has a character only some decoders read (%252F, %256F, %C0%AF), and read so it is another route's")]
+    LenientReadingMovesRoute,
 }
 
 /// The normal form of `path` (a request path without the query): borrowed when it is
@@ -115,9 +116,9 @@ pub fn normal_forms(path: &str) -> Result<NormalForms<'_>, PathError> {
     }
     let (decoded, escapes) = decode(path.as_bytes())?;
     // Raw bytes are UTF-8 (a `str`), so only an escape can be overlong.
-    let hidden_slash = escapes && check_escapes(&decoded)?;
+    let hidden = escapes && check_escapes(&decoded)?;
     let normal = remove_dot_segments(&decoded)?;
-    let lenient = match hidden_slash {
+    let lenient = match hidden {
         true => read_leniently_path(normal.as_bytes())?,
         false => None,
     };
@@ -242,17 +243,18 @@ fn decode(path: &[u8]) -> Result<(Vec<u8>, bool), PathError> {
 /// in EUC-KR (a Korean JSP app with `URIEncoding="EUC-KR"` reads it so), `政` in EUC-JP,
 /// `蜡` in GBK; `%C0%BA` `은`, `%C1%AA` `联`, `%C0%AE` `윙`, `%C0%A5` `웹`. `%252F` and `%255C`
 /// pass in a name too: they are how Jenkins and others keep a slash inside one segment
-/// through proxies. Such a slash must still not move a request off its route, so this
+/// through proxies. Such a slash, or any character only such a reader sees (`%256Frders`,
+/// `%C1%AFrders`: `orders` to it), must still not move a request off its route, so this
 /// returns whether the path has one: the path is then routed as the lenient reader reads
 /// it too ([`NormalForms::lenient`]).
 fn check_escapes(path: &[u8]) -> Result<bool, PathError> {
-    let mut hidden_slash = false;
+    let mut hidden = false;
     for segment in path.split(|&b| b == b'/') {
         if segment.contains(&b'%') {
-            hidden_slash |= check_hidden_dot_segments(segment)?;
+            hidden |= check_hidden_dot_segments(segment)?;
         }
     }
-    Ok(hidden_slash)
+    Ok(hidden)
 }
 
 /// The byte an escape at `at` of `s` stands for.
@@ -306,14 +308,14 @@ fn overlong(s: &[u8], at: usize) -> Option<(u32, usize)> {
 /// Whether the segment has a separator only that reader sees.
 fn check_hidden_dot_segments(segment: &[u8]) -> Result<bool, PathError> {
     let mut piece = Piece::default();
-    let mut hidden_slash = false;
+    let mut hidden = false;
     let mut at = 0;
     while at < segment.len() {
         let (c, len, how) = read_leniently(segment, at);
         at += len;
+        hidden |= how.is_some();
         match c {
             0x2F | 0x5C if how.is_some() => {
-                hidden_slash = true;
                 piece.end(how)?;
                 piece = Piece {
                     hidden: how,
@@ -335,7 +337,7 @@ fn check_hidden_dot_segments(segment: &[u8]) -> Result<bool, PathError> {
         }
     }
     piece.end(None)?;
-    Ok(hidden_slash)
+    Ok(hidden)
 }
 
 /// A piece of a segment as the most lenient reader splits it.
@@ -394,15 +396,15 @@ fn read_leniently(segment: &[u8], at: usize) -> (u32, usize, Option<PathError>) 
     (c, len, how)
 }
 
-/// The normal form of `normal` (a normal path with a slash only a lenient reader sees) as
-/// the most lenient reader reads it: what only it reads as a `/` or `\` is a `/`, what
-/// it reads as an unreserved character is that character (`%2569` is `i`), anything else
-/// it alone reads is the one escape of what it reads (`%253B` is `%3B`, `%25C3%25A9` is
-/// `%C3%A9`), and the rest is as the routes read it. `None` if it reads no such slash
-/// there after all (one in a segment a `..` removed).
+/// The normal form of `normal` (a normal path with a character only a lenient reader
+/// sees) as the most lenient reader reads it: what only it reads as a `/` or `\` is a
+/// `/`, what it reads as an unreserved character is that character (`%2569` is `i`),
+/// anything else it alone reads is the one escape of what it reads (`%253B` is `%3B`,
+/// `%25C3%25A9` is `%C3%A9`), and the rest is as the routes read it. `None` if it reads
+/// no such character there after all (one in a segment a `..` removed).
 fn read_leniently_path(normal: &[u8]) -> Result<Option<String>, PathError> {
     let mut read = Vec::with_capacity(normal.len());
-    let mut hidden_slash = false;
+    let mut hidden = false;
     for (n, segment) in normal.split(|&b| b == b'/').enumerate() {
         if n > 0 {
             read.push(b'/');
@@ -414,12 +416,10 @@ fn read_leniently_path(normal: &[u8]) -> Result<Option<String>, PathError> {
             // A byte, or (an overlong form that is not an overlong `%` before two hex
             // digits) a code point.
             let code_point = overlong(segment, at) == Some((c, len));
+            hidden |= how.is_some();
             match (how, u8::try_from(c)) {
                 (None, _) => read.extend_from_slice(sent),
-                (Some(_), Ok(b'/' | b'\\')) => {
-                    hidden_slash = true;
-                    read.push(b'/');
-                }
+                (Some(_), Ok(b'/' | b'\\')) => read.push(b'/'),
                 (Some(_), Ok(b)) if is_unreserved(b) => read.push(b),
                 (Some(_), Ok(b)) if b.is_ascii() || !code_point => push_escape(&mut read, b),
                 (Some(_), _) => match char::from_u32(c) {
@@ -434,7 +434,7 @@ fn read_leniently_path(normal: &[u8]) -> Result<Option<String>, PathError> {
             at += len;
         }
     }
-    if !hidden_slash {
+    if !hidden {
         return Ok(None);
     }
     remove_dot_segments(&read).map(Some)
