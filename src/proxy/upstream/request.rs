@@ -197,10 +197,6 @@ struct Seen {
     cookie: bool,
 }
 
-/// Joins the request's `Cookie` fields into one, with `; ` between them. RFC 9113 §8.2.3:
-/// an HTTP/2 client may send its cookies as separate fields, which MUST be joined before
-/// they go into HTTP/1.1; RFC 6265 §5.4 allows one `Cookie` field there, and an app that
-/// reads only the first would miss the rest.
 /// The scheme a trusted peer's own hop wrote in `X-Forwarded-Proto`: the last element of
 /// its last field, as it appends its own after any the client sent (HAProxy's
 /// `add-header`, a list), and the client's would come first, where most apps read. `None`
@@ -219,6 +215,10 @@ fn trusted_scheme(headers: &HeaderMap) -> Option<&'static str> {
     }
 }
 
+/// Joins the request's `Cookie` fields into one, with `; ` between them. RFC 9113 §8.2.3:
+/// an HTTP/2 client may send its cookies as separate fields, which MUST be joined before
+/// they go into HTTP/1.1; RFC 6265 §5.4 allows one `Cookie` field there, and an app that
+/// reads only the first would miss the rest.
 fn join_cookies(headers: &mut HeaderMap) {
     let mut fields = headers.get_all(header::COOKIE).iter();
     if fields.nth(1).is_none() {
