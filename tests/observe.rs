@@ -372,3 +372,27 @@ async fn an_observed_answer_keeps_its_trailers() {
     }
     assert_eq!(executed.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// An observed request too large to buffer is forwarded as it streams in; its answer is
+/// read within the route's `upstream_timeout`, as an owner's client waits: an upstream
+/// that sends a head and then stalls in its body gets the client a 504 then, not after the
+/// body's own read gap (a minute by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observed_request_too_large_to_buffer_waits_no_longer_than_upstream_timeout() {
+    let (upstream, executed) =
+        raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nab").await;
+    let config = format!(
+        "connections: {{ upstream_protocol: http1 }}\n{}",
+        OBSERVED.replace("max_body: 1KiB", "max_body: 1KiB, upstream_timeout: 300ms")
+    );
+    let proxy = start_proxy_with_admin(upstream, &config, None).await;
+    let large = "x".repeat(4096);
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        common::post(proxy.addr, "/orders", &[("idempotency-key", "big")], &large),
+    )
+    .await
+    .expect("hang guard: the client waited past upstream_timeout");
+    assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(executed.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -9,6 +9,7 @@
 //! A team measures its duplicates this way before it turns enforcement on, as nginx's
 //! `limit_req_dry_run` or a WAF's detection-only mode let one measure before blocking.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -19,6 +20,7 @@ use super::body::{BodyError, ProxyBody, RequestBody};
 use super::protected::{
     caller_unnamed, claim_args, execute, forward_unprotected, request_view, Context, Report,
 };
+use super::upstream::timed_out;
 use crate::config::{InFlightMode, Protected};
 use crate::error::ProxyError;
 use crate::key::{derive_key, Derived, DerivedKey};
@@ -161,18 +163,27 @@ async fn forward_streamed(
     policy: &crate::config::Policy,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let started = std::time::Instant::now();
-    let response = cx
-        .client
-        .send(
-            Request::from_parts(parts, body),
-            cx.conn,
-            cx.hop(),
-            started + policy.upstream_timeout,
-        )
-        .await?;
+    let sending = AtomicBool::new(false);
+    // The whole exchange, answer read to its end included, within `upstream_timeout`, as
+    // an owner's client waits: an upstream that never ends its answer (or the stream of
+    // a 204 it sent on HTTP/2) holds this client no longer.
+    let exchange = async {
+        let request = Request::from_parts(parts, body);
+        let response = cx
+            .client
+            .send_untimed(request, cx.conn, cx.hop(), &sending)
+            .await?;
+        let conn = cx.conn.share.buffers();
+        Ok(answer::read(response, policy.max_answer, cx.budget, conn)
+            .await?
+            .into_response())
+    };
+    let answer = cx
+        .conn
+        .upstream_timer
+        .timeout_at(started + policy.upstream_timeout, exchange)
+        .await
+        .unwrap_or_else(|| Err(timed_out(&sending)));
     cx.route_metrics.upstream_latency(started.elapsed());
-    let conn = cx.conn.share.buffers();
-    Ok(answer::read(response, policy.max_answer, cx.budget, conn)
-        .await?
-        .into_response())
+    answer
 }
