@@ -15,7 +15,7 @@ use http::header::{HOST, TRANSFER_ENCODING};
 use http::uri::PathAndQuery;
 use http::{HeaderValue, Method, Request, Uri, Version};
 
-use crate::config::{Config, Protection};
+use crate::config::{Config, Protection, FALLBACK_ROUTE};
 use crate::error::ProxyError;
 use crate::proxy::headers::is_chunked_alone;
 use crate::route::normalize::{normal_forms, PathError};
@@ -194,11 +194,15 @@ pub fn normalize_target<B>(request: &mut Request<B>) -> Result<Option<String>, P
 }
 
 /// Refuses a request `routed` (route name and protection, by
-/// [`Config::route_for`]) that its path's `lenient` reading, from [`normalize_target`],
-/// routes elsewhere or protects otherwise, by the same override-aware look-up: an upstream
-/// that decodes twice runs `/api%252Forders` as `/api/orders`, whose required key or ttl
-/// the fallback would step around. Where both readings are one route (a Jenkins branch
-/// `/job/x/job/feature%252Fbar/build` under `/job/*`), it passes as sent.
+/// [`Config::route_for`]) whose path's `lenient` reading, from [`normalize_target`], falls
+/// to another named route, or to its own under other protection, by the same
+/// override-aware look-up: an upstream that decodes twice runs `/api%252Forders` as
+/// `/api/orders`, whose required key or ttl the fallback would step around. It passes as
+/// sent where both readings are one route (a Jenkins branch
+/// `/job/x/job/feature%252Fbar/build` under `/job/*`), where the lenient one names no
+/// route (the same branch under `/job/{name}/build`, an EUC-KR word under
+/// `/board/{name}/write`: the strict reading's own rule holds, and no route's is stepped
+/// around), and where neither reading is protected.
 pub fn one_route_however_read(
     config: &Config,
     host: Option<&str>,
@@ -212,7 +216,11 @@ pub fn one_route_however_read(
         return Ok(());
     };
     let (route, protection) = config.route_for(host, method, headers, overrides, lenient);
-    if route == routed.0 && protection.is(routed.1) {
+    let unprotected = |p: &Protection| matches!(p, Protection::Off(_));
+    if route == FALLBACK_ROUTE
+        || (route == routed.0 && protection.is(routed.1))
+        || (unprotected(protection) && unprotected(routed.1))
+    {
         return Ok(());
     }
     Err(ProxyError::BadPath(PathError::LenientReadingMovesRoute))

@@ -398,9 +398,9 @@ fn read_leniently(segment: &[u8], at: usize) -> (u32, usize, Option<PathError>) 
 
 /// The normal form of `normal` (a normal path with a character only a lenient reader
 /// sees) as the most lenient reader reads it: what only it reads as a `/` or `\` is a
-/// `/`, what it reads as an unreserved character is that character (`%2569` is `i`),
-/// anything else it alone reads is the one escape of what it reads (`%253B` is `%3B`,
-/// `%25C3%25A9` is `%C3%A9`), and the rest is as the routes read it. `None` if it reads
+/// `/`, what it reads as an unreserved character or a `;` is that character (`%2569` is
+/// `i`, `%253B` is `;`), anything else it alone reads is the one escape of what it reads
+/// (`%25C3%25A9` is `%C3%A9`), and the rest is as the routes read it. `None` if it reads
 /// no such character there after all (one in a segment a `..` removed).
 fn read_leniently_path(normal: &[u8]) -> Result<Option<String>, PathError> {
     let mut read = Vec::with_capacity(normal.len());
@@ -420,7 +420,9 @@ fn read_leniently_path(normal: &[u8]) -> Result<Option<String>, PathError> {
             match (how, u8::try_from(c)) {
                 (None, _) => read.extend_from_slice(sent),
                 (Some(_), Ok(b'/' | b'\\')) => read.push(b'/'),
-                (Some(_), Ok(b)) if is_unreserved(b) => read.push(b),
+                // A `;` raw, as the reader that sees it splits parameters off there: routes
+                // then match the path without them (`/api/orders%253Bx` is `/api/orders`).
+                (Some(_), Ok(b)) if is_unreserved(b) || b == b';' => read.push(b),
                 (Some(_), Ok(b)) if b.is_ascii() || !code_point => push_escape(&mut read, b),
                 (Some(_), _) => match char::from_u32(c) {
                     Some(c) => {

@@ -77,16 +77,30 @@ routes:
   - name: build
     match: { methods: [POST], path: "/job/*" }
     key: { header: Idempotency-Key, required: true }
+  - name: write
+    match: { methods: [POST], path: "/forum/{name}/write" }
+    key: { header: Idempotency-Key, required: true }
+  - name: trigger
+    match: { methods: [POST], path: "/ci/{name}/build" }
+    key: { header: Idempotency-Key, required: true }
 "#;
 
-/// A path a legacy app really has, an EUC-KR word (`은`, `%C0%BA`) or a Jenkins branch
-/// whose slash is escaped twice to stay in its segment (`feature%252Fbar`), is protected like
-/// any other: it reaches the upstream once, as sent, and its retry gets the stored answer.
+/// A path a legacy app really has, an EUC-KR word (`은`, `%C0%BA`; `자유가`, whose `유` is
+/// `%C0%AF`) or a Jenkins branch whose slash is escaped twice to stay in its segment
+/// (`feature%252Fbar`), is protected like any other: it reaches the upstream once, as
+/// sent, and its retry gets the stored answer. Also under a route with a segment after
+/// the name, where the reading that splits the name names no route: the route's own rule
+/// holds, and no other route's is stepped around.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_multibyte_word_or_a_twice_escaped_slash_runs_once_and_replays() {
     let upstream = start_recorder().await;
     let proxy = start_proxy(upstream.addr, LEGACY).await;
-    let paths = ["/board/%C0%BA", "/job/x/job/feature%252Fbar/build"];
+    let paths = [
+        "/board/%C0%BA",
+        "/job/x/job/feature%252Fbar/build",
+        "/forum/%C0%DA%C0%AF%B0%A1/write",
+        "/ci/feature%252Fbar/build",
+    ];
     for (n, path) in paths.into_iter().enumerate() {
         let key = format!("k{n}");
         let first = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
@@ -126,6 +140,8 @@ async fn a_character_only_some_decoders_read_cannot_move_a_request_off_its_route
             "/ap%2569%252Forders",
             "/api/%256Frders",
             "/api/%C1%AFrders",
+            "/api/orders%253Bx",
+            "/api/orders%C0%BBx",
         ] {
             let answer = post(proxy.addr, path, &[], r#"{"amount":5}"#).await;
             assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
