@@ -136,6 +136,16 @@ async fn run_reads_the_config_path_from_idemgate_config() {
     assert_eq!(upstream.executed(), 1);
 }
 
+/// `idemgate explain --config CONFIG ARGS…`, run in `dir`.
+fn explain_with(dir: &Path, config: &Path, args: &[&str]) -> std::process::Output {
+    idemgate(dir)
+        .args(["explain", "--config"])
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// The `key digest:` line `idemgate explain` prints for a POST to /orders from 127.0.0.1
 /// (keyed by its body's fingerprint), the body given as `--body ARG`, with `stdin` written
 /// to its standard input.
@@ -223,14 +233,12 @@ fn explain_without_client_ip_says_an_address_scoped_digest_needs_it() {
         "routes:\n  - name: by-caller\n    match: { path: /orders }\n    key: { header: K }\n  - name: by-address\n    match: { path: /votes }\n    key: { header: K, scope: [header: X-Tenant, client_ip] }\n",
     );
     let explain = |path: &str, extra: &[&str]| {
-        let out = idemgate(dir.path())
-            .args(["explain", "--config"])
-            .arg(&config)
-            .args(["--method", "POST", "--path", path, "-H", "K: k1"])
-            .args(extra)
-            .output()
-            .unwrap();
-        succeeded(&out)
+        let args = [
+            &["--method", "POST", "--path", path, "-H", "K: k1"][..],
+            extra,
+        ]
+        .concat();
+        succeeded(&explain_with(dir.path(), &config, &args))
     };
     let note = |text: &str| {
         text.lines()
@@ -260,13 +268,8 @@ fn explain_refuses_what_the_proxy_refuses_before_routing() {
     let config = dir.path().join("proxy.yaml");
     write_config(&config, ROUTE);
     let explain = |method: &str, args: &[&str]| {
-        idemgate(dir.path())
-            .args(["explain", "--config"])
-            .arg(&config)
-            .args(["--method", method, "-H", "Idempotency-Key: k1"])
-            .args(args)
-            .output()
-            .unwrap()
+        let args = [&["--method", method, "-H", "Idempotency-Key: k1"][..], args].concat();
+        explain_with(dir.path(), &config, &args)
     };
     let one_host = ["--path", "/orders", "-H", "Host: a.example"];
     for (method, args) in [
@@ -361,19 +364,15 @@ fn explain_refuses_a_path_a_hidden_slash_moves_onto_another_route() {
     let config = dir.path().join("proxy.yaml");
     write_config(&config, ROUTE);
     let explain = |path: &str| {
-        idemgate(dir.path())
-            .args(["explain", "--config"])
-            .arg(&config)
-            .args([
-                "--method",
-                "POST",
-                "--path",
-                path,
-                "-H",
-                "Idempotency-Key: k1",
-            ])
-            .output()
-            .unwrap()
+        let args = [
+            "--method",
+            "POST",
+            "--path",
+            path,
+            "-H",
+            "Idempotency-Key: k1",
+        ];
+        explain_with(dir.path(), &config, &args)
     };
     for path in ["/%252Forders", "/%C0%AForders", "/%252F%252Forders/"] {
         let out = explain(path);
@@ -383,7 +382,10 @@ fn explain_refuses_a_path_a_hidden_slash_moves_onto_another_route() {
             "{path}: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        assert!(stderr.contains("would answer 400"), "{path}: {stderr}");
+        assert!(
+            stderr.contains("would answer 400") && stderr.contains("another route's"),
+            "{path}: {stderr}"
+        );
     }
     let out = explain("/orders%252Fx");
     assert!(succeeded(&out).contains("route:             default"));
