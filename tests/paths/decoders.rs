@@ -150,6 +150,11 @@ async fn a_character_only_some_decoders_read_cannot_move_a_request_off_its_route
                 "urn:idemgate:problem:path-not-normalizable",
                 "{path}"
             );
+            let detail = answer.json()["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            assert!(detail.contains("another route's"), "{path}: {detail}");
         }
         assert_eq!(
             upstream.executed(),
