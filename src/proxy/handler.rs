@@ -232,50 +232,53 @@ impl Proxy {
         let version = request.version();
         let mut request = request;
         // Routed and forwarded in its one normal form: no spelling of a path steps around
-        // a route. A path with a slash only some decoders read is routed as they read it
-        // too (`lenient`), and refused where that is another route.
-        let lenient = match admission::normalize_target(&mut request) {
-            Ok(lenient) => lenient,
-            Err(error) => {
-                let method = request.method().clone();
-                let metrics = self.metrics.route("");
-                let report = Report::default();
-                return finish("", &metrics, method, version, report, access, Err(error));
-            }
-        };
-        let routed = admission::admit(&request).and_then(|host| {
-            let (method, path) = (request.method(), request.uri().path());
-            let headers = request.headers();
-            let config = &live.config;
-            // The method-override headers, looked for once and only where they count:
-            // where one may route this request, then for a protected one's keys.
-            let routed = config.routes_by_override(method);
-            let mut overrides = Overrides::NONE;
-            if routed {
-                overrides = Overrides::find(headers);
-            }
-            let (route, protection) = config.route_for(host, method, headers, overrides, path);
-            admission::one_route_however_read(
-                config,
-                host,
-                method,
-                headers,
-                overrides,
-                (route, protection),
-                lenient.as_deref(),
-            )?;
-            let older = match protection {
-                Protection::On(rule) => {
-                    if !routed {
-                        overrides = Overrides::find(headers);
-                    }
-                    live.previous
-                        .rules_for(rule, host, method, headers, overrides, path)
+        // a route. A path with a character only some decoders read is routed as they read
+        // it too (`lenient`), and refused where that is another route; that reading ends
+        // in this block, so no request's future holds it across an await.
+        let routed = {
+            let lenient = match admission::normalize_target(&mut request) {
+                Ok(lenient) => lenient,
+                Err(error) => {
+                    let method = request.method().clone();
+                    let metrics = self.metrics.route("");
+                    let report = Report::default();
+                    return finish("", &metrics, method, version, report, access, Err(error));
                 }
-                Protection::Off(_) => Vec::new(),
             };
-            Ok((route, protection, older, overrides))
-        });
+            admission::admit(&request).and_then(|host| {
+                let (method, path) = (request.method(), request.uri().path());
+                let headers = request.headers();
+                let config = &live.config;
+                // The method-override headers, looked for once and only where they count:
+                // where one may route this request, then for a protected one's keys.
+                let routed = config.routes_by_override(method);
+                let mut overrides = Overrides::NONE;
+                if routed {
+                    overrides = Overrides::find(headers);
+                }
+                let (route, protection) = config.route_for(host, method, headers, overrides, path);
+                admission::one_route_however_read(
+                    config,
+                    host,
+                    method,
+                    headers,
+                    overrides,
+                    (route, protection),
+                    lenient.as_deref(),
+                )?;
+                let older = match protection {
+                    Protection::On(rule) => {
+                        if !routed {
+                            overrides = Overrides::find(headers);
+                        }
+                        live.previous
+                            .rules_for(rule, host, method, headers, overrides, path)
+                    }
+                    Protection::Off(_) => Vec::new(),
+                };
+                Ok((route, protection, older, overrides))
+            })
+        };
         let (route, protection, older, overrides) = match routed {
             Ok(routed) => routed,
             // Answered, counted (unrouted) and logged like any other error, before any
