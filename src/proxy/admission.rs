@@ -193,16 +193,17 @@ pub fn normalize_target<B>(request: &mut Request<B>) -> Result<Option<String>, P
     Ok(lenient)
 }
 
-/// Refuses a request `routed` (route name and protection, by
-/// [`Config::route_for`]) whose path's `lenient` reading, from [`normalize_target`], falls
-/// to another named route, or to its own under other protection, by the same
-/// override-aware look-up: an upstream that decodes twice runs `/api%252Forders` as
-/// `/api/orders`, whose required key or ttl the fallback would step around. It passes as
-/// sent where both readings are one route (a Jenkins branch
-/// `/job/x/job/feature%252Fbar/build` under `/job/*`), where the lenient one names no
-/// route (the same branch under `/job/{name}/build`, an EUC-KR word under
-/// `/board/{name}/write`: the strict reading's own rule holds, and no route's is stepped
-/// around), and where neither reading is protected.
+/// Refuses a request `routed` (route name and protection, by [`Config::route_for`])
+/// whose path's `lenient` reading, from [`normalize_target`], the same override-aware
+/// look-up would protect by another rule: an upstream that decodes twice runs
+/// `/api%252Forders` as `/api/orders`, whose required key or ttl the fallback would step
+/// around, and `/files/7%252Fpublish` under an unprotected `/files/{name}` as
+/// `/files/7/publish`, which the fallback's key protects. It passes as sent where the
+/// lenient reading enforces nothing (no route, an unprotected or observed one), where
+/// both readings are one route (a Jenkins branch `/job/x/job/feature%252Fbar/build` under
+/// `/job/*`), and where the lenient one falls to the fallback while the strict one
+/// enforces a route of its own (the same branch under `/job/{name}/build`, an EUC-KR word
+/// under `/board/{name}/write`: that route's rule holds).
 pub fn one_route_however_read(
     config: &Config,
     host: Option<&str>,
@@ -216,10 +217,10 @@ pub fn one_route_however_read(
         return Ok(());
     };
     let (route, protection) = config.route_for(host, method, headers, overrides, lenient);
-    let unprotected = |p: &Protection| matches!(p, Protection::Off(_));
-    if route == FALLBACK_ROUTE
+    let enforces = |p: &Protection| matches!(p, Protection::On(rule) if !rule.policy.observe);
+    if !enforces(protection)
         || (route == routed.0 && protection.is(routed.1))
-        || (unprotected(protection) && unprotected(routed.1))
+        || (route == FALLBACK_ROUTE && enforces(routed.1))
     {
         return Ok(());
     }

@@ -215,3 +215,45 @@ async fn a_dot_segment_only_a_second_or_lenient_decode_gives_params_is_a_400() {
     }
     assert_eq!(upstream.executed(), 0);
 }
+
+const UNPROTECTED_FILES: &str = r#"
+routes:
+  - name: files
+    match: { methods: [POST], path: "/files/{name}" }
+    idempotency: off
+  - name: users
+    match: { methods: [PUT], path: "/api/users/{id}" }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+/// The fallback is the operator's rule too: a path that an unprotected route takes as one
+/// name (`/files/7%252Fpublish`) but a second decode reads as a path the fallback's key
+/// protects (`/files/7/publish`) is a 400, not run unprotected, so its double submit
+/// cannot run twice there. A lenient reading no rule would enforce anything on (a PUT
+/// that no route lists) refuses nothing: the strict reading's required key holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lenient_reading_the_fallback_protects_is_not_run_under_an_unprotected_route() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, UNPROTECTED_FILES).await;
+    let answer = post(proxy.addr, "/files/7%252Fpublish", &[], "{}").await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    let detail = answer.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(detail.contains("another route's"), "{detail}");
+    assert_eq!(upstream.executed(), 0, "it ran unprotected");
+    // One name both ways: unprotected, as its route says.
+    let answer = post(proxy.addr, "/files/7", &[], "{}").await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    let put = crate::common::send(
+        proxy.addr,
+        http::Method::PUT,
+        "/api/users/feature%252Fbar",
+        &[("idempotency-key", "u1")],
+        "{}".to_owned(),
+    )
+    .await;
+    assert_eq!(put.status, StatusCode::CREATED);
+    assert_eq!(upstream.executed(), 2);
+}
