@@ -22,6 +22,7 @@ pub mod protected;
 mod settlement;
 pub mod stopping;
 pub mod tokens;
+mod unclaimed;
 pub mod upstream;
 pub mod upstream_timer;
 

@@ -9,7 +9,6 @@
 //! A team measures its duplicates this way before it turns enforcement on, as nginx's
 //! `limit_req_dry_run` or a WAF's detection-only mode let one measure before blocking.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -17,10 +16,8 @@ use http::{Request, Response};
 
 use super::answer::{self, AnswerBody};
 use super::body::{BodyError, ProxyBody, RequestBody};
-use super::protected::{
-    caller_unnamed, claim_args, execute, forward_unprotected, request_view, Context, Report,
-};
-use super::upstream::timed_out;
+use super::protected::{caller_unnamed, claim_args, execute, request_view, Context, Report};
+use super::unclaimed::{forward_unprotected, forward_whole};
 use crate::config::{InFlightMode, Protected};
 use crate::error::ProxyError;
 use crate::key::{derive_key, Derived, DerivedKey};
@@ -44,7 +41,8 @@ pub async fn handle(
         Ok(AnswerBody::Whole(body)) => body,
         Ok(AnswerBody::TooLarge(body)) => {
             would(report, Outcome::WouldReject, false, None);
-            return forward_streamed(&cx, parts, body, policy).await;
+            // Forwarded as it comes; its answer read as an owner's is.
+            return forward_whole(&cx, Request::from_parts(parts, body), policy).await;
         }
         Err(BodyError::ClientStalled(gap)) => return Err(ProxyError::BodyTimeout(gap.as_secs())),
         Err(e) => return Err(ProxyError::BodyRead(e.to_string())),
@@ -152,38 +150,4 @@ fn would(report: &mut Report, outcome: Outcome, duplicate: bool, first: Option<S
             "observed a duplicate"
         );
     }
-}
-
-/// Forwards a request whose body was too large to buffer, as it comes; its answer is
-/// bounded like an owner's.
-async fn forward_streamed(
-    cx: &Context<'_>,
-    parts: http::request::Parts,
-    body: ProxyBody,
-    policy: &crate::config::Policy,
-) -> Result<Response<ProxyBody>, ProxyError> {
-    let started = std::time::Instant::now();
-    let sending = AtomicBool::new(false);
-    // The whole exchange, answer read to its end included, within `upstream_timeout`, as
-    // an owner's client waits: an upstream that never ends its answer (or the stream of
-    // a 204 it sent on HTTP/2) holds this client no longer.
-    let exchange = async {
-        let request = Request::from_parts(parts, body);
-        let response = cx
-            .client
-            .send_untimed(request, cx.conn, cx.hop(), &sending)
-            .await?;
-        let conn = cx.conn.share.buffers();
-        Ok(answer::read(response, policy.max_answer, cx.budget, conn)
-            .await?
-            .into_response())
-    };
-    let answer = cx
-        .conn
-        .upstream_timer
-        .timeout_at(started + policy.upstream_timeout, exchange)
-        .await
-        .unwrap_or_else(|| Err(timed_out(&sending)));
-    cx.route_metrics.upstream_latency(started.elapsed());
-    answer
 }

@@ -32,6 +32,7 @@ use super::previous::{self, Earlier, Older};
 use super::settlement;
 pub use super::stopping::Owners;
 use super::stopping::Stopping;
+use super::unclaimed::forward_unprotected;
 use super::upstream::{timed_out, Hop, UpstreamClient};
 use crate::config::{InFlightMode, OnStoreError, OnUnknownOutcome, Protected};
 use crate::error::{NotKept, ProxyError};
@@ -370,38 +371,6 @@ pub(super) fn claim_args(
             CallerTag::NONE
         },
     }
-}
-
-/// Forwards a buffered request with no claim (no key material, or a store that failed
-/// with `fail_open`); its answer is buffered up to `max_answer`, as an owner's, and streams
-/// past that.
-pub(super) async fn forward_unprotected(
-    cx: &Context<'_>,
-    parts: Parts,
-    body: Bytes,
-    policy: &crate::config::Policy,
-) -> Result<Response<ProxyBody>, ProxyError> {
-    let started = Instant::now();
-    let sending = AtomicBool::new(false);
-    let exchange = async {
-        let request = Request::from_parts(parts, ProxyBody::full(body));
-        let response = cx
-            .client
-            .send_untimed(request, cx.conn, cx.hop(), &sending)
-            .await?;
-        let conn = cx.conn.share.buffers();
-        Ok(answer::read(response, policy.max_answer, cx.budget, conn)
-            .await?
-            .into_response())
-    };
-    let answer = cx
-        .conn
-        .upstream_timer
-        .timeout_at(started + policy.upstream_timeout, exchange)
-        .await
-        .unwrap_or_else(|| Err(timed_out(&sending)));
-    cx.route_metrics.upstream_latency(started.elapsed());
-    answer
 }
 
 /// The owner's phase: forward, then settle. Its client waits at most `upstream_timeout`,
