@@ -49,6 +49,9 @@ pub struct Relay {
     /// The connection (numbered in the order accepted) whose requests wait; `u64::MAX`:
     /// none.
     held_connection: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Bytes the store sent on the connection [`Relay::hold_next_sender`] last held, from
+    /// the hold on: its held statement's answer, once released.
+    held_replies: Arc<AtomicUsize>,
 }
 
 impl Relay {
@@ -58,6 +61,12 @@ impl Relay {
 
     pub fn requests_held(&self) -> usize {
         self.requests_held.load(Ordering::SeqCst)
+    }
+
+    /// Bytes the store answered on the connection [`Relay::hold_next_sender`] held: above
+    /// zero once the held statement, released, has run.
+    pub fn held_replies(&self) -> usize {
+        self.held_replies.load(Ordering::SeqCst)
     }
 
     /// Holds what the proxy sends next that starts with `first` (PostgreSQL's `B`: a
@@ -105,11 +114,17 @@ pub async fn relay_to(port: u16) -> Relay {
     let hold_next_sender = Arc::<AtomicU16>::default();
     let held_connection = Arc::new(tokio::sync::watch::channel(u64::MAX).0);
     let (next_sender, holding_one) = (Arc::clone(&hold_next_sender), Arc::clone(&held_connection));
+    let held_replies = Arc::<AtomicUsize>::default();
+    let answered_held = Arc::clone(&held_replies);
+    // The connection last held (`u64::MAX`: none yet), whose answers count in `held_replies`.
+    let last_held = Arc::new(AtomicU64::new(u64::MAX));
     let accepted = AtomicU64::new(0);
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let number = accepted.fetch_add(1, Ordering::SeqCst);
             let (next_sender, holding_one) = (Arc::clone(&next_sender), Arc::clone(&holding_one));
+            let (marking, last_marked) = (Arc::clone(&last_held), Arc::clone(&last_held));
+            let held_answered = Arc::clone(&answered_held);
             let mut held_one = holding_one.subscribe();
             // Redis is gone once a test ends; the proxy may still try to reconnect.
             let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
@@ -134,6 +149,7 @@ pub async fn relay_to(port: u16) -> Relay {
                         .compare_exchange(first, 0, Ordering::SeqCst, Ordering::SeqCst)
                         .is_ok()
                     {
+                        marking.store(number, Ordering::SeqCst);
                         holding_one.send_replace(number);
                     }
                     if *requests_held.borrow() || *held_one.borrow() == number {
@@ -167,6 +183,9 @@ pub async fn relay_to(port: u16) -> Relay {
                         Ok(n) => n,
                     };
                     counted.fetch_add(n, Ordering::SeqCst);
+                    if last_marked.load(Ordering::SeqCst) == number {
+                        held_answered.fetch_add(n, Ordering::SeqCst);
+                    }
                     let mut rows = replies.rows_in(&buf[..n]);
                     // Returning drops the reply and closes the proxy's side.
                     if dropping.swap(false, Ordering::SeqCst) {
@@ -208,6 +227,7 @@ pub async fn relay_to(port: u16) -> Relay {
         row_before_hold,
         requests_held,
         hold_next_sender,
+        held_replies,
         held_connection,
     }
 }

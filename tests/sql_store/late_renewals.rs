@@ -41,11 +41,11 @@ async fn postgres_a_renewal_that_lands_after_its_owner_released_the_key_leaves_i
     // went out, then releases the key (on another connection).
     assert!(lease.release().await.expect("released"));
     assert!(store.inspect(key).await.expect("inspect").is_none());
-    // The held renewal reaches the database now; its answer comes back through the relay
-    // once it has committed.
-    let replies = relay.received();
+    // The held renewal reaches the database now; its answer comes back through the relay,
+    // on its own connection, once it has committed (an answer on any other connection
+    // would not say it ran: the key could still be written back after the check below).
     relay.release_held_sender();
-    until(|| relay.received() > replies, "the held renewal to run").await;
+    until(|| relay.held_replies() > 0, "the held renewal to run").await;
     // Written back, the claim would hold the key in flight, then as an unknown outcome for
     // a day. The owner makes its release again until its lease has passed (3 s after the
     // release, long after the held renewal landed): the key is free again.
