@@ -16,6 +16,16 @@ routes:
     key: { header: Idempotency-Key, required: true }
 "#;
 
+/// Asserts `answer`, to a POST of `path`, is the 400 of a path with no one safe normal form.
+fn not_normalizable(answer: &common::Answer, path: &str) {
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
+    assert_eq!(
+        answer.json()["type"],
+        "urn:idemgate:problem:path-not-normalizable",
+        "{path}"
+    );
+}
+
 const SPELLINGS: [&str; 6] = [
     "/api//orders",
     "/api/./orders",
@@ -84,12 +94,7 @@ async fn paths_without_one_safe_reading_are_a_400() {
         "/api/%zzorders",
     ] {
         let answer = post(proxy.addr, path, &[("idempotency-key", "k")], "{}").await;
-        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
-        assert_eq!(
-            answer.json()["type"],
-            "urn:idemgate:problem:path-not-normalizable",
-            "{path}"
-        );
+        not_normalizable(&answer, path);
     }
     // A raw backslash, sent as bytes (a client library would refuse to).
     let raw = raw_exchange(
@@ -160,12 +165,7 @@ async fn dot_segments_with_params_are_a_400() {
         "/api/x/..%3b/orders",
     ] {
         let answer = post(proxy.addr, path, &[("idempotency-key", "k")], "{}").await;
-        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
-        assert_eq!(
-            answer.json()["type"],
-            "urn:idemgate:problem:path-not-normalizable",
-            "{path}"
-        );
+        not_normalizable(&answer, path);
     }
     assert_eq!(upstream.executed(), 0);
 }

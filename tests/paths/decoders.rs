@@ -5,8 +5,8 @@
 
 use http::StatusCode;
 
-use crate::common::{post, raw_exchange, start_proxy, start_recorder};
-use crate::{OVERRIDDEN, REQUIRED};
+use crate::common::{post, raw_exchange, start_proxy, start_recorder, ProxyHandle, Recorder};
+use crate::{not_normalizable, OVERRIDDEN, REQUIRED};
 
 /// A dot segment spelled so that only some decoders read it: overlong UTF-8 dots
 /// (`%C0%AE`, which old Java and IIS decoders took for `.`), dots escaped twice (`%252E`,
@@ -33,12 +33,7 @@ async fn a_dot_segment_only_some_decoders_read_is_a_400() {
         "/api/x/%252E%252E;x/orders",
     ] {
         let answer = post(proxy.addr, path, &[], "{}").await;
-        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
-        assert_eq!(
-            answer.json()["type"],
-            "urn:idemgate:problem:path-not-normalizable",
-            "{path}"
-        );
+        not_normalizable(&answer, path);
     }
     // The raw bytes are no UTF-8: hyper refuses such a target itself (a bare 400).
     let raw = raw_exchange(
@@ -85,6 +80,21 @@ routes:
     key: { header: Idempotency-Key, required: true }
 "#;
 
+/// Posts each of `paths` twice with a key of its own: it runs once, as sent, and its
+/// repeat is replayed.
+async fn each_runs_once_and_replays(proxy: &ProxyHandle, upstream: &Recorder, paths: &[&str]) {
+    let before = upstream.executed();
+    for (n, path) in paths.iter().enumerate() {
+        let key = format!("k{n}");
+        let first = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
+        assert_eq!(first.status, StatusCode::CREATED, "{path}");
+        let again = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
+        assert!(again.replayed(), "{path}: {:?}", again.status);
+        assert_eq!(upstream.executed(), before + n + 1, "{path}");
+        assert_eq!(upstream.seen()[before + n].target, *path);
+    }
+}
+
 /// A path a legacy app really has, an EUC-KR word (`은`, `%C0%BA`; `자유가`, whose `유` is
 /// `%C0%AF`) or a Jenkins branch whose slash is escaped twice to stay in its segment
 /// (`feature%252Fbar`), is protected like any other: it reaches the upstream once, as
@@ -101,15 +111,7 @@ async fn a_legacy_multibyte_word_or_a_twice_escaped_slash_runs_once_and_replays(
         "/forum/%C0%DA%C0%AF%B0%A1/write",
         "/ci/feature%252Fbar/build",
     ];
-    for (n, path) in paths.into_iter().enumerate() {
-        let key = format!("k{n}");
-        let first = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
-        assert_eq!(first.status, StatusCode::CREATED, "{path}");
-        let again = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
-        assert!(again.replayed(), "{path}: {:?}", again.status);
-        assert_eq!(upstream.executed(), n + 1, "{path}");
-        assert_eq!(upstream.seen()[n].target, path);
-    }
+    each_runs_once_and_replays(&proxy, &upstream, &paths).await;
 }
 
 /// A slash only an upstream that decodes twice (`%252F`, `%255C`) or an old lenient UTF-8
@@ -144,12 +146,7 @@ async fn a_character_only_some_decoders_read_cannot_move_a_request_off_its_route
             "/api/orders%C0%BBx",
         ] {
             let answer = post(proxy.addr, path, &[], r#"{"amount":5}"#).await;
-            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
-            assert_eq!(
-                answer.json()["type"],
-                "urn:idemgate:problem:path-not-normalizable",
-                "{path}"
-            );
+            not_normalizable(&answer, path);
             let detail = answer.json()["detail"]
                 .as_str()
                 .unwrap_or_default()
@@ -180,15 +177,7 @@ async fn a_character_only_some_decoders_read_cannot_move_a_request_off_its_route
     let upstream = start_recorder().await;
     let proxy = start_proxy(upstream.addr, LEGACY).await;
     let paths = ["/job/x/job/feature%252Fbar/build", "/board/%C0%AF%C0%BA"];
-    for (n, path) in paths.into_iter().enumerate() {
-        let key = format!("k{n}");
-        let first = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
-        assert_eq!(first.status, StatusCode::CREATED, "{path}");
-        let again = post(proxy.addr, path, &[("idempotency-key", &key)], "{}").await;
-        assert!(again.replayed(), "{path}: {:?}", again.status);
-        assert_eq!(upstream.executed(), n + 1, "{path}");
-        assert_eq!(upstream.seen()[n].target, path);
-    }
+    each_runs_once_and_replays(&proxy, &upstream, &paths).await;
 }
 
 /// A `;` only a second decode (`%253B`) or a lenient UTF-8 decoder (`%C0%BB`) reads, after
@@ -206,12 +195,7 @@ async fn a_dot_segment_only_a_second_or_lenient_decode_gives_params_is_a_400() {
         "/api/x/%25C0%25AE%25C0%25AE/orders",
     ] {
         let answer = post(proxy.addr, path, &[("idempotency-key", "k")], "{}").await;
-        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path}");
-        assert_eq!(
-            answer.json()["type"],
-            "urn:idemgate:problem:path-not-normalizable",
-            "{path}"
-        );
+        not_normalizable(&answer, path);
     }
     assert_eq!(upstream.executed(), 0);
 }
