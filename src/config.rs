@@ -202,8 +202,7 @@ impl Config {
             return own;
         }
         debug_assert_eq!(overrides, Overrides::find(headers), "overrides not found");
-        let enforces = |p: &Protection| matches!(p, Protection::On(rule) if !rule.policy.observe);
-        let own_enforces = enforces(own.1);
+        let own_enforces = own.1.enforces();
         if own_enforces && own.0 != FALLBACK_ROUTE {
             return own;
         }
@@ -212,7 +211,7 @@ impl Config {
             // A route of its own: the fallback is the POST's too.
             if found.0 != FALLBACK_ROUTE
                 && matches!(found.1, Protection::On(_))
-                && (enforces(found.1) || !own_enforces)
+                && (found.1.enforces() || !own_enforces)
             {
                 return found;
             }

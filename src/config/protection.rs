@@ -22,14 +22,9 @@ pub enum Protection {
 }
 
 impl Protection {
-    /// Whether `self` and `other` are one protection: both off with one timeout, or both
-    /// the one rule of one route (or of the fallback).
-    pub fn is(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Self::Off(a), Self::Off(b)) => a == b,
-            (Self::On(a), Self::On(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        }
+    /// Whether it enforces a rule: protected, and not only observed.
+    pub fn enforces(&self) -> bool {
+        matches!(self, Self::On(rule) if !rule.policy.observe)
     }
 }
 

@@ -217,10 +217,11 @@ pub fn one_route_however_read(
         return Ok(());
     };
     let (route, protection) = config.route_for(host, method, headers, overrides, lenient);
-    let enforces = |p: &Protection| matches!(p, Protection::On(rule) if !rule.policy.observe);
-    if !enforces(protection)
-        || (route == routed.0 && protection.is(routed.1))
-        || (route == FALLBACK_ROUTE && enforces(routed.1))
+    // One name is one route, so one protection: names are unique, and the fallback's and
+    // the unrouted one's are theirs alone.
+    if !protection.enforces()
+        || route == routed.0
+        || (route == FALLBACK_ROUTE && routed.1.enforces())
     {
         return Ok(());
     }
