@@ -82,15 +82,14 @@ pub fn explain_key(
         }
     }
     let overrides = Overrides::find(headers);
-    let (route, protection) = config.route_for(host, &request.method, headers, overrides, path);
-    // Refused, as the proxy refuses it, where a slash only some decoders read moves it.
-    crate::proxy::admission::one_route_however_read(
+    // Refused, as the proxy refuses it, where a character only some decoders read moves it.
+    let (route, protection) = crate::proxy::admission::route(
         config,
         host,
         &request.method,
         headers,
         overrides,
-        (route, protection),
+        path,
         lenient.as_deref(),
     )?;
     let mut out = String::new();

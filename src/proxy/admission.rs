@@ -166,9 +166,9 @@ static NAME_BYTES: [bool; 256] = {
 /// left alone. Only methods that routes can apply to are touched: safe methods always
 /// pass through, so theirs reach the upstream as sent.
 ///
-/// Returns the path's lenient reading, if it has a slash only lenient readers see
+/// Returns the path's lenient reading, if it has a character only lenient readers see
 /// ([`NormalForms::lenient`](crate::route::normalize::NormalForms::lenient)), for
-/// [`one_route_however_read`] once the request is routed.
+/// [`route`] to route it by too.
 pub fn normalize_target<B>(request: &mut Request<B>) -> Result<Option<String>, ProxyError> {
     if crate::route::is_safe(request.method()) {
         return Ok(None);
@@ -193,9 +193,9 @@ pub fn normalize_target<B>(request: &mut Request<B>) -> Result<Option<String>, P
     Ok(lenient)
 }
 
-/// Refuses a request `routed` (route name and protection, by [`Config::route_for`])
-/// whose path's `lenient` reading, from [`normalize_target`], the same override-aware
-/// look-up would protect by another rule: an upstream that decodes twice runs
+/// The route a request with this `path` belongs to and its protection
+/// ([`Config::route_for`]), or a refusal where its path's `lenient` reading, from
+/// [`normalize_target`], the same override-aware look-up would protect by another rule: an upstream that decodes twice runs
 /// `/api%252Forders` as `/api/orders`, whose required key or ttl the fallback would step
 /// around, and `/files/7%252Fpublish` under an unprotected `/files/{name}` as
 /// `/files/7/publish`, which the fallback's key protects. It passes as sent where the
@@ -204,17 +204,18 @@ pub fn normalize_target<B>(request: &mut Request<B>) -> Result<Option<String>, P
 /// `/job/*`), and where the lenient one falls to the fallback while the strict one
 /// enforces a route of its own (the same branch under `/job/{name}/build`, an EUC-KR word
 /// under `/board/{name}/write`: that route's rule holds).
-pub fn one_route_however_read(
-    config: &Config,
+pub fn route<'c>(
+    config: &'c Config,
     host: Option<&str>,
     method: &Method,
     headers: &http::HeaderMap,
     overrides: Overrides,
-    routed: (&str, &Protection),
+    path: &str,
     lenient: Option<&str>,
-) -> Result<(), ProxyError> {
+) -> Result<(&'c str, &'c Protection), ProxyError> {
+    let routed = config.route_for(host, method, headers, overrides, path);
     let Some(lenient) = lenient else {
-        return Ok(());
+        return Ok(routed);
     };
     let (route, protection) = config.route_for(host, method, headers, overrides, lenient);
     // One name is one route, so one protection: names are unique, and the fallback's and
@@ -223,7 +224,7 @@ pub fn one_route_however_read(
         || route == routed.0
         || (route == FALLBACK_ROUTE && routed.1.enforces())
     {
-        return Ok(());
+        return Ok(routed);
     }
     Err(ProxyError::BadPath(PathError::LenientReadingMovesRoute))
 }

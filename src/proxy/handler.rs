@@ -256,14 +256,13 @@ impl Proxy {
                 if routed {
                     overrides = Overrides::find(headers);
                 }
-                let (route, protection) = config.route_for(host, method, headers, overrides, path);
-                admission::one_route_however_read(
+                let (route, protection) = admission::route(
                     config,
                     host,
                     method,
                     headers,
                     overrides,
-                    (route, protection),
+                    path,
                     lenient.as_deref(),
                 )?;
                 let older = match protection {
