@@ -81,22 +81,22 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
     normal_forms(path).map(|forms| forms.strict)
 }
 
-/// A path's normal form, and where a lenient reader sees a slash the routes do not, the
-/// normal form of the path as that reader reads it.
+/// A path's normal form, and where a lenient reader sees a character the routes do not,
+/// the normal form of the path as that reader reads it.
 #[derive(Debug)]
 pub struct NormalForms<'a> {
     /// What routes match and what is forwarded ([`normalize_path`]).
     pub strict: Cow<'a, str>,
     /// `strict` as an upstream that decodes twice, or an old lenient UTF-8 decoder, reads
-    /// it, normalised; only for a path with a slash or backslash only such a reader sees
-    /// (`%252F`, `%255C`, `%C0%AF`, `%C1%9C`, …), which passes in a name (a Jenkins branch
-    /// `feature%252Fbar`, EUC-KR `유`) but would make `/api%252Forders` step around a
-    /// route for `/api/orders`: the request is routed by both readings, and refused where
-    /// they differ.
+    /// it, normalised; only for a path with a character only such a reader sees (a slash
+    /// `%252F` or `%C0%AF`, a letter `%256F`, a `;` `%253B`, …), which passes in a name (a
+    /// Jenkins branch `feature%252Fbar`, EUC-KR `유`) but would make `/api%252Forders`
+    /// step around a route for `/api/orders`: the request is routed by both readings, and
+    /// refused where the lenient one is protected by another rule.
     pub lenient: Option<String>,
 }
 
-/// [`normalize_path`], and the lenient reading of a path with a slash only lenient
+/// [`normalize_path`], and the lenient reading of a path with a character only lenient
 /// readers see ([`NormalForms::lenient`]). A path without a `%` costs what it did.
 ///
 /// ```
@@ -305,7 +305,7 @@ fn overlong(s: &[u8], at: usize) -> Option<(u32, usize)> {
 /// perhaps with `;` parameters, where that reading is not the strict one (see
 /// [`check_escapes`]): a piece between two separators only the lenient reader sees, or
 /// with a dot only it sees. A segment of plain dots is left to [`remove_dot_segments`].
-/// Whether the segment has a separator only that reader sees.
+/// Returns whether the segment has any character only that reader sees.
 fn check_hidden_dot_segments(segment: &[u8]) -> Result<bool, PathError> {
     let mut piece = Piece::default();
     let mut hidden = false;
