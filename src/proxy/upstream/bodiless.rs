@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use super::pool::h2::Stream;
@@ -70,21 +69,9 @@ impl Drain {
         let Some((body, _)) = &mut self.rest else {
             return Poll::Ready(None);
         };
-        let failed = loop {
-            match ready!(Pin::new(&mut *body).poll_frame(cx)) {
-                Some(Ok(frame)) => {
-                    self.stray += stray_len(&frame);
-                    if self.stray > MAX_STRAY {
-                        break Some(BodyError::UpstreamStray(MAX_STRAY));
-                    }
-                }
-                Some(Err(e)) => break Some(BodyError::Upstream(e)),
-                None if body.is_end_stream() => break None,
-                None => break Some(BodyError::UpstreamCutShort),
-            }
-        };
+        let read = ready!(poll_rest(body, &mut self.stray, cx));
         self.rest = None;
-        Poll::Ready(failed.map(Err))
+        Poll::Ready(read.err().map(Err))
     }
 
     /// Whether the stream ended.
@@ -99,6 +86,28 @@ impl Drain {
             SizeHint::with_exact(0)
         } else {
             SizeHint::default()
+        }
+    }
+}
+
+/// Reads `body` on to its `END_STREAM`, `stray` counting what it carried: `Ok` there, the
+/// error if it was reset first, failed, or carried more than [`MAX_STRAY`].
+fn poll_rest(
+    body: &mut Incoming,
+    stray: &mut usize,
+    cx: &mut Context<'_>,
+) -> Poll<Result<(), BodyError>> {
+    loop {
+        match ready!(Pin::new(&mut *body).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                *stray += stray_len(&frame);
+                if *stray > MAX_STRAY {
+                    return Poll::Ready(Err(BodyError::UpstreamStray(MAX_STRAY)));
+                }
+            }
+            Some(Err(e)) => return Poll::Ready(Err(BodyError::Upstream(e))),
+            None if body.is_end_stream() => return Poll::Ready(Ok(())),
+            None => return Poll::Ready(Err(BodyError::UpstreamCutShort)),
         }
     }
 }
@@ -120,20 +129,9 @@ impl Drop for Drain {
         };
         let (gap, mut stray) = (self.gap, self.stray);
         runtime.spawn(async move {
-            let read = async move {
-                let _stream = stream;
-                while let Some(frame) = body.frame().await {
-                    match frame {
-                        Ok(frame) => stray += stray_len(&frame),
-                        Err(_) => return true,
-                    }
-                    if stray > MAX_STRAY {
-                        return false;
-                    }
-                }
-                true
-            };
-            if !matches!(tokio::time::timeout(gap, read).await, Ok(true)) {
+            let _stream = stream;
+            let read = std::future::poll_fn(|cx| poll_rest(&mut body, &mut stray, cx));
+            if !matches!(tokio::time::timeout(gap, read).await, Ok(Ok(()))) {
                 tracing::debug!("stopped reading an upstream stream after a bodiless answer");
             }
         });
