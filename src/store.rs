@@ -377,8 +377,8 @@ impl Store {
         }
     }
 
-    /// Current gauges (the memory store's; the SQL stores' reaper count; Redis keeps its
-    /// own, see `INFO keyspace`).
+    /// Current gauges (the memory store's; the SQL stores' reaper count; the shared stores'
+    /// lost settlements; Redis keeps the rest itself, see `INFO keyspace`).
     pub fn stats(&self) -> StoreStats {
         let lost = |count: &AtomicU64| count.load(Ordering::Relaxed);
         match self {
