@@ -11,22 +11,9 @@ use tokio::net::TcpStream;
 /// Serves `stream` until the client's first HEADERS frame, calls `on_head`, then sends
 /// GOAWAY (last stream id 0, NO_ERROR) and closes.
 pub async fn go_away_below_every_stream(mut stream: TcpStream, on_head: impl FnOnce()) {
-    // An empty SETTINGS frame, as a server's preface.
-    stream
-        .write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0])
-        .await
-        .unwrap();
-    let mut preface = [0; 24];
-    stream.read_exact(&mut preface).await.unwrap();
-    loop {
-        let mut head = [0; 9];
-        if stream.read_exact(&mut head).await.is_err() {
-            return;
-        }
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let mut payload = vec![0; len];
-        stream.read_exact(&mut payload).await.unwrap();
-        if head[3] == 0x1 {
+    exchange_prefaces(&mut stream).await;
+    while let Some((kind, ..)) = read_frame(&mut stream).await {
+        if kind == 0x1 {
             on_head();
             let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
             stream.write_all(&goaway).await.unwrap();
@@ -129,15 +116,20 @@ async fn read_frame(stream: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
     Some((head[3], head[4], id, payload))
 }
 
-/// Sends a server preface and reads the client's frames, acknowledging its SETTINGS,
-/// until one of stream 1's for which `stop(type, flags)` holds.
-async fn serve_until(stream: &mut TcpStream, stop: impl Fn(u8, u8) -> bool) {
+/// Sends a server's preface (an empty SETTINGS frame) and reads the client's.
+async fn exchange_prefaces(stream: &mut TcpStream) {
     stream
         .write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0])
         .await
         .unwrap();
     let mut preface = [0; 24];
     stream.read_exact(&mut preface).await.unwrap();
+}
+
+/// Sends a server preface and reads the client's frames, acknowledging its SETTINGS,
+/// until one of stream 1's for which `stop(type, flags)` holds.
+async fn serve_until(stream: &mut TcpStream, stop: impl Fn(u8, u8) -> bool) {
+    exchange_prefaces(stream).await;
     loop {
         let (kind, flags, id, _) = read_frame(stream).await.expect("the client's frames");
         if kind == 0x4 && flags & 0x1 == 0 {
