@@ -185,11 +185,15 @@ fn fingerprint_rule() -> KeyRule {
 }
 
 fn key_of(headers: &HeaderMap, peer: [u8; 4]) -> Digest {
-    let v = RequestView {
+    fingerprint_key(&RequestView {
         peer: Some(IpAddr::from(peer)),
         ..view(headers, b"{}")
-    };
-    derive_key(&fingerprint_rule(), &v, None)
+    })
+}
+
+/// The key [`fingerprint_rule`] gives `v`.
+fn fingerprint_key(v: &RequestView<'_>) -> Digest {
+    derive_key(&fingerprint_rule(), v, None)
         .unwrap()
         .key()
         .unwrap()
@@ -523,16 +527,11 @@ fn an_ipv4_mapped_address_is_its_ipv4_caller() {
         if let Some(xff) = xff {
             h.insert("x-forwarded-for", HeaderValue::from_str(xff).unwrap());
         }
-        let v = RequestView {
+        fingerprint_key(&RequestView {
             peer: Some(peer.parse().unwrap()),
             identity: &identity,
             ..view(&h, b"{}")
-        };
-        derive_key(&fingerprint_rule(), &v, None)
-            .unwrap()
-            .key()
-            .unwrap()
-            .key
+        })
     };
     assert_eq!(key("192.0.2.1", None), key("::ffff:192.0.2.1", None));
     assert_ne!(key("192.0.2.1", None), key("::ffff:192.0.2.2", None));

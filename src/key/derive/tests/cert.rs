@@ -37,16 +37,11 @@ fn without_a_certificate_a_client_cert_scope_is_the_caller() {
 fn a_client_certificate_is_mixed_in_beside_the_rest_of_the_caller() {
     let key = |peer: [u8; 4], cert: &[u8]| {
         let h = HeaderMap::new();
-        let v = RequestView {
+        fingerprint_key(&RequestView {
             peer: Some(IpAddr::from(peer)),
             client_cert: Some(cert),
             ..view(&h, b"{}")
-        };
-        derive_key(&fingerprint_rule(), &v, None)
-            .unwrap()
-            .key()
-            .unwrap()
-            .key
+        })
     };
     let gateway = [1u8; 32];
     assert_ne!(key([192, 0, 2, 1], &gateway), key([192, 0, 2, 2], &gateway));
