@@ -267,11 +267,20 @@ pub struct Forwarding<'a> {
     pub client_ip: &'a HeaderValue,
     /// `http` or `https`, for `X-Forwarded-Proto`.
     pub proto: &'static str,
+    /// What the request's handler decided.
+    pub hop: Hop,
+}
+
+/// What a request's handler decided about how it goes on, beyond its head: passed per
+/// request, as a reload may change whether its peer is trusted between two requests on one
+/// connection.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Hop {
     /// A protocol switch is forwarded: `Upgrade` is kept and `Connection: upgrade` sent.
     pub upgrade: bool,
-    /// The TCP peer is in `trusted_proxies`: the scheme it sent in `X-Forwarded-Proto` goes
-    /// on (a TLS-terminating balancer's `https` is the scheme the client used; ours would
-    /// say `http` and send the app into redirect loops).
+    /// The TCP peer is in `trusted_proxies` of the config serving the request: the scheme
+    /// it sent in `X-Forwarded-Proto` goes on (a TLS-terminating balancer's `https` is the
+    /// scheme the client used; ours would say `http` and send the app into redirect loops).
     pub trusted_peer: bool,
 }
 

@@ -29,6 +29,7 @@ use std::pin::Pin;
 
 use super::body::{BodyError, ProxyBody, ReadGap};
 use super::headers::Forwarding;
+pub use super::headers::Hop;
 use crate::config::{Connections, Upstream, UpstreamHttp1, UpstreamProtocol};
 use crate::error::ProxyError;
 use crate::metrics::{Handoff, Metrics};
@@ -62,18 +63,6 @@ impl OwnPools {
         }
         &self.hyper
     }
-}
-
-/// What a request's handler decided about how it goes on, beyond its head: passed per
-/// request, as a reload may change whether its peer is trusted between two requests on one
-/// connection.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Hop {
-    /// A protocol switch is forwarded.
-    pub upgrade: bool,
-    /// The TCP peer is in `trusted_proxies` of the config serving the request: the
-    /// scheme it sent goes on ([`request::prepare`]).
-    pub trusted_peer: bool,
 }
 
 /// A pooled client for one upstream origin.
@@ -175,15 +164,11 @@ impl UpstreamClient {
         hop: Hop,
         sending: &AtomicBool,
     ) -> Result<Response<UpstreamBody>, ProxyError> {
-        let Hop {
-            upgrade,
-            trusted_peer,
-        } = hop;
+        let upgrade = hop.upgrade;
         let forwarding = Forwarding {
             client_ip: &conn.forwarded_for,
             proto: conn.proto(),
-            upgrade,
-            trusted_peer,
+            hop,
         };
         let (mut parts, body) = request.into_parts();
         let method = parts.method.clone();

@@ -21,7 +21,8 @@ use crate::proxy::headers::{
 /// appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set, and the client's
 /// `Forwarded` (RFC 7239, which says the same and which some upstreams read first, Spring's
 /// `ForwardedHeaderFilter` among them) removed, so a client cannot name its own scheme,
-/// host or address to the upstream. From a trusted peer ([`Forwarding::trusted_peer`]) the
+/// host or address to the upstream. From a trusted peer
+/// ([`Hop::trusted_peer`](crate::proxy::headers::Hop::trusted_peer)) the
 /// scheme its hop wrote goes on instead of ours ([`trusted_scheme`]): it saw the client's,
 /// this proxy only its own. Nor can a client name its own path: `X-Original-URL` and
 /// `X-Rewrite-URL`, which IIS's URL Rewrite, the apps behind it and old Symfony dispatch
@@ -66,10 +67,10 @@ pub fn prepare(
     if seen.cookie {
         join_cookies(headers);
     }
-    let stripped = strip_hop_by_hop(headers, forwarding.upgrade);
+    let stripped = strip_hop_by_hop(headers, forwarding.hop.upgrade);
     // A trusted peer's scheme goes on instead of ours. Read after the hop-by-hop fields
     // went: one its `Connection` named was for this hop only.
-    let their_proto = if forwarding.trusted_peer && seen.remove & 4 != 0 {
+    let their_proto = if forwarding.hop.trusted_peer && seen.remove & 4 != 0 {
         trusted_scheme(headers)
     } else {
         None
@@ -360,6 +361,7 @@ pub fn authenticates_connection(headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::headers::Hop;
 
     fn with_lengths(values: &[&str]) -> HeaderMap {
         let mut headers = HeaderMap::new();
@@ -437,8 +439,10 @@ mod tests {
         let forwarding = Forwarding {
             client_ip: &client_ip,
             proto: "http",
-            upgrade: false,
-            trusted_peer,
+            hop: Hop {
+                upgrade: false,
+                trusted_peer,
+            },
         };
         prepare(&mut parts, &ProxyBody::empty(), &forwarding, || None);
         parts.headers
