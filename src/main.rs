@@ -256,7 +256,7 @@ async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
 
 /// SIGHUP re-reads the config file and swaps it in; a bad file is refused with one log line
 /// and the running config stays. A change that only a restart applies, or that gives
-/// requests new keys, is warned of.
+/// requests new keys, is warned of, and so is what `check` points out in the new file.
 async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
     #[cfg(unix)]
     {
@@ -274,6 +274,11 @@ async fn reload_on_sighup(proxy: idemgate::proxy::Proxy, path: PathBuf) {
                             settings = unchanged.join(", "),
                             "changed settings that take effect on restart, not on reload"
                         );
+                    }
+                    // What `run` warns of at start, a reload must too: a scope edited to name
+                    // no caller shares keys from the moment it is swapped in.
+                    for note in new.notes() {
+                        tracing::warn!("{note}");
                     }
                     let routes = new.routes.len();
                     let reloaded = proxy.reload(Arc::new(new));

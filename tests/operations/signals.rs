@@ -137,6 +137,34 @@ async fn a_retry_across_a_reload_that_renames_its_route_is_replayed() {
     assert_eq!(upstream.executed_for("before-rename"), 1);
 }
 
+/// A reload warns of what `check` points out, as a start does: a route's scope edited to
+/// name no caller lets callers share keys from the moment the file is swapped in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_warns_of_a_scope_that_lets_callers_share_keys() {
+    let upstream = start_upstream().await;
+    let keyed = "routes:\n  - name: keyed\n    match: { methods: [POST], path: /orders }\n    key: { header: Idempotency-Key, required: true }\n";
+    let proxy = ProxyProcess::start_logging(upstream.addr, keyed, "info");
+    let text = std::fs::read_to_string(&proxy.config).unwrap();
+    let key_line = "required: true }\n";
+    std::fs::write(
+        &proxy.config,
+        text.replace(key_line, "required: true, scope: [header: X-Tenant] }\n"),
+    )
+    .unwrap();
+    proxy.signal("HUP");
+    wait_until(
+        || proxy.log().contains("config reloaded"),
+        "the reload log line",
+    );
+    let log = proxy.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("names no caller"))
+        .unwrap_or_else(|| panic!("no warning of the shared scope in\n{log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("route keyed"), "{line}");
+}
+
 /// SIGHUP swaps the upstream for the requests that follow, and a client's open keep-alive
 /// connection goes on being served across the reload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
