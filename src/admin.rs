@@ -45,10 +45,15 @@ impl Access {
     }
 
     /// The token everything but the probes needs: the running config's, so a reload that
-    /// rotates a leaked token takes it away at once.
+    /// rotates a leaked token takes it away at once, even one that also moves the listener
+    /// (which only a restart does). A config that names no token keeps the listener's
+    /// open only where it names this very listener: one that moves it to loopback and
+    /// drops the token must not open the port still listening elsewhere.
     fn token<'a>(&'a self, config: &'a Config) -> Option<&'a str> {
         match &config.admin {
-            Some(admin) if admin.listen == self.listen => admin.token.as_deref(),
+            Some(admin) if admin.listen == self.listen || admin.token.is_some() => {
+                admin.token.as_deref()
+            }
             _ => self.token.as_deref(),
         }
     }

@@ -516,4 +516,21 @@ async fn a_reload_rotates_the_admin_token() {
     proxy.proxy.reload(std::sync::Arc::new(new));
     assert_eq!(metrics("old-token").await, StatusCode::UNAUTHORIZED);
     assert_eq!(metrics("new-token").await, StatusCode::OK);
+    // A reload that rotates the token and moves the listener (a restart-only change) takes
+    // the leaked token away from the listener still running, too.
+    let moved = text
+        .replace(&admin.to_string(), "127.0.0.1:1")
+        .replace("new-token", "third-token");
+    let moved = idemgate::config::Config::parse(&moved, "test.yaml").unwrap();
+    proxy.proxy.reload(std::sync::Arc::new(moved));
+    assert_eq!(metrics("new-token").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(metrics("third-token").await, StatusCode::OK);
+    // One that moves it and names no token does not open the listener still running.
+    let open = config("third-token")
+        .replace(&admin.to_string(), "127.0.0.1:1")
+        .replace(", token: third-token", "");
+    let open = idemgate::config::Config::parse(&open, "test.yaml").unwrap();
+    proxy.proxy.reload(std::sync::Arc::new(open));
+    let bare = send(admin, Method::GET, "/metrics", &[], "").await.status;
+    assert_eq!(bare, StatusCode::UNAUTHORIZED);
 }
