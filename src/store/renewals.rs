@@ -9,9 +9,12 @@
 //! keep finding it in flight instead of executing while the owner still runs.
 //!
 //! Holding a claim here is a map insert and a removal under a short lock. The task sleeps
-//! until the earliest renewal is due, or with no claim held until one is; a claim due
-//! sooner than the task's planned wake-up (the first, or a shorter lease) wakes it. A
-//! store and its task belong to one runtime, as its connection does.
+//! until the earliest renewal is due, or with no claim to renew until one is; a claim due
+//! sooner than the task's planned wake-up (the first, or a shorter lease) wakes it. A claim
+//! whose renewal is out is left out of that plan until the renewal answers, which wakes
+//! the task if the claim is due sooner (at once, when the store took longer than the
+//! period): a stalled store leaves the task asleep, not scanning. A store and its task
+//! belong to one runtime, as its connection does.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -71,7 +74,8 @@ pub(crate) struct Renewals {
 struct State {
     next_id: u64,
     claims: HashMap<u64, Claim>,
-    /// When the task wakes next; `None` while it waits for a first claim (or has not run).
+    /// When the task wakes next; `None` while it waits for a claim to be held or a renewal
+    /// to answer (or has not run).
     wake_at: Option<Instant>,
     task_started: bool,
 }
@@ -205,22 +209,27 @@ impl Renewals {
     }
 
     /// The claims due by `now` with no renewal out, each marked and moved to its next due
-    /// time, and when the task should wake next (which it records; `None`: no claim held).
+    /// time, and when the task should wake next (which it records; `None`: no claim to
+    /// wake for). A claim whose renewal is out sets no wake-up: its due time may be past
+    /// (the store is slower than its period), and would make the task scan again at once,
+    /// in a loop, until the renewal answers; the answer wakes the task for it instead.
     fn take_due(&self, now: Instant) -> (Vec<Due>, Option<Instant>) {
         let mut state = lock(&self.state);
         let mut due = Vec::new();
         let mut next: Option<Instant> = None;
         for (id, held) in state.claims.iter_mut() {
-            if held.finishing {
+            if held.finishing || held.renewing {
                 continue;
             }
-            if held.due <= now && !held.renewing {
+            if held.due <= now {
                 due.push(Due {
                     id: *id,
                     claim: held.claim,
                 });
                 held.renewing = true;
                 held.due = now + period(held.claim.lease);
+                // Out now: its answer sets its wake-up.
+                continue;
             }
             next = Some(next.map_or(held.due, |at| at.min(held.due)));
         }
@@ -229,10 +238,13 @@ impl Renewals {
     }
 
     /// A renewal of claim `id` answered; whether the claim is still held (a lease that
-    /// is finishing makes its renewal's answer no news, but for whether it was one). With [`Answer::Lost`], the
-    /// store said the claim is no longer its token's, and it is not renewed again.
+    /// is finishing makes its renewal's answer no news, but for whether it was one). With
+    /// [`Answer::Lost`], the store said the claim is no longer its token's, and it is not
+    /// renewed again. Otherwise the claim is due again, and wakes the task if that is
+    /// before its planned wake-up (at once, when the renewal took longer than its period).
     fn answered(&self, id: u64, answer: Answer) -> bool {
         let mut state = lock(&self.state);
+        let wake_at = state.wake_at;
         let Some(claim) = state.claims.get_mut(&id) else {
             return false;
         };
@@ -245,8 +257,13 @@ impl Renewals {
         }
         if answer == Answer::Lost {
             state.claims.remove(&id);
-        } else {
-            claim.renewing = false;
+            return true;
+        }
+        claim.renewing = false;
+        let wake = wake_at.is_none_or(|at| claim.due < at);
+        drop(state);
+        if wake {
+            self.sooner.notify_one();
         }
         true
     }
@@ -315,3 +332,6 @@ async fn renew_due<S: Renew>(alive: TaskAlive, store: Weak<S>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
