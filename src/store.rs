@@ -400,8 +400,9 @@ impl Store {
         }
     }
 
-    /// Counts a settlement the store never took before its claim's record ended: an
-    /// operator alerts on it, as its repeat runs again or hears "outcome unknown".
+    /// Counts a settlement the store never took before its claim's record ended, or a
+    /// release given up (`store::unanswered`): an operator alerts on it, as its repeat runs
+    /// again or hears "outcome unknown".
     pub(crate) fn settlement_lost(&self) {
         let count = match self {
             // Settling in memory cannot fail, so nothing is ever given up there.

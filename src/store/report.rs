@@ -56,6 +56,8 @@ pub struct StoreStats {
     /// Expired rows the SQL store's reaper deleted since start.
     pub reaped: u64,
     /// Settlements (answers, failures) the store never took before their claim's record
-    /// ended, since start: each one's repeat runs again or hears "outcome unknown".
+    /// ended, and releases given up (of claims that got no answer, or made again after a
+    /// renewal that got none), since start: each one's repeat runs again or hears
+    /// "outcome unknown".
     pub settlements_lost: u64,
 }

@@ -27,10 +27,11 @@ use super::settlement::{Settled, Settlement};
 use super::Store;
 use tracing::Instrument;
 
-/// At most this many unanswered claims are being released at once in a process (each is a
-/// task until its lease has passed and the store has answered); past it, one is left to
-/// lapse, with a warning. A store failing every claim for a while fills it; the first of
-/// them, sent as the store went away, are the ones that may have landed.
+/// At most this many unanswered claims are being released (or settlements made again after
+/// an unanswered renewal) at once in a process, each a task until its lease has passed and
+/// the store has answered; past it, one is left to lapse, with a warning, and counted as a
+/// settlement lost. A store failing every claim for a while fills it; the first of them,
+/// sent as the store went away, are the ones that may have landed.
 const MAX_RELEASING: usize = 4096;
 /// The shortest pause between two releases of one claim.
 const MIN_PAUSE: Duration = Duration::from_millis(10);
@@ -93,36 +94,63 @@ impl<F: FnOnce() -> Store> Drop for Unanswered<F> {
         let Some((store, orphan)) = self.armed.take() else {
             return;
         };
-        let key = orphan.owned.key.short();
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(%key, "claim unanswered and no runtime to release it; it lapses");
-            return;
-        };
-        if RELEASING.fetch_add(1, Ordering::Relaxed) >= MAX_RELEASING {
-            RELEASING.fetch_sub(1, Ordering::Relaxed);
-            tracing::warn!(
-                %key,
-                releasing = MAX_RELEASING,
-                "claim unanswered while too many others are being released; it lapses"
-            );
-            return;
-        }
-        tracing::warn!(%key, "claim unanswered; releasing it in the background");
-        let store = store();
-        let release = async move {
-            let _releasing = Releasing;
-            release(&store, orphan).await;
-        };
-        super::background::spawn(&rt, release.instrument(tracing::Span::current()));
+        release_in_background(&RELEASING, &store(), orphan);
     }
 }
 
-/// Counts a release out of [`RELEASING`] however its task ends.
-struct Releasing;
+/// Starts the release of `orphan` in the background, unless `releasing` counts
+/// [`MAX_RELEASING`] already (or there is no runtime): then it is given up, logged and
+/// counted.
+fn release_in_background(releasing: &'static AtomicUsize, store: &Store, orphan: Orphan) {
+    const WHAT: &str = "the release of an unanswered claim";
+    let Some((rt, place)) = admit(releasing, store, &orphan.owned, WHAT) else {
+        return;
+    };
+    tracing::warn!(key = %orphan.owned.key.short(), "claim unanswered; releasing it in the background");
+    let store = store.clone();
+    let release = async move {
+        let _place = place;
+        release(&store, orphan).await;
+    };
+    super::background::spawn(&rt, release.instrument(tracing::Span::current()));
+}
+
+/// A release of `owned` (`what`) may start: the runtime to spawn it on, and its place
+/// among the releases `releasing` counts. `None` when it may not (no runtime, or
+/// [`MAX_RELEASING`] taken): it is given up, with a warning, and counted as a settlement
+/// lost, since the claim it would free (if that landed) holds its key, in flight and then
+/// as an unknown outcome, until its record ends.
+fn admit(
+    releasing: &'static AtomicUsize,
+    store: &Store,
+    owned: &Ownership,
+    what: &'static str,
+) -> Option<(tokio::runtime::Handle, Releasing)> {
+    let key = owned.key.short();
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(%key, "{what}: no runtime to run it on; given up, the claim lapses");
+        store.settlement_lost();
+        return None;
+    };
+    if releasing.fetch_add(1, Ordering::Relaxed) >= MAX_RELEASING {
+        releasing.fetch_sub(1, Ordering::Relaxed);
+        tracing::warn!(
+            %key,
+            releasing = MAX_RELEASING,
+            "{what}: too many others are being released; given up, the claim lapses"
+        );
+        store.settlement_lost();
+        return None;
+    }
+    Some((rt, Releasing(releasing)))
+}
+
+/// A place among the releases in progress, given back however its task ends.
+struct Releasing(&'static AtomicUsize);
 
 impl Drop for Releasing {
     fn drop(&mut self) {
-        RELEASING.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -167,28 +195,29 @@ pub(crate) fn settle_after_unanswered_renewal(
     settlement: Settlement,
     lease: Duration,
 ) {
+    settle_again_in_background(&RELEASING, store, owned, settlement, lease);
+}
+
+/// [`settle_after_unanswered_renewal`], its place counted in `releasing`.
+fn settle_again_in_background(
+    releasing: &'static AtomicUsize,
+    store: &Store,
+    owned: Ownership,
+    settlement: Settlement,
+    lease: Duration,
+) {
+    const WHAT: &str = "settlement after an unanswered renewal";
     if settlement.writes_back() || matches!(store, Store::Redis(_) | Store::Memory(_)) {
         return;
     }
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+    let Some((rt, place)) = admit(releasing, store, &owned, WHAT) else {
         return;
     };
-    if RELEASING.fetch_add(1, Ordering::Relaxed) >= MAX_RELEASING {
-        RELEASING.fetch_sub(1, Ordering::Relaxed);
-        return;
-    }
     tracing::debug!(key = %owned.key.short(), "a renewal went unanswered; settling again");
     let store = store.clone();
     let repeated = async move {
-        let _releasing = Releasing;
-        repeat(
-            &store,
-            &owned,
-            &settlement,
-            lease,
-            "settlement after an unanswered renewal",
-        )
-        .await;
+        let _place = place;
+        repeat(&store, &owned, &settlement, lease, WHAT).await;
     };
     super::background::spawn(&rt, repeated.instrument(tracing::Span::current()));
 }
@@ -247,3 +276,6 @@ async fn repeat(
         pause = pause.saturating_mul(2).min(MAX_PAUSE);
     }
 }
+
+#[cfg(test)]
+mod tests;

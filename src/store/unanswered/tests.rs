@@ -1,0 +1,85 @@
+//! Releases and repeated settlements given up because too many are running: each is logged
+//! and counted as a settlement lost, never dropped without a trace. Each test counts its
+//! places in a counter of its own, full from the start, so it neither waits on a release
+//! nor crowds out another test's.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::{release_in_background, settle_again_in_background, Orphan, MAX_RELEASING};
+use crate::key::Digest;
+use crate::store::{
+    ClaimArgs, Lapse, OwnerToken, Ownership, PostgresStore, Settlement, SqlSettings, Store,
+};
+
+/// A PostgreSQL store nothing listens for: its pool connects lazily, and nothing here
+/// sends it a statement.
+fn unreachable_postgres() -> Store {
+    let settings = SqlSettings::new("postgres://idemgate@127.0.0.1:1/idemgate");
+    Store::Postgres(PostgresStore::connect(&settings).expect("a lazy pool"))
+}
+
+fn args() -> ClaimArgs {
+    ClaimArgs::new(Digest([7; 32]), Digest::NONE, Duration::from_secs(1))
+}
+
+#[tokio::test]
+async fn a_settlement_repeat_past_the_cap_is_counted_as_lost() {
+    static FULL: AtomicUsize = AtomicUsize::new(MAX_RELEASING);
+    let store = unreachable_postgres();
+    let owned = Ownership {
+        key: Digest([7; 32]),
+        token: OwnerToken(7),
+        fingerprint: Digest::NONE,
+        lapse: Lapse::Hold {
+            ttl: Duration::from_secs(60),
+        },
+    };
+    let release = Settlement::Release { reissue: None };
+    settle_again_in_background(&FULL, &store, owned, release, Duration::from_secs(1));
+    assert_eq!(store.stats().settlements_lost, 1, "given up, and counted");
+    assert_eq!(
+        FULL.load(Ordering::Relaxed),
+        MAX_RELEASING,
+        "no place taken"
+    );
+}
+
+#[tokio::test]
+async fn an_unanswered_claims_release_past_the_cap_is_counted_as_lost() {
+    static FULL: AtomicUsize = AtomicUsize::new(MAX_RELEASING);
+    let store = unreachable_postgres();
+    release_in_background(&FULL, &store, Orphan::new(&args(), OwnerToken(7)));
+    assert_eq!(store.stats().settlements_lost, 1, "given up, and counted");
+    assert_eq!(
+        FULL.load(Ordering::Relaxed),
+        MAX_RELEASING,
+        "no place taken"
+    );
+}
+
+#[tokio::test]
+async fn a_settlement_repeat_within_the_cap_takes_a_place_until_it_ends() {
+    static ONE_LEFT: AtomicUsize = AtomicUsize::new(MAX_RELEASING - 1);
+    let store = unreachable_postgres();
+    let owned = Ownership {
+        key: Digest([8; 32]),
+        token: OwnerToken(8),
+        fingerprint: Digest::NONE,
+        lapse: Lapse::Hold {
+            ttl: Duration::from_secs(60),
+        },
+    };
+    let release = Settlement::Release { reissue: None };
+    settle_again_in_background(&ONE_LEFT, &store, owned, release, Duration::from_secs(1));
+    assert_eq!(
+        store.stats().settlements_lost,
+        0,
+        "made again, not given up"
+    );
+    assert_eq!(
+        ONE_LEFT.load(Ordering::Relaxed),
+        MAX_RELEASING,
+        "its place taken"
+    );
+}
