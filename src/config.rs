@@ -121,17 +121,21 @@ impl Config {
     }
 
     /// What `idemgate check` (and `run`, as warnings) points out in a config that loads:
-    /// settings that work but let callers share keys, or let anyone delete them, with what
-    /// to write instead.
+    /// settings that work but let callers share keys, or let anyone delete them, or a
+    /// `lease` a stalled shared store lets lapse, with what to write instead.
     pub fn notes(&self) -> Vec<String> {
         use crate::key::ScopePart;
         let fallback = std::iter::once((FALLBACK_ROUTE, &self.fallback));
         let routes = self.routes.iter().map(|r| (r.name.as_str(), &r.protection));
         let mut notes = Vec::new();
+        let store_timeout = self.store_timeout();
         for (name, protection) in fallback.chain(routes) {
             let Protection::On(p) = protection else {
                 continue;
             };
+            if let Some(note) = store_timeout.and_then(|t| lease_note(name, p.policy.lease, t)) {
+                notes.push(note);
+            }
             let scope = &p.key.scope;
             let names_a_caller = scope.iter().any(|part| {
                 matches!(
@@ -172,6 +176,17 @@ impl Config {
             }
         }
         notes
+    }
+
+    /// A shared store's `timeout` and where it is set: the longest one renewal of a claim
+    /// may wait. `None` for the memory store, which renews nothing.
+    fn store_timeout(&self) -> Option<(&'static str, Duration)> {
+        match &self.store {
+            StoreConfig::Memory(_) => None,
+            StoreConfig::Redis(r) => Some(("store.redis.timeout", r.timeout)),
+            StoreConfig::Postgres(s) => Some(("store.postgres.timeout", s.timeout)),
+            StoreConfig::Mysql(s) => Some(("store.mysql.timeout", s.timeout)),
+        }
     }
 
     /// Whether a request with `method` may be routed by a method override: a `POST`, where
@@ -241,6 +256,29 @@ impl Config {
             ("", &Protection::Off(None))
         }
     }
+}
+
+/// A shared store's renewals of a claim go out every `lease/3`, one at a time, and each
+/// may wait the store's whole timeout: two renewals that time out in a row take a third of
+/// the lease plus two timeouts, so a lease under three timeouts lapses while its owner
+/// still runs if the store stalls that long (it need not be down: slow). Duplicates then
+/// find the claim lapsed: held as an unknown outcome (409) though its answer is on its
+/// way, or, with `on_unknown_outcome: release`, taken over, and the request run again, once
+/// the lapse's grace has passed too. Noted rather than refused: a short lease is also how
+/// soon a crashed replica's keys are freed, and a store quick enough keeps it.
+fn lease_note(route: &str, lease: Duration, (key, timeout): (&str, Duration)) -> Option<String> {
+    const TIMEOUTS_PER_LEASE: u32 = 3;
+    let least = timeout.saturating_mul(TIMEOUTS_PER_LEASE);
+    (lease < least).then(|| {
+        let (lease, timeout, least) = (
+            units::format_duration(lease),
+            units::format_duration(timeout),
+            units::format_duration(least),
+        );
+        format!(
+            "route {route}: lease {lease} is under three times `{key}` ({timeout}): its claim is renewed every lease/3 and each renewal may wait the whole timeout, so a store that stalls for two renewals lets the claim lapse while its owner still runs (duplicates hear 409 outcome unknown, or with `on_unknown_outcome: release` may run it again); write a lease of at least {least}, or a shorter `{key}`"
+        )
+    })
 }
 
 /// Whether two listeners would contend for one socket: the same port on the same address,

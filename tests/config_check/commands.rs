@@ -128,6 +128,45 @@ fn check_notes_scopes_that_let_callers_share_a_key() {
     assert!(plain.notes().is_empty());
 }
 
+/// A shared store's renewals go out every `lease/3` and each may wait the store's whole
+/// `timeout`: under three timeouts, a store that stalls for one or two of them lets a live
+/// owner's claim lapse. `check` says so, naming the lease, the timeout and the least lease
+/// that holds; a lease that holds, or the memory store (no renewals), draws no note.
+#[test]
+fn check_notes_a_lease_a_stalled_shared_store_lets_lapse() {
+    let config = |store: &str, lease: &str| {
+        let text = top(&format!(
+            "store:\n  {store}\nroutes:\n  - name: orders\n    match: {{ path: /orders }}\n    key: {{ header: K }}\n    lease: {lease}\n"
+        ));
+        Config::parse(&text, "p.yaml").unwrap().notes()
+    };
+    let redis = r#"redis: { url: "redis://127.0.0.1:6379" }"#;
+    let notes = config(redis, "2s");
+    assert_eq!(
+        notes.len(),
+        1,
+        "only the route, not the fallback's 30s: {notes:?}"
+    );
+    assert!(
+        notes[0].contains("route orders")
+            && notes[0].contains("lease 2s")
+            && notes[0].contains("`store.redis.timeout` (1s)")
+            && notes[0].contains("at least 3s"),
+        "{notes:?}"
+    );
+    let postgres = r#"postgres: { url: "postgres://u@127.0.0.1/db" }"#;
+    let notes = config(postgres, "5s");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].contains("`store.postgres.timeout` (2s)") && notes[0].contains("at least 6s"),
+        "{notes:?}"
+    );
+    let quick = r#"redis: { url: "redis://127.0.0.1:6379", timeout: 500ms }"#;
+    assert_eq!(config(quick, "2s"), Vec::<String>::new());
+    assert_eq!(config(redis, "3s"), Vec::<String>::new());
+    assert_eq!(config("memory: {}", "100ms"), Vec::<String>::new());
+}
+
 /// `scope: []` names nothing, so every key on it is the caller's, the very key the default
 /// scope makes: the note says that (not that callers share keys), and what to write.
 #[test]
