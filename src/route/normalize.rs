@@ -21,6 +21,12 @@
 //! is not a parameter delimiter: servers that read parameters split on a raw `;` before
 //! they decode (Tomcat, Jetty, Spring), so `%3B` is left as the escape it is.
 //!
+//! An escaped sub-delimiter, `:` or `@` (`%3A`, `%40`, `%2B`, …, not `%3B`) stays escaped
+//! in the normal form, which is forwarded, but routes match it decoded
+//! ([`NormalForms::decoded`]): Go, Spring, ASP.NET, Django and nginx decode it before they
+//! route, so `/v1/orders%3Acancel` is their `/v1/orders:cancel` handler; Express routes
+//! the escape as sent, so that reading is checked too.
+//!
 //! Nearly every path is already normal; those are borrowed, never copied.
 //!
 //! ```
@@ -73,6 +79,12 @@ pub enum PathError {
     /// where it is routed).
     #[error("the path has a character only some decoders read (%252F, %256F, %C0%AF), and read so it is another route's")]
     LenientReadingMovesRoute,
+    /// An escaped sub-delimiter, `:` or `@` (`%3A`, `%40`, `%2B`, …) that puts the request
+    /// on one route decoded, as most upstreams route it, and on another route or under
+    /// other protection as sent, as Express routes it ([`NormalForms::decoded`]; found
+    /// where it is routed).
+    #[error("the path has an escaped sub-delimiter, ':' or '@' (%3A, %40, %2B, …), and it is one route's decoded (as most upstreams route it) but another route's as sent (as Express routes it)")]
+    EscapedReadingMovesRoute,
 }
 
 /// The normal form of `path` (a request path without the query): borrowed when it is
@@ -94,10 +106,21 @@ pub struct NormalForms<'a> {
     /// step around a route for `/api/orders`: the request is routed by both readings, and
     /// refused where the lenient one is protected by another rule.
     pub lenient: Option<String>,
+    /// `strict` with its escaped sub-delimiters, `:` and `@` decoded (`%3A` is `:`, `%40`
+    /// `@`; not `%3B`, see the module docs), where it has any: what routes match, as Go,
+    /// Spring, ASP.NET, Django and nginx decode them before they route, so that
+    /// `/v1/orders%3Acancel` cannot step around a route written for `/v1/orders:cancel`.
+    /// Express routes the path as sent, escapes and all, so `strict` is then routed too,
+    /// and refused where it is another route's. Keys keep `strict` (the payload
+    /// fingerprint holds the path forwarded): `%3A` and `:` are two payloads, as two
+    /// spellings an upstream may tell apart.
+    pub decoded: Option<String>,
 }
 
-/// [`normalize_path`], and the lenient reading of a path with a character only lenient
-/// readers see ([`NormalForms::lenient`]). A path without a `%` costs what it did.
+/// [`normalize_path`], the lenient reading of a path with a character only lenient
+/// readers see ([`NormalForms::lenient`]), and the decoded reading of one with an escaped
+/// sub-delimiter, `:` or `@` ([`NormalForms::decoded`]). A path without a `%` costs what
+/// it did.
 ///
 /// ```
 /// use idemgate::route::normalize::normal_forms;
@@ -105,6 +128,9 @@ pub struct NormalForms<'a> {
 /// assert_eq!(forms.strict, "/api%252Forders");
 /// assert_eq!(forms.lenient.as_deref(), Some("/api/orders"));
 /// assert_eq!(normal_forms("/api/orders").unwrap().lenient, None);
+/// let forms = normal_forms("/v1/orders%3acancel").unwrap();
+/// assert_eq!(forms.strict, "/v1/orders%3Acancel");
+/// assert_eq!(forms.decoded.as_deref(), Some("/v1/orders:cancel"));
 /// ```
 pub fn normal_forms(path: &str) -> Result<NormalForms<'_>, PathError> {
     if !path.starts_with('/') || is_normal(path.as_bytes())? {
@@ -112,21 +138,31 @@ pub fn normal_forms(path: &str) -> Result<NormalForms<'_>, PathError> {
         return Ok(NormalForms {
             strict,
             lenient: None,
+            decoded: None,
         });
     }
     let (decoded, escapes) = decode(path.as_bytes())?;
     // Raw bytes are UTF-8 (a `str`), so only an escape can be overlong.
-    let hidden = escapes && check_escapes(&decoded)?;
+    let hidden = escapes.any && check_escapes(&decoded)?;
     let normal = remove_dot_segments(&decoded)?;
     let lenient = match hidden {
-        true => read_leniently_path(normal.as_bytes())?,
+        true => read_leniently_path(normal.as_bytes())?.map(|read| decode_sub_delims(&read)),
+        false => None,
+    };
+    // Looked for only where `decode` met one; a `..` may have removed it since.
+    let decoded = match escapes.sub_delims {
+        true => Some(decode_sub_delims(&normal)).filter(|read| *read != normal),
         false => None,
     };
     let strict = match normal == path {
         true => Cow::Borrowed(path),
         false => Cow::Owned(normal),
     };
-    Ok(NormalForms { strict, lenient })
+    Ok(NormalForms {
+        strict,
+        lenient,
+        decoded,
+    })
 }
 
 /// One look at each byte: whether the path has nothing to decode, merge or remove.
@@ -174,6 +210,52 @@ fn is_unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
 }
 
+/// The characters besides unreserved ones a path segment may carry raw (RFC 3986 `pchar`:
+/// sub-delimiters, `:`, `@`), but `;`: their escape means the character to most upstreams
+/// but not to all (Express routes `%3A` as sent), so it is read both ways
+/// ([`NormalForms::decoded`]). `;` is left out because servers that split parameters off
+/// do so on the raw `;` before they decode (the module docs).
+fn is_decoded_sub_delim(b: u8) -> bool {
+    matches!(
+        b,
+        b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b'=' | b':' | b'@'
+    )
+}
+
+/// `normal` (a normal path: ASCII, hex upper case but after a `%25`) with the escapes of
+/// [`is_decoded_sub_delim`] characters decoded. One pass, escape by escape, so `%253A`
+/// stays as it is: a `%` then `3A`.
+fn decode_sub_delims(normal: &str) -> String {
+    let bytes = normal.as_bytes();
+    let mut out = String::with_capacity(normal.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        match escaped(bytes, at) {
+            Some(b) if is_decoded_sub_delim(b) => {
+                out.push(char::from(b));
+                at += 3;
+            }
+            Some(_) => {
+                out.push_str(&normal[at..at + 3]);
+                at += 3;
+            }
+            None => {
+                out.push(char::from(bytes[at]));
+                at += 1;
+            }
+        }
+    }
+    out
+}
+
+/// What [`decode`] met: any escape, and any escape of an [`is_decoded_sub_delim`]
+/// character.
+#[derive(Default)]
+struct Escapes {
+    any: bool,
+    sub_delims: bool,
+}
+
 fn hex_value(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),
@@ -185,10 +267,10 @@ fn hex_value(b: u8) -> Option<u8> {
 
 /// Decodes escapes of unreserved characters, upper-cases the hex of the others, escapes
 /// the bytes a path carries only escaped ([`must_escape`]), refuses the unsafe ones; and
-/// whether `path` had any escape.
-fn decode(path: &[u8]) -> Result<(Vec<u8>, bool), PathError> {
+/// what escapes `path` had.
+fn decode(path: &[u8]) -> Result<(Vec<u8>, Escapes), PathError> {
     let mut out = Vec::with_capacity(path.len());
-    let mut escapes = false;
+    let mut escapes = Escapes::default();
     let mut i = 0;
     while i < path.len() {
         match path[i] {
@@ -199,7 +281,7 @@ fn decode(path: &[u8]) -> Result<(Vec<u8>, bool), PathError> {
                 ) else {
                     return Err(PathError::BadEscape);
                 };
-                escapes = true;
+                escapes.any = true;
                 let byte = hi << 4 | lo;
                 match byte {
                     b'/' => return Err(PathError::EncodedSlash),
@@ -207,6 +289,7 @@ fn decode(path: &[u8]) -> Result<(Vec<u8>, bool), PathError> {
                     0 => return Err(PathError::EncodedNul),
                     b if is_unreserved(b) => out.push(b),
                     _ => {
+                        escapes.sub_delims |= is_decoded_sub_delim(byte);
                         out.push(b'%');
                         out.push(path[i + 1].to_ascii_uppercase());
                         out.push(path[i + 2].to_ascii_uppercase());

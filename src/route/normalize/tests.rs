@@ -357,10 +357,8 @@ fn a_slash_only_some_decoders_read_gives_the_lenient_reading() {
         forms.lenient.as_deref(),
         Some("/job/x/job/feature/bar/build")
     );
-    assert_eq!(
-        lenient("/board/%C0%AF%C0%BA").as_deref(),
-        Some("/board/%3A")
-    );
+    // `%C0%BA` is `:` to that reader, raw as routes write it.
+    assert_eq!(lenient("/board/%C0%AF%C0%BA").as_deref(), Some("/board/:"));
     assert_eq!(
         lenient("/api%252Forders%252F").as_deref(),
         Some("/api/orders/")
@@ -390,7 +388,8 @@ fn without_a_character_only_some_decoders_read_there_is_no_lenient_reading() {
 
 /// A letter or dot only a second decode or a lenient decoder reads is routed as read too:
 /// `/api/%256Frders` is `/api/orders` to an upstream that decodes twice. A legacy
-/// character (EUC-KR `은`, `%C0%BA`) gets a reading too, which routes where it does.
+/// character (EUC-KR `은`, `%C0%BA`) gets a reading too, which routes where it does (a `:`,
+/// raw as routes write it).
 #[test]
 fn a_letter_only_some_decoders_read_gives_the_lenient_reading() {
     for (path, read) in [
@@ -398,7 +397,7 @@ fn a_letter_only_some_decoders_read_gives_the_lenient_reading() {
         ("/api/%C1%AFrders", "/api/orders"),
         ("/a%2541", "/aA"),
         ("/a/%252E%252E%252E/b", "/a/.../b"),
-        ("/board/%C0%BA", "/board/%3A"),
+        ("/board/%C0%BA", "/board/:"),
         ("/a%C0%AE%B0%A1", "/a.%B0%A1"),
         // A `;` raw, where that reader splits parameters off.
         ("/api/orders%253Bx", "/api/orders;x"),
@@ -406,4 +405,75 @@ fn a_letter_only_some_decoders_read_gives_the_lenient_reading() {
     ] {
         assert_eq!(lenient(path).as_deref(), Some(read), "{path}");
     }
+}
+
+fn decoded(path: &str) -> Option<String> {
+    normal_forms(path).unwrap().decoded
+}
+
+/// An escaped sub-delimiter, `:` or `@` is the character to the upstreams that decode
+/// before they route: the decoded reading has it raw, while the strict form, forwarded,
+/// keeps the escape (upper-cased).
+#[test]
+fn escaped_sub_delimiters_colon_and_at_give_the_decoded_reading() {
+    for (path, read) in [
+        ("/v1/orders%3Acancel", "/v1/orders:cancel"),
+        ("/v1/orders%3acancel", "/v1/orders:cancel"),
+        ("/users/a%40b.com/orders", "/users/a@b.com/orders"),
+        ("/x/%21%24%26%27%28%29%2A%2B%2C%3D%3A%40", "/x/!$&'()*+,=:@"),
+        ("/v1//x/../orders%3A%63ancel", "/v1/orders:cancel"),
+        ("/a;x%3Dy/b", "/a;x=y/b"),
+        ("/caf%C3%A9%3Ax", "/caf%C3%A9:x"),
+        ("/a%3Bb%3A", "/a%3Bb:"),
+    ] {
+        assert_eq!(decoded(path).as_deref(), Some(read), "{path}");
+    }
+    assert_eq!(norm("/v1/orders%3acancel"), "/v1/orders%3Acancel");
+    assert!(matches!(
+        normalize_path("/v1/orders%3Acancel"),
+        Ok(Cow::Borrowed(_))
+    ));
+}
+
+/// Without such an escape there is no decoded reading: `%3B` stays an escape (it is no
+/// parameter delimiter), and so do `%25`, other reserved characters and UTF-8; `%2F`,
+/// `%5C` and `%00` are still refused.
+#[test]
+fn other_escapes_give_no_decoded_reading() {
+    for path in [
+        "/v1/orders",
+        "/v1/orders:cancel",
+        "/a%3Bb",
+        "/a%25",
+        "/a%253A",
+        "/caf%C3%A9",
+        "/a%20b",
+        "/a%3F%23",
+        "/x%3A/..",
+        "/%6Frders",
+    ] {
+        assert_eq!(decoded(path), None, "{path}");
+    }
+    for (path, error) in [
+        ("/a%3A%2Fb", PathError::EncodedSlash),
+        ("/a%40%5Cb", PathError::EncodedBackslash),
+        ("/a%3A%00", PathError::EncodedNul),
+    ] {
+        assert_eq!(normal_forms(path).unwrap_err(), error, "{path}");
+    }
+}
+
+/// A path with both kinds has both readings: the lenient one reads escaped sub-delimiters
+/// decoded too, as an upstream that decodes twice does (`%253A` is `:` to it).
+#[test]
+fn the_lenient_reading_decodes_sub_delimiters_too() {
+    let forms = normal_forms("/v1%252Forders%3Acancel").unwrap();
+    assert_eq!(forms.strict, "/v1%252Forders%3Acancel");
+    assert_eq!(forms.decoded.as_deref(), Some("/v1%252Forders:cancel"));
+    assert_eq!(forms.lenient.as_deref(), Some("/v1/orders:cancel"));
+    assert_eq!(
+        lenient("/v1/orders%253Acancel").as_deref(),
+        Some("/v1/orders:cancel")
+    );
+    assert_eq!(decoded("/v1/orders%253Acancel"), None);
 }
