@@ -61,7 +61,7 @@ pub fn explain_key(
     } else {
         http::Version::HTTP_2
     };
-    let lenient = crate::proxy::admission::normalize_target(&mut head)?;
+    let readings = crate::proxy::admission::normalize_target(&mut head)?;
     crate::proxy::admission::admit(&head)?;
     crate::proxy::admission::host_from_target(&mut head);
     let raw_path = request.uri.path();
@@ -82,7 +82,8 @@ pub fn explain_key(
         }
     }
     let overrides = Overrides::find(headers);
-    // Refused, as the proxy refuses it, where a character only some decoders read moves it.
+    // Routed decoded, and refused, as the proxy does, where another reading moves it: an
+    // escaped `:` as sent, a character only some decoders read.
     let (route, protection) = crate::proxy::admission::route(
         config,
         host,
@@ -90,13 +91,19 @@ pub fn explain_key(
         headers,
         overrides,
         path,
-        lenient.as_deref(),
+        &readings,
     )?;
     let mut out = String::new();
     if path != raw_path {
         let _ = writeln!(
             out,
             "path:              {path} (normalised from {raw_path})"
+        );
+    }
+    if let Some(decoded) = &readings.decoded {
+        let _ = writeln!(
+            out,
+            "routed as:         {decoded} (escapes of sub-delimiters, ':' and '@' decoded, as most upstreams route)"
         );
     }
     let route_shown = if route.is_empty() { "(none)" } else { route };

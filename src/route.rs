@@ -1,6 +1,8 @@
 //! Route matching: which configured route (if any) a request belongs to, by host, method and
 //! path pattern. Patterns are compiled once at config load; matching allocates nothing.
-//! Paths are matched in their [`normalize`]d form, without each segment's `;` parameters:
+//! Paths are matched in their [`normalize`]d form, escaped sub-delimiters, `:` and `@`
+//! decoded ([`NormalForms::decoded`](normalize::NormalForms::decoded)), without each
+//! segment's `;` parameters:
 //! Java servers (Tomcat, Jetty, Spring) drop them before they route, so
 //! `/api/orders;jsessionid=1` is `/api/orders` to them and must be to the routes too.
 //! Literal segments match in any ASCII case, as case-insensitive upstreams route them.
@@ -186,6 +188,7 @@ impl fmt::Display for PathPattern {
 
 /// Refuses a literal segment that no normalised request path has, which would never match
 /// ([`normalize`]): an empty or dot segment, an escape the normal form decodes or refuses,
+/// an escape routes read decoded (`%3A`: [`NormalForms::decoded`](normalize::NormalForms::decoded)),
 /// or a character a path carries only percent-encoded (a space, `?`, non-ASCII).
 fn check_literal(source: &str, piece: &str) -> Result<(), String> {
     let never = |why: String| Err(format!("path pattern {source:?} never matches: {why}"));
@@ -203,14 +206,20 @@ fn check_literal(source: &str, piece: &str) -> Result<(), String> {
             "{c:?} reaches it only percent-encoded; write {encoded:?}"
         ));
     }
-    match normalize::normalize_path(&format!("/{piece}")) {
-        Ok(std::borrow::Cow::Borrowed(_)) => Ok(()),
-        Ok(std::borrow::Cow::Owned(normal)) => never(format!(
-            "requests spell {piece:?} as {:?}; write {:?}",
+    let path = format!("/{piece}");
+    let forms = match normalize::normal_forms(&path) {
+        Ok(forms) => forms,
+        Err(e) => return never(format!("{e}, which requests are refused for")),
+    };
+    // An escaped `:` (or other sub-delimiter) is routed decoded: written escaped, the
+    // literal would match only the reading Express has, which is checked, not routed by.
+    match (forms.decoded, forms.strict) {
+        (None, std::borrow::Cow::Borrowed(_)) => Ok(()),
+        (Some(normal), _) | (None, std::borrow::Cow::Owned(normal)) => never(format!(
+            "routes read {piece:?} as {:?}; write {:?}",
             &normal[1..],
             source.replacen(piece, &normal[1..], 1)
         )),
-        Err(e) => never(format!("{e}, which requests are refused for")),
     }
 }
 

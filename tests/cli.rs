@@ -390,3 +390,41 @@ fn explain_refuses_a_path_a_hidden_slash_moves_onto_another_route() {
     let out = explain("/orders%252Fx");
     assert!(succeeded(&out).contains("route:             default"));
 }
+
+/// `explain` routes a path with an escaped `:` as the proxy does: `/v1/orders%3Acancel`
+/// is the `:cancel` route (its decoded reading, what most upstreams run), and where the
+/// escaped reading Express routes by is another route's, a 400 with the proxy's reason.
+#[test]
+fn explain_routes_an_escaped_colon_as_the_proxy_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("proxy.yaml");
+    let cancel = "  - name: cancel\n    match: { methods: [POST], path: \"/v1/orders:cancel\" }\n    key: { header: Idempotency-Key, required: true }\n";
+    let explain = |path: &str| {
+        let args = [
+            "--method",
+            "POST",
+            "--path",
+            path,
+            "-H",
+            "Idempotency-Key: k1",
+        ];
+        explain_with(dir.path(), &config, &args)
+    };
+    write_config(&config, &format!("routes:\n{cancel}"));
+    let text = succeeded(&explain("/v1/orders%3Acancel"));
+    assert!(text.contains("route:             cancel"), "{text}");
+    let express = "  - name: anything\n    match: { methods: [POST], path: \"/v1/{action}\" }\n    key: { header: Idempotency-Key }\n";
+    write_config(&config, &format!("routes:\n{cancel}{express}"));
+    let out = explain("/v1/orders%3Acancel");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains("would answer 400") && stderr.contains("%3A"),
+        "{stderr}"
+    );
+    assert!(succeeded(&explain("/v1/orders:cancel")).contains("route:             cancel"));
+}

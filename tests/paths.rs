@@ -5,6 +5,8 @@
 mod common;
 #[path = "paths/decoders.rs"]
 mod decoders;
+#[path = "paths/subdelims.rs"]
+mod subdelims;
 
 use common::{post, raw_exchange, start_proxy, start_recorder};
 use http::StatusCode;

@@ -161,22 +161,43 @@ static NAME_BYTES: [bool; 256] = {
     table
 };
 
+/// How a request's path is read besides as it is forwarded, where it differs
+/// ([`NormalForms`](crate::route::normalize::NormalForms)): what [`route`] routes it by and checks.
+#[derive(Debug, Default)]
+pub struct Readings {
+    /// [`NormalForms::decoded`](crate::route::normalize::NormalForms::decoded): routed by, where the path has an escaped sub-delimiter,
+    /// `:` or `@`.
+    pub decoded: Option<String>,
+    /// [`NormalForms::lenient`](crate::route::normalize::NormalForms::lenient).
+    pub lenient: Option<String>,
+}
+
+impl Readings {
+    /// The path routes match: the decoded reading where there is one, else the path as
+    /// forwarded (`forwarded`, the request's normalised path).
+    pub fn routed<'a>(&'a self, forwarded: &'a str) -> &'a str {
+        self.decoded.as_deref().unwrap_or(forwarded)
+    }
+}
+
 /// Puts the request's path in its one normal form ([`normal_forms`]) before it is
 /// routed and forwarded, so what the upstream reads is what was matched; the query is
 /// left alone. Only methods that routes can apply to are touched: safe methods always
 /// pass through, so theirs reach the upstream as sent.
 ///
-/// Returns the path's lenient reading, if it has a character only lenient readers see
-/// ([`NormalForms::lenient`](crate::route::normalize::NormalForms::lenient)), for
-/// [`route`] to route it by too.
-pub fn normalize_target<B>(request: &mut Request<B>) -> Result<Option<String>, ProxyError> {
+/// Returns the path's other [`Readings`], for [`route`] to route it by too. A path
+/// without a `%` has none, and costs no allocation.
+pub fn normalize_target<B>(request: &mut Request<B>) -> Result<Readings, ProxyError> {
     if crate::route::is_safe(request.method()) {
-        return Ok(None);
+        return Ok(Readings::default());
     }
     let forms = normal_forms(request.uri().path()).map_err(ProxyError::BadPath)?;
-    let (strict, lenient) = (forms.strict, forms.lenient);
-    let normal = match strict {
-        Cow::Borrowed(_) => return Ok(lenient),
+    let readings = Readings {
+        decoded: forms.decoded,
+        lenient: forms.lenient,
+    };
+    let normal = match forms.strict {
+        Cow::Borrowed(_) => return Ok(readings),
         Cow::Owned(normal) => normal,
     };
     let target = match request.uri().query() {
@@ -190,20 +211,28 @@ pub fn normalize_target<B>(request: &mut Request<B>) -> Result<Option<String>, P
     );
     *request.uri_mut() = Uri::from_parts(parts)
         .map_err(|e| ProxyError::BadRequest(format!("the normalised path: {e}")))?;
-    Ok(lenient)
+    Ok(readings)
 }
 
-/// The route a request with this `path` belongs to and its protection
-/// ([`Config::route_for`]), or a refusal where its path's `lenient` reading, from
-/// [`normalize_target`], the same override-aware look-up would protect by another rule: an upstream that decodes twice runs
-/// `/api%252Forders` as `/api/orders`, whose required key or ttl the fallback would step
-/// around, and `/files/7%252Fpublish` under an unprotected `/files/{name}` as
-/// `/files/7/publish`, which the fallback's key protects. It passes as sent where the
-/// lenient reading enforces nothing (no route, an unprotected or observed one), where
-/// both readings are one route (a Jenkins branch `/job/x/job/feature%252Fbar/build` under
-/// `/job/*`), and where the lenient one falls to the fallback while the strict one
-/// enforces a route of its own (the same branch under `/job/{name}/build`, an EUC-KR word
-/// under `/board/{name}/write`: that route's rule holds).
+/// The route a request whose normalised path is `path` belongs to and its protection
+/// ([`Config::route_for`], by [`Readings::routed`]), or a refusal where another of its
+/// `readings`, from [`normalize_target`], the same override-aware look-up would protect by
+/// another rule.
+///
+/// The lenient reading: an upstream that decodes twice runs `/api%252Forders` as
+/// `/api/orders`, whose required key or ttl the fallback would step around, and
+/// `/files/7%252Fpublish` under an unprotected `/files/{name}` as `/files/7/publish`, which
+/// the fallback's key protects. The path as sent, where it is routed decoded: Express runs
+/// `/v1/orders%3Acancel` under `/v1/{action}` while most upstreams run the
+/// `/v1/orders:cancel` route it is routed by.
+///
+/// It passes as routed where the other reading enforces nothing (no route, an unprotected
+/// or observed one), where both readings are one route (a Jenkins branch
+/// `/job/x/job/feature%252Fbar/build` under `/job/*`, `/users/a%40b/orders` under
+/// `/users/{email}/orders`), and where the other one falls to the fallback while the
+/// routed one enforces a route of its own (the same branch under `/job/{name}/build`, an
+/// EUC-KR word under `/board/{name}/write`, `%3Acancel` under a `:cancel` route: that
+/// route's rule holds).
 pub fn route<'c>(
     config: &'c Config,
     host: Option<&str>,
@@ -211,22 +240,34 @@ pub fn route<'c>(
     headers: &http::HeaderMap,
     overrides: Overrides,
     path: &str,
-    lenient: Option<&str>,
+    readings: &Readings,
 ) -> Result<(&'c str, &'c Protection), ProxyError> {
-    let routed = config.route_for(host, method, headers, overrides, path);
-    let Some(lenient) = lenient else {
-        return Ok(routed);
-    };
-    let (route, protection) = config.route_for(host, method, headers, overrides, lenient);
-    // One name is one route, so one protection: names are unique, and the fallback's and
-    // the unrouted one's are theirs alone.
-    if !protection.enforces()
-        || route == routed.0
-        || (route == FALLBACK_ROUTE && routed.1.enforces())
-    {
-        return Ok(routed);
+    let routed = config.route_for(host, method, headers, overrides, readings.routed(path));
+    // The path as sent is the other reading only where it was not routed by.
+    let escaped = readings.decoded.is_some().then_some(path);
+    let others = [
+        (escaped, PathError::EscapedReadingMovesRoute),
+        (
+            readings.lenient.as_deref(),
+            PathError::LenientReadingMovesRoute,
+        ),
+    ];
+    for (other, error) in others {
+        let Some(other) = other else {
+            continue;
+        };
+        let (route, protection) = config.route_for(host, method, headers, overrides, other);
+        // One name is one route, so one protection: names are unique, and the fallback's
+        // and the unrouted one's are theirs alone.
+        if !protection.enforces()
+            || route == routed.0
+            || (route == FALLBACK_ROUTE && routed.1.enforces())
+        {
+            continue;
+        }
+        return Err(ProxyError::BadPath(error));
     }
-    Err(ProxyError::BadPath(PathError::LenientReadingMovesRoute))
+    Ok(routed)
 }
 
 #[cfg(test)]
@@ -419,5 +460,18 @@ mod tests {
         let mut r = Request::get("/files/a%2Fb/./c").body(()).unwrap();
         normalize_target(&mut r).unwrap();
         assert_eq!(r.uri(), "/files/a%2Fb/./c");
+    }
+
+    #[test]
+    fn an_escaped_colon_is_forwarded_as_sent_and_routed_decoded() {
+        let mut r = Request::post("/v1/x/../orders%3acancel?a=%3A")
+            .body(())
+            .unwrap();
+        let readings = normalize_target(&mut r).unwrap();
+        assert_eq!(r.uri(), "/v1/orders%3Acancel?a=%3A");
+        assert_eq!(readings.routed(r.uri().path()), "/v1/orders:cancel");
+        let mut r = Request::post("/v1/orders").body(()).unwrap();
+        let readings = normalize_target(&mut r).unwrap();
+        assert_eq!(readings.routed(r.uri().path()), "/v1/orders");
     }
 }

@@ -232,12 +232,13 @@ impl Proxy {
         let version = request.version();
         let mut request = request;
         // Routed and forwarded in its one normal form: no spelling of a path steps around
-        // a route. A path with a character only some decoders read is routed as they read
-        // it too (`lenient`), and refused where that is another route; that reading ends
-        // in this block, so no request's future holds it across an await.
+        // a route. A path with an escaped `:` or sub-delimiter is routed decoded, and one
+        // with a character only some decoders read as they read it too (`readings`), each
+        // refused where another reading is another route; the readings end in this block,
+        // so no request's future holds them across an await.
         let routed = {
-            let lenient = match admission::normalize_target(&mut request) {
-                Ok(lenient) => lenient,
+            let readings = match admission::normalize_target(&mut request) {
+                Ok(readings) => readings,
                 Err(error) => {
                     let method = request.method().clone();
                     let metrics = self.metrics.route("");
@@ -256,15 +257,10 @@ impl Proxy {
                 if routed {
                     overrides = Overrides::find(headers);
                 }
-                let (route, protection) = admission::route(
-                    config,
-                    host,
-                    method,
-                    headers,
-                    overrides,
-                    path,
-                    lenient.as_deref(),
-                )?;
+                let (route, protection) =
+                    admission::route(config, host, method, headers, overrides, path, &readings)?;
+                // Older configs' rules route it as this one does.
+                let path = readings.routed(path);
                 let older = match protection {
                     Protection::On(rule) => {
                         if !routed {
