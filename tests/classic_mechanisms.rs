@@ -527,3 +527,59 @@ async fn a_token_default_key_gets_the_endpoint_and_its_tokens_handed_back() {
         "the token is handed back for {lives:?}, not tokens.ttl (5m)"
     );
 }
+
+/// Behind a trusted proxy, token requests are limited per client address as its
+/// `X-Forwarded-For` names it (`tokens.rate_per_address`), whoever each claims to be; an
+/// IPv6 client by its /64, since one host holds a whole /64 to pick addresses from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_requests_are_limited_per_client_address_and_ipv6_per_64() {
+    let upstream = start_upstream().await;
+    let config = "trusted_proxies: [127.0.0.0/8]\ntokens: { rate: 5, rate_per_address: 2 }\n";
+    let proxy = start_proxy(upstream.addr, config).await;
+    let ask = |client: &'static str, caller: &'static str| {
+        let addr = proxy.addr;
+        async move {
+            let who = ("authorization", caller);
+            let answer = post(
+                addr,
+                "/.idemgate/token",
+                &[("x-forwarded-for", client), who],
+                "",
+            )
+            .await;
+            answer
+        }
+    };
+    assert_eq!(
+        ask("2001:db8:1:2::1", "Bearer a").await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        ask("2001:db8:1:2:ffff::9", "Bearer b").await.status,
+        StatusCode::CREATED
+    );
+    let third = ask("2001:db8:1:2::3", "Bearer c").await;
+    assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS, "one /64");
+    assert_eq!(third.headers["retry-after"], "60");
+    assert_eq!(third.json()["type"], "urn:idemgate:problem:rate-limited");
+    assert_eq!(
+        ask("2001:db8:1:3::1", "Bearer d").await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        ask("198.51.100.7", "Bearer e").await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        ask("198.51.100.7", "Bearer f").await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        ask("198.51.100.7", "Bearer g").await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        ask("198.51.100.8", "Bearer h").await.status,
+        StatusCode::CREATED
+    );
+}

@@ -566,3 +566,37 @@ fn a_token_flood_leaves_room_for_orders_with_when_full_reject() {
         assert_eq!(upstream.executed_for("b"), 1);
     })
 }
+
+/// A token request as raw HTTP/1.1 from a socket bound to `source` (another loopback
+/// address is another client address), as `caller`: the answer's head and body.
+async fn token_from(proxy: &common::ProxyHandle, source: &str, caller: &str) -> String {
+    let request = format!(
+        "POST /.idemgate/token HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: {caller}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    common::raw_exchange_from(source, proxy.addr, request.as_bytes()).await
+}
+
+/// One client address asking as any number of made-up callers (a new `Authorization`
+/// each, so each under its own per-caller rate) gets at most `tokens.rate_per_address`
+/// tokens a window (100 by default), `429 rate-limited` with `Retry-After` past it: the
+/// tokens' share of the store (room for 200 here) stays open to callers elsewhere, who
+/// still get theirs rather than `503`.
+#[test]
+fn made_up_callers_from_one_address_cannot_exhaust_tokens_for_others() {
+    alone(async {
+        let upstream = common::start_upstream().await;
+        let config = "store:\n  memory: { max_entries: 2000 }\ntokens: { ttl: 5m }\n";
+        let proxy = common::start_proxy(upstream.addr, config).await;
+        let statuses = token_flood(&proxy, 200).await;
+        let issued = statuses.iter().filter(|s| **s == 201).count();
+        let limited = statuses.iter().filter(|s| **s == 429).count();
+        assert_eq!((issued, limited), (100, 100), "{statuses:?}");
+        let more = token_from(&proxy, "127.0.0.1", "Bearer one-more").await;
+        assert!(more.starts_with("HTTP/1.1 429"), "{more}");
+        assert!(more.contains("retry-after: 60"), "{more}");
+        assert!(more.contains("urn:idemgate:problem:rate-limited"), "{more}");
+        let elsewhere = token_from(&proxy, "127.0.0.2", "Bearer someone-else").await;
+        assert!(elsewhere.starts_with("HTTP/1.1 201"), "{elsewhere}");
+        assert_eq!(proxy.metric("idemgate_store_tokens_refused_total"), 0.0);
+    })
+}

@@ -3,7 +3,8 @@
 //! `203.0.113.9:`) before any untrusted one vouches for a client it cannot name. A key that
 //! would hold that client's address could not tell it from any other client behind the
 //! proxy, so such a request is forwarded unprotected (never claimed, never replayed),
-//! counted as `caller_unknown`, on enforcing and observed routes, and on token routes. A
+//! counted as `caller_unknown`, on enforcing and observed routes, and on token routes (the
+//! token endpoint refuses such a caller a token: it would protect nothing). A
 //! caller named otherwise (`Authorization`, a session cookie), a trusted peer without
 //! `X-Forwarded-For` (itself the caller) and a valid entry are protected as ever; a trusted
 //! peer that names its client only in `Forwarded` or `X-Real-IP`, neither read, names no one.
@@ -177,31 +178,40 @@ async fn an_observed_route_claims_nothing_for_an_unnamed_caller() {
     assert_eq!(counted(&proxy, "watched", "executed"), 0.0);
 }
 
-/// A token route cannot tell an unnamed caller's spend from another's: each is forwarded
-/// unprotected. A token issued to an unnamed caller is bound to no address, so the proxy's
-/// own call (whose address the unnamed caller's key would otherwise have been) cannot
-/// spend it.
+/// A token route cannot tell an unnamed caller's spend from another's, so a token issued
+/// to one would protect nothing (its every use forwarded unprotected): the endpoint
+/// refuses it, `400 caller-unknown` saying why, rather than answer `201` with a token
+/// that only looks like protection, and keeps serving. A caller a credential names is
+/// issued one behind the same proxy, as is one its `X-Forwarded-For` names; an unnamed
+/// caller spending a token anyway is forwarded unprotected, as on any route.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_of_an_unnamed_caller_is_spent_by_no_one() {
+async fn an_unnamed_caller_is_refused_a_token_that_would_protect_nothing() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, BEHIND_A_PROXY).await;
     let xff = ("x-forwarded-for", "unknown");
-    let issued = post(proxy.addr, "/.idemgate/token", &[xff], "").await;
+    let refused = post(proxy.addr, "/.idemgate/token", &[xff], "").await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert_eq!(refused.headers["content-type"], "application/problem+json");
+    assert_eq!(
+        refused.json()["type"],
+        "urn:idemgate:problem:caller-unknown"
+    );
+    let credential = ("authorization", "Bearer carol");
+    let carols = post(proxy.addr, "/.idemgate/token", &[xff, credential], "").await;
+    assert_eq!(carols.status, StatusCode::CREATED, "a credential names her");
+    let named = ("x-forwarded-for", "203.0.113.9");
+    let issued = post(proxy.addr, "/.idemgate/token", &[named], "").await;
     assert_eq!(issued.status, StatusCode::CREATED);
     let token = issued.json()["token"].as_str().unwrap().to_owned();
     let spend = ("idempotency-token", token.as_str());
     let (ran, replayed) = twice(&proxy, &upstream, "/orders/pay", &[xff, spend], "{}").await;
     assert_eq!((ran, replayed), (2, false), "never claimed, never replayed");
     assert_eq!(counted(&proxy, "pay", "caller_unknown"), 2.0);
-    let by_the_proxy = post(proxy.addr, "/orders/pay", &[spend], "{}").await;
+    let owner = post(proxy.addr, "/orders/pay", &[named, spend], "{}").await;
     assert_eq!(
-        by_the_proxy.status,
-        StatusCode::BAD_REQUEST,
-        "another caller's token"
-    );
-    assert_eq!(
-        by_the_proxy.json()["type"],
-        "urn:idemgate:problem:token-invalid"
+        owner.status,
+        StatusCode::CREATED,
+        "still its caller's to spend"
     );
 }
 

@@ -112,6 +112,33 @@ fn unspent_tokens_hold_at_most_their_share() {
     assert_eq!(store.stats().entries, 4);
 }
 
+/// A token handed back after its attempt failed (released unsent) is a token like any
+/// other: while new ones hold the whole share, it is not written (counted), and its
+/// holder asks for a new one; never a record beyond `token_share`.
+#[test]
+fn a_token_handed_back_stays_within_the_share() {
+    let store = store(10, 30, WhenFull::Evict);
+    for n in 1..=3 {
+        store.issue(key(n), TOKEN_TTL).unwrap();
+    }
+    let spend = ClaimArgs {
+        mode: ClaimMode::IssuedOnly,
+        ..ClaimArgs::new(key(1), FINGERPRINT, LEASE)
+    };
+    let Ok(RawClaim::Owner { token, .. }) = store.claim(&spend) else {
+        panic!("the token was not spent");
+    };
+    // Its place in the share is taken while its attempt runs.
+    store.issue(key(4), TOKEN_TTL).unwrap();
+    let back = Settlement::Release {
+        reissue: Some(TOKEN_TTL),
+    };
+    assert_eq!(store.settle(&owned(key(1), token), back), Settled::Written);
+    assert_eq!(store.inspect(key(1)).map(|i| i.state), None);
+    assert_eq!(store.stats().tokens_refused, 1);
+    assert_eq!(store.stats().entries, 3);
+}
+
 /// The budget holds by bytes as well: `token_share` of `max_bytes`, at a token's cost.
 #[test]
 fn the_token_budget_follows_max_bytes_too() {

@@ -1,0 +1,93 @@
+//! One-time tokens on a Redis shared by replicas: anyone may ask for one, and a made-up
+//! `Authorization` is a new caller, so the per-caller rate bounds no total. One client
+//! address gets at most `tokens.rate_per_address` a window, and all callers together at
+//! most `tokens.budget` (one counter every replica shares): the token records Redis holds
+//! stay within that budget however many addresses ask, and past it issuing answers `503`
+//! (counted) while claims and replays go on.
+
+use http::StatusCode;
+
+use crate::common::redis_server::RedisServer;
+use crate::common::{post, raw_exchange_from, start_proxy, start_upstream, ProxyHandle};
+
+/// A token request as raw HTTP/1.1 from `source` (a loopback address of its own is a
+/// client address of its own), as `caller`: the answer's head and body.
+async fn token_from(proxy: &ProxyHandle, source: &str, caller: &str) -> String {
+    let request = format!(
+        "POST /.idemgate/token HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: {caller}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    raw_exchange_from(source, proxy.addr, request.as_bytes()).await
+}
+
+/// The status of each answer to `count` made-up callers asking from `source`.
+async fn flood(proxy: &ProxyHandle, source: &str, count: usize) -> Vec<String> {
+    let mut statuses = Vec::new();
+    for i in 0..count {
+        let answer = token_from(proxy, source, &format!("Bearer {source}-{i}")).await;
+        statuses.push(answer.get(9..12).unwrap_or(&answer).to_owned());
+    }
+    statuses
+}
+
+/// The token records Redis holds (`t:{<digest>}`; rate counters are `t:rate:{…}`).
+fn token_records(redis: &RedisServer) -> usize {
+    redis
+        .cli(&["KEYS", "t:{*"])
+        .lines()
+        .filter(|l| !l.is_empty())
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_budget_bounds_the_token_records_redis_holds() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let yaml = format!(
+        "store:\n  redis: {{ url: \"{}\", prefix: \"t:\" }}\ntokens: {{ rate_per_address: 4, budget: 6 }}\nroutes:\n  - name: create-order\n    match: {{ methods: [POST], path: /orders }}\n    key: {{ header: Idempotency-Key, required: true }}\n",
+        redis.url()
+    );
+    let proxy = start_proxy(upstream.addr, &yaml).await;
+    let order = [("authorization", "Bearer alice"), ("idempotency-key", "o1")];
+    let first = post(proxy.addr, "/orders", &order, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    // One address: its share, then 429 whoever it claims to be.
+    assert_eq!(
+        flood(&proxy, "127.0.0.1", 6).await,
+        ["201", "201", "201", "201", "429", "429"]
+    );
+    let limited = token_from(&proxy, "127.0.0.1", "Bearer yet-another").await;
+    assert!(limited.contains("retry-after: 60"), "{limited}");
+    assert!(
+        limited.contains("urn:idemgate:problem:rate-limited"),
+        "{limited}"
+    );
+    // Other addresses: what is left of the budget, then 503 for everyone.
+    assert_eq!(
+        flood(&proxy, "127.0.0.2", 4).await,
+        ["201", "201", "503", "503"]
+    );
+    let spent = token_from(&proxy, "127.0.0.3", "Bearer newcomer").await;
+    assert!(spent.starts_with("HTTP/1.1 503"), "{spent}");
+    assert!(
+        spent.contains("urn:idemgate:problem:store-unavailable"),
+        "{spent}"
+    );
+    assert!(spent.contains("application/problem+json"), "{spent}");
+    assert_eq!(
+        token_records(&redis),
+        6 + 1,
+        "six tokens and alice's answer"
+    );
+    assert_eq!(proxy.metric("idemgate_store_tokens_refused_total"), 3.0);
+
+    // The budget costs no one a claim nor a replay.
+    let again = post(proxy.addr, "/orders", &order, "{}").await;
+    assert!(again.replayed());
+    let second = [("authorization", "Bearer bob"), ("idempotency-key", "o2")];
+    assert_eq!(
+        post(proxy.addr, "/orders", &second, "{}").await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(upstream.executed(), 2);
+}
