@@ -112,12 +112,32 @@ pub enum ProxyError {
     /// The request cannot be forwarded as it is (e.g. no usable path).
     #[error("the request is malformed: {0}")]
     BadRequest(String),
-    /// Too many tokens asked for by one caller.
+    /// Too many tokens asked for by one caller, or from one client address.
     #[error("too many token requests; retry after {retry_after} s")]
     RateLimited {
         /// Seconds for `Retry-After`.
         retry_after: u64,
     },
+    /// Every caller together asked for `tokens.budget` tokens this window: none is issued
+    /// until it ends, so unspent tokens cannot fill a shared store. An answer of the
+    /// store's, as one that is full: nothing was claimed, the caller may retry.
+    #[error(
+        "the one-time tokens issued to all callers reached their budget for now; retry \
+         after {retry_after} s"
+    )]
+    TokenBudgetSpent {
+        /// Seconds for `Retry-After`: the rest of the window at most.
+        retry_after: u64,
+    },
+    /// A token asked for by a client a trusted proxy could not name (`X-Forwarded-For:
+    /// unknown`) whose scope would hold its address: bound to it, the token could not be
+    /// told from another such client's, so its every use would be forwarded unprotected.
+    #[error(
+        "a trusted proxy forwarded this request without naming its client (its \
+         X-Forwarded-For holds no address), so a one-time token could not be told from \
+         another client's and would protect nothing; none is issued"
+    )]
+    CallerUnnamed,
     /// The request's timestamp is outside the route's freshness window, or unreadable.
     #[error("{0}")]
     Stale(String),
@@ -186,6 +206,7 @@ impl ProxyError {
             | Self::BodyRead(_)
             | Self::BadRequest(_)
             | Self::BadPath(_)
+            | Self::CallerUnnamed
             | Self::Stale(_) => StatusCode::BAD_REQUEST,
             Self::Unsealable(_) | Self::Store(StoreError::Unreadable(_)) => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -197,9 +218,10 @@ impl ProxyError {
             }
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            Self::Store(_) | Self::Overloaded { .. } | Self::ConnectionBusy { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::Store(_)
+            | Self::TokenBudgetSpent { .. }
+            | Self::Overloaded { .. }
+            | Self::ConnectionBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnreachable(_) | Self::UpstreamFailed(_) | Self::OwnerFailed => {
                 StatusCode::BAD_GATEWAY
             }
@@ -210,10 +232,16 @@ impl ProxyError {
 
     /// Whether the proxy or what is behind it failed (worth a warning), rather than the
     /// client asking for something it should not (a connection busy with its own client's
-    /// requests is the client's doing: a warning each would let it flood the log).
+    /// requests is the client's doing, a token budget spent a flood's: a warning each
+    /// would let it flood the log; the budget's refusals are counted instead).
     pub fn is_fault(&self) -> bool {
         self.status().is_server_error()
-            && !matches!(self, Self::NotImplemented(_) | Self::ConnectionBusy { .. })
+            && !matches!(
+                self,
+                Self::NotImplemented(_)
+                    | Self::ConnectionBusy { .. }
+                    | Self::TokenBudgetSpent { .. }
+            )
     }
 
     /// Whether this answer may come before the request's body was read to its end: the
@@ -256,7 +284,8 @@ impl ProxyError {
             Self::Overloaded { .. } => "overloaded",
             Self::ConnectionBusy { .. } => "connection-busy",
             Self::Store(StoreError::Unreadable(_)) => "stored-answer-unreadable",
-            Self::Store(_) => "store-unavailable",
+            Self::Store(_) | Self::TokenBudgetSpent { .. } => "store-unavailable",
+            Self::CallerUnnamed => "caller-unknown",
             Self::UpstreamUnreachable(_) => "upstream-unreachable",
             Self::UpstreamFailed(_) => "upstream-failed",
             Self::UpstreamTimeout => "upstream-timeout",
@@ -277,6 +306,7 @@ impl ProxyError {
             | Self::BadRequest(_)
             | Self::BadPath(_)
             | Self::RateLimited { .. }
+            | Self::CallerUnnamed
             | Self::CallerOverShare
             | Self::Stale(_)
             | Self::NotImplemented(_)
@@ -287,7 +317,9 @@ impl ProxyError {
             Self::OutcomeUnknown { .. } => Outcome::Held,
             Self::AnswerNotStored { .. } => Outcome::NotStored,
             Self::OwnerFailed => Outcome::FailureShared,
-            Self::Store(_) | Self::Unsealable(_) => Outcome::StoreError,
+            Self::Store(_) | Self::TokenBudgetSpent { .. } | Self::Unsealable(_) => {
+                Outcome::StoreError
+            }
             Self::UpstreamUnreachable(_) => Outcome::Released,
             Self::UpstreamFailed(_) | Self::UpstreamTimeout => Outcome::Unknown,
         }
@@ -310,7 +342,8 @@ impl ProxyError {
                 "Stored answer unreadable"
             }
             Self::BodyTimeout(_) => "Request timeout",
-            Self::Store(_) => "Idempotency store unavailable",
+            Self::Store(_) | Self::TokenBudgetSpent { .. } => "Idempotency store unavailable",
+            Self::CallerUnnamed => "Caller not named",
             Self::Overloaded { .. } => "Proxy overloaded",
             Self::ConnectionBusy { .. } => "Connection busy",
             Self::UpstreamUnreachable(_) | Self::UpstreamFailed(_) => "Bad gateway",
@@ -374,6 +407,7 @@ impl ProxyError {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Self::InFlight { retry_after }
         | Self::RateLimited { retry_after }
+        | Self::TokenBudgetSpent { retry_after }
         | Self::Overloaded { retry_after, .. }
         | Self::ConnectionBusy { retry_after, .. } = self
         {

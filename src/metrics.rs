@@ -313,7 +313,7 @@ impl Metrics {
         let tokens_refused = Counter::default();
         registry.register(
             "store_tokens_refused",
-            "One-time tokens the memory store refused to issue (503): unspent tokens held their share (token_share), or the store was full",
+            "One-time tokens refused (503): past tokens.budget, or the memory store's unspent tokens held their share (token_share), or it was full",
             tokens_refused.clone(),
         );
         let connections = ConnectionMetrics::default();

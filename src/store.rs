@@ -385,19 +385,35 @@ impl Store {
             Self::Memory(m) => m.stats(),
             Self::Redis(r) => StoreStats {
                 settlements_lost: lost(r.settlements_lost()),
+                tokens_refused: lost(r.tokens_refused()),
                 ..StoreStats::default()
             },
             Self::Postgres(p) => StoreStats {
                 reaped: p.reaped(),
                 settlements_lost: lost(p.settlements_lost()),
+                tokens_refused: lost(p.tokens_refused()),
                 ..StoreStats::default()
             },
             Self::Mysql(m) => StoreStats {
                 reaped: m.reaped(),
                 settlements_lost: lost(m.settlements_lost()),
+                tokens_refused: lost(m.tokens_refused()),
                 ..StoreStats::default()
             },
         }
+    }
+
+    /// Counts a one-time token the endpoint refused to issue past `tokens.budget`, beside
+    /// those the memory store refused for want of room: one metric says tokens were
+    /// refused, whichever bound did it.
+    pub(crate) fn token_refused(&self) {
+        let count = match self {
+            Self::Memory(m) => m.tokens_refused(),
+            Self::Redis(r) => r.tokens_refused(),
+            Self::Postgres(p) => p.tokens_refused(),
+            Self::Mysql(m) => m.tokens_refused(),
+        };
+        count.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a settlement the store never took before its claim's record ended, or a

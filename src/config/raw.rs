@@ -126,6 +126,8 @@ pub struct RawTokens {
     pub rate: Option<u64>,
     pub window: Option<ConfigDuration>,
     pub scope: Option<Vec<RawScope>>,
+    pub rate_per_address: Option<u64>,
+    pub budget: Option<u64>,
 }
 
 /// `tls:` — terminate TLS on the listener.

@@ -23,6 +23,14 @@ pub struct TokenIssuer {
     pub rate: u64,
     /// The rate window (1m).
     pub window: Duration,
+    /// Tokens per client address (an IPv6 one by its /64) per window before 429 (100),
+    /// whoever the requests claim to be: a made-up `Authorization` is a new caller, so
+    /// `rate` alone would let one client ask for any number.
+    pub rate_per_address: u64,
+    /// Tokens issued per window by every replica on the store together before 503
+    /// (10,000): many addresses can still ask, and unspent tokens must not fill a shared
+    /// store (at most `budget` × (⌈`ttl`/`window`⌉ + 1) live at once).
+    pub budget: u64,
     /// Whose token it is; token routes must use the same scope.
     pub scope: Vec<crate::key::ScopePart>,
     /// The header token routes read it from, for the issue answer.
@@ -53,6 +61,8 @@ pub(super) fn compile_tokens(
         ttl: raw.ttl.map_or(Duration::from_secs(300), |d| d.0),
         rate: raw.rate.unwrap_or(20),
         window: raw.window.map_or(Duration::from_secs(60), |d| d.0),
+        rate_per_address: raw.rate_per_address.unwrap_or(100),
+        budget: raw.budget.unwrap_or(10_000),
         scope: raw.scope.map_or_else(default_scope, |parts| {
             parts.into_iter().map(|p| p.0).collect()
         }),
@@ -61,12 +71,14 @@ pub(super) fn compile_tokens(
     };
     if !issuer.path.starts_with('/')
         || issuer.rate == 0
+        || issuer.rate_per_address == 0
+        || issuer.budget == 0
         || issuer.ttl.is_zero()
         || issuer.window.is_zero()
     {
         return Err(CompileError::new(
             "tokens",
-            "path must start with '/'; rate, ttl and window must be above zero",
+            "path must start with '/'; rate, rate_per_address, budget, ttl and window must be above zero",
             "tokens:",
         ));
     }

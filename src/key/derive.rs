@@ -14,6 +14,7 @@ use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::query::canonical_form;
 use crate::canonical::{canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError};
 use crate::route::Overrides;
+pub use buckets::scope_digest;
 use caller::{cookie_jar, describe_caller, has_credential, hash_address, hash_caller, Caller};
 
 /// The parts of a request a key can depend on; the body is already buffered.
@@ -309,14 +310,6 @@ pub fn token_digest(scope: &[ScopePart], req: &RequestView<'_>, token: &[u8]) ->
     hasher.finish()
 }
 
-/// The rate-limit bucket of a caller. The clients a trusted proxy could not name share
-/// one bucket per proxy: merged buckets are only stricter.
-pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
-    let mut hasher = KeyHasher::new(b"idemgate:scope:v1");
-    let _unnamed = hash_scope(&mut hasher, scope, req, None);
-    hasher.finish()
-}
-
 /// Hashes each scope part's label and value; `trace` hears which were present, or which
 /// tier named the caller, never a value, and whether an address no one gave went in. A
 /// scope whose every part is absent (only headers or cookies, none sent: `[header:
@@ -595,6 +588,7 @@ impl KeyHasher {
     }
 }
 
+pub mod buckets;
 mod caller;
 pub mod head;
 mod method;

@@ -1,6 +1,10 @@
 //! The one-time token endpoint (`POST /.idemgate/token` by default): issues 128 random bits
-//! bound to the caller's scope for `tokens.ttl`, at most `tokens.rate` per caller per
-//! `tokens.window` (429 + `Retry-After` beyond). Routes with `key: { token: … }` accept
+//! bound to the caller's scope for `tokens.ttl`. Anyone may ask, and a made-up
+//! `Authorization` is a new caller, so three counters bound what asking costs, each per
+//! `tokens.window`: `tokens.rate_per_address` per client address and `tokens.rate` per
+//! caller (429 + `Retry-After` beyond), then `tokens.budget` for every caller on every
+//! replica sharing the store (503 beyond, counted), which bounds the unspent tokens a
+//! shared store holds however many addresses ask. Routes with `key: { token: … }` accept
 //! each token once; its repeats replay.
 
 use bytes::Bytes;
@@ -10,7 +14,7 @@ use super::body::ProxyBody;
 use super::ConnInfo;
 use crate::config::TokenIssuer;
 use crate::error::ProxyError;
-use crate::key::derive::scope_digest;
+use crate::key::derive::buckets::{address_digest, named_scope_digest, token_budget_digest};
 use crate::key::{token_digest, RequestView};
 use crate::route::Overrides;
 use crate::store::Store;
@@ -34,13 +38,22 @@ pub async fn issue<B>(
         client_cert: conn.client_cert(),
         body: &[],
     };
-    let hits = store
-        .hit(scope_digest(&issuer.scope, &view), issuer.window)
-        .await?;
-    if hits > issuer.rate {
-        return Err(ProxyError::RateLimited {
-            retry_after: issuer.window.as_secs().max(1),
-        });
+    // Refused before anything is counted: such a token would only look like protection.
+    let caller = named_scope_digest(&issuer.scope, &view).ok_or(ProxyError::CallerUnnamed)?;
+    let retry_after = issuer.window.as_secs().max(1);
+    // The address first: a flood of made-up callers from one address then makes no
+    // counter per caller, and spends none of the budget everyone shares.
+    if let Some(address) = address_digest(&view) {
+        if store.hit(address, issuer.window).await? > issuer.rate_per_address {
+            return Err(ProxyError::RateLimited { retry_after });
+        }
+    }
+    if store.hit(caller, issuer.window).await? > issuer.rate {
+        return Err(ProxyError::RateLimited { retry_after });
+    }
+    if store.hit(token_budget_digest(), issuer.window).await? > issuer.budget {
+        store.token_refused();
+        return Err(ProxyError::TokenBudgetSpent { retry_after });
     }
     let token = hex::encode(rand::random::<[u8; 16]>());
     store

@@ -143,6 +143,11 @@ impl MemoryStore {
         lock(&self.shards[self.shard_index(key)])
     }
 
+    /// Token issuances refused since start (see [`super::Store::token_refused`]).
+    pub(crate) fn tokens_refused(&self) -> &AtomicU64 {
+        &self.tokens_refused
+    }
+
     /// See [`super::Store::issue`]. Within the bounds and the tokens' budget
     /// ([`MemoryLimits::max_tokens`]), making room by expiry alone: a token is never worth
     /// a live record, another token included. Refused ([`StoreError::Full`], counted)

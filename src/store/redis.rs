@@ -103,6 +103,8 @@ pub struct RedisStore {
     eviction: eviction::Eviction,
     /// Settlements given up on (see [`Store::settlement_lost`](super::Store::settlement_lost)).
     settlements_lost: AtomicU64,
+    /// Token issuances refused past `tokens.budget` (see [`Store::token_refused`](super::Store::token_refused)).
+    tokens_refused: AtomicU64,
 }
 
 impl Drop for RedisStore {
@@ -127,6 +129,11 @@ impl RedisStore {
         &self.settlements_lost
     }
 
+    /// Token issuances refused since start (see [`Store::token_refused`](super::Store::token_refused)).
+    pub(crate) fn tokens_refused(&self) -> &AtomicU64 {
+        &self.tokens_refused
+    }
+
     /// Sets up the connection without waiting for Redis: a server that is down at start
     /// makes requests fail (and `/readyz` say so) until it is back, but does not stop the
     /// proxy from starting.
@@ -146,6 +153,7 @@ impl RedisStore {
             renewals: Arc::default(),
             eviction: eviction::Eviction::default(),
             settlements_lost: AtomicU64::new(0),
+            tokens_refused: AtomicU64::new(0),
         })
     }
 

@@ -51,7 +51,8 @@ pub struct StoreStats {
     /// Live records evicted to make room, by route (unspent one-time tokens under the
     /// default tag, shown as route ""), since start.
     pub evictions: Vec<(RouteTag, u64)>,
-    /// One-time token issuances the memory store refused for want of room, since start.
+    /// One-time token issuances refused since start: by the memory store for want of room
+    /// (its `token_share`), and by any store past `tokens.budget`.
     pub tokens_refused: u64,
     /// Expired rows the SQL store's reaper deleted since start.
     pub reaped: u64,

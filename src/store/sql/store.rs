@@ -125,6 +125,11 @@ impl<D: Dialect> SqlStore<D> {
         &self.common.settlements_lost
     }
 
+    /// Token issuances refused since start (see `Store::token_refused`).
+    pub(crate) fn tokens_refused(&self) -> &AtomicU64 {
+        &self.common.tokens_refused
+    }
+
     /// Creates the tables and routines when missing (once per store).
     async fn ready_schema(&self) -> Result<(), StoreError> {
         self.common.schema(|| self.migrate()).await
