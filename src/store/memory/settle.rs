@@ -3,8 +3,12 @@
 //! closes. An answer that finds no room is kept as "executed, answer not stored"; a
 //! failure that finds none (it never evicts a live record) is shared without its answer.
 
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
 use super::limits::{Reclaim, Room};
-use super::record::{Entry, Outcome, SettledRecord};
+use super::record::{Entry, Outcome, SettledRecord, Ticks};
+use super::shard::Shard;
 use super::{MemoryStore, SWEEP_PER_WRITE};
 use crate::store::response::ENTRY_OVERHEAD;
 use crate::store::{CallerTag, Ownership, RouteTag, Settled, Settlement};
@@ -71,9 +75,11 @@ impl MemoryStore {
         let seen = shard.remove_for_outcome(&key, &self.totals);
         let record =
             |outcome| SettledRecord::now(outcome, token, fingerprint, route, caller).into_entry();
-        let issued = |ttl| (Entry::Issued { expires_at: 0 }, ttl, ENTRY_OVERHEAD);
         let (next, settled) = match settlement {
-            Settlement::Release { reissue } => (reissue.map(issued), written),
+            Settlement::Release { reissue } => (
+                reissue.and_then(|ttl| self.token_back(&mut shard, index, ticks, ttl)),
+                written,
+            ),
             Settlement::Done { ttl, .. } if ttl.is_zero() => (None, written),
             Settlement::Done { response, ttl } => {
                 let cost = response.cost();
@@ -124,7 +130,9 @@ impl MemoryStore {
                 } else {
                     // No room to share the failure: waiters are told their owner failed,
                     // without its answer; a one-time token is still given back.
-                    (reissue.map(issued), written)
+                    let back =
+                        reissue.and_then(|ttl| self.token_back(&mut shard, index, ticks, ttl));
+                    (back, written)
                 }
             }
         };
@@ -134,5 +142,25 @@ impl MemoryStore {
             shard.sweep(ticks, SWEEP_PER_WRITE, &self.totals);
         }
         settled
+    }
+
+    /// The record of a one-time token handed back (its attempt failed unsent), for `ttl`:
+    /// one more unspent token, so within their share, made room for by expiry alone, as
+    /// one issued ([`MemoryStore::issue`]). Without room it is not written and counted as
+    /// a refused issuance: its holder's retry hears `token-invalid` and asks for another,
+    /// nothing having run. Shards other writes hold are not waited for (the claim's record
+    /// is gone already): only a store at the tokens' bound meets this.
+    fn token_back(
+        &self,
+        shard: &mut Shard,
+        index: usize,
+        now: Ticks,
+        ttl: Duration,
+    ) -> Option<(Entry, Duration, usize)> {
+        if self.room_for_token(shard, index, now) == Room::Fits {
+            return Some((Entry::Issued { expires_at: 0 }, ttl, ENTRY_OVERHEAD));
+        }
+        self.tokens_refused.fetch_add(1, Ordering::Relaxed);
+        None
     }
 }
