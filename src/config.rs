@@ -259,9 +259,12 @@ impl Config {
 }
 
 /// A shared store's renewals of a claim go out every `lease/3`, one at a time, and each
-/// may wait the store's whole timeout: two renewals that time out in a row take a third of
-/// the lease plus two timeouts, so a lease under three timeouts lapses while its owner
-/// still runs if the store stalls that long (it need not be down: slow). Duplicates then
+/// may wait the store's whole timeout. With a lease of three timeouts or more, a renewal
+/// that times out is answered by the time the next is due (two thirds of the lease), and
+/// that one lands before the lease ends however slow it is. Under three timeouts the next
+/// goes out only when the first timed out, and may land a third of the lease plus two
+/// timeouts after the claim's last renewal, past its end: one stalled renewal and a slow
+/// one lapse a claim whose owner still runs (the store need not be down: slow). Duplicates then
 /// find the claim lapsed: held as an unknown outcome (409) though its answer is on its
 /// way, or, with `on_unknown_outcome: release`, taken over, and the request run again, once
 /// the lapse's grace has passed too. Noted rather than refused: a short lease is also how
@@ -276,7 +279,7 @@ fn lease_note(route: &str, lease: Duration, (key, timeout): (&str, Duration)) ->
             units::format_duration(least),
         );
         format!(
-            "route {route}: lease {lease} is under three times `{key}` ({timeout}): its claim is renewed every lease/3 and each renewal may wait the whole timeout, so a store that stalls for two renewals lets the claim lapse while its owner still runs (duplicates hear 409 outcome unknown, or with `on_unknown_outcome: release` may run it again); write a lease of at least {least}, or a shorter `{key}`"
+            "route {route}: lease {lease} is under three times `{key}` ({timeout}): its claim is renewed every lease/3 and each renewal may wait the whole timeout, so one renewal that times out, followed by a slow one, lets the claim lapse while its owner still runs (duplicates hear 409 outcome unknown, or with `on_unknown_outcome: release` may run it again once the lapse's grace has passed); write a lease of at least {least}, or a shorter `{key}`"
         )
     })
 }

@@ -55,7 +55,9 @@ pub(crate) trait Renew: Send + Sync + 'static {
     fn renew(&self, claim: &HeldClaim) -> impl Future<Output = Result<Renewed, StoreError>> + Send;
 }
 
-/// Renews at a third of the lease, so two renewals can fail before the claim lapses.
+/// Renews at a third of the lease: a renewal that fails within a third of the lease (the
+/// store's timeout, where the lease is three of them) leaves the next a third of the lease
+/// to land before the claim lapses.
 const RENEWALS_PER_LEASE: u32 = 3;
 /// Floor of the renewal period, so a tiny lease cannot make the task spin.
 const MIN_PERIOD: Duration = Duration::from_millis(10);

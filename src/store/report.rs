@@ -58,7 +58,7 @@ pub struct StoreStats {
     pub reaped: u64,
     /// Settlements (answers, failures) the store never took before their claim's record
     /// ended, and releases given up (of claims that got no answer, or made again after a
-    /// renewal that got none), since start: each one's repeat runs again or hears
-    /// "outcome unknown".
+    /// renewal that got none), since start: each may leave its key to run again or held
+    /// as an "outcome unknown".
     pub settlements_lost: u64,
 }

@@ -268,7 +268,9 @@ async fn repeat(
         };
         if now >= until {
             if last.is_none() {
+                // Given up as surely as one past the cap ([`admit`]): counted alike.
                 tracing::warn!(%key, "{what}: could not settle it before its record expired");
+                store.settlement_lost();
             }
             return last;
         }

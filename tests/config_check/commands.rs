@@ -129,7 +129,7 @@ fn check_notes_scopes_that_let_callers_share_a_key() {
 }
 
 /// A shared store's renewals go out every `lease/3` and each may wait the store's whole
-/// `timeout`: under three timeouts, a store that stalls for one or two of them lets a live
+/// `timeout`: under three timeouts, one that times out and a slow one after it let a live
 /// owner's claim lapse. `check` says so, naming the lease, the timeout and the least lease
 /// that holds; a lease that holds, or the memory store (no renewals), draws no note.
 #[test]
