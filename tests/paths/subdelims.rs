@@ -138,3 +138,51 @@ fn a_route_literal_with_an_escaped_colon_is_refused_at_load() {
     let text = "listen: 127.0.0.1:0\nupstream: http://127.0.0.1:1\nroutes:\n  - name: r\n    match: { methods: [POST], path: \"/x/a%3Bb\" }\n    key: { header: K }\n";
     idemgate::config::Config::parse(text, "p.yaml").expect("%3B");
 }
+
+/// A `:search` route that enforces nothing (`idempotency: off`, or `observe` during a
+/// rollout) and no other route: `/v1/orders%3Asearch` as sent is no route to Express, so
+/// the fallback's (fingerprint) protects it there, while decoding upstreams run the
+/// `:search` handler. It is run under the fallback, as it was before routes read `%3A`
+/// decoded (an extra dedupe where `:search` runs), never refused: a duplicate runs once
+/// and is replayed, whoever sends it at once. The plain `:search` spelling stays its
+/// route's, and each of its posts runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escaped_colon_under_an_unenforced_route_runs_under_the_fallback() {
+    for mode in ["off", "observe"] {
+        let upstream = start_recorder().await;
+        let rule = match mode {
+            "off" => "idempotency: off",
+            _ => "key: { header: Idempotency-Key }\n    idempotency: observe",
+        };
+        let routes = format!(
+            "routes:\n  - name: search\n    match: {{ methods: [POST], path: \"/v1/orders:search\" }}\n    {rule}\n"
+        );
+        let proxy = start_proxy(upstream.addr, &routes).await;
+        let path = "/v1/orders%3Asearch";
+        let addr = proxy.addr;
+        let at_once: Vec<_> = (0..6)
+            .map(|_| tokio::spawn(async move { post(addr, path, &[], r#"{"q":1}"#).await }))
+            .collect();
+        for task in at_once {
+            let answer = task.await.unwrap();
+            assert_eq!(answer.status, StatusCode::CREATED, "{mode}");
+        }
+        let again = post(proxy.addr, path, &[], r#"{"q":1}"#).await;
+        assert!(again.replayed(), "{mode}: {:?}", again.status);
+        assert_eq!(upstream.executed(), 1, "{mode}: it ran twice");
+        assert_eq!(upstream.seen()[0].target, path, "forwarded as sent");
+        let other = post(proxy.addr, path, &[], r#"{"q":2}"#).await;
+        assert_eq!(other.status, StatusCode::CREATED, "{mode}: another payload");
+        assert!(!other.replayed(), "{mode}: another payload");
+        assert_eq!(upstream.executed(), 2, "{mode}");
+        for _ in 0..2 {
+            let plain = post(proxy.addr, "/v1/orders:search", &[], r#"{"q":1}"#).await;
+            assert_eq!(plain.status, StatusCode::CREATED, "{mode}");
+            assert!(
+                !plain.replayed(),
+                "{mode}: the :search route does not enforce"
+            );
+        }
+        assert_eq!(upstream.executed(), 4, "{mode}");
+    }
+}
