@@ -101,10 +101,21 @@ pub fn explain_key(
         );
     }
     if let Some(decoded) = &readings.decoded {
-        let _ = writeln!(
-            out,
-            "routed as:         {decoded} (escapes of sub-delimiters, ':' and '@' decoded, as most upstreams route)"
-        );
+        let by_decoded = config
+            .route_for(host, &request.method, headers, overrides, decoded)
+            .0;
+        let _ = match by_decoded == route {
+            true => writeln!(
+                out,
+                "routed as:         {decoded} (escapes of sub-delimiters, ':' and '@' decoded, as most upstreams route)"
+            ),
+            // `admission::route` ran it under the fallback: the decoded route enforces
+            // nothing, and Express runs it as sent, unrouted.
+            false => writeln!(
+                out,
+                "routed as:         {path} as sent (read decoded, {decoded} is route {by_decoded}, which enforces nothing; as sent, as Express routes it, it is no route's)"
+            ),
+        };
     }
     let route_shown = if route.is_empty() { "(none)" } else { route };
     let _ = writeln!(out, "route:             {route_shown}");

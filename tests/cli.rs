@@ -427,4 +427,16 @@ fn explain_routes_an_escaped_colon_as_the_proxy_does() {
         "{stderr}"
     );
     assert!(succeeded(&explain("/v1/orders:cancel")).contains("route:             cancel"));
+    // A `:search` route that enforces nothing, and the escape is no route's as sent: run
+    // under the fallback, as the proxy runs it, not refused.
+    let search = "  - name: search\n    match: { methods: [POST], path: \"/v1/orders:search\" }\n    idempotency: off\n";
+    write_config(&config, &format!("routes:\n{search}"));
+    let text = succeeded(&explain("/v1/orders%3Asearch"));
+    assert!(text.contains("route:             default"), "{text}");
+    assert!(
+        text.contains("route search, which enforces nothing"),
+        "{text}"
+    );
+    let text = succeeded(&explain("/v1/orders:search"));
+    assert!(text.contains("route:             search"), "{text}");
 }

@@ -219,12 +219,20 @@ pub fn normalize_target<B>(request: &mut Request<B>) -> Result<Readings, ProxyEr
 /// `readings`, from [`normalize_target`], the same override-aware look-up would protect by
 /// another rule.
 ///
-/// The lenient reading: an upstream that decodes twice runs `/api%252Forders` as
-/// `/api/orders`, whose required key or ttl the fallback would step around, and
-/// `/files/7%252Fpublish` under an unprotected `/files/{name}` as `/files/7/publish`, which
-/// the fallback's key protects. The path as sent, where it is routed decoded: Express runs
-/// `/v1/orders%3Acancel` under `/v1/{action}` while most upstreams run the
-/// `/v1/orders:cancel` route it is routed by.
+/// The path as sent, where it is routed decoded: Express runs `/v1/orders%3Acancel` under
+/// `/v1/{action}` while most upstreams run the `/v1/orders:cancel` route it is routed by.
+/// Where that reading is no route's, so the fallback's, and the decoded route enforces
+/// nothing (`idempotency: off`, or observed during a rollout), the request is run under
+/// the fallback's rule, as before routes read escapes decoded: Express runs it unrouted,
+/// which the fallback protects, and to the others it is a dedupe they did not ask for,
+/// which is safer than refusing every client that escapes `:` (`encodeURIComponent`).
+///
+/// The lenient reading, compared with the rule the request is run under (the decoded
+/// route's, or the fallback's as above): an upstream that decodes twice runs
+/// `/api%252Forders` as `/api/orders`, whose required key or ttl the fallback would step
+/// around, and `/files/7%252Fpublish` under an unprotected `/files/{name}` as
+/// `/files/7/publish`, which the fallback's key protects. That reading is rare and no
+/// browser sends it, so there the request is refused rather than run under the fallback.
 ///
 /// It passes as routed where the other reading enforces nothing (no route, an unprotected
 /// or observed one), where both readings are one route (a Jenkins branch
@@ -242,32 +250,31 @@ pub fn route<'c>(
     path: &str,
     readings: &Readings,
 ) -> Result<(&'c str, &'c Protection), ProxyError> {
-    let routed = config.route_for(host, method, headers, overrides, readings.routed(path));
-    // The path as sent is the other reading only where it was not routed by.
-    let escaped = readings.decoded.is_some().then_some(path);
-    let others = [
-        (escaped, PathError::EscapedReadingMovesRoute),
-        (
-            readings.lenient.as_deref(),
-            PathError::LenientReadingMovesRoute,
-        ),
-    ];
-    for (other, error) in others {
-        let Some(other) = other else {
-            continue;
-        };
-        let (route, protection) = config.route_for(host, method, headers, overrides, other);
-        // One name is one route, so one protection: names are unique, and the fallback's
-        // and the unrouted one's are theirs alone.
-        if !protection.enforces()
-            || route == routed.0
-            || (route == FALLBACK_ROUTE && routed.1.enforces())
-        {
-            continue;
+    let mut routed = config.route_for(host, method, headers, overrides, readings.routed(path));
+    // The path as sent is another reading only where it was not routed by.
+    if readings.decoded.is_some() {
+        let sent = config.route_for(host, method, headers, overrides, path);
+        if sent.0 == FALLBACK_ROUTE && sent.1.enforces() && !routed.1.enforces() {
+            routed = sent;
+        } else if moves(sent, routed) {
+            return Err(ProxyError::BadPath(PathError::EscapedReadingMovesRoute));
         }
-        return Err(ProxyError::BadPath(error));
+    }
+    if let Some(lenient) = readings.lenient.as_deref() {
+        let read = config.route_for(host, method, headers, overrides, lenient);
+        if moves(read, routed) {
+            return Err(ProxyError::BadPath(PathError::LenientReadingMovesRoute));
+        }
     }
     Ok(routed)
+}
+
+/// Whether `other`, a request's route by another reading, protects it by another rule than
+/// `routed`, the one it is run under ([`route`]).
+fn moves(other: (&str, &Protection), routed: (&str, &Protection)) -> bool {
+    // One name is one route, so one protection: names are unique, and the fallback's and
+    // the unrouted one's are theirs alone.
+    other.1.enforces() && other.0 != routed.0 && !(other.0 == FALLBACK_ROUTE && routed.1.enforces())
 }
 
 #[cfg(test)]
@@ -460,6 +467,65 @@ mod tests {
         let mut r = Request::get("/files/a%2Fb/./c").body(()).unwrap();
         normalize_target(&mut r).unwrap();
         assert_eq!(r.uri(), "/files/a%2Fb/./c");
+    }
+
+    /// `/v1%252Forders%3Acancel` has both other readings: as sent (Express), decoded
+    /// `/v1%252Forders:cancel` (routed by) and lenient `/v1/orders:cancel` (decoded twice).
+    /// The as-sent one is checked first, and may hand the request to the fallback; the
+    /// lenient one is then checked against the rule it is run under.
+    #[test]
+    fn both_readings_are_checked_the_escaped_one_first() {
+        let route_of = |routes: &str| {
+            let text = format!(
+                "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n{routes}"
+            );
+            let config = Config::parse(&text, "proxy.yaml").unwrap();
+            let mut r = Request::post("/v1%252Forders%3acancel").body(()).unwrap();
+            let readings = normalize_target(&mut r).unwrap();
+            assert_eq!(readings.decoded.as_deref(), Some("/v1%252Forders:cancel"));
+            assert_eq!(readings.lenient.as_deref(), Some("/v1/orders:cancel"));
+            let (method, headers) = (Method::POST, http::HeaderMap::new());
+            let found = route(
+                &config,
+                None,
+                &method,
+                &headers,
+                Overrides::NONE,
+                r.uri().path(),
+                &readings,
+            );
+            found.map(|(name, protection)| (name.to_owned(), protection.enforces()))
+        };
+        let decoded = |rule: &str| {
+            format!(
+                "  - name: decoded\n    match: {{ path: \"/v1%252Forders:cancel\" }}\n    {rule}\n"
+            )
+        };
+        let keyed = "key: { header: K, required: true }";
+        let sent = format!("  - name: sent\n    match: {{ path: \"/{{one}}\" }}\n    {keyed}\n");
+        let lenient =
+            format!("  - name: lenient\n    match: {{ path: /v1/orders:cancel }}\n    {keyed}\n");
+        let moved = |found: Result<(String, bool), ProxyError>| match found {
+            Err(ProxyError::BadPath(error)) => error,
+            other => panic!("{other:?}"),
+        };
+        // Both others are other routes: the as-sent one's is the error.
+        let found = route_of(&format!("{}{sent}{lenient}", decoded(keyed)));
+        assert_eq!(moved(found), PathError::EscapedReadingMovesRoute);
+        // The decoded route enforces nothing, the as-sent reading is the fallback's: run
+        // under it, and the lenient reading is checked against it.
+        let off = decoded("idempotency: off");
+        assert_eq!(route_of(&off).unwrap(), (FALLBACK_ROUTE.to_owned(), true));
+        let found = route_of(&format!("{off}{lenient}"));
+        assert_eq!(moved(found), PathError::LenientReadingMovesRoute);
+        // The decoded route enforces: it holds, against the fallback as sent, and the
+        // lenient reading is checked against it.
+        assert_eq!(
+            route_of(&decoded(keyed)).unwrap(),
+            ("decoded".to_owned(), true)
+        );
+        let found = route_of(&format!("{}{lenient}", decoded(keyed)));
+        assert_eq!(moved(found), PathError::LenientReadingMovesRoute);
     }
 
     #[test]

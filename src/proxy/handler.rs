@@ -259,15 +259,19 @@ impl Proxy {
                 }
                 let (route, protection) =
                     admission::route(config, host, method, headers, overrides, path, &readings)?;
-                // Older configs' rules route it as this one does.
-                let path = readings.routed(path);
                 let older = match protection {
                     Protection::On(rule) => {
                         if !routed {
                             overrides = Overrides::find(headers);
                         }
-                        live.previous
-                            .rules_for(rule, host, method, headers, overrides, path)
+                        // Older configs route it as this one does, each reading checked:
+                        // the one it runs under may be another's there.
+                        live.previous.rules_for(rule, |old| {
+                            let found = admission::route(
+                                old, host, method, headers, overrides, path, &readings,
+                            );
+                            found.ok().map(|(_, protection)| protection)
+                        })
                     }
                     Protection::Off(_) => Vec::new(),
                 };

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Method, Response};
+use http::Response;
 
 use super::body::ProxyBody;
 use super::protected::{
@@ -32,7 +32,6 @@ use crate::config::{Config, InFlightMode, Protected, Protection};
 use crate::error::{NotKept, ProxyError};
 use crate::key::{derive_key, Derived, FingerprintRule, KeyError, KeySource};
 use crate::metrics::Outcome;
-use crate::route::Overrides;
 use crate::store::seal::KeyRing;
 use crate::store::{Claim, ClaimMode, Lease, Settlement, StoreError, StoredResponse};
 
@@ -94,14 +93,14 @@ impl Generations {
     /// does ([`tells_apart_as_finely`]). Where they are not, a key the old config gave two
     /// callers, or two requests the new config tells apart, would hand one the other's
     /// answer, which no retry is worth: those requests run again.
+    ///
+    /// `protection` is what a config protects this request with, found as the proxy finds
+    /// it ([`admission::route`](super::admission::route), each reading of its path), or
+    /// `None` where that config refuses the request: nothing ran under it.
     pub fn rules_for(
         &self,
         now: &Protected,
-        host: Option<&str>,
-        method: &Method,
-        headers: &http::HeaderMap,
-        overrides: Overrides,
-        path: &str,
+        protection: impl Fn(&Config) -> Option<&Protection>,
     ) -> Vec<Arc<Protected>> {
         if self.0.is_empty() || now.policy.observe || is_token(now) {
             return Vec::new();
@@ -110,12 +109,9 @@ impl Generations {
         self.0
             .iter()
             .filter(|g| g.until > at)
-            .filter_map(|g| {
-                let (_, protection) = g.config.route_for(host, method, headers, overrides, path);
-                match protection {
-                    Protection::On(old) if keys_worth_claiming(old, now) => Some(Arc::clone(old)),
-                    _ => None,
-                }
+            .filter_map(|g| match protection(&g.config) {
+                Some(Protection::On(old)) if keys_worth_claiming(old, now) => Some(Arc::clone(old)),
+                _ => None,
             })
             .collect()
     }
@@ -441,6 +437,8 @@ async fn release_all(also: Vec<Earlier>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::Overrides;
+    use http::Method;
 
     fn config(rest: &str) -> Arc<Config> {
         let text = format!("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n{rest}");
@@ -525,14 +523,13 @@ mod tests {
             let Protection::On(now) = new.protection_for(None, &Method::POST, path).1 else {
                 unreachable!("protected")
             };
-            kept.rules_for(
-                now,
-                None,
-                &Method::POST,
-                &http::HeaderMap::new(),
-                Overrides::NONE,
-                path,
-            )
+            kept.rules_for(now, |old| {
+                let headers = http::HeaderMap::new();
+                Some(
+                    old.route_for(None, &Method::POST, &headers, Overrides::NONE, path)
+                        .1,
+                )
+            })
         };
         let older = rules("/orders");
         assert_eq!(older.len(), 1);
