@@ -93,11 +93,14 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
     normal_forms(path).map(|forms| forms.strict)
 }
 
-/// A path's normal form, and where a lenient reader sees a character the routes do not,
+/// A path's normal form, forwarded; where it has an escaped sub-delimiter, `:` or `@`, the
+/// reading routes match; and where a lenient reader sees a character the routes do not,
 /// the normal form of the path as that reader reads it.
 #[derive(Debug)]
 pub struct NormalForms<'a> {
-    /// What routes match and what is forwarded ([`normalize_path`]).
+    /// What is forwarded and keyed ([`normalize_path`]), and what routes match where there
+    /// is no [`decoded`](Self::decoded) reading (where there is, it is checked as another
+    /// reading: Express routes it).
     pub strict: Cow<'a, str>,
     /// `strict` as an upstream that decodes twice, or an old lenient UTF-8 decoder, reads
     /// it, normalised; only for a path with a character only such a reader sees (a slash
@@ -110,8 +113,9 @@ pub struct NormalForms<'a> {
     /// `@`; not `%3B`, see the module docs), where it has any: what routes match, as Go,
     /// Spring, ASP.NET, Django and nginx decode them before they route, so that
     /// `/v1/orders%3Acancel` cannot step around a route written for `/v1/orders:cancel`.
-    /// Express routes the path as sent, escapes and all, so `strict` is then routed too,
-    /// and refused where it is another route's. Keys keep `strict` (the payload
+    /// Express routes the path as sent, escapes and all, so `strict` is then routed too:
+    /// refused where it is another route's, and run under the fallback where it is no
+    /// route's and the decoded route enforces nothing. Keys keep `strict` (the payload
     /// fingerprint holds the path forwarded): `%3A` and `:` are two payloads, as two
     /// spellings an upstream may tell apart.
     pub decoded: Option<String>,
