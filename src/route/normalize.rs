@@ -150,12 +150,21 @@ pub fn normal_forms(path: &str) -> Result<NormalForms<'_>, PathError> {
     let hidden = escapes.any && check_escapes(&decoded)?;
     let normal = remove_dot_segments(&decoded)?;
     let lenient = match hidden {
-        true => read_leniently_path(normal.as_bytes())?.map(|read| decode_sub_delims(&read)),
+        // Decoded as routes read `:` (`%253A` is `:` to it); most such paths have none.
+        true => {
+            read_leniently_path(normal.as_bytes())?.map(|read| match decode_sub_delims(&read) {
+                Cow::Borrowed(_) => read,
+                Cow::Owned(decoded) => decoded,
+            })
+        }
         false => None,
     };
     // Looked for only where `decode` met one; a `..` may have removed it since.
     let decoded = match escapes.sub_delims {
-        true => Some(decode_sub_delims(&normal)).filter(|read| *read != normal),
+        true => match decode_sub_delims(&normal) {
+            Cow::Borrowed(_) => None,
+            Cow::Owned(decoded) => Some(decoded),
+        },
         false => None,
     };
     let strict = match normal == path {
@@ -227,29 +236,33 @@ fn is_decoded_sub_delim(b: u8) -> bool {
 }
 
 /// `normal` (a normal path: ASCII, hex upper case but after a `%25`) with the escapes of
-/// [`is_decoded_sub_delim`] characters decoded. One pass, escape by escape, so `%253A`
-/// stays as it is: a `%` then `3A`.
-fn decode_sub_delims(normal: &str) -> String {
+/// [`is_decoded_sub_delim`] characters decoded, borrowed where it has none. One pass,
+/// escape by escape, so `%253A` stays as it is: a `%` then `3A`.
+fn decode_sub_delims(normal: &str) -> Cow<'_, str> {
     let bytes = normal.as_bytes();
-    let mut out = String::with_capacity(normal.len());
-    let mut at = 0;
+    // Allocated at the first escape decoded; `copied` is how much of `normal` it holds.
+    let mut out: Option<String> = None;
+    let (mut at, mut copied) = (0, 0);
     while at < bytes.len() {
         match escaped(bytes, at) {
             Some(b) if is_decoded_sub_delim(b) => {
+                let out = out.get_or_insert_with(|| String::with_capacity(normal.len()));
+                out.push_str(&normal[copied..at]);
                 out.push(char::from(b));
                 at += 3;
+                copied = at;
             }
-            Some(_) => {
-                out.push_str(&normal[at..at + 3]);
-                at += 3;
-            }
-            None => {
-                out.push(char::from(bytes[at]));
-                at += 1;
-            }
+            Some(_) => at += 3,
+            None => at += 1,
         }
     }
-    out
+    match out {
+        Some(mut out) => {
+            out.push_str(&normal[copied..]);
+            Cow::Owned(out)
+        }
+        None => Cow::Borrowed(normal),
+    }
 }
 
 /// What [`decode`] met: any escape, and any escape of an [`is_decoded_sub_delim`]
