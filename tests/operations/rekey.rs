@@ -532,3 +532,30 @@ async fn a_retry_of_an_observed_request_is_replayed_after_a_reload_that_enforces
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
 }
+
+/// A path with an escaped `:` whose route enforces nothing runs under the fallback, which
+/// protects its spelling as sent (`docs/reverse-proxy.md`); the previous config is looked
+/// up by the same rule, so a retry across a reload that re-keys the fallback is replayed
+/// from the key the fallback gave it before, not looked up under the unprotected route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_an_escaped_path_the_fallback_protects_is_replayed_across_a_rekeying_reload() {
+    let upstream = start_upstream().await;
+    let search = "routes:\n  - name: search\n    match: { methods: [POST], path: \"/orders:search\" }\n    idempotency: off\n";
+    let proxy = start_proxy_with_admin(upstream.addr, search, None).await;
+    let tag = [("idempotency-key", "escaped-search")];
+    let body = r#"{"q":"late orders","note":"second try"}"#;
+    let first = post(proxy.addr, "/orders%3Asearch", &tag, body).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let ignoring = format!(
+        "defaults:\n  key: {{ fingerprint: {{ body: true, query: true, ignore: [note] }} }}\n{search}"
+    );
+    let reloaded = reload(&proxy, upstream.addr, &ignoring);
+    assert!(
+        reloaded.honoured_until.is_some(),
+        "the reload re-keys the fallback"
+    );
+    let retry = post(proxy.addr, "/orders%3Asearch", &tag, body).await;
+    assert!(retry.replayed(), "{}", retry.status);
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.executed_for("escaped-search"), 1);
+}
