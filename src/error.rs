@@ -73,8 +73,9 @@ pub enum ProxyError {
     #[error("no part of the request body arrived for {0} s")]
     BodyTimeout(u64),
     /// The proxy buffers as many bytes as `connections.max_buffered` allows, one client
-    /// connection as many as `connections.max_buffered_per_connection`: a protected
-    /// request's body found no room, and was refused before anything was claimed or sent.
+    /// connection as many as `connections.max_buffered_per_connection`: a request's head,
+    /// or a protected request's body, found no room, and was refused before anything was
+    /// claimed or sent.
     #[error("{}; retry after {retry_after} s", buffering(*.short))]
     Overloaded {
         /// Seconds for `Retry-After`.
@@ -193,7 +194,7 @@ fn buffering(short: Short) -> &'static str {
         Short::Total => "the proxy is buffering as much as it may at once",
         Short::Connection => {
             "this connection is buffering as much as one connection may at once (its \
-             requests' bodies and answers)"
+             requests' heads, bodies and answers)"
         }
     }
 }

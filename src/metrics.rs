@@ -481,11 +481,13 @@ impl Metrics {
 /// refused. The budget counts in [`BufferMetrics::held`] itself.
 #[derive(Debug, Default)]
 pub struct BufferMetrics {
-    /// Bytes of request bodies and upstream answers buffered now.
+    /// Bytes of request heads held, and of request bodies and upstream answers buffered,
+    /// now.
     pub held: Gauge,
     /// `connections.max_buffered`.
     pub limit: Gauge,
-    /// Bodies refused (`503 overloaded`) and answers streamed unstored, for want of room.
+    /// Heads and bodies refused (`503 overloaded`) and answers streamed unstored, for want
+    /// of room.
     refused: Family<WhatLabel, Counter>,
     /// Of those, the ones whose connection held its share
     /// (`connections.max_buffered_per_connection`).
@@ -510,7 +512,7 @@ impl BufferMetrics {
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "buffered_bytes",
-            "Bytes of protected request bodies and owners' answers buffered now",
+            "Bytes of request heads held, and of protected request bodies and owners' answers buffered, now",
             self.held.clone(),
         );
         registry.register(
@@ -520,7 +522,7 @@ impl BufferMetrics {
         );
         registry.register(
             "buffer_refusals",
-            "Buffers refused for want of room under connections.max_buffered: request bodies (503 overloaded) and answers (streamed, not stored)",
+            "Buffers refused for want of room under connections.max_buffered: request heads and bodies (503 overloaded) and answers (streamed, not stored)",
             self.refused.clone(),
         );
         registry.register(
@@ -530,6 +532,7 @@ impl BufferMetrics {
         );
         // Every series exists from the start, at 0.
         for what in [
+            crate::proxy::budget::Refusal::RequestHead,
             crate::proxy::budget::Refusal::RequestBody,
             crate::proxy::budget::Refusal::Answer,
         ] {

@@ -198,9 +198,9 @@ async fn a_good_head_gets_100_continue_then_its_answer_and_runs_once() {
     assert_eq!(upstream.executed(), 1);
 }
 
-/// The buffers all requests may hold are full (another client's body is half sent): a
-/// head announcing a body gets `503 overloaded` at once instead of `100 Continue`, since
-/// the body would find no room, and nothing runs.
+/// The buffers all requests may hold are full (another client's head and half its body):
+/// a head announcing a body gets `503 overloaded` at once instead of `100 Continue`, since
+/// neither it nor the body finds room, and nothing runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_whose_body_would_find_no_buffer_room_gets_503_instead_of_100_continue() {
     let upstream = start_upstream().await;
@@ -208,12 +208,15 @@ async fn a_head_whose_body_would_find_no_buffer_room_gets_503_instead_of_100_con
         "connections: {{ max_buffered: 1KiB, max_buffered_per_connection: 1KiB }}\n{ROUTES}"
     );
     let proxy = start_proxy(upstream.addr, &routes).await;
-    // Half of a 2 KiB body: its 1 KiB fills the budget until this connection ends.
+    // Its head, and as much of its 2 KiB body as the budget has room for after it, fill
+    // the budget until this connection ends.
     let mut filler = TcpStream::connect(proxy.addr).await.unwrap();
     let head = "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: filler\r\n\
                 content-type: application/json\r\ncontent-length: 2048\r\n\r\n";
     filler.write_all(head.as_bytes()).await.unwrap();
-    filler.write_all(&[b' '; 1024]).await.unwrap();
+    proxy.metric_reaches("idemgate_buffered_bytes", 1.0).await;
+    let head = proxy.metric("idemgate_buffered_bytes") as usize;
+    filler.write_all(&vec![b' '; 1024 - head]).await.unwrap();
     proxy
         .metric_reaches("idemgate_buffered_bytes", 1024.0)
         .await;

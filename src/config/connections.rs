@@ -44,9 +44,10 @@ pub struct Connections {
     /// How a client connection closes (after an answer sent before its request was read
     /// whole, above all).
     pub linger: Linger,
-    /// Bytes all requests together may buffer at once: protected request bodies and
-    /// owners' upstream answers (`crate::proxy::budget`). A body that finds no room is
-    /// refused with `503 overloaded`, an answer streams on, not stored. Applies on reload.
+    /// Bytes all requests together may buffer at once: request heads held, protected
+    /// request bodies and owners' upstream answers (`crate::proxy::budget`). A head or a
+    /// body that finds no room is refused with `503 overloaded`, an answer streams on, not
+    /// stored. Applies on reload.
     pub max_buffered: usize,
     /// Of those, what the requests of one client connection may hold at once, so that a
     /// few slow clients cannot hold all of it (`crate::proxy::budget`); by default an

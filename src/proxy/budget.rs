@@ -10,9 +10,15 @@
 //! so it lasts exactly as long as some part of the buffer is held, however far it is
 //! handed on (to the upstream connection, to a streamed answer's first part).
 //!
-//! A body that finds no room is refused before anything is claimed or sent (`503
-//! overloaded`); an answer that finds none, its request already run, streams on to its
-//! client and is recorded as executed, not stored, as one over `max_answer` is.
+//! Every request's head, on every route, holds its [`head_size`] of it from the moment
+//! the handler takes the request until its answer is handed to hyper or the request is
+//! dropped ([`HeadCharge`]): a head waits as long as the upstream or a protected body
+//! takes, so without it an HTTP/2 client's `max_streams` heads of up to 16 KiB each, on
+//! each of `max_client` connections, would be held for nothing (gigabytes).
+//!
+//! A head or a body that finds no room is refused before anything is claimed or sent
+//! (`503 overloaded`); an answer that finds none, its request already run, streams on to
+//! its client and is recorded as executed, not stored, as one over `max_answer` is.
 //!
 //! One client connection's buffers hold at most `connections.max_buffered_per_connection`
 //! of it at once ([`ConnBuffers`]), as its owners are held to `max_streams`
@@ -24,7 +30,7 @@
 //! connection whose request made it until it drops, whether the client is still there or
 //! not.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -47,11 +53,15 @@ pub struct Budget {
     per_connection: AtomicI64,
     /// Shown as `idemgate_buffered_limit_bytes`.
     limit_gauge: Gauge,
+    /// Request heads refused for want of room.
+    refused_heads: Counter,
     /// Request bodies refused for want of room.
     refused_bodies: Counter,
     /// Answers streamed on unstored for want of room.
     refused_answers: Counter,
-    /// Of those bodies, the ones refused because their connection held its share.
+    /// Of those heads, the ones refused because their connection held its share.
+    share_refused_heads: Counter,
+    /// Of those bodies, the same.
     share_refused_bodies: Counter,
     /// Of those answers, the same.
     share_refused_answers: Counter,
@@ -91,6 +101,8 @@ impl Short {
 /// What asked for room and did not get it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
+    /// A request's head, on any route: refused with `503 overloaded`.
+    RequestHead,
     /// A protected request's body: refused with `503 overloaded`.
     RequestBody,
     /// An owner's upstream answer: streamed on, not stored.
@@ -101,6 +113,7 @@ impl Refusal {
     /// Label for logs and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::RequestHead => "request_head",
             Self::RequestBody => "request_body",
             Self::Answer => "answer",
         }
@@ -116,8 +129,10 @@ impl Budget {
             limit: AtomicI64::new(0),
             per_connection: AtomicI64::new(0),
             limit_gauge: metrics.limit.clone(),
+            refused_heads: metrics.refused(Refusal::RequestHead),
             refused_bodies: metrics.refused(Refusal::RequestBody),
             refused_answers: metrics.refused(Refusal::Answer),
+            share_refused_heads: metrics.share_refused(Refusal::RequestHead),
             share_refused_bodies: metrics.share_refused(Refusal::RequestBody),
             share_refused_answers: metrics.share_refused(Refusal::Answer),
         };
@@ -152,6 +167,7 @@ impl Budget {
     /// Counts a refusal of `what` under the limit `short`.
     pub fn refused(&self, what: Refusal, short: Short) {
         let (all, share) = match what {
+            Refusal::RequestHead => (&self.refused_heads, &self.share_refused_heads),
             Refusal::RequestBody => (&self.refused_bodies, &self.share_refused_bodies),
             Refusal::Answer => (&self.refused_answers, &self.share_refused_answers),
         };
@@ -194,12 +210,91 @@ impl Budget {
     }
 }
 
+/// What a request's head is charged while the proxy holds the request: the size RFC 9113
+/// §6.5.2 gives a field list (each field's name and value, and 32 for its entry), its
+/// method and target counted as one more field. An estimate of what the head holds (its
+/// decoded bytes and the map of them), cheap enough for every request: one pass over the
+/// fields, no allocation.
+pub fn head_size<B>(request: &http::Request<B>) -> usize {
+    const FIELD: usize = 32;
+    let uri = request.uri();
+    let target = uri.path_and_query().map_or(0, |p| p.as_str().len())
+        + uri.authority().map_or(0, |a| a.as_str().len());
+    let fields: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + FIELD)
+        .sum();
+    fields + FIELD + request.method().as_str().len() + target
+}
+
 /// Adds `n` to `held` if the sum stays within `limit`.
 fn add_within(held: &AtomicI64, n: i64, limit: i64) -> bool {
     held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
         held.checked_add(n).filter(|total| *total <= limit)
     })
     .is_ok()
+}
+
+/// Bytes a request's head holds of a [`Budget`] and its connection's share while the
+/// proxy holds the request ([`Budget::take_head`]), given back when dropped: when its
+/// answer is handed to hyper, or its future is dropped (the client left). An owner that
+/// runs on without its client takes them along ([`HeadCharge::hand_over`]), as it takes the
+/// head.
+///
+/// It borrows the budget and the connection's count, as the request's future does: every
+/// request takes one, and it costs the two additions and, dropped, the two subtractions,
+/// no reference counts. The bytes are atomic only so that it can be handed over through
+/// the shared reference a `Send` future holds; nothing else touches them.
+#[derive(Debug)]
+pub struct HeadCharge<'a> {
+    budget: &'a Arc<Budget>,
+    conn: &'a Arc<ConnBuffers>,
+    bytes: AtomicU64,
+}
+
+impl Budget {
+    /// Takes `n` bytes (a [`head_size`]) for a request head of the connection `conn`
+    /// counts, if both its share and the total stay within their limits; the limit it
+    /// found no room under otherwise.
+    pub fn take_head<'a>(
+        self: &'a Arc<Self>,
+        conn: &'a Arc<ConnBuffers>,
+        n: usize,
+    ) -> Result<HeadCharge<'a>, Short> {
+        self.take(conn, n as u64)?;
+        Ok(HeadCharge {
+            budget: self,
+            conn,
+            bytes: AtomicU64::new(n as u64),
+        })
+    }
+}
+
+impl HeadCharge<'_> {
+    /// The bytes it holds now.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Its bytes as a [`Charge`] of their own, which holds them until it drops wherever it
+    /// goes (an owner's task that runs on after its client left); this one then holds
+    /// nothing. Nothing is taken again: the hand-over cannot fail.
+    pub fn hand_over(&self) -> Charge {
+        Charge {
+            account: Some((Arc::clone(self.budget), Arc::clone(self.conn))),
+            bytes: self.bytes.swap(0, Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for HeadCharge<'_> {
+    fn drop(&mut self) {
+        let bytes = *self.bytes.get_mut();
+        if bytes > 0 {
+            self.budget.give_back(self.conn, bytes);
+        }
+    }
 }
 
 /// Bytes taken from a [`Budget`] for one buffer, given back when it drops.
@@ -337,6 +432,44 @@ mod tests {
         assert_eq!(budget.full(&other), Some(Short::Total));
         drop(first);
         assert_eq!(budget.full(&hoarder), None);
+    }
+
+    /// A head is charged its fields as RFC 9113 counts them, and its method and target
+    /// as one more field.
+    #[test]
+    fn a_head_is_charged_its_fields_and_target() {
+        let request = http::Request::post("http://a.example/orders?x=1")
+            .header("idempotency-key", "k1")
+            .header("x-pad", "p".repeat(100))
+            .body(())
+            .unwrap();
+        let fields = (15 + 2 + 32) + (5 + 100 + 32);
+        let target = "/orders?x=1".len() + "a.example".len();
+        assert_eq!(head_size(&request), fields + 32 + 4 + target);
+    }
+
+    /// A head's bytes are given back when it drops, or, handed over, when what took them
+    /// drops; a head without room leaves the budget as it was.
+    #[test]
+    fn a_head_holds_its_bytes_until_it_or_its_hand_over_drops() {
+        let metrics = Metrics::new();
+        let budget = Budget::new(100, 50, metrics.buffers());
+        let conn = Arc::default();
+        let head = budget.take_head(&conn, 30).unwrap();
+        assert_eq!(budget.take_head(&conn, 21).err(), Some(Short::Connection));
+        assert_eq!((budget.held(), conn.held()), (30, 30));
+        let owner = head.hand_over();
+        assert_eq!(head.bytes(), 0);
+        drop(head);
+        assert_eq!((budget.held(), conn.held()), (30, 30));
+        drop(owner);
+        assert_eq!((budget.held(), conn.held()), (0, 0));
+        let other = Arc::default();
+        let _held = budget.take_head(&other, 50).unwrap();
+        let _more = budget.take_head(&conn, 50).unwrap();
+        let third = Arc::default();
+        assert_eq!(budget.take_head(&third, 1).err(), Some(Short::Total));
+        assert_eq!((budget.held(), third.held()), (100, 0));
     }
 
     /// The charge lasts as long as any part of the buffer it was attached to.

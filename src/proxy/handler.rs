@@ -13,7 +13,8 @@ use tracing::Instrument;
 
 use super::admission;
 use super::body::ProxyBody;
-use super::budget::Budget;
+use super::body::OVERLOADED_RETRY_AFTER;
+use super::budget::{self, Budget, Refusal};
 use super::observe;
 use super::passthrough;
 use super::previous::Generations;
@@ -228,8 +229,26 @@ impl Proxy {
         // without an access log neither the clock nor the path is read.
         let access = tracing::enabled!(target: "access", tracing::Level::INFO)
             .then(|| (Instant::now(), request.uri().path().to_owned()));
-        let live = self.live.load_full();
         let version = request.version();
+        // The head is charged first, before any work for it: held from here until the
+        // answer is handed on (see `super::budget`). One without room gets what a body
+        // without room gets, before routing: nothing is claimed or sent.
+        let size = budget::head_size(&request);
+        let head = match self.budget.take_head(conn.share.buffers(), size) {
+            Ok(head) => head,
+            Err(short) => {
+                self.budget.refused(Refusal::RequestHead, short);
+                let error = ProxyError::Overloaded {
+                    retry_after: OVERLOADED_RETRY_AFTER,
+                    short,
+                };
+                let method = request.method().clone();
+                let metrics = self.metrics.route("");
+                let report = Report::default();
+                return finish("", &metrics, method, version, report, access, Err(error));
+            }
+        };
+        let live = self.live.load_full();
         let mut request = request;
         // Routed and forwarded in its one normal form: no spelling of a path steps around
         // a route. A path with an escaped `:` or sub-delimiter is routed decoded, and one
@@ -342,6 +361,7 @@ impl Proxy {
                     stopping: &self.stopping,
                     body_read_timeout: self.body_read_timeout,
                     budget: &self.budget,
+                    head: &head,
                     older: &older,
                     overrides,
                 };

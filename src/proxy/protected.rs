@@ -24,7 +24,7 @@ use http::{HeaderValue, Request, Response};
 
 use super::answer;
 use super::body::{read_limited, ProxyBody, RequestBody};
-use super::budget::Budget;
+use super::budget::{Budget, HeadCharge};
 use super::conn_share::Owning;
 use super::detach::Detachable;
 use super::head::{self, Announced};
@@ -76,6 +76,8 @@ pub struct Context<'a> {
     pub body_read_timeout: Duration,
     /// What bodies and answers are buffered in (`connections.max_buffered`).
     pub budget: &'a Arc<Budget>,
+    /// What the request's head holds of it until the answer; an owner takes it along.
+    pub head: &'a HeadCharge<'a>,
     /// The rules of the previous generations that would have protected this request, newest
     /// first (`super::previous`): empty unless a reload re-keyed requests.
     pub older: &'a [Arc<Protected>],
@@ -409,7 +411,11 @@ pub(super) async fn execute(
     let ended = Arc::clone(&exchanged);
     let stopping = Arc::clone(cx.stopping);
     let budget = Arc::clone(cx.budget);
+    // The head goes out with the request, and an owner that runs on after its client
+    // left still holds it: its charge goes along.
+    let head = cx.head.hand_over();
     let owner = Detachable::new(async move {
+        let _head = head;
         let _running = running;
         let _owned = owned;
         let _owning = owning;

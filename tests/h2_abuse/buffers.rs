@@ -110,3 +110,96 @@ async fn one_connection_holds_at_most_its_share_of_the_buffer_budget() {
     assert_eq!(upstream.executed_for("hoard-1"), 0);
     assert_eq!(upstream.executed(), 2);
 }
+
+/// Decoded size of the padding field each held head carries (`x-pad`, under the 16 KiB
+/// header list limit): three such heads are more than a connection's 32 KiB share, two
+/// are not.
+const PAD: usize = 12 * 1024;
+
+/// Request heads are held too, on every route: an unprotected request's head while the
+/// upstream takes its time, a protected one's while its body trickles. One HTTP/2
+/// connection opens requests with large heads that the upstream holds (a gate): each holds
+/// its head in the budget until its answer, so the first two fit in the connection's share
+/// and the third is refused with `503 overloaded` before it goes upstream; another
+/// connection is served meanwhile, and once the held requests are answered their heads
+/// are given back. Without the charge, every head is held for free: all of them go out
+/// and the budget shows nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_request_heads_count_against_the_connections_share() {
+    let upstream = start_upstream().await;
+    // No route: a PUT passes through (POST and PATCH would be fingerprinted).
+    let proxy = start_proxy(upstream.addr, "connections: { max_buffered: 256KiB }\n").await;
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let (mut held, mut refused) = (Vec::new(), None);
+    for i in 0..8 {
+        let request = http::Request::put("http://x/orders")
+            .header("x-test-gate", "heads")
+            .header("x-pad", "p".repeat(PAD))
+            .body(())
+            .unwrap();
+        let (answer, _) = client.send_request(request, true).unwrap();
+        let mut answer = Box::pin(answer);
+        // Either the proxy answers it (refused), or it reaches the upstream's gate.
+        tokio::select! {
+            answer = &mut answer => {
+                refused = Some((i, answer.unwrap()));
+                break;
+            }
+            () = upstream.arrived("heads", held.len() + 1) => held.push(answer),
+        }
+        client = client.ready().await.unwrap();
+    }
+    let (refused_at, refused) = refused.unwrap_or_else(|| {
+        panic!(
+            "no request of the connection was refused: {} heads of {} KiB held at once",
+            held.len(),
+            PAD >> 10
+        )
+    });
+    assert_eq!(
+        refused_at, 2,
+        "heads one connection held at once: {refused:?}"
+    );
+    let held_bytes = proxy.metric("idemgate_buffered_bytes");
+    assert!(held_bytes >= (2 * PAD) as f64, "{held_bytes}");
+    // Another connection is served while the first holds its heads.
+    let other = common::post(proxy.addr, "/orders", &[], "o").await;
+    assert_eq!(other.status, 201, "{:?}", other.body);
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let mut problem = refused.into_body();
+    let mut text = Vec::new();
+    while let Some(chunk) = problem.data().await {
+        text.extend_from_slice(&chunk.unwrap());
+    }
+    let problem: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(problem["type"], "urn:idemgate:problem:overloaded");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("this connection is buffering"),
+        "{detail}"
+    );
+    assert_eq!(
+        proxy.metric(r#"idemgate_buffer_refusals_total{what="request_head"}"#),
+        1.0
+    );
+    assert_eq!(
+        proxy.metric(r#"idemgate_buffer_share_refusals_total{what="request_head"}"#),
+        1.0
+    );
+    // The held requests go on and are answered; the refused one never went out.
+    upstream.open("heads");
+    for answer in held {
+        let answer = tokio::time::timeout(HANG, answer)
+            .await
+            .expect("hang guard: a held request was never answered")
+            .unwrap();
+        assert_eq!(answer.status(), 201);
+    }
+    assert_eq!(upstream.executed(), 3);
+    // A head is given back before its answer is handed on: nothing is held now.
+    assert_eq!(proxy.metric("idemgate_buffered_bytes"), 0.0);
+}

@@ -163,3 +163,41 @@ async fn a_connection_whose_client_left_keeps_its_slot_until_its_owners_end() {
     assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
     assert_eq!(proxy.metric("idemgate_client_connections_outlived"), 0.0);
 }
+
+/// An owner that runs on after its client left still holds the request's head (it went
+/// out with the request): its charge in the buffer budget goes with it, and is given back
+/// when the owner ends, not when the client leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_whose_client_left_holds_its_head_in_the_budget_until_it_ends() {
+    const PAD: usize = 12 * 1024;
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let mut left = TcpStream::connect(proxy.addr).await.unwrap();
+    let pad = format!("x-pad: {}", "p".repeat(PAD));
+    let headers = ["x-test-gate: held", pad.as_str()];
+    let request = common::raw_post("/orders", &headers, r#"{"left":1}"#);
+    left.write_all(&request).await.unwrap();
+    upstream.arrived("held", 1).await;
+    drop(left);
+    // Counted as outlived once its connection has ended, and with it the request's future
+    // (an HTTP/1 connection drives its request's future itself): the owner runs detached.
+    proxy
+        .metric_reaches("idemgate_client_connections_outlived", 1.0)
+        .await;
+    let held = proxy.metric("idemgate_buffered_bytes");
+    upstream.open("held");
+    assert!(
+        held >= PAD as f64,
+        "a detached owner's head held {held} bytes of the budget"
+    );
+    owners_end(&proxy).await;
+    let deadline = std::time::Instant::now() + HANG;
+    while proxy.metric("idemgate_buffered_bytes") > 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: the owner's buffers were never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(upstream.executed(), 1);
+}
