@@ -188,6 +188,7 @@ async fn accept_loop<F, S>(
     template.http1().header_read_timeout(None);
     // Answers are written flattened, as upstream requests are (see `Pool::new`).
     template.http1().writev(false);
+    template.http1().max_buf_size(H1_BUFFER);
     // HTTP/2's limits against the known attacks are set here, not left to hyper's and h2's
     // defaults, so that no dependency bump lifts them; tests/h2_abuse pins each. PING and
     // SETTINGS floods need none: h2 reads no further frame until its answer to the last one
@@ -333,6 +334,14 @@ const H2_ERROR_RESETS: usize = 1024;
 /// frames of one head (CVE-2024-27316): h2 takes a little more than the frames needed to
 /// carry this much, at least 5. hyper's default; h2's own would be 16 MiB.
 const H2_HEADER_LIST: u32 = 16 << 10;
+
+/// The most an HTTP/1.1 client connection's read buffer grows to, and so the longest head
+/// it takes: one that does not fit is answered `431`. A third of hyper's default (about
+/// 400 KiB), which every connection could hold with a head still arriving, outside the
+/// buffer budget (`crate::proxy::budget` charges a head once it is whole). Still room for
+/// the longest target hyper parses (65,534 bytes, a longer one gets its `414`) with its
+/// fields; nginx takes 4 × 8 KiB of head, Envoy 60 KiB.
+const H1_BUFFER: usize = 128 << 10;
 
 /// A gauge up while the value lives.
 struct Counted(Gauge);

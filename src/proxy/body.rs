@@ -423,8 +423,8 @@ pub const OVERLOADED_RETRY_AFTER: u64 = 1;
 /// the second frame on, every frame is copied into one buffer and dropped.
 ///
 /// No frame is kept as a handle once a second one comes, however large: a handle holds the
-/// whole read buffer it was cut from (hyper's grows to about 400 KiB) and costs a handle's
-/// size besides, so a client or upstream that sends small frames would make `limit` bytes
+/// whole read buffer it was cut from (hyper's grows to 128 KiB on a client connection,
+/// about 400 KiB on an upstream one) and costs a handle's size besides, so a client or upstream that sends small frames would make `limit` bytes
 /// of data hold many times `limit`, and keeping only large frames (say from 4 KiB) would
 /// still let each pin a buffer many times its size. A body of several frames has to be
 /// copied into one `Bytes` anyway: copying as they come is that same one copy.

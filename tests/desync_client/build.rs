@@ -54,6 +54,11 @@ pub(crate) fn build(raw: &[u8], route: Route) -> Vec<u8> {
             "POST {path} HTTP/1.1\r\nHost: a\r\n$KX-Long: {}\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
             "h".repeat(512 * 1024)
         )),
+        // Over the proxy's 128 KiB (`H1_BUFFER`), within hyper's default.
+        b"$BIG_HEAD" => Some(format!(
+            "POST {path} HTTP/1.1\r\nHost: a\r\n$KX-Long: {}\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+            "h".repeat(200 * 1024)
+        )),
         b"$LONG_EXT" => Some(format!(
             "POST {path} HTTP/1.1\r\nHost: a\r\n$KTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3;ext={}\r\nabc\r\n0\r\n\r\n",
             "e".repeat(64 * 1024)

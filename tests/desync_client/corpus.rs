@@ -361,6 +361,9 @@ pub(crate) const HEAD: &[Vector] = &[
     v("request_line_too_long", Both, b"$LONG_TARGET", Refused(414)),
     // RFC 6585 §5: a header section larger than the server will process: 431.
     v("header_section_too_long", Both, b"$LONG_HEAD", Refused(431)),
+    // What an HTTP/1.1 connection reads of a head is bounded by the proxy (128 KiB), not
+    // left to hyper's default (about 400 KiB): every connection may hold that much.
+    v("header_section_over_the_buffer", Both, b"$BIG_HEAD", Refused(431)),
     v(
         "get_with_a_chunked_body_then_a_pipelined_request",
         Open,
