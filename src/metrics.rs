@@ -512,7 +512,7 @@ impl BufferMetrics {
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "buffered_bytes",
-            "Bytes of request heads held, and of protected request bodies and owners' answers buffered, now",
+            "Bytes of protected requests' heads held, and of their bodies and owners' answers buffered, now",
             self.held.clone(),
         );
         registry.register(
@@ -522,7 +522,7 @@ impl BufferMetrics {
         );
         registry.register(
             "buffer_refusals",
-            "Buffers refused for want of room under connections.max_buffered: request heads and bodies (503 overloaded) and answers (streamed, not stored)",
+            "Buffers refused for want of room under connections.max_buffered: protected requests' heads and bodies (503 overloaded) and answers (streamed, not stored)",
             self.refused.clone(),
         );
         registry.register(

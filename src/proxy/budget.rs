@@ -10,11 +10,14 @@
 //! so it lasts exactly as long as some part of the buffer is held, however far it is
 //! handed on (to the upstream connection, to a streamed answer's first part).
 //!
-//! Every request's head, on every route, holds its [`head_size`] of it from the moment
-//! the handler takes the request until its answer is handed to hyper or the request is
-//! dropped ([`HeadCharge`]): a head waits as long as the upstream or a protected body
-//! takes, so without it an HTTP/2 client's `max_streams` heads of up to 16 KiB each, on
-//! each of `max_client` connections, would be held for nothing (gigabytes).
+//! A protected request's head holds its [`head_size`] of it from the moment its own
+//! refusals (a missing key, a body over `max_body`) are past until its answer is handed to
+//! hyper or the request is dropped ([`HeadCharge`]): it waits as long as its body comes
+//! (a gap limit, no deadline) and its owner runs, so without it an HTTP/2 client's
+//! `max_streams` heads of up to 16 KiB each, on each of `max_client` connections, would be
+//! held for nothing (gigabytes). An unprotected request's head is handed to the upstream
+//! connection as soon as one is free, within the route's timeouts, and is not charged:
+//! so a budget full of bodies never refuses a `GET` or a health check.
 //!
 //! A head or a body that finds no room is refused before anything is claimed or sent
 //! (`503 overloaded`); an answer that finds none, its request already run, streams on to
@@ -189,7 +192,7 @@ impl Budget {
 
     /// Takes `n` bytes for a buffer of `conn` if both its share and the total stay within
     /// their limits. The share is taken first: a connection at its share leaves the total,
-    /// which every request touches, alone.
+    /// which every protected request touches, alone.
     fn take(&self, conn: &ConnBuffers, n: u64) -> Result<(), Short> {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         let share = self.per_connection.load(Ordering::Relaxed);
@@ -210,10 +213,10 @@ impl Budget {
     }
 }
 
-/// What a request's head is charged while the proxy holds the request: the size RFC 9113
+/// What a protected request's head is charged while the proxy holds the request: the size RFC 9113
 /// §6.5.2 gives a field list (each field's name and value, and 32 for its entry), its
 /// method and target counted as one more field. An estimate of what the head holds (its
-/// decoded bytes and the map of them), cheap enough for every request: one pass over the
+/// decoded bytes and the map of them), cheap enough for every such request: one pass over the
 /// fields, no allocation.
 pub fn head_size<B>(request: &http::Request<B>) -> usize {
     const FIELD: usize = 32;
@@ -236,15 +239,15 @@ fn add_within(held: &AtomicI64, n: i64, limit: i64) -> bool {
     .is_ok()
 }
 
-/// Bytes a request's head holds of a [`Budget`] and its connection's share while the
-/// proxy holds the request ([`Budget::take_head`]), given back when dropped: when its
+/// Bytes a protected request's head holds of a [`Budget`] and its connection's share while
+/// the proxy holds the request ([`HeadCharge::take`]), given back when dropped: when its
 /// answer is handed to hyper, or its future is dropped (the client left). An owner that
 /// runs on without its client takes them along ([`HeadCharge::hand_over`]), as it takes the
 /// head.
 ///
 /// It borrows the budget and the connection's count, as the request's future does: every
-/// request takes one, and it costs the two additions and, dropped, the two subtractions,
-/// no reference counts. The bytes are atomic only so that it can be handed over through
+/// protected request takes one, and it costs the two additions and, dropped, the two
+/// subtractions, no reference counts. The bytes are atomic only so that it can be handed over through
 /// the shared reference a `Send` future holds; nothing else touches them.
 #[derive(Debug)]
 pub struct HeadCharge<'a> {
@@ -262,16 +265,31 @@ impl Budget {
         conn: &'a Arc<ConnBuffers>,
         n: usize,
     ) -> Result<HeadCharge<'a>, Short> {
-        self.take(conn, n as u64)?;
-        Ok(HeadCharge {
+        let head = self.head_charge(conn);
+        head.take(n)?;
+        Ok(head)
+    }
+
+    /// A charge for a request head of the connection `conn` counts that holds nothing yet:
+    /// [`HeadCharge::take`] fills it once the head's own refusals are past.
+    pub fn head_charge<'a>(self: &'a Arc<Self>, conn: &'a Arc<ConnBuffers>) -> HeadCharge<'a> {
+        HeadCharge {
             budget: self,
             conn,
-            bytes: AtomicU64::new(n as u64),
-        })
+            bytes: AtomicU64::new(0),
+        }
     }
 }
 
 impl HeadCharge<'_> {
+    /// Takes `n` more bytes, if the connection's share and the total have room; the limit
+    /// it found none under otherwise, holding what it held.
+    pub fn take(&self, n: usize) -> Result<(), Short> {
+        self.budget.take(self.conn, n as u64)?;
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The bytes it holds now.
     pub fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)

@@ -13,8 +13,7 @@ use tracing::Instrument;
 
 use super::admission;
 use super::body::ProxyBody;
-use super::body::OVERLOADED_RETRY_AFTER;
-use super::budget::{self, Budget, Refusal};
+use super::budget::Budget;
 use super::observe;
 use super::passthrough;
 use super::previous::Generations;
@@ -230,24 +229,6 @@ impl Proxy {
         let access = tracing::enabled!(target: "access", tracing::Level::INFO)
             .then(|| (Instant::now(), request.uri().path().to_owned()));
         let version = request.version();
-        // The head is charged first, before any work for it: held from here until the
-        // answer is handed on (see `super::budget`). One without room gets what a body
-        // without room gets, before routing: nothing is claimed or sent.
-        let size = budget::head_size(&request);
-        let head = match self.budget.take_head(conn.share.buffers(), size) {
-            Ok(head) => head,
-            Err(short) => {
-                self.budget.refused(Refusal::RequestHead, short);
-                let error = ProxyError::Overloaded {
-                    retry_after: OVERLOADED_RETRY_AFTER,
-                    short,
-                };
-                let method = request.method().clone();
-                let metrics = self.metrics.route("");
-                let report = Report::default();
-                return finish("", &metrics, method, version, report, access, Err(error));
-            }
-        };
         let live = self.live.load_full();
         let mut request = request;
         // Routed and forwarded in its one normal form: no spelling of a path steps around
@@ -350,6 +331,9 @@ impl Proxy {
                 result
             }
             Protection::On(rule) => {
+                // Filled once the head's own refusals are past (`protected::handle`), and
+                // held until the answer is handed on (see `super::budget`).
+                let head = self.budget.head_charge(conn.share.buffers());
                 let cx = protected::Context {
                     store: &self.store,
                     client: &live.client,

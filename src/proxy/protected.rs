@@ -24,7 +24,7 @@ use http::{HeaderValue, Request, Response};
 
 use super::answer;
 use super::body::{read_limited, ProxyBody, RequestBody};
-use super::budget::{Budget, HeadCharge};
+use super::budget::{head_size, Budget, HeadCharge, Refusal};
 use super::conn_share::Owning;
 use super::detach::Detachable;
 use super::head::{self, Announced};
@@ -136,12 +136,25 @@ pub async fn handle(
     report: &mut Report,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let policy = &rule.policy;
+    let size = head_size(&request);
     let (parts, body) = request.into_parts();
     // Phase 1: refuse what the head decides before the body is polled, so `Expect:
-    // 100-continue` gets that answer instead of `100 Continue` (see `head`).
+    // 100-continue` gets that answer instead of `100 Continue` (see `head`). Then the head
+    // takes its room in the budget, held while its body comes and its owner runs: one
+    // without room gets what a body without room gets, before anything is claimed.
     let buffers = cx.conn.share.buffers();
     let announced = Announced::of(&parts.headers, body.is_empty());
-    if let Err(refused) = head::refusal(rule, &parts.headers, announced, cx.budget, buffers) {
+    let refused =
+        head::refusal(rule, &parts.headers, announced, cx.budget, buffers).and_then(|()| {
+            cx.head.take(size).map_err(|short| {
+                cx.budget.refused(Refusal::RequestHead, short);
+                ProxyError::Overloaded {
+                    retry_after: super::body::OVERLOADED_RETRY_AFTER,
+                    short,
+                }
+            })
+        });
+    if let Err(refused) = refused {
         report.body_unread = announced != Announced::Nothing;
         return Err(refused);
     }
