@@ -583,3 +583,38 @@ async fn token_requests_are_limited_per_client_address_and_ipv6_per_64() {
         StatusCode::CREATED
     );
 }
+
+/// Behind a balancer nobody listed in `trusted_proxies`, every client shares its address's
+/// `tokens.rate_per_address`: the first token request it relays (it sends
+/// `X-Forwarded-For` or `Forwarded`) logs one warning naming it, and no later one does. A
+/// request that names no one relayed logs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_request_relayed_by_an_unlisted_peer_warns_once() {
+    let upstream = start_upstream().await;
+    let proxy = common::ProxyProcess::start_logging(upstream.addr, ROUTES, "warn");
+    let warning = "share one address's token limit";
+    let ask = |relayed: &'static [(&'static str, &'static str)]| {
+        let addr = proxy.addr;
+        async move {
+            let mut headers = vec![("authorization", "Bearer alice")];
+            headers.extend_from_slice(relayed);
+            post(addr, "/.idemgate/token", &headers, "").await.status
+        }
+    };
+    // Logged before its answer is written (to stderr, unbuffered): no wait is needed.
+    assert_eq!(ask(&[]).await, StatusCode::CREATED);
+    assert!(!proxy.log().contains(warning), "{}", proxy.log());
+    assert_eq!(
+        ask(&[("forwarded", "for=198.51.100.7")]).await,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        ask(&[("x-forwarded-for", "198.51.100.8")]).await,
+        StatusCode::CREATED
+    );
+    let log = proxy.log();
+    assert_eq!(log.matches(warning).count(), 1, "{log}");
+    let line = log.lines().find(|l| l.contains(warning)).unwrap();
+    assert!(line.contains("127.0.0.1"), "names the peer: {line}");
+    assert!(line.contains("trusted_proxies"), "{line}");
+}

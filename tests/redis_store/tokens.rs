@@ -91,3 +91,46 @@ async fn the_token_budget_bounds_the_token_records_redis_holds() {
     );
     assert_eq!(upstream.executed(), 2);
 }
+
+/// A token handed back after a failed attempt keeps the expiry it was issued with: failing
+/// an attempt now and then never keeps a token alive past `tokens.ttl`, so the budget
+/// still bounds the tokens Redis holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_handed_back_keeps_the_expiry_it_was_issued_with() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let yaml = format!(
+        "store:\n  redis: {{ url: \"{}\", prefix: \"t:\" }}\ntokens: {{ ttl: 10s }}\nroutes:\n  - name: pay\n    match: {{ methods: [POST], path: /orders/pay }}\n    key: {{ token: {{}} }}\n",
+        redis.url()
+    );
+    let proxy = start_proxy(upstream.addr, &yaml).await;
+    let alice = [("authorization", "Bearer alice")];
+    let issued = post(proxy.addr, "/.idemgate/token", &alice, "").await;
+    assert_eq!(issued.status, StatusCode::CREATED);
+    let token = issued.json()["token"].as_str().unwrap().to_owned();
+    let headers = |status| {
+        [
+            ("authorization", "Bearer alice"),
+            ("idempotency-token", token.as_str()),
+            ("x-test-status", status),
+        ]
+    };
+    // Time passes before the attempt: its hand-back must not give that time back.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let failed = post(proxy.addr, "/orders/pay", &headers("503"), "{}").await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+    let names = redis.cli(&["KEYS", "t:{*"]);
+    let name = names
+        .lines()
+        .find(|l| !l.is_empty())
+        .expect("the token's record");
+    let left: u64 = redis.cli(&["PTTL", name]).trim().parse().unwrap();
+    assert!(
+        left <= 8600,
+        "handed back for {left} ms: the token was issued for 10 s, 1.5 s before"
+    );
+    // Still the caller's to spend until then.
+    let retry = post(proxy.addr, "/orders/pay", &headers("201"), "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(upstream.executed(), 2);
+}

@@ -139,6 +139,75 @@ fn a_token_handed_back_stays_within_the_share() {
     assert_eq!(store.stats().entries, 3);
 }
 
+/// Spends the issued token at `k`: the owner's token.
+fn spend(store: &MemoryStore, k: Digest) -> crate::store::OwnerToken {
+    let args = ClaimArgs {
+        mode: ClaimMode::IssuedOnly,
+        ..ClaimArgs::new(k, FINGERPRINT, LEASE)
+    };
+    let Ok(RawClaim::Owner { token, .. }) = store.claim(&args) else {
+        panic!("the token at {k:?} was not spent");
+    };
+    token
+}
+
+/// A failure that hands its token back, as the proxy settles a 5xx or an upstream never
+/// reached: the failure shared with the waiters, the token usable again.
+fn failed_handing_back() -> Settlement {
+    Settlement::Failed {
+        response: answer(),
+        linger: Duration::from_secs(5),
+        reissue: Some(TOKEN_TTL),
+    }
+}
+
+/// A token handed back with its attempt's failure (kept in the failure's record, to be
+/// spent again for `reissue`) counts in the share like one issued: while it is there, the
+/// share is full; once it is spent again, there is room.
+#[test]
+fn a_token_handed_back_with_a_failure_counts_in_the_share() {
+    let store = store(10, 30, WhenFull::Evict);
+    for n in 1..=3 {
+        store.issue(key(n), TOKEN_TTL).unwrap();
+    }
+    let owner = spend(&store, key(1));
+    let settled = store.settle(&owned(key(1), owner), failed_handing_back());
+    assert_eq!(settled, Settled::Written);
+    assert_eq!(store.inspect(key(1)).map(|i| i.state), Some("failed"));
+    assert!(
+        matches!(store.issue(key(4), TOKEN_TTL), Err(StoreError::Full)),
+        "three unspent tokens, one of them handed back, fill a share of three"
+    );
+    let _again = spend(&store, key(1));
+    store.issue(key(4), TOKEN_TTL).unwrap();
+    assert_eq!(store.stats().tokens_refused, 1);
+}
+
+/// A failure that finds the share full shares its failure with the waiters, but hands
+/// its token back no more than a release would: never a token beyond `token_share`.
+#[test]
+fn a_failure_that_finds_the_share_full_does_not_hand_its_token_back() {
+    let store = store(10, 30, WhenFull::Evict);
+    for n in 1..=3 {
+        store.issue(key(n), TOKEN_TTL).unwrap();
+    }
+    let owner = spend(&store, key(1));
+    // Its place in the share is taken while its attempt runs.
+    store.issue(key(4), TOKEN_TTL).unwrap();
+    let settled = store.settle(&owned(key(1), owner), failed_handing_back());
+    assert_eq!(settled, Settled::Written);
+    assert_eq!(store.inspect(key(1)).map(|i| i.state), Some("failed"));
+    let args = ClaimArgs {
+        mode: ClaimMode::IssuedOnly,
+        ..ClaimArgs::new(key(1), FINGERPRINT, LEASE)
+    };
+    assert!(matches!(
+        store.claim(&args),
+        Ok(RawClaim::Other(crate::store::Claim::NotIssued))
+    ));
+    assert_eq!(store.stats().tokens_refused, 1);
+}
+
 /// The budget holds by bytes as well: `token_share` of `max_bytes`, at a token's cost.
 #[test]
 fn the_token_budget_follows_max_bytes_too() {
