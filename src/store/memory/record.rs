@@ -108,6 +108,17 @@ impl Entry {
         }
     }
 
+    /// Whether the record holds an unspent one-time token: one issued, or one handed back
+    /// with its attempt's failure (to be spent again). Both count in `token_share` and sit
+    /// in the token queues, so room is made from them first.
+    pub(super) fn holds_token(&self) -> bool {
+        match self {
+            Entry::Issued { .. } => true,
+            Entry::Settled(record) => matches!(record.outcome, Outcome::Failed { issued: true, .. }),
+            _ => false,
+        }
+    }
+
     /// Whether the record's TTL has run out (it counts as absent, until swept).
     pub fn is_expired(&self, now: Ticks) -> bool {
         self.expires_at().is_some_and(|at| at <= now)

@@ -4,7 +4,6 @@
 //! failure that finds none (it never evicts a live record) is shared without its answer.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use super::limits::{Reclaim, Room};
 use super::record::{Entry, Outcome, SettledRecord, Ticks};
@@ -75,11 +74,12 @@ impl MemoryStore {
         let seen = shard.remove_for_outcome(&key, &self.totals);
         let record =
             |outcome| SettledRecord::now(outcome, token, fingerprint, route, caller).into_entry();
+        let issued = |ttl| (Entry::Issued { expires_at: 0 }, ttl, ENTRY_OVERHEAD);
         let (next, settled) = match settlement {
-            Settlement::Release { reissue } => (
-                reissue.and_then(|ttl| self.token_back(&mut shard, index, ticks, ttl)),
-                written,
-            ),
+            Settlement::Release { reissue } => {
+                let back = reissue.filter(|_| self.token_back(&mut shard, index, ticks));
+                (back.map(issued), written)
+            }
             Settlement::Done { ttl, .. } if ttl.is_zero() => (None, written),
             Settlement::Done { response, ttl } => {
                 let cost = response.cost();
@@ -120,6 +120,8 @@ impl MemoryStore {
                 linger,
                 reissue,
             } => {
+                // A token handed back with the failure is one more unspent token.
+                let reissue = reissue.filter(|_| self.token_back(&mut shard, index, ticks));
                 // Shared for a few seconds: never at the cost of a live record.
                 let cost = response.cost();
                 if self.room_for_bytes(&mut shard, index, ticks, cost, Reclaim::Expired) {
@@ -129,10 +131,8 @@ impl MemoryStore {
                     (Some((entry, ttl, cost)), written)
                 } else {
                     // No room to share the failure: waiters are told their owner failed,
-                    // without its answer; a one-time token is still given back.
-                    let back =
-                        reissue.and_then(|ttl| self.token_back(&mut shard, index, ticks, ttl));
-                    (back, written)
+                    // without its answer; a one-time token (room made above) still goes back.
+                    (reissue.map(issued), written)
                 }
             }
         };
@@ -144,23 +144,18 @@ impl MemoryStore {
         settled
     }
 
-    /// The record of a one-time token handed back (its attempt failed unsent), for `ttl`:
-    /// one more unspent token, so within their share, made room for by expiry alone, as
-    /// one issued ([`MemoryStore::issue`]). Without room it is not written and counted as
-    /// a refused issuance: its holder's retry hears `token-invalid` and asks for another,
-    /// nothing having run. Shards other writes hold are not waited for (the claim's record
-    /// is gone already): only a store at the tokens' bound meets this.
-    fn token_back(
-        &self,
-        shard: &mut Shard,
-        index: usize,
-        now: Ticks,
-        ttl: Duration,
-    ) -> Option<(Entry, Duration, usize)> {
+    /// Whether a one-time token may be handed back (its attempt failed unsent), on its
+    /// own or in its failure's record: one more unspent token, so within their share, made
+    /// room for by expiry alone, as one issued ([`MemoryStore::issue`]). Without room it is
+    /// not handed back and counted as a refused issuance: its holder's retry hears
+    /// `token-invalid` and asks for another, nothing having run. Shards other writes hold
+    /// are not waited for (the claim's record is gone already): only a store at the
+    /// tokens' bound meets this.
+    fn token_back(&self, shard: &mut Shard, index: usize, now: Ticks) -> bool {
         if self.room_for_token(shard, index, now) == Room::Fits {
-            return Some((Entry::Issued { expires_at: 0 }, ttl, ENTRY_OVERHEAD));
+            return true;
         }
         self.tokens_refused.fetch_add(1, Ordering::Relaxed);
-        None
+        false
     }
 }

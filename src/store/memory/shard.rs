@@ -7,8 +7,8 @@
 //! reaches the front, and dropped in bulk by [`Shard::compact`] before stale entries can
 //! outnumber live ones.
 //!
-//! Unspent one-time tokens have queues of their own, so a store making room finds them
-//! before any record that holds a claim or an answer: anyone may ask for a token, and
+//! Unspent one-time tokens (issued, or handed back with a failure: [`Entry::holds_token`])
+//! have queues of their own, so a store making room finds them before any other record that holds a claim or an answer: anyone may ask for a token, and
 //! losing an unspent one costs its holder a new token, never a run.
 
 use std::collections::VecDeque;
@@ -42,7 +42,7 @@ pub(super) type Seen = (u64, SystemTime);
 #[derive(Debug)]
 struct ExpiryQueue {
     ttl: Duration,
-    /// Whether it holds unspent tokens ([`Entry::Issued`]) rather than other records.
+    /// Whether it holds unspent tokens ([`Entry::holds_token`]) rather than other records.
     tokens: bool,
     entries: VecDeque<(Ticks, Digest)>,
 }
@@ -67,12 +67,10 @@ fn is_live(map: &DigestMap<Entry>, at: Ticks, key: &Digest) -> bool {
 impl Shard {
     /// Inserts a claim in flight, charged `cost` bytes (the slot it reserves).
     pub fn insert(&mut self, key: Digest, entry: Entry, cost: usize, totals: &Totals) {
-        match entry {
-            Entry::InFlight(_) => self.in_flight += 1,
-            Entry::Issued { .. } => {
-                totals.issued.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => {}
+        if let Entry::InFlight(_) = entry {
+            self.in_flight += 1;
+        } else if entry.holds_token() {
+            totals.issued.fetch_add(1, Ordering::Relaxed);
         }
         totals.callers.add(entry.caller(), cost);
         self.map.insert(key, entry);
@@ -91,7 +89,7 @@ impl Shard {
         cost: usize,
         totals: &Totals,
     ) {
-        let tokens = matches!(entry, Entry::Issued { .. });
+        let tokens = entry.holds_token();
         let expires_at = self.index(key, now, ttl, tokens);
         entry.set_expiry(expires_at);
         self.insert(key, entry, cost, totals);
@@ -174,12 +172,10 @@ impl Shard {
         let Some(entry) = self.map.remove(key) else {
             return false;
         };
-        match entry {
-            Entry::InFlight(_) => self.in_flight -= 1,
-            Entry::Issued { .. } => {
-                totals.issued.fetch_sub(1, Ordering::Relaxed);
-            }
-            _ => {}
+        if let Entry::InFlight(_) = entry {
+            self.in_flight -= 1;
+        } else if entry.holds_token() {
+            totals.issued.fetch_sub(1, Ordering::Relaxed);
         }
         totals.callers.sub(entry.caller(), entry.cost());
         totals.bytes.fetch_sub(entry.cost(), Ordering::Relaxed);
@@ -218,9 +214,13 @@ impl Shard {
         while let Some((at, key)) = self.pop_earliest(Ticks::MAX, tokens_only) {
             // A token queue's entry whose key now holds a claim or an answer is stale,
             // even should that record's expiry equal the token's to the nanosecond.
-            let taken = tokens_only && !matches!(self.map.get(&key), Some(Entry::Issued { .. }));
+            let taken = tokens_only && !self.map.get(&key).is_some_and(Entry::holds_token);
             if !taken && is_live(&self.map, at, &key) {
-                let route = self.map.get(&key).map(Entry::route).unwrap_or_default();
+                // A token counts under the default tag, handed back with a failure or not.
+                let route = match self.map.get(&key) {
+                    Some(entry) if !tokens_only => entry.route(),
+                    _ => RouteTag::default(),
+                };
                 self.remove(&key, totals);
                 return Some(route);
             }
