@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-pub(crate) use claim::mismatched;
+pub(crate) use claim::{mismatched, reissue_left};
 pub use claim::{CallerTag, ClaimArgs, ClaimMode, Lapse, OwnerToken, Ownership, RouteTag};
 pub use lease::{Lease, Liveness};
 pub use memory::{MemoryLimits, MemoryStore, WhenFull};

@@ -16,7 +16,7 @@ use std::future::Future as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -36,6 +36,7 @@ use super::unclaimed::forward_unprotected;
 use super::upstream::{timed_out, Hop, UpstreamClient};
 use crate::config::{InFlightMode, OnStoreError, OnUnknownOutcome, Protected};
 use crate::error::{NotKept, ProxyError};
+use crate::key::client_key::read_client_key;
 use crate::key::derive::scope_digest;
 use crate::key::{derive_key, Derived, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
@@ -355,7 +356,7 @@ fn busy(conn: &super::ConnInfo) -> ProxyError {
 }
 
 /// How a request on `rule` with `key` claims it: token routes only start from an issued
-/// token, and hand it back for `reissue_ttl` when an attempt fails.
+/// token, and hand it back, until its expiry as issued, when an attempt fails.
 pub(super) fn claim_args(
     cx: &Context<'_>,
     rule: &Protected,
@@ -365,7 +366,13 @@ pub(super) fn claim_args(
 ) -> ClaimArgs {
     let policy = &rule.policy;
     let (mode, reissue) = match &rule.key.source {
-        KeySource::Token(t) => (ClaimMode::IssuedOnly, Some(t.reissue_ttl)),
+        KeySource::Token(t) => {
+            // Read from the token the key was derived from, unquoted as it was.
+            let until = read_client_key(view.headers, &t.header)
+                .ok()
+                .map(|token| super::tokens::expires_at(&token, t.reissue_ttl, SystemTime::now()));
+            (ClaimMode::IssuedOnly, until)
+        }
         _ => (ClaimMode::Any, None),
     };
     ClaimArgs {

@@ -1,11 +1,15 @@
-//! The one-time token endpoint (`POST /.idemgate/token` by default): issues 128 random bits
-//! bound to the caller's scope for `tokens.ttl`. Anyone may ask, and a made-up
+//! The one-time token endpoint (`POST /.idemgate/token` by default): issues a token bound
+//! to the caller's scope for `tokens.ttl`, 80 random bits over its issue time in ms (48
+//! bits), in 32 hex digits, so a token handed back after a failed attempt keeps the expiry
+//! it was issued with ([`expires_at`]) on every store, with no record to read it from. Anyone may ask, and a made-up
 //! `Authorization` is a new caller, so three counters bound what asking costs, each per
 //! `tokens.window`: `tokens.rate_per_address` per client address and `tokens.rate` per
 //! caller (429 + `Retry-After` beyond), then `tokens.budget` for every caller on every
 //! replica sharing the store (503 beyond, counted), which bounds the unspent tokens a
 //! shared store holds however many addresses ask. Routes with `key: { token: … }` accept
 //! each token once; its repeats replay.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
@@ -55,7 +59,7 @@ pub async fn issue<B>(
         store.token_refused();
         return Err(ProxyError::TokenBudgetSpent { retry_after });
     }
-    let token = hex::encode(rand::random::<[u8; 16]>());
+    let token = mint(SystemTime::now());
     store
         .issue(
             token_digest(&issuer.scope, &view, token.as_bytes()),
@@ -76,4 +80,54 @@ pub async fn issue<B>(
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(response)
+}
+
+/// The bits of a token that hold its issue time in ms.
+const ISSUED_MASK: u128 = (1 << 48) - 1;
+
+/// A new token issued at `now`: 80 random bits over its issue ms, in lower-case hex.
+fn mint(now: SystemTime) -> String {
+    let random = rand::random::<u128>() << 48;
+    let issued = u128::from(crate::store::unix_ms(now)) & ISSUED_MASK;
+    format!("{:032x}", random | issued)
+}
+
+/// When a token (as sent, already checked to be 32 hex digits) expires as issued, for
+/// `ttl`: its issue ms plus `ttl`, never later than `ttl` from `now`. The issue time needs
+/// no check of its own: another would be another token, which no one was issued. A token
+/// an earlier build issued (128 random bits), or one from a replica whose clock runs
+/// ahead, reads as issued later than it was, so it lives at most `ttl` from `now`.
+pub(super) fn expires_at(token: &[u8], ttl: Duration, now: SystemTime) -> SystemTime {
+    let issued = std::str::from_utf8(token)
+        .ok()
+        .and_then(|hex| u128::from_str_radix(hex, 16).ok())
+        .map(|bits| (bits & ISSUED_MASK) as u64);
+    let latest = now + ttl;
+    issued.map_or(latest, |ms| {
+        (UNIX_EPOCH + Duration::from_millis(ms) + ttl).min(latest)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_expires_as_issued_however_late_it_is_handed_back() {
+        let ttl = Duration::from_secs(300);
+        let issued = UNIX_EPOCH + Duration::from_millis(1_764_000_000_123);
+        let token = mint(issued);
+        assert_eq!(token.len(), 32);
+        assert!(token
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_ne!(mint(issued), token, "80 random bits");
+        let later = issued + Duration::from_secs(120);
+        assert_eq!(expires_at(token.as_bytes(), ttl, later), issued + ttl);
+        // Read as issued in the future (an earlier build's random bits, a clock ahead):
+        // never more than `ttl` from now.
+        let before = issued - Duration::from_secs(60);
+        assert_eq!(expires_at(token.as_bytes(), ttl, before), before + ttl);
+        assert_eq!(expires_at(b"not hex", ttl, later), later + ttl);
+    }
 }

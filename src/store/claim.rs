@@ -6,7 +6,7 @@
 //! Add a field here when every backend must honour it; a backend-only knob belongs in that
 //! backend's settings.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::key::Digest;
 
@@ -73,11 +73,12 @@ pub struct ClaimArgs {
     pub lapse: Lapse,
     /// Whether only an issued key may be owned.
     pub mode: ClaimMode,
-    /// For a one-time token ([`ClaimMode::IssuedOnly`]): how long it goes back to issued
-    /// when its claim ends without the request having run, so the caller can retry with
-    /// it (`None`: the key is simply freed). The owner's [`Lease`](super::Lease) keeps it
-    /// for the settlement it writes, or its drop does.
-    pub reissue: Option<Duration>,
+    /// For a one-time token ([`ClaimMode::IssuedOnly`]): until when it goes back to
+    /// issued when its claim ends without the request having run, so the caller can retry
+    /// with it (`None`: the key is simply freed): its expiry as issued, so failing attempts
+    /// never keeps a token alive longer. The owner's [`Lease`](super::Lease) keeps it for
+    /// the settlement it writes, or its drop does ([`reissue_left`]).
+    pub reissue: Option<SystemTime>,
     /// Whether a duplicate that finds the key in flight will wait for it (on Redis a
     /// waiter subscribes and marks the record; one that will not gets a waiter that
     /// returns at once).
@@ -162,4 +163,14 @@ pub struct Ownership {
 /// Whether two payload fingerprints disagree; [`Digest::NONE`] on either side never does.
 pub(crate) fn mismatched(stored: &Digest, offered: &Digest) -> bool {
     stored != offered && *stored != Digest::NONE && *offered != Digest::NONE
+}
+
+/// How long a one-time token handed back now, to go back to issued until `until`
+/// ([`ClaimArgs::reissue`]), is kept: `None` (the key is freed, the token spent) once less
+/// than a millisecond is left, which no store could write.
+pub(crate) fn reissue_left(until: Option<SystemTime>) -> Option<Duration> {
+    until?
+        .duration_since(SystemTime::now())
+        .ok()
+        .filter(|left| *left >= Duration::from_millis(1))
 }

@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::claim::{ClaimArgs, Lapse, OwnerToken, Ownership};
 use super::renewals::{HeldClaim, Renewal};
@@ -58,8 +58,8 @@ pub struct Lease {
     /// The request may have reached the upstream: set by whoever hands it to a connection
     /// (see [`Lease::sending`]).
     sent: Arc<AtomicBool>,
-    /// A one-time token's: how long it goes back to issued when the claim is released.
-    reissue: Option<Duration>,
+    /// A one-time token's: until when it goes back to issued when the claim is released.
+    reissue: Option<SystemTime>,
     /// How long the claim outlives an owner that stops renewing it.
     lease: Duration,
     finished: bool,
@@ -125,10 +125,11 @@ impl Lease {
         self.owned.fingerprint
     }
 
-    /// For a one-time token's claim, how long the token goes back to issued when the
-    /// claim is released or fails (see [`ClaimArgs::reissue`]).
+    /// For a one-time token's claim, how long the token goes back to issued if the claim
+    /// is released or fails now: what is left of its expiry as issued (see
+    /// [`ClaimArgs::reissue`]).
     pub fn reissue(&self) -> Option<Duration> {
-        self.reissue
+        super::reissue_left(self.reissue)
     }
 
     /// Records that the request is about to go out: from now on, dropping the lease
@@ -203,7 +204,7 @@ impl Lease {
         match (self.sent.load(Ordering::SeqCst), self.owned.lapse) {
             (true, Lapse::Hold { ttl }) => Settlement::Unknown { ttl },
             _ => Settlement::Release {
-                reissue: self.reissue,
+                reissue: self.reissue(),
             },
         }
     }

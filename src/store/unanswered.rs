@@ -18,7 +18,7 @@
 //! release is repeated, more rarely each time, until the lease has passed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -47,7 +47,8 @@ static RELEASING: AtomicUsize = AtomicUsize::new(0);
 #[derive(Debug, Clone, Copy)]
 struct Orphan {
     owned: Ownership,
-    reissue: Option<Duration>,
+    /// Until when a one-time token goes back to issued ([`ClaimArgs::reissue`]).
+    reissue: Option<SystemTime>,
     lease: Duration,
 }
 
@@ -168,7 +169,7 @@ pub(crate) async fn release_now(
 /// The fenced release of `orphan`, tried again until an answer is final (see [`repeat`]).
 async fn release(store: &Store, orphan: Orphan) -> Option<Settled> {
     let settlement = Settlement::Release {
-        reissue: orphan.reissue,
+        reissue: super::reissue_left(orphan.reissue),
     };
     repeat(
         store,

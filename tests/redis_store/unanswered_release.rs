@@ -78,7 +78,10 @@ async fn an_unanswered_claims_release_never_touches_a_later_owners_record() {
     let taken = Digest([3; 32]);
     let token = claim_unanswered(&store, args(taken)).await;
     let successor = claim_until_owner(&store, args(taken)).await;
-    for reissue in [None, Some(Duration::from_secs(3600))] {
+    for reissue in [
+        None,
+        Some(std::time::SystemTime::now() + Duration::from_secs(3600)),
+    ] {
         let late = ClaimArgs {
             reissue,
             ..args(taken)

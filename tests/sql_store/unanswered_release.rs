@@ -92,7 +92,10 @@ async fn unanswered_release_is_fenced(store: &Store, salt: u8) {
     let taken = key(3);
     let token = unanswered(taken).await;
     let successor = claim_until_owner(store, args(taken)).await;
-    for reissue in [None, Some(Duration::from_secs(3600))] {
+    for reissue in [
+        None,
+        Some(std::time::SystemTime::now() + Duration::from_secs(3600)),
+    ] {
         let late = ClaimArgs {
             reissue,
             ..args(taken)

@@ -156,7 +156,7 @@ pub async fn a_waiter_on_a_vanished_token_owner_finds_the_token_spent(store: &St
     store.issue(k, LONG_TTL).await.unwrap();
     let args = ClaimArgs {
         mode: ClaimMode::IssuedOnly,
-        reissue: Some(LONG_TTL),
+        reissue: Some(std::time::SystemTime::now() + LONG_TTL),
         ..releasing(k, Digest::NONE, SHORT_LEASE, SHORT_LEASE)
     };
     claim_abandoned_with(store, args).await;
@@ -189,7 +189,7 @@ pub async fn a_waiter_on_a_lost_token_record_finds_it_spent(store: &Store) {
     store.issue(k, LONG_TTL).await.unwrap();
     let args = ClaimArgs {
         mode: ClaimMode::IssuedOnly,
-        reissue: Some(LONG_TTL),
+        reissue: Some(std::time::SystemTime::now() + LONG_TTL),
         ..ClaimArgs::new(k, Digest::NONE, LONG_LEASE)
     };
     let lease = expect_owner(store.claim_with(args).await.unwrap());
