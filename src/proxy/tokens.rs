@@ -6,15 +6,19 @@
 //! `tokens.window`: `tokens.rate_per_address` per client address and `tokens.rate` per
 //! caller (429 + `Retry-After` beyond), then `tokens.budget` for every caller on every
 //! replica sharing the store (503 beyond, counted), which bounds the unspent tokens a
-//! shared store holds however many addresses ask. Routes with `key: { token: … }` accept
+//! shared store holds however many addresses ask. The first token request a peer outside
+//! `trusted_proxies` relays is logged once, since all its clients share one address's
+//! limit. Routes with `key: { token: … }` accept
 //! each token once; its repeats replay.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 
 use super::body::ProxyBody;
+use super::headers::X_FORWARDED_FOR;
 use super::ConnInfo;
 use crate::config::TokenIssuer;
 use crate::error::ProxyError;
@@ -44,6 +48,7 @@ pub async fn issue<B>(
     };
     // Refused before anything is counted: such a token would only look like protection.
     let caller = named_scope_digest(&issuer.scope, &view).ok_or(ProxyError::CallerUnnamed)?;
+    warn_unlisted_relay(&view);
     let retry_after = issuer.window.as_secs().max(1);
     // The address first: a flood of made-up callers from one address then makes no
     // counter per caller, and spends none of the budget everyone shares.
@@ -80,6 +85,35 @@ pub async fn issue<B>(
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(response)
+}
+
+/// Whether [`warn_unlisted_relay`] has warned, in this process.
+static UNLISTED_RELAY_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// Warns once per process when a peer outside `trusted_proxies` relays a token request
+/// (it sends `X-Forwarded-For` or `Forwarded`): most likely a balancer nobody listed, all
+/// of whose clients then share its address's `tokens.rate_per_address`. After the first,
+/// one atomic load a request.
+fn warn_unlisted_relay(view: &RequestView<'_>) {
+    if UNLISTED_RELAY_WARNED.load(Ordering::Relaxed) {
+        return;
+    }
+    let relays =
+        view.headers.contains_key(&X_FORWARDED_FOR) || view.headers.contains_key(header::FORWARDED);
+    let Some(peer) = view.peer.filter(|_| relays) else {
+        return;
+    };
+    if view.identity.trusted_proxies.contains(peer.to_canonical())
+        || UNLISTED_RELAY_WARNED.swap(true, Ordering::Relaxed)
+    {
+        return;
+    }
+    tracing::warn!(
+        %peer,
+        "token request relayed by a peer outside trusted_proxies (it sent X-Forwarded-For or \
+         Forwarded): its clients share one address's token limit (tokens.rate_per_address) \
+         until it is listed in trusted_proxies; logged once"
+    );
 }
 
 /// The bits of a token that hold its issue time in ms.
