@@ -366,7 +366,13 @@ impl ProxyError {
                 format!("{self}; the request was not executed, so it can be retried")
             }
             Self::UpstreamUnreachable(_) => {
-                format!("{self}; the request was not sent, so it can be retried")
+                // A one-time token may be gone: expired as issued, or (memory store) no
+                // room in `token_share` to hand it back.
+                format!(
+                    "{self}; the request was not sent, so it can be retried (with a one-time \
+                     token, the same one while it is handed back and unexpired; if that \
+                     gets token-invalid, with a new one)"
+                )
             }
             // True of every route: one that releases unknown outcomes (and an unprotected
             // one) runs the retry, so promising otherwise would invite a second payment.

@@ -313,7 +313,7 @@ impl Metrics {
         let tokens_refused = Counter::default();
         registry.register(
             "store_tokens_refused",
-            "One-time tokens refused (503): past tokens.budget, or the memory store's unspent tokens held their share (token_share), or it was full",
+            "One-time tokens refused: issuances answered 503 (past tokens.budget, or the memory store's unspent tokens held their share, token_share, or it was full), and tokens the memory store did not hand back after a failed attempt for want of room in that share",
             tokens_refused.clone(),
         );
         let connections = ConnectionMetrics::default();
