@@ -114,7 +114,9 @@ impl Entry {
     pub(super) fn holds_token(&self) -> bool {
         match self {
             Entry::Issued { .. } => true,
-            Entry::Settled(record) => matches!(record.outcome, Outcome::Failed { issued: true, .. }),
+            Entry::Settled(record) => {
+                matches!(record.outcome, Outcome::Failed { issued: true, .. })
+            }
             _ => false,
         }
     }
