@@ -23,7 +23,7 @@ use std::time::SystemTime;
 
 use http::HeaderMap;
 
-use super::budget::{Budget, ConnBuffers, Refusal};
+use super::budget::{Budget, ConnBuffers, HeadCharge, Refusal};
 use super::fresh;
 use crate::config::{FreshSource, Protected};
 use crate::error::ProxyError;
@@ -85,6 +85,18 @@ pub fn refusal(
         }
     }
     Ok(())
+}
+
+/// Takes `size` bytes of the budget for the request's head into `head`, or refuses the
+/// request as a body without room is: `503 overloaded`, counted as a head's refusal.
+pub fn take_room(head: &HeadCharge<'_>, size: usize, budget: &Budget) -> Result<(), ProxyError> {
+    head.take(size).map_err(|short| {
+        budget.refused(Refusal::RequestHead, short);
+        ProxyError::Overloaded {
+            retry_after: super::body::OVERLOADED_RETRY_AFTER,
+            short,
+        }
+    })
 }
 
 /// Whether `window` reads its timestamp from a header, which [`refusal`] checks unless the

@@ -24,7 +24,7 @@ use http::{HeaderValue, Request, Response};
 
 use super::answer;
 use super::body::{read_limited, ProxyBody, RequestBody};
-use super::budget::{head_size, Budget, HeadCharge, Refusal};
+use super::budget::{head_size, Budget, HeadCharge};
 use super::conn_share::Owning;
 use super::detach::Detachable;
 use super::head::{self, Announced};
@@ -145,16 +145,8 @@ pub async fn handle(
     // without room gets what a body without room gets, before anything is claimed.
     let buffers = cx.conn.share.buffers();
     let announced = Announced::of(&parts.headers, body.is_empty());
-    let refused =
-        head::refusal(rule, &parts.headers, announced, cx.budget, buffers).and_then(|()| {
-            cx.head.take(size).map_err(|short| {
-                cx.budget.refused(Refusal::RequestHead, short);
-                ProxyError::Overloaded {
-                    retry_after: super::body::OVERLOADED_RETRY_AFTER,
-                    short,
-                }
-            })
-        });
+    let refused = head::refusal(rule, &parts.headers, announced, cx.budget, buffers)
+        .and_then(|()| head::take_room(cx.head, size, cx.budget));
     if let Err(refused) = refused {
         report.body_unread = announced != Announced::Nothing;
         return Err(refused);

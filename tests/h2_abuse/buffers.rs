@@ -116,18 +116,18 @@ async fn one_connection_holds_at_most_its_share_of_the_buffer_budget() {
 /// are not.
 const PAD: usize = 12 * 1024;
 
-/// Request heads are held too, on every route: an unprotected request's head while the
-/// upstream takes its time, a protected one's while its body trickles. One HTTP/2
-/// connection opens requests with large heads that the upstream holds (a gate): each holds
-/// its head in the budget until its answer, so the first two fit in the connection's share
-/// and the third is refused with `503 overloaded` before it goes upstream; another
-/// connection is served meanwhile, and once the held requests are answered their heads
-/// are given back. Without the charge, every head is held for free: all of them go out
-/// and the budget shows nothing.
+/// A protected request's head is held too, while its body comes and its owner runs. One
+/// HTTP/2 connection opens protected requests (each its own fingerprint, by its query)
+/// with large heads whose owners the upstream holds (a gate): each holds its head in the
+/// budget until its answer, so the first two fit in the connection's share and the third
+/// is refused with `503 overloaded` before it is claimed; another connection is served
+/// meanwhile, and once the held requests are answered their heads are given back. Without
+/// the charge, every head is held for free: all of them go out and the budget shows
+/// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_request_heads_count_against_the_connections_share() {
     let upstream = start_upstream().await;
-    // No route: a PUT passes through (POST and PATCH would be fingerprinted).
+    // No route: a POST is fingerprinted by the default rule.
     let proxy = start_proxy(upstream.addr, "connections: { max_buffered: 256KiB }\n").await;
     let tcp = TcpStream::connect(proxy.addr).await.unwrap();
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
@@ -135,7 +135,7 @@ async fn held_request_heads_count_against_the_connections_share() {
     let mut client = client.ready().await.unwrap();
     let (mut held, mut refused) = (Vec::new(), None);
     for i in 0..8 {
-        let request = http::Request::put("http://x/orders")
+        let request = http::Request::post(format!("http://x/orders?held={i}"))
             .header("x-test-gate", "heads")
             .header("x-pad", "p".repeat(PAD))
             .body(())
@@ -190,6 +190,19 @@ async fn held_request_heads_count_against_the_connections_share() {
         proxy.metric(r#"idemgate_buffer_share_refusals_total{what="request_head"}"#),
         1.0
     );
+    // The connection at its share is refused protected heads only: a GET with as large a
+    // head passes through, uncharged (its head goes upstream at once).
+    let mut client = client.ready().await.unwrap();
+    let get = http::Request::get("http://x/orders")
+        .header("x-pad", "p".repeat(PAD))
+        .body(())
+        .unwrap();
+    let (answer, _) = client.send_request(get, true).unwrap();
+    let answer = tokio::time::timeout(HANG, answer)
+        .await
+        .expect("hang guard: the GET was never answered")
+        .unwrap();
+    assert_eq!(answer.status(), 200, "a GET is not refused for the share");
     // The held requests go on and are answered; the refused one never went out.
     upstream.open("heads");
     for answer in held {
@@ -198,8 +211,12 @@ async fn held_request_heads_count_against_the_connections_share() {
             .expect("hang guard: a held request was never answered")
             .unwrap();
         assert_eq!(answer.status(), 201);
+        let mut body = answer.into_body();
+        while let Some(chunk) = body.data().await {
+            chunk.unwrap();
+        }
     }
     assert_eq!(upstream.executed(), 3);
-    // A head is given back before its answer is handed on: nothing is held now.
+    // Heads and answers are given back once handed on: nothing is held now.
     assert_eq!(proxy.metric("idemgate_buffered_bytes"), 0.0);
 }
