@@ -363,17 +363,7 @@ fn explain_refuses_a_path_a_hidden_slash_moves_onto_another_route() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("proxy.yaml");
     write_config(&config, ROUTE);
-    let explain = |path: &str| {
-        let args = [
-            "--method",
-            "POST",
-            "--path",
-            path,
-            "-H",
-            "Idempotency-Key: k1",
-        ];
-        explain_with(dir.path(), &config, &args)
-    };
+    let explain = |path: &str| explain_keyed_post(dir.path(), &config, path);
     for path in ["/%252Forders", "/%C0%AForders", "/%252F%252Forders/"] {
         let out = explain(path);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -399,17 +389,7 @@ fn explain_routes_an_escaped_colon_as_the_proxy_does() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("proxy.yaml");
     let cancel = "  - name: cancel\n    match: { methods: [POST], path: \"/v1/orders:cancel\" }\n    key: { header: Idempotency-Key, required: true }\n";
-    let explain = |path: &str| {
-        let args = [
-            "--method",
-            "POST",
-            "--path",
-            path,
-            "-H",
-            "Idempotency-Key: k1",
-        ];
-        explain_with(dir.path(), &config, &args)
-    };
+    let explain = |path: &str| explain_keyed_post(dir.path(), &config, path);
     write_config(&config, &format!("routes:\n{cancel}"));
     let text = succeeded(&explain("/v1/orders%3Acancel"));
     assert!(text.contains("route:             cancel"), "{text}");
@@ -439,4 +419,17 @@ fn explain_routes_an_escaped_colon_as_the_proxy_does() {
     );
     let text = succeeded(&explain("/v1/orders:search"));
     assert!(text.contains("route:             search"), "{text}");
+}
+
+/// `explain` of a `POST` to `path` with an `Idempotency-Key`.
+fn explain_keyed_post(dir: &Path, config: &Path, path: &str) -> std::process::Output {
+    let args = [
+        "--method",
+        "POST",
+        "--path",
+        path,
+        "-H",
+        "Idempotency-Key: k1",
+    ];
+    explain_with(dir, config, &args)
 }

@@ -76,28 +76,7 @@ async fn one_connection_holds_at_most_its_share_of_the_buffer_budget() {
     );
     assert_eq!(held.len(), 1, "bodies one connection held at once");
     assert_eq!(refused_at, 1);
-    assert_eq!(refused.status(), 503);
-    assert_eq!(refused.headers()["retry-after"], "1");
-    let mut problem = refused.into_body();
-    let mut text = Vec::new();
-    while let Some(chunk) = problem.data().await {
-        text.extend_from_slice(&chunk.unwrap());
-    }
-    let problem: serde_json::Value = serde_json::from_slice(&text).unwrap();
-    assert_eq!(problem["type"], "urn:idemgate:problem:overloaded");
-    let detail = problem["detail"].as_str().unwrap();
-    assert!(
-        detail.starts_with("this connection is buffering"),
-        "{detail}"
-    );
-    assert_eq!(
-        proxy.metric(r#"idemgate_buffer_refusals_total{what="request_body"}"#),
-        1.0
-    );
-    assert_eq!(
-        proxy.metric(r#"idemgate_buffer_share_refusals_total{what="request_body"}"#),
-        1.0
-    );
+    refused_for_the_share(&proxy, refused, "request_body").await;
     // The held body goes on: it runs, once; the refused one never reached the upstream.
     let (answer, mut body) = held.pop().unwrap();
     body.send_data(vec![b'h'].into(), true).unwrap();
@@ -168,28 +147,7 @@ async fn held_request_heads_count_against_the_connections_share() {
     // Another connection is served while the first holds its heads.
     let other = common::post(proxy.addr, "/orders", &[], "o").await;
     assert_eq!(other.status, 201, "{:?}", other.body);
-    assert_eq!(refused.status(), 503);
-    assert_eq!(refused.headers()["retry-after"], "1");
-    let mut problem = refused.into_body();
-    let mut text = Vec::new();
-    while let Some(chunk) = problem.data().await {
-        text.extend_from_slice(&chunk.unwrap());
-    }
-    let problem: serde_json::Value = serde_json::from_slice(&text).unwrap();
-    assert_eq!(problem["type"], "urn:idemgate:problem:overloaded");
-    let detail = problem["detail"].as_str().unwrap();
-    assert!(
-        detail.starts_with("this connection is buffering"),
-        "{detail}"
-    );
-    assert_eq!(
-        proxy.metric(r#"idemgate_buffer_refusals_total{what="request_head"}"#),
-        1.0
-    );
-    assert_eq!(
-        proxy.metric(r#"idemgate_buffer_share_refusals_total{what="request_head"}"#),
-        1.0
-    );
+    refused_for_the_share(&proxy, refused, "request_head").await;
     // The connection at its share is refused protected heads only: a GET with as large a
     // head passes through, uncharged (its head goes upstream at once).
     let mut client = client.ready().await.unwrap();
@@ -219,4 +177,31 @@ async fn held_request_heads_count_against_the_connections_share() {
     assert_eq!(upstream.executed(), 3);
     // Heads and answers are given back once handed on: nothing is held now.
     assert_eq!(proxy.metric("idemgate_buffered_bytes"), 0.0);
+}
+
+/// `refused` is the `503 overloaded` a connection past its share gets, counted once as a
+/// `what` refused for the share.
+async fn refused_for_the_share(
+    proxy: &common::ProxyHandle,
+    refused: http::Response<h2::RecvStream>,
+    what: &str,
+) {
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let mut problem = refused.into_body();
+    let mut text = Vec::new();
+    while let Some(chunk) = problem.data().await {
+        text.extend_from_slice(&chunk.unwrap());
+    }
+    let problem: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(problem["type"], "urn:idemgate:problem:overloaded");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("this connection is buffering"),
+        "{detail}"
+    );
+    let refusals = format!("idemgate_buffer_refusals_total{{what=\"{what}\"}}");
+    assert_eq!(proxy.metric(&refusals), 1.0);
+    let share = format!("idemgate_buffer_share_refusals_total{{what=\"{what}\"}}");
+    assert_eq!(proxy.metric(&share), 1.0);
 }

@@ -27,14 +27,7 @@ fn args() -> ClaimArgs {
 async fn a_settlement_repeat_past_the_cap_is_counted_as_lost() {
     static FULL: AtomicUsize = AtomicUsize::new(MAX_RELEASING);
     let store = unreachable_postgres();
-    let owned = Ownership {
-        key: Digest([7; 32]),
-        token: OwnerToken(7),
-        fingerprint: Digest::NONE,
-        lapse: Lapse::Hold {
-            ttl: Duration::from_secs(60),
-        },
-    };
+    let owned = held(7);
     let release = Settlement::Release { reissue: None };
     settle_again_in_background(&FULL, &store, owned, release, Duration::from_secs(1));
     assert_eq!(store.stats().settlements_lost, 1, "given up, and counted");
@@ -62,14 +55,7 @@ async fn an_unanswered_claims_release_past_the_cap_is_counted_as_lost() {
 async fn a_settlement_repeat_within_the_cap_takes_a_place_until_it_ends() {
     static ONE_LEFT: AtomicUsize = AtomicUsize::new(MAX_RELEASING - 1);
     let store = unreachable_postgres();
-    let owned = Ownership {
-        key: Digest([8; 32]),
-        token: OwnerToken(8),
-        fingerprint: Digest::NONE,
-        lapse: Lapse::Hold {
-            ttl: Duration::from_secs(60),
-        },
-    };
+    let owned = held(8);
     let release = Settlement::Release { reissue: None };
     settle_again_in_background(&ONE_LEFT, &store, owned, release, Duration::from_secs(1));
     assert_eq!(
@@ -82,4 +68,16 @@ async fn a_settlement_repeat_within_the_cap_takes_a_place_until_it_ends() {
         MAX_RELEASING,
         "its place taken"
     );
+}
+
+/// An ownership of the key `[n; 32]` held as an unknown outcome when it lapses.
+fn held(n: u8) -> Ownership {
+    Ownership {
+        key: Digest([n; 32]),
+        token: OwnerToken(u128::from(n)),
+        fingerprint: Digest::NONE,
+        lapse: Lapse::Hold {
+            ttl: Duration::from_secs(60),
+        },
+    }
 }
