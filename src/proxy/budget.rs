@@ -12,7 +12,8 @@
 //!
 //! A protected request's head holds its [`head_size`] of it from the moment its own
 //! refusals (a missing key, a body over `max_body`) are past until its answer is handed to
-//! hyper or the request is dropped ([`HeadCharge`]): it waits as long as its body comes
+//! hyper or the request is dropped ([`HeadCharge`]; an observed one's too where there is
+//! room, since observe mode refuses nothing): it waits as long as its body comes
 //! (a gap limit, no deadline) and its owner runs, so without it an HTTP/2 client's
 //! `max_streams` heads of up to 16 KiB each, on each of `max_client` connections, would be
 //! held for nothing (gigabytes). An unprotected request's head is handed to the upstream
@@ -104,7 +105,7 @@ impl Short {
 /// What asked for room and did not get it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// A request's head, on any route: refused with `503 overloaded`.
+    /// A protected request's head: refused with `503 overloaded`.
     RequestHead,
     /// A protected request's body: refused with `503 overloaded`.
     RequestBody,

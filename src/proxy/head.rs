@@ -67,10 +67,7 @@ pub fn refusal(
         return Err(ProxyError::PayloadTooLarge { limit });
     }
     if announced != Announced::Sent {
-        if let Some(window) = rule.fresh.as_ref().filter(|w| reads_head(w)) {
-            fresh::check(window, headers, &[], SystemTime::now())?;
-        }
-        crate::key::head_refusal(&rule.key, headers)?;
+        head_alone(rule, headers)?;
     }
     // Looked at last: a request its head refuses anyway gets that answer, which a retry
     // cannot change, rather than a 503 that asks it to come back. The first part of a body
@@ -87,15 +84,36 @@ pub fn refusal(
     Ok(())
 }
 
+/// What the head alone refuses: a stale or future timestamp in a header, a missing or
+/// malformed key.
+fn head_alone(rule: &Protected, headers: &HeaderMap) -> Result<(), ProxyError> {
+    if let Some(window) = rule.fresh.as_ref().filter(|w| reads_head(w)) {
+        fresh::check(window, headers, &[], SystemTime::now())?;
+    }
+    crate::key::head_refusal(&rule.key, headers)?;
+    Ok(())
+}
+
 /// Takes `size` bytes of the budget for the request's head into `head`, or refuses the
-/// request as a body without room is: `503 overloaded`, counted as a head's refusal.
-pub fn take_room(head: &HeadCharge<'_>, size: usize, budget: &Budget) -> Result<(), ProxyError> {
-    head.take(size).map_err(|short| {
-        budget.refused(Refusal::RequestHead, short);
-        ProxyError::Overloaded {
-            retry_after: super::body::OVERLOADED_RETRY_AFTER,
-            short,
-        }
+/// request as a body without room is: `503 overloaded`, counted as a head's refusal. A
+/// request its head refuses anyway gets that answer instead, even one whose body was sent
+/// unasked (whose key [`refusal`] leaves for after the body, to keep the connection): a
+/// retry cannot change it.
+pub fn take_room(
+    head: &HeadCharge<'_>,
+    size: usize,
+    budget: &Budget,
+    rule: &Protected,
+    headers: &HeaderMap,
+) -> Result<(), ProxyError> {
+    let Err(short) = head.take(size) else {
+        return Ok(());
+    };
+    head_alone(rule, headers)?;
+    budget.refused(Refusal::RequestHead, short);
+    Err(ProxyError::Overloaded {
+        retry_after: super::body::OVERLOADED_RETRY_AFTER,
+        short,
     })
 }
 

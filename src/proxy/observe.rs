@@ -32,6 +32,10 @@ pub async fn handle(
     report: &mut Report,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let policy = &rule.policy;
+    // Its head holds its room while its body comes and its owner runs, as an enforced
+    // one's does; without room it goes on uncharged, as a body without room does: observe
+    // mode refuses nothing.
+    let _ = cx.head.take(super::budget::head_size(&request));
     let (parts, body) = request.into_parts();
     // Buffered up to max_body, as enforcement does; a larger body, or one the buffer budget
     // has no room for (enforcement would answer 503), goes on as it comes.

@@ -146,7 +146,7 @@ pub async fn handle(
     let buffers = cx.conn.share.buffers();
     let announced = Announced::of(&parts.headers, body.is_empty());
     let refused = head::refusal(rule, &parts.headers, announced, cx.budget, buffers)
-        .and_then(|()| head::take_room(cx.head, size, cx.budget));
+        .and_then(|()| head::take_room(cx.head, size, cx.budget, rule, &parts.headers));
     if let Err(refused) = refused {
         report.body_unread = announced != Announced::Nothing;
         return Err(refused);
