@@ -12,18 +12,22 @@ use crate::key::{Digest, ScopePart};
 /// The rate-limit bucket of a caller. The clients a trusted proxy could not name share
 /// one bucket per proxy: merged buckets are only stricter.
 pub fn scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Digest {
-    let mut hasher = KeyHasher::new(b"idemgate:scope:v1");
-    let _unnamed = hash_scope(&mut hasher, scope, req, None);
-    hasher.finish()
+    hashed_scope(scope, req).0
 }
 
 /// [`scope_digest`], or `None` when the scope holds the address of a client a trusted
 /// proxy could not name: a token bound to it could not be told from another such
 /// client's, so its every use would be forwarded unprotected, and none is issued.
 pub fn named_scope_digest(scope: &[ScopePart], req: &RequestView<'_>) -> Option<Digest> {
+    let (digest, unnamed) = hashed_scope(scope, req);
+    (!unnamed).then_some(digest)
+}
+
+/// The caller's bucket, and whether its scope holds an unnamed client's address.
+fn hashed_scope(scope: &[ScopePart], req: &RequestView<'_>) -> (Digest, bool) {
     let mut hasher = KeyHasher::new(b"idemgate:scope:v1");
     let unnamed = hash_scope(&mut hasher, scope, req, None);
-    (!unnamed).then(|| hasher.finish())
+    (hasher.finish(), unnamed)
 }
 
 /// The rate-limit bucket of the client address (nginx's `$binary_remote_addr`): the peer,
