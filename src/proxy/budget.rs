@@ -248,8 +248,8 @@ fn add_within(held: &AtomicI64, n: i64, limit: i64) -> bool {
 ///
 /// It borrows the budget and the connection's count, as the request's future does: every
 /// protected request takes one, and it costs the two additions and, dropped, the two
-/// subtractions, no reference counts. The bytes are atomic only so that it can be handed over through
-/// the shared reference a `Send` future holds; nothing else touches them.
+/// subtractions, no reference counts. The bytes are atomic only so that it can be filled and handed
+/// over through the shared reference a `Send` future holds; nothing else touches them.
 #[derive(Debug)]
 pub struct HeadCharge<'a> {
     budget: &'a Arc<Budget>,
@@ -258,19 +258,6 @@ pub struct HeadCharge<'a> {
 }
 
 impl Budget {
-    /// Takes `n` bytes (a [`head_size`]) for a request head of the connection `conn`
-    /// counts, if both its share and the total stay within their limits; the limit it
-    /// found no room under otherwise.
-    pub fn take_head<'a>(
-        self: &'a Arc<Self>,
-        conn: &'a Arc<ConnBuffers>,
-        n: usize,
-    ) -> Result<HeadCharge<'a>, Short> {
-        let head = self.head_charge(conn);
-        head.take(n)?;
-        Ok(head)
-    }
-
     /// A charge for a request head of the connection `conn` counts that holds nothing yet:
     /// [`HeadCharge::take`] fills it once the head's own refusals are past.
     pub fn head_charge<'a>(self: &'a Arc<Self>, conn: &'a Arc<ConnBuffers>) -> HeadCharge<'a> {
@@ -474,8 +461,11 @@ mod tests {
         let metrics = Metrics::new();
         let budget = Budget::new(100, 50, metrics.buffers());
         let conn = Arc::default();
-        let head = budget.take_head(&conn, 30).unwrap();
-        assert_eq!(budget.take_head(&conn, 21).err(), Some(Short::Connection));
+        let head = budget.head_charge(&conn);
+        head.take(30).unwrap();
+        let refused = budget.head_charge(&conn);
+        assert_eq!(refused.take(21).err(), Some(Short::Connection));
+        assert_eq!(refused.bytes(), 0);
         assert_eq!((budget.held(), conn.held()), (30, 30));
         let owner = head.hand_over();
         assert_eq!(head.bytes(), 0);
@@ -484,10 +474,12 @@ mod tests {
         drop(owner);
         assert_eq!((budget.held(), conn.held()), (0, 0));
         let other = Arc::default();
-        let _held = budget.take_head(&other, 50).unwrap();
-        let _more = budget.take_head(&conn, 50).unwrap();
+        let held = budget.head_charge(&other);
+        held.take(50).unwrap();
+        let more = budget.head_charge(&conn);
+        more.take(50).unwrap();
         let third = Arc::default();
-        assert_eq!(budget.take_head(&third, 1).err(), Some(Short::Total));
+        assert_eq!(budget.head_charge(&third).take(1).err(), Some(Short::Total));
         assert_eq!((budget.held(), third.held()), (100, 0));
     }
 
