@@ -30,12 +30,7 @@ async fn a_settlement_repeat_past_the_cap_is_counted_as_lost() {
     let owned = held(7);
     let release = Settlement::Release { reissue: None };
     settle_again_in_background(&FULL, &store, owned, release, Duration::from_secs(1));
-    assert_eq!(store.stats().settlements_lost, 1, "given up, and counted");
-    assert_eq!(
-        FULL.load(Ordering::Relaxed),
-        MAX_RELEASING,
-        "no place taken"
-    );
+    assert_given_up(&store, &FULL);
 }
 
 #[tokio::test]
@@ -43,12 +38,7 @@ async fn an_unanswered_claims_release_past_the_cap_is_counted_as_lost() {
     static FULL: AtomicUsize = AtomicUsize::new(MAX_RELEASING);
     let store = unreachable_postgres();
     release_in_background(&FULL, &store, Orphan::new(&args(), OwnerToken(7)));
-    assert_eq!(store.stats().settlements_lost, 1, "given up, and counted");
-    assert_eq!(
-        FULL.load(Ordering::Relaxed),
-        MAX_RELEASING,
-        "no place taken"
-    );
+    assert_given_up(&store, &FULL);
 }
 
 #[tokio::test]
@@ -80,4 +70,14 @@ fn held(n: u8) -> Ownership {
             ttl: Duration::from_secs(60),
         },
     }
+}
+
+/// A release or repeat past the cap was given up: counted as lost, no place taken.
+fn assert_given_up(store: &Store, places: &AtomicUsize) {
+    assert_eq!(store.stats().settlements_lost, 1, "given up, and counted");
+    assert_eq!(
+        places.load(Ordering::Relaxed),
+        MAX_RELEASING,
+        "no place taken"
+    );
 }
