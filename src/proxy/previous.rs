@@ -334,15 +334,11 @@ async fn claim_one(
                 opened(stored).map(|s| replay(&s)),
                 Some(Outcome::FailureShared),
             ),
-            // The owner waited on freed K' without a failure to share: a request that
-            // ran under a key of its own under this config (it held K' beside it), one
-            // that never went out, or a failure whose record is gone. Looked at again as a
-            // new request looks, as a retry would.
-            Claim::Failed(None) if args.after.is_some() => {
-                args.after = None;
-                args.takes_over = false;
-                continue;
-            }
+            // The owner waited on freed K' without a failure to share (a 5xx too large to
+            // keep, a failure record gone before the wait ended): a request keyed before
+            // the reload, since one keyed after it settles K' before its own key (see
+            // `settlement::Owner::write`), so this request, owning K, could not have waited
+            // on it. Told it failed, as a duplicate of K is: it may have run.
             Claim::Failed(None) => Found::Other(Err(ProxyError::OwnerFailed), None),
             Claim::NotStored(record) => Found::Other(
                 Err(ProxyError::AnswerNotStored {

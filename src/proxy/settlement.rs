@@ -72,9 +72,12 @@ pub(super) async fn settle(
         AnswerBody::Whole(ref mut body) if kept => std::mem::take(body),
         // A failure says the work was not done, however long its page: its key is freed as
         // for one within the bound (recorded "executed", its retry would be refused for the
-        // whole `ttl`); the duplicates that waited are told it failed, with no copy to share.
+        // whole `ttl`); the duplicates that waited are told it failed, by a failure record
+        // of their own: a key merely freed would look, to a waiter that saw its owner's
+        // claim lapse meanwhile, like a lapsed claim it may take over.
         AnswerBody::TooLarge(_) if policy.releases(status.as_u16()) => {
-            owner.write(Settlement::Release { reissue }).await;
+            let told = stored_problem(&ProxyError::OwnerFailed, fingerprint);
+            owner.write(failure(told, reissue)).await;
             return Ok((answer.into_response(), Outcome::Released));
         }
         AnswerBody::Whole(_) | AnswerBody::TooLarge(_) => {
@@ -138,25 +141,22 @@ struct Owner<'a> {
     lease: Lease,
     /// The route's ring (`store.encrypt`).
     sealing: Option<&'a KeyRing>,
-    /// The keys earlier configs gave the request, settled after the owner's.
+    /// The keys earlier configs gave the request, settled before the owner's.
     also: Vec<Earlier>,
 }
 
 impl Owner<'_> {
-    /// Writes `plain` (its record stamped with the owner's fingerprint, not sealed) as the
-    /// owner's settlement, then as each earlier key's.
+    /// Writes `plain` (its record stamped with the owner's fingerprint, not sealed) as each
+    /// earlier key's settlement, then as the owner's. Earlier keys first: a request that
+    /// finds the owner's key settled and claims it finds them settled too, so whoever
+    /// waits on an earlier key waited on a request keyed before the reload, and takes its
+    /// outcome as a duplicate does (`previous::claim_one`).
     async fn write(self, plain: Settlement) -> Option<Settled> {
         let (key, fingerprint) = (self.lease.key(), self.lease.fingerprint());
-        if self.also.is_empty() {
-            return write(self.lease, for_key(plain, fingerprint, self.sealing, key)).await;
+        if !self.also.is_empty() {
+            settle_earlier(self.also, &plain).await;
         }
-        let settled = write(
-            self.lease,
-            for_key(plain.clone(), fingerprint, self.sealing, key),
-        )
-        .await;
-        settle_earlier(self.also, &plain).await;
-        settled
+        write(self.lease, for_key(plain, fingerprint, self.sealing, key)).await
     }
 }
 

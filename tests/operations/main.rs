@@ -8,6 +8,7 @@ mod common;
 
 mod logs;
 mod rekey;
+mod rekey_failures;
 mod signals;
 
 use std::time::Duration;
