@@ -56,6 +56,13 @@ pub enum ProxyError {
     /// retry once some have expired.
     #[error("this caller's idempotency records fill its share of the store; retry later")]
     CallerOverShare,
+    /// The records of this client address, whatever callers it named, hold its share of
+    /// the memory store (`address_share`); it may retry once some have expired.
+    #[error(
+        "the idempotency records of this client address fill its share of the store; retry \
+         later"
+    )]
+    AddressOverShare,
     /// The request this duplicate waited on failed, and its answer is not kept.
     #[error("the request with this idempotency key that this one waited for failed; retry")]
     OwnerFailed,
@@ -212,7 +219,9 @@ impl ProxyError {
             Self::Unsealable(_) | Self::Store(StoreError::Unreadable(_)) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            Self::RateLimited { .. } | Self::CallerOverShare => StatusCode::TOO_MANY_REQUESTS,
+            Self::RateLimited { .. } | Self::CallerOverShare | Self::AddressOverShare => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight { .. } | Self::OutcomeUnknown { .. } | Self::AnswerNotStored { .. } => {
                 StatusCode::CONFLICT
@@ -273,6 +282,7 @@ impl ProxyError {
             Self::BadKey(KeyError::TokenInvalid) => "token-invalid",
             Self::RateLimited { .. } => "rate-limited",
             Self::CallerOverShare => "caller-over-share",
+            Self::AddressOverShare => "address-over-share",
             Self::Stale(_) => "stale-request",
             Self::Mismatch => "key-reused",
             Self::InFlight { .. } => "in-flight",
@@ -309,6 +319,7 @@ impl ProxyError {
             | Self::RateLimited { .. }
             | Self::CallerUnnamed
             | Self::CallerOverShare
+            | Self::AddressOverShare
             | Self::Stale(_)
             | Self::NotImplemented(_)
             | Self::Overloaded { .. }
@@ -331,7 +342,9 @@ impl ProxyError {
         match self {
             Self::BadKey(_) => "Invalid idempotency key",
             Self::Mismatch => "Idempotency key reused with another request",
-            Self::RateLimited { .. } | Self::CallerOverShare => "Too many requests",
+            Self::RateLimited { .. } | Self::CallerOverShare | Self::AddressOverShare => {
+                "Too many requests"
+            }
             Self::Stale(_) => "Request outside its freshness window",
             Self::InFlight { .. } => "Request in progress",
             Self::OutcomeUnknown { .. } => "Outcome of an earlier request unknown",
@@ -420,7 +433,7 @@ impl ProxyError {
         {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
         }
-        if let Self::CallerOverShare = self {
+        if let Self::CallerOverShare | Self::AddressOverShare = self {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
         }
         (status, headers, Bytes::from(body.to_string()))

@@ -45,7 +45,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 pub(crate) use claim::{mismatched, reissue_left};
-pub use claim::{CallerTag, ClaimArgs, ClaimMode, Lapse, OwnerToken, Ownership, RouteTag};
+pub use claim::{
+    AddressTag, CallerTag, ClaimArgs, ClaimMode, Lapse, OwnerToken, Ownership, RouteTag,
+};
 pub use lease::{Lease, Liveness};
 pub use memory::{MemoryLimits, MemoryStore, WhenFull};
 pub use redis::{RedisSettings, RedisStore};
@@ -152,6 +154,10 @@ pub enum StoreError {
     /// This caller's records hold its whole share of the store (`caller_share`).
     #[error("this caller's records hold its share of the store")]
     CallerFull,
+    /// The records of this client address hold its whole share of the store
+    /// (`address_share`).
+    #[error("this client address's records hold its share of the store")]
+    AddressFull,
     /// The backend could not be reached or answered an error.
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -363,6 +369,15 @@ impl Store {
     pub fn counts_callers(&self) -> bool {
         match self {
             Self::Memory(m) => m.limits().counts_callers(),
+            Self::Redis(_) | Self::Postgres(_) | Self::Mysql(_) => false,
+        }
+    }
+
+    /// Whether the store limits each client address's share, and so needs
+    /// [`ClaimArgs::address`].
+    pub fn counts_addresses(&self) -> bool {
+        match self {
+            Self::Memory(m) => m.limits().counts_addresses(),
             Self::Redis(_) | Self::Postgres(_) | Self::Mysql(_) => false,
         }
     }

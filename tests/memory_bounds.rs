@@ -5,6 +5,8 @@
 //! peak. The memory store's bounds are no lever for one caller against another's answers
 //! either: one-time tokens, which anyone may ask for, hold only their own share of it.
 
+#[path = "memory_bounds/address_share.rs"]
+mod address_share;
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};

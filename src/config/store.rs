@@ -65,6 +65,7 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
                     Some(WhenFull::Reject) => crate::store::WhenFull::Reject,
                 },
                 caller_share: m.caller_share.map_or(100, |p| p.0 .0),
+                address_share: m.address_share.map_or(100, |p| p.0 .0),
                 token_share: m.token_share.map_or(defaults.token_share, |p| p.0 .0),
             };
             if limits.max_entries == 0 || limits.max_bytes == 0 {

@@ -99,8 +99,13 @@ pub async fn handle(
     let claim = match cx.store.claim_with(args).await {
         Ok(claim) => claim,
         // A store refusing new keys is no outage: enforcement would answer 503 (or 429 past
-        // the caller's share) whatever `on_store_error` says.
-        Err(StoreError::Full | StoreError::CallerFull | StoreError::Evicting(_)) => {
+        // the caller's or the address's share) whatever `on_store_error` says.
+        Err(
+            StoreError::Full
+            | StoreError::CallerFull
+            | StoreError::AddressFull
+            | StoreError::Evicting(_),
+        ) => {
             would(report, Outcome::WouldReject, false, None);
             return forward_unprotected(&cx, parts, body, policy).await;
         }

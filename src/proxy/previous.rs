@@ -309,6 +309,7 @@ async fn claim_one(
                 // not forwarded, whatever `on_store_error` says.
                 let error = match e {
                     StoreError::CallerFull => ProxyError::CallerOverShare,
+                    StoreError::AddressFull => ProxyError::AddressOverShare,
                     StoreError::FoundInFlight(_) => in_flight(),
                     _ if since.is_some() => in_flight(),
                     e => e.into(),

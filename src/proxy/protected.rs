@@ -37,12 +37,13 @@ use super::upstream::{timed_out, Hop, UpstreamClient};
 use crate::config::{InFlightMode, OnStoreError, OnUnknownOutcome, Protected};
 use crate::error::{NotKept, ProxyError};
 use crate::key::client_key::read_client_key;
-use crate::key::derive::scope_digest;
+use crate::key::derive::{buckets::address_digest, scope_digest};
 use crate::key::{derive_key, Derived, DerivedKey, Digest, KeyError, KeySource, RequestView};
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::route::Overrides;
 use crate::store::{
-    CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Store, StoreError, StoredResponse, Waiter,
+    AddressTag, CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Store, StoreError, StoredResponse,
+    Waiter,
 };
 
 /// The header added to every replayed response.
@@ -202,6 +203,7 @@ pub async fn handle(
             Ok(claim) => claim,
             // Not an outage: this caller holds its share, and waits until it has room.
             Err(StoreError::CallerFull) => return Err(ProxyError::CallerOverShare),
+            Err(StoreError::AddressFull) => return Err(ProxyError::AddressOverShare),
             // Not an outage either: a store refusing new keys (`when_full: reject`, full
             // of claims in flight, or a Redis that may evict) answers 503 whatever
             // `on_store_error` says, since forwarding would run the request unprotected
@@ -383,6 +385,13 @@ pub(super) fn claim_args(
             CallerTag::of(&scope_digest(&rule.key.scope, view))
         } else {
             CallerTag::NONE
+        },
+        // Likewise where the store limits each client address's share: callers name
+        // themselves, so only the address bounds a flood of made-up ones.
+        address: if cx.store.counts_addresses() {
+            address_digest(view).map_or(AddressTag::NONE, |a| AddressTag::of(&a))
+        } else {
+            AddressTag::NONE
         },
     }
 }

@@ -99,6 +99,9 @@ pub struct ClaimArgs {
     /// Whose request it is, for a store that limits what one caller may hold
     /// ([`CallerTag::NONE`]: not counted).
     pub caller: CallerTag,
+    /// The client address it came from, for a store that limits what one address may
+    /// hold ([`AddressTag::NONE`]: not counted).
+    pub address: AddressTag,
 }
 
 impl ClaimArgs {
@@ -119,6 +122,7 @@ impl ClaimArgs {
             takes_over: false,
             route: RouteTag::default(),
             caller: CallerTag::NONE,
+            address: AddressTag::NONE,
         }
     }
 }
@@ -134,10 +138,31 @@ impl CallerTag {
 
     /// The tag of a caller whose scope digest is `scope`.
     pub fn of(scope: &Digest) -> Self {
-        let tag = u32::from_le_bytes([scope.0[0], scope.0[1], scope.0[2], scope.0[3]]);
-        // Zero means "not counted"; a scope that hashes to it counts as 1.
-        Self(tag.max(1))
+        Self(counted_tag(scope))
     }
+}
+
+/// A client address (as the token endpoint's per-address rate takes it) as a store that
+/// limits its share knows it: 32 bits of the address's digest. Callers name themselves
+/// (any made-up credential is a new one), addresses do not: this is what bounds a flood
+/// of made-up callers. Two addresses that collide only share a limit, never a key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct AddressTag(pub u32);
+
+impl AddressTag {
+    /// Not counted.
+    pub const NONE: AddressTag = AddressTag(0);
+
+    /// The tag of a client address whose digest is `address`.
+    pub fn of(address: &Digest) -> Self {
+        Self(counted_tag(address))
+    }
+}
+
+/// The first 32 bits of `digest`, never 0: zero means "not counted", so a digest that
+/// begins with it counts as 1.
+fn counted_tag(digest: &Digest) -> u32 {
+    u32::from_le_bytes([digest.0[0], digest.0[1], digest.0[2], digest.0[3]]).max(1)
 }
 
 /// A route as the store knows it: a small number, which the proxy's metrics map back to

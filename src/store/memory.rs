@@ -18,7 +18,8 @@
 //! outcome is written), `inspect` (the admin API's view and observe mode's count), `limits`
 //! (the bounds, and making room by expiry or eviction), `rate` (the rate-limit counters,
 //! at most `max_entries` beside the records), `record` (one key's record), `shard` (one
-//! shard's map and expiry index) and `totals` (what all shards hold, in all and by caller).
+//! shard's map and expiry index), `tags` (whose a record is, for the caller's and the
+//! address's shares) and `totals` (what all shards hold, in all, by caller and by address).
 
 mod claim;
 mod inspect;
@@ -27,6 +28,7 @@ mod rate;
 mod record;
 mod settle;
 mod shard;
+mod tags;
 mod totals;
 
 use std::collections::BTreeMap;
@@ -93,7 +95,7 @@ impl MemoryStore {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             epoch: Instant::now(),
             limits,
-            totals: Totals::default(),
+            totals: Totals::new(&limits),
             counters: Mutex::default(),
             evictions: Mutex::default(),
             tokens_refused: AtomicU64::new(0),
@@ -235,6 +237,8 @@ impl MemoryStore {
     }
 }
 
+#[cfg(test)]
+mod share_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

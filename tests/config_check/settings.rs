@@ -154,6 +154,10 @@ fn a_config_of_listen_and_upstream_alone_has_the_readme_defaults() {
         "store.memory.when_full: evict"
     );
     assert_eq!(memory.caller_share, 100, "store.memory.caller_share: 100%");
+    assert_eq!(
+        memory.address_share, 100,
+        "store.memory.address_share: 100%"
+    );
     assert_eq!(memory.token_share, 10, "store.memory.token_share: 10%");
     let shared = Config::parse(
         &top("store:\n  memory: { token_share: 25% }\n"),
@@ -167,6 +171,26 @@ fn a_config_of_listen_and_upstream_alone_has_the_readme_defaults() {
         shared.token_share, 25,
         "store.memory.token_share as written"
     );
+    let per_address = Config::parse(
+        &top("store:\n  memory: { address_share: 5% }\n"),
+        "edge.yaml",
+    )
+    .unwrap();
+    let StoreConfig::Memory(per_address) = &per_address.store else {
+        panic!("a memory store")
+    };
+    assert_eq!(per_address.address_share, 5, "as written");
+    for bad in ["0%", "101%", "30"] {
+        let (line, _, key, message) = invalid(&top(&format!(
+            "store:\n  memory: {{ address_share: {bad} }}\n"
+        )));
+        assert_eq!(
+            (line, key.as_str()),
+            (4, "store.memory.address_share"),
+            "{bad}: {message}"
+        );
+        assert!(message.contains("from 1% to 100%"), "{bad}: {message}");
+    }
     // The commented Redis line's values, when only its `url` is written.
     let redis = Config::parse(
         &top("store:\n  redis: { url: \"redis://127.0.0.1:6379\" }\n"),

@@ -131,6 +131,7 @@ pub struct RawMemory {
     pub max_bytes: Option<ByteSize>,
     pub when_full: Option<WhenFull>,
     pub caller_share: Option<Parsed<Percent>>,
+    pub address_share: Option<Parsed<Percent>>,
     pub token_share: Option<Parsed<Percent>>,
 }
 

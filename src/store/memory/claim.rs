@@ -1,5 +1,6 @@
 //! A claim on the memory store, decided under its shard's lock: what the key holds now
-//! ([`Decision`]), taking a free key (within the bounds and the caller's share), answering
+//! ([`Decision`]), taking a free key (within the bounds and the caller's and the address's
+//! shares), answering
 //! a duplicate with a waiter on the owner's channel, and turning a claim whose owner
 //! vanished into what its route's lapse rule says.
 
@@ -70,18 +71,16 @@ impl MemoryStore {
         // The record the claim replaces (an issued token, a failure left for waiters, an
         // expired or abandoned record) stays until the claim is sure to be written: a
         // refused claim must not spend a token nor take the waiters' failure away. Its
-        // slot counts as freed: against its caller's share, and against the bounds (a
-        // record costs at least as much as a claim, so taking its slot needs no room).
+        // slot counts as freed: against the share of its caller or its address, if it is
+        // the claim's, and against the bounds (a record costs at least as much as a claim,
+        // so taking its slot needs no room).
+        let tags = self.totals.layout.pack(args.caller, args.address);
         let replaced = shard
             .map
             .get(&key)
-            .map(|entry| (entry.caller(), entry.cost()));
-        let freed = match replaced {
-            Some((caller, cost)) if caller == args.caller => (1, cost),
-            _ => (0, 0),
-        };
-        if self.over_caller_share(args.caller, (1, ENTRY_OVERHEAD), freed) {
-            return Ok(Err(StoreError::CallerFull));
+            .map(|entry| (entry.tags(), (1, entry.cost())));
+        if let Some(over) = self.over_share(tags, (1, ENTRY_OVERHEAD), replaced) {
+            return Ok(Err(over));
         }
         if replaced.is_none() {
             match self.room_for_entry(&mut shard, index, ticks) {
@@ -103,7 +102,7 @@ impl MemoryStore {
                 alive,
                 created: ticks,
                 route: args.route,
-                caller: args.caller,
+                tags,
                 done: None,
             })),
             ENTRY_OVERHEAD,
@@ -217,10 +216,10 @@ impl MemoryStore {
             unreachable!("decided on a claim in flight");
         };
         let (token, fingerprint) = (record.token, record.fingerprint);
-        let (route, caller) = (record.route, record.caller);
+        let (route, tags) = (record.route, record.tags);
         let seen = shard.remove_for_outcome(&args.key, &self.totals);
         let (entry, cost) =
-            SettledRecord::now(Outcome::Unknown, token, fingerprint, route, caller).into_entry();
+            SettledRecord::now(Outcome::Unknown, token, fingerprint, route, tags).into_entry();
         shard.put(args.key, entry, ticks, ttl, cost, &self.totals);
         shard.keep_seen(args.key, seen);
         RawClaim::Other(if mismatched(&fingerprint, &args.fingerprint) {

@@ -4,17 +4,19 @@
 //! and logged at most once in a while; with `when_full: reject` the write is refused
 //! instead. Issuing a token makes room by expiry alone and within the tokens' own budget
 //! (`token_share`): anyone may ask for one, so a token never costs another record. A
-//! caller's share (`caller_share`) is checked here too.
+//! caller's share (`caller_share`) and a client address's (`address_share`) are checked
+//! here too.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use super::record::Ticks;
 use super::shard::{Evictable, Shard};
-use super::totals::Totals;
+use super::tags::Tags;
+use super::totals::{Holders, Totals};
 use super::MemoryStore;
 use crate::store::response::ENTRY_OVERHEAD;
-use crate::store::{CallerTag, RouteTag};
+use crate::store::{RouteTag, StoreError};
 use crate::sync::lock;
 
 /// A shard's lock if no other thread holds it. A poisoned one is taken, as [`lock`] does:
@@ -60,6 +62,9 @@ pub struct MemoryLimits {
     /// The most of `max_entries` and of `max_bytes`, in percent, that the records of one
     /// caller (one scope) may hold; 100: no limit per caller.
     pub caller_share: u8,
+    /// The most of `max_entries` and of `max_bytes`, in percent, that the records of one
+    /// client address may hold, whatever callers it names; 100: no limit per address.
+    pub address_share: u8,
     /// The most of `max_entries` and of `max_bytes`, in percent, that unspent one-time
     /// tokens may hold: whoever asks gets one, so without a budget of their own they
     /// would crowd out claims and answers.
@@ -73,6 +78,7 @@ impl Default for MemoryLimits {
             max_bytes: 256 << 20,
             when_full: WhenFull::Evict,
             caller_share: 100,
+            address_share: 100,
             token_share: 10,
         }
     }
@@ -82,6 +88,11 @@ impl MemoryLimits {
     /// Whether records are counted per caller (a share below 100%).
     pub fn counts_callers(&self) -> bool {
         self.caller_share < 100
+    }
+
+    /// Whether records are counted per client address (a share below 100%).
+    pub fn counts_addresses(&self) -> bool {
+        self.address_share < 100
     }
 
     /// The most unspent tokens held at once: `token_share` of `max_entries`, and of
@@ -394,19 +405,57 @@ impl MemoryStore {
         }
     }
 
-    /// Whether `caller` adding `added` (records, bytes) while `freed` (records, bytes) of
-    /// its own go would hold more than its share of the store.
-    pub(super) fn over_caller_share(
+    /// Which share, if any, the records of `tags` adding `added` (records, bytes) would
+    /// exceed: [`StoreError::CallerFull`] for their caller's, [`StoreError::AddressFull`]
+    /// for their address's. `replaced` (its tags, and the records and bytes it frees) is
+    /// a record the new one takes the place of: freed for whichever holder it shares.
+    pub(super) fn over_share(
         &self,
-        caller: CallerTag,
+        tags: Tags,
+        added: (usize, usize),
+        replaced: Option<(Tags, (usize, usize))>,
+    ) -> Option<StoreError> {
+        let layout = self.totals.layout;
+        let theirs = replaced.map(|(theirs, _)| theirs);
+        let freed = |same: bool| match replaced {
+            Some((_, freed)) if same => freed,
+            _ => (0, 0),
+        };
+        let caller = layout.caller(tags);
+        let by_caller = freed(theirs.map(|t| layout.caller(t)) == Some(caller));
+        if self.over(
+            &self.totals.callers,
+            caller.0,
+            self.limits.caller_share,
+            added,
+            by_caller,
+        ) {
+            return Some(StoreError::CallerFull);
+        }
+        let address = layout.address(tags);
+        let by_address = freed(theirs.map(|t| layout.address(t)) == Some(address));
+        let share = self.limits.address_share;
+        if self.over(&self.totals.addresses, address.0, share, added, by_address) {
+            return Some(StoreError::AddressFull);
+        }
+        None
+    }
+
+    /// Whether the holder tagged `tag` (0: not counted) adding `added` while `freed` of its
+    /// own go would hold more than `share` percent of the store.
+    fn over(
+        &self,
+        holders: &Holders,
+        tag: u32,
+        share: u8,
         added: (usize, usize),
         freed: (usize, usize),
     ) -> bool {
-        if caller == CallerTag::NONE || !self.limits.counts_callers() {
+        if tag == 0 {
             return false;
         }
-        let share = usize::from(self.limits.caller_share);
-        let (held, held_bytes) = self.totals.callers.held(caller);
+        let share = usize::from(share);
+        let (held, held_bytes) = holders.held(tag);
         (held + added.0).saturating_sub(freed.0) > (self.limits.max_entries * share / 100).max(1)
             || (held_bytes + added.1).saturating_sub(freed.1) > self.limits.max_bytes / 100 * share
     }

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
 
+use super::tags::Tags;
 use crate::key::Digest;
 use crate::store::response::ENTRY_OVERHEAD;
-use crate::store::{CallerTag, Lapse, OwnerToken, RouteTag, StoredResponse};
+use crate::store::{Lapse, OwnerToken, RouteTag, StoredResponse};
 
 /// Nanoseconds since the store's epoch (584 years fit).
 pub(super) type Ticks = u64;
@@ -27,14 +28,16 @@ pub(super) enum Entry {
         response: StoredResponse,
         expires_at: Ticks,
         route: RouteTag,
-        caller: CallerTag,
+        /// Whose it is, for the shares.
+        tags: Tags,
     },
     /// Settled without an answer to replay (rare, so boxed).
     Settled(Box<SettledRecord>),
 }
 
 // The per-key cost of the map (with the key and the table's slack): a record must not grow
-// past this without a reason.
+// past this without a reason. (Its caller's and address's tags share 4 bytes for it: see
+// `tags`.)
 const _: () = assert!(std::mem::size_of::<Entry>() <= 32);
 
 /// A claim whose owner is running.
@@ -53,7 +56,7 @@ pub(super) struct InFlight {
     /// read per claim costs more than the conversion).
     pub created: Ticks,
     pub route: RouteTag,
-    pub caller: CallerTag,
+    pub tags: Tags,
     /// Dropped when the record is replaced or removed; waiters subscribed to it wake.
     /// Made by the first duplicate: most claims never see one, and the channel is an
     /// allocation and a notification per claim otherwise.
@@ -72,7 +75,7 @@ pub(super) struct SettledRecord {
     pub at: SystemTime,
     pub expires_at: Ticks,
     pub route: RouteTag,
-    pub caller: CallerTag,
+    pub tags: Tags,
 }
 
 /// How a settled key ended.
@@ -138,13 +141,14 @@ impl Entry {
         }
     }
 
-    /// The caller whose share the record counts against.
-    pub(super) fn caller(&self) -> CallerTag {
+    /// The caller and the address whose shares the record counts against (an unspent
+    /// token counts against none: it has its own share).
+    pub(super) fn tags(&self) -> Tags {
         match self {
-            Entry::Done { caller, .. } => *caller,
-            Entry::Settled(record) => record.caller,
-            Entry::InFlight(record) => record.caller,
-            Entry::Issued { .. } => CallerTag::NONE,
+            Entry::Done { tags, .. } => *tags,
+            Entry::Settled(record) => record.tags,
+            Entry::InFlight(record) => record.tags,
+            Entry::Issued { .. } => Tags::default(),
         }
     }
 
@@ -183,7 +187,7 @@ impl SettledRecord {
         token: OwnerToken,
         fingerprint: Digest,
         route: RouteTag,
-        caller: CallerTag,
+        tags: Tags,
     ) -> Self {
         Self {
             outcome,
@@ -192,7 +196,7 @@ impl SettledRecord {
             at: SystemTime::now(),
             expires_at: 0,
             route,
-            caller,
+            tags,
         }
     }
 

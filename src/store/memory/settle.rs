@@ -8,9 +8,10 @@ use std::sync::atomic::Ordering;
 use super::limits::{Reclaim, Room};
 use super::record::{Entry, Outcome, SettledRecord, Ticks};
 use super::shard::Shard;
+use super::tags::Tags;
 use super::{MemoryStore, SWEEP_PER_WRITE};
 use crate::store::response::ENTRY_OVERHEAD;
-use crate::store::{CallerTag, Ownership, RouteTag, Settled, Settlement};
+use crate::store::{Ownership, RouteTag, Settled, Settlement};
 
 impl MemoryStore {
     /// See [`Store::settle`](crate::store::Store::settle).
@@ -25,21 +26,21 @@ impl MemoryStore {
         // Whether room may still be made waiting for shards other writes hold: an answer
         // may take unspent tokens' room in either mode, and live records' with `evict`.
         let mut evict = true;
-        let (mut shard, ticks, route, caller, written) = loop {
+        let (mut shard, ticks, route, tags, written) = loop {
             let mut shard = self.shard(&key);
             let (_, ticks) = self.now();
             let found = shard.map.get(&key);
             // What the claim's record holds, freed once the answer replaces it.
             let own = found.map_or(0, Entry::cost);
-            let (route, caller, written) = match found {
+            let (route, tags, written) = match found {
                 Some(Entry::InFlight(record)) if record.token == token => {
-                    (record.route, record.caller, Settled::Written)
+                    (record.route, record.tags, Settled::Written)
                 }
                 // A late outcome of a claim held as unknown: the owner was alive after all.
                 Some(Entry::Settled(record))
                     if record.token == token && matches!(record.outcome, Outcome::Unknown) =>
                 {
-                    (record.route, record.caller, Settled::Written)
+                    (record.route, record.tags, Settled::Written)
                 }
                 Some(entry) if !entry.is_expired(ticks) => return Settled::NotWritten,
                 // Gone (purged): nothing to free, but what says the request ran goes back.
@@ -47,7 +48,7 @@ impl MemoryStore {
                     shard.remove(&key, &self.totals);
                     return Settled::Written;
                 }
-                _ => (RouteTag::default(), CallerTag::NONE, Settled::WrittenBack),
+                _ => (RouteTag::default(), Tags::default(), Settled::WrittenBack),
             };
             // An answer the store may evict for, which needs room in shards other writes
             // hold: room is made holding no shard (see `claim`) while the claim's record
@@ -60,10 +61,12 @@ impl MemoryStore {
             };
             if !evict
                 || answer == 0
-                || self.over_caller_share(caller, (0, answer), (1, own))
+                || self
+                    .over_share(tags, (0, answer), Some((tags, (1, own))))
+                    .is_some()
                 || self.room_for_answer(&mut shard, index, ticks, answer, own) != Room::Busy
             {
-                break (shard, ticks, route, caller, written);
+                break (shard, ticks, route, tags, written);
             }
             drop(shard);
             evict = self.room_for_answer_waiting(index, ticks, answer, own);
@@ -73,7 +76,7 @@ impl MemoryStore {
         // the claim goes to its outcome, and with the claim if none follows.
         let seen = shard.remove_for_outcome(&key, &self.totals);
         let record =
-            |outcome| SettledRecord::now(outcome, token, fingerprint, route, caller).into_entry();
+            |outcome| SettledRecord::now(outcome, token, fingerprint, route, tags).into_entry();
         let issued = |ttl| (Entry::Issued { expires_at: 0 }, ttl, ENTRY_OVERHEAD);
         let (next, settled) = match settlement {
             Settlement::Release { reissue } => {
@@ -83,7 +86,7 @@ impl MemoryStore {
             Settlement::Done { ttl, .. } if ttl.is_zero() => (None, written),
             Settlement::Done { response, ttl } => {
                 let cost = response.cost();
-                let fits = !self.over_caller_share(caller, (0, cost), (0, 0))
+                let fits = self.over_share(tags, (0, cost), None).is_none()
                     && self.room_for_bytes(
                         &mut shard,
                         index,
@@ -97,7 +100,7 @@ impl MemoryStore {
                         response,
                         expires_at: 0,
                         route,
-                        caller,
+                        tags,
                     };
                     (Some((entry, ttl, cost)), written)
                 } else {

@@ -72,10 +72,8 @@ impl Shard {
         } else if entry.holds_token() {
             totals.issued.fetch_add(1, Ordering::Relaxed);
         }
-        totals.callers.add(entry.caller(), cost);
+        totals.add(entry.tags(), cost);
         self.map.insert(key, entry);
-        totals.entries.fetch_add(1, Ordering::Relaxed);
-        totals.bytes.fetch_add(cost, Ordering::Relaxed);
     }
 
     /// Inserts a record that expires `ttl` from `now`, indexed for expiry and charged
@@ -177,9 +175,7 @@ impl Shard {
         } else if entry.holds_token() {
             totals.issued.fetch_sub(1, Ordering::Relaxed);
         }
-        totals.callers.sub(entry.caller(), entry.cost());
-        totals.bytes.fetch_sub(entry.cost(), Ordering::Relaxed);
-        totals.entries.fetch_sub(1, Ordering::Relaxed);
+        totals.remove(entry.tags(), entry.cost());
         true
     }
 
