@@ -359,11 +359,22 @@ async fn shutdown_signal() {
 fn route_table(config: &Config) -> String {
     let mut out = String::new();
     let store = match &config.store {
-        StoreConfig::Memory(l) => format!(
-            "memory (max_entries {}, max_bytes {})",
-            l.max_entries,
-            format_size(l.max_bytes as u64)
-        ),
+        StoreConfig::Memory(l) => {
+            let mut memory = format!(
+                "memory (max_entries {}, max_bytes {}",
+                l.max_entries,
+                format_size(l.max_bytes as u64)
+            );
+            // The shares only when set: 100% limits nothing.
+            let shares = [
+                ("caller_share", l.caller_share),
+                ("address_share", l.address_share),
+            ];
+            for (name, share) in shares.into_iter().filter(|(_, share)| *share < 100) {
+                memory.push_str(&format!(", {name} {share}%"));
+            }
+            memory + ")"
+        }
         StoreConfig::Redis(r) => match &r.url {
             // Only the host part: the URL may carry a password.
             Some(url) => format!("redis ({}, prefix {:?})", redact(url), r.prefix),
