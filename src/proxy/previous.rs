@@ -304,15 +304,21 @@ async fn claim_one(
             Ok(claim) => claim,
             Err(e) => {
                 cx.route_metrics.waited(since);
-                tracing::warn!(error = %e, "store failed claiming the key of a previous config");
-                // K is this request's, but the store did not say whether K' ran: it is
-                // not forwarded, whatever `on_store_error` says.
+                // A share refused (a flood from one address meets it on every request) is
+                // the caller's answer, not a store failure worth a warning each time.
                 let error = match e {
                     StoreError::CallerFull => ProxyError::CallerOverShare,
                     StoreError::AddressFull => ProxyError::AddressOverShare,
-                    StoreError::FoundInFlight(_) => in_flight(),
-                    _ if since.is_some() => in_flight(),
-                    e => e.into(),
+                    e => {
+                        tracing::warn!(error = %e, "store failed claiming the key of a previous config");
+                        // K is this request's, but the store did not say whether K' ran:
+                        // it is not forwarded, whatever `on_store_error` says.
+                        match e {
+                            StoreError::FoundInFlight(_) => in_flight(),
+                            _ if since.is_some() => in_flight(),
+                            e => e.into(),
+                        }
+                    }
                 };
                 return Found::Other(Err(error), None);
             }

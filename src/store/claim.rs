@@ -6,6 +6,9 @@
 //! Add a field here when every backend must honour it; a backend-only knob belongs in that
 //! backend's settings.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use crate::key::Digest;
@@ -159,10 +162,15 @@ impl AddressTag {
     }
 }
 
-/// The first 32 bits of `digest`, never 0: zero means "not counted", so a digest that
-/// begins with it counts as 1.
+/// 32 bits of `digest` under a key drawn once per process, never 0: zero means "not
+/// counted". Keyed, since the digests are public (a hash of what the client sends): a
+/// client could otherwise pick addresses (an IPv6 /48 holds 65,536 /64s) or credentials
+/// whose tags fall on a victim's, above all in the 16 bits a tag keeps beside another, and
+/// spend its share for it.
 fn counted_tag(digest: &Digest) -> u32 {
-    u32::from_le_bytes([digest.0[0], digest.0[1], digest.0[2], digest.0[3]]).max(1)
+    static KEY: OnceLock<RandomState> = OnceLock::new();
+    let hashed = KEY.get_or_init(RandomState::new).hash_one(digest.0);
+    ((hashed ^ hashed >> 32) as u32).max(1)
 }
 
 /// A route as the store knows it: a small number, which the proxy's metrics map back to
@@ -198,4 +206,25 @@ pub(crate) fn reissue_left(until: Option<SystemTime>) -> Option<Duration> {
         .duration_since(SystemTime::now())
         .ok()
         .filter(|left| *left >= Duration::from_millis(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tag is not a function of the public digest alone: were it the digest's first bits
+    ///, a client could compute which addresses or credentials share a
+    /// victim's tag. Sixteen digests all giving their own first 32 bits would take a
+    /// 2^-512 chance.
+    #[test]
+    fn tags_are_keyed_so_clients_cannot_aim_them_at_another() {
+        let digests: Vec<Digest> = (0..16u8).map(|i| Digest([i; 32])).collect();
+        let unkeyed = |d: &Digest| u32::from_le_bytes([d.0[0], d.0[1], d.0[2], d.0[3]]).max(1);
+        assert!(digests.iter().any(|d| AddressTag::of(d).0 != unkeyed(d)));
+        assert!(digests.iter().any(|d| CallerTag::of(d).0 != unkeyed(d)));
+        for d in &digests {
+            assert_ne!(AddressTag::of(d), AddressTag::NONE);
+            assert_eq!(AddressTag::of(d), AddressTag::of(d), "one process, one tag");
+        }
+    }
 }
