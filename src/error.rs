@@ -82,7 +82,8 @@ pub enum ProxyError {
     /// The proxy buffers as many bytes as `connections.max_buffered` allows, one client
     /// connection as many as `connections.max_buffered_per_connection`: a request's head,
     /// or a protected request's body, found no room, and was refused before anything was
-    /// claimed or sent.
+    /// claimed or sent; or a replay's copy of a stored answer found none, and the answer
+    /// was neither sent cut short nor run again.
     #[error("{}; retry after {retry_after} s", buffering(*.short))]
     Overloaded {
         /// Seconds for `Retry-After`.
@@ -201,7 +202,7 @@ fn buffering(short: Short) -> &'static str {
         Short::Total => "the proxy is buffering as much as it may at once",
         Short::Connection => {
             "this connection is buffering as much as one connection may at once (its \
-             requests' heads, bodies and answers)"
+             requests' heads, bodies, answers and replays)"
         }
     }
 }

@@ -481,13 +481,13 @@ impl Metrics {
 /// refused. The budget counts in [`BufferMetrics::held`] itself.
 #[derive(Debug, Default)]
 pub struct BufferMetrics {
-    /// Bytes of request heads held, and of request bodies and upstream answers buffered,
-    /// now.
+    /// Bytes of request heads held, of request bodies and upstream answers buffered, and
+    /// of replays' copies of stored answers, now.
     pub held: Gauge,
     /// `connections.max_buffered`.
     pub limit: Gauge,
-    /// Heads and bodies refused (`503 overloaded`) and answers streamed unstored, for want
-    /// of room.
+    /// Heads, bodies and replays refused (`503 overloaded`) and answers streamed unstored,
+    /// for want of room.
     refused: Family<WhatLabel, Counter>,
     /// Of those, the ones whose connection held its share
     /// (`connections.max_buffered_per_connection`).
@@ -512,7 +512,7 @@ impl BufferMetrics {
     fn register(&self, registry: &mut Registry) {
         registry.register(
             "buffered_bytes",
-            "Bytes of protected requests' heads held, and of their bodies and owners' answers buffered, now",
+            "Bytes of protected requests' heads held, of their bodies and owners' answers buffered, and of replays' copies of stored answers, now",
             self.held.clone(),
         );
         registry.register(
@@ -522,7 +522,7 @@ impl BufferMetrics {
         );
         registry.register(
             "buffer_refusals",
-            "Buffers refused for want of room under connections.max_buffered: protected requests' heads and bodies (503 overloaded) and answers (streamed, not stored)",
+            "Buffers refused for want of room under connections.max_buffered: protected requests' heads, bodies and replays (503 overloaded) and answers (streamed, not stored)",
             self.refused.clone(),
         );
         registry.register(
@@ -535,6 +535,7 @@ impl BufferMetrics {
             crate::proxy::budget::Refusal::RequestHead,
             crate::proxy::budget::Refusal::RequestBody,
             crate::proxy::budget::Refusal::Answer,
+            crate::proxy::budget::Refusal::Replay,
         ] {
             let _ = self.refused(what);
             let _ = self.share_refused(what);

@@ -1,7 +1,7 @@
 //! The proxy pipeline. [`handler`] refuses what [`admission`] does not admit, matches the
 //! route and picks a path: [`passthrough`] streams unprotected requests untouched;
 //! [`protected`] runs the phases check the [`head`] → buffer → derive key → claim →
-//! forward, wait or replay → complete or release. [`stopping`] tells the duplicates and owners' clients it holds when a
+//! forward, wait or [`replay`] → complete or release. [`stopping`] tells the duplicates and owners' clients it holds when a
 //! shutdown must have answered them.
 
 pub mod admission;
@@ -19,6 +19,7 @@ pub mod passthrough;
 pub mod previous;
 mod problem;
 pub mod protected;
+pub mod replay;
 mod settlement;
 pub mod stopping;
 pub mod tokens;

@@ -24,6 +24,12 @@
 //! (`503 overloaded`); an answer that finds none, its request already run, streams on to
 //! its client and is recorded as executed, not stored, as one over `max_answer` is.
 //!
+//! A replay holds its body until its client has read it. A stored record a memory store
+//! shares with every replay is bounded by the store's `max_bytes` and costs nothing more;
+//! but a copy made for one replay (decoded from Redis or SQL, or opened from its seal)
+//! takes its size from the budget, until its body is sent or dropped, and one without
+//! room is refused with `503 overloaded` too, never run again (`super::replay`).
+//!
 //! One client connection's buffers hold at most `connections.max_buffered_per_connection`
 //! of it at once ([`ConnBuffers`]), as its owners are held to `max_streams`
 //! (`super::conn_share`). A protected body has no total deadline, only a gap limit, so
@@ -69,6 +75,10 @@ pub struct Budget {
     share_refused_bodies: Counter,
     /// Of those answers, the same.
     share_refused_answers: Counter,
+    /// Replays' copies of stored answers refused for want of room.
+    refused_replays: Counter,
+    /// Of those replays, the same.
+    share_refused_replays: Counter,
 }
 
 /// What one client connection's buffers hold of a [`Budget`] now; see the
@@ -111,6 +121,9 @@ pub enum Refusal {
     RequestBody,
     /// An owner's upstream answer: streamed on, not stored.
     Answer,
+    /// A replay's copy of a stored answer (decoded from the store, or opened from its
+    /// seal): refused with `503 overloaded`.
+    Replay,
 }
 
 impl Refusal {
@@ -120,6 +133,7 @@ impl Refusal {
             Self::RequestHead => "request_head",
             Self::RequestBody => "request_body",
             Self::Answer => "answer",
+            Self::Replay => "replay",
         }
     }
 }
@@ -139,6 +153,8 @@ impl Budget {
             share_refused_heads: metrics.share_refused(Refusal::RequestHead),
             share_refused_bodies: metrics.share_refused(Refusal::RequestBody),
             share_refused_answers: metrics.share_refused(Refusal::Answer),
+            refused_replays: metrics.refused(Refusal::Replay),
+            share_refused_replays: metrics.share_refused(Refusal::Replay),
         };
         budget.set_limit(limit, per_connection);
         Arc::new(budget)
@@ -174,6 +190,7 @@ impl Budget {
             Refusal::RequestHead => (&self.refused_heads, &self.share_refused_heads),
             Refusal::RequestBody => (&self.refused_bodies, &self.share_refused_bodies),
             Refusal::Answer => (&self.refused_answers, &self.share_refused_answers),
+            Refusal::Replay => (&self.refused_replays, &self.share_refused_replays),
         };
         all.inc();
         if short == Short::Connection {

@@ -24,9 +24,11 @@ use http::request::Parts;
 use http::Response;
 
 use super::body::ProxyBody;
+use super::budget::Charge;
 use super::protected::{
-    claim_args, replay, request_view, wait_for_owner, Context, Report, RETRY_AFTER_SECS,
+    claim_args, request_view, wait_for_owner, Context, Report, RETRY_AFTER_SECS,
 };
+use super::replay::{open_charged, with_charge};
 use super::settlement::for_key;
 use crate::config::{Config, InFlightMode, Protected, Protection};
 use crate::error::{NotKept, ProxyError};
@@ -242,13 +244,14 @@ pub(super) async fn claim_older(
                     sealing: old.sealing.clone(),
                 });
             }
-            Found::Done(stored, waited) => {
+            Found::Done(stored, charge, waited) => {
                 report.outcome = Some(if waited {
                     Outcome::Waited
                 } else {
                     Outcome::Replayed
                 });
-                return Older::Answered(answer_from(rule, lease, also, stored).await);
+                let answer = answer_from(rule, lease, also, stored, charge).await;
+                return Older::Answered(answer);
             }
             Found::Other(answer, outcome) => {
                 release_all(also).await;
@@ -265,8 +268,9 @@ pub(super) async fn claim_older(
 enum Found {
     /// Free: claimed, to be released once the request settled K.
     Free(Lease),
-    /// An answer (opened), found at once or after waiting.
-    Done(StoredResponse, bool),
+    /// An answer (opened), with what its replay holds of the budget, found at once or
+    /// after waiting.
+    Done(StoredResponse, Charge, bool),
     /// What a duplicate of that key gets, with its outcome when not told by the error.
     Other(Result<Response<ProxyBody>, ProxyError>, Option<Outcome>),
 }
@@ -326,19 +330,19 @@ async fn claim_one(
         if !matches!(claim, Claim::InFlight(_)) {
             cx.route_metrics.waited(since);
         }
+        // Charged as any replay's copy is (`super::replay`).
         let opened = |stored: StoredResponse| {
-            stored
-                .open(old.sealing.as_deref(), args.key)
-                .map_err(ProxyError::Unsealable)
+            let conn = cx.conn.share.buffers();
+            open_charged(stored, old.sealing.as_deref(), args.key, cx.budget, conn)
         };
         return match claim {
             Claim::Owner(lease) => Found::Free(lease),
             Claim::Done(stored) => match opened(stored) {
-                Ok(stored) => Found::Done(stored, since.is_some()),
+                Ok((stored, charge)) => Found::Done(stored, charge, since.is_some()),
                 Err(e) => Found::Other(Err(e), None),
             },
             Claim::Failed(Some(stored)) => Found::Other(
-                opened(stored).map(|s| replay(&s)),
+                opened(stored).map(|(s, charge)| with_charge(&s, charge)),
                 Some(Outcome::FailureShared),
             ),
             // The owner waited on freed K' without a failure to share (a 5xx too large to
@@ -377,17 +381,18 @@ async fn claim_one(
     }
 }
 
-/// Settles K with the answer found under K' and replays it, and the newer earlier keys
-/// found free before it (`also`) alike. K keeps it for this route's full `ttl` from now,
-/// not what K' had left (a record does not say): a retry is answered a little longer than
-/// the first answer alone would have been, never run again.
+/// Settles K with the answer found under K' and replays it (its body holding `charge`),
+/// and the newer earlier keys found free before it (`also`) alike. K keeps it for this
+/// route's full `ttl` from now, not what K' had left (a record does not say): a retry is
+/// answered a little longer than the first answer alone would have been, never run again.
 async fn answer_from(
     rule: &Protected,
     lease: Lease,
     also: Vec<Earlier>,
     stored: StoredResponse,
+    charge: Charge,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let response = replay(&stored);
+    let response = with_charge(&stored, charge);
     let (key, fingerprint) = (lease.key(), lease.fingerprint());
     let plain = Settlement::Done {
         response: stored,

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 
 use super::answer;
 use super::body::{read_limited, ProxyBody, RequestBody};
@@ -29,6 +29,7 @@ use super::conn_share::Owning;
 use super::detach::Detachable;
 use super::head::{self, Announced};
 use super::previous::{self, Earlier, Older};
+pub use super::replay::IDEMPOTENT_REPLAYED;
 use super::settlement;
 pub use super::stopping::Owners;
 use super::stopping::Stopping;
@@ -45,10 +46,6 @@ use crate::store::{
     AddressTag, CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Store, StoreError, StoredResponse,
     Waiter,
 };
-
-/// The header added to every replayed response.
-pub static IDEMPOTENT_REPLAYED: http::HeaderName =
-    http::HeaderName::from_static("idempotent-replayed");
 
 /// `Retry-After` for a duplicate of a running request: most owners finish within a second,
 /// and a sooner retry finds the replay; the lease only bounds owners that vanished.
@@ -261,23 +258,21 @@ pub async fn handle(
                 report.outcome = Some(outcome);
                 return Ok(response);
             }
+            // A copy of the record made for this replay holds its room in the budget until
+            // its body is sent (`super::replay`); one without room is refused, not run.
             Claim::Done(stored) => {
+                let replayed = replay_charged(&cx, rule, key, stored)?;
                 report.outcome = Some(if waiting_since.is_some() {
                     Outcome::Waited
                 } else {
                     Outcome::Replayed
                 });
-                let stored = stored
-                    .open(rule.sealing.as_deref(), key)
-                    .map_err(ProxyError::Unsealable)?;
-                return Ok(replay(&stored));
+                return Ok(replayed);
             }
             Claim::Failed(Some(stored)) => {
+                let replayed = replay_charged(&cx, rule, key, stored)?;
                 report.outcome = Some(Outcome::FailureShared);
-                let stored = stored
-                    .open(rule.sealing.as_deref(), key)
-                    .map_err(ProxyError::Unsealable)?;
-                return Ok(replay(&stored));
+                return Ok(replayed);
             }
             Claim::Failed(None) => return Err(ProxyError::OwnerFailed),
             Claim::NotStored(record) => {
@@ -593,12 +588,15 @@ impl Drop for UnknownOnDrop {
     }
 }
 
-/// The stored answer with `Idempotent-Replayed: true`, its trailers (if any) after the body.
-pub fn replay(stored: &StoredResponse) -> Response<ProxyBody> {
-    let (status, mut headers, body) = stored.parts();
-    headers.insert(
-        IDEMPOTENT_REPLAYED.clone(),
-        HeaderValue::from_static("true"),
-    );
-    answer::whole(status, headers, body, stored.trailers())
+/// The replay of `stored`, found for `key` on `rule`, charged to the request's connection
+/// ([`super::replay::charged`]).
+pub(super) fn replay_charged(
+    cx: &Context<'_>,
+    rule: &Protected,
+    key: Digest,
+    stored: StoredResponse,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let sealing = rule.sealing.as_deref();
+    let conn = cx.conn.share.buffers();
+    super::replay::charged(stored, sealing, key, cx.budget, conn)
 }

@@ -6,12 +6,13 @@
 //! test that fails against a server reading past what it answered. And the proxy's own
 //! part: owners whose clients left after their request went out run on (SPEC 5), so
 //! resetting streams, or leaving connections, must not buy upstream calls without end;
-//! and protected bodies sent slowly on many streams must not buy the whole buffer budget.
+//! and protected bodies sent slowly on many streams must not buy the whole buffer budget,
+//! nor replays of a large stored answer left unread.
 //!
 //! One job per module: `wire.rs` a client connection written and read by hand, `frames.rs`
 //! the frames (shared with tests/desync_h2), `limits.rs` the library's limits, `owners.rs`
 //! owners that outlive their clients, `buffers.rs` one connection's share of the buffer
-//! budget.
+//! budget, `replays.rs` the copies replays hold against it.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -22,6 +23,7 @@ mod buffers;
 mod frames;
 mod limits;
 mod owners;
+mod replays;
 mod wire;
 
 use std::time::Duration;

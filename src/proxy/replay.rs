@@ -1,0 +1,100 @@
+//! Replays: a stored answer sent again, with `Idempotent-Replayed: true`, and what it holds
+//! of the buffer budget (`super::budget`) while it goes out.
+//!
+//! A replay's body is held until its client has read it, or leaves: as long as it likes,
+//! when it reads slowly (within `client_send_timeout` per write). A record a memory store
+//! keeps is shared by every replay of it, already bounded by the store's `max_bytes`: such
+//! a replay holds nothing more and is charged nothing, which keeps the common replay free
+//! of any extra work. But a record decoded from what Redis or SQL returned is a copy made
+//! for this one request, and so is a sealed record opened (`store.encrypt`, whatever the
+//! store): without a charge, duplicates of a key whose answer is `max_answer` bytes, each
+//! on a stream whose client reads nothing, would hold a copy each, on every stream of
+//! every connection. So such a copy is charged to the budget and its connection's share
+//! before it is made where it can be (the opened copy of a sealed record), or as soon as
+//! the store hands it over (a decoded one), for as long as the replay's body is held: the
+//! charge rides inside the body ([`super::budget::Charge::attach`]) and is given back when
+//! it is sent or dropped. A replay without room is refused as a body without room is
+//! (`503 overloaded`): never run again, never cut short.
+
+use std::sync::Arc;
+
+use http::{HeaderValue, Response};
+
+use super::answer;
+use super::body::{ProxyBody, OVERLOADED_RETRY_AFTER};
+use super::budget::{Budget, Charge, ConnBuffers, Refusal, Short};
+use crate::error::ProxyError;
+use crate::key::Digest;
+use crate::store::seal::KeyRing;
+use crate::store::StoredResponse;
+
+/// The header added to every replayed response.
+pub static IDEMPOTENT_REPLAYED: http::HeaderName =
+    http::HeaderName::from_static("idempotent-replayed");
+
+/// The replay of `stored`, found under the store key `key` and opened with `ring` if it is
+/// sealed, its copies charged to `budget` and the share of the connection `conn` counts
+/// (see the [module docs](self)): refused with `503 overloaded` if they find no room, with
+/// the error of a record that does not open if it does not.
+pub fn charged(
+    stored: StoredResponse,
+    ring: Option<&KeyRing>,
+    key: Digest,
+    budget: &Arc<Budget>,
+    conn: &Arc<ConnBuffers>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let (stored, charge) = open_charged(stored, ring, key, budget, conn)?;
+    Ok(with_charge(&stored, charge))
+}
+
+/// `stored` opened as [`charged`] opens it, with the charge that pays for the copy it
+/// holds alone (nothing for a shared record), for [`with_charge`]: for a replay that also
+/// hands the record on (a key of an earlier config, settled under the new key).
+pub fn open_charged(
+    stored: StoredResponse,
+    ring: Option<&KeyRing>,
+    key: Digest,
+    budget: &Arc<Budget>,
+    conn: &Arc<ConnBuffers>,
+) -> Result<(StoredResponse, Charge), ProxyError> {
+    // A copy the store made for this request, and the one opening a sealed record makes
+    // (no larger than the sealed record).
+    let copied = stored.held_alone();
+    let opening = if stored.is_sealed() { stored.size() } else { 0 };
+    if copied + opening == 0 {
+        // A memory store's record in clear, shared: nothing to charge.
+        let stored = stored.open(ring, key).map_err(ProxyError::Unsealable)?;
+        return Ok((stored, Charge::unbounded()));
+    }
+    let mut charge = budget.charge(conn);
+    charge
+        .resize(copied + opening)
+        .map_err(|short| refused(budget, short))?;
+    let stored = stored.open(ring, key).map_err(ProxyError::Unsealable)?;
+    // The sealed record is gone: what is left is the one copy the body holds.
+    charge
+        .resize(stored.held_alone())
+        .map_err(|short| refused(budget, short))?;
+    Ok((stored, charge))
+}
+
+/// The stored answer with `Idempotent-Replayed: true`, its trailers (if any) after the
+/// body, the body holding `charge` (what [`open_charged`] took for it) until it is sent or
+/// dropped.
+pub fn with_charge(stored: &StoredResponse, charge: Charge) -> Response<ProxyBody> {
+    let (status, mut headers, body) = stored.parts();
+    headers.insert(
+        IDEMPOTENT_REPLAYED.clone(),
+        HeaderValue::from_static("true"),
+    );
+    answer::whole(status, headers, charge.attach(body), stored.trailers())
+}
+
+/// Counts a replay without room under `short`, and refuses it.
+fn refused(budget: &Budget, short: Short) -> ProxyError {
+    budget.refused(Refusal::Replay, short);
+    ProxyError::Overloaded {
+        retry_after: OVERLOADED_RETRY_AFTER,
+        short,
+    }
+}
