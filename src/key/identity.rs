@@ -160,9 +160,24 @@ impl Tier {
     }
 }
 
-/// Values a logged-out browser script sends for a token it does not have
-/// (`Bearer ${token}` with `token` null or undefined): shared by every anonymous caller.
-const PLACEHOLDERS: &[&[u8]] = &[b"null", b"undefined", b"\"\"", b"''", b"[object Object]"];
+/// Values a logged-out client sends for a token it does not have, by formatting a missing
+/// one into `Bearer {token}`: JavaScript's `null`, `undefined`, `NaN`, `false` and the
+/// `[object …]` spellings, Python's `None`, Ruby's and Lua's `nil`, Go's `<nil>`. Shared by
+/// every anonymous caller that sends them.
+const PLACEHOLDERS: &[&[u8]] = &[
+    b"null",
+    b"undefined",
+    b"\"\"",
+    b"''",
+    b"[object Object]",
+    b"[object Undefined]",
+    b"[object Null]",
+    b"None",
+    b"nil",
+    b"<nil>",
+    b"false",
+    b"NaN",
+];
 
 /// Authentication schemes that, sent alone, carry nothing: `Bearer ` with the token left
 /// out reaches us as `Bearer` (trailing whitespace is not part of a field value).

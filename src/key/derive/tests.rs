@@ -434,6 +434,32 @@ fn an_authorization_without_a_credential_names_no_one() {
     );
 }
 
+/// A missing token formatted into the header by another language (Python's `None`, Go's
+/// `<nil>`, JavaScript's `NaN`…) is as anonymous as `null`: callers on two addresses sending
+/// it with one body are two callers.
+#[test]
+fn a_placeholder_from_any_language_is_no_credential() {
+    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
+    for anonymous in [
+        "Bearer None",
+        "Bearer nil",
+        "Bearer <nil>",
+        "Bearer false",
+        "Bearer NaN",
+        "Bearer [object Undefined]",
+        "Bearer [object Null]",
+        "bearer NONE",
+        "None",
+    ] {
+        let h = with(&[("authorization", anonymous)]);
+        assert_ne!(key_of(&h, a), key_of(&h, b), "{anonymous:?}");
+        assert_eq!(key_of(&h, a), key_of(&HeaderMap::new(), a), "{anonymous:?}");
+    }
+    // Real credentials that merely contain those words still name their caller.
+    let h = with(&[("authorization", "Bearer None123")]);
+    assert_eq!(key_of(&h, a), key_of(&h, b));
+}
+
 #[test]
 fn a_cleared_session_cookie_names_no_one() {
     let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
