@@ -11,11 +11,11 @@ use sha2::{Digest as _, Sha256};
 use super::client_key::ClientKeyError;
 use super::identity::{names_a_session, names_someone, session_cookie, ClientAddress, Identity};
 use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
-use crate::canonical::query::canonical_form;
-use crate::canonical::{canonical_json, canonical_query, extract_fields, IgnoreSet, JsonError};
+use crate::canonical::{extract_fields, JsonError};
 use crate::route::Overrides;
 pub use buckets::scope_digest;
 use caller::{cookie_jar, describe_caller, has_credential, hash_address, hash_caller, Caller};
+use request::{write_canonical_request, BodyType};
 
 /// The parts of a request a key can depend on; the body is already buffered.
 #[derive(Debug, Clone, Copy)]
@@ -225,6 +225,14 @@ pub fn derive_key(
                     }
                     None => return Ok(Derived::Unkeyed),
                 }
+            }
+            // A body the app does not parse as JSON (`text/plain`, a form) holds none of
+            // its fields to the app, whatever it reads to us: not the JSON-typed request.
+            if BodyType::of(req.headers) != BodyType::Json {
+                let sent = req.headers.get(header::CONTENT_TYPE);
+                let media_type = sent.map_or(&b""[..], |v| v.as_bytes());
+                hasher.field(media_type);
+                shown.push(format!("(typed {:?})", String::from_utf8_lossy(media_type)));
             }
             if let Some(t) = trace.as_deref_mut() {
                 t.material = shown.join(" ");
@@ -484,65 +492,6 @@ enum Host {
     Included,
 }
 
-/// Writes `method path\nquery\nbody` in canonical form (`operation`: the method with any
-/// override the request sends, see [`method::operation`]): query and form bodies sorted, JSON
-/// canonicalized, anything else (or invalid JSON) as raw bytes. Each part carries a tag so a
-/// raw body can never collide with a canonical one.
-fn write_canonical_request(
-    req: &RequestView<'_>,
-    operation: &[u8],
-    query: bool,
-    body: bool,
-    ignore: &IgnoreSet,
-    out: &mut Vec<u8>,
-    mut ignored: Option<&mut Vec<String>>,
-) {
-    out.extend_from_slice(operation);
-    out.push(b' ');
-    out.extend_from_slice(req.path.as_bytes());
-    out.extend_from_slice(b"\nquery:");
-    if query {
-        if let Some(q) = req.query {
-            canonical_query(q, ignore, out, ignored.as_deref_mut());
-        }
-    }
-    if !body {
-        return;
-    }
-    let start = out.len();
-    if is_form(req.headers) {
-        out.extend_from_slice(b"\nform:");
-        canonical_form(req.body, ignore, out, ignored.as_deref_mut());
-        return;
-    }
-    out.extend_from_slice(b"\njson:");
-    let mut skipped = Vec::new();
-    let collect = ignored.is_some().then_some(&mut skipped);
-    match canonical_json(req.body, ignore, out, collect) {
-        Ok(()) => {
-            if let Some(list) = ignored {
-                list.extend(skipped);
-            }
-        }
-        Err(_) => {
-            out.truncate(start);
-            out.extend_from_slice(b"\nraw:");
-            out.extend_from_slice(req.body);
-        }
-    }
-}
-
-fn is_form(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| {
-            v.trim()
-                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
-        })
-}
-
 /// SHA-256 over length-prefixed fields, so no two field lists hash the same input.
 struct KeyHasher(Sha256);
 
@@ -592,5 +541,6 @@ pub mod buckets;
 mod caller;
 pub mod head;
 mod method;
+mod request;
 #[cfg(test)]
 mod tests;

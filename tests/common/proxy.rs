@@ -332,6 +332,13 @@ pub fn stored_key(
             http::HeaderValue::from_str(&proxy.addr.to_string()).unwrap(),
         );
     }
+    // So is a body's media type: the JSON they send, unless given.
+    if !map.contains_key(http::header::CONTENT_TYPE) {
+        map.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+    }
     let request = idemgate::explain::Request {
         method: Method::POST,
         uri: path.parse().unwrap(),

@@ -4,6 +4,7 @@ use crate::key::default_scope;
 use http::HeaderValue;
 
 mod cert;
+mod media_type;
 mod unnamed;
 
 static IDENTITY: std::sync::LazyLock<Identity> = std::sync::LazyLock::new(Identity::default);
