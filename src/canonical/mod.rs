@@ -24,6 +24,7 @@
 //! assert_ne!(a, fingerprint(br#"{"qty": 2, "sku": "A"}"#));
 //! ```
 
+mod fold;
 pub mod json;
 pub mod pointer;
 pub mod query;

@@ -1,0 +1,138 @@
+//! Names equal under case folding. Go's `encoding/json`, Json.NET, Jackson with
+//! case-insensitive properties and ASP.NET's binders match member and parameter names
+//! ignoring case and let the last one win, so two names that fold alike are one field to
+//! them and two to a case-sensitive app: where such names differ in bytes, their order is
+//! data.
+//!
+//! Folding here is per character lower, upper, then lower case again: it joins every pair
+//! of characters that any of those libraries joins (simple or full mappings, the Kelvin
+//! sign `K` with `k`, `ſ` with `s`, `ẞ` with `ß`), and more. Joining too much only keeps
+//! an order that did not matter.
+
+use super::ascii_lowercase_lanes;
+
+/// Whether `a` and `b` differ in bytes but fold alike. Bytes that are not UTF-8 fold as
+/// U+FFFD, which only ever joins more.
+pub(crate) fn case_variants(a: &[u8], b: &[u8]) -> bool {
+    if a == b {
+        return false;
+    }
+    if a.is_ascii() && b.is_ascii() {
+        return a.eq_ignore_ascii_case(b);
+    }
+    folded(a).eq(folded(b))
+}
+
+/// The first 8 bytes of `name` folded, big-endian and zero-padded: names that fold alike
+/// have equal signatures. `prefix` is `name`'s own first 8 bytes laid out so (the JSON
+/// parser's key prefix); when they are ASCII the signature is them in lower case.
+pub(crate) fn fold_signature(name: &[u8], prefix: u64) -> u64 {
+    if prefix & 0x8080_8080_8080_8080 == 0 {
+        return ascii_lowercase_lanes(prefix);
+    }
+    let mut bytes = [0u8; 8];
+    let mut len = 0;
+    let mut utf8 = [0u8; 4];
+    for c in folded(name) {
+        for &b in c.encode_utf8(&mut utf8).as_bytes() {
+            if len == 8 {
+                return u64::from_be_bytes(bytes);
+            }
+            bytes[len] = b;
+            len += 1;
+        }
+    }
+    u64::from_be_bytes(bytes)
+}
+
+/// `name`'s first 8 bytes, big-endian and zero-padded.
+pub(crate) fn prefix_of(name: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let len = name.len().min(8);
+    bytes[..len].copy_from_slice(&name[..len]);
+    u64::from_be_bytes(bytes)
+}
+
+/// Whether two of `count` names differ in bytes but fold alike; `name(i)` is the `i`th and
+/// `signature(i)` its [`fold_signature`]. `scratch` is working memory.
+pub(crate) fn any_case_variants<'n>(
+    count: usize,
+    name: impl Fn(usize) -> &'n [u8],
+    signature: impl Fn(usize) -> u64,
+    scratch: &mut Vec<u128>,
+) -> bool {
+    if count < 2 {
+        return false;
+    }
+    scratch.clear();
+    scratch.extend((0..count).map(|i| u128::from(signature(i)) << 64 | i as u128));
+    scratch.sort_unstable();
+    let mut run = 0;
+    while run < scratch.len() {
+        let sig = scratch[run] >> 64;
+        let mut end = run + 1;
+        while end < scratch.len() && scratch[end] >> 64 == sig {
+            end += 1;
+        }
+        for i in run..end {
+            for j in i + 1..end {
+                let (a, b) = (scratch[i] as u64 as usize, scratch[j] as u64 as usize);
+                if case_variants(name(a), name(b)) {
+                    return true;
+                }
+            }
+        }
+        run = end;
+    }
+    false
+}
+
+fn folded(name: &[u8]) -> impl Iterator<Item = char> + '_ {
+    name.utf8_chunks().flat_map(|chunk| {
+        let invalid = (!chunk.invalid().is_empty()).then_some(char::REPLACEMENT_CHARACTER);
+        chunk.valid().chars().chain(invalid).flat_map(|c| {
+            c.to_lowercase()
+                .flat_map(char::to_uppercase)
+                .flat_map(char::to_lowercase)
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_equal_but_for_case_are_variants() {
+        for (a, b) in [
+            ("Amount", "amount"),
+            ("paymentOrderNo", "PaymentOrderNo"),
+            ("\u{212A}ey", "key"),
+            ("\u{17F}ku", "SKU"),
+            ("stra\u{DF}e", "STRA\u{1E9E}E"),
+            ("\u{C9}t\u{E9}", "\u{E9}T\u{C9}"),
+        ] {
+            assert!(case_variants(a.as_bytes(), b.as_bytes()), "{a} {b}");
+            let sig = |s: &str| fold_signature(s.as_bytes(), prefix_of(s.as_bytes()));
+            assert_eq!(sig(a), sig(b), "{a} {b}");
+        }
+        for (a, b) in [("a", "a"), ("a", "b"), ("ab", "a"), ("id", "ids"), ("", "")] {
+            assert!(!case_variants(a.as_bytes(), b.as_bytes()), "{a} {b}");
+        }
+    }
+
+    #[test]
+    fn only_names_that_fold_alike_are_found() {
+        let names: [&[u8]; 4] = [b"shippingAddress", b"shippingMethod", b"id", b"ids"];
+        let sig = |i: usize| fold_signature(names[i], prefix_of(names[i]));
+        let mut scratch = Vec::new();
+        assert!(!any_case_variants(4, |i| names[i], sig, &mut scratch));
+        let names: [&[u8]; 4] = [b"shippingAddress", b"id", b"ShippingADDRESS", b"x"];
+        let sig = |i: usize| fold_signature(names[i], prefix_of(names[i]));
+        assert!(any_case_variants(4, |i| names[i], sig, &mut scratch));
+        // Repeated names are not variants.
+        let names: [&[u8]; 3] = [b"id", b"id", b"x"];
+        let sig = |i: usize| fold_signature(names[i], prefix_of(names[i]));
+        assert!(!any_case_variants(3, |i| names[i], sig, &mut scratch));
+    }
+}
