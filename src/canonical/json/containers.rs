@@ -197,7 +197,14 @@ impl Parser<'_, '_> {
         if shapes.len() <= level {
             shapes.resize_with(level + 1, Shape::default);
         }
-        let in_order = key_order(input, keys, members, order, wide, &mut shapes[level]);
+        let name = |i: usize| key_bytes(input, keys, members[i].key);
+        let signature = |i: usize| fold_signature(name(i), members[i].key.prefix);
+        // Names equal but for case are one member to case-insensitive parsers, the last one
+        // winning: their order is data, kept with the rest of the object's, after a space
+        // that marks the object as unsorted (canonical JSON has no whitespace otherwise).
+        let as_sent = any_case_variants(members.len(), name, signature, wide);
+        let in_order =
+            as_sent || key_order(input, keys, members, order, wide, &mut shapes[level]);
         scratch.clear();
         if out.len() > body_start {
             scratch.extend_from_slice(&out[body_start..]);
@@ -209,6 +216,9 @@ impl Parser<'_, '_> {
             bytes: scratch,
             offset: body_start,
         };
+        if as_sent {
+            out.push(b' ');
+        }
         if in_order {
             for (i, m) in members.iter().enumerate() {
                 emit_member(out, input, keys, &generated, i, m);

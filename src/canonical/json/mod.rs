@@ -4,6 +4,10 @@
 //! The canonical form is itself compact, valid JSON:
 //! - no insignificant whitespace; object members sorted by their unescaped key bytes (stable, so
 //!   duplicate keys keep their input order); arrays keep their order;
+//! - except an object holding two names that differ in bytes but are equal under case folding
+//!   (`"Amount"`, `"amount"`; see `fold`): Go, Json.NET and case-insensitive Jackson read them
+//!   as one member, the last one winning, so its members keep their input order, and its
+//!   `{` is followed by a space, which no sorted object has (`{ "amount":2e0,"Amount":1e0}`);
 //! - strings with escapes decoded and re-escaped minimally (only `"`, `\` and control characters,
 //!   as `\n \r \t \b \f` or lower-hex `\u00xx`), so `"\u0041"` and `"A"` are the same;
 //! - numbers as exact decimal scientific notation with no float conversion: an optional `-`, the
@@ -13,6 +17,7 @@
 
 use thiserror::Error;
 
+use super::fold::{any_case_variants, fold_signature};
 use super::{IgnoreSet, Ignored, JsonPointer};
 use buffers::*;
 use members::*;

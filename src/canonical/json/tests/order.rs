@@ -104,3 +104,57 @@ fn fresh_output_buffer_gets_the_same_bytes() {
     canonical_json(input.as_bytes(), &IgnoreSet::empty(), &mut reused, None).unwrap();
     assert_eq!(reused, canon(input).as_bytes());
 }
+
+/// Go's `encoding/json`, Json.NET and case-insensitive Jackson match member names ignoring
+/// case and keep the last: members whose names fold alike keep their input order, and so
+/// does the rest of their object, marked by a space after `{` that no sorted object has.
+#[test]
+fn names_equal_but_for_case_keep_their_order() {
+    assert_ne!(
+        canon(r#"{"Amount":1,"amount":2}"#),
+        canon(r#"{"amount":2,"Amount":1}"#)
+    );
+    assert_eq!(
+        canon(r#"{"b":0,"amount":2,"Amount":1}"#),
+        r#"{ "b":0,"amount":2e0,"Amount":1e0}"#
+    );
+    // The Kelvin sign folds to `k`, `ſ` to `s`, escaped or not.
+    assert_ne!(
+        canon(r#"{"\u212Aey":1,"key":2}"#),
+        canon(r#"{"key":2,"\u212Aey":1}"#)
+    );
+    assert_ne!(
+        canon("{\"\u{17F}ku\":1,\"SKU\":2}"),
+        canon("{\"SKU\":2,\"\u{17F}ku\":1}")
+    );
+    // Nested objects, and inside arrays, each by its own names.
+    assert_eq!(
+        canon(r#"[{"o":{"ID":1,"id":2},"b":1,"a":0}]"#),
+        r#"[{"a":0,"b":1e0,"o":{ "ID":1e0,"id":2e0}}]"#
+    );
+    // Repeated identical names, and names differing otherwise, are sorted as ever.
+    assert_eq!(canon(r#"{"b":1,"a":1,"a":2}"#), r#"{"a":1e0,"a":2e0,"b":1e0}"#);
+    assert_eq!(
+        canon(r#"{"idX":1,"Id":2,"ids":3}"#),
+        r#"{"Id":2e0,"idX":1e0,"ids":3e0}"#
+    );
+}
+
+/// An object whose names fold alike is not a sorted object, even to the remembered orders:
+/// a like object after it is sorted as ever, and it is not taken for one before it.
+#[test]
+fn case_variants_do_not_disturb_remembered_orders() {
+    assert_eq!(
+        canon(r#"[{"b":1,"a":2},{"b":1,"B":2},{"b":1,"a":2}]"#),
+        r#"[{"a":2e0,"b":1e0},{ "b":1e0,"B":2e0},{"a":2e0,"b":1e0}]"#
+    );
+}
+
+/// Every body without such names keeps exactly the form (and so the digest) it had.
+#[test]
+fn bodies_without_case_variants_keep_their_form() {
+    assert_eq!(
+        canon(r#"{"Zeta":1,"alpha":{"B":[true],"a":null},"Alpha2":"x"}"#),
+        r#"{"Alpha2":"x","Zeta":1e0,"alpha":{"B":[true],"a":null}}"#
+    );
+}
