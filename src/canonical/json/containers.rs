@@ -95,7 +95,9 @@ impl Parser<'_, '_> {
                 if reporting {
                     self.buffers.path.push(Seg::Key(key));
                 }
+                let occurrences = self.open_occurrences(child, level);
                 let value = self.member_value(out, level, child)?;
+                self.close_occurrences(occurrences);
                 if reporting {
                     self.buffers.path.pop();
                 }
@@ -264,7 +266,9 @@ impl Parser<'_, '_> {
                 if reporting {
                     self.buffers.path.push(Seg::Index(index));
                 }
+                let occurrences = self.open_occurrences(child, level);
                 self.value(out, level, child)?;
+                self.close_occurrences(occurrences);
                 if reporting {
                     self.buffers.path.pop();
                 }

@@ -94,8 +94,18 @@ pub(crate) fn extract_into(
     let ignore = IgnoreSet::empty();
     let mut out = Vec::with_capacity(input.len());
     let mut parser = Parser::new(input, &ignore, pointers, Some(found), None);
+    parser.exact_found = vec![false; pointers.len()];
     let result = parser.document(&mut out);
     parser.buffers.recycle();
+    // Only missing entries, or only names equal but for case, which a case-sensitive app
+    // does not read: absent, as a single object without the field is.
+    let exact_found = std::mem::take(&mut parser.exact_found);
+    drop(parser);
+    for (value, exact) in found.iter_mut().zip(exact_found) {
+        if !exact {
+            *value = None;
+        }
+    }
     result
 }
 
@@ -111,6 +121,11 @@ struct Parser<'a, 'r> {
     buffers: Buffers,
     /// How many skipped members enclose the current position; inside them nothing is reported.
     skipping: usize,
+    /// When extracting, whether each pointer had an occurrence reached by exact names only.
+    exact_found: Vec<bool>,
+    /// When extracting, each pointer reached by a member or element still being parsed
+    /// that continues deeper, with whether and how long its result was before that value.
+    pending: Vec<(usize, bool, usize)>,
 }
 
 impl<'a, 'r> Parser<'a, 'r> {
@@ -130,6 +145,8 @@ impl<'a, 'r> Parser<'a, 'r> {
             ignored,
             buffers: Buffers::take(),
             skipping: 0,
+            exact_found: Vec::new(),
+            pending: Vec::new(),
         }
     }
 
@@ -137,8 +154,9 @@ impl<'a, 'r> Parser<'a, 'r> {
         if self.input.starts_with(b"\xEF\xBB\xBF") {
             self.pos = 3;
         }
-        // The root frame holds every pointer: all of them match the empty path so far.
-        self.buffers.live.extend(0..self.pointers.len());
+        // The root frame holds every pointer: all of them match the empty path so far, by
+        // exact names (see `Frame`).
+        self.buffers.live.extend((0..self.pointers.len()).map(|p| p << 1));
         let root = Frame {
             start: 0,
             end: self.buffers.live.len(),
@@ -215,7 +233,13 @@ impl<'a, 'r> Parser<'a, 'r> {
 /// pointer was already found. Extracted values use the canonical form with nothing ignored. When a
 /// duplicate key makes a pointer ambiguous, every occurrence is kept, in input order and joined
 /// by `,`: parsers disagree on which one counts (most take the last, some the first), so a key
-/// made of one of them could take two different requests for one.
+/// made of one of them could take two different requests for one. So when a parent on the
+/// path repeats, each of its occurrences yields its result, one without the field an empty
+/// entry (`{"o":{"id":1},"o":{}}` gives `1e0,` for `/o/id`); and a name equal but for case
+/// (`PaymentOrderNo` for `/paymentOrderNo`, which Go and Json.NET match) is another
+/// occurrence, marked `~` (`"PO-1",~"PO-2"`). A pointer none of whose occurrences is
+/// reached by exact names only is absent. A body without repeated names, or names equal
+/// but for case, gets a single value as it always did.
 ///
 /// ```rust
 /// use idemgate::canonical::{extract_fields, JsonPointer};

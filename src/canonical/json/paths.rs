@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::*;
+use crate::canonical::fold::case_variants;
 use crate::canonical::pointer::push_escaped_token;
 
 /// One step of the current path, kept only when skipped paths are being reported.
@@ -13,7 +14,9 @@ pub(super) enum Seg {
     Index(usize),
 }
 
-/// A range of `Buffers::live`: the pointers still matching the path of the value being parsed.
+/// A range of `Buffers::live`: the pointers still matching the path of the value being parsed,
+/// each as `index << 1 | variant`, `variant` set when a name on the path matched only
+/// equal but for case (extraction only).
 #[derive(Clone, Copy)]
 pub(super) struct Frame {
     pub(super) start: usize,
@@ -47,18 +50,28 @@ impl Parser<'_, '_> {
         let start = self.buffers.live.len();
         let mut exact = false;
         for i in frame.start..frame.end {
-            let p = self.buffers.live[i];
-            let tokens = self.pointers[p].tokens();
+            let entry = self.buffers.live[i];
+            let tokens = self.pointers[entry >> 1].tokens();
             if tokens.len() < level {
                 continue;
             }
             let token = tokens[level - 1].as_bytes();
             let hit = match step {
-                Seg::Key(key) => token == key_bytes(self.input, &self.buffers.keys, key),
-                Seg::Index(index) => token_is_index(token, index),
+                Seg::Key(key) => {
+                    let name = key_bytes(self.input, &self.buffers.keys, key);
+                    if token == name {
+                        Some(entry)
+                    } else if self.extract.is_some() && case_variants(token, name) {
+                        // Skipping stays exact: leaving out more could merge two requests.
+                        Some(entry | 1)
+                    } else {
+                        None
+                    }
+                }
+                Seg::Index(index) => token_is_index(token, index).then_some(entry),
             };
-            if hit {
-                self.buffers.live.push(p);
+            if let Some(entry) = hit {
+                self.buffers.live.push(entry);
                 exact |= tokens.len() == level;
             }
         }
@@ -76,20 +89,66 @@ impl Parser<'_, '_> {
     /// by `,`: an app may read any of them, so none may be left out of a key. Each is one
     /// whole canonical value, which has no `,` outside its brackets and strings, so the
     /// list reads back one way only and never equals a single value.
+    ///
+    /// An occurrence reached through a name equal but for case is marked by a leading `~`,
+    /// which starts no canonical value.
     pub(super) fn store_extracted(&mut self, value: &[u8], frame: Frame, len: usize) {
         if let Some(found) = self.extract.as_deref_mut() {
-            for &p in &self.buffers.live[frame.start..frame.end] {
-                if self.pointers[p].tokens().len() == len {
-                    match &mut found[p] {
-                        Some(earlier) => {
-                            earlier.push(b',');
-                            earlier.extend_from_slice(value);
-                        }
-                        None => found[p] = Some(value.to_vec()),
+            for &entry in &self.buffers.live[frame.start..frame.end] {
+                let (p, variant) = (entry >> 1, entry & 1 == 1);
+                if self.pointers[p].tokens().len() != len {
+                    continue;
+                }
+                let result = match &mut found[p] {
+                    Some(earlier) => {
+                        earlier.push(b',');
+                        earlier
                     }
+                    None => found[p].insert(Vec::with_capacity(value.len() + 1)),
+                };
+                if variant {
+                    result.push(b'~');
+                } else {
+                    self.exact_found[p] = true;
+                }
+                result.extend_from_slice(value);
+            }
+        }
+    }
+
+    /// Before the value of a member or element that `frame` continues through: notes, for
+    /// each pointer going deeper, what its result was. Returns the mark to pass to
+    /// [`Self::close_occurrences`].
+    #[inline]
+    pub(super) fn open_occurrences(&mut self, frame: Frame, level: usize) -> usize {
+        let mark = self.pending.len();
+        if let Some(found) = self.extract.as_deref() {
+            for &entry in &self.buffers.live[frame.start..frame.end] {
+                let p = entry >> 1;
+                if self.pointers[p].tokens().len() > level {
+                    let before = found[p].as_ref().map(Vec::len);
+                    self.pending.push((p, before.is_some(), before.unwrap_or(0)));
                 }
             }
         }
+        mark
+    }
+
+    /// After that value: a pointer it added nothing to gets an empty entry, so an
+    /// occurrence of a repeated parent without the field is not left out (a last-wins
+    /// parser reads `{"o":{"id":1},"o":{}}` as an `o` without `id`).
+    #[inline]
+    pub(super) fn close_occurrences(&mut self, mark: usize) {
+        if let Some(found) = self.extract.as_deref_mut() {
+            for &(p, was_some, len) in &self.pending[mark..] {
+                match &mut found[p] {
+                    Some(result) if !was_some || result.len() != len => {}
+                    Some(result) => result.push(b','),
+                    None => found[p] = Some(Vec::new()),
+                }
+            }
+        }
+        self.pending.truncate(mark);
     }
 
     /// Whether skipped paths must be reported at this position.

@@ -132,3 +132,60 @@ fn no_pointers_still_validates() {
     assert_eq!(extract_fields(b"[1, 2]", &[]), Ok(vec![]));
     assert!(extract_fields(b"[1, 2,]", &[]).is_err());
 }
+
+/// A last-wins parser reads `{"order":{"id":1},"order":{}}` as an order without an id: a
+/// repeated parent yields every occurrence's result, a missing one as an empty entry.
+#[test]
+fn a_repeated_parent_keeps_every_occurrence_missing_ones_included() {
+    let id = |body: &str| extract_one(body, "/order/id");
+    let single = id(r#"{"order":{"id":1}}"#);
+    assert_eq!(single.as_deref(), Some("1e0"));
+    for repeated in [
+        r#"{"order":{"id":1},"order":{}}"#,
+        r#"{"order":{"id":1},"order":null}"#,
+        r#"{"order":{},"order":{"id":1}}"#,
+        r#"{"order":{"id":1},"order":{"id":1}}"#,
+    ] {
+        assert_ne!(id(repeated), single, "{repeated}");
+    }
+    assert_eq!(id(r#"{"order":{"id":1},"order":{}}"#).as_deref(), Some("1e0,"));
+    assert_eq!(id(r#"{"order":[],"order":{"id":1}}"#).as_deref(), Some(",1e0"));
+    assert_ne!(
+        id(r#"{"order":{"id":1},"order":{}}"#),
+        id(r#"{"order":{},"order":{"id":1}}"#)
+    );
+    // No occurrence has it: absent, as with one parent.
+    assert_eq!(id(r#"{"order":{},"order":{"x":1}}"#), None);
+    // Deeper and through arrays alike.
+    assert_ne!(
+        extract_one(r#"{"a":{"b":[{"c":1}],"b":[]}}"#, "/a/b/0/c"),
+        extract_one(r#"{"a":{"b":[{"c":1}]}}"#, "/a/b/0/c")
+    );
+}
+
+/// Go, Json.NET and case-insensitive Jackson match `PaymentOrderNo` to the field
+/// `paymentOrderNo`, the last one winning: beside an exact match it is another occurrence,
+/// marked `~`, in input order.
+#[test]
+fn a_name_equal_but_for_case_is_another_occurrence() {
+    let po = |body: &str| extract_one(body, "/paymentOrderNo");
+    let single = po(r#"{"paymentOrderNo":"PO-1"}"#);
+    let both = po(r#"{"paymentOrderNo":"PO-1","PaymentOrderNo":"PO-2"}"#);
+    assert_ne!(both, single);
+    assert_eq!(both.as_deref(), Some(r#""PO-1",~"PO-2""#));
+    assert_ne!(
+        both,
+        po(r#"{"PaymentOrderNo":"PO-2","paymentOrderNo":"PO-1"}"#)
+    );
+    // Only a case-insensitive app reads it: alone it is absent, as ever.
+    assert_eq!(po(r#"{"PaymentOrderNo":"PO-2"}"#), None);
+    // A parent equal but for case, and the Kelvin sign.
+    assert_ne!(
+        extract_one(r#"{"Order":{"id":2},"order":{"id":1}}"#, "/order/id"),
+        extract_one(r#"{"order":{"id":1}}"#, "/order/id")
+    );
+    assert_ne!(
+        extract_one(r#"{"key":1,"\u212Aey":2}"#, "/key"),
+        extract_one(r#"{"key":1}"#, "/key")
+    );
+}
