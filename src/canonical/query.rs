@@ -183,12 +183,16 @@ fn encode_raw(raw: &[u8], bare: &[u8], out: &mut Vec<u8>) {
             },
             b => (b, true, 1),
         };
-        if literal && bare.contains(&byte) {
-            out.push(byte);
-        } else if !(after_bare_percent && byte.is_ascii_hexdigit()) && is_unreserved(byte) {
+        let keep_bare = literal && bare.contains(&byte);
+        let escape_digit = after_bare_percent && byte.is_ascii_hexdigit();
+        if keep_bare || (!escape_digit && is_unreserved(byte)) {
             out.push(byte);
         } else {
-            out.extend_from_slice(&[b'%', HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
+            out.extend_from_slice(&[
+                b'%',
+                HEX[usize::from(byte >> 4)],
+                HEX[usize::from(byte & 15)],
+            ]);
         }
         after_bare_percent = false;
         i += len;

@@ -205,8 +205,7 @@ impl Parser<'_, '_> {
         // winning: their order is data, kept with the rest of the object's, after a space
         // that marks the object as unsorted (canonical JSON has no whitespace otherwise).
         let as_sent = any_case_variants(members.len(), name, signature, wide);
-        let in_order =
-            as_sent || key_order(input, keys, members, order, wide, &mut shapes[level]);
+        let in_order = as_sent || key_order(input, keys, members, order, wide, &mut shapes[level]);
         scratch.clear();
         if out.len() > body_start {
             scratch.extend_from_slice(&out[body_start..]);

@@ -156,7 +156,9 @@ impl<'a, 'r> Parser<'a, 'r> {
         }
         // The root frame holds every pointer: all of them match the empty path so far, by
         // exact names (see `Frame`).
-        self.buffers.live.extend((0..self.pointers.len()).map(|p| p << 1));
+        self.buffers
+            .live
+            .extend((0..self.pointers.len()).map(|p| p << 1));
         let root = Frame {
             start: 0,
             end: self.buffers.live.len(),

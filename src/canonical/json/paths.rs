@@ -127,7 +127,8 @@ impl Parser<'_, '_> {
                 let p = entry >> 1;
                 if self.pointers[p].tokens().len() > level {
                     let before = found[p].as_ref().map(Vec::len);
-                    self.pending.push((p, before.is_some(), before.unwrap_or(0)));
+                    self.pending
+                        .push((p, before.is_some(), before.unwrap_or(0)));
                 }
             }
         }

@@ -148,8 +148,14 @@ fn a_repeated_parent_keeps_every_occurrence_missing_ones_included() {
     ] {
         assert_ne!(id(repeated), single, "{repeated}");
     }
-    assert_eq!(id(r#"{"order":{"id":1},"order":{}}"#).as_deref(), Some("1e0,"));
-    assert_eq!(id(r#"{"order":[],"order":{"id":1}}"#).as_deref(), Some(",1e0"));
+    assert_eq!(
+        id(r#"{"order":{"id":1},"order":{}}"#).as_deref(),
+        Some("1e0,")
+    );
+    assert_eq!(
+        id(r#"{"order":[],"order":{"id":1}}"#).as_deref(),
+        Some(",1e0")
+    );
     assert_ne!(
         id(r#"{"order":{"id":1},"order":{}}"#),
         id(r#"{"order":{},"order":{"id":1}}"#)

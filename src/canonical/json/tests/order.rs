@@ -133,7 +133,10 @@ fn names_equal_but_for_case_keep_their_order() {
         r#"[{"a":0,"b":1e0,"o":{ "ID":1e0,"id":2e0}}]"#
     );
     // Repeated identical names, and names differing otherwise, are sorted as ever.
-    assert_eq!(canon(r#"{"b":1,"a":1,"a":2}"#), r#"{"a":1e0,"a":2e0,"b":1e0}"#);
+    assert_eq!(
+        canon(r#"{"b":1,"a":1,"a":2}"#),
+        r#"{"a":1e0,"a":2e0,"b":1e0}"#
+    );
     assert_eq!(
         canon(r#"{"idX":1,"Id":2,"ids":3}"#),
         r#"{"Id":2e0,"idX":1e0,"ids":3e0}"#
