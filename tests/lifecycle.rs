@@ -91,7 +91,8 @@ async fn try_post(
     headers: &[(&str, &str)],
 ) -> Result<common::Answer, String> {
     use http_body_util::BodyExt;
-    let mut request = http::Request::post(format!("http://{addr}/orders"));
+    let mut request = http::Request::post(format!("http://{addr}/orders"))
+        .header("content-type", "application/json");
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -161,7 +162,7 @@ async fn an_owner_whose_client_left_is_counted_when_it_finishes() {
     let proxy = start_proxy_with_admin(upstream.addr, ROUTES, None).await;
     let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let request = format!(
-        "POST /orders HTTP/1.1\r\nhost: {}\r\nidempotency-key: left\r\nx-test-gate: left\r\ncontent-length: 2\r\n\r\n{{}}",
+        "POST /orders HTTP/1.1\r\nhost: {}\r\nidempotency-key: left\r\nx-test-gate: left\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}",
         proxy.addr
     );
     stream.write_all(request.as_bytes()).await.unwrap();

@@ -275,6 +275,7 @@ async fn sigterm_past_the_drain_keeps_the_claims_of_calls_still_running() {
         let request = http::Request::post(format!("http://{addr}/orders"))
             .header("idempotency-key", "stuck")
             .header("x-test-gate", "stuck")
+            .header("content-type", "application/json")
             .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
             .unwrap();
         client.request(request).await

@@ -36,6 +36,7 @@ fn doomed(addr: std::net::SocketAddr, key: &'static str, gate: &'static str) {
         let request = http::Request::post(format!("http://{addr}/orders"))
             .header("idempotency-key", key)
             .header("x-test-gate", gate)
+            .header("content-type", "application/json")
             .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
             .unwrap();
         common::client().request(request).await
