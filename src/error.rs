@@ -90,6 +90,9 @@ pub enum ProxyError {
         retry_after: u64,
         /// Which limit the body found no room under.
         short: Short,
+        /// A replay's copy was refused: the request ran, and its retry with the same key
+        /// gets the stored answer (never "not executed", which invites a new key).
+        replay: bool,
     },
     /// The connection already has as many owners running as `connections.max_streams`
     /// allows (requests its client reset or gave up on run on): this one was refused
@@ -252,6 +255,9 @@ impl ProxyError {
                 Self::NotImplemented(_)
                     | Self::ConnectionBusy { .. }
                     | Self::TokenBudgetSpent { .. }
+                    // Counted in `idemgate_buffer_refusals_total`; a warning each would
+                    // flood the log in just the flood of duplicates that meets it.
+                    | Self::Overloaded { replay: true, .. }
             )
     }
 
@@ -270,7 +276,7 @@ impl ProxyError {
                 | Self::PayloadTooLarge { .. }
                 | Self::BodyTimeout(_)
                 | Self::BodyRead(_)
-                | Self::Overloaded { .. }
+                | Self::Overloaded { replay: false, .. }
         )
     }
 
@@ -376,6 +382,10 @@ impl ProxyError {
             Self::Store(StoreError::Unreadable(_)) => "the stored record of this request \
                  cannot be read; it may have been executed and is not executed again"
                 .into(),
+            Self::Overloaded { replay: true, .. } => format!(
+                "{self}; the request was executed and its answer is stored: retry with the \
+                 same key to get it (a new key would run it again)"
+            ),
             Self::Store(_) | Self::Overloaded { .. } | Self::ConnectionBusy { .. } => {
                 format!("{self}; the request was not executed, so it can be retried")
             }
@@ -476,6 +486,7 @@ mod tests {
         let e = ProxyError::Overloaded {
             retry_after: 1,
             short: Short::Connection,
+            replay: false,
         };
         assert_eq!(e.as_str(), "overloaded");
         assert!(e
@@ -485,6 +496,26 @@ mod tests {
         let r = e.into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+
+    /// A replay refused for room ran before: its client is told to retry with the same key
+    /// (a new one would run it again), never that it was not executed; its body was read,
+    /// so its connection stays open, and a flood of them logs no warning each.
+    #[test]
+    fn a_refused_replay_says_the_request_ran_and_to_keep_the_key() {
+        let e = ProxyError::Overloaded {
+            retry_after: 1,
+            short: Short::Total,
+            replay: true,
+        };
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.as_str(), "overloaded");
+        let detail = e.public_detail();
+        assert!(detail.contains("was executed"), "{detail}");
+        assert!(detail.contains("same key"), "{detail}");
+        assert!(!detail.contains("not executed"), "{detail}");
+        assert!(!e.leaves_body_unread());
+        assert!(!e.is_fault());
     }
 
     #[test]

@@ -401,6 +401,7 @@ pub async fn read_limited(
                         return Err(ProxyError::Overloaded {
                             retry_after: OVERLOADED_RETRY_AFTER,
                             short,
+                            replay: false,
                         });
                     }
                 }

@@ -78,6 +78,7 @@ pub fn refusal(
             return Err(ProxyError::Overloaded {
                 retry_after: super::body::OVERLOADED_RETRY_AFTER,
                 short,
+                replay: false,
             });
         }
     }
@@ -114,6 +115,7 @@ pub fn take_room(
     Err(ProxyError::Overloaded {
         retry_after: super::body::OVERLOADED_RETRY_AFTER,
         short,
+        replay: false,
     })
 }
 

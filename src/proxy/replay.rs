@@ -57,18 +57,20 @@ pub fn open_charged(
     budget: &Arc<Budget>,
     conn: &Arc<ConnBuffers>,
 ) -> Result<(StoredResponse, Charge), ProxyError> {
-    // A copy the store made for this request, and the one opening a sealed record makes
-    // (no larger than the sealed record).
+    // A copy the store made for this request, or the one opening a sealed record makes
+    // (no larger than the sealed record). Both are alive only while it opens, a working
+    // copy as a decryption's buffers are: charged as the larger alone, a replay needs the
+    // room its owner needed to store it, never twice that for as long as its key lives.
     let copied = stored.held_alone();
     let opening = if stored.is_sealed() { stored.size() } else { 0 };
-    if copied + opening == 0 {
+    if copied.max(opening) == 0 {
         // A memory store's record in clear, shared: nothing to charge.
         let stored = stored.open(ring, key).map_err(ProxyError::Unsealable)?;
         return Ok((stored, Charge::unbounded()));
     }
     let mut charge = budget.charge(conn);
     charge
-        .resize(copied + opening)
+        .resize(copied.max(opening))
         .map_err(|short| refused(budget, short))?;
     let stored = stored.open(ring, key).map_err(ProxyError::Unsealable)?;
     // The sealed record is gone: what is left is the one copy the body holds.
@@ -96,5 +98,6 @@ fn refused(budget: &Budget, short: Short) -> ProxyError {
     ProxyError::Overloaded {
         retry_after: OVERLOADED_RETRY_AFTER,
         short,
+        replay: true,
     }
 }

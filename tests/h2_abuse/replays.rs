@@ -114,6 +114,8 @@ async fn replays_held_by_slow_clients_are_bounded(store: &str) {
     }
     let problem: serde_json::Value = serde_json::from_slice(&problem).unwrap();
     assert_eq!(problem["type"], "urn:idemgate:problem:overloaded");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("retry with the same key"), "{detail}");
     let refusals = "idemgate_buffer_refusals_total{what=\"replay\"}";
     assert_eq!(proxy.metric(refusals), 1.0);
     assert_eq!(upstream.executed_for("big"), 1);
