@@ -124,7 +124,8 @@ struct Parser<'a, 'r> {
     /// When extracting, whether each pointer had an occurrence reached by exact names only.
     exact_found: Vec<bool>,
     /// When extracting, each pointer reached by a member or element still being parsed
-    /// that continues deeper, with whether and how long its result was before that value.
+    /// that continues deeper (its live entry: pointer and case-variant bit), with whether and
+    /// how long its result was before that value.
     pending: Vec<(usize, bool, usize)>,
 }
 

@@ -128,7 +128,7 @@ impl Parser<'_, '_> {
                 if self.pointers[p].tokens().len() > level {
                     let before = found[p].as_ref().map(Vec::len);
                     self.pending
-                        .push((p, before.is_some(), before.unwrap_or(0)));
+                        .push((entry, before.is_some(), before.unwrap_or(0)));
                 }
             }
         }
@@ -137,15 +137,24 @@ impl Parser<'_, '_> {
 
     /// After that value: a pointer it added nothing to gets an empty entry, so an
     /// occurrence of a repeated parent without the field is not left out (a last-wins
-    /// parser reads `{"o":{"id":1},"o":{}}` as an `o` without `id`).
+    /// parser reads `{"o":{"id":1},"o":{}}` as an `o` without `id`); one reached through a
+    /// name equal but for case keeps its `~` (`{"o":{"id":1},"O":{}}` is another request
+    /// to a case-sensitive parser, and to a case-insensitive one).
     #[inline]
     pub(super) fn close_occurrences(&mut self, mark: usize) {
         if let Some(found) = self.extract.as_deref_mut() {
-            for &(p, was_some, len) in &self.pending[mark..] {
-                match &mut found[p] {
-                    Some(result) if !was_some || result.len() != len => {}
-                    Some(result) => result.push(b','),
-                    None => found[p] = Some(Vec::new()),
+            for &(entry, was_some, len) in &self.pending[mark..] {
+                let (p, variant) = (entry >> 1, entry & 1 == 1);
+                let result = match &mut found[p] {
+                    Some(result) if !was_some || result.len() != len => continue,
+                    Some(result) => {
+                        result.push(b',');
+                        result
+                    }
+                    None => found[p].insert(Vec::new()),
+                };
+                if variant {
+                    result.push(b'~');
                 }
             }
         }

@@ -194,4 +194,15 @@ fn a_name_equal_but_for_case_is_another_occurrence() {
         extract_one(r#"{"key":1,"\u212Aey":2}"#, "/key"),
         extract_one(r#"{"key":1}"#, "/key")
     );
+    // A parent equal but for case that holds no such field is an occurrence too, and not
+    // the same as an exact parent without it.
+    let id = |body: &str| extract_one(body, "/order/id");
+    assert_ne!(
+        id(r#"{"order":{"id":1},"Order":{}}"#),
+        id(r#"{"order":{"id":1},"order":{}}"#)
+    );
+    assert_ne!(
+        id(r#"{"order":{"id":1},"Order":{}}"#),
+        id(r#"{"order":{"id":1}}"#)
+    );
 }
