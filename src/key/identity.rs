@@ -3,9 +3,10 @@
 //!
 //! The default identity is every credential the request carries: the `Authorization`
 //! header when it carries one ([`carries_credential`]) and the session cookie(s) (names
-//! from `session_cookies`, cleared values skipped), both when both are sent, since one
-//! shared `Authorization` (a staging site's basic-auth gate) would otherwise merge every
-//! user behind it; for the same reason an `Authorization` without a session comes with the
+//! from `session_cookies`, cleared values skipped; with them every cookie named like a
+//! credential, [`looks_like_credential`], since a listed name may be no one's session),
+//! both when both are sent, since one shared `Authorization` (a staging site's basic-auth
+//! gate) would otherwise merge every user behind it; for the same reason an `Authorization` without a session comes with the
 //! whole `Cookie` header. With neither, the whole `Cookie` header (a session cookie of a name not
 //! listed still keeps two browsers apart) with the client address, else the client address.
 //! The client certificate verified on the TLS connection (`tls.client_ca`) and headers in
@@ -68,6 +69,19 @@ pub const DEFAULT_SESSION_COOKIES: &[&str] = &[
     "*_session",
 ];
 
+/// Pieces of a cookie name (any case) that say it may hold a login: beside a listed
+/// session cookie, a cookie so named goes into the caller too, since the listed one may
+/// not be the app's session (`ab_session` from an A/B test beside NextAuth's
+/// `next-auth.session-token`, or a `*_session` copy a sibling subdomain planted). Broad on
+/// purpose: a name caught wrongly only makes a retry run again if its value changed,
+/// while one missed can let two users share an answer. Analytics and preference cookies
+/// (`_ga`, `_gid`, `consent`, `theme`, `lang`), which scripts rewrite between a click and
+/// its retry, hold none of these.
+pub const CREDENTIAL_COOKIE_WORDS: &[&str] = &[
+    "sess", "sid", "token", "auth", "jwt", "login", "logged", "user", "remember", "account", "uid",
+    "ident", "member", "customer", "secret", "cred", "key", "sso", "saml", "pass",
+];
+
 /// Header names that carry a credential besides `Authorization`, by default: API keys and
 /// access tokens as common API gateways and frameworks name them.
 pub const DEFAULT_CREDENTIAL_HEADERS: &[&str] = &[
@@ -125,6 +139,31 @@ impl Identity {
             }
         })
     }
+
+    /// Whether a cookie called `name` could tell its sender apart: a session cookie
+    /// ([`Self::is_session_cookie`]) or one whose name looks like a credential
+    /// ([`looks_like_credential`]).
+    pub fn could_identify(&self, name: &[u8]) -> bool {
+        self.is_session_cookie(name) || looks_like_credential(name)
+    }
+}
+
+/// Whether a cookie's name holds a piece of [`CREDENTIAL_COOKIE_WORDS`], in any case.
+///
+/// ```
+/// use idemgate::key::identity::looks_like_credential;
+/// for name in ["next-auth.session-token", "XSRF-TOKEN", "remember_web_59ba", "user_id"] {
+///     assert!(looks_like_credential(name.as_bytes()), "{name}");
+/// }
+/// for name in ["_ga", "_gid", "consent", "theme", "lang"] {
+///     assert!(!looks_like_credential(name.as_bytes()), "{name}");
+/// }
+/// ```
+pub fn looks_like_credential(name: &[u8]) -> bool {
+    CREDENTIAL_COOKIE_WORDS.iter().any(|word| {
+        name.windows(word.len())
+            .any(|piece| piece.eq_ignore_ascii_case(word.as_bytes()))
+    })
 }
 
 /// One part of the default identity. Its name is hashed into the key before its value;

@@ -1,6 +1,7 @@
 //! A credential sent more than once, or beside one that is shared: a cookie named twice
 //! (one planted for a narrower path by a sibling subdomain comes first, RFC 6265 §5.4)
-//! and cookies behind one `Authorization` every user sends (a staging or intranet gate).
+//! and cookies behind one `Authorization` every user sends (a staging or intranet gate) or
+//! beside a listed cookie every visitor sends (an A/B test's `ab_session`).
 //! An application may read either copy of a cookie, and may tell its users apart by a
 //! cookie of any name: keyed by less than all of them, two users share an answer.
 
@@ -84,5 +85,29 @@ async fn a_shared_authorization_does_not_merge_users_of_an_unlisted_session_cook
     let retry = post(proxy.addr, "/orders/pay", &as_user(alice_cookie), "{}").await;
     assert!(retry.replayed(), "alice's own retry ran again");
     assert_eq!(retry.body, alice.body);
+    assert_eq!(upstream.executed(), 2);
+}
+
+/// A cookie every visitor sends alike under a listed pattern (`ab_session`, an A/B test's,
+/// matched by `*_session`) beside the app's own session under a name not listed: keyed by
+/// the listed cookie alone, bob, from another address, got alice's answer. Her retry, its
+/// analytics cookie rewritten meanwhile, still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_listed_cookie_does_not_merge_users_of_an_unlisted_session_cookie() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let body = r#"{"to":"landlord","amount":900}"#;
+    let as_user = |cookie: &str| raw_post("/orders/pay", &[&format!("cookie: {cookie}")], body);
+    let alice = as_user("next-auth.session-token=alice; ab_session=x; _ga=GA1.1.1");
+    let first = raw_exchange_from("127.0.0.2", proxy.addr, &alice).await;
+    assert!(!replayed(&first));
+    let bob = as_user("next-auth.session-token=bob; ab_session=x; _ga=GA1.1.1");
+    let bob = raw_exchange_from("127.0.0.3", proxy.addr, &bob).await;
+    assert!(!replayed(&bob), "bob got alice's answer: {bob}");
+    assert_eq!(upstream.executed(), 2);
+    let retry = as_user("next-auth.session-token=alice; ab_session=x; _ga=GA1.1.2");
+    let retry = raw_exchange_from("127.0.0.3", proxy.addr, &retry).await;
+    assert!(replayed(&retry), "alice's own retry ran again: {retry}");
+    assert_eq!(json_body(&retry)["n"], json_body(&first)["n"]);
     assert_eq!(upstream.executed(), 2);
 }

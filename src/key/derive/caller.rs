@@ -17,6 +17,7 @@ use crate::proxy::headers::X_FORWARDED_FOR;
 pub(super) struct Caller {
     authorization: bool,
     client_certificate: bool,
+    /// Listed session cookies, with the cookies named like a credential beside them.
     session: bool,
     credential_headers: bool,
     /// Beside an `Authorization` credential without a session: the whole `Cookie` header.
@@ -63,21 +64,22 @@ pub(super) fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Call
         hasher.field(certificate);
         caller.client_certificate = true;
     }
-    // One pass over the cookies, in the order sent (a browser sends its jar in one order).
     // Beside an `Authorization` too: one shared credential (a basic-auth gate) in front of
-    // per-user sessions must not merge the users.
-    for (name, value) in cookies(headers) {
-        // A cleared session (empty, `deleted`, a placeholder) is shared by every
-        // logged-out browser.
-        if !req.identity.is_session_cookie(name) || !names_a_session(value) {
-            continue;
+    // per-user sessions must not merge the users. A cleared session (empty, `deleted`, a
+    // placeholder) is shared by every logged-out browser.
+    caller.session = cookies(headers)
+        .any(|(name, value)| req.identity.is_session_cookie(name) && names_a_session(value));
+    if caller.session {
+        hasher.field(Tier::SessionCookie.as_str().as_bytes());
+        // In the order sent (a browser sends its jar in one order), with every cookie named
+        // like a credential: a listed name may not be the app's session (an A/B test's
+        // `ab_session`, a copy a sibling subdomain planted), and the app's own, under a
+        // name not listed, must still keep its users apart. Pairs as the listed ones are
+        // hashed, so a request of listed sessions alone keeps the key it always had.
+        for (name, value) in identifying_cookies(req) {
+            hasher.field(name);
+            hasher.field(value);
         }
-        if !caller.session {
-            hasher.field(Tier::SessionCookie.as_str().as_bytes());
-            caller.session = true;
-        }
-        hasher.field(name);
-        hasher.field(value);
     }
     // Most requests carry none: one pass over the names sent before any lookup, which
     // then goes in the configured order, whatever order the request has.
@@ -122,6 +124,15 @@ pub(super) fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Call
     caller.unnamed = hash_address(hasher, req) == Some(ClientAddress::Unnamed);
     caller.fallback = Some(Tier::ClientAddress);
     caller
+}
+
+/// The cookies that could tell their sender apart ([`Identity::could_identify`]), in the
+/// order sent, without those whose value names no session ([`names_a_session`]).
+///
+/// [`Identity::could_identify`]: crate::key::identity::Identity::could_identify
+fn identifying_cookies<'r>(req: &RequestView<'r>) -> impl Iterator<Item = (&'r [u8], &'r [u8])> {
+    let identity = req.identity;
+    cookies(req.headers).filter(move |(n, v)| identity.could_identify(n) && names_a_session(v))
 }
 
 /// Every cookie sent, as one field in one spelling: one `Cookie` field (`a=1; b=2`,
@@ -270,11 +281,24 @@ pub(super) fn describe_caller(caller: Caller, req: &RequestView<'_>) -> String {
         parts.push("client certificate".to_owned());
     }
     if caller.session {
-        let names: Vec<String> = cookies(req.headers)
-            .filter(|(n, v)| req.identity.is_session_cookie(n) && names_a_session(v))
-            .map(|(n, _)| String::from_utf8_lossy(n).into_owned())
-            .collect();
-        parts.push(format!("session cookie ({})", names.join(", ")));
+        let (listed, named): (Vec<_>, Vec<_>) = identifying_cookies(req)
+            .map(|(n, _)| {
+                (
+                    req.identity.is_session_cookie(n),
+                    String::from_utf8_lossy(n),
+                )
+            })
+            .partition(|(listed, _)| *listed);
+        let names = |list: Vec<(bool, std::borrow::Cow<'_, str>)>| {
+            list.into_iter()
+                .map(|(_, n)| n)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        parts.push(format!("session cookie ({})", names(listed)));
+        if !named.is_empty() {
+            parts.push(format!("cookie named like a credential ({})", names(named)));
+        }
     }
     if caller.cookie_jar {
         parts.push("whole Cookie header (no listed session cookie)".to_owned());

@@ -4,6 +4,7 @@ use crate::key::default_scope;
 use http::HeaderValue;
 
 mod cert;
+mod cookies;
 mod media_type;
 mod unnamed;
 

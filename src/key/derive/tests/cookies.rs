@@ -1,0 +1,88 @@
+//! Cookies beside a listed session, and `scope: [header: Cookie]`: which cookies could
+//! name a caller, and which change between a request and its retry without doing so.
+use super::*;
+
+/// A listed-pattern cookie every user of a site sends alike (an A/B test's `ab_session`)
+/// beside the app's own session under a name not listed (`next-auth.session-token`):
+/// keyed by the listed one alone, two users on two addresses sent one key, and the second
+/// got the first's answer. A cookie whose name looks like a credential goes in beside it;
+/// analytics and preference cookies, rewritten between a click and its retry, do not.
+#[test]
+fn a_listed_session_does_not_hide_a_credential_cookie_beside_it() {
+    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
+    let alice = with(&[("cookie", "next-auth.session-token=alice; ab_session=x")]);
+    let bob = with(&[("cookie", "next-auth.session-token=bob; ab_session=x")]);
+    assert_ne!(key_of(&alice, a), key_of(&bob, b), "bob got alice's answer");
+    // A copy planted for the parent domain by a sibling subdomain (`x_session=k`) is sent
+    // by its planter alone and by the victim beside the victim's own login.
+    let planter = with(&[("cookie", "x_session=k")]);
+    let victim = with(&[("cookie", "x_session=k; remember_web_59ba=v")]);
+    assert_ne!(key_of(&planter, a), key_of(&victim, b));
+    for (name, value) in [
+        ("auth", "t"),
+        ("JWT", "t"),
+        ("user_id", "7"),
+        ("wordpress_logged_in_1", "t"),
+        ("csrftoken", "t"),
+        ("account", "7"),
+        ("PHPSESSID2", "t"),
+        ("uid", "7"),
+    ] {
+        let one = format!("ab_session=x; {name}={value}");
+        let other = format!("ab_session=x; {name}={value}2");
+        let one = with_owned(&one);
+        let other = with_owned(&other);
+        assert_ne!(key_of(&one, a), key_of(&other, a), "{name}");
+    }
+    // The same user's retry, its analytics and preference cookies rewritten meanwhile,
+    // from another address, is still the same caller.
+    let first = with(&[(
+        "cookie",
+        "_ga=GA1.1.1; sessionid=s1; _gid=1; consent=yes; next-auth.session-token=alice",
+    )]);
+    let retry = with(&[(
+        "cookie",
+        "_ga=GA1.1.2; sessionid=s1; _gid=2; consent=no; theme=dark; next-auth.session-token=alice",
+    )]);
+    assert_eq!(key_of(&first, a), key_of(&retry, b));
+    // A cleared credential cookie is what every logged-out browser sends.
+    let cleared = with(&[("cookie", "sessionid=s1; auth_token=deleted")]);
+    assert_eq!(
+        key_of(&cleared, a),
+        key_of(&with(&[("cookie", "sessionid=s1")]), a)
+    );
+    // `explain` names both kinds, never their values.
+    let mut trace = Trace::default();
+    derive_key(&fingerprint_rule(), &view(&alice, b"{}"), Some(&mut trace)).unwrap();
+    assert_eq!(
+        trace.scope,
+        [
+            "caller by session cookie (ab_session) + cookie named like a credential \
+          (next-auth.session-token)"
+        ]
+    );
+}
+
+/// A key stored by an earlier version for a request whose cookies are all listed sessions
+/// is still found: its key is hashed exactly as before.
+#[test]
+fn a_key_of_listed_sessions_alone_is_unchanged() {
+    let h = with(&[(
+        "cookie",
+        "sessionid=s1; theme=dark; _ga=1; laravel_session=s2",
+    )]);
+    assert_eq!(
+        hex(key_of(&h, [192, 0, 2, 1])),
+        "ca6b4a1dabf689cf121b7190d32a9db434c3ab23c8d439e84b0900dd89442ee4"
+    );
+}
+
+fn hex(d: Digest) -> String {
+    d.0.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn with_owned(cookie: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(header::COOKIE, HeaderValue::from_str(cookie).unwrap());
+    h
+}
