@@ -538,9 +538,10 @@ async fn anonymous_callers_are_told_apart(
 }
 
 /// `scope: [header: Cookie]` keys by the whole jar. A jar whose every cookie names no one
-/// (`token=null`, what a logged-out single-page app writes; an emptied `session=`) is sent
-/// alike by every anonymous caller: keyed by it, one caller got another's answer. It counts
-/// as not sent, and the default caller stands in.
+/// (`token=null`, what a logged-out single-page app writes; an emptied `session=`), or
+/// holds none that could (`lang=en`: no session, no credential-like name), is sent alike
+/// by every anonymous caller: keyed by it, one caller got another's answer. It counts as
+/// not sent, and the default caller stands in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cookie_jar_that_names_no_one_falls_back_to_the_caller() {
     let upstream = start_upstream().await;
@@ -554,6 +555,7 @@ routes:
     let anonymous = [
         ("/orders", "cookie: token=null"),
         ("/orders", "cookie: session=; sid=deleted"),
+        ("/orders", "cookie: lang=en"),
     ];
     anonymous_callers_are_told_apart(&proxy, &upstream, &anonymous).await;
 }

@@ -377,13 +377,13 @@ fn hash_scope(
                 continue;
             }
             // One jar however the client split it (HTTP/2 may send a field per cookie); a
-            // jar whose every cookie names no one (`token=null`, `sid=deleted`) is sent
-            // alike by every anonymous caller.
+            // jar with no cookie that could name anyone (`token=null`, `sid=deleted`,
+            // `lang=en`) is sent alike by every anonymous caller.
             ScopePart::Header(name) if *name == header::COOKIE => req
                 .headers
                 .contains_key(header::COOKIE)
                 .then(|| cookie_jar(req.headers))
-                .filter(|jar| jar_names_someone(jar))
+                .filter(|jar| jar_names_someone(jar, req.identity))
                 .map(Cow::Owned),
             // A value that names no one (`Bearer null`, an empty field, an emptied cookie) is
             // what every anonymous caller sends alike: it counts as not sent.
@@ -419,15 +419,15 @@ fn hash_scope(
     unnamed
 }
 
-/// Whether a cookie jar (`a=1; b=2`) has a cookie whose value names a session
-/// ([`names_a_session`]); a piece without `=` counts as its own value.
-fn jar_names_someone(jar: &[u8]) -> bool {
+/// Whether a cookie jar (`a=1; b=2`) has a cookie that could tell its sender apart: one
+/// of a session's or a credential's name ([`Identity::could_identify`]) whose value names a
+/// session ([`names_a_session`]). A jar of preferences alone (`lang=en`) is what many
+/// anonymous callers send alike; a piece without `=` names nothing to tell them by.
+fn jar_names_someone(jar: &[u8], identity: &Identity) -> bool {
     jar.split(|&b| b == b';').any(|crumb| {
-        let value = match crumb.iter().position(|&b| b == b'=') {
-            Some(eq) => &crumb[eq + 1..],
-            None => crumb,
-        };
-        names_a_session(value)
+        crumb.iter().position(|&b| b == b'=').is_some_and(|eq| {
+            identity.could_identify(crumb[..eq].trim_ascii()) && names_a_session(&crumb[eq + 1..])
+        })
     })
 }
 

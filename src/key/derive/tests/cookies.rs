@@ -86,3 +86,39 @@ fn with_owned(cookie: &str) -> HeaderMap {
     h.insert(header::COOKIE, HeaderValue::from_str(cookie).unwrap());
     h
 }
+
+/// `scope: [header: Cookie]` and a jar holding no cookie that could name anyone (a
+/// language, a theme): every anonymous caller sends it alike, so it counts as not sent and
+/// the default caller (here with the address) stands in; a jar with a session still names.
+#[test]
+fn a_cookie_jar_without_an_identifying_cookie_is_not_sent() {
+    let rule = KeyRule {
+        scope: vec![ScopePart::Header(header::COOKIE)],
+        ..fingerprint_rule()
+    };
+    let key = |h: &HeaderMap, peer: [u8; 4]| {
+        let v = RequestView {
+            peer: Some(IpAddr::from(peer)),
+            ..view(h, b"{}")
+        };
+        derive_key(&rule, &v, None).unwrap().key().unwrap().key
+    };
+    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
+    for anonymous in [
+        "lang=en",
+        "theme=dark; _ga=GA1.1.1",
+        "lang",
+        "ab_session=null",
+    ] {
+        let h = with_owned(anonymous);
+        assert_ne!(key(&h, a), key(&h, b), "{anonymous:?}");
+    }
+    for named in [
+        "lang=en; sessionid=s1",
+        "lang=en; auth_token=t",
+        "_app_session=s",
+    ] {
+        let h = with_owned(named);
+        assert_eq!(key(&h, a), key(&h, b), "{named:?}");
+    }
+}
