@@ -106,8 +106,9 @@ async fn anonymous_callers_from_different_addresses_execute_separately() {
     assert_eq!(upstream.executed(), 2);
 }
 
-/// A logged-out page sends `Authorization: Bearer null` (or an empty one) like every other
-/// logged-out page: it names no one, so two such callers on different addresses, the same
+/// A logged-out page sends `Authorization: Bearer null` (or an empty one, an empty
+/// basic-auth pair `Basic Og==`, an unfilled template `Bearer {{token}}`, a placeholder in
+/// quotes) like every other logged-out page: it names no one, so two such callers on different addresses, the same
 /// body, each execute; a real token still names its caller from any address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_authorization_without_a_credential_names_no_caller() {
@@ -118,6 +119,13 @@ async fn an_authorization_without_a_credential_names_no_caller() {
         "authorization:",
         "authorization: Bearer ",
         "authorization: bearer Undefined",
+        "authorization: Basic Og==",
+        "authorization: Basic Og",
+        "authorization: Bearer {{token}}",
+        "authorization: Bearer ${token}",
+        "authorization: Bearer <token>",
+        "authorization: Bearer %s",
+        "authorization: Bearer \"undefined\"",
     ];
     for (i, auth) in anonymous.iter().enumerate() {
         let before = upstream.executed();

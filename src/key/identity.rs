@@ -46,6 +46,7 @@ use std::str::FromStr;
 use http::header::{self, HeaderMap, HeaderName};
 
 use crate::proxy::headers::X_FORWARDED_FOR;
+use placeholder::{is_empty_basic_pair, is_placeholder};
 
 /// Cookie names taken as a session by default: the session cookies of the common web
 /// frameworks (Django, Flask, Express, Java servlets, Spring Session, PHP, Rails, Laravel,
@@ -199,25 +200,6 @@ impl Tier {
     }
 }
 
-/// Values a logged-out client sends for a token it does not have, by formatting a missing
-/// one into `Bearer {token}`: JavaScript's `null`, `undefined`, `NaN`, `false` and the
-/// `[object …]` spellings, Python's `None`, Ruby's and Lua's `nil`, Go's `<nil>`. Shared by
-/// every anonymous caller that sends them.
-const PLACEHOLDERS: &[&[u8]] = &[
-    b"null",
-    b"undefined",
-    b"\"\"",
-    b"''",
-    b"[object Object]",
-    b"[object Undefined]",
-    b"[object Null]",
-    b"None",
-    b"nil",
-    b"<nil>",
-    b"false",
-    b"NaN",
-];
-
 /// Authentication schemes that, sent alone, carry nothing: `Bearer ` with the token left
 /// out reaches us as `Bearer` (trailing whitespace is not part of a field value).
 const SCHEMES: &[&[u8]] = &[
@@ -233,30 +215,34 @@ const SCHEMES: &[&[u8]] = &[
 ];
 
 /// Whether an `Authorization` value names someone: it is not empty, and neither it nor
-/// the credentials after its scheme are missing or a script's placeholder (`null`,
-/// `undefined`, `""`; any case). A value that names no one is shared by every anonymous
-/// caller that sends it, so the default identity passes over it as if it were absent.
+/// the credentials after its scheme are missing, a script's placeholder (`null`,
+/// `undefined`, `""`; any case, in quotes or not) or a template nobody filled in
+/// (`{{token}}`, `${token}`, `<token>`, `%s`), nor a `Basic` pair of an empty user and
+/// password (`Og==`). A value that names no one is shared by every anonymous caller that
+/// sends it, so the default identity passes over it as if it were absent.
 ///
 /// ```
 /// use idemgate::key::identity::carries_credential;
 /// assert!(carries_credential(b"Bearer eyJhbGciOi"));
 /// assert!(carries_credential(b"s3cr3t-api-key"));
-/// for anonymous in ["", "  ", "Bearer", "Bearer null", "bearer Undefined", "Bearer \"\"", "null"] {
+/// for anonymous in ["", "  ", "Bearer", "Bearer null", "bearer Undefined", "Bearer \"\"", "null",
+///                   "Basic Og==", "Bearer {{token}}", "Bearer 'undefined'"] {
 ///     assert!(!carries_credential(anonymous.as_bytes()), "{anonymous:?}");
 /// }
 /// ```
 pub fn carries_credential(value: &[u8]) -> bool {
     let value = value.trim_ascii();
-    let is = |list: &[&[u8]], v: &[u8]| list.iter().any(|p| p.eq_ignore_ascii_case(v));
-    if value.is_empty() || is(PLACEHOLDERS, value) {
+    if is_placeholder(value) {
         return false;
     }
     match value.iter().position(|b| b.is_ascii_whitespace()) {
         Some(end) => {
-            let credentials = value[end..].trim_ascii();
-            !credentials.is_empty() && !is(PLACEHOLDERS, credentials)
+            let (scheme, credentials) = (&value[..end], value[end..].trim_ascii());
+            let empty_basic =
+                || scheme.eq_ignore_ascii_case(b"basic") && is_empty_basic_pair(credentials);
+            !(is_placeholder(credentials) || empty_basic())
         }
-        None => !is(SCHEMES, value),
+        None => !SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(value)),
     }
 }
 
@@ -267,11 +253,11 @@ pub fn names_a_session(value: &[u8]) -> bool {
     names_someone(value) && !value.trim_ascii().eq_ignore_ascii_case(b"deleted")
 }
 
-/// Whether a value names someone: not empty and not a script's placeholder (`null`,
-/// `undefined`, `""`; any case), which every anonymous caller sends alike.
+/// Whether a value names someone: not empty, not a script's placeholder (`null`,
+/// `undefined`, `""`; any case, in quotes or not) nor an unfilled template (`{{id}}`),
+/// which every anonymous caller sends alike.
 pub fn names_someone(value: &[u8]) -> bool {
-    let value = value.trim_ascii();
-    !value.is_empty() && !PLACEHOLDERS.iter().any(|p| p.eq_ignore_ascii_case(value))
+    !is_placeholder(value)
 }
 
 /// The cookies of a request as `(name, value)` pairs, over every `Cookie` field.
@@ -531,5 +517,6 @@ pub(crate) fn parse_entry(entry: &[u8]) -> Option<IpAddr> {
     Some(ip.to_canonical())
 }
 
+mod placeholder;
 #[cfg(test)]
 mod tests;

@@ -198,6 +198,52 @@ fn only_an_authorization_with_credentials_names_a_caller() {
     }
 }
 
+/// What a client sends when it has no credential but a template or a login form did not
+/// fill one in: an empty basic-auth pair (`Basic Og==`, base64 of `:`, in any padding,
+/// or of `undefined:undefined`), an unfilled template (`{{token}}`, `${token}`, `<token>`,
+/// `%s`), a placeholder in quotes. Every anonymous client sends it alike.
+#[test]
+fn an_empty_basic_pair_or_an_unfilled_template_is_no_credential() {
+    for anonymous in [
+        "Basic Og==",
+        "Basic Og=",
+        "Basic Og",
+        "basic Og==",
+        "Basic dW5kZWZpbmVkOnVuZGVmaW5lZA==",
+        "Basic bnVsbDpudWxs",
+        "Basic OnVuZGVmaW5lZA",
+        "Bearer {{token}}",
+        "Bearer {{ access_token }}",
+        "Bearer ${token}",
+        "Bearer ${TOKEN}",
+        "Bearer <token>",
+        "Bearer <YOUR_API_KEY>",
+        "Bearer %s",
+        "Bearer %v",
+        "Bearer {token}",
+        "Bearer \"undefined\"",
+        "Bearer 'null'",
+        "Bearer \"{{token}}\"",
+        "\"null\"",
+        "{{token}}",
+        "${API_KEY}",
+    ] {
+        assert!(!carries_credential(anonymous.as_bytes()), "{anonymous:?}");
+    }
+    for named in [
+        // A user with an empty password, or a password alone, is someone's.
+        "Basic dXNlcjo=",
+        "Basic OnBhc3M=",
+        // Not base64 at all: an opaque value.
+        "Basic Og==x",
+        "Bearer %sabc",
+        "Bearer a{{b}}",
+        "Bearer \"t0k\"",
+    ] {
+        assert!(carries_credential(named.as_bytes()), "{named:?}");
+    }
+}
+
 /// Rails names its session cookie `_<app>_session`, Laravel `<app>_session`: the
 /// default pattern `*_session` takes both; a name only ending alike is no pattern match
 /// without its `_`.
