@@ -336,6 +336,8 @@ fn hash_scope(
     let mut named = false;
     for part in scope {
         hasher.label(part);
+        // Whether a `Cookie` jar sent holds a cookie that could name someone.
+        let mut jar_names = true;
         named |= matches!(
             part,
             ScopePart::Caller | ScopePart::ClientIp | ScopePart::ClientCert
@@ -376,15 +378,22 @@ fn hash_scope(
                 }
                 continue;
             }
-            // One jar however the client split it (HTTP/2 may send a field per cookie); a
+            // One jar however the client split it (HTTP/2 may send a field per cookie). A
             // jar with no cookie that could name anyone (`token=null`, `sid=deleted`,
-            // `lang=en`) is sent alike by every anonymous caller.
-            ScopePart::Header(name) if *name == header::COOKIE => req
-                .headers
-                .contains_key(header::COOKIE)
-                .then(|| cookie_jar(req.headers))
-                .filter(|jar| jar_names_someone(jar, req.identity))
-                .map(Cow::Owned),
+            // `lang=en`) is sent alike by every anonymous caller: it names no one, so
+            // alone it lets the default caller stand in. It is still hashed: beside
+            // another part (`[header: X-Tenant, header: Cookie]`) a session of a name no
+            // rule knows (`CAKEPHP=…`) is what tells that part's users apart.
+            ScopePart::Header(name) if *name == header::COOKIE => {
+                let jar = req
+                    .headers
+                    .contains_key(header::COOKIE)
+                    .then(|| cookie_jar(req.headers));
+                jar_names = jar
+                    .as_deref()
+                    .is_some_and(|jar| jar_names_someone(jar, req.identity));
+                jar.map(Cow::Owned)
+            }
             // A value that names no one (`Bearer null`, an empty field, an emptied cookie) is
             // what every anonymous caller sends alike: it counts as not sent.
             ScopePart::Header(name) if *name == header::AUTHORIZATION => {
@@ -396,10 +405,14 @@ fn hash_scope(
             ScopePart::ClientCert => req.client_cert.map(Cow::Borrowed),
         };
         if let Some(t) = trace.as_deref_mut() {
-            let state = if value.is_some() { "present" } else { "absent" };
+            let state = match (&value, jar_names) {
+                (Some(_), true) => "present",
+                (Some(_), false) => "present, names no one",
+                (None, _) => "absent",
+            };
             t.scope.push(format!("{part} ({state})"));
         }
-        named |= value.is_some();
+        named |= value.is_some() && jar_names;
         match value {
             Some(v) => hasher.field(&v),
             // Distinct from every present value, including an empty one.

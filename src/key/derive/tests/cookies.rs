@@ -88,8 +88,8 @@ fn with_owned(cookie: &str) -> HeaderMap {
 }
 
 /// `scope: [header: Cookie]` and a jar holding no cookie that could name anyone (a
-/// language, a theme): every anonymous caller sends it alike, so it counts as not sent and
-/// the default caller (here with the address) stands in; a jar with a session still names.
+/// language, a theme): every anonymous caller sends it alike, so it names no one and the
+/// default caller (here with the address) stands in; a jar with a session still names.
 #[test]
 fn a_cookie_jar_without_an_identifying_cookie_is_not_sent() {
     let rule = KeyRule {
@@ -121,4 +121,33 @@ fn a_cookie_jar_without_an_identifying_cookie_is_not_sent() {
         let h = with_owned(named);
         assert_eq!(key(&h, a), key(&h, b), "{named:?}");
     }
+}
+
+/// Beside another part that names someone (a tenant), a jar that names no one by any rule
+/// is still hashed: a session of a name no rule knows (`CAKEPHP`, Magento's `frontend`) is
+/// what tells that tenant's users apart, and dropping it gave two of them one key.
+#[test]
+fn a_jar_that_names_no_one_still_tells_a_tenants_users_apart() {
+    let rule = KeyRule {
+        scope: vec![
+            ScopePart::Header(http::HeaderName::from_static("x-tenant")),
+            ScopePart::Header(header::COOKIE),
+        ],
+        ..fingerprint_rule()
+    };
+    let key = |cookie: &str| {
+        let mut h = with_owned(cookie);
+        h.insert("x-tenant", HeaderValue::from_static("acme"));
+        derive_key(&rule, &view(&h, b"{}"), None)
+            .unwrap()
+            .key()
+            .unwrap()
+            .key
+    };
+    assert_ne!(
+        key("CAKEPHP=alice"),
+        key("CAKEPHP=bob"),
+        "bob got alice's answer"
+    );
+    assert_eq!(key("frontend=s1"), key("frontend=s1"));
 }
