@@ -62,7 +62,7 @@ fn is_template(value: &[u8]) -> bool {
 /// user with an empty password, or a password alone, is someone's; a value that is not
 /// base64 is an opaque one.
 pub(super) fn is_empty_basic_pair(credentials: &[u8]) -> bool {
-    // Anything longer holds more than two placeholders; no allocation for real ones.
+    // Anything longer holds more than two placeholders: decoded only when short enough.
     if credentials.len() > 64 {
         return false;
     }
