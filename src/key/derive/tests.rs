@@ -568,38 +568,3 @@ fn an_ipv4_mapped_address_is_its_ipv4_caller() {
     assert_eq!(behind, key("203.0.113.9", None));
     assert_ne!(behind, key("10.0.0.2", Some("203.0.113.8")));
 }
-
-/// `scope: [header: Cookie]` reads the whole jar; a jar whose every cookie names no one
-/// (`token=null` from a logged-out page, an emptied `session=`, `sid=deleted`) is what
-/// every anonymous caller sends alike: it counts as not sent, as such a cookie does under
-/// `cookie: NAME`, so two anonymous callers never share a key; one real value still names.
-#[test]
-fn a_cookie_jar_of_cookies_that_name_no_one_is_not_sent() {
-    let key = |h: &HeaderMap, peer: [u8; 4]| {
-        let rule = KeyRule {
-            scope: vec![ScopePart::Header(header::COOKIE)],
-            ..fingerprint_rule()
-        };
-        let v = RequestView {
-            peer: Some(IpAddr::from(peer)),
-            ..view(h, b"{}")
-        };
-        derive_key(&rule, &v, None).unwrap().key().unwrap().key
-    };
-    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
-    for anonymous in [
-        &[("cookie", "token=null")][..],
-        &[("cookie", "session=; sid=deleted")],
-        &[("cookie", "a=undefined"), ("cookie", "b=\"\"")],
-    ] {
-        let h = with(anonymous);
-        assert_ne!(key(&h, a), key(&h, b), "{anonymous:?}");
-    }
-    for named in [
-        &[("cookie", "session=s-7")][..],
-        &[("cookie", "token=null; session=s-7")],
-    ] {
-        let h = with(named);
-        assert_eq!(key(&h, a), key(&h, b), "{named:?}");
-    }
-}

@@ -87,9 +87,11 @@ fn with_owned(cookie: &str) -> HeaderMap {
     h
 }
 
-/// `scope: [header: Cookie]` and a jar holding no cookie that could name anyone (a
-/// language, a theme): every anonymous caller sends it alike, so it names no one and the
-/// default caller (here with the address) stands in; a jar with a session still names.
+/// `scope: [header: Cookie]` reads the whole jar, however split. A jar holding no cookie
+/// that could name anyone (a language, a theme; `token=null` from a logged-out page, an
+/// emptied `session=`, `sid=deleted`) is what every anonymous caller sends alike, so it
+/// names no one and the default caller (here with the address) stands in: two anonymous
+/// callers never share a key. One real session value still names.
 #[test]
 fn a_cookie_jar_without_an_identifying_cookie_is_not_sent() {
     let rule = KeyRule {
@@ -109,11 +111,18 @@ fn a_cookie_jar_without_an_identifying_cookie_is_not_sent() {
         "theme=dark; _ga=GA1.1.1",
         "lang",
         "ab_session=null",
+        "token=null",
+        "session=; sid=deleted",
     ] {
         let h = with_owned(anonymous);
         assert_ne!(key(&h, a), key(&h, b), "{anonymous:?}");
     }
+    let split = with(&[("cookie", "a=undefined"), ("cookie", "b=\"\"")]);
+    assert_ne!(key(&split, a), key(&split, b));
+    let split = with(&[("cookie", "token=null"), ("cookie", "session=s-7")]);
+    assert_eq!(key(&split, a), key(&split, b));
     for named in [
+        "session=s-7",
         "lang=en; sessionid=s1",
         "lang=en; auth_token=t",
         "_app_session=s",
