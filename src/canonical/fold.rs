@@ -64,6 +64,22 @@ pub(crate) fn any_case_variants<'n>(
     if count < 2 {
         return false;
     }
+    // Most objects are small: every pair's signatures compared costs less than a sort,
+    // and touches no memory but the stack.
+    if count <= SMALL {
+        let mut signatures = [0u64; SMALL];
+        for (i, slot) in signatures[..count].iter_mut().enumerate() {
+            *slot = signature(i);
+        }
+        for i in 0..count {
+            for j in i + 1..count {
+                if signatures[i] == signatures[j] && case_variants(name(i), name(j)) {
+                    return true;
+                }
+            }
+        }
+        return false;
+    }
     scratch.clear();
     scratch.extend((0..count).map(|i| u128::from(signature(i)) << 64 | i as u128));
     scratch.sort_unstable();
@@ -104,6 +120,9 @@ fn fold_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     }
     folded(a).cmp(folded(b))
 }
+
+/// Up to this many names, [`any_case_variants`] compares every pair.
+const SMALL: usize = 16;
 
 fn folded(name: &[u8]) -> impl Iterator<Item = char> + '_ {
     name.utf8_chunks().flat_map(|chunk| {

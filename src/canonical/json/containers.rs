@@ -3,6 +3,7 @@
 //! key order once it closes.
 
 use super::*;
+use crate::canonical::ascii_lowercase_lanes;
 
 impl Parser<'_, '_> {
     /// Enters the object or array that `open` starts at `self.pos`, enclosed by `level - 1`
@@ -95,9 +96,13 @@ impl Parser<'_, '_> {
                 if reporting {
                     self.buffers.path.push(Seg::Key(key));
                 }
-                let occurrences = self.open_occurrences(child, level);
+                // Only a member some pointer goes through has occurrences to note: most
+                // bodies are fingerprinted, not extracted from.
+                let occurrences = (!child.is_empty()).then(|| self.open_occurrences(child, level));
                 let value = self.member_value(out, level, child)?;
-                self.close_occurrences(occurrences);
+                if let Some(mark) = occurrences {
+                    self.close_occurrences(mark);
+                }
                 if reporting {
                     self.buffers.path.pop();
                 }
@@ -200,7 +205,11 @@ impl Parser<'_, '_> {
             shapes.resize_with(level + 1, Shape::default);
         }
         let name = |i: usize| key_bytes(input, keys, members[i].key);
-        let signature = |i: usize| fold_signature(name(i), members[i].key.prefix);
+        // An ASCII prefix is its own signature, lower-cased: no need to find the name.
+        let signature = |i: usize| match members[i].key.prefix {
+            prefix if prefix & 0x8080_8080_8080_8080 == 0 => ascii_lowercase_lanes(prefix),
+            prefix => fold_signature(name(i), prefix),
+        };
         // Names equal but for case are one member to case-insensitive parsers, the last one
         // winning: their order is data, kept with the rest of the object's, after a space
         // that marks the object as unsorted (canonical JSON has no whitespace otherwise).
@@ -265,9 +274,11 @@ impl Parser<'_, '_> {
                 if reporting {
                     self.buffers.path.push(Seg::Index(index));
                 }
-                let occurrences = self.open_occurrences(child, level);
+                let occurrences = (!child.is_empty()).then(|| self.open_occurrences(child, level));
                 self.value(out, level, child)?;
-                self.close_occurrences(occurrences);
+                if let Some(mark) = occurrences {
+                    self.close_occurrences(mark);
+                }
                 if reporting {
                     self.buffers.path.pop();
                 }
