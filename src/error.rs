@@ -376,7 +376,7 @@ impl ProxyError {
     /// Whether the detail may say more than the title. Upstream and store errors carry
     /// internal addresses, so they are logged, not sent; what is sent says what a retry
     /// with the same key will meet.
-    fn public_detail(&self) -> String {
+    pub(crate) fn public_detail(&self) -> String {
         match self {
             // The record says the key was taken: the request may have run.
             Self::Store(StoreError::Unreadable(_)) => "the stored record of this request \

@@ -115,8 +115,10 @@ pub(crate) fn any_case_variants<'n>(
 /// `a` and `b` ordered by their folded forms.
 fn fold_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     if a.is_ascii() && b.is_ascii() {
-        let lower = |s: &[u8]| s.iter().map(u8::to_ascii_lowercase).collect::<Vec<_>>();
-        return lower(a).cmp(&lower(b));
+        let (a, b) = (a.iter(), b.iter());
+        return a
+            .map(u8::to_ascii_lowercase)
+            .cmp(b.map(u8::to_ascii_lowercase));
     }
     folded(a).cmp(folded(b))
 }

@@ -334,6 +334,7 @@ fn hash_scope(
 ) -> bool {
     let mut unnamed = false;
     let mut named = false;
+    let mut sent = false;
     for part in scope {
         hasher.label(part);
         // Whether a `Cookie` jar sent holds a cookie that could name someone.
@@ -413,6 +414,7 @@ fn hash_scope(
             t.scope.push(format!("{part} ({state})"));
         }
         named |= value.is_some() && jar_names;
+        sent |= value.is_some();
         match value {
             Some(v) => hasher.field(&v),
             // Distinct from every present value, including an empty one.
@@ -425,7 +427,13 @@ fn hash_scope(
         let caller = hash_caller(hasher, req);
         unnamed |= caller.unnamed();
         if let Some(t) = trace {
-            let shown = format!("none sent: {}", describe_caller(caller, req));
+            // A jar sent that names no one is hashed, but names no caller.
+            let none = if sent {
+                "none names a caller"
+            } else {
+                "none sent"
+            };
+            let shown = format!("{none}: {}", describe_caller(caller, req));
             t.heard_caller(shown, caller, req);
         }
     }

@@ -28,7 +28,7 @@ use super::budget::Charge;
 use super::protected::{
     claim_args, request_view, wait_for_owner, Context, Report, RETRY_AFTER_SECS,
 };
-use super::replay::{open_charged, with_charge};
+use super::replay::{open_charged, with_charge, Replaying};
 use super::settlement::for_key;
 use crate::config::{Config, InFlightMode, Protected, Protection};
 use crate::error::{NotKept, ProxyError};
@@ -331,18 +331,25 @@ async fn claim_one(
             cx.route_metrics.waited(since);
         }
         // Charged as any replay's copy is (`super::replay`).
-        let opened = |stored: StoredResponse| {
+        let opened = |stored: StoredResponse, what: Replaying| {
             let conn = cx.conn.share.buffers();
-            open_charged(stored, old.sealing.as_deref(), args.key, cx.budget, conn)
+            open_charged(
+                stored,
+                old.sealing.as_deref(),
+                args.key,
+                cx.budget,
+                conn,
+                what,
+            )
         };
         return match claim {
             Claim::Owner(lease) => Found::Free(lease),
-            Claim::Done(stored) => match opened(stored) {
+            Claim::Done(stored) => match opened(stored, Replaying::Answer) {
                 Ok((stored, charge)) => Found::Done(stored, charge, since.is_some()),
                 Err(e) => Found::Other(Err(e), None),
             },
             Claim::Failed(Some(stored)) => Found::Other(
-                opened(stored).map(|(s, charge)| with_charge(&s, charge)),
+                opened(stored, Replaying::Failure).map(|(s, charge)| with_charge(&s, charge)),
                 Some(Outcome::FailureShared),
             ),
             // The owner waited on freed K' without a failure to share (a 5xx too large to

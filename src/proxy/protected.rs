@@ -29,6 +29,7 @@ use super::conn_share::Owning;
 use super::detach::Detachable;
 use super::head::{self, Announced};
 use super::previous::{self, Earlier, Older};
+use super::replay::Replaying;
 pub use super::replay::IDEMPOTENT_REPLAYED;
 use super::settlement;
 pub use super::stopping::Owners;
@@ -261,7 +262,7 @@ pub async fn handle(
             // A copy of the record made for this replay holds its room in the budget until
             // its body is sent (`super::replay`); one without room is refused, not run.
             Claim::Done(stored) => {
-                let replayed = replay_charged(&cx, rule, key, stored)?;
+                let replayed = replay_charged(&cx, rule, key, stored, Replaying::Answer)?;
                 report.outcome = Some(if waiting_since.is_some() {
                     Outcome::Waited
                 } else {
@@ -270,7 +271,7 @@ pub async fn handle(
                 return Ok(replayed);
             }
             Claim::Failed(Some(stored)) => {
-                let replayed = replay_charged(&cx, rule, key, stored)?;
+                let replayed = replay_charged(&cx, rule, key, stored, Replaying::Failure)?;
                 report.outcome = Some(Outcome::FailureShared);
                 return Ok(replayed);
             }
@@ -595,8 +596,9 @@ pub(super) fn replay_charged(
     rule: &Protected,
     key: Digest,
     stored: StoredResponse,
+    what: Replaying,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let sealing = rule.sealing.as_deref();
     let conn = cx.conn.share.buffers();
-    super::replay::charged(stored, sealing, key, cx.budget, conn)
+    super::replay::charged(stored, sealing, key, cx.budget, conn, what)
 }

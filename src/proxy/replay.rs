@@ -42,8 +42,9 @@ pub fn charged(
     key: Digest,
     budget: &Arc<Budget>,
     conn: &Arc<ConnBuffers>,
+    what: Replaying,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let (stored, charge) = open_charged(stored, ring, key, budget, conn)?;
+    let (stored, charge) = open_charged(stored, ring, key, budget, conn, what)?;
     Ok(with_charge(&stored, charge))
 }
 
@@ -56,6 +57,7 @@ pub fn open_charged(
     key: Digest,
     budget: &Arc<Budget>,
     conn: &Arc<ConnBuffers>,
+    what: Replaying,
 ) -> Result<(StoredResponse, Charge), ProxyError> {
     // A copy the store made for this request, or the one opening a sealed record makes
     // (no larger than the sealed record). Both are alive only while it opens, a working
@@ -71,12 +73,12 @@ pub fn open_charged(
     let mut charge = budget.charge(conn);
     charge
         .resize(copied.max(opening))
-        .map_err(|short| refused(budget, short))?;
+        .map_err(|short| refused(budget, short, what))?;
     let stored = stored.open(ring, key).map_err(ProxyError::Unsealable)?;
     // The sealed record is gone: what is left is the one copy the body holds.
     charge
         .resize(stored.held_alone())
-        .map_err(|short| refused(budget, short))?;
+        .map_err(|short| refused(budget, short, what))?;
     Ok((stored, charge))
 }
 
@@ -92,12 +94,43 @@ pub fn with_charge(stored: &StoredResponse, charge: Charge) -> Response<ProxyBod
     answer::whole(status, headers, charge.attach(body), stored.trailers())
 }
 
+/// What a replay sends again, which its refusal must tell its client truly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replaying {
+    /// The answer the request ran to: a retry with the same key gets it, a new key would
+    /// run the request again.
+    Answer,
+    /// A failure shared with the owner's waiters: the key is free, and a retry runs.
+    Failure,
+}
+
 /// Counts a replay without room under `short`, and refuses it.
-fn refused(budget: &Budget, short: Short) -> ProxyError {
+fn refused(budget: &Budget, short: Short, what: Replaying) -> ProxyError {
     budget.refused(Refusal::Replay, short);
     ProxyError::Overloaded {
         retry_after: OVERLOADED_RETRY_AFTER,
         short,
-        replay: true,
+        replay: what == Replaying::Answer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused replay tells its client what a retry will meet: an answer the request ran
+    /// to is there under the same key (a new key would run it again); a failure shared
+    /// with the owner's waiters left its key free, so the retry runs, and nothing may say
+    /// the request was executed.
+    #[test]
+    fn a_refusal_says_whether_the_request_ran() {
+        let metrics = crate::metrics::Metrics::new();
+        let budget = Budget::new(1024, 1024, metrics.buffers());
+        let answer = refused(&budget, Short::Total, Replaying::Answer);
+        assert!(answer.public_detail().contains("same key"));
+        let failure = refused(&budget, Short::Total, Replaying::Failure);
+        let detail = failure.public_detail();
+        assert!(!detail.contains("was executed"), "{detail}");
+        assert_eq!(failure.status(), http::StatusCode::SERVICE_UNAVAILABLE);
     }
 }
