@@ -9,12 +9,15 @@ use http::{header, HeaderMap, Method};
 use sha2::{Digest as _, Sha256};
 
 use super::client_key::ClientKeyError;
-use super::identity::{names_a_session, names_someone, session_cookie, ClientAddress, Identity};
+use super::identity::{names_someone, session_cookie, ClientAddress, Identity};
 use super::{Digest, FingerprintRule, KeyRule, KeySource, ScopePart};
 use crate::canonical::{extract_fields, JsonError};
 use crate::route::Overrides;
 pub use buckets::scope_digest;
-use caller::{cookie_jar, describe_caller, has_credential, hash_address, hash_caller, Caller};
+use caller::{
+    cookie_jar, describe_caller, has_credential, hash_address, hash_caller, identifying_cookies,
+    Caller,
+};
 use request::{write_canonical_request, BodyType};
 
 /// The parts of a request a key can depend on; the body is already buffered.
@@ -390,9 +393,9 @@ fn hash_scope(
                     .headers
                     .contains_key(header::COOKIE)
                     .then(|| cookie_jar(req.headers));
-                jar_names = jar
-                    .as_deref()
-                    .is_some_and(|jar| jar_names_someone(jar, req.identity));
+                // A cookie that could tell its sender apart, as the default caller reads
+                // them beside a session.
+                jar_names = identifying_cookies(req).next().is_some();
                 jar.map(Cow::Owned)
             }
             // A value that names no one (`Bearer null`, an empty field, an emptied cookie) is
@@ -438,18 +441,6 @@ fn hash_scope(
         }
     }
     unnamed
-}
-
-/// Whether a cookie jar (`a=1; b=2`) has a cookie that could tell its sender apart: one
-/// of a session's or a credential's name ([`Identity::could_identify`]) whose value names a
-/// session ([`names_a_session`]). A jar of preferences alone (`lang=en`) is what many
-/// anonymous callers send alike; a piece without `=` names nothing to tell them by.
-fn jar_names_someone(jar: &[u8], identity: &Identity) -> bool {
-    jar.split(|&b| b == b';').any(|crumb| {
-        crumb.iter().position(|&b| b == b'=').is_some_and(|eq| {
-            identity.could_identify(crumb[..eq].trim_ascii()) && names_a_session(&crumb[eq + 1..])
-        })
-    })
 }
 
 /// All values of a header, joined by newlines when repeated.

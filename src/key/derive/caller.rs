@@ -127,10 +127,15 @@ pub(super) fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Call
 }
 
 /// The cookies that could tell their sender apart ([`Identity::could_identify`]), in the
-/// order sent, without those whose value names no session ([`names_a_session`]).
+/// order sent, without those whose value names no session ([`names_a_session`]): beside a
+/// session, what the default caller hashes; for a `header: Cookie` part, whether the jar
+/// names anyone (a jar of preferences alone, `lang=en`, is what many anonymous callers
+/// send alike; a piece without `=` names nothing).
 ///
 /// [`Identity::could_identify`]: crate::key::identity::Identity::could_identify
-fn identifying_cookies<'r>(req: &RequestView<'r>) -> impl Iterator<Item = (&'r [u8], &'r [u8])> {
+pub(super) fn identifying_cookies<'r>(
+    req: &RequestView<'r>,
+) -> impl Iterator<Item = (&'r [u8], &'r [u8])> {
     let identity = req.identity;
     cookies(req.headers).filter(move |(n, v)| identity.could_identify(n) && names_a_session(v))
 }
