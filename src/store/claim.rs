@@ -130,8 +130,8 @@ impl ClaimArgs {
     }
 }
 
-/// A caller (one scope) as a store that limits its share knows it: 32 bits of the scope's
-/// digest. Two callers that collide only share a limit, never a key.
+/// A caller (one scope) as a store that limits its share knows it: 32 bits keyed from the
+/// scope's digest ([`counted_tag`]). Two callers that collide only share a limit, never a key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct CallerTag(pub u32);
 
@@ -146,9 +146,9 @@ impl CallerTag {
 }
 
 /// A client address (as the token endpoint's per-address rate takes it) as a store that
-/// limits its share knows it: 32 bits of the address's digest. Callers name themselves
-/// (any made-up credential is a new one), addresses do not: this is what bounds a flood
-/// of made-up callers. Two addresses that collide only share a limit, never a key.
+/// limits its share knows it: 32 bits keyed from the address's digest ([`counted_tag`]).
+/// Callers name themselves (any made-up credential is a new one), addresses do not: this
+/// is what bounds a flood of made-up callers. Two addresses that collide only share a limit, never a key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct AddressTag(pub u32);
 
