@@ -161,9 +161,10 @@ pub enum StoreError {
     /// The backend could not be reached or answered an error.
     #[error("store unavailable: {0}")]
     Unavailable(String),
-    /// The backend failed after the claim had found its key in flight (another owner
-    /// runs it), before the duplicate could wait on it: the request is a duplicate of one
-    /// that may be running, so it must not be forwarded unprotected.
+    /// The backend failed after the claim had found its key taken (another owner's claim
+    /// in flight, or a record the claim had to look at again, such as an unknown outcome),
+    /// before the claim had its answer: the request is a duplicate of one that may be
+    /// running or have run, so it must not be forwarded unprotected.
     #[error("store unavailable after finding the key in flight: {0}")]
     FoundInFlight(String),
     /// The store answered with a record for this key that cannot be read (damaged, cut
@@ -180,7 +181,7 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// This error, met by a claim that had found its key in flight: an outage becomes
+    /// This error, met by a claim that had found its key taken: an outage becomes
     /// [`StoreError::FoundInFlight`].
     pub(crate) fn after_in_flight(self) -> Self {
         match self {

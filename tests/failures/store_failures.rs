@@ -1,5 +1,6 @@
-//! A store that fails under a running request: duplicates on a fail-open route are never
-//! forwarded, and a completion whose reply was lost or failed is made again.
+//! A store that fails under a running request or a held key: duplicates on a fail-open
+//! route that found their key taken are never forwarded, and a completion whose reply was
+//! lost or failed is made again.
 
 use std::sync::atomic::Ordering;
 
@@ -11,10 +12,12 @@ use crate::held_replies::*;
 use crate::route;
 
 /// A fail-open route on Redis through a relay whose replies can be held, with a store
-/// `timeout` of 200 ms; its connection to Redis is open.
-async fn failing_open_behind_held_replies() -> (RedisServer, Relay, common::Upstream, ProxyHandle) {
+/// `timeout` of 200 ms and the policy keys `extra`; its connection to Redis is open.
+async fn failing_open_behind_held_replies(
+    extra: &str,
+) -> (RedisServer, Relay, common::Upstream, ProxyHandle) {
     let (redis, relay, upstream, proxy) =
-        timing_out_behind_held_replies(&route("on_store_error: fail_open\n    wait_timeout: 30s"))
+        timing_out_behind_held_replies(&route(&format!("on_store_error: fail_open\n    {extra}")))
             .await;
     warm_up(&proxy).await;
     (redis, relay, upstream, proxy)
@@ -60,7 +63,8 @@ async fn the_duplicate_got_409_and_the_owner_ran_once(
 /// flight: it gets the in-flight 409 with `Retry-After`, never a run of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_fail_open_a_waiting_duplicate_is_never_forwarded_when_the_store_fails() {
-    let (_redis, relay, upstream, proxy) = failing_open_behind_held_replies().await;
+    let (_redis, relay, upstream, proxy) =
+        failing_open_behind_held_replies("wait_timeout: 30s").await;
     let owner = owner_at_gate(&proxy, &upstream).await;
     let addr = proxy.addr;
     let duplicate = tokio::spawn(async move { post(addr, "/orders", &PAY, "{}").await });
@@ -76,7 +80,8 @@ async fn with_fail_open_a_waiting_duplicate_is_never_forwarded_when_the_store_fa
 /// not): the store tells it was found in flight, and the duplicate gets the 409.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_fail_open_a_duplicate_found_in_flight_is_never_forwarded_when_the_store_fails() {
-    let (_redis, relay, upstream, proxy) = failing_open_behind_held_replies().await;
+    let (_redis, relay, upstream, proxy) =
+        failing_open_behind_held_replies("wait_timeout: 30s").await;
     let owner = owner_at_gate(&proxy, &upstream).await;
     let addr = proxy.addr;
     // The duplicate's first look is the next command (the owner renews every 10 s).
@@ -84,6 +89,50 @@ async fn with_fail_open_a_duplicate_found_in_flight_is_never_forwarded_when_the_
     let duplicate = tokio::spawn(async move { post(addr, "/orders", &PAY, "{}").await });
     let duplicate = answered_without_running(&upstream, duplicate).await;
     the_duplicate_got_409_and_the_owner_ran_once(&relay, &upstream, owner, duplicate).await;
+}
+
+/// The same for a duplicate that will not wait (`in_flight: reject`): its first look
+/// (`SET NX GET`) finds the owner's claim, and the claim script's look for its remaining
+/// TTL gets no reply. The store did say the key is taken: a 409, never a run of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fail_open_a_rejected_duplicate_is_never_forwarded_when_its_second_look_fails() {
+    let (_redis, relay, upstream, proxy) =
+        failing_open_behind_held_replies("in_flight: reject").await;
+    let owner = owner_at_gate(&proxy, &upstream).await;
+    let addr = proxy.addr;
+    // The duplicate's first look is the next command (the owner renews every 10 s).
+    relay.hold_after_next.store(true, Ordering::SeqCst);
+    let duplicate = tokio::spawn(async move { post(addr, "/orders", &PAY, "{}").await });
+    let duplicate = answered_without_running(&upstream, duplicate).await;
+    the_duplicate_got_409_and_the_owner_ran_once(&relay, &upstream, owner, duplicate).await;
+}
+
+/// A retry whose first look finds its key held as an unknown outcome (the owner's
+/// upstream broke the connection after the request went out), and whose second look, for
+/// the record's remaining TTL, gets no reply: the request may have run, so the retry is
+/// never forwarded, and the upstream saw the key once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_fail_open_a_retry_of_an_unknown_outcome_is_never_forwarded_when_the_store_fails() {
+    let (redis, relay, upstream, proxy) =
+        failing_open_behind_held_replies("wait_timeout: 30s").await;
+    let reset = [("idempotency-key", "reset"), ("x-test-reset", "1")];
+    let broken = post(proxy.addr, "/orders", &reset, "{}").await;
+    assert_eq!(broken.status, StatusCode::BAD_GATEWAY);
+    until(
+        || record_kinds(&redis) == ["D", "U"],
+        "the key held as an unknown outcome",
+    )
+    .await;
+    // The retry's first look is the next command.
+    relay.hold_after_next.store(true, Ordering::SeqCst);
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "reset")], "{}").await;
+    assert_eq!(upstream.executed_for("reset"), 1, "the retry was forwarded");
+    assert_eq!(retry.status, StatusCode::CONFLICT);
+    assert!(
+        !relay.hold_after_next.load(Ordering::SeqCst),
+        "the first look was answered"
+    );
+    relay.hold.send_replace(false);
 }
 
 /// An owner's completion that Redis carried out but whose reply was lost with its

@@ -173,11 +173,16 @@ impl RedisStore {
         let value = claim_value(token, args.fingerprint, args.lapse);
         let px = (args.lease + args.lapse.span()).as_millis().max(1) as u64;
         let look = match self.first_look(args, &value, px).await? {
-            // A waiter subscribes before it looks again; the others look again now.
+            // A waiter subscribes before it looks again; the others look again now. The
+            // first look found the key taken, by a request that may be running or have
+            // run: a failure of the second must not read as "the store could not say"
+            // (which `fail_open` forwards) either.
             Look::Found { data, pttl: None }
                 if needs_script(&data) && !(args.waits && data.first() == Some(&b'I')) =>
             {
-                self.look(args, &value, px, Mark::Leave).await?
+                self.look(args, &value, px, Mark::Leave)
+                    .await
+                    .map_err(StoreError::after_in_flight)?
             }
             look => look,
         };
