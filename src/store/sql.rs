@@ -53,7 +53,8 @@ pub struct SqlSettings {
     /// Longest wait for one store operation (a free connection included) before it counts
     /// as a store error.
     pub timeout: Duration,
-    /// Connections in the pool (PostgreSQL keeps one more for `LISTEN`).
+    /// Connections in the pool statements run on (PostgreSQL opens one more, outside it,
+    /// for `LISTEN`).
     pub max_connections: u32,
     /// How often the reaper deletes expired rows.
     pub reap_every: Duration,

@@ -57,6 +57,8 @@ pub fn check_url(url: &str) -> Result<(), String> {
 /// PostgreSQL's side of a [`PostgresStore`]: its pool and statements.
 pub struct Postgres {
     pool: PgPool,
+    /// The `LISTEN` connection's own pool of one, beside `pool` (`listener::pool`).
+    listen: PgPool,
     sql: Statements,
     /// Deletes a record whatever it is, and its count, notifying its waiters; answers
     /// whether a live one was there (`Store::forget`, for tests).
@@ -148,6 +150,7 @@ impl Dialect for Postgres {
             .application_name("idemgate");
         let t = &settings.table;
         Ok(Self {
+            listen: super::listener::pool(options.clone(), settings.timeout),
             pool: pool_options(settings, SESSION).connect_lazy_with(options),
             sql: statements(t),
             forget: format!(
@@ -162,7 +165,7 @@ impl Dialect for Postgres {
 
     fn watch(&self, _: Weak<SqlStore<Self>>, interests: &Arc<Interests>) -> AbortHandle {
         let listener = super::listener::listen(
-            self.pool.clone(),
+            self.listen.clone(),
             self.channel.clone(),
             Arc::clone(interests),
         );
