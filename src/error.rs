@@ -153,6 +153,14 @@ pub enum ProxyError {
     /// The request's timestamp is outside the route's freshness window, or unreadable.
     #[error("{0}")]
     Stale(String),
+    /// A non-safe request names no host (HTTP/1.0 without `Host`, an empty one) while a
+    /// route bound to a host matches its method and path: the upstream would serve it from
+    /// its default host, which may be the route's, so it is neither that route's nor not.
+    #[error(
+        "the request names no host, and a route bound to a host matches its method and \
+         path: send the host in the Host field"
+    )]
+    HostRequired,
     /// The path has no one safe normal form (an encoded `/` or `\`, NUL, a bad escape).
     #[error("{0}: send the path in plain form")]
     BadPath(PathError),
@@ -218,6 +226,7 @@ impl ProxyError {
             | Self::BodyRead(_)
             | Self::BadRequest(_)
             | Self::BadPath(_)
+            | Self::HostRequired
             | Self::CallerUnnamed
             | Self::Stale(_) => StatusCode::BAD_REQUEST,
             Self::Unsealable(_) | Self::Store(StoreError::Unreadable(_)) => {
@@ -272,6 +281,7 @@ impl ProxyError {
             self,
             Self::BadRequest(_)
                 | Self::BadPath(_)
+                | Self::HostRequired
                 | Self::NotImplemented(_)
                 | Self::PayloadTooLarge { .. }
                 | Self::BodyTimeout(_)
@@ -309,6 +319,7 @@ impl ProxyError {
             Self::UpstreamTimeout => "upstream-timeout",
             Self::BadRequest(_) => "bad-request",
             Self::BadPath(_) => "path-not-normalizable",
+            Self::HostRequired => "host-required",
             Self::Unsealable(_) => "stored-answer-unreadable",
             Self::NotImplemented(_) => "not-implemented",
         }
@@ -323,6 +334,7 @@ impl ProxyError {
             | Self::BodyTimeout(_)
             | Self::BadRequest(_)
             | Self::BadPath(_)
+            | Self::HostRequired
             | Self::RateLimited { .. }
             | Self::CallerUnnamed
             | Self::CallerOverShare
@@ -359,6 +371,7 @@ impl ProxyError {
             Self::OwnerFailed => "The original request failed",
             Self::PayloadTooLarge { .. } => "Payload too large",
             Self::BodyRead(_) | Self::BadRequest(_) | Self::BadPath(_) => "Bad request",
+            Self::HostRequired => "Host required",
             Self::Unsealable(_) | Self::Store(StoreError::Unreadable(_)) => {
                 "Stored answer unreadable"
             }

@@ -467,16 +467,40 @@ async fn no_spelling_of_a_route_s_host_gets_past_it() {
             "{host}: {raw}"
         );
     }
+    // A request that names no host (HTTP/1.0 without `Host`, an empty `Host`) is no
+    // host's to routes, but the upstream serves it from its default host, which may be
+    // the route's: where a host-bound route matches its method and path, it is refused.
+    let nameless = [
+        "PUT /api/users/1 HTTP/1.0\r\ncontent-length: 2\r\n\r\n{}".to_owned(),
+        put("/api/users/1", ""),
+        "PUT /api/users/1 HTTP/1.1\r\nhost:\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+            .to_owned(),
+        "POST /api/users/1 HTTP/1.0\r\nx-http-method-override: PUT\r\ncontent-length: 2\r\n\r\n{}"
+            .to_owned(),
+    ];
+    for raw in &nameless {
+        let answer = raw_exchange(proxy.addr, raw.as_bytes()).await;
+        assert!(answer.contains(" 400 "), "{raw:?}: {answer}");
+        assert!(
+            answer.contains("urn:idemgate:problem:host-required"),
+            "{raw:?}: {answer}"
+        );
+    }
     assert_eq!(
         upstream.executed(),
         0,
         "a spelling of the host ran unprotected"
     );
+    // Where no host-bound route matches, a request without a host is routed as before.
+    let unbound = "PUT /api/other HTTP/1.0\r\ncontent-length: 2\r\n\r\n{}";
+    let raw = raw_exchange(proxy.addr, unbound.as_bytes()).await;
+    assert!(raw.contains(" 201 "), "{raw}");
+    assert_eq!(upstream.executed(), 1);
     // The target's authority is the host the upstream gets, as the route matched it.
     let absolute = "PUT http://pay.example/api/users/1 HTTP/1.1\r\nhost: other.example\r\nidempotency-key: k1\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
     let raw = raw_exchange(proxy.addr, absolute.as_bytes()).await;
     assert!(raw.starts_with("HTTP/1.1 201"), "{raw}");
-    let seen = &upstream.seen()[0];
+    let seen = &upstream.seen()[1];
     assert_eq!(seen.target, "/api/users/1");
     assert_eq!(seen.headers["host"], "pay.example");
 }

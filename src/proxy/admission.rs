@@ -250,6 +250,11 @@ pub fn route<'c>(
     path: &str,
     readings: &Readings,
 ) -> Result<(&'c str, &'c Protection), ProxyError> {
+    if host.is_none_or(str::is_empty)
+        && binds_a_host(config, method, headers, overrides, path, readings)
+    {
+        return Err(ProxyError::HostRequired);
+    }
     let mut routed = config.route_for(host, method, headers, overrides, readings.routed(path));
     // The path as sent is another reading only where it was not routed by.
     if readings.decoded.is_some() {
@@ -267,6 +272,43 @@ pub fn route<'c>(
         }
     }
     Ok(routed)
+}
+
+/// Whether a route bound to a host matches a request that names none, by any reading of
+/// its path and by its method or (a `POST`) one its overrides name, as [`route`] reads
+/// them. Routes match such a request to no host, but the upstream serves it from its
+/// default host, which may be the route's: routed past it, a `PUT` the route protects
+/// would run unprotected. A safe method passes through whatever its route.
+fn binds_a_host(
+    config: &Config,
+    method: &Method,
+    headers: &http::HeaderMap,
+    overrides: Overrides,
+    path: &str,
+    readings: &Readings,
+) -> bool {
+    if crate::route::is_safe(method) {
+        return false;
+    }
+    let paths = [
+        Some(path),
+        readings.decoded.as_deref(),
+        readings.lenient.as_deref(),
+    ];
+    config
+        .routes
+        .iter()
+        .filter(|route| route.matcher.host.is_some())
+        .any(|route| {
+            let listed = &route.matcher.methods;
+            let named =
+                *method == Method::POST && overrides.methods(headers, listed).next().is_some();
+            (listed.contains(method) || named)
+                && paths
+                    .iter()
+                    .flatten()
+                    .any(|p| route.matcher.path.matches(p))
+        })
 }
 
 /// Whether `other`, a request's route by another reading, protects it by another rule than
