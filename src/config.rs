@@ -88,8 +88,9 @@ pub struct Config {
     pub encrypt: Option<Arc<KeyRing>>,
     /// Connection caps, timeouts and lingering close (`connections:`).
     pub connections: Connections,
-    /// The methods besides `POST` that protected routes list: those a method override can
-    /// route a POST by. None, and routing never looks at overrides.
+    /// The methods besides `POST` that protected routes list, and `PATCH` where the
+    /// fallback protects: those a method override can route a POST by. None, and routing
+    /// never looks at overrides.
     overridable: Vec<Method>,
 }
 
@@ -190,7 +191,8 @@ impl Config {
     }
 
     /// Whether a request with `method` may be routed by a method override: a `POST`, where
-    /// a protected route lists a method an override can name. Only then does
+    /// a protected route lists a method an override can name, or the fallback protects
+    /// `PATCH`. Only then does
     /// [`route_for`](Self::route_for) read the overrides, so only then need they be found.
     pub fn routes_by_override(&self, method: &Method) -> bool {
         *method == Method::POST && !self.overridable.is_empty()
@@ -203,7 +205,9 @@ impl Config {
     /// method. Which it does is not known here, so the POST's own route holds where it is
     /// written for the POST (not the fallback) and enforces; else the first route of a
     /// named method that protects (one that only observes, where the POST's own
-    /// protection does not enforce), else the POST's own route or fallback.
+    /// protection does not enforce), else the POST's own route or fallback. A `PATCH` no
+    /// route takes is the fallback's: a POST under an unprotected route of its own that
+    /// names it gets the fallback's protection, as the PATCH would.
     pub fn route_for(
         &self,
         host: Option<&str>,
@@ -223,8 +227,9 @@ impl Config {
         }
         for named in overrides.methods(headers, &self.overridable) {
             let found = self.protection_for(host, named, path);
-            // A route of its own: the fallback is the POST's too.
-            if found.0 != FALLBACK_ROUTE
+            // Another rule than the POST's own: the fallback, where it is the POST's too,
+            // is the one already found.
+            if found.0 != own.0
                 && matches!(found.1, Protection::On(_))
                 && (found.1.enforces() || !own_enforces)
             {
@@ -340,7 +345,7 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
         &identity,
         mutual_tls,
     )?;
-    let overridable = overridable(&routes);
+    let overridable = overridable(&routes, &fallback);
     Ok(Config {
         listen: raw.listen.0,
         upstream,
@@ -360,11 +365,15 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
     })
 }
 
-/// The methods besides `POST` protected routes list, each once: all an override can route
-/// a POST by, since [`Config::route_for`] takes only a protected route of its own for one
-/// (a config can list no safe method).
-fn overridable(routes: &[Route]) -> Vec<Method> {
+/// The methods besides `POST` protected routes list, each once, and `PATCH` where the
+/// fallback protects (a PATCH no route takes is its): all an override can route a POST
+/// by, since [`Config::route_for`] takes only a protected rule for one (a config can list
+/// no safe method).
+fn overridable(routes: &[Route], fallback: &Protection) -> Vec<Method> {
     let mut methods: Vec<Method> = Vec::new();
+    if matches!(fallback, Protection::On(_)) {
+        methods.push(Method::PATCH);
+    }
     let protected = routes
         .iter()
         .filter(|r| matches!(r.protection, Protection::On(_)));
@@ -411,5 +420,28 @@ mod tests {
         };
         assert_eq!(routed("/x"), "purge");
         assert_eq!(routed("/y"), FALLBACK_ROUTE);
+    }
+
+    /// A PATCH no route takes is the fallback's, so where the fallback protects, a POST
+    /// that names PATCH under an unprotected route of its own gets the fallback's rule.
+    #[test]
+    fn an_override_to_patch_gets_the_fallback_where_it_protects() {
+        let text = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: items\n    match: { methods: [POST], path: /x }\n    idempotency: off\n";
+        let on = Config::parse(text, "proxy.yaml").unwrap();
+        assert_eq!(on.overridable, [Method::PATCH]);
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-http-method-override", "patch".parse().unwrap());
+        let overrides = Overrides::find(&headers);
+        let routed = on.route_for(None, &Method::POST, &headers, overrides, "/x");
+        assert_eq!(routed.0, FALLBACK_ROUTE);
+        assert!(routed.1.enforces());
+        let none = http::HeaderMap::new();
+        let plain = on.route_for(None, &Method::POST, &none, Overrides::NONE, "/x");
+        assert_eq!(plain.0, "items");
+        // Under `defaults.key: off` the fallback protects nothing to route to.
+        let off = config(
+            "  - name: items\n    match: { methods: [POST], path: /x }\n    idempotency: off\n",
+        );
+        assert!(!off.routes_by_override(&Method::POST));
     }
 }

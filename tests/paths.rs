@@ -418,6 +418,35 @@ async fn a_method_override_cannot_step_around_the_route_of_the_method_it_names()
     assert_eq!(upstream.executed(), 1);
 }
 
+const POST_OFF: &str = r#"
+routes:
+  - name: items
+    match: { methods: [POST], path: "/api/items/{id}" }
+    idempotency: off
+"#;
+
+/// A `POST` whose own route is unprotected but that names `PATCH`, which Rack, Express and
+/// Symfony run as the PATCH: a PATCH of that path is no route's, so the fallback
+/// (`defaults.key`) protects it when sent as one, and the override gets that protection
+/// too (the first route of a named method that protects it). The POST without the
+/// override is its own route's, and passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_override_to_patch_gets_the_fallback_s_protection() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, POST_OFF).await;
+    let named = [("x-http-method-override", "PATCH")];
+    let first = post(proxy.addr, "/api/items/7", &named, r#"{"qty":2}"#).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let again = post(proxy.addr, "/api/items/7", &named, r#"{"qty":2}"#).await;
+    assert!(again.replayed(), "an overridden PATCH ran twice");
+    assert_eq!(upstream.executed(), 1);
+    for _ in 0..2 {
+        let plain = post(proxy.addr, "/api/items/7", &[], r#"{"qty":2}"#).await;
+        assert!(!plain.replayed());
+    }
+    assert_eq!(upstream.executed(), 3);
+}
+
 const HOSTED: &str = r#"
 routes:
   - name: update-user
