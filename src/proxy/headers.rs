@@ -32,6 +32,19 @@ pub static X_ORIGINAL_URL: HeaderName = HeaderName::from_static("x-original-url"
 /// See [`X_ORIGINAL_URL`] (Zend's and old Symfony's spelling).
 pub static X_REWRITE_URL: HeaderName = HeaderName::from_static("x-rewrite-url");
 
+/// What other proxies tell an app of its client's scheme, port and address, besides the
+/// `X-Forwarded-*` fields this proxy sets: Rack reads `X-Forwarded-Ssl` and
+/// `X-Forwarded-Scheme` before `X-Forwarded-Proto`, and apps take `X-Real-IP` (nginx's)
+/// or `True-Client-IP` (Cloudflare's, Akamai's) for the client. A peer in
+/// `trusted_proxies` may say them; from any other they are a client naming itself.
+pub static CLIENT_CLAIMS: [HeaderName; 5] = [
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("true-client-ip"),
+];
+
 /// What [`strip_hop_by_hop`] removed that its caller may send again on its own terms.
 #[derive(Debug, Default)]
 pub struct Stripped {
@@ -296,7 +309,7 @@ pub fn declare_trailers(headers: &mut HeaderMap, trailers: &HeaderMap) {
 /// Whether a trailer field may go on: not a hop-by-hop one (RFC 9110 §7.6.1), nor one only
 /// a header section may carry (§6.5.1: framing, routing, authentication, request
 /// modifiers, what the content is), nor one that says where a request came from
-/// (`X-Forwarded-*`, which this proxy sets, and `Forwarded`) or which path it is for
+/// (`X-Forwarded-*`, `Forwarded`, [`CLIENT_CLAIMS`]) or which path it is for
 /// (`X-Original-URL`, `X-Rewrite-URL`). A recipient that merges
 /// trailers into the header section would otherwise take them as the message's own: a
 /// second `Host`, a length, a client address.
@@ -321,6 +334,11 @@ pub fn is_forwardable_trailer(name: &HeaderName) -> bool {
                 | "x-forwarded-for"
                 | "x-forwarded-proto"
                 | "x-forwarded-host"
+                | "x-forwarded-ssl"
+                | "x-forwarded-scheme"
+                | "x-forwarded-port"
+                | "x-real-ip"
+                | "true-client-ip"
                 | "x-original-url"
                 | "x-rewrite-url"
         )

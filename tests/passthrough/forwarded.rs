@@ -43,6 +43,17 @@ const BALANCER: [(&str, &str); 3] = [
     ("forwarded", "for=203.0.113.7;proto=https;host=shop.example"),
 ];
 
+/// What other proxies tell the app of the client's scheme, port and address: Rack 2.2
+/// reads `X-Forwarded-Ssl` and `X-Forwarded-Scheme` before `X-Forwarded-Proto`, and apps
+/// take `X-Real-IP` or `True-Client-IP` (nginx's, Cloudflare's) for the client.
+const CLIENT_CLAIMS: [(&str, &str); 5] = [
+    ("x-forwarded-ssl", "on"),
+    ("x-forwarded-scheme", "https"),
+    ("x-forwarded-port", "443"),
+    ("x-real-ip", "203.0.113.7"),
+    ("true-client-ip", "203.0.113.7"),
+];
+
 /// The `Host` the proxy is reached by (the balancer's name for its backend).
 const HOST: &str = "backend.internal:8080";
 
@@ -132,6 +143,16 @@ async fn a_trusted_proxys_scheme_reaches_the_upstream_and_its_host_is_the_routed
         "https",
     );
     forwarded_as(&each_path(&mut balancer, &[], "bare").await, "http");
+    // What it says of the client's scheme, port and address goes on as it sent it.
+    for (path, headers) in each_path(&mut balancer, &CLIENT_CLAIMS, "claims").await {
+        for (name, value) in CLIENT_CLAIMS {
+            assert_eq!(
+                headers[name],
+                serde_json::json!([value]),
+                "{path}: {headers}"
+            );
+        }
+    }
     // X-Forwarded-For is appended to from every peer: the balancer's own address last.
     let seen = each_path(&mut balancer, &[("x-forwarded-for", "203.0.113.7")], "xff").await;
     for (path, headers) in seen {
@@ -144,13 +165,23 @@ async fn a_trusted_proxys_scheme_reaches_the_upstream_and_its_host_is_the_routed
 }
 
 /// A peer outside `trusted_proxies` (127.0.0.2 here, with 127.0.0.1 trusted) names no
-/// scheme or host of its own: the proxy's replace them, and its `Forwarded` is removed.
+/// scheme, host, port or address of its own: the proxy's replace them, and its
+/// `Forwarded`, `X-Forwarded-Ssl`, `-Scheme`, `-Port`, `X-Real-IP` and `True-Client-IP`
+/// are removed, on every path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_peers_forwarded_fields_are_replaced_or_removed() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, &format!("{TRUSTING_LOOPBACK}{ROUTES}")).await;
     let mut client = open("127.0.0.2", proxy.addr).await;
-    forwarded_as(&each_path(&mut client, &BALANCER, "client").await, "http");
+    let mut fields = BALANCER.to_vec();
+    fields.extend(CLIENT_CLAIMS);
+    let seen = each_path(&mut client, &fields, "client").await;
+    forwarded_as(&seen, "http");
+    for (path, headers) in &seen {
+        for (name, _) in CLIENT_CLAIMS {
+            assert!(headers.get(name).is_none(), "{path}: {name}: {headers}");
+        }
+    }
 }
 
 /// A reload that drops the peer from `trusted_proxies` applies to its next request on the

@@ -8,8 +8,8 @@ use http_body::Body;
 
 use crate::proxy::body::ProxyBody;
 use crate::proxy::headers::{
-    is_chunked_alone, strip_hop_by_hop, Forwarding, X_FORWARDED_FOR, X_FORWARDED_HOST,
-    X_FORWARDED_PROTO, X_ORIGINAL_URL, X_REWRITE_URL,
+    is_chunked_alone, strip_hop_by_hop, Forwarding, CLIENT_CLAIMS, X_FORWARDED_FOR,
+    X_FORWARDED_HOST, X_FORWARDED_PROTO, X_ORIGINAL_URL, X_REWRITE_URL,
 };
 
 /// Rewrites `parts` into the request the upstream gets: origin form (what an HTTP/1.1
@@ -20,11 +20,14 @@ use crate::proxy::headers::{
 /// none (HTTP/2's `:authority`, or the upstream's for HTTP/1.0); `X-Forwarded-For`
 /// appended to, `X-Forwarded-Proto` and `X-Forwarded-Host` set, and the client's
 /// `Forwarded` (RFC 7239, which says the same and which some upstreams read first, Spring's
-/// `ForwardedHeaderFilter` among them) removed, so a client cannot name its own scheme,
-/// host or address to the upstream. From a trusted peer
+/// `ForwardedHeaderFilter` among them) removed, and so are the other fields apps read a
+/// client's scheme, port or address from ([`CLIENT_CLAIMS`]: `X-Forwarded-Ssl`, `-Scheme`,
+/// `-Port`, `X-Real-IP`, `True-Client-IP`), so a client cannot name its own scheme, host
+/// or address to the upstream. From a trusted peer
 /// ([`Hop::trusted_peer`](crate::proxy::headers::Hop::trusted_peer)) the
 /// scheme its hop wrote goes on instead of ours ([`trusted_scheme`]): it saw the client's,
-/// this proxy only its own. Nor can a client name its own path: `X-Original-URL` and
+/// this proxy only its own; and its [`CLIENT_CLAIMS`] go on as it sent them, as its
+/// `X-Forwarded-For` does (appended to): they are its word on the client. Nor can a client name its own path: `X-Original-URL` and
 /// `X-Rewrite-URL`, which IIS's URL Rewrite, the apps behind it and old Symfony dispatch
 /// by instead of the target, are removed, so the upstream runs the path that was
 /// routed. Trailer fields the client
@@ -59,6 +62,8 @@ pub fn prepare(
             "x-forwarded-host" => seen.remove |= 8,
             "forwarded" => seen.remove |= 16,
             "x-original-url" | "x-rewrite-url" => seen.remove |= 32,
+            "x-forwarded-ssl" | "x-forwarded-scheme" | "x-forwarded-port" | "x-real-ip"
+            | "true-client-ip" => seen.remove |= 64,
             "x-forwarded-for" => seen.forwarded_for = true,
             "cookie" => seen.cookie = true,
             _ => {}
@@ -94,6 +99,11 @@ pub fn prepare(
     if seen.remove & 32 != 0 {
         headers.remove(&X_ORIGINAL_URL);
         headers.remove(&X_REWRITE_URL);
+    }
+    if seen.remove & 64 != 0 && !forwarding.hop.trusted_peer {
+        for name in &CLIENT_CLAIMS {
+            headers.remove(name);
+        }
     }
     let forwarded_for = if seen.forwarded_for {
         let mut list = Vec::new();
@@ -191,7 +201,8 @@ struct Seen {
     host: bool,
     /// Which of the fields that are never forwarded as they came are there: bit 0
     /// `Content-Length`, 1 `Expect`, 2 `X-Forwarded-Proto`, 3 `X-Forwarded-Host`, 4
-    /// `Forwarded`.
+    /// `Forwarded`, 5 `X-Original-URL` or `X-Rewrite-URL`, 6 one of [`CLIENT_CLAIMS`]
+    /// (forwarded as they came from a trusted peer).
     remove: u8,
     forwarded_for: bool,
     /// A `Cookie` field (an HTTP/2 client may have split its cookies into several).
@@ -483,5 +494,18 @@ mod tests {
             ("x-forwarded-proto", "https"),
         ];
         assert_eq!(prepared(&hop, true)[&X_FORWARDED_PROTO], "http");
+    }
+
+    /// What a client says of its own scheme, port or address in the fields Rack and
+    /// others read besides `X-Forwarded-Proto` goes on from a trusted peer only.
+    #[test]
+    fn only_a_trusted_peers_client_claims_go_on() {
+        let claims: Vec<_> = CLIENT_CLAIMS.iter().map(|n| (n.as_str(), "on")).collect();
+        let from_trusted = prepared(&claims, true);
+        let from_client = prepared(&claims, false);
+        for name in &CLIENT_CLAIMS {
+            assert_eq!(from_trusted[name], "on", "{name}");
+            assert!(!from_client.contains_key(name), "{name}");
+        }
     }
 }
