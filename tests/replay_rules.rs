@@ -3,7 +3,8 @@
 //! and a header route's payload check is the route's own; an answer that is neither
 //! replayed nor a failure is never run again; safe methods always pass and a listed
 //! DELETE is protected, an unrouted POST or PATCH is keyed by `defaults.key` and an
-//! unrouted PUT or DELETE passes; `ignore_defaults: false` makes the timestamp data.
+//! unrouted PUT or DELETE passes; `ignore_defaults: false` makes the timestamp data; only
+//! a replay says it is one, whatever the upstream says.
 
 mod common;
 
@@ -453,4 +454,64 @@ routes:
     let strict = post(proxy.addr, "/orders/strict", &[], two).await;
     assert!(!strict.replayed(), "without the list, timestamp is data");
     assert_eq!(upstream.executed(), 3);
+}
+
+/// An upstream's own `Idempotent-Replayed` never reaches the client of a protected route:
+/// a first execution that said it would look like a replay, and its stored answer would
+/// carry it into replays beside the proxy's. The owner's answer, read whole or streamed
+/// on, has none; a replay has the proxy's one `true`. An unprotected route passes the
+/// upstream's answer on untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_replay_says_it_is_one() {
+    let upstream = start_upstream().await;
+    let routes = r#"
+routes:
+  - name: keyed
+    match: { path: /orders/keyed }
+    key: { header: Idempotency-Key }
+  - name: large
+    match: { path: /orders/large }
+    key: { header: Idempotency-Key }
+    max_answer: 1KiB
+  - name: open
+    match: { path: /orders/open }
+    idempotency: off
+"#;
+    let proxy = start_proxy(upstream.addr, routes).await;
+    let said = |answer: &common::Answer| -> Vec<String> {
+        let values = answer.headers.get_all("idempotent-replayed").iter();
+        values.map(|v| v.to_str().unwrap().to_owned()).collect()
+    };
+    let headers = [("idempotency-key", "k1"), ("x-test-replayed", "true")];
+    let first = post(proxy.addr, "/orders/keyed", &headers, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(
+        said(&first).is_empty(),
+        "a first execution: {:?}",
+        said(&first)
+    );
+    let again = post(proxy.addr, "/orders/keyed", &headers, "{}").await;
+    assert_eq!(said(&again), ["true"]);
+    assert_eq!(upstream.executed(), 1);
+    // Over `max_answer`, streamed on and not stored.
+    let large = [
+        ("idempotency-key", "k2"),
+        ("x-test-replayed", "true"),
+        ("x-test-bytes", "4096"),
+    ];
+    let streamed = post(proxy.addr, "/orders/large", &large, "{}").await;
+    assert_eq!(streamed.body.len(), 4096);
+    assert!(
+        said(&streamed).is_empty(),
+        "streamed: {:?}",
+        said(&streamed)
+    );
+    let open = post(
+        proxy.addr,
+        "/orders/open",
+        &[("x-test-replayed", "yes")],
+        "{}",
+    )
+    .await;
+    assert_eq!(said(&open), ["yes"]);
 }

@@ -25,6 +25,7 @@ use super::body::forwardable;
 use super::body::{BodyError, Joined, ProxyBody, ReadGap};
 use super::budget::{Budget, ConnBuffers, Refusal, Short};
 use super::headers::{declare_trailers, strip_hop_by_hop};
+use super::replay::IDEMPOTENT_REPLAYED;
 use crate::error::ProxyError;
 
 /// An upstream answer as the owner got it.
@@ -92,6 +93,10 @@ pub fn whole(
 /// room) streams on as an upstream answer, cut off once the upstream sends nothing for the
 /// body's [`ReadGap`]: no timer covers it any more, and a stalled upstream would hold its
 /// client (and its connection) forever.
+///
+/// The upstream's own `Idempotent-Replayed` is dropped: on a protected route the proxy
+/// alone says an answer is a replay, and one run now that said so would look replayed to
+/// its client, and stored, would carry it into every replay beside the proxy's own.
 pub async fn read<B>(
     response: Response<B>,
     max: usize,
@@ -104,6 +109,7 @@ where
 {
     let (mut head, body) = response.into_parts();
     let declared = strip_hop_by_hop(&mut head.headers, false).declared_trailers;
+    head.headers.remove(&IDEMPOTENT_REPLAYED);
     let gap = body.read_gap();
     let stream_on = |rest| ProxyBody::upstream(rest, gap);
     let (body, trailers) = bounded_then(body, max, (budget, conn), Refusal::Answer, stream_on)

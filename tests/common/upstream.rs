@@ -114,7 +114,8 @@ impl Upstream {
 
 /// Starts the test upstream. Behaviour per path:
 /// - non-GET `/orders…`: counts, answers `x-test-status` (201 by
-///   default) with JSON `{"n", "body", "auth"}` and two `Set-Cookie` headers;
+///   default) with JSON `{"n", "body", "auth"}` and two `Set-Cookie` headers (and the
+///   value of `x-test-replayed` as its own `Idempotent-Replayed`, as an app may send);
 /// - `/echo-headers`: answers the received headers and trailers as JSON, with the HTTP
 ///   version and the request target (absolute over HTTP/2: `:scheme` and `:authority`);
 /// - `/upload`: hashes the streamed body without buffering it, answers `"<len> <sha256>"`;
@@ -298,6 +299,10 @@ async fn upstream_handle(
             return Err(Reset);
         }
         let status = header_u64(&headers, "x-test-status").unwrap_or(201) as u16;
+        let mut reply = Response::builder().status(status);
+        if let Some(replayed) = headers.get("x-test-replayed") {
+            reply = reply.header("idempotent-replayed", replayed);
+        }
         if let Some(n) = header_u64(&headers, "x-test-bytes") {
             // A large answer, streamed in 64 KiB chunks without being held whole.
             let n = n as usize;
@@ -305,8 +310,7 @@ async fn upstream_handle(
                 let len = CHUNK.min(n - i * CHUNK);
                 Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'x'; len])))
             }));
-            return Ok(Response::builder()
-                .status(status)
+            return Ok(reply
                 .header("content-type", "application/octet-stream")
                 .body(StreamBody::new(stream).boxed())
                 .unwrap());
@@ -316,8 +320,7 @@ async fn upstream_handle(
             "body": String::from_utf8_lossy(&body),
             "auth": headers.get("authorization").map(|v| v.to_str().unwrap_or("")),
         });
-        return Ok(Response::builder()
-            .status(status)
+        return Ok(reply
             .header("content-type", "application/json")
             .header("set-cookie", "a=1; Path=/")
             .header("set-cookie", "b=2; Path=/")
