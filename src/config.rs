@@ -122,8 +122,9 @@ impl Config {
     }
 
     /// What `idemgate check` (and `run`, as warnings) points out in a config that loads:
-    /// settings that work but let callers share keys, or let anyone delete them, or a
-    /// `lease` a stalled shared store lets lapse, with what to write instead.
+    /// settings that work but let callers share keys, or let anyone delete them, a `lease`
+    /// a stalled shared store lets lapse, or a `fresh.max_age` shortened to what the
+    /// route's key lifetime allows, with what to write instead.
     pub fn notes(&self) -> Vec<String> {
         use crate::key::ScopePart;
         let fallback = std::iter::once((FALLBACK_ROUTE, &self.fallback));
@@ -135,6 +136,9 @@ impl Config {
                 continue;
             };
             if let Some(note) = store_timeout.and_then(|t| lease_note(name, p.policy.lease, t)) {
+                notes.push(note);
+            }
+            if let Some(note) = p.fresh.as_ref().and_then(|f| f.note(name, p.policy.ttl)) {
                 notes.push(note);
             }
             let scope = &p.key.scope;

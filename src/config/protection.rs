@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::policy::Policy;
+use super::units::format_duration;
 use crate::key::identity::Identity;
 use crate::key::{default_scope, FingerprintRule, KeyRule, KeySource};
 use crate::store::seal::KeyRing;
@@ -45,16 +46,61 @@ pub struct Protected {
     pub sealing: Option<Arc<KeyRing>>,
 }
 
-/// A freshness window: requests whose timestamp is older than `max_age` or more than
-/// `skew` in the future are refused before any store work (replayed captures).
+/// A freshness window: requests whose timestamp is too old, or more than `skew` in the
+/// future, are refused before any store work (replayed captures). Too old is older than
+/// `max_age`, or, on a route whose key is kept less than `max_age + skew`, as old as that
+/// lifetime less `skew` ([`key_bound`](Self::key_bound)): a request accepted at `A` with a
+/// timestamp up to `skew` ahead has its key kept at least `ttl` from `A`, so a repeat its
+/// key no longer catches is at least `ttl - skew` old, and must be refused.
 #[derive(Debug, Clone)]
 pub struct Freshness {
     /// Where the timestamp is.
     pub source: FreshSource,
-    /// Oldest accepted age.
+    /// Oldest accepted age, as written (`max_age`, default 5m).
     pub max_age: Duration,
     /// Clock skew tolerated into the future.
     pub skew: Duration,
+    /// The route's key lifetime less `skew`, when it is not above `max_age`: the age from
+    /// which a timestamp is refused, so that no request runs whose repeat its key would
+    /// not catch.
+    pub key_bound: Option<Duration>,
+}
+
+impl Freshness {
+    /// Whether a timestamp `age_ms` milliseconds old is refused as too old.
+    pub fn too_old(&self, age_ms: i128) -> bool {
+        match self.key_bound {
+            Some(bound) => age_ms >= bound.as_millis() as i128,
+            None => age_ms > self.max_age.as_millis() as i128,
+        }
+    }
+
+    /// The ages accepted, as a refused client is told them.
+    pub fn accepted_ages(&self) -> String {
+        match self.key_bound {
+            Some(bound) => format!(
+                "under {}, while its key still catches a repeat",
+                format_duration(bound)
+            ),
+            None => format!("up to {}", format_duration(self.max_age)),
+        }
+    }
+
+    /// What `check` says of a window its route's key lifetime `ttl` shortens.
+    pub fn note(&self, route: &str, ttl: Duration) -> Option<String> {
+        let bound = self.key_bound?;
+        let (max_age, skew) = (self.max_age, self.skew);
+        Some(format!(
+            "route {route}: `fresh.max_age` {} is more than its key is kept ({}) less `skew` ({}): a request sent again once its key has expired would run again, so timestamps are accepted only while under {} old; to accept {} keep the key at least {} (the route's `ttl`), or write a `max_age` under {}",
+            format_duration(max_age),
+            format_duration(ttl),
+            format_duration(skew),
+            format_duration(bound),
+            format_duration(max_age),
+            format_duration(max_age + skew),
+            format_duration(bound),
+        ))
+    }
 }
 
 /// Where a freshness timestamp is read from.

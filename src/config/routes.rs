@@ -213,7 +213,7 @@ enum RouteTtl {
     Inherited,
 }
 
-/// A protected route, its `ttl` settled by where it comes from.
+/// A protected route, its `ttl` settled by where it comes from ([`key_lifetime`]).
 fn protected(
     route: &str,
     key: KeyRule,
@@ -222,9 +222,7 @@ fn protected(
     ttl: RouteTtl,
     shared: &Shared,
 ) -> Protection {
-    if matches!(key.source, KeySource::Fingerprint(_)) && ttl == RouteTtl::Inherited {
-        policy.ttl = shared.fingerprint_ttl;
-    }
+    policy.ttl = key_lifetime(&key, &policy, ttl, shared).0;
     Protection::On(Arc::new(Protected {
         route: route.to_owned(),
         key,
@@ -235,16 +233,54 @@ fn protected(
     }))
 }
 
-fn compile_fresh(f: RawFresh) -> Result<Freshness, String> {
+/// How long a protected route keeps its keys, and the setting that says so: its own `ttl`,
+/// else `defaults.fingerprint_ttl` for a key idemgate derives itself (fingerprint), else
+/// `defaults.ttl`.
+fn key_lifetime(
+    key: &KeyRule,
+    policy: &Policy,
+    ttl: RouteTtl,
+    shared: &Shared,
+) -> (Duration, &'static str) {
+    match ttl {
+        RouteTtl::Own => (policy.ttl, "ttl"),
+        RouteTtl::Inherited if matches!(key.source, KeySource::Fingerprint(_)) => {
+            (shared.fingerprint_ttl, "defaults.fingerprint_ttl")
+        }
+        RouteTtl::Inherited => (policy.ttl, "defaults.ttl"),
+    }
+}
+
+/// `fresh:` for a route that keeps its keys `lifetime` (and the setting that says so). A
+/// timestamp is accepted only while the key would still catch its repeat, which is under
+/// the lifetime less `skew` ([`Freshness`]); with no such age, the window is refused.
+fn compile_fresh(
+    f: RawFresh,
+    (lifetime, setting): (Duration, &str),
+) -> Result<Freshness, RouteError> {
     let source = match (f.header, f.field) {
         (Some(h), None) => FreshSource::Header(h.0),
         (None, Some(p)) => FreshSource::Field(p.0),
         _ => return Err("fresh: give either `header` or `field`".into()),
     };
+    let max_age = f.max_age.map_or(Duration::from_secs(300), |d| d.0);
+    let skew = f.skew.map_or(Duration::from_secs(30), |d| d.0);
+    if lifetime <= skew {
+        return Err(RouteError {
+            field: Some("fresh.skew"),
+            message: format!(
+                "`skew` ({}) must be under the time this route keeps its keys ({}, `{setting}`): a request stamped up to `skew` ahead may be sent again as long after its key has expired, so no timestamp could be accepted safely; keep keys longer (the route's `ttl`) or allow less skew",
+                units::format_duration(skew),
+                units::format_duration(lifetime)
+            ),
+        });
+    }
+    let bound = lifetime - skew;
     Ok(Freshness {
         source,
-        max_age: f.max_age.map_or(Duration::from_secs(300), |d| d.0),
-        skew: f.skew.map_or(Duration::from_secs(30), |d| d.0),
+        max_age,
+        skew,
+        key_bound: (bound <= max_age).then_some(bound),
     })
 }
 
@@ -381,7 +417,11 @@ fn compile_route(
         Some(RawKeyOrOff::Rule(rule)) => *rule,
         _ => default_rule.clone(),
     };
-    let fresh = r.fresh.map(compile_fresh).transpose()?;
+    let lifetime = key_lifetime(&key, &policy, ttl, shared);
+    let fresh = r
+        .fresh
+        .map(|f| compile_fresh(f, lifetime))
+        .transpose()?;
     Ok(Route {
         protection: protected(&r.name, key, policy, fresh, ttl, shared),
         name: r.name,

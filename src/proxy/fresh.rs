@@ -1,6 +1,7 @@
-//! The freshness window: a request carrying a timestamp (header or JSON field) older than
-//! `max_age`, more than `skew` in the future, or unreadable is refused before any store
-//! work, so a captured request cannot be replayed later. Accepts unix seconds, unix
+//! The freshness window: a request carrying a timestamp (header or JSON field) too old
+//! (older than `max_age`, or than its key is kept less `skew`: [`Freshness`]), more than
+//! `skew` in the future, or unreadable is refused before any store work, so a captured
+//! request cannot be replayed later. Accepts unix seconds, unix
 //! milliseconds and RFC 3339.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -48,8 +49,11 @@ pub fn check(
     // Saturating: a client's timestamp may be any 128-bit value (a float saturates to the
     // ends of the range), and an overflow must not end the request without an answer.
     let age = now_ms.saturating_sub(millis);
-    if age > rule.max_age.as_millis() as i128 {
-        return stale("the request's timestamp is too old");
+    if rule.too_old(age) {
+        return stale(&format!(
+            "the request's timestamp is too old: this route accepts ages {}",
+            rule.accepted_ages()
+        ));
     }
     if age.saturating_neg() > rule.skew.as_millis() as i128 {
         return stale("the request's timestamp is in the future");

@@ -30,6 +30,11 @@ routes:
     match: { methods: [POST], path: /orders/fresh-body }
     key: { fingerprint: { body: true } }
     fresh: { field: /ts, max_age: 5m, skew: 30s }
+  - name: fresh-short-key
+    match: { methods: [POST], path: /orders/fresh-short-key }
+    key: { fingerprint: { body: true } }
+    ttl: 3s
+    fresh: { field: /ts, max_age: 5m, skew: 1s }
   - name: serial
     match: { methods: [POST], path: /orders/serial }
     key: { header: X-Serial, required: true, scope: [header: X-Caller-Id, caller] }
@@ -81,6 +86,7 @@ against_both_stores!(
     a_failed_attempt_gives_the_token_back,
     an_attempt_no_connection_took_in_time_gives_the_token_back,
     freshness_refuses_stale_future_and_unreadable_timestamps,
+    a_captured_request_is_refused_once_its_key_has_expired,
     caller_serials_are_keyed_per_caller,
     redelivered_notices_apply_once_and_get_the_first_answer,
 );
@@ -406,6 +412,42 @@ async fn freshness_refuses_stale_future_and_unreadable_timestamps(redis: bool) {
     .await;
     assert_eq!(future.status, StatusCode::BAD_REQUEST);
     assert_eq!(upstream.executed(), 3);
+}
+
+fn unix_now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// A stamp is accepted only while the route's key would still catch its repeat: with the
+/// key kept 3s and 1s of skew, under 2s old, however long `max_age`. The same bytes sent
+/// again once the key has expired are refused, not run a second time.
+async fn a_captured_request_is_refused_once_its_key_has_expired(redis: bool) {
+    let (upstream, proxy, _server) = setup(redis, "").await;
+    let send = |body: String| {
+        let addr = proxy.addr;
+        async move { post(addr, "/orders/fresh-short-key", &[], &body).await }
+    };
+    let captured = format!(r#"{{"ts":{},"item":"A"}}"#, unix_now_ms());
+    assert_eq!(send(captured.clone()).await.status, StatusCode::CREATED);
+    assert!(send(captured.clone()).await.replayed(), "the key catches it");
+    // Time passing is the subject: the answer is kept 3s from its completion.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let late = send(captured).await;
+    assert_eq!(late.status, StatusCode::BAD_REQUEST);
+    assert_eq!(late.json()["type"], "urn:idemgate:problem:stale-request");
+    let detail = late.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("under 2s"), "{detail}");
+    assert_eq!(upstream.executed(), 1, "the captured request ran once");
+
+    // Within the window a stamp runs; past it (though under `max_age`) it is refused.
+    let recent = format!(r#"{{"ts":{},"item":"B"}}"#, unix_now_ms() - 1_000);
+    assert_eq!(send(recent).await.status, StatusCode::CREATED);
+    let older = format!(r#"{{"ts":{},"item":"C"}}"#, unix_now_ms() - 2_500);
+    assert_eq!(send(older).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(upstream.executed(), 2);
 }
 
 async fn caller_serials_are_keyed_per_caller(redis: bool) {

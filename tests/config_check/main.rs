@@ -10,6 +10,7 @@
 mod common;
 
 mod commands;
+mod freshness;
 mod mistakes;
 mod settings;
 
