@@ -1,8 +1,8 @@
 //! The freshness window: a request carrying a timestamp (header or JSON field) too old
 //! (older than `max_age`, or than its key is kept less `skew`: [`Freshness`]), more than
 //! `skew` in the future, or unreadable is refused before any store work, so a captured
-//! request cannot be replayed later. Accepts unix seconds, unix
-//! milliseconds and RFC 3339.
+//! request cannot be replayed later; so is a timestamp header sent more than once.
+//! Accepts unix seconds, unix milliseconds and RFC 3339.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -22,7 +22,14 @@ pub fn check(
     let stale = |why: &str| Err(ProxyError::Stale(why.to_owned()));
     let millis = match &rule.source {
         FreshSource::Header(name) => {
-            let Some(value) = headers.get(name).and_then(|v| v.to_str().ok()) else {
+            // One value only: of several, the upstream may read another than the one
+            // checked here (a fresh stamp put ahead of a captured one it verifies).
+            let mut values = headers.get_all(name).iter();
+            let (first, second) = (values.next(), values.next());
+            if second.is_some() {
+                return stale(&format!("the {name} header is sent more than once"));
+            }
+            let Some(value) = first.and_then(|v| v.to_str().ok()) else {
                 return stale(&format!("the {name} header is missing or unreadable"));
             };
             parse_timestamp(value.trim())

@@ -380,6 +380,20 @@ async fn freshness_refuses_stale_future_and_unreadable_timestamps(redis: bool) {
     )
     .await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    // A fresh stamp put ahead of a captured one the upstream may read instead: refused.
+    let repeated = post(
+        proxy.addr,
+        "/orders/fresh",
+        &[
+            ("x-timestamp", &now.to_string()),
+            ("x-timestamp", "946684800"),
+            ("idempotency-key", "repeated"),
+        ],
+        "{}",
+    )
+    .await;
+    assert_eq!(repeated.status, StatusCode::BAD_REQUEST);
+    assert_eq!(repeated.json()["type"], "urn:idemgate:problem:stale-request");
     assert_eq!(
         upstream.executed(),
         2,
