@@ -16,6 +16,7 @@ mod connections;
 mod error;
 mod identity;
 mod listen;
+mod methods;
 mod policy;
 mod protection;
 mod raw;
@@ -123,8 +124,9 @@ impl Config {
 
     /// What `idemgate check` (and `run`, as warnings) points out in a config that loads:
     /// settings that work but let callers share keys, or let anyone delete them, a `lease`
-    /// a stalled shared store lets lapse, or a `fresh.max_age` shortened to what the
-    /// route's key lifetime allows, with what to write instead.
+    /// a stalled shared store lets lapse, a `fresh.max_age` shortened to what the route's
+    /// key lifetime allows, or a method name no registry holds (a misspelling?), with
+    /// what to write instead.
     pub fn notes(&self) -> Vec<String> {
         use crate::key::ScopePart;
         let fallback = std::iter::once((FALLBACK_ROUTE, &self.fallback));
@@ -164,6 +166,10 @@ impl Config {
                     with_caller.join(", ")
                 ));
             }
+        }
+        for route in &self.routes {
+            let unregistered = route.matcher.methods.iter();
+            notes.extend(unregistered.filter_map(|m| methods::unregistered_note(&route.name, m)));
         }
         if let Some(admin) = self.admin.as_ref().filter(|a| a.token.is_none()) {
             if !admin.listen.ip().is_loopback() {

@@ -1,6 +1,7 @@
 //! `idemgate check` and `idemgate explain`: the routes printed and the exit status by
 //! validity, a key and what was ignored, the token endpoint, and the notes on scopes that
-//! let callers share a key and on trusted proxies with public addresses.
+//! let callers share a key, on trusted proxies with public addresses and on methods
+//! outside the registry.
 
 use std::process::Command;
 
@@ -239,6 +240,42 @@ fn check_notes_trusted_proxies_with_public_addresses() {
             "{notes:?}"
         );
     }
+}
+
+/// A misspelled method (`DELTE`) loads as a custom one, and the real method then matches
+/// no route (a DELETE passing through unprotected): `check` notes a method outside the
+/// IANA registry, naming the route and the nearest registered method, on an unprotected
+/// route too; registered methods (WebDAV's among them) draw no note.
+#[test]
+fn check_notes_a_method_outside_the_registry_and_the_nearest_one() {
+    let notes = |methods: &str, rest: &str| {
+        let text = top(&format!(
+            "routes:\n  - name: users\n    match: {{ methods: [{methods}], path: /users }}\n{rest}"
+        ));
+        Config::parse(&text, "p.yaml").unwrap().notes()
+    };
+    let found = notes("PUT, DELTE", "    key: { header: K }\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("route users")
+            && found[0].contains("DELTE")
+            && found[0].contains("did you mean DELETE?"),
+        "{found:?}"
+    );
+    let found = notes("PSOT", "    idempotency: off\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("did you mean POST?"), "{found:?}");
+    let found = notes("PURGE", "    key: { header: K }\n");
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("PURGE") && !found[0].contains("did you mean"),
+        "{found:?}"
+    );
+    let registered = notes(
+        "POST, PUT, PATCH, DELETE, PROPPATCH, MKCOL, LOCK",
+        "    key: { header: K }\n",
+    );
+    assert!(registered.is_empty(), "{registered:?}");
 }
 
 /// An admin listener off loopback without a token lets anyone who reaches it delete keys
