@@ -418,10 +418,7 @@ fn compile_route(
         _ => default_rule.clone(),
     };
     let lifetime = key_lifetime(&key, &policy, ttl, shared);
-    let fresh = r
-        .fresh
-        .map(|f| compile_fresh(f, lifetime))
-        .transpose()?;
+    let fresh = r.fresh.map(|f| compile_fresh(f, lifetime)).transpose()?;
     Ok(Route {
         protection: protected(&r.name, key, policy, fresh, ttl, shared),
         name: r.name,

@@ -393,7 +393,10 @@ async fn freshness_refuses_stale_future_and_unreadable_timestamps(redis: bool) {
     )
     .await;
     assert_eq!(repeated.status, StatusCode::BAD_REQUEST);
-    assert_eq!(repeated.json()["type"], "urn:idemgate:problem:stale-request");
+    assert_eq!(
+        repeated.json()["type"],
+        "urn:idemgate:problem:stale-request"
+    );
     assert_eq!(
         upstream.executed(),
         2,
@@ -446,7 +449,10 @@ async fn a_captured_request_is_refused_once_its_key_has_expired(redis: bool) {
     };
     let captured = format!(r#"{{"ts":{},"item":"A"}}"#, unix_now_ms());
     assert_eq!(send(captured.clone()).await.status, StatusCode::CREATED);
-    assert!(send(captured.clone()).await.replayed(), "the key catches it");
+    assert!(
+        send(captured.clone()).await.replayed(),
+        "the key catches it"
+    );
     // Time passing is the subject: the answer is kept 3s from its completion.
     tokio::time::sleep(Duration::from_millis(3_500)).await;
     let late = send(captured).await;

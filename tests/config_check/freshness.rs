@@ -45,7 +45,10 @@ fn a_skew_the_key_lifetime_does_not_outlast_is_refused() {
 /// kept long enough leaves `max_age` as written, without a note.
 #[test]
 fn check_notes_a_max_age_the_key_lifetime_shortens() {
-    let short = route("{ fingerprint: { body: true } }", "    fresh: { field: /ts }\n");
+    let short = route(
+        "{ fingerprint: { body: true } }",
+        "    fresh: { field: /ts }\n",
+    );
     let config = Config::parse(&short, "p.yaml").unwrap();
     let Protection::On(p) = &config.routes[0].protection else {
         panic!("protected")
