@@ -58,7 +58,7 @@ pub(super) fn unregistered_note(route: &str, method: &Method) -> Option<String> 
     }
     let guess = match nearest(name) {
         Some(near) => format!(
-            "did you mean {near}? Requests with {near} are not this route's: they get a later route, the fallback (POST, PATCH) or, with none, pass through unprotected. "
+            "did you mean {near}? Requests with {near} are not this route's: they get another route, the fallback (POST, PATCH) or, with none, pass through unprotected. "
         ),
         None => String::new(),
     };

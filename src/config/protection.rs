@@ -91,7 +91,7 @@ impl Freshness {
         let bound = self.key_bound?;
         let (max_age, skew) = (self.max_age, self.skew);
         Some(format!(
-            "route {route}: `fresh.max_age` {} is more than its key is kept ({}) less `skew` ({}): a request sent again once its key has expired would run again, so timestamps are accepted only while under {} old; to accept {} keep the key at least {} (the route's `ttl`), or write a `max_age` under {}",
+            "route {route}: `fresh.max_age` {} is more than its key is kept ({}) less `skew` ({}): a request sent again once its key has expired would run again, so timestamps are accepted only while under {} old; to accept {} keep the key longer than {} (the route's `ttl`), or write a `max_age` under {}",
             format_duration(max_age),
             format_duration(ttl),
             format_duration(skew),

@@ -67,7 +67,7 @@ fn check_notes_a_max_age_the_key_lifetime_shortens() {
     assert!(
         note.contains("kept (2m) less `skew` (30s)")
             && note.contains("under 90s old")
-            && note.contains("at least 330s"),
+            && note.contains("longer than 330s"),
         "{note}"
     );
 
