@@ -60,6 +60,22 @@ impl Settlement {
         }
     }
 
+    /// This settlement without the answer it carries, for a store that cannot take the
+    /// answer: "executed, answer not stored" for a done record (the request ran, so its
+    /// repeats must never run it), a release for a failure (its waiters are told their
+    /// owner failed, without its answer; a one-time token is still given back). `None`:
+    /// nothing to leave out.
+    pub(super) fn without_answer(&self) -> Option<Settlement> {
+        match self {
+            Self::Done { response, ttl } if !ttl.is_zero() => Some(Self::NotStored {
+                status: response.status(),
+                ttl: *ttl,
+            }),
+            Self::Failed { reissue, .. } => Some(Self::Release { reissue: *reissue }),
+            _ => None,
+        }
+    }
+
     /// Whether this settlement must be written even when the claim's record is gone (the
     /// store lost it): an answer, or what says the request may have run. A failure or a
     /// release leaves nothing a retry needs.

@@ -186,6 +186,26 @@ fn transient(error: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether an error is the database refusing the statement itself, as it will every time
+/// it is sent: a value it will not take (a trigger or constraint that rejects it, SQLSTATE
+/// classes 22, 23, 44, 45 for MySQL's `SIGNAL`, and PL/pgSQL's `P0`), a row or statement
+/// too large (classes 42, as MySQL's error 1118 for a row over a tenth of its redo log, and
+/// 54; MySQL's `max_allowed_packet`). The routines' own "kept racing" errors (a row that
+/// changed under them 20 times) are no refusal: sent again, they may land.
+fn refused(error: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(e) = error else {
+        return false;
+    };
+    if e.message().starts_with("idemgate:") {
+        return false;
+    }
+    let class = e.code().map(|code| code.chars().take(2).collect::<String>());
+    matches!(
+        class.as_deref(),
+        Some("22" | "23" | "42" | "44" | "45" | "54" | "P0")
+    ) || e.message().contains("max_allowed_packet")
+}
+
 /// One database call, boxed: sqlx's futures hold borrows that the compiler cannot prove
 /// `Send` for every lifetime once they sit inside a generic retry loop, and the proxy's
 /// futures must be `Send`.
@@ -198,6 +218,19 @@ async fn bounded<'a, T>(
     tries: u32,
     op: impl Fn() -> Call<'a, T>,
 ) -> Result<T, StoreError> {
+    match refusable(timeout, tries, op).await? {
+        Ok(value) => Ok(value),
+        Err(refusal) => Err(StoreError::Unavailable(refusal)),
+    }
+}
+
+/// [`bounded`], telling the database's refusal of the statement (`Ok(Err(_))`, see
+/// [`refused`]) from a failure to get an answer.
+async fn refusable<'a, T>(
+    timeout: Duration,
+    tries: u32,
+    op: impl Fn() -> Call<'a, T>,
+) -> Result<Result<T, String>, StoreError> {
     let attempts = async {
         let mut tried = 1;
         loop {
@@ -211,7 +244,8 @@ async fn bounded<'a, T>(
         }
     };
     match tokio::time::timeout(timeout, attempts).await {
-        Ok(Ok(value)) => Ok(value),
+        Ok(Ok(value)) => Ok(Ok(value)),
+        Ok(Err(e)) if refused(&e) => Ok(Err(e.to_string())),
         Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
         Err(_) => Err(StoreError::Unavailable(format!(
             "no answer from the database within {timeout:?}"

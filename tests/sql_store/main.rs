@@ -10,9 +10,10 @@
 //! database, a duplicate's two looks), `large_answers.rs` (an answer over MariaDB's
 //! `max_allowed_packet`), `late_renewals.rs` (a renewal that lands after its
 //! owner settled), `late_waiters.rs` (a duplicate that looks again only after its
-//! owner's failure expired), `round_trips.rs`, `reaper.rs`, `single_connection.rs` (a
-//! pool of one beside PostgreSQL's `LISTEN`), `table.rs` (what the database holds, the
-//! table, the config section) and `unanswered_release.rs`.
+//! owner's failure expired), `refused_answers.rs` (an answer the database refuses),
+//! `round_trips.rs`, `reaper.rs`, `single_connection.rs` (a pool of one beside
+//! PostgreSQL's `LISTEN`), `table.rs` (what the database holds, the table, the config
+//! section) and `unanswered_release.rs`.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -22,6 +23,7 @@ mod large_answers;
 mod late_renewals;
 mod late_waiters;
 mod reaper;
+mod refused_answers;
 mod replicas;
 mod round_trips;
 mod single_connection;

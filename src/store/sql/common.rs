@@ -14,9 +14,9 @@ use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 
 use super::waiters::Interests;
-use super::{bounded, max_tries, Call, SqlSettings};
+use super::{bounded, max_tries, refusable, Call, SqlSettings};
 use crate::store::renewals::{Renewals, Renewed};
-use crate::store::{Ownership, Purged, Settled, Settlement, StoreError, StoredResponse};
+use crate::store::{Ownership, Purged, Settled, Settlement, StoreError};
 
 /// Room a settlement's statement (and the row a replay reads back) takes beside its
 /// answer, and then some.
@@ -84,6 +84,15 @@ impl Common {
         bounded(self.timeout, self.tries, op).await
     }
 
+    /// [`Common::call`], telling the database's refusal of the statement (`Ok(Err(_))`:
+    /// it will refuse it every time) from a failure to get an answer.
+    pub(super) async fn call_refusable<'a, T>(
+        &self,
+        op: impl Fn() -> Call<'a, T>,
+    ) -> Result<Result<T, String>, StoreError> {
+        refusable(self.timeout, self.tries, op).await
+    }
+
     /// Runs `migrate` until it succeeds once (the first call that reaches the database
     /// creates what is missing; later calls return at once). Creating takes longer than a
     /// statement, so it gets at least ten seconds.
@@ -111,16 +120,18 @@ impl Common {
             .statement_limit
             .load(Relaxed)
             .saturating_sub(STATEMENT_SPARE);
-        let too_large = |response: &StoredResponse| response.encode().len() as u64 > limit;
-        match settlement {
-            Settlement::Done { response, ttl } if too_large(&response) => {
-                let status = response.status();
-                (Settlement::NotStored { status, ttl }, true)
+        let too_large = match &settlement {
+            Settlement::Done { response, .. } | Settlement::Failed { response, .. } => {
+                response.encode().len() as u64 > limit
             }
-            Settlement::Failed {
-                response, reissue, ..
-            } if too_large(&response) => (Settlement::Release { reissue }, false),
-            settlement => (settlement, false),
+            _ => false,
+        };
+        match settlement.without_answer() {
+            Some(lesser) if too_large => {
+                let dropped = matches!(settlement, Settlement::Done { .. });
+                (lesser, dropped)
+            }
+            _ => (settlement, false),
         }
     }
 

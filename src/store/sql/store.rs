@@ -328,7 +328,10 @@ impl<D: Dialect> SqlStore<D> {
         Ok(row.int(0)?.max(0) as u64)
     }
 
-    /// See [`crate::store::Store::settle`].
+    /// See [`crate::store::Store::settle`]. An answer the database refuses (as it will
+    /// every time: see `sql::refused`) is left out as one too large for a statement is:
+    /// kept, the claim would lapse with the answer lost, and a retry run it again or hear
+    /// "outcome unknown".
     pub(crate) async fn settle(
         &self,
         owned: &Ownership,
@@ -336,7 +339,40 @@ impl<D: Dialect> SqlStore<D> {
     ) -> Result<Settled, StoreError> {
         self.ready_schema().await?;
         let (settlement, too_large) = self.common.fitted(settlement);
-        let written = Written::of(&settlement);
+        let refusal = match self.write_settlement(owned, &settlement).await? {
+            Ok(Settled::Written | Settled::WrittenBack) if too_large => {
+                return Ok(Settled::AnswerNotKept)
+            }
+            Ok(settled) => return Ok(settled),
+            Err(refusal) => refusal,
+        };
+        let Some(lesser) = settlement.without_answer() else {
+            return Err(StoreError::Unavailable(refusal));
+        };
+        tracing::error!(
+            key = %owned.key.short(),
+            settled = settlement.as_str(),
+            error = %refusal,
+            "the database refuses the answer; written without it"
+        );
+        match self.write_settlement(owned, &lesser).await? {
+            Ok(Settled::Written | Settled::WrittenBack)
+                if matches!(settlement, Settlement::Done { .. }) =>
+            {
+                Ok(Settled::AnswerNotKept)
+            }
+            Ok(settled) => Ok(settled),
+            Err(refusal) => Err(StoreError::Unavailable(refusal)),
+        }
+    }
+
+    /// One call of the settle routine; `Ok(Err(_))`: the database refuses it.
+    async fn write_settlement(
+        &self,
+        owned: &Ownership,
+        settlement: &Settlement,
+    ) -> Result<Result<Settled, String>, StoreError> {
+        let written = Written::of(settlement);
         let token = owned.token.0.to_be_bytes();
         let params = [
             Arg::Bytes(&owned.key.0),
@@ -349,11 +385,22 @@ impl<D: Dialect> SqlStore<D> {
             Arg::Flag(written.issued),
             Arg::Flag(settlement.writes_back()),
         ];
-        let row = self.fetch_one(&self.statements().settle, &params).await?;
-        match self.common.settled(owned, &settlement, row.int(0)?)? {
-            Settled::Written | Settled::WrittenBack if too_large => Ok(Settled::AnswerNotKept),
-            settled => Ok(settled),
-        }
+        let sql = &self.statements().settle;
+        let rows = match self
+            .common
+            .call_refusable(|| self.dialect.fetch(sql, &params))
+            .await?
+        {
+            Ok(rows) => rows,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let row = rows
+            .into_iter()
+            .next()
+            .ok_or_else(|| decode(sqlx::Error::RowNotFound))?;
+        self.common
+            .settled(owned, settlement, row.int(0)?)
+            .map(Ok)
     }
 
     /// See [`crate::store::Store::inspect`].
