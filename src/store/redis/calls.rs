@@ -15,12 +15,30 @@ impl RedisStore {
         &self,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<Value, StoreError> {
-        self.bounded(self.retried(|| async {
-            invocation
-                .invoke_async(&mut self.conn.handle().await?)
-                .await
-        }))
-        .await
+        self.run_raw(invocation)
+            .await?
+            .map_err(|e| StoreError::Unavailable(e.to_string()))
+    }
+
+    /// [`RedisStore::run`], with an error answer of the server left to the caller.
+    pub(super) async fn run_raw(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<redis::RedisResult<Value>, StoreError> {
+        let call = async {
+            let result = self
+                .retried(|| async {
+                    invocation
+                        .invoke_async(&mut self.conn.handle().await?)
+                        .await
+                })
+                .await;
+            match result {
+                Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => Ok(Err(e)),
+                other => other.map(Ok),
+            }
+        };
+        self.bounded(call).await
     }
 
     /// `call`, made again once if the connection dropped under the first attempt.

@@ -4,6 +4,13 @@
 //! waiter or observe mode's count marked, one the store lost, any other outcome) goes
 //! through the settle script, fenced by the owner token, which wakes the waiters and
 //! carries observe mode's count over to the outcome.
+//!
+//! An answer longer than Redis takes in one value (`proto-max-bulk-len`, 512 MB by
+//! default) is refused with a protocol error, every time, and the connection closed: its
+//! key records "executed, answer not stored" instead, as an answer over `max_answer` does
+//! (kept, the claim would lapse with the answer lost, and a retry run it again or hear
+//! "outcome unknown"). The length refused is remembered, so a later answer as long does
+//! not cost every request on the shared connection its connection again.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -15,13 +22,84 @@ use super::{refused_as_syntax, unexpected, RedisStore};
 use crate::key::Digest;
 use crate::store::{Ownership, Settled, Settlement, StoreError, StoredResponse};
 
+/// Why a settlement was not written.
+enum Unwritten {
+    /// Redis refuses the value, as it will every time (see [`refuses_value`]).
+    Refused(String),
+    /// No answer, or an error a repeat may not meet.
+    Failed(StoreError),
+}
+
+impl From<StoreError> for Unwritten {
+    fn from(e: StoreError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+/// Whether Redis refused a command for what it carries: a value over its
+/// `proto-max-bulk-len` is a protocol error (and its connection closed).
+fn refuses_value(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("Protocol error"))
+}
+
+/// The length of the answer `settlement` carries.
+fn answer_len(settlement: &Settlement) -> u64 {
+    match settlement {
+        Settlement::Done { response, .. } | Settlement::Failed { response, .. } => {
+            response.encode().len() as u64
+        }
+        _ => 0,
+    }
+}
+
 impl RedisStore {
-    /// See [`Store::settle`](crate::store::Store::settle).
+    /// See [`Store::settle`](crate::store::Store::settle); an answer Redis refuses is left
+    /// out (above).
     pub(crate) async fn settle(
         &self,
         owned: &Ownership,
         settlement: Settlement,
     ) -> Result<Settled, StoreError> {
+        let len = answer_len(&settlement);
+        let refusal = if len >= self.refused_len.load(Relaxed) {
+            format!("an answer of {len} bytes, as long as one Redis refused")
+        } else {
+            match self.settle_as_asked(owned, &settlement).await {
+                Ok(settled) => return Ok(settled),
+                Err(Unwritten::Failed(e)) => return Err(e),
+                Err(Unwritten::Refused(refusal)) => {
+                    self.refused_len.fetch_min(len.max(1), Relaxed);
+                    refusal
+                }
+            }
+        };
+        let Some(lesser) = settlement.without_answer() else {
+            return Err(StoreError::Unavailable(refusal));
+        };
+        tracing::error!(
+            key = %owned.key.short(),
+            settled = settlement.as_str(),
+            error = %refusal,
+            "redis refuses the answer; written without it"
+        );
+        match self.settle_as_asked(owned, &lesser).await {
+            Ok(Settled::Written | Settled::WrittenBack)
+                if matches!(settlement, Settlement::Done { .. }) =>
+            {
+                Ok(Settled::AnswerNotKept)
+            }
+            Ok(settled) => Ok(settled),
+            Err(Unwritten::Failed(e)) => Err(e),
+            Err(Unwritten::Refused(refusal)) => Err(StoreError::Unavailable(refusal)),
+        }
+    }
+
+    /// `settlement` written as it is.
+    async fn settle_as_asked(
+        &self,
+        owned: &Ownership,
+        settlement: &Settlement,
+    ) -> Result<Settled, Unwritten> {
         let key = &owned.key;
         if let Settlement::Done { response, ttl } = &settlement {
             if !ttl.is_zero() {
@@ -39,7 +117,7 @@ impl RedisStore {
                 // counts as written.
             }
         }
-        let (value, px) = settled_value(owned.token, owned.fingerprint, &settlement);
+        let (value, px) = settled_value(owned.token, owned.fingerprint, settlement);
         let mut invocation = self.scripts.settle.prepare_invoke();
         invocation
             .key(self.record(key))
@@ -49,9 +127,9 @@ impl RedisStore {
             .arg(px)
             .arg(self.channel(key))
             .arg(if settlement.writes_back() { "1" } else { "0" });
-        match self.run(invocation).await? {
-            Value::Int(1) => Ok(Settled::Written),
-            Value::Int(2) => {
+        match self.run_raw(invocation).await? {
+            Ok(Value::Int(1)) => Ok(Settled::Written),
+            Ok(Value::Int(2)) => {
                 tracing::warn!(
                     key = %key.short(),
                     settled = settlement.as_str(),
@@ -59,8 +137,9 @@ impl RedisStore {
                 );
                 Ok(Settled::WrittenBack)
             }
-            Value::Int(0) => Ok(Settled::NotWritten),
-            other => Err(unexpected(&other)),
+            Ok(Value::Int(0)) => Ok(Settled::NotWritten),
+            Ok(other) => Err(unexpected(&other).into()),
+            Err(e) => Err(written_error(e)),
         }
     }
 
@@ -73,7 +152,7 @@ impl RedisStore {
         in_flight: &[u8],
         response: &StoredResponse,
         ttl: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool, Unwritten> {
         let done = DoneRecord(response);
         let ttl_ms = ttl.as_millis().max(1) as u64;
         if !self.no_set_ifeq.load(Relaxed) {
@@ -87,7 +166,10 @@ impl RedisStore {
             .arg(in_flight)
             .arg(done)
             .arg(ttl_ms);
-        Ok(matches!(self.run(invocation).await?, Value::Int(1)))
+        match self.run_raw(invocation).await? {
+            Ok(value) => Ok(matches!(value, Value::Int(1))),
+            Err(e) => Err(written_error(e)),
+        }
     }
 
     /// `SET <done> IFEQ <in-flight record> PX <ttl>`. `None`: the server has no `IFEQ`, and
@@ -98,7 +180,7 @@ impl RedisStore {
         done: DoneRecord<'_>,
         in_flight: &[u8],
         ttl_ms: u64,
-    ) -> Result<Option<bool>, StoreError> {
+    ) -> Result<Option<bool>, Unwritten> {
         let record = self.record(key);
         let mut set = redis::Cmd::with_capacity(7, 32 + record.len() + done.len() + CLAIM_LEN);
         set.arg("SET")
@@ -111,7 +193,7 @@ impl RedisStore {
         match self.query_raw(&set).await? {
             Ok(Value::Okay) => Ok(Some(true)),
             Ok(Value::Nil) => Ok(Some(false)),
-            Ok(other) => Err(unexpected(&other)),
+            Ok(other) => Err(unexpected(&other).into()),
             // An unknown option is a syntax error: the script is the way for this server
             // from now on. Anything else (`LOADING`, `READONLY`, `OOM`, …) passes and
             // would fail the script alike.
@@ -120,7 +202,16 @@ impl RedisStore {
                 self.no_set_ifeq.store(true, Relaxed);
                 Ok(None)
             }
-            Err(e) => Err(StoreError::Unavailable(e.to_string())),
+            Err(e) => Err(written_error(e)),
         }
+    }
+}
+
+/// An error answer of Redis to a settlement's write.
+fn written_error(e: redis::RedisError) -> Unwritten {
+    if refuses_value(&e) {
+        Unwritten::Refused(e.to_string())
+    } else {
+        Unwritten::Failed(StoreError::Unavailable(e.to_string()))
     }
 }

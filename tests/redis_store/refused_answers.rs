@@ -1,0 +1,42 @@
+//! An answer larger than Redis takes in one value (`proto-max-bulk-len`): Redis answers
+//! a protocol error and closes the connection, every time it is sent. The request ran, so
+//! its key records "executed, answer not stored", and a repeat never runs it again.
+
+use http::StatusCode;
+
+use crate::common::redis_server::RedisServer;
+use crate::common::{post, start_proxy, start_upstream, stored_key};
+use crate::redis_yaml;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_proto_max_bulk_len_is_recorded_as_not_stored_and_never_rerun() {
+    // 1 MB is the least Redis accepts.
+    let redis = RedisServer::start_with(vec!["--proto-max-bulk-len".into(), "1mb".into()]);
+    let upstream = start_upstream().await;
+    // A claim left unrecorded would be taken over after a second: lease, then grace.
+    let defaults = "max_answer: 8MiB, lease: 300ms, upstream_timeout: 700ms, \
+                    background_timeout: 700ms, on_unknown_outcome: release";
+    let proxy = start_proxy(upstream.addr, &redis_yaml(&redis.url(), defaults)).await;
+    let big = (2usize << 20).to_string();
+    let headers = [("idempotency-key", "big"), ("x-test-bytes", big.as_str())];
+    let first = post(proxy.addr, "/orders", &headers, "{}").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.body.len(), 2 << 20, "the client gets the whole answer");
+    // Settled one way or the other: recorded, or its claim gone past lease and grace, to
+    // be taken over.
+    let record = format!("t:{{{}}}", stored_key(&proxy, "/orders", &headers, b"{}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while redis.cli(&["GETRANGE", &record, "0", "0"]).trim() == "I" {
+        assert!(std::time::Instant::now() < deadline, "hang guard");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let repeat = post(proxy.addr, "/orders", &headers, "{}").await;
+    assert_eq!(
+        upstream.executed_for("big"),
+        1,
+        "ran again: the repeat answered {}",
+        repeat.status
+    );
+    assert_eq!(repeat.status, StatusCode::CONFLICT);
+    assert_eq!(repeat.problem(), "urn:idemgate:problem:answer-not-stored");
+}
