@@ -246,6 +246,8 @@ impl Store {
     /// unsent lease is. So a caller may drop this future at any point (hyper drops a
     /// request's future when its client goes away).
     pub async fn claim_with(&self, args: ClaimArgs) -> Result<Claim, StoreError> {
+        // The record is written after this, so it lapses a lease after it at the earliest.
+        let asked = tokio::time::Instant::now();
         let raw = match self {
             Self::Memory(m) => m.claim(&args)?,
             Self::Redis(r) => Box::pin(r.claim(&args)).await?,
@@ -254,7 +256,7 @@ impl Store {
         };
         Ok(match raw {
             RawClaim::Owner { token, liveness } => {
-                Claim::Owner(Lease::start(self.clone(), &args, token, liveness))
+                Claim::Owner(Lease::start(self.clone(), &args, token, liveness, asked))
             }
             RawClaim::Other(claim) => claim,
         })

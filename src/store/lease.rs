@@ -11,16 +11,17 @@
 //!
 //! A settlement the store fails (unreachable, or no answer within its timeout), or whose
 //! caller stops waiting for it, is not given up: it is made again in the background,
-//! backing off, for as long as the claim's lease (every write is fenced by the owner's
-//! token, so a repeat of one that did land changes nothing). Past the lease the claim has
-//! lapsed and the store holds it as its lapse rule says.
+//! backing off, for as long as the claim's record lasts (every write is fenced by the
+//! owner's token, so a repeat of one that did land changes nothing): a lease after the
+//! last renewal that landed, then the lapse span, during which the store holds it as its
+//! lapse rule says.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::claim::{ClaimArgs, Lapse, OwnerToken, Ownership};
-use super::renewals::{HeldClaim, Renewal};
+use super::renewals::{Finished, HeldClaim, Renewal};
 use super::response::StoredResponse;
 use super::settlement::{Settled, Settlement};
 use super::{background, unanswered, Store, StoreError};
@@ -79,6 +80,7 @@ impl Lease {
         args: &ClaimArgs,
         token: OwnerToken,
         liveness: Option<Liveness>,
+        claimed: tokio::time::Instant,
     ) -> Self {
         let held = HeldClaim {
             key: args.key,
@@ -88,9 +90,9 @@ impl Lease {
             lapse: args.lapse,
         };
         let renewal = match (&store, &liveness) {
-            (Store::Redis(redis), None) => Some(redis.renewals().hold(redis, held)),
-            (Store::Postgres(pg), None) => Some(pg.renewals().hold(pg, held)),
-            (Store::Mysql(my), None) => Some(my.renewals().hold(my, held)),
+            (Store::Redis(redis), None) => Some(redis.renewals().hold(redis, held, claimed)),
+            (Store::Postgres(pg), None) => Some(pg.renewals().hold(pg, held, claimed)),
+            (Store::Mysql(my), None) => Some(my.renewals().hold(my, held, claimed)),
             _ => None,
         };
         Self {
@@ -254,20 +256,30 @@ async fn settle_and_follow_up(
     lease: Duration,
     renewal: Option<Renewal>,
 ) -> Result<Settled, StoreError> {
-    let pending = Pending {
+    // Without renewals (the memory store) the claim lives as long as its owner.
+    let now = Finished {
+        unanswered: false,
+        renewed: tokio::time::Instant::now(),
+    };
+    let mut pending = Pending {
         armed: Some((store, owned, settlement, lease)),
+        renewed: renewal.as_ref().map_or(now.renewed, Renewal::renewed),
     };
-    let unanswered = match renewal {
+    let Finished {
+        unanswered,
+        renewed,
+    } = match renewal {
         Some(renewal) => renewal.finish().await,
-        None => false,
+        None => now,
     };
+    pending.renewed = renewed;
     let settlement = pending.settlement();
     // A clone shares the answer's bytes.
     let settled = store.settle(&owned, settlement.clone()).await;
     let settlement = pending.answered();
     if settled.is_err() {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let retry = settle_again(store.clone(), owned, settlement, lease, unanswered);
+            let retry = settle_again(store.clone(), owned, settlement, lease, unanswered, renewed);
             background::spawn(&rt, retry.instrument(tracing::Span::current()));
         }
     } else if unanswered {
@@ -284,6 +296,8 @@ async fn settle_and_follow_up(
 /// by a retry).
 struct Pending<'a> {
     armed: Option<(&'a Store, Ownership, Settlement, Duration)>,
+    /// When the claim's last renewal that landed was sent (see [`Finished::renewed`]).
+    renewed: tokio::time::Instant,
 }
 
 impl Pending<'_> {
@@ -312,14 +326,16 @@ impl Drop for Pending<'_> {
         );
         // Whether a renewal went unanswered is not known here: assumed so, which on a SQL
         // database only repeats a settlement that leaves no record, fenced by the token.
-        let again = settle_again(store.clone(), owned, settlement, lease, true);
+        let again = settle_again(store.clone(), owned, settlement, lease, true, self.renewed);
         background::spawn(&rt, again.instrument(tracing::Span::current()));
     }
 }
 
 /// Makes a settlement the store failed again, backing off, until it lands or the claim's
-/// record is gone: it lapses `lease` from now, and the store keeps it for its lapse span
-/// after that, still this owner's, so the settlement can land until then.
+/// record is gone: it lapses `lease` after `renewed`, when the last renewal that landed was
+/// sent (the store may have been out of reach for long before the settlement's first try),
+/// and the store keeps it for its lapse span after that, still this owner's, so the
+/// settlement can land until then.
 /// `unanswered`: a renewal of the claim went unanswered, and the settlement, once made, is
 /// made again as [`unanswered::settle_after_unanswered_renewal`] says.
 async fn settle_again(
@@ -328,8 +344,9 @@ async fn settle_again(
     settlement: Settlement,
     lease: Duration,
     unanswered: bool,
+    renewed: tokio::time::Instant,
 ) {
-    let lapses = Instant::now() + lease;
+    let lapses = renewed.into_std() + lease;
     let until = lapses + owned.lapse.span();
     let key = owned.key.short();
     let what = settlement.as_str();

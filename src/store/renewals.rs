@@ -93,6 +93,12 @@ struct Claim {
     /// A renewal got no answer (the store failed, or timed out): on a SQL database its
     /// statement may still commit, later than anything sent after it.
     unanswered: bool,
+    /// When the renewal out (or last out) was sent.
+    sent: Instant,
+    /// When the last renewal that landed was sent, or the claim asked for while none has:
+    /// the record lasts its lease (and lapse span) from then, at least, and no longer
+    /// unless a later renewal lands.
+    renewed: Instant,
 }
 
 /// What a renewal's answer means for renewing the claim again.
@@ -119,16 +125,42 @@ pub(crate) struct Renewal {
     /// The store's renewals, where the claim is removed once it is finished or dropped.
     renewals: Option<Arc<Renewals>>,
     id: u64,
+    /// When the claim was asked for.
+    claimed: Instant,
+}
+
+/// What a claim's renewals leave its settlement to know.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Finished {
+    /// A renewal went unanswered: on a SQL database it may still land after the
+    /// settlement (`store::unanswered` makes such a settlement again).
+    pub unanswered: bool,
+    /// When the last renewal that landed was sent (the claim asked for, if none did): the
+    /// claim lapses a lease after it, not after the settlement's first try, which may come
+    /// long after renewals started failing.
+    pub renewed: Instant,
 }
 
 impl Renewal {
-    /// Stops renewing, once no renewal of this claim is out any more: a settlement sent
-    /// after this lands after every renewal that was answered. Returns whether one went
-    /// unanswered: on a SQL database it may still land after the settlement
-    /// (`store::unanswered` makes such a settlement again).
-    pub(crate) async fn finish(self) -> bool {
+    /// When the last renewal that landed so far was sent (see [`Finished::renewed`]).
+    pub(crate) fn renewed(&self) -> Instant {
         let Some(renewals) = &self.renewals else {
-            return false;
+            return self.claimed;
+        };
+        let state = lock(&renewals.state);
+        state.claims.get(&self.id).map_or(self.claimed, |c| c.renewed)
+    }
+
+    /// Stops renewing, once no renewal of this claim is out any more: a settlement sent
+    /// after this lands after every renewal that was answered. Returns what the renewals
+    /// leave the settlement to know.
+    pub(crate) async fn finish(self) -> Finished {
+        let none_out = Finished {
+            unanswered: false,
+            renewed: self.claimed,
+        };
+        let Some(renewals) = &self.renewals else {
+            return none_out;
         };
         let id = self.id;
         // A renewal's answer leaves a finishing claim here to be removed once no renewal is
@@ -143,12 +175,16 @@ impl Renewal {
                         None
                     }
                     // Removed under the lock, so no renewal is sent in between.
-                    Some(_) => state.claims.remove(&id).map(|claim| claim.unanswered),
-                    None => Some(false),
+                    Some(_) => state.claims.remove(&id).map(|claim| Finished {
+                        unanswered: claim.unanswered,
+                        renewed: claim.renewed,
+                    }),
+                    // Lost to another owner: nothing more to know.
+                    None => Some(none_out),
                 }
             };
-            if let Some(unanswered) = unanswered {
-                return unanswered;
+            if let Some(finished) = unanswered {
+                return finished;
             }
             settled.await;
         }
@@ -168,9 +204,14 @@ fn period(lease: Duration) -> Duration {
 }
 
 impl Renewals {
-    /// Keeps `claim` renewed on `store` until the returned guard drops. Starts the store's
-    /// renewing task on first use (inside a tokio runtime).
-    pub(crate) fn hold<S: Renew>(self: &Arc<Self>, store: &Arc<S>, claim: HeldClaim) -> Renewal {
+    /// Keeps `claim`, asked for at `claimed`, renewed on `store` until the returned guard
+    /// drops. Starts the store's renewing task on first use (inside a tokio runtime).
+    pub(crate) fn hold<S: Renew>(
+        self: &Arc<Self>,
+        store: &Arc<S>,
+        claim: HeldClaim,
+        claimed: Instant,
+    ) -> Renewal {
         let period = period(claim.lease);
         let due = Instant::now() + period;
         // Outside a runtime nothing renews (as with no task to spawn on).
@@ -187,6 +228,8 @@ impl Renewals {
                     renewing: false,
                     finishing: false,
                     unanswered: false,
+                    sent: claimed,
+                    renewed: claimed,
                 },
             );
             let start = !state.task_started && runtime.is_some();
@@ -207,6 +250,7 @@ impl Renewals {
         Renewal {
             renewals: Some(Arc::clone(self)),
             id,
+            claimed,
         }
     }
 
@@ -229,6 +273,7 @@ impl Renewals {
                     claim: held.claim,
                 });
                 held.renewing = true;
+                held.sent = now;
                 held.due = now + period(held.claim.lease);
                 // Out now: its answer sets its wake-up.
                 continue;
@@ -251,6 +296,9 @@ impl Renewals {
             return false;
         };
         claim.unanswered |= answer == Answer::Unanswered;
+        if answer == Answer::Renewable {
+            claim.renewed = claim.renewed.max(claim.sent);
+        }
         if claim.finishing {
             claim.renewing = false;
             drop(state);

@@ -164,3 +164,83 @@ async fn an_answer_redis_never_took_is_counted_lost() {
     }
     assert_eq!(store.stats().settlements_lost, 1);
 }
+
+/// How many writes Redis has refused for want of replicas (`errorstats`).
+fn writes_refused(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "errorstats"])
+        .lines()
+        .find_map(|line| line.strip_prefix("errorstat_NOREPLICAS:count="))
+        .map_or(0, |count| count.trim().parse().unwrap())
+}
+
+/// Redis refuses the owner's writes from just after its claim (as to a replica cut off
+/// from it: its renewals fail) and the answer comes back after four leases of that, its
+/// write refused too. The claim's record ends a lease and its grace after the last renewal
+/// that landed, the claim itself here, not after the answer: the owner's retries must
+/// close in on that end, so Redis back shortly before it records the answer before a
+/// duplicate can take the key over. Each retry is seen as one more refused write; Redis
+/// comes back right after one that falls in the record's last second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_written_long_after_the_last_renewal_lands_before_the_record_ends() {
+    let redis = RedisServer::start();
+    let store = store_through_direct(&redis);
+    let key = Digest([0x5f; 32]);
+    let lease = Duration::from_secs(1);
+    let args = ClaimArgs {
+        lapse: Lapse::Release {
+            grace: Duration::from_secs(7),
+        },
+        ..ClaimArgs::new(key, Digest([1; 32]), lease)
+    };
+    let Claim::Owner(lease_held) = store.claim_with(args).await.expect("claim") else {
+        panic!("a fresh key is owned");
+    };
+    redis.cli(&["CONFIG", "SET", "min-replicas-to-write", "1"]);
+    // The upstream call runs on through four leases of the outage: time is the subject.
+    tokio::time::sleep(lease * 4).await;
+    let answer = StoredResponse::new(StatusCode::CREATED, &Default::default(), b"made");
+    assert!(
+        lease_held
+            .complete(answer, Duration::from_secs(3600))
+            .await
+            .is_err(),
+        "Redis refuses writes"
+    );
+    let record = format!("t:{{{}}}", hex::encode(key.0));
+    let pttl = || redis.cli(&["PTTL", &record]).trim().parse::<i64>().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while pttl() > 1000 {
+        assert!(std::time::Instant::now() < deadline, "hang guard");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The next retry that fails (if one comes before the record ends), then Redis back.
+    let refused = writes_refused(&redis);
+    while writes_refused(&redis) == refused && pttl() > 0 {
+        assert!(std::time::Instant::now() < deadline, "hang guard");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    redis.cli(&["CONFIG", "SET", "min-replicas-to-write", "0"]);
+    loop {
+        match redis.cli(&["GETRANGE", &record, "0", "0"]).trim() {
+            // Recorded, or expired with the answer never written.
+            "D" | "" => break,
+            _ => {}
+        }
+        assert!(std::time::Instant::now() < deadline, "hang guard");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match store.claim_with(args).await.expect("claim") {
+        Claim::Done(stored) => assert_eq!(&stored.body()[..], b"made"),
+        other => panic!(
+            "the answered key's duplicate got {} (a takeover runs it again)",
+            other.as_str()
+        ),
+    }
+}
+
+/// A Redis store on `redis` itself, each command bounded by 300 ms.
+fn store_through_direct(redis: &RedisServer) -> Store {
+    let port = redis.port;
+    store_through(([127, 0, 0, 1], port).into(), Duration::from_millis(300))
+}

@@ -39,7 +39,7 @@ fn woken(renewals: &Renewals) -> bool {
 
 /// Held outside a runtime, so no task is spawned and these tests play its part.
 fn held(renewals: &Arc<Renewals>, claim: HeldClaim) -> super::Renewal {
-    let renewal = renewals.hold(&Arc::new(Unused), claim);
+    let renewal = renewals.hold(&Arc::new(Unused), claim, Instant::now());
     assert!(woken(renewals), "a first claim wakes the task");
     renewal
 }
@@ -91,7 +91,7 @@ fn a_renewal_out_leaves_the_other_claims_schedule_alone() {
     let renewals = Arc::new(Renewals::default());
     let (short, long) = (Duration::from_millis(300), Duration::from_secs(30));
     let _slow = held(&renewals, claim(1, short));
-    let _other = renewals.hold(&Arc::new(Unused), claim(2, long));
+    let _other = renewals.hold(&Arc::new(Unused), claim(2, long), Instant::now());
     let start = Instant::now();
     let sent_at = start + short;
     assert_eq!(renewals.take_due(sent_at).0.len(), 1);
