@@ -125,8 +125,6 @@ pub(crate) struct Renewal {
     /// The store's renewals, where the claim is removed once it is finished or dropped.
     renewals: Option<Arc<Renewals>>,
     id: u64,
-    /// When the claim was asked for.
-    claimed: Instant,
 }
 
 /// What a claim's renewals leave its settlement to know.
@@ -142,22 +140,28 @@ pub(crate) struct Finished {
 }
 
 impl Renewal {
-    /// When the last renewal that landed so far was sent (see [`Finished::renewed`]).
+    /// When the last renewal that landed so far was sent (see [`Finished::renewed`]). A
+    /// claim lost to another owner is no longer kept here: now, as its settlement finds
+    /// the other owner's record and writes nothing.
     pub(crate) fn renewed(&self) -> Instant {
         let Some(renewals) = &self.renewals else {
-            return self.claimed;
+            return Instant::now();
         };
         let state = lock(&renewals.state);
-        state.claims.get(&self.id).map_or(self.claimed, |c| c.renewed)
+        state
+            .claims
+            .get(&self.id)
+            .map_or_else(Instant::now, |c| c.renewed)
     }
 
     /// Stops renewing, once no renewal of this claim is out any more: a settlement sent
     /// after this lands after every renewal that was answered. Returns what the renewals
     /// leave the settlement to know.
     pub(crate) async fn finish(self) -> Finished {
+        // A claim lost to another owner (see `renewed`).
         let none_out = Finished {
             unanswered: false,
-            renewed: self.claimed,
+            renewed: Instant::now(),
         };
         let Some(renewals) = &self.renewals else {
             return none_out;
@@ -250,7 +254,6 @@ impl Renewals {
         Renewal {
             renewals: Some(Arc::clone(self)),
             id,
-            claimed,
         }
     }
 

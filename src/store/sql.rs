@@ -199,7 +199,9 @@ fn refused(error: &sqlx::Error) -> bool {
     if e.message().starts_with("idemgate:") {
         return false;
     }
-    let class = e.code().map(|code| code.chars().take(2).collect::<String>());
+    let class = e
+        .code()
+        .map(|code| code.chars().take(2).collect::<String>());
     matches!(
         class.as_deref(),
         Some("22" | "23" | "42" | "44" | "45" | "54" | "P0")

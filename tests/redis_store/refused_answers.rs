@@ -21,7 +21,11 @@ async fn an_answer_over_proto_max_bulk_len_is_recorded_as_not_stored_and_never_r
     let headers = [("idempotency-key", "big"), ("x-test-bytes", big.as_str())];
     let first = post(proxy.addr, "/orders", &headers, "{}").await;
     assert_eq!(first.status, StatusCode::CREATED);
-    assert_eq!(first.body.len(), 2 << 20, "the client gets the whole answer");
+    assert_eq!(
+        first.body.len(),
+        2 << 20,
+        "the client gets the whole answer"
+    );
     // Settled one way or the other: recorded, or its claim gone past lease and grace, to
     // be taken over.
     let record = format!("t:{{{}}}", stored_key(&proxy, "/orders", &headers, b"{}"));

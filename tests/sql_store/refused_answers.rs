@@ -38,7 +38,11 @@ async fn refused_answer_is_never_rerun(
     refuse();
     let headers = [("idempotency-key", key)];
     let first = post(proxy.addr, "/orders", &headers, "{}").await;
-    assert_eq!(first.status, StatusCode::CREATED, "the client gets its answer");
+    assert_eq!(
+        first.status,
+        StatusCode::CREATED,
+        "the client gets its answer"
+    );
     // Settled one way or the other: recorded, or its claim gone past lease and grace,
     // to be taken over.
     until(|| live().trim().is_empty(), "the claim to end").await;
@@ -101,8 +105,7 @@ async fn postgres_an_answer_a_trigger_refuses_is_recorded_as_not_stored_and_neve
              FOR EACH ROW EXECUTE FUNCTION refuse_done();",
         );
     };
-    let live = || {
-        db.psql("SELECT kind FROM refused_answers WHERE expires_at > now() AND kind = 'I'")
-    };
+    let live =
+        || db.psql("SELECT kind FROM refused_answers WHERE expires_at > now() AND kind = 'I'");
     refused_answer_is_never_rerun(&store, refuse, live, "refused-postgres").await;
 }

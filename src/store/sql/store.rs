@@ -398,9 +398,7 @@ impl<D: Dialect> SqlStore<D> {
             .into_iter()
             .next()
             .ok_or_else(|| decode(sqlx::Error::RowNotFound))?;
-        self.common
-            .settled(owned, settlement, row.int(0)?)
-            .map(Ok)
+        self.common.settled(owned, settlement, row.int(0)?).map(Ok)
     }
 
     /// See [`crate::store::Store::inspect`].
