@@ -375,6 +375,11 @@ async fn settle_again(
         pause = (pause * 2).min(most).min(left);
         match store.settle(&owned, settlement.clone()).await {
             Ok(settled) => {
+                if settled == Settled::AnswerNotKept {
+                    // The client had its answer; its retries will hear it ran, without it.
+                    tracing::error!(%key, "the store refused the answer on a retry; recorded as executed, answer not stored");
+                    store.settlement_lost();
+                }
                 tracing::info!(%key, settled = what, result = ?settled, "settled the claim on a retry");
                 if unanswered {
                     unanswered::settle_after_unanswered_renewal(&store, owned, settlement, lease);
