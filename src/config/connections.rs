@@ -1,10 +1,9 @@
 //! `connections:` compiled into [`Connections`]: caps on client and upstream connections
-//! and on the requests one HTTP/2 connection may have open,
-//! the protocol, HTTP/1.1 client and idle timeout of upstream connections, the read
-//! timeout of pass-through
-//! answers, the send timeout of answers to clients, the [`Linger`] settings of a client
-//! connection's close, and the bytes all requests together, and those of one connection, may
-//! buffer.
+//! and on the requests one HTTP/2 connection may have open, the protocol, HTTP/1.1 client
+//! and idle timeout of upstream connections, the read timeout of pass-through answers, the
+//! idle timeout of upgraded connections (tunnels), the send timeout of answers to clients,
+//! the [`Linger`] settings of a client connection's close, and the bytes all requests
+//! together, and those of one connection, may buffer.
 
 use std::time::Duration;
 
@@ -32,6 +31,11 @@ pub struct Connections {
     pub upstream_idle_timeout: Duration,
     /// Longest gap between two reads of a pass-through answer's body.
     pub upstream_read_timeout: Duration,
+    /// Longest an upgraded connection (WebSocket and the like) may carry no byte either
+    /// way before the proxy closes both its sides (nginx's `proxy_read_timeout` on a
+    /// tunnel): a tunnel holds an upstream connection and its client's slot, so one left
+    /// idle must end. By default `upstream_read_timeout`.
+    pub tunnel_idle_timeout: Duration,
     /// What upstream connections speak (`connections.upstream_protocol`).
     pub upstream_protocol: UpstreamProtocol,
     /// Which client speaks HTTP/1.1 to the upstream (`connections.upstream_http1`; only
@@ -125,6 +129,9 @@ impl Default for Connections {
             // new connection (to the usual upstream nearby) costs little.
             upstream_idle_timeout: Duration::from_secs(1),
             upstream_read_timeout: Duration::from_secs(60),
+            // nginx closes a tunnel by `proxy_read_timeout` (60 s), the same timeout as a
+            // gap in an answer's body.
+            tunnel_idle_timeout: Duration::from_secs(60),
             upstream_protocol: UpstreamProtocol::Http1,
             upstream_http1: UpstreamHttp1::Hyper,
             // nginx's `send_timeout` default.
@@ -153,6 +160,9 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
     let max_buffered = raw.max_buffered.map_or(d.max_buffered, |b| {
         usize::try_from(b.0).unwrap_or(usize::MAX)
     });
+    let upstream_read_timeout = raw
+        .upstream_read_timeout
+        .map_or(d.upstream_read_timeout, |t| t.0);
     let c = Connections {
         max_client: raw.max_client.unwrap_or(d.max_client),
         max_streams: raw.max_streams.unwrap_or(d.max_streams),
@@ -160,9 +170,10 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
         upstream_idle_timeout: raw
             .upstream_idle_timeout
             .map_or(d.upstream_idle_timeout, |t| t.0),
-        upstream_read_timeout: raw
-            .upstream_read_timeout
-            .map_or(d.upstream_read_timeout, |t| t.0),
+        upstream_read_timeout,
+        tunnel_idle_timeout: raw
+            .tunnel_idle_timeout
+            .map_or(upstream_read_timeout, |t| t.0),
         upstream_protocol: match raw.upstream_protocol {
             None => d.upstream_protocol,
             Some(RawUpstreamProtocol::Http1) => UpstreamProtocol::Http1,
@@ -194,6 +205,7 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
         ("max_upstream", c.max_upstream == 0),
         ("upstream_idle_timeout", c.upstream_idle_timeout.is_zero()),
         ("upstream_read_timeout", c.upstream_read_timeout.is_zero()),
+        ("tunnel_idle_timeout", c.tunnel_idle_timeout.is_zero()),
         ("client_send_timeout", c.client_send_timeout.is_zero()),
         ("max_buffered", c.max_buffered == 0),
         (

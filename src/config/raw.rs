@@ -160,8 +160,9 @@ pub enum RawUpstreamHttp1 {
 }
 
 /// `connections:` — caps on client and upstream connections, the idle timeout of kept-alive
-/// upstream connections, the read timeout of pass-through answers, the send timeout of
-/// answers to clients, and the lingering close after an early answer.
+/// upstream connections, the read timeout of pass-through answers, the idle timeout of
+/// upgraded connections, the send timeout of answers to clients, and the lingering close
+/// after an early answer.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConnections {
@@ -170,6 +171,7 @@ pub struct RawConnections {
     pub max_upstream: Option<usize>,
     pub upstream_idle_timeout: Option<ConfigDuration>,
     pub upstream_read_timeout: Option<ConfigDuration>,
+    pub tunnel_idle_timeout: Option<ConfigDuration>,
     pub upstream_protocol: Option<RawUpstreamProtocol>,
     pub upstream_http1: Option<RawUpstreamHttp1>,
     pub client_send_timeout: Option<ConfigDuration>,

@@ -168,10 +168,11 @@ impl Proxy {
         let c = &config.connections;
         self.budget
             .set_limit(c.max_buffered, c.max_buffered_per_connection);
-        // The budget is no part of the upstream pool.
+        // The budget and the tunnels' timeout are no part of the upstream pool.
         let pool = |c: &Config| crate::config::Connections {
             max_buffered: 0,
             max_buffered_per_connection: 0,
+            tunnel_idle_timeout: Duration::ZERO,
             ..c.connections
         };
         // A TLS upstream's roots are read again on reload: new connections for it then.
@@ -324,6 +325,7 @@ impl Proxy {
                     head: head.unwrap_or(live.config.passthrough_timeout),
                     client_gap: self.body_read_timeout,
                     upstream_gap: live.config.connections.upstream_read_timeout,
+                    tunnel_idle: live.config.connections.tunnel_idle_timeout,
                 };
                 let result =
                     passthrough::forward(&live.client, request, conn, trusted_peer, timeouts).await;

@@ -1,7 +1,9 @@
 //! Unprotected requests: streamed both ways without buffering, protocol upgrades
-//! (WebSocket) spliced through once both sides agreed to switch. A client that stops
-//! sending its body, or an upstream that stops sending its answer's, is cut off after a
-//! bounded gap ([`Timeouts`]).
+//! (WebSocket) spliced through once both sides agreed to switch ([`tunnel`]). A client that
+//! stops sending its body, or an upstream that stops sending its answer's, is cut off after
+//! a bounded gap, and a tunnel after a bounded silence ([`Timeouts`]).
+
+mod tunnel;
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +24,9 @@ pub struct Timeouts {
     pub client_gap: Duration,
     /// Between two parts of the answer's body (`connections.upstream_read_timeout`).
     pub upstream_gap: Duration,
+    /// Without a byte either way on an upgraded connection
+    /// (`connections.tunnel_idle_timeout`).
+    pub tunnel_idle: Duration,
 }
 
 /// Forwards `request` with its body streaming; the response streams back. `trusted_peer`:
@@ -58,12 +63,13 @@ pub async fn forward(
             let mut answer = Response::new(ProxyBody::empty());
             *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
             *answer.headers_mut() = std::mem::take(response.headers_mut());
+            // The connection's task ends with the switch; the tunnel keeps its share.
+            let share = std::sync::Arc::clone(&conn.share);
             tokio::spawn(async move {
                 let (down, up) = tokio::join!(client_upgrade, UpstreamBody::upgraded(response));
                 match (down, up) {
-                    (Ok(down), Some(mut up)) => {
-                        let _ =
-                            tokio::io::copy_bidirectional(&mut TokioIo::new(down), &mut up).await;
+                    (Ok(down), Some(up)) => {
+                        tunnel::splice(TokioIo::new(down), up, timeouts.tunnel_idle, share).await;
                     }
                     (Err(e), _) => tracing::debug!(error = %e, "upgrade failed"),
                     (_, None) => tracing::debug!("the upstream's upgrade failed"),

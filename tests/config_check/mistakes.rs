@@ -241,6 +241,37 @@ fn a_zero_client_send_timeout_is_refused_where_it_is_written() {
     assert_eq!(message, "must be above zero");
 }
 
+/// A tunnel's idle timeout follows `upstream_read_timeout` unless written (nginx's one
+/// `proxy_read_timeout` for both), and a zero one, which would close every tunnel at once,
+/// is refused where it is written rather than read as "no timeout".
+#[test]
+fn a_zero_tunnel_idle_timeout_is_refused_where_it_is_written() {
+    let config = Config::parse(
+        &top("connections: { upstream_read_timeout: 20s }\n"),
+        "p.yaml",
+    )
+    .unwrap();
+    assert_eq!(
+        config.connections.tunnel_idle_timeout,
+        std::time::Duration::from_secs(20)
+    );
+    let config = Config::parse(
+        &top("connections: { upstream_read_timeout: 20s, tunnel_idle_timeout: 5m }\n"),
+        "p.yaml",
+    )
+    .unwrap();
+    assert_eq!(
+        config.connections.tunnel_idle_timeout,
+        std::time::Duration::from_secs(300)
+    );
+    let (line, column, key, message) = invalid(&top(
+        "connections:\n  max_client: 8\n  tunnel_idle_timeout: 0s\n",
+    ));
+    assert_eq!((line, column), (5, 3));
+    assert_eq!(key, "connections.tunnel_idle_timeout");
+    assert_eq!(message, "must be above zero");
+}
+
 /// A zero buffer budget would refuse every protected body: refused, naming the key and
 /// its place, rather than read as "no bound".
 #[test]

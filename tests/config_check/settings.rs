@@ -108,6 +108,11 @@ fn a_config_of_listen_and_upstream_alone_has_the_readme_defaults() {
         "upstream_read_timeout: 60s"
     );
     assert_eq!(
+        secs(conn.tunnel_idle_timeout),
+        (60 * S) as f64,
+        "tunnel_idle_timeout: 60s"
+    );
+    assert_eq!(
         secs(conn.upstream_idle_timeout),
         S as f64,
         "upstream_idle_timeout: 1s"

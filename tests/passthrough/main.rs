@@ -18,6 +18,7 @@ mod headers;
 mod protocols;
 mod stalls;
 mod trailers;
+mod tunnels;
 mod unprotected;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
