@@ -199,7 +199,13 @@ async fn accept_loop<F, S>(
         .max_concurrent_streams(limits.streams)
         .max_pending_accept_reset_streams(H2_RESET_STREAMS)
         .max_local_error_reset_streams(H2_ERROR_RESETS)
-        .max_header_list_size(H2_HEADER_LIST);
+        .max_header_list_size(H2_HEADER_LIST)
+        // What one connection buffers, pinned too: hyper's defaults (1 MiB windows, 400 KiB
+        // of send buffer a stream) would let each connection hold a few MiB.
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .adaptive_window(false)
+        .max_send_buf_size(H2_SEND_BUFFER);
     let template = Arc::new(template);
     let make_service = Arc::new(make_service);
     let linger = limits.linger;
@@ -334,6 +340,25 @@ const H2_ERROR_RESETS: usize = 1024;
 /// frames of one head (CVE-2024-27316): h2 takes a little more than the frames needed to
 /// carry this much, at least 5. hyper's default; h2's own would be 16 MiB.
 const H2_HEADER_LIST: u32 = 16 << 10;
+
+/// The receive window of each HTTP/2 request stream (`SETTINGS_INITIAL_WINDOW_SIZE`): the
+/// most of one request's body that waits in h2's buffers for the proxy to read it (an
+/// upload waiting for an upstream connection, or a slow upstream). Four times nginx's
+/// `http2_body_preread_size` (64 KiB): a stream moves its window once a round trip, and
+/// 64 KiB a round trip is 1.3 MB/s at 50 ms, slow for an upload; 256 KiB gives 5 MB/s.
+const H2_STREAM_WINDOW: u32 = 256 << 10;
+
+/// The receive window of a whole HTTP/2 client connection, shared by its streams: what its
+/// request bodies hold in h2's buffers at most, whatever the number of streams (two
+/// streams at their full window). Not adaptive: h2's BDP estimate would grow it without a
+/// bound of ours.
+const H2_CONNECTION_WINDOW: u32 = 512 << 10;
+
+/// What h2 queues of each HTTP/2 answer stream beyond what the client's window lets out
+/// (hyper's default: 400 KiB): hyper takes the answer's next part only once the queue has
+/// room, so an answer its client does not read holds this much here, the rest upstream.
+/// A queue does not limit throughput (the client's window does), only what waits.
+const H2_SEND_BUFFER: usize = 64 << 10;
 
 /// The most an HTTP/1.1 client connection's read buffer grows to, and so the longest head
 /// it takes: one that does not fit is answered `431`. A third of hyper's default (about

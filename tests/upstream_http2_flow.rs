@@ -1,6 +1,7 @@
 //! HTTP/2 upstream flow control: the streams of one upstream connection share its
 //! connection-level window, so the proxy must not let a few answers nobody reads (clients
-//! that stopped reading) hold all of it and stall every other request on the connection.
+//! that stopped reading) hold all of it and stall every other request on the connection;
+//! and what one stream buffers is the proxy's choice, not hyper's default.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -14,8 +15,9 @@ use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// How many answers nobody reads.
-const STALLED: usize = 3;
+/// How many answers nobody reads: their stream windows (256 KiB each) add up to more
+/// than hyper's default connection window (5 MiB).
+const STALLED: usize = 21;
 
 /// A hand-written HTTP/2 upstream (raw frames, so it knows the proxy's windows exactly):
 /// the first [`STALLED`] streams get a 200 and endless DATA, as much as the proxy's
@@ -144,11 +146,11 @@ async fn serve(mut io: TcpStream, blocked: Arc<tokio::sync::Notify>) {
     }
 }
 
-/// Three clients (HTTP/2 to the proxy) stop reading their downloads; a protected request
-/// on the same upstream connection must still get its answer. hyper's default connection
-/// window (5 MiB) is less than three stream windows (2 MiB each): the unread downloads held
-/// all of it, the upstream could send no byte of any other answer, and the request ended
-/// in a 504 with its key held (its owner waiting until a stalled client was cut off).
+/// [`STALLED`] clients (HTTP/2 to the proxy) stop reading their downloads; a protected
+/// request on the same upstream connection must still get its answer. With hyper's default
+/// connection window (5 MiB, less than their stream windows together) the unread downloads
+/// held all of it, the upstream could send no byte of any other answer, and the request
+/// ended in a 504 with its key held (its owner waiting until a stalled client was cut off).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_nobody_reads_do_not_stall_the_other_streams_of_their_connection() {
     let blocked = Arc::new(tokio::sync::Notify::new());
@@ -199,4 +201,67 @@ routes:
     let order = post(proxy.addr, "/orders", &[("idempotency-key", "k")], "{}").await;
     assert_eq!(order.status, StatusCode::CREATED, "{order:?}");
     drop(held);
+}
+
+/// The windows the proxy's HTTP/2 client announces: 256 KiB per stream
+/// (`SETTINGS_INITIAL_WINDOW_SIZE`), so an answer nobody reads holds at most that in the
+/// proxy, and the connection's at HTTP/2's largest (its first WINDOW_UPDATE). Before, each
+/// stream took hyper's 2 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_announces_its_own_windows_to_an_http2_upstream() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let proxy = start_proxy(
+        upstream,
+        "connections: { upstream_protocol: http2 }\nroutes: []\n",
+    )
+    .await;
+    // Only to make the proxy dial: its answer does not matter.
+    let asking = tokio::spawn(common::send(
+        proxy.addr,
+        http::Method::GET,
+        "/",
+        &[],
+        String::new(),
+    ));
+    let (mut io, _) = listener.accept().await.unwrap();
+    io.write_all(&frame(4, 0, 0, &[])).await.unwrap();
+    let mut preface = [0; 24];
+    io.read_exact(&mut preface).await.unwrap();
+    let (mut stream_window, mut connection_window) = (None, None);
+    while stream_window.is_none() || connection_window.is_none() {
+        let mut head = [0; 9];
+        io.read_exact(&mut head).await.unwrap();
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0; len];
+        io.read_exact(&mut payload).await.unwrap();
+        match head[3] {
+            4 if head[4] & 1 == 0 => {
+                stream_window = Some(
+                    payload
+                        .chunks_exact(6)
+                        .find(|setting| setting[..2] == [0, 4])
+                        .map(|setting| u32::from_be_bytes(setting[2..].try_into().unwrap())),
+                );
+            }
+            8 if id == 0 => {
+                let increment = u32::from_be_bytes(payload[..4].try_into().unwrap());
+                // Every connection starts at 65,535 (RFC 9113 §6.9.2).
+                connection_window = Some(65_535 + (increment & 0x7fff_ffff));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        stream_window.unwrap(),
+        Some(256 << 10),
+        "SETTINGS_INITIAL_WINDOW_SIZE"
+    );
+    assert_eq!(
+        connection_window,
+        Some((1 << 31) - 1),
+        "the connection's window"
+    );
+    asking.abort();
 }

@@ -199,3 +199,51 @@ async fn a_settings_flood_is_not_read_past_what_the_client_takes() {
     );
     another_client_is_served(&proxy).await;
 }
+
+/// The frame type of WINDOW_UPDATE (RFC 9113 §6.9).
+const WINDOW_UPDATE: u8 = 0x8;
+
+/// What one connection may buffer is the proxy's, not hyper's: its first SETTINGS give
+/// each stream a 256 KiB window (`SETTINGS_INITIAL_WINDOW_SIZE`, id 4), and its first
+/// WINDOW_UPDATE opens the connection's to 512 KiB. Before, hyper's 1 MiB for both let one
+/// connection hold 1 MiB of request bodies the proxy had not read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_receive_windows_are_pinned() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let mut client = H2::open(proxy.addr).await;
+    let (mut stream_window, mut connection_window) = (None, None);
+    while stream_window.is_none() || connection_window.is_none() {
+        let frame = client
+            .next()
+            .await
+            .expect("closed before its windows were sent");
+        match frame.kind {
+            SETTINGS if frame.flags & ACK == 0 => {
+                stream_window = Some(
+                    frame
+                        .payload
+                        .chunks(6)
+                        .find(|setting| setting[..2] == [0, 4])
+                        .map(|setting| u32::from_be_bytes(setting[2..].try_into().unwrap())),
+                );
+            }
+            WINDOW_UPDATE if frame.stream == 0 => {
+                let increment = u32::from_be_bytes(frame.payload[..4].try_into().unwrap());
+                // Every connection starts at 65,535 (RFC 9113 §6.9.2).
+                connection_window = Some(65_535 + (increment & 0x7fff_ffff));
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        stream_window.unwrap(),
+        Some(256 << 10),
+        "SETTINGS_INITIAL_WINDOW_SIZE"
+    );
+    assert_eq!(
+        connection_window,
+        Some(512 << 10),
+        "the connection's window"
+    );
+}

@@ -46,6 +46,17 @@ const MAX_ANSWER_HEAD: u32 = 400 * 1024;
 /// The connection-level flow-control window: HTTP/2's largest (RFC 9113 §6.9.1).
 const CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 
+/// The receive window of each stream: the most of an answer h2 buffers while its client
+/// does not read it (hyper's default is 2 MiB). With the connection's window at the
+/// largest, this is the whole bound: a stream's request is one in flight, so an upstream
+/// connection holds at most this much for each stream open on it. 256 KiB a round trip is
+/// 256 MB/s to an upstream 1 ms away, and still 5 MB/s at 50 ms.
+const STREAM_WINDOW: u32 = 256 << 10;
+
+/// What h2 queues of each request body beyond what the upstream's window lets out (hyper's
+/// default: 1 MiB); hyper reads the body's next part only once the queue has room.
+const SEND_BUFFER: usize = 64 << 10;
+
 /// One HTTP/2 connection, shared by its streams.
 struct Shared {
     sender: SendRequest<ProxyBody>,
@@ -189,9 +200,12 @@ impl Pool {
         // A connection window no set of streams can fill: the streams share it, so with
         // hyper's 5 MiB (under three 2 MiB stream windows) a few answers their clients
         // stopped reading held all of it, and no other answer on the connection moved
-        // until those clients were cut off. What is buffered stays bounded per stream by
-        // its window (hyper's 2 MiB), as an HTTP/1.1 connection's read buffer bounds it.
+        // until those clients were cut off. What is buffered is bounded per stream by its
+        // window instead, pinned with the rest (see `STREAM_WINDOW`, `SEND_BUFFER`).
         builder.initial_connection_window_size(CONNECTION_WINDOW);
+        builder.initial_stream_window_size(STREAM_WINDOW);
+        builder.adaptive_window(false);
+        builder.max_send_buf_size(SEND_BUFFER);
         // Until the server's SETTINGS are applied, one stream (hyper assumes 100): a
         // connection's limit read before they were (see `dial`) makes the pool open or wait
         // for another rather than give h2 streams to queue past the server's real limit.
