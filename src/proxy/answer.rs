@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::body::forwardable;
 use super::body::{BodyError, Joined, ProxyBody, ReadGap};
-use super::budget::{Budget, ConnBuffers, Refusal, Short};
+use super::budget::{Budget, Charge, ConnBuffers, Refusal, Short};
 use super::headers::{declare_trailers, strip_hop_by_hop};
 use super::replay::IDEMPOTENT_REPLAYED;
 use crate::error::ProxyError;
@@ -39,6 +39,11 @@ pub struct Answer {
     /// The trailers of a body read whole, filtered as a streamed answer's; they go to the
     /// client after it.
     pub trailers: Option<HeaderMap>,
+    /// What a body read whole (and its trailers) holds of the budget, kept apart from it:
+    /// the owner hands it on to the copy its client is answered from, which may outlive
+    /// the body ([`super::settlement`]). Nothing for a body that streams on, whose part
+    /// read holds its own.
+    pub charge: Charge,
 }
 
 /// A body read with a bound.
@@ -51,10 +56,14 @@ pub enum AnswerBody {
 }
 
 impl Answer {
-    /// The answer for the client.
+    /// The answer for the client, its body holding the answer's charge until it is sent
+    /// or dropped.
     pub fn into_response(self) -> Response<ProxyBody> {
         match self.body {
-            AnswerBody::Whole(bytes) => whole(self.status, self.headers, bytes, self.trailers),
+            AnswerBody::Whole(bytes) => {
+                let body = self.charge.attach(bytes);
+                whole(self.status, self.headers, body, self.trailers)
+            }
             AnswerBody::TooLarge(body) => {
                 let mut response = Response::new(body);
                 *response.status_mut() = self.status;
@@ -112,7 +121,7 @@ where
     head.headers.remove(&IDEMPOTENT_REPLAYED);
     let gap = body.read_gap();
     let stream_on = |rest| ProxyBody::upstream(rest, gap);
-    let (body, trailers) = bounded_then(body, max, (budget, conn), Refusal::Answer, stream_on)
+    let (body, trailers, charge) = bounded_then(body, max, (budget, conn), Refusal::Answer, stream_on)
         .await
         .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
     // Streaming on, its trailers are still to come: declared as the upstream declared
@@ -126,6 +135,7 @@ where
         headers: head.headers,
         body,
         trailers,
+        charge,
     })
 }
 
@@ -145,7 +155,10 @@ where
 {
     let account = (budget, conn);
     let read = bounded_then(body, max, account, Refusal::RequestBody, ProxyBody::boxed).await?;
-    Ok(read.0)
+    Ok(match read {
+        (AnswerBody::Whole(body), _, charge) => AnswerBody::Whole(charge.attach(body)),
+        (too_large, _, _) => too_large,
+    })
 }
 
 /// [`bounded`], the body past the bound made into a [`ProxyBody`] by `stream_on`. What it
@@ -154,14 +167,15 @@ where
 /// streams on after the part read before it (which keeps its bytes of the budget until it
 /// has gone). The trailers of a body read whole come beside it, filtered, counted toward
 /// `max` and charged as data (each field as a stored record holds it); trailers without
-/// room stream on after the body read, which then was not read whole.
+/// room stream on after the body read, which then was not read whole. A body read whole
+/// comes with the charge that pays for it, apart from it; one that streams on, with none.
 async fn bounded_then<B>(
     mut body: B,
     max: usize,
     (budget, conn): (&Arc<Budget>, &Arc<ConnBuffers>),
     what: Refusal,
     stream_on: impl FnOnce(Prefixed<B>) -> ProxyBody,
-) -> Result<(AnswerBody, Option<HeaderMap>), B::Error>
+) -> Result<(AnswerBody, Option<HeaderMap>, Charge), B::Error>
 where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BodyError>,
@@ -173,13 +187,14 @@ where
             trailers: None,
             rest: body,
         });
-        return Ok((AnswerBody::TooLarge(streamed), None));
+        return Ok((AnswerBody::TooLarge(streamed), None, Charge::unbounded()));
     }
     let mut joined = Joined::new(declared, max, budget.charge(conn));
     let mut trailers = None;
     let past = loop {
         let Some(frame) = body.frame().await else {
-            return Ok((AnswerBody::Whole(joined.into_bytes()), trailers));
+            let (whole, charge) = joined.into_parts();
+            return Ok((AnswerBody::Whole(whole), trailers, charge));
         };
         let data = match frame?.into_data() {
             Ok(data) => data,
@@ -210,7 +225,7 @@ where
                     trailers: Some(kept),
                     rest: body,
                 });
-                return Ok((AnswerBody::TooLarge(streamed), None));
+                return Ok((AnswerBody::TooLarge(streamed), None, Charge::unbounded()));
             }
         };
         if joined.len() + data.len() > max {
@@ -227,7 +242,7 @@ where
         trailers: None,
         rest: body,
     });
-    Ok((AnswerBody::TooLarge(streamed), None))
+    Ok((AnswerBody::TooLarge(streamed), None, Charge::unbounded()))
 }
 
 /// Counts and logs a body that found no room under the limit `short`.

@@ -534,6 +534,18 @@ impl Joined {
             self.charge.attach(self.copied)
         }
     }
+
+    /// The whole data, as [`Joined::into_bytes`] holds it, and apart from it the charge
+    /// that pays for it: for an owner's answer, whose charge goes on to the copy its
+    /// client is answered from.
+    pub(crate) fn into_parts(self) -> (Bytes, Charge) {
+        let data = if self.copied.is_empty() {
+            self.first
+        } else {
+            Bytes::from(self.copied)
+        };
+        (data, self.charge)
+    }
 }
 
 /// Polls `future` once, without waiting.

@@ -353,6 +353,14 @@ impl Charge {
         Ok(())
     }
 
+    /// Gives back what the charge holds past `total`, if anything: never takes more, so
+    /// it cannot fail (a charge kept for a smaller copy of what it paid for).
+    pub fn shrink_to(&mut self, total: usize) {
+        if (total as u64) < self.bytes {
+            let _ = self.resize(total);
+        }
+    }
+
     /// Makes the charge `more` bytes larger, as [`Charge::resize`] does.
     pub fn grow(&mut self, more: usize) -> Result<(), Short> {
         self.resize(self.bytes as usize + more)
@@ -498,6 +506,22 @@ mod tests {
         let third = Arc::default();
         assert_eq!(budget.head_charge(&third).take(1).err(), Some(Short::Total));
         assert_eq!((budget.held(), third.held()), (100, 0));
+    }
+
+    /// A charge shrunk gives back what it held past the size, and never takes more.
+    #[test]
+    fn a_shrunk_charge_gives_back_and_never_takes() {
+        let metrics = Metrics::new();
+        let budget = Budget::new(100, 100, metrics.buffers());
+        let conn = Arc::default();
+        let mut charge = budget.charge(&conn);
+        assert_eq!(charge.resize(60), Ok(()));
+        charge.shrink_to(40);
+        assert_eq!((budget.held(), conn.held()), (40, 40));
+        charge.shrink_to(1000);
+        assert_eq!((budget.held(), conn.held()), (40, 40));
+        drop(charge);
+        assert_eq!(budget.held(), 0);
     }
 
     /// The charge lasts as long as any part of the buffer it was attached to.
