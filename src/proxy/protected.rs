@@ -428,6 +428,7 @@ pub(super) async fn execute(
     let ended = Arc::clone(&exchanged);
     let stopping = Arc::clone(cx.stopping);
     let budget = Arc::clone(cx.budget);
+    let in_memory = matches!(cx.store, Store::Memory(_));
     // The head goes out with the request, and an owner that runs on after its client
     // left still holds it: its charge goes along.
     let head = cx.head.hand_over();
@@ -485,7 +486,6 @@ pub(super) async fn execute(
         route_metrics.upstream_latency(started.elapsed());
         let mut guard = guard;
         let lease = guard.lease.take().expect("settled once");
-        let reissue = lease.reissue();
         let sealing = owner_rule.sealing.as_deref();
         settlement::settle(
             lease,
@@ -494,7 +494,7 @@ pub(super) async fn execute(
             sealing,
             &route_metrics,
             answer,
-            reissue,
+            in_memory,
         )
         .await
     })

@@ -3,6 +3,17 @@
 //! moment and the key freed, an unknown outcome held, or "executed, answer not stored".
 //! The keys earlier configs gave the request, held beside it, are settled the same way
 //! ([`super::previous::settle_earlier`]).
+//!
+//! The client is answered from a copy of the answer that lives until it has read it, as
+//! slowly as it likes: a replay's copy does (see [`super::replay`]). Only where that copy
+//! is the memory store's own record in clear, kept for the route's `ttl` within the
+//! store's `max_bytes`, does it hold nothing more. Anywhere else (an answer sent to Redis
+//! or SQL, a record sealed, an answer not kept, a failure record that lingers only a
+//! moment) it would be outside every bound: one client sending requests with distinct keys
+//! on streams it never reads would hold `max_answer` per stream. So the charge the
+//! answer's buffer took from the budget and its connection's share goes on to that copy,
+//! held until its body is sent or dropped: kept, never taken again, so an answer the
+//! request ran to is never refused after the fact.
 
 use std::time::Duration;
 
@@ -10,6 +21,7 @@ use http::Response;
 
 use super::answer::{Answer, AnswerBody};
 use super::body::ProxyBody;
+use super::budget::Charge;
 use super::previous::{settle_earlier, Earlier};
 use crate::config::OnUnknownOutcome;
 use crate::error::ProxyError;
@@ -25,6 +37,7 @@ const FAILURE_LINGER: Duration = Duration::from_secs(5);
 
 /// Settles the owner's key with what the upstream answered, and the keys earlier configs
 /// gave the request (`also`) alike; returns the client's answer with the request's outcome.
+/// `in_memory`: the store is the memory store, whose record the client's answer may share.
 pub(super) async fn settle(
     lease: Lease,
     also: Vec<Earlier>,
@@ -32,9 +45,10 @@ pub(super) async fn settle(
     sealing: Option<&KeyRing>,
     route_metrics: &RouteMetrics,
     answer: Result<Answer, ProxyError>,
-    reissue: Option<Duration>,
+    in_memory: bool,
 ) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
     let fingerprint = lease.fingerprint();
+    let reissue = lease.reissue();
     let owner = Owner {
         lease,
         sealing,
@@ -68,7 +82,8 @@ pub(super) async fn settle(
     // ran: no copy of it is made, let alone sealed.
     let kept = policy.replays(status.as_u16()) || policy.releases(status.as_u16());
     let body = match answer.body {
-        // Taken out, so the answer's buffer is freed as soon as the record holds its copy.
+        // Taken out, so the answer's buffer is freed as soon as the record holds its copy;
+        // its charge stays in `answer` until the client's answer takes it.
         AnswerBody::Whole(ref mut body) if kept => std::mem::take(body),
         // A failure says the work was not done, however long its page: its key is freed as
         // for one within the bound (recorded "executed", its retry would be refused for the
@@ -94,29 +109,51 @@ pub(super) async fn settle(
     let trailers = answer.trailers.as_ref();
     let stored = StoredResponse::with_trailers(status, &answer.headers, &body, trailers)
         .with_fingerprint(fingerprint);
-    // The response the client gets shares the stored record's bytes (unless sealed).
-    let response = Answer {
-        body: AnswerBody::Whole(stored.body()),
-        ..answer
-    }
-    .into_response();
+    drop(body);
+    // The client is answered from the record in clear (the store may keep a sealed one).
+    let client = stored.clone();
     if policy.releases(status.as_u16()) {
+        // The store keeps a failure a moment for the waiters: the client's copy outlives
+        // it, charged even where it shares the memory store's record.
         owner.write(failure(stored, reissue)).await;
-        return Ok((response, Outcome::Released));
+        return Ok((answered(answer, &client, false), Outcome::Released));
     }
-    let outcome = match owner
+    let settled = owner
         .write(Settlement::Done {
             response: stored,
             ttl: policy.ttl,
         })
-        .await
-    {
+        .await;
+    let outcome = match settled {
         Some(Settled::Written | Settled::WrittenBack) => Outcome::Executed,
         Some(Settled::AnswerNotKept | Settled::NotWritten) => Outcome::ExecutedNotStored,
         // Not settled: the claim lapses by its lease, as an unknown outcome when held.
         None => Outcome::Unknown,
     };
-    Ok((response, outcome))
+    // The memory store holds this very record (not a sealed one, not a copy), which its
+    // `max_bytes` bounds. Elsewhere the client's is the only handle on it, or one shared
+    // with a write the store makes again in the background, which bounds nothing.
+    let in_store = in_memory && settled.is_some_and(Settled::kept) && client.held_alone() == 0;
+    Ok((answered(answer, &client, in_store), outcome))
+}
+
+/// The client's answer from `record` (the answer's copy in clear), with the headers and
+/// trailers of `answer`, its body holding the charge `answer` took for its buffer, or
+/// nothing if it is the memory store's own record (`in_store`). The charge is kept, never
+/// taken again, so it cannot fail: only what it held past the record's size is given back.
+fn answered(mut answer: Answer, record: &StoredResponse, in_store: bool) -> Response<ProxyBody> {
+    let mut charge = std::mem::take(&mut answer.charge);
+    if in_store {
+        charge = Charge::unbounded();
+    } else {
+        charge.shrink_to(record.size());
+    }
+    Answer {
+        body: AnswerBody::Whole(record.body()),
+        charge,
+        ..answer
+    }
+    .into_response()
 }
 
 /// What the owner's waiters get when it failed; a one-time token goes back to issued.

@@ -12,11 +12,13 @@
 //! One job per module: `wire.rs` a client connection written and read by hand, `frames.rs`
 //! the frames (shared with tests/desync_h2), `limits.rs` the library's limits, `owners.rs`
 //! owners that outlive their clients, `buffers.rs` one connection's share of the buffer
-//! budget, `replays.rs` the copies replays hold against it.
+//! budget, `replays.rs` the copies replays hold against it, `answers.rs` the owners'
+//! answers held by clients that do not read them.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod answers;
 mod buffers;
 #[allow(dead_code)]
 #[path = "../desync_h2/frames.rs"]

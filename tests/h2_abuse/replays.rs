@@ -24,7 +24,7 @@ fn config(store: &str) -> String {
 
 /// An HTTP/2 connection to the proxy whose client releases no flow-control window unless
 /// it reads a body: the proxy can send 64 KiB of an answer and holds the rest.
-async fn connect(proxy: &common::ProxyHandle) -> (h2::client::SendRequest<Bytes>, JoinHandle<()>) {
+pub(super) async fn connect(proxy: &common::ProxyHandle) -> (h2::client::SendRequest<Bytes>, JoinHandle<()>) {
     let tcp = TcpStream::connect(proxy.addr).await.unwrap();
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
     let driver = tokio::spawn(async move {
@@ -52,7 +52,7 @@ async fn order(
 }
 
 /// Reads `answer`'s body to its end, releasing the window as it goes; its length.
-async fn read_all(answer: http::Response<h2::RecvStream>) -> usize {
+pub(super) async fn read_all(answer: http::Response<h2::RecvStream>) -> usize {
     let mut body = answer.into_body();
     let mut len = 0;
     while let Some(chunk) = tokio::time::timeout(HANG, body.data())
@@ -67,7 +67,7 @@ async fn read_all(answer: http::Response<h2::RecvStream>) -> usize {
 }
 
 /// Waits until the proxy holds at most `n` bytes of the budget (hang guard: 30 s).
-async fn held_falls_to(proxy: &common::ProxyHandle, n: f64) {
+pub(super) async fn held_falls_to(proxy: &common::ProxyHandle, n: f64) {
     let deadline = std::time::Instant::now() + HANG;
     while proxy.metric("idemgate_buffered_bytes") > n {
         assert!(
