@@ -121,9 +121,10 @@ where
     head.headers.remove(&IDEMPOTENT_REPLAYED);
     let gap = body.read_gap();
     let stream_on = |rest| ProxyBody::upstream(rest, gap);
-    let (body, trailers, charge) = bounded_then(body, max, (budget, conn), Refusal::Answer, stream_on)
-        .await
-        .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
+    let (body, trailers, charge) =
+        bounded_then(body, max, (budget, conn), Refusal::Answer, stream_on)
+            .await
+            .map_err(|e| ProxyError::UpstreamFailed(e.to_string()))?;
     // Streaming on, its trailers are still to come: declared as the upstream declared
     // them, as a pass-through answer's are (an HTTP/1.1 client gets only declared ones).
     // One read whole declares those it kept ([`whole`]).

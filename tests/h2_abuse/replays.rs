@@ -24,7 +24,9 @@ fn config(store: &str) -> String {
 
 /// An HTTP/2 connection to the proxy whose client releases no flow-control window unless
 /// it reads a body: the proxy can send 64 KiB of an answer and holds the rest.
-pub(super) async fn connect(proxy: &common::ProxyHandle) -> (h2::client::SendRequest<Bytes>, JoinHandle<()>) {
+pub(super) async fn connect(
+    proxy: &common::ProxyHandle,
+) -> (h2::client::SendRequest<Bytes>, JoinHandle<()>) {
     let tcp = TcpStream::connect(proxy.addr).await.unwrap();
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
     let driver = tokio::spawn(async move {
