@@ -28,7 +28,10 @@
 //! shares with every replay is bounded by the store's `max_bytes` and costs nothing more;
 //! but a copy made for one replay (decoded from Redis or SQL, or opened from its seal)
 //! takes its size from the budget, until its body is sent or dropped, and one without
-//! room is refused with `503 overloaded` too, never run again (`super::replay`).
+//! room is refused with `503 overloaded` too, never run again (`super::replay`). The
+//! owner's own answer goes to its client from a copy of the record it stored: unless that
+//! copy is the memory store's record in clear, the charge its buffer took goes on to it,
+//! kept rather than taken again (`super::settlement`).
 //!
 //! One client connection's buffers hold at most `connections.max_buffered_per_connection`
 //! of it at once ([`ConnBuffers`]), as its owners are held to `max_streams`
