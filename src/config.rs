@@ -217,7 +217,8 @@ impl Config {
     /// named method that protects (one that only observes, where the POST's own
     /// protection does not enforce), else the POST's own route or fallback. A `PATCH` no
     /// route takes is the fallback's: a POST under an unprotected route of its own that
-    /// names it gets the fallback's protection, as the PATCH would.
+    /// names it gets the fallback's protection, as the PATCH would, but only where no named
+    /// method (one named after the PATCH too) has a route of its own that applies.
     pub fn route_for(
         &self,
         host: Option<&str>,
@@ -235,18 +236,25 @@ impl Config {
         if own_enforces && own.0 != FALLBACK_ROUTE {
             return own;
         }
-        for named in overrides.methods(headers, &self.overridable) {
-            let found = self.protection_for(host, named, path);
-            // Another rule than the POST's own: the fallback, where it is the POST's too,
-            // is the one already found.
-            if found.0 != own.0
+        // Another rule than the POST's own (the fallback, where it is the POST's too, is
+        // the one already found), that protects as the POST's does not.
+        let takes = |found: &(&str, &Protection)| {
+            found.0 != own.0
                 && matches!(found.1, Protection::On(_))
                 && (found.1.enforces() || !own_enforces)
-            {
-                return found;
-            }
-        }
-        own
+        };
+        let named = || {
+            overrides
+                .methods(headers, &self.overridable)
+                .map(|method| self.protection_for(host, method, path))
+        };
+        // A named method's own route first, wherever it is named: a `PATCH` ahead of it,
+        // which falls to the fallback, must not hide the `DELETE` route after it. Then the
+        // fallback, which only a `PATCH` falls to.
+        named()
+            .find(|found| found.0 != FALLBACK_ROUTE && takes(found))
+            .or_else(|| named().find(takes))
+            .unwrap_or(own)
     }
 
     /// Which route a request belongs to, and what protection it gets, by its method alone

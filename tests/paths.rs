@@ -447,6 +447,35 @@ async fn a_method_override_to_patch_gets_the_fallback_s_protection() {
     assert_eq!(upstream.executed(), 3);
 }
 
+const POST_OFF_DELETE_KEYED: &str = r#"
+routes:
+  - name: users-post
+    match: { methods: [POST], path: "/api/users/{id}" }
+    idempotency: off
+  - name: delete-user
+    match: { methods: [DELETE], path: "/api/users/{id}" }
+    key: { header: Idempotency-Key, required: true }
+"#;
+
+/// A `PATCH` named ahead of another method does not take the override past that method's
+/// own route: the fallback a PATCH no route takes would get is the last resort, after
+/// every named method's route, whether the names share one header or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_named_first_does_not_hide_another_method_s_route() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, POST_OFF_DELETE_KEYED).await;
+    let spellings: [&[(&str, &str)]; 2] = [
+        &[("x-http-method-override", "PATCH, DELETE")],
+        &[("x-http-method-override", "PATCH"), ("x-http-method", "DELETE")],
+    ];
+    for named in spellings {
+        let answer = post(proxy.addr, "/api/users/7", named, "{}").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{named:?}");
+        assert_eq!(answer.json()["type"], "urn:idemgate:problem:key-invalid");
+    }
+    assert_eq!(upstream.executed(), 0, "the DELETE route was stepped around");
+}
+
 const HOSTED: &str = r#"
 routes:
   - name: update-user
