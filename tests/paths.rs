@@ -483,6 +483,33 @@ routes:
     key: { header: Idempotency-Key, required: true }
 "#;
 
+const HOSTED_OFF: &str = r#"
+routes:
+  - name: admin-users
+    match: { methods: [PUT], path: "/api/users/{id}", host: admin.example }
+    idempotency: off
+  - name: admin-notes
+    match: { methods: [PUT], path: "/api/notes/{id}", host: admin.example }
+    key: { header: Idempotency-Key, required: true }
+    idempotency: observe
+"#;
+
+/// A request naming no host is refused only where a host-bound route would enforce on it:
+/// one that protects nothing, or only observes (and forwards whatever it sees), has
+/// nothing to step around, and the request goes on by the routes that name no host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_bound_route_that_protects_nothing_requires_no_host() {
+    let upstream = start_recorder().await;
+    let proxy = start_proxy(upstream.addr, HOSTED_OFF).await;
+    let nameless = "PUT /api/users/1 HTTP/1.0\r\ncontent-length: 2\r\n\r\n{}";
+    let raw = raw_exchange(proxy.addr, nameless.as_bytes()).await;
+    assert!(raw.contains(" 201 "), "{raw}");
+    let observed = "PUT /api/notes/1 HTTP/1.0\r\ncontent-length: 2\r\n\r\n{}";
+    let raw = raw_exchange(proxy.addr, observed.as_bytes()).await;
+    assert!(raw.contains(" 201 "), "{raw}");
+    assert_eq!(upstream.executed(), 2);
+}
+
 /// Every spelling of a route's host is the route's: any case, a port (the default one or
 /// another), a fully qualified name's trailing dot, the authority of an absolute-form
 /// target (which wins over the `Host` field, RFC 9112 §3.2.2, and is what the upstream

@@ -278,7 +278,8 @@ pub fn route<'c>(
 /// its path and by its method or (a `POST`) one its overrides name, as [`route`] reads
 /// them. Routes match such a request to no host, but the upstream serves it from its
 /// default host, which may be the route's: routed past it, a `PUT` the route protects
-/// would run unprotected. A safe method passes through whatever its route.
+/// would run unprotected. A safe method passes through whatever its route, and a route
+/// that does not enforce binds nothing.
 fn binds_a_host(
     config: &Config,
     method: &Method,
@@ -298,7 +299,9 @@ fn binds_a_host(
     config
         .routes
         .iter()
-        .filter(|route| route.matcher.host.is_some())
+        // Only a route that enforces has anything to step around: one that is off, or
+        // only observes, forwards the request whichever route it falls to.
+        .filter(|route| route.matcher.host.is_some() && route.protection.enforces())
         .any(|route| {
             let listed = &route.matcher.methods;
             let named =
