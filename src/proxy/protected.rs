@@ -150,8 +150,9 @@ pub async fn handle(
         report.body_unread = announced != Announced::Nothing;
         return Err(refused);
     }
-    // Phase 2: buffer (bounded), then refuse stale or future timestamps in the body before
-    // any store work.
+    // Phase 2: buffer (bounded), then refuse stale or future timestamps before any store
+    // work: a header's again, though the head passed, since its body may have come slowly
+    // for as long as the original's key took to expire, and the claim comes next.
     let body = read_limited(
         &parts.headers,
         body,
@@ -161,8 +162,7 @@ pub async fn handle(
         buffers,
     )
     .await?;
-    let checked = |f: &_| announced != Announced::Sent && head::reads_head(f);
-    if let Some(fresh) = rule.fresh.as_ref().filter(|f| !checked(f)) {
+    if let Some(fresh) = &rule.fresh {
         super::fresh::check(fresh, &parts.headers, &body, std::time::SystemTime::now())?;
     }
     // Phase 3: derive the key.

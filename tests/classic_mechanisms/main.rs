@@ -1,10 +1,12 @@
 //! The classic idempotency playbook as route rules — one-time tokens, a freshness window,
 //! caller serial numbers, message redelivery — each against the memory store and Redis;
-//! `token_endpoint` holds the endpoint's checks beyond one route's tokens.
+//! `token_endpoint` holds the endpoint's checks beyond one route's tokens, `fresh_held_body`
+//! a timestamp header whose body comes late.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod fresh_held_body;
 mod token_endpoint;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -35,6 +37,11 @@ routes:
     key: { fingerprint: { body: true } }
     ttl: 3s
     fresh: { field: /ts, max_age: 5m, skew: 1s }
+  - name: fresh-short-header
+    match: { methods: [POST], path: /orders/fresh-short-header }
+    key: { header: Idempotency-Key, required: true }
+    ttl: 3s
+    fresh: { header: X-Timestamp, max_age: 5m, skew: 1s }
   - name: serial
     match: { methods: [POST], path: /orders/serial }
     key: { header: X-Serial, required: true, scope: [header: X-Caller-Id, caller] }
