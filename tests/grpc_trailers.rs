@@ -273,3 +273,55 @@ async fn an_http1_client_asking_for_trailers_gets_them_owner_and_replayed() {
     assert!(lower.ends_with("hello\r\n0\r\n\r\n"), "{answer}");
     assert_eq!(upstream.executed.load(Ordering::SeqCst), 1);
 }
+
+/// An upstream's `Idempotent-Replayed` sent as a trailer is dropped from a protected answer,
+/// as the header is: the owner's answer, read whole (and so stored) or streamed on past
+/// `max_answer`, never carries it, and a replay has the proxy's header alone, its other
+/// trailers kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_s_replayed_trailer_never_reaches_a_protected_answer() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let executed = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&executed);
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ntransfer-encoding: chunked\r\n\
+         trailer: idempotent-replayed, grpc-status\r\n\r\n800\r\n{}\r\n0\r\n\
+         idempotent-replayed: true\r\ngrpc-status: 0\r\n\r\n",
+        "x".repeat(2048)
+    );
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let (count, answer) = (Arc::clone(&count), answer.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                while common::read_one_request(&mut stream, &mut buf).await {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    if stream.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let routes = "connections: { upstream_protocol: http1 }\nroutes:\n\
+        \x20 - name: whole\n    match: { path: /whole }\n    key: { header: Idempotency-Key }\n\
+        \x20 - name: streamed\n    match: { path: /streamed }\n    key: { header: Idempotency-Key }\n\
+        \x20   max_answer: 1KiB\n";
+    let proxy = start_proxy(addr, routes).await;
+    let request = |path: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nidempotency-key: k1\r\nte: trailers\r\n\
+             content-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        )
+    };
+    for (path, replayed) in [("/whole", false), ("/whole", true), ("/streamed", false)] {
+        let answer = raw_exchange(proxy.addr, request(path).as_bytes()).await;
+        let lower = answer.to_ascii_lowercase();
+        assert!(lower.starts_with("http/1.1 200"), "{path}: {answer}");
+        let said = lower.matches("idempotent-replayed: ").count();
+        assert_eq!(said, usize::from(replayed), "{path}, replayed {replayed}: {answer}");
+        assert!(lower.ends_with("0\r\ngrpc-status: 0\r\n\r\n"), "{path}: {answer}");
+    }
+    assert_eq!(executed.load(Ordering::SeqCst), 2);
+}

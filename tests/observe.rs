@@ -396,3 +396,19 @@ async fn an_observed_request_too_large_to_buffer_waits_no_longer_than_upstream_t
     assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(executed.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// Observe forwards the upstream's answer untouched, its own `Idempotent-Replayed` too:
+/// only an answer the proxy stores and replays loses it, and a dry run replays nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_passes_the_upstream_s_own_replayed_header_on() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy_with_admin(upstream.addr, OBSERVED, None).await;
+    let headers = [("idempotency-key", "said-1"), ("x-test-replayed", "yes")];
+    for n in 1..=2 {
+        let answer = post(proxy.addr, "/orders", &headers, "{}").await;
+        assert_eq!(answer.status, StatusCode::CREATED, "request {n}");
+        let said: Vec<_> = answer.headers.get_all("idempotent-replayed").iter().collect();
+        assert_eq!(said, ["yes"], "request {n}");
+    }
+    assert_eq!(upstream.executed(), 2);
+}

@@ -460,7 +460,8 @@ routes:
 /// a first execution that said it would look like a replay, and its stored answer would
 /// carry it into replays beside the proxy's. The owner's answer, read whole or streamed
 /// on, has none; a replay has the proxy's one `true`. An unprotected route passes the
-/// upstream's answer on untouched.
+/// upstream's answer on untouched, and so does a request a protected route forwards with
+/// no claim (no key to claim).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_replay_says_it_is_one() {
     let upstream = start_upstream().await;
@@ -514,4 +515,7 @@ routes:
     )
     .await;
     assert_eq!(said(&open), ["yes"]);
+    let unkeyed = [("x-test-replayed", "yes")];
+    let unclaimed = post(proxy.addr, "/orders/keyed", &unkeyed, "{}").await;
+    assert_eq!(said(&unclaimed), ["yes"]);
 }

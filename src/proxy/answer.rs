@@ -56,6 +56,37 @@ pub enum AnswerBody {
 }
 
 impl Answer {
+    /// This answer as the owner's, to be stored and replayed: without the upstream's own
+    /// `Idempotent-Replayed`, as a header or a trailer (read whole, or streamed on and
+    /// declared in `Trailer`). The proxy alone says an answer is a replay: one run now
+    /// that said so would look replayed to its client, and stored, would carry it into
+    /// every replay beside the proxy's own. Any other answer (unclaimed, passed through,
+    /// observed) goes to its client untouched: the proxy says nothing of it. (An observed
+    /// owner's is stored too; a replay once enforcement is on puts its own header over the
+    /// upstream's, but an upstream trailer of that name stays.)
+    pub fn owned(mut self) -> Self {
+        self.headers.remove(&IDEMPOTENT_REPLAYED);
+        if let Some(trailers) = &mut self.trailers {
+            trailers.remove(&IDEMPOTENT_REPLAYED);
+            if trailers.is_empty() {
+                self.trailers = None;
+            }
+        }
+        if let AnswerBody::TooLarge(body) = self.body {
+            undeclare_replayed(&mut self.headers);
+            self.body = AnswerBody::TooLarge(ProxyBody::boxed(body.map_frame(|frame| {
+                match frame.into_trailers() {
+                    Ok(mut trailers) => {
+                        trailers.remove(&IDEMPOTENT_REPLAYED);
+                        Frame::trailers(trailers)
+                    }
+                    Err(frame) => frame,
+                }
+            })));
+        }
+        self
+    }
+
     /// The answer for the client, its body holding the answer's charge until it is sent
     /// or dropped.
     pub fn into_response(self) -> Response<ProxyBody> {
@@ -95,17 +126,29 @@ pub fn whole(
     response
 }
 
+/// Takes `Idempotent-Replayed` out of the `Trailer` field of `headers`, which a streamed
+/// answer keeps as the upstream declared it.
+fn undeclare_replayed(headers: &mut HeaderMap) {
+    let Some(declared) = headers.get(http::header::TRAILER) else {
+        return;
+    };
+    let names = declared.to_str().unwrap_or("").split(',').map(str::trim);
+    let kept: Vec<&str> = names
+        .filter(|name| !name.eq_ignore_ascii_case(IDEMPOTENT_REPLAYED.as_str()))
+        .collect();
+    match http::HeaderValue::from_str(&kept.join(", ")) {
+        Ok(value) if !kept.is_empty() => headers.insert(http::header::TRAILER, value),
+        _ => headers.remove(http::header::TRAILER),
+    };
+}
+
 /// Reads `response`'s body, whole if it is at most `max` bytes (its trailers counted) and
 /// `budget` and the connection `conn` counts have room for it, with its trailers. A body
 /// that breaks off is an
 /// [`ProxyError::UpstreamFailed`]: the request went out. A larger one (or one without
 /// room) streams on as an upstream answer, cut off once the upstream sends nothing for the
 /// body's [`ReadGap`]: no timer covers it any more, and a stalled upstream would hold its
-/// client (and its connection) forever.
-///
-/// The upstream's own `Idempotent-Replayed` is dropped: on a protected route the proxy
-/// alone says an answer is a replay, and one run now that said so would look replayed to
-/// its client, and stored, would carry it into every replay beside the proxy's own.
+/// client (and its connection) forever. An owner's answer is then made [`Answer::owned`].
 pub async fn read<B>(
     response: Response<B>,
     max: usize,
@@ -118,7 +161,6 @@ where
 {
     let (mut head, body) = response.into_parts();
     let declared = strip_hop_by_hop(&mut head.headers, false).declared_trailers;
-    head.headers.remove(&IDEMPOTENT_REPLAYED);
     let gap = body.read_gap();
     let stream_on = |rest| ProxyBody::upstream(rest, gap);
     let (body, trailers, charge) =

@@ -453,7 +453,13 @@ pub(super) async fn execute(
                 // over `max_answer` does: the request ran, so it never fails for that.
                 Ok(response) => {
                     let share = conn.share.buffers();
-                    answer::read(response, policy.max_answer, &budget, share).await
+                    let read = answer::read(response, policy.max_answer, &budget, share).await;
+                    // Observed, the answer goes to its client untouched, as all are.
+                    if policy.observe {
+                        read
+                    } else {
+                        read.map(answer::Answer::owned)
+                    }
                 }
                 Err(e) => Err(e),
             }
