@@ -34,15 +34,26 @@ pub static X_REWRITE_URL: HeaderName = HeaderName::from_static("x-rewrite-url");
 
 /// What other proxies tell an app of its client's scheme, port and address, besides the
 /// `X-Forwarded-*` fields this proxy sets: Rack reads `X-Forwarded-Ssl` and
-/// `X-Forwarded-Scheme` before `X-Forwarded-Proto`, and apps take `X-Real-IP` (nginx's)
-/// or `True-Client-IP` (Cloudflare's, Akamai's) for the client. A peer in
-/// `trusted_proxies` may say them; from any other they are a client naming itself.
-pub static CLIENT_CLAIMS: [HeaderName; 5] = [
+/// `X-Forwarded-Scheme` before `X-Forwarded-Proto`, gunicorn's `secure_scheme_headers`
+/// `X-Forwarded-Protocol` and Microsoft's `Front-End-Https`; apps take `X-Real-IP`
+/// (nginx's), `True-Client-IP` (Cloudflare's, Akamai's), `CF-Connecting-IP`,
+/// `Fastly-Client-IP`, `Client-IP` (Rails's `remote_ip`), `X-Client-IP` or
+/// `X-Cluster-Client-IP` (Node's `request-ip` reads all but `Client-IP`) for the client.
+/// A peer in `trusted_proxies` may say them; from any other they are a client naming
+/// itself.
+pub static CLIENT_CLAIMS: [HeaderName; 12] = [
     HeaderName::from_static("x-forwarded-ssl"),
     HeaderName::from_static("x-forwarded-scheme"),
     HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-protocol"),
+    HeaderName::from_static("front-end-https"),
     HeaderName::from_static("x-real-ip"),
     HeaderName::from_static("true-client-ip"),
+    HeaderName::from_static("cf-connecting-ip"),
+    HeaderName::from_static("fastly-client-ip"),
+    HeaderName::from_static("client-ip"),
+    HeaderName::from_static("x-client-ip"),
+    HeaderName::from_static("x-cluster-client-ip"),
 ];
 
 /// What [`strip_hop_by_hop`] removed that its caller may send again on its own terms.
@@ -337,8 +348,15 @@ pub fn is_forwardable_trailer(name: &HeaderName) -> bool {
                 | "x-forwarded-ssl"
                 | "x-forwarded-scheme"
                 | "x-forwarded-port"
+                | "x-forwarded-protocol"
+                | "front-end-https"
                 | "x-real-ip"
                 | "true-client-ip"
+                | "cf-connecting-ip"
+                | "fastly-client-ip"
+                | "client-ip"
+                | "x-client-ip"
+                | "x-cluster-client-ip"
                 | "x-original-url"
                 | "x-rewrite-url"
         )
@@ -367,6 +385,20 @@ pub fn is_chunked_alone<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trailer naming the client (a recipient may merge it into the header section) never
+    /// goes on, whichever proxy's spelling it takes.
+    #[test]
+    fn no_client_claim_goes_on_as_a_trailer() {
+        let spellings = ["x-forwarded-protocol", "front-end-https", "cf-connecting-ip"];
+        let more = ["client-ip", "x-client-ip", "fastly-client-ip", "x-cluster-client-ip"];
+        for name in spellings.into_iter().chain(more) {
+            assert!(CLIENT_CLAIMS.iter().any(|n| n == name), "{name}");
+        }
+        for name in CLIENT_CLAIMS.iter().chain([&X_FORWARDED_FOR, &X_FORWARDED_PROTO]) {
+            assert!(!is_forwardable_trailer(name), "{name}");
+        }
+    }
 
     #[test]
     fn connection_listed_headers_are_removed() {

@@ -44,14 +44,23 @@ const BALANCER: [(&str, &str); 3] = [
 ];
 
 /// What other proxies tell the app of the client's scheme, port and address: Rack 2.2
-/// reads `X-Forwarded-Ssl` and `X-Forwarded-Scheme` before `X-Forwarded-Proto`, and apps
-/// take `X-Real-IP` or `True-Client-IP` (nginx's, Cloudflare's) for the client.
-const CLIENT_CLAIMS: [(&str, &str); 5] = [
+/// reads `X-Forwarded-Ssl` and `X-Forwarded-Scheme` before `X-Forwarded-Proto`, gunicorn
+/// `X-Forwarded-Protocol`, Microsoft's servers `Front-End-Https`; apps take `X-Real-IP`,
+/// `True-Client-IP`, `CF-Connecting-IP`, `Fastly-Client-IP`, `Client-IP` (Rails),
+/// `X-Client-IP` or `X-Cluster-Client-IP` for the client.
+const CLIENT_CLAIMS: [(&str, &str); 12] = [
     ("x-forwarded-ssl", "on"),
     ("x-forwarded-scheme", "https"),
     ("x-forwarded-port", "443"),
+    ("x-forwarded-protocol", "https"),
+    ("front-end-https", "on"),
     ("x-real-ip", "203.0.113.7"),
     ("true-client-ip", "203.0.113.7"),
+    ("cf-connecting-ip", "203.0.113.7"),
+    ("fastly-client-ip", "203.0.113.7"),
+    ("client-ip", "203.0.113.7"),
+    ("x-client-ip", "203.0.113.7"),
+    ("x-cluster-client-ip", "203.0.113.7"),
 ];
 
 /// The `Host` the proxy is reached by (the balancer's name for its backend).

@@ -22,8 +22,9 @@ use crate::proxy::headers::{
 /// `Forwarded` (RFC 7239, which says the same and which some upstreams read first, Spring's
 /// `ForwardedHeaderFilter` among them) removed, and so are the other fields apps read a
 /// client's scheme, port or address from ([`CLIENT_CLAIMS`]: `X-Forwarded-Ssl`, `-Scheme`,
-/// `-Port`, `X-Real-IP`, `True-Client-IP`), so a client cannot name its own scheme, host
-/// or address to the upstream. From a trusted peer
+/// `-Port`, `-Protocol`, `Front-End-Https`, `X-Real-IP`, `True-Client-IP`,
+/// `CF-Connecting-IP`, `Client-IP` and the like), so a client cannot name its own scheme,
+/// host or address to the upstream. From a trusted peer
 /// ([`Hop::trusted_peer`](crate::proxy::headers::Hop::trusted_peer)) the
 /// scheme its hop wrote goes on instead of ours ([`trusted_scheme`]): it saw the client's,
 /// this proxy only its own; and its [`CLIENT_CLAIMS`] go on as it sent them, as its
@@ -62,8 +63,18 @@ pub fn prepare(
             "x-forwarded-host" => seen.remove |= 8,
             "forwarded" => seen.remove |= 16,
             "x-original-url" | "x-rewrite-url" => seen.remove |= 32,
-            "x-forwarded-ssl" | "x-forwarded-scheme" | "x-forwarded-port" | "x-real-ip"
-            | "true-client-ip" => seen.remove |= 64,
+            "x-forwarded-ssl"
+            | "x-forwarded-scheme"
+            | "x-forwarded-port"
+            | "x-forwarded-protocol"
+            | "front-end-https"
+            | "x-real-ip"
+            | "true-client-ip"
+            | "cf-connecting-ip"
+            | "fastly-client-ip"
+            | "client-ip"
+            | "x-client-ip"
+            | "x-cluster-client-ip" => seen.remove |= 64,
             "x-forwarded-for" => seen.forwarded_for = true,
             "cookie" => seen.cookie = true,
             _ => {}
@@ -500,10 +511,24 @@ mod tests {
     /// others read besides `X-Forwarded-Proto` goes on from a trusted peer only.
     #[test]
     fn only_a_trusted_peers_client_claims_go_on() {
-        let claims: Vec<_> = CLIENT_CLAIMS.iter().map(|n| (n.as_str(), "on")).collect();
+        let names = [
+            "x-forwarded-ssl",
+            "x-forwarded-scheme",
+            "x-forwarded-port",
+            "x-forwarded-protocol",
+            "front-end-https",
+            "x-real-ip",
+            "true-client-ip",
+            "cf-connecting-ip",
+            "fastly-client-ip",
+            "client-ip",
+            "x-client-ip",
+            "x-cluster-client-ip",
+        ];
+        let claims: Vec<_> = names.iter().map(|&n| (n, "on")).collect();
         let from_trusted = prepared(&claims, true);
         let from_client = prepared(&claims, false);
-        for name in &CLIENT_CLAIMS {
+        for name in names {
             assert_eq!(from_trusted[name], "on", "{name}");
             assert!(!from_client.contains_key(name), "{name}");
         }
