@@ -320,8 +320,15 @@ async fn an_upstream_s_replayed_trailer_never_reaches_a_protected_answer() {
         let lower = answer.to_ascii_lowercase();
         assert!(lower.starts_with("http/1.1 200"), "{path}: {answer}");
         let said = lower.matches("idempotent-replayed: ").count();
-        assert_eq!(said, usize::from(replayed), "{path}, replayed {replayed}: {answer}");
-        assert!(lower.ends_with("0\r\ngrpc-status: 0\r\n\r\n"), "{path}: {answer}");
+        assert_eq!(
+            said,
+            usize::from(replayed),
+            "{path}, replayed {replayed}: {answer}"
+        );
+        assert!(
+            lower.ends_with("0\r\ngrpc-status: 0\r\n\r\n"),
+            "{path}: {answer}"
+        );
     }
     assert_eq!(executed.load(Ordering::SeqCst), 2);
 }

@@ -407,7 +407,11 @@ async fn observe_passes_the_upstream_s_own_replayed_header_on() {
     for n in 1..=2 {
         let answer = post(proxy.addr, "/orders", &headers, "{}").await;
         assert_eq!(answer.status, StatusCode::CREATED, "request {n}");
-        let said: Vec<_> = answer.headers.get_all("idempotent-replayed").iter().collect();
+        let said: Vec<_> = answer
+            .headers
+            .get_all("idempotent-replayed")
+            .iter()
+            .collect();
         assert_eq!(said, ["yes"], "request {n}");
     }
     assert_eq!(upstream.executed(), 2);

@@ -466,14 +466,21 @@ async fn a_patch_named_first_does_not_hide_another_method_s_route() {
     let proxy = start_proxy(upstream.addr, POST_OFF_DELETE_KEYED).await;
     let spellings: [&[(&str, &str)]; 2] = [
         &[("x-http-method-override", "PATCH, DELETE")],
-        &[("x-http-method-override", "PATCH"), ("x-http-method", "DELETE")],
+        &[
+            ("x-http-method-override", "PATCH"),
+            ("x-http-method", "DELETE"),
+        ],
     ];
     for named in spellings {
         let answer = post(proxy.addr, "/api/users/7", named, "{}").await;
         assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{named:?}");
         assert_eq!(answer.json()["type"], "urn:idemgate:problem:key-invalid");
     }
-    assert_eq!(upstream.executed(), 0, "the DELETE route was stepped around");
+    assert_eq!(
+        upstream.executed(),
+        0,
+        "the DELETE route was stepped around"
+    );
 }
 
 const HOSTED: &str = r#"

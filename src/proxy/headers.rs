@@ -390,12 +390,24 @@ mod tests {
     /// goes on, whichever proxy's spelling it takes.
     #[test]
     fn no_client_claim_goes_on_as_a_trailer() {
-        let spellings = ["x-forwarded-protocol", "front-end-https", "cf-connecting-ip"];
-        let more = ["client-ip", "x-client-ip", "fastly-client-ip", "x-cluster-client-ip"];
+        let spellings = [
+            "x-forwarded-protocol",
+            "front-end-https",
+            "cf-connecting-ip",
+        ];
+        let more = [
+            "client-ip",
+            "x-client-ip",
+            "fastly-client-ip",
+            "x-cluster-client-ip",
+        ];
         for name in spellings.into_iter().chain(more) {
             assert!(CLIENT_CLAIMS.iter().any(|n| n == name), "{name}");
         }
-        for name in CLIENT_CLAIMS.iter().chain([&X_FORWARDED_FOR, &X_FORWARDED_PROTO]) {
+        for name in CLIENT_CLAIMS
+            .iter()
+            .chain([&X_FORWARDED_FOR, &X_FORWARDED_PROTO])
+        {
             assert!(!is_forwardable_trailer(name), "{name}");
         }
     }

@@ -28,7 +28,10 @@ mod redis {
 async fn a_held_body_is_refused_once_its_stamp_is_stale(redis: bool) {
     let (upstream, proxy, _server) = setup(redis, "").await;
     let stamp = unix_now_ms().to_string();
-    let fields = [("idempotency-key", "held-1"), ("x-timestamp", stamp.as_str())];
+    let fields = [
+        ("idempotency-key", "held-1"),
+        ("x-timestamp", stamp.as_str()),
+    ];
     let path = "/orders/fresh-short-header";
     let first = post(proxy.addr, path, &fields, "{}").await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -64,6 +67,9 @@ async fn a_held_body_is_refused_once_its_stamp_is_stale(redis: bool) {
         .unwrap();
     let answer = String::from_utf8_lossy(&answer).into_owned();
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
-    assert!(answer.contains("urn:idemgate:problem:stale-request"), "{answer}");
+    assert!(
+        answer.contains("urn:idemgate:problem:stale-request"),
+        "{answer}"
+    );
     assert_eq!(upstream.executed(), 1, "the held request ran again");
 }
