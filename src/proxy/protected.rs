@@ -455,11 +455,7 @@ pub(super) async fn execute(
                     let share = conn.share.buffers();
                     let read = answer::read(response, policy.max_answer, &budget, share).await;
                     // Observed, the answer goes to its client untouched, as all are.
-                    if policy.observe {
-                        read
-                    } else {
-                        read.map(answer::Answer::owned)
-                    }
+                    read.map(|read| if policy.observe { read } else { read.owned() })
                 }
                 Err(e) => Err(e),
             }
