@@ -187,11 +187,8 @@ fn transient(error: &sqlx::Error) -> bool {
 }
 
 /// Whether an error is the database refusing the statement itself, as it will every time
-/// it is sent: a value it will not take (a trigger or constraint that rejects it, SQLSTATE
-/// classes 22, 23, 44, 45 for MySQL's `SIGNAL`, and PL/pgSQL's `P0`), a row or statement
-/// too large (classes 42, as MySQL's error 1118 for a row over a tenth of its redo log, and
-/// 54; MySQL's `max_allowed_packet`). The routines' own "kept racing" errors (a row that
-/// changed under them 20 times) are no refusal: sent again, they may land.
+/// it is sent (see [`refusal`]). The routines' own "kept racing" errors (a row that changed
+/// under them 20 times) are no refusal: sent again, they may land.
 fn refused(error: &sqlx::Error) -> bool {
     let sqlx::Error::Database(e) = error else {
         return false;
@@ -199,13 +196,52 @@ fn refused(error: &sqlx::Error) -> bool {
     if e.message().starts_with("idemgate:") {
         return false;
     }
-    let class = e
-        .code()
-        .map(|code| code.chars().take(2).collect::<String>());
-    matches!(
-        class.as_deref(),
-        Some("22" | "23" | "42" | "44" | "45" | "54" | "P0")
-    ) || e.message().contains("max_allowed_packet")
+    let number = e
+        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+        .map(|my| my.number());
+    refusal(number, e.code().as_deref())
+}
+
+/// Whether an error, by its MySQL/MariaDB error number (`None` on PostgreSQL) and its
+/// SQLSTATE, is the database refusing the statement itself. A refusal is recorded as
+/// "executed, answer not stored", so only an error that no repeat gets past counts: one
+/// that a retry may get past (a connection limit, a lock, a failover) must not.
+fn refusal(number: Option<u16>, code: Option<&str>) -> bool {
+    match number {
+        Some(number) => mysql_refusal(number, code),
+        None => postgres_refusal(code),
+    }
+}
+
+/// MySQL and MariaDB, by error number: their SQLSTATE is too coarse to go by, 42000 being
+/// a row too large (1118) but also a user over `max_user_connections` (1203) or its hourly
+/// limits (1226), or no access to the database (1044, 1049), all raised opening a
+/// connection, which sqlx does not try again.
+fn mysql_refusal(number: u16, state: Option<&str>) -> bool {
+    match number {
+        // A trigger's `SIGNAL SQLSTATE '45000'`.
+        1644
+        // A row over a tenth of the redo log; a statement or result over `max_allowed_packet`.
+        | 1118 | 1153 | 1301
+        // A value the column or a constraint will not take: too long, NULL, a duplicate, a
+        // foreign key, out of range, not of the column's type, a check constraint (MySQL).
+        | 1406 | 1048 | 1364 | 1062 | 1169 | 1586 | 1451 | 1452 | 1264 | 1690 | 1292
+        | 1366 | 3819 => true,
+        // MariaDB's check constraint; MySQL gives the number to an unrelated error.
+        4025 => state == Some("23000"),
+        _ => false,
+    }
+}
+
+/// PostgreSQL, by SQLSTATE class: a value it will not take (22, and 23 for a constraint, 44
+/// for a view's check option), a statement or row over a limit (54), a trigger's `RAISE`
+/// (P0). None of them is raised opening a connection or by the server's state (28, 08,
+/// 53, 57, 25 for a standby); class 42 is not taken either, as its statements are fixed by
+/// an operator (a routine missing mid-deploy, a revoked privilege, which 42501 also is on
+/// connecting without CONNECT), after which a repeat lands.
+fn postgres_refusal(code: Option<&str>) -> bool {
+    let class = code.and_then(|code| code.get(..2));
+    matches!(class, Some("22" | "23" | "44" | "54" | "P0"))
 }
 
 /// One database call, boxed: sqlx's futures hold borrows that the compiler cannot prove
@@ -273,6 +309,75 @@ fn ms(ms: i64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// MySQL and MariaDB errors by number (and SQLSTATE), PostgreSQL's by SQLSTATE: a
+    /// refusal is recorded as "executed, answer not stored", so an error a retry may get
+    /// past (a connection limit, a lock, a failover) must never read as one.
+    #[test]
+    fn only_a_statement_refusal_counts_as_refused() {
+        let mysql = [
+            // A trigger's SIGNAL, a row too large, max_allowed_packet, a value too long.
+            (1644, "45000", true),
+            (1118, "42000", true),
+            (1153, "08S01", true),
+            (1301, "HY000", true),
+            (1406, "22001", true),
+            (1048, "23000", true),
+            (1062, "23000", true),
+            (3819, "HY000", true),
+            (4025, "23000", true),
+            // Lock wait and deadlock, on a statement.
+            (1205, "HY000", false),
+            (1213, "40001", false),
+            // Raised opening a connection: over max_user_connections, a user's hourly
+            // limit, no access to or no such database, too many connections, bad password.
+            (1203, "42000", false),
+            (1226, "42000", false),
+            (1044, "42000", false),
+            (1049, "42000", false),
+            (1040, "08004", false),
+            (1045, "28000", false),
+            // MySQL's 4025 is not MariaDB's check constraint.
+            (4025, "HY000", false),
+        ];
+        let mut wrong: Vec<String> = mysql
+            .iter()
+            .filter(|&&(number, state, refused)| refusal(Some(number), Some(state)) != refused)
+            .map(|(number, state, _)| format!("{number} ({state})"))
+            .collect();
+        let postgres = [
+            ("22001", true),
+            ("23505", true),
+            ("23514", true),
+            ("54000", true),
+            ("P0001", true),
+            ("44000", true),
+            // Serialization failure, deadlock, out of memory, a cancelled statement, a
+            // standby after a failover, too many connections, auth and connection errors,
+            // no CONNECT privilege (raised opening a connection).
+            ("40001", false),
+            ("40P01", false),
+            ("53100", false),
+            ("53200", false),
+            ("53300", false),
+            ("57014", false),
+            ("57P01", false),
+            ("25006", false),
+            ("28000", false),
+            ("28P01", false),
+            ("08006", false),
+            ("3D000", false),
+            ("42501", false),
+        ];
+        wrong.extend(
+            postgres
+                .iter()
+                .filter(|&&(code, refused)| refusal(None, Some(code)) != refused)
+                .map(|(code, _)| code.to_string()),
+        );
+        assert_eq!(wrong, Vec::<String>::new(), "read the wrong way");
+        assert!(!refusal(None, None), "no SQLSTATE at all");
+    }
 
     #[test]
     fn table_names_are_plain_identifiers() {
