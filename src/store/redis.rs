@@ -101,9 +101,9 @@ pub struct RedisStore {
     renewals: Arc<Renewals>,
     /// Whether the server may evict records (claims are refused while it may).
     eviction: eviction::Eviction,
-    /// The shortest answer Redis refused as too long (`u64::MAX`: none yet); one as long
-    /// is not sent again (see `settle`).
-    refused_len: AtomicU64,
+    /// The shortest answer Redis refused as too long, lately; one as long is not sent
+    /// again (see `settle`).
+    refused_len: settle::RefusedLen,
     /// Settlements given up on (see [`Store::settlement_lost`](super::Store::settlement_lost)).
     settlements_lost: AtomicU64,
     /// Token issuances refused past `tokens.budget` (see [`Store::token_refused`](super::Store::token_refused)).
@@ -155,7 +155,7 @@ impl RedisStore {
             no_set_ifeq: AtomicBool::new(false),
             renewals: Arc::default(),
             eviction: eviction::Eviction::default(),
-            refused_len: AtomicU64::new(u64::MAX),
+            refused_len: settle::RefusedLen::default(),
             settlements_lost: AtomicU64::new(0),
             tokens_refused: AtomicU64::new(0),
         })

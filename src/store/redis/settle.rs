@@ -9,11 +9,13 @@
 //! default) is refused with a protocol error, every time, and the connection closed: its
 //! key records "executed, answer not stored" instead, as an answer over `max_answer` does
 //! (kept, the claim would lapse with the answer lost, and a retry run it again or hear
-//! "outcome unknown"). The length refused is remembered, so a later answer as long does
-//! not cost every request on the shared connection its connection again.
+//! "outcome unknown"). The length refused is remembered for a few minutes once the write
+//! without it landed, so a later answer as long does not cost every request on the shared
+//! connection its connection again.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use redis::Value;
 
@@ -37,9 +39,58 @@ impl From<StoreError> for Unwritten {
 }
 
 /// Whether Redis refused a command for what it carries: a value over its
-/// `proto-max-bulk-len` is a protocol error (and its connection closed).
+/// `proto-max-bulk-len` is this protocol error (and its connection closed), and only it.
+/// Other protocol errors say nothing of the answer: "unauthenticated bulk length" is any
+/// value over 16 KiB on a connection not yet authenticated, which a repeat gets past.
 fn refuses_value(e: &redis::RedisError) -> bool {
-    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("Protocol error"))
+    e.code() == Some("ERR") && e.detail() == Some("Protocol error: invalid bulk length")
+}
+
+/// How long a refused length is remembered: a `proto-max-bulk-len` raised since, or a
+/// failover to a server with a higher one, is found out by sending such an answer again
+/// after this, at the cost of the shared connection once if it is still refused.
+const REFUSED_LEN_KEPT: Duration = Duration::from_secs(300);
+
+/// The shortest answer Redis refused as too long, and when; one as long is not sent
+/// again for [`REFUSED_LEN_KEPT`].
+#[derive(Default)]
+pub(super) struct RefusedLen(Mutex<Option<(u64, Instant)>>);
+
+impl RefusedLen {
+    /// Whether an answer of `len` bytes is as long as one refused lately, at `now`.
+    fn refuses(&self, len: u64, now: Instant) -> bool {
+        let mut refused = lock(&self.0);
+        match *refused {
+            Some((_, at)) if now.saturating_duration_since(at) >= REFUSED_LEN_KEPT => {
+                *refused = None;
+                false
+            }
+            Some((shortest, _)) => len >= shortest,
+            None => false,
+        }
+    }
+
+    /// Redis refused an answer of `len` bytes at `now` (and took the write without it).
+    /// Only a refusal sets the time: a memo that keeps answers from being sent is not
+    /// renewed by them, so it ends.
+    fn note(&self, len: u64, now: Instant) {
+        let mut refused = lock(&self.0);
+        *refused = match *refused {
+            Some((shortest, at))
+                if shortest <= len && now.saturating_duration_since(at) < REFUSED_LEN_KEPT =>
+            {
+                Some((shortest, at))
+            }
+            _ => Some((len, now)),
+        };
+    }
+}
+
+/// The memo's lock, taken over a poisoned one (it holds one number).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The length of the answer `settlement` carries.
@@ -61,16 +112,14 @@ impl RedisStore {
         settlement: Settlement,
     ) -> Result<Settled, StoreError> {
         let len = answer_len(&settlement);
-        let refusal = if len >= self.refused_len.load(Relaxed) {
-            format!("an answer of {len} bytes, as long as one Redis refused")
+        let (refusal, refused_now) = if self.refused_len.refuses(len, Instant::now()) {
+            let remembered = format!("an answer of {len} bytes, as long as one Redis refused");
+            (remembered, false)
         } else {
             match self.settle_as_asked(owned, &settlement).await {
                 Ok(settled) => return Ok(settled),
                 Err(Unwritten::Failed(e)) => return Err(e),
-                Err(Unwritten::Refused(refusal)) => {
-                    self.refused_len.fetch_min(len.max(1), Relaxed);
-                    refusal
-                }
+                Err(Unwritten::Refused(refusal)) => (refusal, true),
             }
         };
         let Some(lesser) = settlement.without_answer() else {
@@ -82,7 +131,13 @@ impl RedisStore {
             error = %refusal,
             "redis refuses the answer; written without it"
         );
-        match self.settle_as_asked(owned, &lesser).await {
+        let lesser = self.settle_as_asked(owned, &lesser).await;
+        if refused_now && lesser.is_ok() {
+            // Redis took the write without the answer (on a new connection): the length
+            // was what it refused, so later answers as long are not sent for a while.
+            self.refused_len.note(len.max(1), Instant::now());
+        }
+        match lesser {
             Ok(Settled::Written | Settled::WrittenBack)
                 if matches!(settlement, Settlement::Done { .. }) =>
             {
@@ -215,3 +270,6 @@ fn written_error(e: redis::RedisError) -> Unwritten {
         Unwritten::Failed(StoreError::Unavailable(e.to_string()))
     }
 }
+
+#[cfg(test)]
+mod tests;
