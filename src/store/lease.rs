@@ -13,8 +13,9 @@
 //! caller stops waiting for it, is not given up: it is made again in the background,
 //! backing off, for as long as the claim's record lasts (every write is fenced by the
 //! owner's token, so a repeat of one that did land changes nothing): a lease after the
-//! last renewal that landed, then the lapse span, during which the store holds it as its
-//! lapse rule says.
+//! last renewal whose answer came back, then the lapse span, during which the store holds
+//! it as its lapse rule says; and no sooner than a lease and the lapse span after the first
+//! failure, as a renewal whose answer never came back may have landed (see `RetryEnds`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -332,10 +333,7 @@ impl Drop for Pending<'_> {
 }
 
 /// Makes a settlement the store failed again, backing off, until it lands or the claim's
-/// record is gone: it lapses `lease` after `renewed`, when the last renewal that landed was
-/// sent (the store may have been out of reach for long before the settlement's first try),
-/// and the store keeps it for its lapse span after that, still this owner's, so the
-/// settlement can land until then.
+/// record may be gone (see [`RetryEnds`]).
 /// `unanswered`: a renewal of the claim went unanswered, and the settlement, once made, is
 /// made again as [`unanswered::settle_after_unanswered_renewal`] says.
 async fn settle_again(
@@ -346,13 +344,17 @@ async fn settle_again(
     unanswered: bool,
     renewed: tokio::time::Instant,
 ) {
-    let lapses = renewed.into_std() + lease;
-    let until = lapses + owned.lapse.span();
+    let ends = RetryEnds::new(
+        Instant::now(),
+        renewed.into_std(),
+        lease,
+        owned.lapse.span(),
+    );
     let key = owned.key.short();
     let what = settlement.as_str();
     let mut pause = SETTLE_RETRY_FIRST;
     loop {
-        if Instant::now() + pause >= until {
+        if Instant::now() + pause >= ends.gives_up {
             tracing::error!(
                 %key,
                 settled = what,
@@ -362,17 +364,7 @@ async fn settle_again(
             return;
         }
         tokio::time::sleep(pause).await;
-        let now = Instant::now();
-        let most = if now < lapses {
-            SETTLE_RETRY_MAX
-        } else {
-            SETTLE_RETRY_LATE_MAX
-        };
-        // The nearer the record's end, the nearer a takeover that runs the request again
-        // (or retries hearing "outcome unknown" for good): a store back by then must get
-        // the answer before it, so the pause is at most a quarter of the time left.
-        let left = (until.saturating_duration_since(now) / 4).max(SETTLE_RETRY_FIRST);
-        pause = (pause * 2).min(most).min(left);
+        pause = ends.next_pause(pause, Instant::now());
         match store.settle(&owned, settlement.clone()).await {
             Ok(settled) => {
                 if settled == Settled::AnswerNotKept {
@@ -392,3 +384,55 @@ async fn settle_again(
         }
     }
 }
+
+/// Until when a failed settlement is made again, and how its pauses are paced.
+#[derive(Debug, PartialEq, Eq)]
+struct RetryEnds {
+    /// The claim lapses here if no renewal sent after the last one that landed did (a
+    /// lease after it): pauses stay short until then.
+    lapses: Instant,
+    /// The claim's record ends here then (its lapse span later): pauses are at most a
+    /// quarter of the time left to it, so a store back before it takes the answer before
+    /// a takeover could run the request again.
+    ends: Instant,
+    /// Given up here, never before `ends`: a renewal whose answer never came back (a
+    /// stalled Redis, a late SQL commit) may have landed all the same and kept the record
+    /// this owner's until a lease after the settlement first failed, then its lapse span.
+    /// Trying past the record's end is harmless: every write is fenced by the token.
+    gives_up: Instant,
+}
+
+impl RetryEnds {
+    /// For a settlement that first failed at `failed`, of a claim whose last renewal that
+    /// landed was sent at `renewed`.
+    fn new(failed: Instant, renewed: Instant, lease: Duration, lapse_span: Duration) -> Self {
+        let lapses = renewed + lease;
+        let ends = lapses + lapse_span;
+        Self {
+            lapses,
+            ends,
+            gives_up: ends.max(failed + lease + lapse_span),
+        }
+    }
+
+    /// The pause after `pause`, at `now`: doubled, at most [`SETTLE_RETRY_MAX`] before the
+    /// claim lapses, [`SETTLE_RETRY_LATE_MAX`] after, and a quarter of the time left to
+    /// the record's end (past it, to giving up).
+    fn next_pause(&self, pause: Duration, now: Instant) -> Duration {
+        let most = if now < self.lapses {
+            SETTLE_RETRY_MAX
+        } else {
+            SETTLE_RETRY_LATE_MAX
+        };
+        let end = if now < self.ends {
+            self.ends
+        } else {
+            self.gives_up
+        };
+        let left = (end.saturating_duration_since(now) / 4).max(SETTLE_RETRY_FIRST);
+        (pause * 2).min(most).min(left)
+    }
+}
+
+#[cfg(test)]
+mod tests;

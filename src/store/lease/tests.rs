@@ -1,0 +1,58 @@
+//! Until when a failed settlement is made again.
+
+use std::time::{Duration, Instant};
+
+use super::{RetryEnds, SETTLE_RETRY_FIRST, SETTLE_RETRY_MAX};
+
+const LEASE: Duration = Duration::from_secs(30);
+const SPAN: Duration = Duration::from_secs(60);
+const SEC: Duration = Duration::from_secs(1);
+
+/// The last renewal whose answer came back was sent 25 s before the settlement failed;
+/// later ones timed out in the client, and may have landed all the same.
+#[test]
+fn a_settlement_is_tried_a_lease_after_it_first_failed_though_renewals_went_unanswered() {
+    let renewed = Instant::now();
+    let failed = renewed + 25 * SEC;
+    let ends = RetryEnds::new(failed, renewed, LEASE, SPAN);
+    assert_eq!(
+        ends.lapses,
+        renewed + LEASE,
+        "paced by the last renewal that landed"
+    );
+    assert_eq!(ends.ends, renewed + LEASE + SPAN);
+    assert_eq!(
+        ends.gives_up,
+        failed + LEASE + SPAN,
+        "a renewal sent up to the failure may have kept the record"
+    );
+}
+
+/// The store may have been out of reach long before the answer came (no renewal landed
+/// for most of a lease): the record ends a lease after the last that did, not after the
+/// failure, and is given up no sooner.
+#[test]
+fn a_settlement_is_given_up_no_sooner_than_a_lease_after_the_last_renewal_that_landed() {
+    let failed = Instant::now();
+    let ends = RetryEnds::new(failed, failed, LEASE, SPAN);
+    assert_eq!(ends.gives_up, failed + LEASE + SPAN);
+    assert_eq!(ends.ends, ends.gives_up);
+}
+
+#[test]
+fn pauses_are_short_while_the_lease_runs_and_end_before_the_record_does() {
+    let renewed = Instant::now();
+    let failed = renewed + 25 * SEC;
+    let ends = RetryEnds::new(failed, renewed, LEASE, SPAN);
+    let long = 100 * SEC;
+    assert_eq!(ends.next_pause(long, renewed + 26 * SEC), SETTLE_RETRY_MAX);
+    // Lapsed: past SETTLE_RETRY_MAX, a quarter of the 59 s left.
+    assert_eq!(ends.next_pause(long, renewed + 31 * SEC), 59 * SEC / 4);
+    // 8 s left to the record's end: at most 2 s.
+    assert_eq!(ends.next_pause(long, ends.ends - 8 * SEC), 2 * SEC);
+    // Past it (toward giving up, 25 s later) the pause grows again, not stuck at the
+    // first one.
+    assert_eq!(ends.next_pause(long, ends.ends + SEC), 6 * SEC);
+    assert_eq!(ends.next_pause(long, ends.gives_up - SEC), SEC / 4);
+    assert_eq!(ends.next_pause(long, ends.gives_up), SETTLE_RETRY_FIRST);
+}
