@@ -329,7 +329,7 @@ impl Metrics {
         let settlements_lost = Counter::default();
         registry.register(
             "store_settlements_lost",
-            "Answers and failures the store never took before their claim's record ended, and releases and repeated settlements given up (Redis, SQL): each may leave its key to run again or held as an outcome unknown; and answers the store refused on a background retry, recorded as executed, answer not stored",
+            "Answers and failures the store never took before their claim's record ended, and releases and repeated settlements given up (Redis, SQL): each may leave its key to run again or held as an outcome unknown; and answers a SQL database refused (a trigger, a constraint) on a background retry, recorded as executed, answer not stored (not those left out as too large for the store)",
             settlements_lost.clone(),
         );
         let rekeyed = Family::<RekeyedLabels, Counter>::default();

@@ -54,6 +54,7 @@ pub use redis::{RedisSettings, RedisStore};
 pub use report::{KeyInfo, Seen, StoreStats};
 pub use response::StoredResponse;
 pub use revision::Revision;
+pub(crate) use settlement::NotKept;
 pub use settlement::{Settled, Settlement};
 pub use sql::mysql::MysqlStore;
 pub use sql::postgres::PostgresStore;
@@ -301,9 +302,26 @@ impl Store {
         owned: &Ownership,
         settlement: Settlement,
     ) -> Result<Settled, StoreError> {
+        let (settled, _) = self.settle_noting(owned, settlement).await?;
+        Ok(settled)
+    }
+
+    /// [`Store::settle`], with why an answer was left out ([`Settled::AnswerNotKept`];
+    /// `None` otherwise).
+    pub(crate) async fn settle_noting(
+        &self,
+        owned: &Ownership,
+        settlement: Settlement,
+    ) -> Result<(Settled, Option<NotKept>), StoreError> {
+        // Only a SQL database refuses an answer for what it holds; the others leave out
+        // one too large for them.
+        let too_large = |settled: Settled| {
+            let not_kept = (settled == Settled::AnswerNotKept).then_some(NotKept::TooLarge);
+            (settled, not_kept)
+        };
         match self {
-            Self::Memory(m) => Ok(m.settle(owned, settlement)),
-            Self::Redis(r) => Box::pin(r.settle(owned, settlement)).await,
+            Self::Memory(m) => Ok(too_large(m.settle(owned, settlement))),
+            Self::Redis(r) => Box::pin(r.settle(owned, settlement)).await.map(too_large),
             Self::Postgres(p) => Box::pin(p.settle(owned, settlement)).await,
             Self::Mysql(m) => Box::pin(m.settle(owned, settlement)).await,
         }

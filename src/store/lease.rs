@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::claim::{ClaimArgs, Lapse, OwnerToken, Ownership};
 use super::renewals::{Finished, HeldClaim, Renewal};
 use super::response::StoredResponse;
-use super::settlement::{Settled, Settlement};
+use super::settlement::{NotKept, Settled, Settlement};
 use super::{background, unanswered, Store, StoreError};
 use crate::key::Digest;
 use tracing::Instrument;
@@ -365,12 +365,23 @@ async fn settle_again(
         }
         tokio::time::sleep(pause).await;
         pause = ends.next_pause(pause, Instant::now());
-        match store.settle(&owned, settlement.clone()).await {
-            Ok(settled) => {
-                if settled == Settled::AnswerNotKept {
-                    // The client had its answer; its retries will hear it ran, without it.
-                    tracing::error!(%key, "the store refused the answer on a retry; recorded as executed, answer not stored");
-                    store.settlement_lost();
+        match store.settle_noting(&owned, settlement.clone()).await {
+            Ok((settled, not_kept)) => {
+                // The client had its answer; its retries will hear it ran, without it.
+                match not_kept {
+                    // The store's own rule, out of sight of the proxy's outcomes, which
+                    // counted this request before its answer was refused.
+                    Some(NotKept::Refused) => {
+                        tracing::error!(%key, "the database refused the answer on a retry; recorded as executed, answer not stored");
+                        store.settlement_lost();
+                    }
+                    // Left out by size, as it would have been on the first try: the
+                    // store's limit, not a settlement lost.
+                    Some(NotKept::TooLarge) => tracing::warn!(
+                        %key,
+                        "answer too large for the store, found on a retry: recorded as executed, answer not stored"
+                    ),
+                    None => {}
                 }
                 tracing::info!(%key, settled = what, result = ?settled, "settled the claim on a retry");
                 if unanswered {

@@ -97,11 +97,24 @@ pub enum Settled {
     /// settlement was written in its place.
     WrittenBack,
     /// An answer the store could not keep (larger than the memory store's whole budget,
-    /// or no room with `when_full: reject`): the key records "executed, answer not stored"
-    /// instead, so its repeats still never execute.
+    /// or no room with `when_full: reject`; too large for, or refused by, a shared store:
+    /// see `NotKept`): the key records "executed, answer not stored" instead, so its
+    /// repeats still never execute.
     AnswerNotKept,
     /// Nothing written: another owner holds the key.
     NotWritten,
+}
+
+/// Why an answer was left out of its record ([`Settled::AnswerNotKept`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotKept {
+    /// Larger than the store takes (the memory store's budget or room, MySQL's
+    /// `max_allowed_packet`, Redis's `proto-max-bulk-len`): a limit an answer that size
+    /// meets every time, as one over `max_answer` does.
+    TooLarge,
+    /// The database refused its write for what it held (a trigger, a constraint): a rule
+    /// of the store's own, which an operator should hear of.
+    Refused,
 }
 
 impl Settled {

@@ -2,9 +2,16 @@
 //! a protocol error and closes the connection, every time it is sent. The request ran, so
 //! its key records "executed, answer not stored", and a repeat never runs it again.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
 use http::StatusCode;
+use idemgate::key::Digest;
+use idemgate::store::{Claim, ClaimArgs, Lapse, RedisSettings, RedisStore, Store, StoredResponse};
 
 use crate::common::redis_server::RedisServer;
+use crate::common::relay::relay_to;
 use crate::common::{post, start_proxy, start_upstream, stored_key};
 use crate::redis_yaml;
 
@@ -43,4 +50,52 @@ async fn an_answer_over_proto_max_bulk_len_is_recorded_as_not_stored_and_never_r
     );
     assert_eq!(repeat.status, StatusCode::CONFLICT);
     assert_eq!(repeat.problem(), "urn:idemgate:problem:answer-not-stored");
+}
+
+/// The owner's write of such an answer fails (Redis out of reach) and is made again in the
+/// background, once Redis is back: Redis refuses it there, for its length, and the key
+/// records "executed, answer not stored" as it would have at once. That is the answer's
+/// size meeting the server's limit, not a settlement lost: it is not counted in
+/// `idemgate_store_settlements_lost_total`, which an operator alerts on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_proto_max_bulk_len_refused_on_a_retry_is_not_counted_lost() {
+    let redis = RedisServer::start_with(vec!["--proto-max-bulk-len".into(), "1mb".into()]);
+    let relay = relay_to(redis.port).await;
+    let settings = RedisSettings {
+        url: Some(format!("redis://{}", relay.addr)),
+        cluster: Vec::new(),
+        prefix: "t:".into(),
+        timeout: Duration::from_millis(300),
+        ca: None,
+    };
+    let store = Store::Redis(Arc::new(RedisStore::connect(&settings).expect("store")));
+    let key = Digest([0x6a; 32]);
+    let args = ClaimArgs {
+        lapse: Lapse::Release {
+            grace: Duration::from_secs(10),
+        },
+        ..ClaimArgs::new(key, Digest([1; 32]), Duration::from_secs(1))
+    };
+    let Claim::Owner(lease) = store.claim_with(args).await.expect("claim") else {
+        panic!("a fresh key is owned");
+    };
+    relay.cut.store(true, Ordering::SeqCst);
+    let answer = StoredResponse::new(StatusCode::CREATED, &Default::default(), &[b'x'; 2 << 20]);
+    assert!(
+        lease
+            .complete(answer, Duration::from_secs(3600))
+            .await
+            .is_err(),
+        "Redis is cut off"
+    );
+    relay.cut.store(false, Ordering::SeqCst);
+    let record = format!("t:{{{}}}", hex::encode(key.0));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while redis.cli(&["GETRANGE", &record, "0", "0"]).trim() != "N" {
+        assert!(std::time::Instant::now() < deadline, "hang guard");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Counted, if at all, as the retry returns, just after its write landed.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.stats().settlements_lost, 0);
 }

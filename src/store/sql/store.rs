@@ -21,8 +21,8 @@ use crate::key::Digest;
 use crate::store::renewals::{self, HeldClaim, Renewals};
 use crate::store::unanswered::Unanswered;
 use crate::store::{
-    Claim, ClaimArgs, ClaimMode, KeyInfo, Lapse, OwnerToken, Ownership, Purged, RawClaim, Revision,
-    Settled, Settlement, Store, StoreError, Waiter,
+    Claim, ClaimArgs, ClaimMode, KeyInfo, Lapse, NotKept, OwnerToken, Ownership, Purged, RawClaim,
+    Revision, Settled, Settlement, Store, StoreError, Waiter,
 };
 
 /// One SQL database's side of a [`SqlStore`].
@@ -336,14 +336,14 @@ impl<D: Dialect> SqlStore<D> {
         &self,
         owned: &Ownership,
         settlement: Settlement,
-    ) -> Result<Settled, StoreError> {
+    ) -> Result<(Settled, Option<NotKept>), StoreError> {
         self.ready_schema().await?;
         let (settlement, too_large) = self.common.fitted(settlement);
         let refusal = match self.write_settlement(owned, &settlement).await? {
             Ok(Settled::Written | Settled::WrittenBack) if too_large => {
-                return Ok(Settled::AnswerNotKept)
+                return Ok((Settled::AnswerNotKept, Some(NotKept::TooLarge)))
             }
-            Ok(settled) => return Ok(settled),
+            Ok(settled) => return Ok((settled, None)),
             Err(refusal) => refusal,
         };
         let Some(lesser) = settlement.without_answer() else {
@@ -359,9 +359,9 @@ impl<D: Dialect> SqlStore<D> {
             Ok(Settled::Written | Settled::WrittenBack)
                 if matches!(settlement, Settlement::Done { .. }) =>
             {
-                Ok(Settled::AnswerNotKept)
+                Ok((Settled::AnswerNotKept, Some(NotKept::Refused)))
             }
-            Ok(settled) => Ok(settled),
+            Ok(settled) => Ok((settled, None)),
             Err(refusal) => Err(StoreError::Unavailable(refusal)),
         }
     }
