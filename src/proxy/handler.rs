@@ -327,8 +327,15 @@ impl Proxy {
                     upstream_gap: live.config.connections.upstream_read_timeout,
                     tunnel_idle: live.config.connections.tunnel_idle_timeout,
                 };
-                let result =
-                    passthrough::forward(&live.client, request, conn, trusted_peer, timeouts).await;
+                let result = passthrough::forward(
+                    &live.client,
+                    request,
+                    conn,
+                    trusted_peer,
+                    timeouts,
+                    &self.stopping,
+                )
+                .await;
                 route_metrics.upstream_latency(started.elapsed());
                 result
             }

@@ -1,10 +1,12 @@
 //! Unprotected requests: streamed both ways without buffering, protocol upgrades
 //! (WebSocket) spliced through once both sides agreed to switch ([`tunnel`]). A client that
 //! stops sending its body, or an upstream that stops sending its answer's, is cut off after
-//! a bounded gap, and a tunnel after a bounded silence ([`Timeouts`]).
+//! a bounded gap, and a tunnel after a bounded silence or stall ([`Timeouts`]), or at
+//! shutdown.
 
 mod tunnel;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::{Request, Response, StatusCode};
@@ -12,6 +14,7 @@ use hyper_util::rt::TokioIo;
 
 use super::body::{ProxyBody, RequestBody};
 use super::headers::{strip_hop_by_hop, wants_upgrade};
+use super::stopping::Stopping;
 use super::upstream::{Hop, UpstreamBody, UpstreamClient};
 use crate::error::ProxyError;
 
@@ -24,19 +27,21 @@ pub struct Timeouts {
     pub client_gap: Duration,
     /// Between two parts of the answer's body (`connections.upstream_read_timeout`).
     pub upstream_gap: Duration,
-    /// Without a byte either way on an upgraded connection
-    /// (`connections.tunnel_idle_timeout`).
+    /// Without a byte either way on an upgraded connection, or with a write to one side
+    /// waiting (`connections.tunnel_idle_timeout`).
     pub tunnel_idle: Duration,
 }
 
 /// Forwards `request` with its body streaming; the response streams back. `trusted_peer`:
-/// the connection's peer is a trusted proxy, whose forwarded fields go on.
+/// the connection's peer is a trusted proxy, whose forwarded fields go on. A tunnel it
+/// opens ends when `stopping` begins.
 pub async fn forward(
     client: &UpstreamClient,
     mut request: Request<RequestBody>,
     conn: &super::ConnInfo,
     trusted_peer: bool,
     timeouts: Timeouts,
+    stopping: &Arc<Stopping>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let upgrade = request.version() <= http::Version::HTTP_11 && wants_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
@@ -63,13 +68,15 @@ pub async fn forward(
             let mut answer = Response::new(ProxyBody::empty());
             *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
             *answer.headers_mut() = std::mem::take(response.headers_mut());
-            // The connection's task ends with the switch; the tunnel keeps its share.
-            let share = std::sync::Arc::clone(&conn.share);
+            // The connection's task outlives the switch: it holds the connection's share
+            // (its `max_client` slot) until the tunnel gives the socket back.
+            let stopping = Arc::clone(stopping);
             tokio::spawn(async move {
                 let (down, up) = tokio::join!(client_upgrade, UpstreamBody::upgraded(response));
                 match (down, up) {
                     (Ok(down), Some(up)) => {
-                        tunnel::splice(TokioIo::new(down), up, timeouts.tunnel_idle, share).await;
+                        tunnel::splice(TokioIo::new(down), up, timeouts.tunnel_idle, &stopping)
+                            .await;
                     }
                     (Err(e), _) => tracing::debug!(error = %e, "upgrade failed"),
                     (_, None) => tracing::debug!("the upstream's upgrade failed"),

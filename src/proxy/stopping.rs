@@ -116,6 +116,12 @@ impl Stopping {
         self.started.send();
     }
 
+    /// Resolves once the drain has started (never, unless one did). Tunnels end then: they
+    /// carry no request to finish, and one left open would hold the drain to its end.
+    pub async fn begun(&self) {
+        self.started.sent().await;
+    }
+
     /// Resolves when a duplicate still waiting, or an owner's client still waiting for the
     /// upstream's answer, must be answered, and an owner whose request has not gone out
     /// must give its key up (never, unless a drain started).
