@@ -349,15 +349,21 @@ const H2_HEADER_LIST: u32 = 16 << 10;
 const H2_STREAM_WINDOW: u32 = 256 << 10;
 
 /// The receive window of a whole HTTP/2 client connection, shared by its streams: what its
-/// request bodies hold in h2's buffers at most, whatever the number of streams (two
-/// streams at their full window). Not adaptive: h2's BDP estimate would grow it without a
-/// bound of ours.
-const H2_CONNECTION_WINDOW: u32 = 512 << 10;
+/// request bodies hold in h2's buffers at most, whatever the number of streams. Eight
+/// stream windows: uploads the proxy is not reading yet (waiting for an upstream
+/// connection, or behind a slow upstream) hold theirs, and with only two such streams a
+/// connection's every other request body stopped. Envoy's edge guidance keeps sixteen
+/// (64 KiB streams, 1 MiB connection). Not hyper's default (1 MiB), so the test that pins
+/// it sees the setting dropped. All connections may hold `max_client` times this (the
+/// docs say so). Not adaptive: h2's BDP estimate would grow it without a bound of ours.
+const H2_CONNECTION_WINDOW: u32 = 2 << 20;
 
 /// What h2 queues of each HTTP/2 answer stream beyond what the client's window lets out
-/// (hyper's default: 400 KiB): hyper takes the answer's next part only once the queue has
-/// room, so an answer its client does not read holds this much here, the rest upstream.
-/// A queue does not limit throughput (the client's window does), only what waits.
+/// (hyper's default: 400 KiB): hyper hands h2 the answer's next part whole once the queue
+/// has any room, then takes the one after and holds it until there is room again, so an
+/// answer its client does not read holds this much here plus those two parts, the rest
+/// upstream. A queue does not limit throughput (the client's window does), only what
+/// waits.
 const H2_SEND_BUFFER: usize = 64 << 10;
 
 /// The most an HTTP/1.1 client connection's read buffer grows to, and so the longest head

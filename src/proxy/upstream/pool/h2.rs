@@ -54,7 +54,9 @@ const CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 const STREAM_WINDOW: u32 = 256 << 10;
 
 /// What h2 queues of each request body beyond what the upstream's window lets out (hyper's
-/// default: 1 MiB); hyper reads the body's next part only once the queue has room.
+/// default: 1 MiB): hyper hands h2 the body's next part whole once the queue has any room,
+/// then reads the one after and holds it until there is room again, so a stream holds at
+/// most this plus two parts of its body.
 const SEND_BUFFER: usize = 64 << 10;
 
 /// One HTTP/2 connection, shared by its streams.
