@@ -34,7 +34,8 @@ pub struct Connections {
     /// Longest an upgraded connection (WebSocket and the like) may carry no byte either
     /// way before the proxy closes both its sides (nginx's `proxy_read_timeout` on a
     /// tunnel): a tunnel holds an upstream connection and its client's slot, so one left
-    /// idle must end. By default `upstream_read_timeout`.
+    /// idle must end; and longest a write to one of its sides may take no byte (nginx's
+    /// `send_timeout`). By default `upstream_read_timeout`.
     pub tunnel_idle_timeout: Duration,
     /// What upstream connections speak (`connections.upstream_protocol`).
     pub upstream_protocol: UpstreamProtocol,
