@@ -242,9 +242,5 @@ async fn the_receive_windows_are_pinned() {
         Some(256 << 10),
         "SETTINGS_INITIAL_WINDOW_SIZE"
     );
-    assert_eq!(
-        connection_window,
-        Some(2 << 20),
-        "the connection's window"
-    );
+    assert_eq!(connection_window, Some(2 << 20), "the connection's window");
 }
