@@ -82,7 +82,7 @@ pub enum ProxyError {
     /// The proxy buffers as many bytes as `connections.max_buffered` allows, one client
     /// connection as many as `connections.max_buffered_per_connection`: a request's head,
     /// or a protected request's body, found no room, and was refused before anything was
-    /// claimed or sent; or a replay's copy of a stored answer found none, and the answer
+    /// claimed or sent; or a replay of a stored answer found none, and the answer
     /// was neither sent cut short nor run again.
     #[error("{}; retry after {retry_after} s", buffering(*.short))]
     Overloaded {
@@ -90,7 +90,7 @@ pub enum ProxyError {
         retry_after: u64,
         /// Which limit the body found no room under.
         short: Short,
-        /// A replay's copy was refused: the request ran, and its retry with the same key
+        /// A replay was refused: the request ran, and its retry with the same key
         /// gets the stored answer (never "not executed", which invites a new key).
         replay: bool,
     },

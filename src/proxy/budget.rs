@@ -24,13 +24,12 @@
 //! (`503 overloaded`); an answer that finds none, its request already run, streams on to
 //! its client and is recorded as executed, not stored, as one over `max_answer` is.
 //!
-//! A replay holds its body until its client has read it. A stored record a memory store
-//! shares with every replay is bounded by the store's `max_bytes` and costs nothing more;
-//! but a copy made for one replay (decoded from Redis or SQL, or opened from its seal)
-//! takes its size from the budget, until its body is sent or dropped, and one without
-//! room is refused with `503 overloaded` too, never run again (`super::replay`). The
-//! owner's own answer goes to its client from a copy of the record it stored: unless that
-//! copy is the memory store's record in clear, the charge its buffer took goes on to it,
+//! A replay holds its body until its client has read it: a copy made for it (decoded from
+//! Redis or SQL, or opened from its seal), or the memory store's record, which the store
+//! may evict or expire meanwhile. Either takes its size from the budget until its body is
+//! sent or dropped, and a replay without room is refused with `503 overloaded` too, never
+//! run again (`super::replay`). The owner's own answer goes to its client from a copy of
+//! the record it stored, whatever the store: the charge its buffer took goes on to it,
 //! kept rather than taken again (`super::settlement`).
 //!
 //! One client connection's buffers hold at most `connections.max_buffered_per_connection`
@@ -124,8 +123,8 @@ pub enum Refusal {
     RequestBody,
     /// An owner's upstream answer: streamed on, not stored.
     Answer,
-    /// A replay's copy of a stored answer (decoded from the store, or opened from its
-    /// seal): refused with `503 overloaded`.
+    /// A replay of a stored answer (the record it holds, whatever the store): refused
+    /// with `503 overloaded`.
     Replay,
 }
 

@@ -330,7 +330,7 @@ async fn claim_one(
         if !matches!(claim, Claim::InFlight(_)) {
             cx.route_metrics.waited(since);
         }
-        // Charged as any replay's copy is (`super::replay`).
+        // Charged as any replay is (`super::replay`).
         let opened = |stored: StoredResponse, what: Replaying| {
             let conn = cx.conn.share.buffers();
             open_charged(

@@ -428,7 +428,6 @@ pub(super) async fn execute(
     let ended = Arc::clone(&exchanged);
     let stopping = Arc::clone(cx.stopping);
     let budget = Arc::clone(cx.budget);
-    let in_memory = matches!(cx.store, Store::Memory(_));
     // The head goes out with the request, and an owner that runs on after its client
     // left still holds it: its charge goes along.
     let head = cx.head.hand_over();
@@ -496,7 +495,6 @@ pub(super) async fn execute(
             sealing,
             &route_metrics,
             answer,
-            in_memory,
         )
         .await
     })

@@ -2,19 +2,19 @@
 //! of the buffer budget (`super::budget`) while it goes out.
 //!
 //! A replay's body is held until its client has read it, or leaves: as long as it likes,
-//! when it reads slowly (within `client_send_timeout` per write). A record a memory store
-//! keeps is shared by every replay of it, already bounded by the store's `max_bytes`: such
-//! a replay holds nothing more and is charged nothing, which keeps the common replay free
-//! of any extra work. But a record decoded from what Redis or SQL returned is a copy made
-//! for this one request, and so is a sealed record opened (`store.encrypt`, whatever the
-//! store): without a charge, duplicates of a key whose answer is `max_answer` bytes, each
-//! on a stream whose client reads nothing, would hold a copy each, on every stream of
-//! every connection. So such a copy is charged to the budget and its connection's share
-//! before it is made where it can be (the opened copy of a sealed record), or as soon as
-//! the store hands it over (a decoded one), for as long as the replay's body is held: the
-//! charge rides inside the body ([`super::budget::Charge::attach`]) and is given back when
-//! it is sent or dropped. A replay without room is refused as a body without room is
-//! (`503 overloaded`): never run again, never cut short.
+//! when it reads slowly (within `client_send_timeout` per write). Whatever the record is,
+//! a copy decoded from what Redis or SQL returned, a sealed record opened into a copy
+//! (`store.encrypt`, whatever the store), or the memory store's own record in clear, the
+//! replay may hold it past the store's bounds: a copy is this request's alone, and the
+//! memory store evicts records when full (`when_full: evict`) and drops them at their
+//! `ttl` while a replay still holds them. Without a charge, duplicates of a key whose
+//! answer is `max_answer` bytes, or requests for many such keys, each on a stream whose
+//! client reads nothing, would hold one each, on every stream of every connection. So a
+//! replay is charged to the budget and its connection's share for its record before it is
+//! opened, for as long as the replay's body is held: the charge rides inside the body
+//! ([`super::budget::Charge::attach`]) and is given back when it is sent or dropped. A
+//! replay without room is refused as a body without room is (`503 overloaded`): never run
+//! again, never cut short.
 
 use std::sync::Arc;
 
@@ -33,8 +33,8 @@ pub static IDEMPOTENT_REPLAYED: http::HeaderName =
     http::HeaderName::from_static("idempotent-replayed");
 
 /// The replay of `stored`, found under the store key `key` and opened with `ring` if it is
-/// sealed, its copies charged to `budget` and the share of the connection `conn` counts
-/// (see the [module docs](self)): refused with `503 overloaded` if they find no room, with
+/// sealed, its record charged to `budget` and the share of the connection `conn` counts
+/// (see the [module docs](self)): refused with `503 overloaded` if it finds no room, with
 /// the error of a record that does not open if it does not.
 pub fn charged(
     stored: StoredResponse,
@@ -48,8 +48,8 @@ pub fn charged(
     Ok(with_charge(&stored, charge))
 }
 
-/// `stored` opened as [`charged`] opens it, with the charge that pays for the copy it
-/// holds alone (nothing for a shared record), for [`with_charge`]: for a replay that also
+/// `stored` opened as [`charged`] opens it, with the charge that pays for the record it
+/// holds, for [`with_charge`]: for a replay that also
 /// hands the record on (a key of an earlier config, settled under the new key).
 pub fn open_charged(
     stored: StoredResponse,
@@ -59,26 +59,16 @@ pub fn open_charged(
     conn: &Arc<ConnBuffers>,
     what: Replaying,
 ) -> Result<(StoredResponse, Charge), ProxyError> {
-    // A copy the store made for this request, or the one opening a sealed record makes
-    // (no larger than the sealed record). Both are alive only while it opens, a working
-    // copy as a decryption's buffers are: charged as the larger alone, a replay needs the
-    // room its owner needed to store it, never twice that for as long as its key lives.
-    let copied = stored.held_alone();
-    let opening = if stored.is_sealed() { stored.size() } else { 0 };
-    if copied.max(opening) == 0 {
-        // A memory store's record in clear, shared: nothing to charge.
-        let stored = stored.open(ring, key).map_err(ProxyError::Unsealable)?;
-        return Ok((stored, Charge::unbounded()));
-    }
+    // The record, or the copy opening a sealed one makes (no larger than the sealed
+    // record): both are alive only while it opens, a working copy as a decryption's
+    // buffers are, so a replay needs the room its owner needed to store it, never twice.
     let mut charge = budget.charge(conn);
     charge
-        .resize(copied.max(opening))
+        .resize(stored.size())
         .map_err(|short| refused(budget, short, what))?;
     let stored = stored.open(ring, key).map_err(ProxyError::Unsealable)?;
-    // The sealed record is gone: what is left is the one copy the body holds.
-    charge
-        .resize(stored.held_alone())
-        .map_err(|short| refused(budget, short, what))?;
+    // What is left is the one record the body holds: the charge shrinks to it.
+    charge.shrink_to(stored.size());
     Ok((stored, charge))
 }
 

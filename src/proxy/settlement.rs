@@ -5,15 +5,14 @@
 //! ([`super::previous::settle_earlier`]).
 //!
 //! The client is answered from a copy of the answer that lives until it has read it, as
-//! slowly as it likes: a replay's copy does (see [`super::replay`]). Only where that copy
-//! is the memory store's own record in clear, kept for the route's `ttl` within the
-//! store's `max_bytes`, does it hold nothing more. Anywhere else (an answer sent to Redis
-//! or SQL, a record sealed, an answer not kept, a failure record that lingers only a
-//! moment) it would be outside every bound: one client sending requests with distinct keys
-//! on streams it never reads would hold `max_answer` per stream. So the charge the
-//! answer's buffer took from the budget and its connection's share goes on to that copy,
-//! held until its body is sent or dropped: kept, never taken again, so an answer the
-//! request ran to is never refused after the fact.
+//! slowly as it likes: a replay's copy does (see [`super::replay`]). Wherever the record
+//! is kept (sent to Redis or SQL, sealed, not kept, a failure record that lingers only a
+//! moment, or the memory store's own record in clear, which it evicts when full and drops
+//! at its `ttl` while the client still holds it), that copy may outlive every bound: one
+//! client sending requests with distinct keys on streams it never reads would hold
+//! `max_answer` per stream. So the charge the answer's buffer took from the budget and its
+//! connection's share goes on to that copy, held until its body is sent or dropped: kept,
+//! never taken again, so an answer the request ran to is never refused after the fact.
 
 use std::time::Duration;
 
@@ -21,7 +20,6 @@ use http::Response;
 
 use super::answer::{Answer, AnswerBody};
 use super::body::ProxyBody;
-use super::budget::Charge;
 use super::previous::{settle_earlier, Earlier};
 use crate::config::OnUnknownOutcome;
 use crate::error::ProxyError;
@@ -37,7 +35,6 @@ const FAILURE_LINGER: Duration = Duration::from_secs(5);
 
 /// Settles the owner's key with what the upstream answered, and the keys earlier configs
 /// gave the request (`also`) alike; returns the client's answer with the request's outcome.
-/// `in_memory`: the store is the memory store, whose record the client's answer may share.
 pub(super) async fn settle(
     lease: Lease,
     also: Vec<Earlier>,
@@ -45,7 +42,6 @@ pub(super) async fn settle(
     sealing: Option<&KeyRing>,
     route_metrics: &RouteMetrics,
     answer: Result<Answer, ProxyError>,
-    in_memory: bool,
 ) -> Result<(Response<ProxyBody>, Outcome), ProxyError> {
     let fingerprint = lease.fingerprint();
     let reissue = lease.reissue();
@@ -113,10 +109,9 @@ pub(super) async fn settle(
     // The client is answered from the record in clear (the store may keep a sealed one).
     let client = stored.clone();
     if policy.releases(status.as_u16()) {
-        // The store keeps a failure a moment for the waiters: the client's copy outlives
-        // it, charged even where it shares the memory store's record.
+        // The store keeps a failure a moment for the waiters: the client's copy outlives it.
         owner.write(failure(stored, reissue)).await;
-        return Ok((answered(answer, &client, false), Outcome::Released));
+        return Ok((answered(answer, &client), Outcome::Released));
     }
     let settled = owner
         .write(Settlement::Done {
@@ -130,24 +125,16 @@ pub(super) async fn settle(
         // Not settled: the claim lapses by its lease, as an unknown outcome when held.
         None => Outcome::Unknown,
     };
-    // The memory store holds this very record (not a sealed one, not a copy), which its
-    // `max_bytes` bounds. Elsewhere the client's is the only handle on it, or one shared
-    // with a write the store makes again in the background, which bounds nothing.
-    let in_store = in_memory && settled.is_some_and(Settled::kept) && client.held_alone() == 0;
-    Ok((answered(answer, &client, in_store), outcome))
+    Ok((answered(answer, &client), outcome))
 }
 
 /// The client's answer from `record` (the answer's copy in clear), with the headers and
-/// trailers of `answer`, its body holding the charge `answer` took for its buffer, or
-/// nothing if it is the memory store's own record (`in_store`). The charge is kept, never
-/// taken again, so it cannot fail: only what it held past the record's size is given back.
-fn answered(mut answer: Answer, record: &StoredResponse, in_store: bool) -> Response<ProxyBody> {
+/// trailers of `answer`, its body holding the charge `answer` took for its buffer. The
+/// charge is kept, never taken again, so it cannot fail: only what it held past the
+/// record's size is given back.
+fn answered(mut answer: Answer, record: &StoredResponse) -> Response<ProxyBody> {
     let mut charge = std::mem::take(&mut answer.charge);
-    if in_store {
-        charge = Charge::unbounded();
-    } else {
-        charge.shrink_to(record.size());
-    }
+    charge.shrink_to(record.size());
     Answer {
         body: AnswerBody::Whole(record.body()),
         charge,
