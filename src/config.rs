@@ -214,11 +214,13 @@ impl Config {
     /// [`routes_by_override`](Self::routes_by_override)), which the app may run as that
     /// method. Which it does is not known here, so the POST's own route holds where it is
     /// written for the POST (not the fallback) and enforces; else the first route of a
-    /// named method that protects (one that only observes, where the POST's own
-    /// protection does not enforce), else the POST's own route or fallback. A `PATCH` no
-    /// route takes is the fallback's: a POST under an unprotected route of its own that
-    /// names it gets the fallback's protection, as the PATCH would, but only where no named
-    /// method (one named after the PATCH too) has a route of its own that applies.
+    /// named method that enforces, else the fallback where a named `PATCH` falls to it and
+    /// it enforces; only then (where the POST's own protection does not enforce) the first
+    /// such route, then fallback, that only observes; else the POST's own route or
+    /// fallback. A `PATCH` no route takes is the fallback's: a POST under an unprotected
+    /// route of its own that names it gets the fallback's protection, as the PATCH would,
+    /// but only where no named method (one named after the PATCH too) has a route of its
+    /// own that applies as strictly.
     pub fn route_for(
         &self,
         host: Option<&str>,
@@ -250,9 +252,15 @@ impl Config {
         };
         // A named method's own route first, wherever it is named: a `PATCH` ahead of it,
         // which falls to the fallback, must not hide the `DELETE` route after it. Then the
-        // fallback, which only a `PATCH` falls to.
+        // fallback, which only a `PATCH` falls to. Each pass looks for a rule that enforces
+        // before one that observes: a route that only observes, named anywhere, must not
+        // lower to observing a request the fallback would have enforced for.
+        let own_route = |found: &(&str, &Protection)| found.0 != FALLBACK_ROUTE;
+        let enforces = |found: &(&str, &Protection)| takes(found) && found.1.enforces();
         named()
-            .find(|found| found.0 != FALLBACK_ROUTE && takes(found))
+            .find(|found| own_route(found) && enforces(found))
+            .or_else(|| named().find(enforces))
+            .or_else(|| named().find(|found| own_route(found) && takes(found)))
             .or_else(|| named().find(takes))
             .unwrap_or(own)
     }
@@ -461,5 +469,28 @@ mod tests {
             "  - name: items\n    match: { methods: [POST], path: /x }\n    idempotency: off\n",
         );
         assert!(!off.routes_by_override(&Method::POST));
+    }
+
+    /// An override never lowers an overridden POST to observing where a method it names
+    /// enforces: a `PATCH`'s enforcing fallback, named first, outranks a `DELETE` route
+    /// that only observes, named after it; with no enforcing rule, the observer applies.
+    #[test]
+    fn an_override_prefers_an_enforcing_fallback_to_an_observing_route() {
+        let routes = "routes:\n  - name: items\n    match: { methods: [POST], path: /x }\n    idempotency: off\n  - name: purge\n    match: { methods: [DELETE], path: /x }\n    idempotency: observe\n";
+        let enforcing =
+            format!("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\n{routes}");
+        let on = Config::parse(&enforcing, "proxy.yaml").unwrap();
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-http-method-override", "PATCH, DELETE".parse().unwrap());
+        let overrides = Overrides::find(&headers);
+        let routed = on.route_for(None, &Method::POST, &headers, overrides, "/x");
+        assert_eq!(routed.0, FALLBACK_ROUTE);
+        assert!(routed.1.enforces());
+        // The fallback protecting nothing, the observing route is the only one that applies.
+        let off = config(
+            "  - name: items\n    match: { methods: [POST], path: /x }\n    idempotency: off\n  - name: purge\n    match: { methods: [DELETE], path: /x }\n    idempotency: observe\n",
+        );
+        let routed = off.route_for(None, &Method::POST, &headers, overrides, "/x");
+        assert_eq!(routed.0, "purge");
     }
 }
