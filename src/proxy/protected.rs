@@ -488,15 +488,7 @@ pub(super) async fn execute(
         let mut guard = guard;
         let lease = guard.lease.take().expect("settled once");
         let sealing = owner_rule.sealing.as_deref();
-        settlement::settle(
-            lease,
-            also,
-            policy,
-            sealing,
-            &route_metrics,
-            answer,
-        )
-        .await
+        settlement::settle(lease, also, policy, sealing, &route_metrics, answer).await
     })
     .bounded(started + policy.background_timeout)
     // Detached (its client left, or reset its stream) while still waiting for a
