@@ -109,8 +109,9 @@ pub enum Settled {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NotKept {
     /// Larger than the store takes (the memory store's budget or room, MySQL's
-    /// `max_allowed_packet`, Redis's `proto-max-bulk-len`): a limit an answer that size
-    /// meets every time, as one over `max_answer` does.
+    /// `max_allowed_packet` or row size, PostgreSQL's program limits, Redis's
+    /// `proto-max-bulk-len`): a limit an answer that size meets every time, as one over
+    /// `max_answer` does.
     TooLarge,
     /// The database refused its write for what it held (a trigger, a constraint): a rule
     /// of the store's own, which an operator should hear of.

@@ -38,6 +38,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use super::NotKept;
+
 use super::{Settlement, StoreError};
 
 pub use store::SqlStore;
@@ -186,15 +188,25 @@ fn transient(error: &sqlx::Error) -> bool {
     }
 }
 
-/// Whether an error is the database refusing the statement itself, as it will every time
-/// it is sent (see [`refusal`]). The routines' own "kept racing" errors (a row that changed
-/// under them 20 times) are no refusal: sent again, they may land.
-fn refused(error: &sqlx::Error) -> bool {
+/// The database's refusal of a statement, as it will refuse it every time it is sent:
+/// for a limit on size, or a rule of its own (see [`refusal`]), with its error.
+#[derive(Debug)]
+pub(super) struct Refusal {
+    /// Why: what the answer left out for it is counted as.
+    pub(super) why: NotKept,
+    /// The database's error, for the log.
+    pub(super) error: String,
+}
+
+/// Whether, and why, an error is the database refusing the statement itself (see
+/// [`refusal`]). The routines' own "kept racing" errors (a row that changed under them 20
+/// times) are no refusal: sent again, they may land.
+fn refused(error: &sqlx::Error) -> Option<NotKept> {
     let sqlx::Error::Database(e) = error else {
-        return false;
+        return None;
     };
     if e.message().starts_with("idemgate:") {
-        return false;
+        return None;
     }
     let number = e
         .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
@@ -203,10 +215,13 @@ fn refused(error: &sqlx::Error) -> bool {
 }
 
 /// Whether an error, by its MySQL/MariaDB error number (`None` on PostgreSQL) and its
-/// SQLSTATE, is the database refusing the statement itself. A refusal is recorded as
-/// "executed, answer not stored", so only an error that no repeat gets past counts: one
-/// that a retry may get past (a connection limit, a lock, a failover) must not.
-fn refusal(number: Option<u16>, code: Option<&str>) -> bool {
+/// SQLSTATE, is the database refusing the statement itself, and why: a limit on size
+/// ([`NotKept::TooLarge`], met every time by an answer that large, as `max_answer` is) or
+/// a rule of its own ([`NotKept::Refused`], counted as lost for an operator to hear of). A
+/// refusal is recorded as "executed, answer not stored", so only an error that no repeat
+/// gets past counts: one that a retry may get past (a connection limit, a lock, a
+/// failover) must not.
+fn refusal(number: Option<u16>, code: Option<&str>) -> Option<NotKept> {
     match number {
         Some(number) => mysql_refusal(number, code),
         None => postgres_refusal(code),
@@ -217,19 +232,19 @@ fn refusal(number: Option<u16>, code: Option<&str>) -> bool {
 /// a row too large (1118) but also a user over `max_user_connections` (1203) or its hourly
 /// limits (1226), or no access to the database (1044, 1049), all raised opening a
 /// connection, which sqlx does not try again.
-fn mysql_refusal(number: u16, state: Option<&str>) -> bool {
+fn mysql_refusal(number: u16, state: Option<&str>) -> Option<NotKept> {
     match number {
+        // A row over a tenth of the redo log; a statement or result over `max_allowed_packet`.
+        1118 | 1153 | 1301 => Some(NotKept::TooLarge),
         // A trigger's `SIGNAL SQLSTATE '45000'`.
         1644
-        // A row over a tenth of the redo log; a statement or result over `max_allowed_packet`.
-        | 1118 | 1153 | 1301
         // A value the column or a constraint will not take: too long, NULL, a duplicate, a
         // foreign key, out of range, not of the column's type, a check constraint (MySQL).
         | 1406 | 1048 | 1364 | 1062 | 1169 | 1586 | 1451 | 1452 | 1264 | 1690 | 1292
-        | 1366 | 3819 => true,
+        | 1366 | 3819 => Some(NotKept::Refused),
         // MariaDB's check constraint; MySQL gives the number to an unrelated error.
-        4025 => state == Some("23000"),
-        _ => false,
+        4025 if state == Some("23000") => Some(NotKept::Refused),
+        _ => None,
     }
 }
 
@@ -239,9 +254,12 @@ fn mysql_refusal(number: u16, state: Option<&str>) -> bool {
 /// 53, 57, 25 for a standby); class 42 is not taken either, as its statements are fixed by
 /// an operator (a routine missing mid-deploy, a revoked privilege, which 42501 also is on
 /// connecting without CONNECT), after which a repeat lands.
-fn postgres_refusal(code: Option<&str>) -> bool {
-    let class = code.and_then(|code| code.get(..2));
-    matches!(class, Some("22" | "23" | "44" | "54" | "P0"))
+fn postgres_refusal(code: Option<&str>) -> Option<NotKept> {
+    match code.and_then(|code| code.get(..2))? {
+        "54" => Some(NotKept::TooLarge),
+        "22" | "23" | "44" | "P0" => Some(NotKept::Refused),
+        _ => None,
+    }
 }
 
 /// One database call, boxed: sqlx's futures hold borrows that the compiler cannot prove
@@ -258,7 +276,7 @@ async fn bounded<'a, T>(
 ) -> Result<T, StoreError> {
     match refusable(timeout, tries, op).await? {
         Ok(value) => Ok(value),
-        Err(refusal) => Err(StoreError::Unavailable(refusal)),
+        Err(refusal) => Err(StoreError::Unavailable(refusal.error)),
     }
 }
 
@@ -268,7 +286,7 @@ async fn refusable<'a, T>(
     timeout: Duration,
     tries: u32,
     op: impl Fn() -> Call<'a, T>,
-) -> Result<Result<T, String>, StoreError> {
+) -> Result<Result<T, Refusal>, StoreError> {
     let attempts = async {
         let mut tried = 1;
         loop {
@@ -283,8 +301,13 @@ async fn refusable<'a, T>(
     };
     match tokio::time::timeout(timeout, attempts).await {
         Ok(Ok(value)) => Ok(Ok(value)),
-        Ok(Err(e)) if refused(&e) => Ok(Err(e.to_string())),
-        Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
+        Ok(Err(e)) => match refused(&e) {
+            Some(why) => Ok(Err(Refusal {
+                why,
+                error: e.to_string(),
+            })),
+            None => Err(StoreError::Unavailable(e.to_string())),
+        },
         Err(_) => Err(StoreError::Unavailable(format!(
             "no answer from the database within {timeout:?}"
         ))),
@@ -312,71 +335,77 @@ mod tests {
 
     /// MySQL and MariaDB errors by number (and SQLSTATE), PostgreSQL's by SQLSTATE: a
     /// refusal is recorded as "executed, answer not stored", so an error a retry may get
-    /// past (a connection limit, a lock, a failover) must never read as one.
+    /// past (a connection limit, a lock, a failover) must never read as one; and a size
+    /// limit is told from a rule of the database's own, which alone counts as lost.
     #[test]
     fn only_a_statement_refusal_counts_as_refused() {
+        use NotKept::{Refused, TooLarge};
         let mysql = [
-            // A trigger's SIGNAL, a row too large, max_allowed_packet, a value too long.
-            (1644, "45000", true),
-            (1118, "42000", true),
-            (1153, "08S01", true),
-            (1301, "HY000", true),
-            (1406, "22001", true),
-            (1048, "23000", true),
-            (1062, "23000", true),
-            (3819, "HY000", true),
-            (4025, "23000", true),
+            // A trigger's SIGNAL; a row too large, max_allowed_packet (both ways); a value
+            // too long, NULL, a duplicate, a check constraint.
+            (1644, "45000", Some(Refused)),
+            (1118, "42000", Some(TooLarge)),
+            (1153, "08S01", Some(TooLarge)),
+            (1301, "HY000", Some(TooLarge)),
+            (1406, "22001", Some(Refused)),
+            (1048, "23000", Some(Refused)),
+            (1062, "23000", Some(Refused)),
+            (3819, "HY000", Some(Refused)),
+            (4025, "23000", Some(Refused)),
             // Lock wait and deadlock, on a statement.
-            (1205, "HY000", false),
-            (1213, "40001", false),
+            (1205, "HY000", None),
+            (1213, "40001", None),
             // Raised opening a connection: over max_user_connections, a user's hourly
             // limit, no access to or no such database, too many connections, bad password.
-            (1203, "42000", false),
-            (1226, "42000", false),
-            (1044, "42000", false),
-            (1049, "42000", false),
-            (1040, "08004", false),
-            (1045, "28000", false),
+            (1203, "42000", None),
+            (1226, "42000", None),
+            (1044, "42000", None),
+            (1049, "42000", None),
+            (1040, "08004", None),
+            (1045, "28000", None),
             // MySQL's 4025 is not MariaDB's check constraint.
-            (4025, "HY000", false),
+            (4025, "HY000", None),
         ];
         let mut wrong: Vec<String> = mysql
             .iter()
-            .filter(|&&(number, state, refused)| refusal(Some(number), Some(state)) != refused)
+            .filter(|&&(number, state, why)| refusal(Some(number), Some(state)) != why)
             .map(|(number, state, _)| format!("{number} ({state})"))
             .collect();
         let postgres = [
-            ("22001", true),
-            ("23505", true),
-            ("23514", true),
-            ("54000", true),
-            ("P0001", true),
-            ("44000", true),
+            ("22001", Some(Refused)),
+            ("23505", Some(Refused)),
+            ("23514", Some(Refused)),
+            // Program limits: a statement too complex, too many columns or arguments.
+            ("54000", Some(TooLarge)),
+            ("54001", Some(TooLarge)),
+            ("54011", Some(TooLarge)),
+            ("P0001", Some(Refused)),
+            ("44000", Some(Refused)),
             // Serialization failure, deadlock, out of memory, a cancelled statement, a
             // standby after a failover, too many connections, auth and connection errors,
             // no CONNECT privilege (raised opening a connection).
-            ("40001", false),
-            ("40P01", false),
-            ("53100", false),
-            ("53200", false),
-            ("53300", false),
-            ("57014", false),
-            ("57P01", false),
-            ("25006", false),
-            ("28000", false),
-            ("28P01", false),
-            ("08006", false),
-            ("3D000", false),
-            ("42501", false),
+            ("40001", None),
+            ("40P01", None),
+            ("53100", None),
+            ("53200", None),
+            ("53300", None),
+            ("57014", None),
+            ("57P01", None),
+            ("25006", None),
+            ("28000", None),
+            ("28P01", None),
+            ("08006", None),
+            ("3D000", None),
+            ("42501", None),
         ];
         wrong.extend(
             postgres
                 .iter()
-                .filter(|&&(code, refused)| refusal(None, Some(code)) != refused)
+                .filter(|&&(code, why)| refusal(None, Some(code)) != why)
                 .map(|(code, _)| code.to_string()),
         );
         assert_eq!(wrong, Vec::<String>::new(), "read the wrong way");
-        assert!(!refusal(None, None), "no SQLSTATE at all");
+        assert_eq!(refusal(None, None), None, "no SQLSTATE at all");
     }
 
     #[test]

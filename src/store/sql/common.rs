@@ -14,7 +14,7 @@ use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 
 use super::waiters::Interests;
-use super::{bounded, max_tries, refusable, Call, SqlSettings};
+use super::{bounded, max_tries, refusable, Call, Refusal, SqlSettings};
 use crate::store::renewals::{Renewals, Renewed};
 use crate::store::{Ownership, Purged, Settled, Settlement, StoreError};
 
@@ -89,7 +89,7 @@ impl Common {
     pub(super) async fn call_refusable<'a, T>(
         &self,
         op: impl Fn() -> Call<'a, T>,
-    ) -> Result<Result<T, String>, StoreError> {
+    ) -> Result<Result<T, Refusal>, StoreError> {
         refusable(self.timeout, self.tries, op).await
     }
 

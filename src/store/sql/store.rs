@@ -16,7 +16,7 @@ use super::found::{decide, digest_of, seen_of, token_of, Decided, Found, Look};
 use super::reaper::{self, Reap};
 use super::statements::{Arg, Columns, Statements};
 use super::waiters::Interests;
-use super::{decode, millis, valid_table, Call, SqlSettings, Written};
+use super::{decode, millis, valid_table, Call, Refusal, SqlSettings, Written};
 use crate::key::Digest;
 use crate::store::renewals::{self, HeldClaim, Renewals};
 use crate::store::unanswered::Unanswered;
@@ -331,7 +331,8 @@ impl<D: Dialect> SqlStore<D> {
     /// See [`crate::store::Store::settle`]. An answer the database refuses (as it will
     /// every time: see `sql::refused`) is left out as one too large for a statement is:
     /// kept, the claim would lapse with the answer lost, and a retry run it again or hear
-    /// "outcome unknown".
+    /// "outcome unknown". Why it was left out is the refusal's: a limit on size, or a rule
+    /// of the database's own.
     pub(crate) async fn settle(
         &self,
         owned: &Ownership,
@@ -347,22 +348,23 @@ impl<D: Dialect> SqlStore<D> {
             Err(refusal) => refusal,
         };
         let Some(lesser) = settlement.without_answer() else {
-            return Err(StoreError::Unavailable(refusal));
+            return Err(StoreError::Unavailable(refusal.error));
         };
         tracing::error!(
             key = %owned.key.short(),
             settled = settlement.as_str(),
-            error = %refusal,
+            error = %refusal.error,
+            too_large = refusal.why == NotKept::TooLarge,
             "the database refuses the answer; written without it"
         );
         match self.write_settlement(owned, &lesser).await? {
             Ok(Settled::Written | Settled::WrittenBack)
                 if matches!(settlement, Settlement::Done { .. }) =>
             {
-                Ok((Settled::AnswerNotKept, Some(NotKept::Refused)))
+                Ok((Settled::AnswerNotKept, Some(refusal.why)))
             }
             Ok(settled) => Ok((settled, None)),
-            Err(refusal) => Err(StoreError::Unavailable(refusal)),
+            Err(refusal) => Err(StoreError::Unavailable(refusal.error)),
         }
     }
 
@@ -371,7 +373,7 @@ impl<D: Dialect> SqlStore<D> {
         &self,
         owned: &Ownership,
         settlement: &Settlement,
-    ) -> Result<Result<Settled, String>, StoreError> {
+    ) -> Result<Result<Settled, Refusal>, StoreError> {
         let written = Written::of(settlement);
         let token = owned.token.0.to_be_bytes();
         let params = [
