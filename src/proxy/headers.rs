@@ -37,11 +37,12 @@ pub static X_REWRITE_URL: HeaderName = HeaderName::from_static("x-rewrite-url");
 /// `X-Forwarded-Scheme` before `X-Forwarded-Proto`, gunicorn's `secure_scheme_headers`
 /// `X-Forwarded-Protocol` and Microsoft's `Front-End-Https`; apps take `X-Real-IP`
 /// (nginx's), `True-Client-IP` (Cloudflare's, Akamai's), `CF-Connecting-IP`,
-/// `Fastly-Client-IP`, `Client-IP` (Rails's `remote_ip`), `X-Client-IP` or
-/// `X-Cluster-Client-IP` (Node's `request-ip` reads all but `Client-IP`) for the client.
-/// A peer in `trusted_proxies` may say them; from any other they are a client naming
-/// itself.
-pub static CLIENT_CLAIMS: [HeaderName; 12] = [
+/// `Fastly-Client-IP`, `Client-IP` (Rails's `remote_ip`), `X-Client-IP`,
+/// `X-Cluster-Client-IP`, `X-Forwarded` or `Forwarded-For` (Node's `request-ip` reads
+/// each of these address fields but `Client-IP`), `X-AppEngine-User-IP` (Google App
+/// Engine's) or `Fly-Client-IP` (Fly.io's) for the client. A peer in `trusted_proxies` may say them; from any other
+/// they are a client naming itself.
+pub static CLIENT_CLAIMS: [HeaderName; 16] = [
     HeaderName::from_static("x-forwarded-ssl"),
     HeaderName::from_static("x-forwarded-scheme"),
     HeaderName::from_static("x-forwarded-port"),
@@ -54,6 +55,10 @@ pub static CLIENT_CLAIMS: [HeaderName; 12] = [
     HeaderName::from_static("client-ip"),
     HeaderName::from_static("x-client-ip"),
     HeaderName::from_static("x-cluster-client-ip"),
+    HeaderName::from_static("x-forwarded"),
+    HeaderName::from_static("forwarded-for"),
+    HeaderName::from_static("x-appengine-user-ip"),
+    HeaderName::from_static("fly-client-ip"),
 ];
 
 /// What [`strip_hop_by_hop`] removed that its caller may send again on its own terms.
@@ -357,6 +362,10 @@ pub fn is_forwardable_trailer(name: &HeaderName) -> bool {
                 | "client-ip"
                 | "x-client-ip"
                 | "x-cluster-client-ip"
+                | "x-forwarded"
+                | "forwarded-for"
+                | "x-appengine-user-ip"
+                | "fly-client-ip"
                 | "x-original-url"
                 | "x-rewrite-url"
         )
@@ -400,6 +409,10 @@ mod tests {
             "x-client-ip",
             "fastly-client-ip",
             "x-cluster-client-ip",
+            "x-forwarded",
+            "forwarded-for",
+            "x-appengine-user-ip",
+            "fly-client-ip",
         ];
         for name in spellings.into_iter().chain(more) {
             assert!(CLIENT_CLAIMS.iter().any(|n| n == name), "{name}");

@@ -47,8 +47,10 @@ const BALANCER: [(&str, &str); 3] = [
 /// reads `X-Forwarded-Ssl` and `X-Forwarded-Scheme` before `X-Forwarded-Proto`, gunicorn
 /// `X-Forwarded-Protocol`, Microsoft's servers `Front-End-Https`; apps take `X-Real-IP`,
 /// `True-Client-IP`, `CF-Connecting-IP`, `Fastly-Client-IP`, `Client-IP` (Rails),
-/// `X-Client-IP` or `X-Cluster-Client-IP` for the client.
-const CLIENT_CLAIMS: [(&str, &str); 12] = [
+/// `X-Client-IP`, `X-Cluster-Client-IP`, `X-Forwarded` or `Forwarded-For` (Node's
+/// `request-ip`), `X-AppEngine-User-IP` (Google App Engine's) or `Fly-Client-IP` (Fly.io's)
+/// for the client.
+const CLIENT_CLAIMS: [(&str, &str); 16] = [
     ("x-forwarded-ssl", "on"),
     ("x-forwarded-scheme", "https"),
     ("x-forwarded-port", "443"),
@@ -61,6 +63,10 @@ const CLIENT_CLAIMS: [(&str, &str); 12] = [
     ("client-ip", "203.0.113.7"),
     ("x-client-ip", "203.0.113.7"),
     ("x-cluster-client-ip", "203.0.113.7"),
+    ("x-forwarded", "for=203.0.113.7"),
+    ("forwarded-for", "203.0.113.7"),
+    ("x-appengine-user-ip", "203.0.113.7"),
+    ("fly-client-ip", "203.0.113.7"),
 ];
 
 /// The `Host` the proxy is reached by (the balancer's name for its backend).
@@ -175,8 +181,7 @@ async fn a_trusted_proxys_scheme_reaches_the_upstream_and_its_host_is_the_routed
 
 /// A peer outside `trusted_proxies` (127.0.0.2 here, with 127.0.0.1 trusted) names no
 /// scheme, host, port or address of its own: the proxy's replace them, and its
-/// `Forwarded`, `X-Forwarded-Ssl`, `-Scheme`, `-Port`, `X-Real-IP` and `True-Client-IP`
-/// are removed, on every path.
+/// `Forwarded` and every other field of `CLIENT_CLAIMS` are removed, on every path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_peers_forwarded_fields_are_replaced_or_removed() {
     let upstream = start_upstream().await;

@@ -23,7 +23,7 @@ use crate::proxy::headers::{
 /// `ForwardedHeaderFilter` among them) removed, and so are the other fields apps read a
 /// client's scheme, port or address from ([`CLIENT_CLAIMS`]: `X-Forwarded-Ssl`, `-Scheme`,
 /// `-Port`, `-Protocol`, `Front-End-Https`, `X-Real-IP`, `True-Client-IP`,
-/// `CF-Connecting-IP`, `Client-IP` and the like), so a client cannot name its own scheme,
+/// `CF-Connecting-IP`, `Client-IP`, `Fly-Client-IP` and the like), so a client cannot name its own scheme,
 /// host or address to the upstream. From a trusted peer
 /// ([`Hop::trusted_peer`](crate::proxy::headers::Hop::trusted_peer)) the
 /// scheme its hop wrote goes on instead of ours ([`trusted_scheme`]): it saw the client's,
@@ -74,7 +74,11 @@ pub fn prepare(
             | "fastly-client-ip"
             | "client-ip"
             | "x-client-ip"
-            | "x-cluster-client-ip" => seen.remove |= 64,
+            | "x-cluster-client-ip"
+            | "x-forwarded"
+            | "forwarded-for"
+            | "x-appengine-user-ip"
+            | "fly-client-ip" => seen.remove |= 64,
             "x-forwarded-for" => seen.forwarded_for = true,
             "cookie" => seen.cookie = true,
             _ => {}
@@ -524,6 +528,10 @@ mod tests {
             "client-ip",
             "x-client-ip",
             "x-cluster-client-ip",
+            "x-forwarded",
+            "forwarded-for",
+            "x-appengine-user-ip",
+            "fly-client-ip",
         ];
         let claims: Vec<_> = names.iter().map(|&n| (n, "on")).collect();
         let from_trusted = prepared(&claims, true);
