@@ -383,6 +383,7 @@ async fn settle_again(
                     ),
                     None => {}
                 }
+                // After the count: tests/redis_store/refused_answers.rs waits for this line.
                 tracing::info!(%key, settled = what, result = ?settled, "settled the claim on a retry");
                 if unanswered {
                     unanswered::settle_after_unanswered_renewal(&store, owned, settlement, lease);

@@ -56,9 +56,17 @@ async fn an_answer_over_proto_max_bulk_len_is_recorded_as_not_stored_and_never_r
 /// background, once Redis is back: Redis refuses it there, for its length, and the key
 /// records "executed, answer not stored" as it would have at once. That is the answer's
 /// size meeting the server's limit, not a settlement lost: it is not counted in
-/// `idemgate_store_settlements_lost_total`, which an operator alerts on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// `idemgate_store_settlements_lost_total`, which an operator alerts on. On one thread, so
+/// the retry logs to the subscriber the test set: its "settled" line, logged after the
+/// count, is the signal that the count is final.
+#[tokio::test]
 async fn an_answer_over_proto_max_bulk_len_refused_on_a_retry_is_not_counted_lost() {
+    let logged = Logged::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logged.clone())
+        .with_ansi(false)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
     let redis = RedisServer::start_with(vec!["--proto-max-bulk-len".into(), "1mb".into()]);
     let relay = relay_to(redis.port).await;
     let settings = RedisSettings {
@@ -89,13 +97,43 @@ async fn an_answer_over_proto_max_bulk_len_refused_on_a_retry_is_not_counted_los
         "Redis is cut off"
     );
     relay.cut.store(false, Ordering::SeqCst);
-    let record = format!("t:{{{}}}", hex::encode(key.0));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while redis.cli(&["GETRANGE", &record, "0", "0"]).trim() != "N" {
+    while !logged.text().contains("settled the claim on a retry") {
         assert!(std::time::Instant::now() < deadline, "hang guard");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Counted, if at all, as the retry returns, just after its write landed.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let record = format!("t:{{{}}}", hex::encode(key.0));
+    assert_eq!(redis.cli(&["GETRANGE", &record, "0", "0"]).trim(), "N");
+    let text = logged.text();
+    assert!(text.contains("answer too large for the store"), "{text}");
     assert_eq!(store.stats().settlements_lost, 0);
+}
+
+/// What the test's subscriber logged, shared with the test.
+#[derive(Clone, Default)]
+struct Logged(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logged {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logged {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logged {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
 }
