@@ -212,18 +212,8 @@ impl StoredResponse {
         Bytes::from_owner(Arc::clone(&self.record))
     }
 
-    /// The bytes of the record, if this handle is the only one holding it: a copy made
-    /// for one request (decoded from what Redis or SQL returned, or opened from a seal)
-    /// rather than a record a memory store shares with every replay. `0` when shared.
-    pub fn held_alone(&self) -> usize {
-        if Arc::strong_count(&self.record) == 1 {
-            self.record.len()
-        } else {
-            0
-        }
-    }
-
-    /// The bytes of the record, sealed or not: what opening a sealed one copies at most.
+    /// The bytes of the record, sealed or not: what opening a sealed one copies at most,
+    /// and what a replay or an owner's answer holding it is charged.
     pub fn size(&self) -> usize {
         self.record.len()
     }
