@@ -49,8 +49,8 @@ pub fn charged(
 }
 
 /// `stored` opened as [`charged`] opens it, with the charge that pays for the record it
-/// holds, for [`with_charge`]: for a replay that also
-/// hands the record on (a key of an earlier config, settled under the new key).
+/// holds, for [`with_charge`]: for a replay that also hands the record on (a key of an
+/// earlier config, settled under the new key).
 pub fn open_charged(
     stored: StoredResponse,
     ring: Option<&KeyRing>,
@@ -59,9 +59,10 @@ pub fn open_charged(
     conn: &Arc<ConnBuffers>,
     what: Replaying,
 ) -> Result<(StoredResponse, Charge), ProxyError> {
-    // The record, or the copy opening a sealed one makes (no larger than the sealed
-    // record): both are alive only while it opens, a working copy as a decryption's
-    // buffers are, so a replay needs the room its owner needed to store it, never twice.
+    // The record's size, before it is opened: a sealed record and the copy opening it
+    // makes (no larger) are both alive only while it opens, a working copy as a
+    // decryption's buffers are, so a replay needs the room its owner needed to store it,
+    // never twice.
     let mut charge = budget.charge(conn);
     charge
         .resize(stored.size())
