@@ -226,6 +226,27 @@ impl Budget {
         Ok(())
     }
 
+    /// Takes `n` bytes as [`Self::take`] does, except that a connection holding no more
+    /// than `own` (what the asking request holds itself) may go past its share, the total
+    /// still bounding it. A stored answer is kept when its body fits its owner's share, but
+    /// its replay holds the whole record (headers and framing besides): one a little over
+    /// the share would otherwise be refused on every retry for as long as it is kept, its
+    /// answer lost. One request at a time per connection can go past it so: the next finds
+    /// the connection holding more than its own.
+    fn take_alone(&self, conn: &ConnBuffers, n: u64, own: u64) -> Result<(), Short> {
+        match self.take(conn, n) {
+            Err(Short::Connection) if conn.0.load(Ordering::Acquire) <= own as i64 => {
+                let n = i64::try_from(n).unwrap_or(i64::MAX);
+                if !add_within(self.held.inner(), n, self.limit.load(Ordering::Relaxed)) {
+                    return Err(Short::Total);
+                }
+                conn.0.fetch_add(n, Ordering::AcqRel);
+                Ok(())
+            }
+            taken => taken,
+        }
+    }
+
     /// Gives `n` bytes of `conn` back.
     fn give_back(&self, conn: &ConnBuffers, n: u64) {
         conn.0.fetch_sub(n as i64, Ordering::AcqRel);
@@ -355,6 +376,23 @@ impl Charge {
         Ok(())
     }
 
+    /// Makes the charge `total` bytes as [`Charge::resize`] does, past the connection's
+    /// share if the connection holds no more than `own` besides (see `Budget::take_alone`).
+    pub fn resize_alone(&mut self, total: usize, own: u64) -> Result<(), Short> {
+        let total = total as u64;
+        let Some((budget, conn)) = &self.account else {
+            self.bytes = total;
+            return Ok(());
+        };
+        if total > self.bytes {
+            budget.take_alone(conn, total - self.bytes, own + self.bytes)?;
+        } else {
+            budget.give_back(conn, self.bytes - total);
+        }
+        self.bytes = total;
+        Ok(())
+    }
+
     /// Gives back what the charge holds past `total`, if anything: never takes more, so
     /// it cannot fail (a charge kept for a smaller copy of what it paid for).
     pub fn shrink_to(&mut self, total: usize) {
@@ -426,6 +464,34 @@ mod tests {
         assert_eq!((budget.held(), one.held()), (40, 0));
         assert_eq!(b.resize(10), Ok(()));
         assert_eq!((budget.held(), two.held()), (10, 10));
+    }
+
+    /// A request alone on its connection (holding only its own bytes) may go past the
+    /// connection's share, the total still bounding it; with anything else held there, or
+    /// once one has, it is refused as any charge is.
+    #[test]
+    fn a_request_alone_on_its_connection_may_go_past_its_share() {
+        let metrics = Metrics::new();
+        let budget = Budget::new(100, 30, metrics.buffers());
+        let conn: Arc<ConnBuffers> = Arc::default();
+        let mut own = budget.charge(&conn);
+        assert_eq!(own.resize(5), Ok(()));
+        let mut alone = budget.charge(&conn);
+        assert_eq!(alone.resize(40), Err(Short::Connection));
+        assert_eq!(alone.resize_alone(40, 5), Ok(()));
+        assert_eq!((budget.held(), conn.held()), (45, 45));
+        // A second one finds the connection holding more than its own.
+        let mut second = budget.charge(&conn);
+        assert_eq!(second.resize_alone(10, 5), Err(Short::Connection));
+        drop(alone);
+        // Past the total, never.
+        assert_eq!(second.resize_alone(96, 5), Err(Short::Total));
+        assert_eq!((budget.held(), conn.held()), (5, 5));
+        // Something else held on the connection: the share holds.
+        let mut other = budget.charge(&conn);
+        assert_eq!(other.resize(10), Ok(()));
+        assert_eq!(second.resize_alone(40, 5), Err(Short::Connection));
+        assert_eq!((budget.held(), conn.held()), (15, 15));
     }
 
     /// A connection at its share is refused, the budget untouched, while another one
