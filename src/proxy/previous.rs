@@ -332,15 +332,8 @@ async fn claim_one(
         }
         // Charged as any replay is (`super::replay`).
         let opened = |stored: StoredResponse, what: Replaying| {
-            let conn = cx.conn.share.buffers();
-            open_charged(
-                stored,
-                old.sealing.as_deref(),
-                args.key,
-                cx.budget,
-                conn,
-                what,
-            )
+            let charged = (cx.budget, cx.conn.share.buffers(), cx.head.bytes());
+            open_charged(stored, old.sealing.as_deref(), args.key, charged, what)
         };
         return match claim {
             Claim::Owner(lease) => Found::Free(lease),

@@ -259,9 +259,11 @@ pub async fn handle(
                 report.outcome = Some(outcome);
                 return Ok(response);
             }
-            // A copy of the record made for this replay holds its room in the budget until
-            // its body is sent (`super::replay`); one without room is refused, not run.
+            // The replay's record holds its room in the budget until its body is sent
+            // (`super::replay`); one without room is refused, not run. The request's body,
+            // read for its key, is let go first: its room is the replay's.
             Claim::Done(stored) => {
+                drop(body);
                 let replayed = replay_charged(&cx, rule, key, stored, Replaying::Answer)?;
                 report.outcome = Some(if waiting_since.is_some() {
                     Outcome::Waited
@@ -271,6 +273,7 @@ pub async fn handle(
                 return Ok(replayed);
             }
             Claim::Failed(Some(stored)) => {
+                drop(body);
                 let replayed = replay_charged(&cx, rule, key, stored, Replaying::Failure)?;
                 report.outcome = Some(Outcome::FailureShared);
                 return Ok(replayed);
@@ -591,6 +594,6 @@ pub(super) fn replay_charged(
     what: Replaying,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let sealing = rule.sealing.as_deref();
-    let conn = cx.conn.share.buffers();
-    super::replay::charged(stored, sealing, key, cx.budget, conn, what)
+    let charged = (cx.budget, cx.conn.share.buffers(), cx.head.bytes());
+    super::replay::charged(stored, sealing, key, charged, what)
 }

@@ -35,16 +35,16 @@ pub static IDEMPOTENT_REPLAYED: http::HeaderName =
 /// The replay of `stored`, found under the store key `key` and opened with `ring` if it is
 /// sealed, its record charged to `budget` and the share of the connection `conn` counts
 /// (see the [module docs](self)): refused with `503 overloaded` if it finds no room, with
-/// the error of a record that does not open if it does not.
+/// the error of a record that does not open if it does not. `own`: what the request holds
+/// of that share itself (its head), past which a replay alone on its connection may go.
 pub fn charged(
     stored: StoredResponse,
     ring: Option<&KeyRing>,
     key: Digest,
-    budget: &Arc<Budget>,
-    conn: &Arc<ConnBuffers>,
+    (budget, conn, own): (&Arc<Budget>, &Arc<ConnBuffers>, u64),
     what: Replaying,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let (stored, charge) = open_charged(stored, ring, key, budget, conn, what)?;
+    let (stored, charge) = open_charged(stored, ring, key, (budget, conn, own), what)?;
     Ok(with_charge(&stored, charge))
 }
 
@@ -55,17 +55,18 @@ pub fn open_charged(
     stored: StoredResponse,
     ring: Option<&KeyRing>,
     key: Digest,
-    budget: &Arc<Budget>,
-    conn: &Arc<ConnBuffers>,
+    (budget, conn, own): (&Arc<Budget>, &Arc<ConnBuffers>, u64),
     what: Replaying,
 ) -> Result<(StoredResponse, Charge), ProxyError> {
     // The record's size, before it is opened: a sealed record and the copy opening it
     // makes (no larger) are both alive only while it opens, a working copy as a
-    // decryption's buffers are, so a replay needs the room its owner needed to store it,
-    // never twice.
+    // decryption's buffers are, so it is charged once. The record holds headers and
+    // framing besides the body its owner's share fitted: a replay alone on its connection
+    // may go past the share (the total still bounds it), or a record a little over it
+    // would be refused on every retry, its answer lost.
     let mut charge = budget.charge(conn);
     charge
-        .resize(stored.size())
+        .resize_alone(stored.size(), own)
         .map_err(|short| refused(budget, short, what))?;
     let stored = stored.open(ring, key).map_err(ProxyError::Unsealable)?;
     // What is left is the one record the body holds: the charge shrinks to it.

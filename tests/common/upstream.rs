@@ -303,6 +303,10 @@ async fn upstream_handle(
         if let Some(replayed) = headers.get("x-test-replayed") {
             reply = reply.header("idempotent-replayed", replayed);
         }
+        if let Some(n) = header_u64(&headers, "x-test-pad") {
+            // A header of `n` bytes: a record larger than its body.
+            reply = reply.header("x-pad", "p".repeat(n as usize));
+        }
         if let Some(n) = header_u64(&headers, "x-test-bytes") {
             // A large answer, streamed in 64 KiB chunks without being held whole.
             let n = n as usize;

@@ -147,3 +147,47 @@ async fn read_all_of(held: Vec<http::Response<h2::RecvStream>>) {
     let lengths = futures_util::future::join_all(held.into_iter().map(read_all)).await;
     assert_eq!(lengths, vec![BODY; HELD]);
 }
+
+/// A stored answer whose body fitted its owner's share of the buffer budget, but whose
+/// record (its headers besides) is a little over it, is still replayed: refused for room
+/// on every retry, it would be lost for as long as it is kept. A replay alone on its
+/// connection may go past the share; the total still bounds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_stored_within_the_share_is_replayed_though_its_record_is_over_it() {
+    const SHARE: usize = 256 * 1024;
+    let upstream = start_upstream().await;
+    let config = format!(
+        "connections: {{ max_buffered: 2MiB, max_buffered_per_connection: {SHARE} }}\nroutes:\n  - name: orders\n    match: {{ methods: [POST], path: /orders }}\n    key: {{ header: Idempotency-Key, required: true }}\n"
+    );
+    let proxy = start_proxy(upstream.addr, &config).await;
+    let (mut client, _driver) = connect(&proxy).await;
+    let send = |client: &mut h2::client::SendRequest<Bytes>| {
+        let request = http::Request::post("http://x/orders")
+            .header("idempotency-key", "big")
+            .header("x-test-bytes", SHARE - 8 * 1024)
+            .header("x-test-pad", 16 * 1024)
+            .body(())
+            .unwrap();
+        client.send_request(request, true).unwrap().0
+    };
+    let first = tokio::time::timeout(HANG, send(&mut client))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(read_all(first).await, SHARE - 8 * 1024);
+    held_falls_to(&proxy, 0.0).await;
+    let again = tokio::time::timeout(HANG, send(&mut client))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        again.status(),
+        201,
+        "the stored answer is replayed, not refused for room"
+    );
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["x-pad"].len(), 16 * 1024);
+    assert_eq!(read_all(again).await, SHARE - 8 * 1024);
+    assert_eq!(upstream.executed_for("big"), 1);
+}
