@@ -350,25 +350,10 @@ pub fn is_forwardable_trailer(name: &HeaderName) -> bool {
                 | "x-forwarded-for"
                 | "x-forwarded-proto"
                 | "x-forwarded-host"
-                | "x-forwarded-ssl"
-                | "x-forwarded-scheme"
-                | "x-forwarded-port"
-                | "x-forwarded-protocol"
-                | "front-end-https"
-                | "x-real-ip"
-                | "true-client-ip"
-                | "cf-connecting-ip"
-                | "fastly-client-ip"
-                | "client-ip"
-                | "x-client-ip"
-                | "x-cluster-client-ip"
-                | "x-forwarded"
-                | "forwarded-for"
-                | "x-appengine-user-ip"
-                | "fly-client-ip"
                 | "x-original-url"
                 | "x-rewrite-url"
         )
+        && !CLIENT_CLAIMS.iter().any(|claim| claim.as_str() == name)
 }
 
 /// Whether `Transfer-Encoding` field values (all of a message's, in order) name `chunked`

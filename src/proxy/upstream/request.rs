@@ -63,6 +63,8 @@ pub fn prepare(
             "x-forwarded-host" => seen.remove |= 8,
             "forwarded" => seen.remove |= 16,
             "x-original-url" | "x-rewrite-url" => seen.remove |= 32,
+            // CLIENT_CLAIMS, spelled out: a string match on the path every request
+            // takes (`only_a_trusted_peers_client_claims_go_on` holds the two together).
             "x-forwarded-ssl"
             | "x-forwarded-scheme"
             | "x-forwarded-port"
