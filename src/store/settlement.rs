@@ -76,6 +76,26 @@ impl Settlement {
         }
     }
 
+    /// The length of the answer it carries, as a shared store is sent it (0: none).
+    pub(super) fn answer_len(&self) -> usize {
+        match self {
+            Self::Done { response, .. } | Self::Failed { response, .. } => response.encode().len(),
+            _ => 0,
+        }
+    }
+
+    /// What writing [`Self::without_answer`] in this settlement's place, as `settled`,
+    /// came to: a done record's answer left out is [`Settled::AnswerNotKept`]; a failure's
+    /// release is what it was.
+    pub(super) fn settled_without_answer(&self, settled: Settled) -> Settled {
+        match settled {
+            Settled::Written | Settled::WrittenBack if matches!(self, Self::Done { .. }) => {
+                Settled::AnswerNotKept
+            }
+            settled => settled,
+        }
+    }
+
     /// Whether this settlement must be written even when the claim's record is gone (the
     /// store lost it): an answer, or what says the request may have run. A failure or a
     /// release leaves nothing a retry needs.

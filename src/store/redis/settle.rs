@@ -93,16 +93,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The length of the answer `settlement` carries.
-fn answer_len(settlement: &Settlement) -> u64 {
-    match settlement {
-        Settlement::Done { response, .. } | Settlement::Failed { response, .. } => {
-            response.encode().len() as u64
-        }
-        _ => 0,
-    }
-}
-
 impl RedisStore {
     /// See [`Store::settle`](crate::store::Store::settle); an answer Redis refuses is left
     /// out (above).
@@ -111,7 +101,7 @@ impl RedisStore {
         owned: &Ownership,
         settlement: Settlement,
     ) -> Result<Settled, StoreError> {
-        let len = answer_len(&settlement);
+        let len = settlement.answer_len() as u64;
         let (refusal, refused_now) = if self.refused_len.refuses(len, Instant::now()) {
             let remembered = format!("an answer of {len} bytes, as long as one Redis refused");
             (remembered, false)
@@ -138,12 +128,7 @@ impl RedisStore {
             self.refused_len.note(len.max(1), Instant::now());
         }
         match lesser {
-            Ok(Settled::Written | Settled::WrittenBack)
-                if matches!(settlement, Settlement::Done { .. }) =>
-            {
-                Ok(Settled::AnswerNotKept)
-            }
-            Ok(settled) => Ok(settled),
+            Ok(settled) => Ok(settlement.settled_without_answer(settled)),
             Err(Unwritten::Failed(e)) => Err(e),
             Err(Unwritten::Refused(refusal)) => Err(StoreError::Unavailable(refusal)),
         }

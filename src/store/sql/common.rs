@@ -120,12 +120,7 @@ impl Common {
             .statement_limit
             .load(Relaxed)
             .saturating_sub(STATEMENT_SPARE);
-        let too_large = match &settlement {
-            Settlement::Done { response, .. } | Settlement::Failed { response, .. } => {
-                response.encode().len() as u64 > limit
-            }
-            _ => false,
-        };
+        let too_large = settlement.answer_len() as u64 > limit;
         match settlement.without_answer() {
             Some(lesser) if too_large => {
                 let dropped = matches!(settlement, Settlement::Done { .. });

@@ -165,11 +165,7 @@ impl<D: Dialect> SqlStore<D> {
         sql: &str,
         args: &[Arg<'_>],
     ) -> Result<D::Row, StoreError> {
-        self.fetch(sql, args)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| decode(sqlx::Error::RowNotFound))
+        first_row(self.fetch(sql, args).await?)
     }
 
     /// How many rows `sql` changed, under the store's bounds.
@@ -358,12 +354,10 @@ impl<D: Dialect> SqlStore<D> {
             "the database refuses the answer; written without it"
         );
         match self.write_settlement(owned, &lesser).await? {
-            Ok(Settled::Written | Settled::WrittenBack)
-                if matches!(settlement, Settlement::Done { .. }) =>
-            {
-                Ok((Settled::AnswerNotKept, Some(refusal.why)))
-            }
-            Ok(settled) => Ok((settled, None)),
+            Ok(settled) => match settlement.settled_without_answer(settled) {
+                Settled::AnswerNotKept => Ok((Settled::AnswerNotKept, Some(refusal.why))),
+                settled => Ok((settled, None)),
+            },
             Err(refusal) => Err(StoreError::Unavailable(refusal.error)),
         }
     }
@@ -396,10 +390,7 @@ impl<D: Dialect> SqlStore<D> {
             Ok(rows) => rows,
             Err(refusal) => return Ok(Err(refusal)),
         };
-        let row = rows
-            .into_iter()
-            .next()
-            .ok_or_else(|| decode(sqlx::Error::RowNotFound))?;
+        let row = first_row(rows)?;
         self.common.settled(owned, settlement, row.int(0)?).map(Ok)
     }
 
@@ -512,4 +503,11 @@ fn found<D: Dialect>(row: &D::Row, at: usize) -> Result<Found, StoreError> {
         expires_ms: row.int(at + 8)?,
         created_ms: row.int(at + 9)?,
     })
+}
+
+/// The first of the rows a statement answered: the one row a routine returns.
+fn first_row<R>(rows: Vec<R>) -> Result<R, StoreError> {
+    rows.into_iter()
+        .next()
+        .ok_or_else(|| decode(sqlx::Error::RowNotFound))
 }
