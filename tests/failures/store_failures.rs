@@ -80,15 +80,7 @@ async fn with_fail_open_a_waiting_duplicate_is_never_forwarded_when_the_store_fa
 /// not): the store tells it was found in flight, and the duplicate gets the 409.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_fail_open_a_duplicate_found_in_flight_is_never_forwarded_when_the_store_fails() {
-    let (_redis, relay, upstream, proxy) =
-        failing_open_behind_held_replies("wait_timeout: 30s").await;
-    let owner = owner_at_gate(&proxy, &upstream).await;
-    let addr = proxy.addr;
-    // The duplicate's first look is the next command (the owner renews every 10 s).
-    relay.hold_after_next.store(true, Ordering::SeqCst);
-    let duplicate = tokio::spawn(async move { post(addr, "/orders", &PAY, "{}").await });
-    let duplicate = answered_without_running(&upstream, duplicate).await;
-    the_duplicate_got_409_and_the_owner_ran_once(&relay, &upstream, owner, duplicate).await;
+    a_duplicate_whose_second_command_gets_no_reply_gets_409("wait_timeout: 30s").await;
 }
 
 /// The same for a duplicate that will not wait (`in_flight: reject`): its first look
@@ -96,8 +88,14 @@ async fn with_fail_open_a_duplicate_found_in_flight_is_never_forwarded_when_the_
 /// TTL gets no reply. The store did say the key is taken: a 409, never a run of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_fail_open_a_rejected_duplicate_is_never_forwarded_when_its_second_look_fails() {
-    let (_redis, relay, upstream, proxy) =
-        failing_open_behind_held_replies("in_flight: reject").await;
+    a_duplicate_whose_second_command_gets_no_reply_gets_409("in_flight: reject").await;
+}
+
+/// A fail-open route with the policy keys `extra`: while its owner is held at the
+/// upstream, a duplicate's first look (`SET NX GET`) is answered and its next command to
+/// Redis gets no reply; the duplicate gets the in-flight 409, never a run of its own.
+async fn a_duplicate_whose_second_command_gets_no_reply_gets_409(extra: &str) {
+    let (_redis, relay, upstream, proxy) = failing_open_behind_held_replies(extra).await;
     let owner = owner_at_gate(&proxy, &upstream).await;
     let addr = proxy.addr;
     // The duplicate's first look is the next command (the owner renews every 10 s).
