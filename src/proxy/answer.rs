@@ -24,7 +24,7 @@ use std::sync::Arc;
 use super::body::forwardable;
 use super::body::{BodyError, Joined, ProxyBody, ReadGap};
 use super::budget::{Budget, Charge, ConnBuffers, Refusal, Short};
-use super::headers::{declare_trailers, strip_hop_by_hop};
+use super::headers::{declare_trailers, strip_hop_by_hop, trailer_names_kept};
 use super::replay::IDEMPOTENT_REPLAYED;
 use crate::error::ProxyError;
 
@@ -129,16 +129,9 @@ pub fn whole(
 /// Takes `Idempotent-Replayed` out of the `Trailer` field of `headers`, which a streamed
 /// answer keeps as the upstream declared it.
 fn undeclare_replayed(headers: &mut HeaderMap) {
-    let Some(declared) = headers.get(http::header::TRAILER) else {
-        return;
-    };
-    let names = declared.to_str().unwrap_or("").split(',').map(str::trim);
-    let kept: Vec<&str> = names
-        .filter(|name| !name.eq_ignore_ascii_case(IDEMPOTENT_REPLAYED.as_str()))
-        .collect();
-    match http::HeaderValue::from_str(&kept.join(", ")) {
-        Ok(value) if !kept.is_empty() => headers.insert(http::header::TRAILER, value),
-        _ => headers.remove(http::header::TRAILER),
+    match trailer_names_kept(headers, |name| *name != IDEMPOTENT_REPLAYED) {
+        Some(kept) => headers.insert(http::header::TRAILER, kept),
+        None => headers.remove(http::header::TRAILER),
     };
 }
 

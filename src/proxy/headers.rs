@@ -155,14 +155,21 @@ fn asks_for_trailers(headers: &HeaderMap) -> bool {
 /// The names of the message's `Trailer` fields that may go on ([`is_forwardable_trailer`]),
 /// as one value; `None` if none may.
 fn forwardable_trailer_names(headers: &HeaderMap) -> Option<HeaderValue> {
+    trailer_names_kept(headers, is_forwardable_trailer)
+}
+
+/// The names of the message's `Trailer` fields that `keep` keeps (valid names only), as
+/// one value; `None` if it keeps none.
+pub fn trailer_names_kept(
+    headers: &HeaderMap,
+    keep: impl Fn(&HeaderName) -> bool,
+) -> Option<HeaderValue> {
     let names: Vec<&str> = headers
         .get_all(header::TRAILER)
         .iter()
         .flat_map(|v| v.to_str().unwrap_or("").split(','))
         .map(str::trim)
-        .filter(|name| {
-            HeaderName::from_bytes(name.as_bytes()).is_ok_and(|n| is_forwardable_trailer(&n))
-        })
+        .filter(|name| HeaderName::from_bytes(name.as_bytes()).is_ok_and(|n| keep(&n)))
         .collect();
     if names.is_empty() {
         return None;
