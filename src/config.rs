@@ -245,24 +245,22 @@ impl Config {
                 && matches!(found.1, Protection::On(_))
                 && (found.1.enforces() || !own_enforces)
         };
-        let named = || {
-            overrides
-                .methods(headers, &self.overridable)
-                .map(|method| self.protection_for(host, method, path))
+        // A rule that enforces before one that observes: a route that only observes, named
+        // anywhere, must not lower to observing a request the fallback would have enforced
+        // for. Within each, a named method's own route before the fallback, wherever it is
+        // named: a `PATCH` ahead of it, which falls to the fallback, must not hide the
+        // `DELETE` route after it. The first of the best rank wins; each named method's
+        // rule is looked up once.
+        let rank = |found: &(&str, &Protection)| {
+            let fallback = found.0 == FALLBACK_ROUTE;
+            takes(found).then_some((!found.1.enforces(), fallback))
         };
-        // A named method's own route first, wherever it is named: a `PATCH` ahead of it,
-        // which falls to the fallback, must not hide the `DELETE` route after it. Then the
-        // fallback, which only a `PATCH` falls to. Each pass looks for a rule that enforces
-        // before one that observes: a route that only observes, named anywhere, must not
-        // lower to observing a request the fallback would have enforced for.
-        let own_route = |found: &(&str, &Protection)| found.0 != FALLBACK_ROUTE;
-        let enforces = |found: &(&str, &Protection)| takes(found) && found.1.enforces();
-        named()
-            .find(|found| own_route(found) && enforces(found))
-            .or_else(|| named().find(enforces))
-            .or_else(|| named().find(|found| own_route(found) && takes(found)))
-            .or_else(|| named().find(takes))
-            .unwrap_or(own)
+        overrides
+            .methods(headers, &self.overridable)
+            .map(|method| self.protection_for(host, method, path))
+            .filter_map(|found| rank(&found).map(|rank| (rank, found)))
+            .min_by_key(|(rank, _)| *rank)
+            .map_or(own, |(_, found)| found)
     }
 
     /// Which route a request belongs to, and what protection it gets, by its method alone
