@@ -319,7 +319,8 @@ fn same_socket(a: SocketAddr, b: SocketAddr) -> bool {
     let covers = |w: SocketAddr, o: SocketAddr| {
         w.ip().is_unspecified() && (w.is_ipv6() || w.is_ipv4() == o.is_ipv4())
     };
-    a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
+    // Port 0 is a port the OS picks at bind, a different one for each listener.
+    a.port() != 0 && a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
 }
 
 /// The parsed file checked and built one section at a time; of several errors, the one in

@@ -186,7 +186,12 @@ async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
-    tracing::info!(listen = %config.listen, upstream = %config.upstream.authority, routes = config.routes.len(), "idemgate serving");
+    // The address bound, not the one configured: with port 0 it is how anyone (tests,
+    // scripts) learns which port the OS gave.
+    let bound = listener
+        .local_addr()
+        .context("reading the bound listen address")?;
+    tracing::info!(target: "idemgate::listening", listen = %bound, upstream = %config.upstream.authority, routes = config.routes.len(), "idemgate serving");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -198,7 +203,10 @@ async fn run(config: Config, path: PathBuf) -> anyhow::Result<()> {
         let admin_listener = tokio::net::TcpListener::bind(admin.listen)
             .await
             .with_context(|| format!("binding admin {}", admin.listen))?;
-        tracing::info!(listen = %admin.listen, "admin serving");
+        let bound = admin_listener
+            .local_addr()
+            .context("reading the bound admin address")?;
+        tracing::info!(target: "idemgate::listening", listen = %bound, "admin serving");
         tokio::spawn(idemgate::server::serve_admin(
             admin_listener,
             proxy.clone(),

@@ -167,12 +167,7 @@ async fn put_is_protected_only_where_a_route_lists_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_upstream_is_502_and_releases_the_key() {
-    // Bind a port, learn it, close it: nothing listens there now.
-    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (dead, _held) = common::refusing_addr();
     let proxy = start_proxy(dead, ROUTES).await;
     let a = post(proxy.addr, "/orders", &[("idempotency-key", "k")], "{}").await;
     assert_problem(&a, StatusCode::BAD_GATEWAY, "upstream-unreachable");

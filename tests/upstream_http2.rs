@@ -152,11 +152,7 @@ async fn concurrent_requests_share_one_connection_and_later_ones_reuse_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_not_listening_is_502_unreachable_and_releases_the_key() {
-    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (dead, _held) = common::refusing_addr();
     let proxy = start_proxy(dead, &h2(ROUTES)).await;
     for _ in 0..2 {
         // Released, so the second is tried again (502 again), not held (409).

@@ -8,10 +8,8 @@ use super::*;
 /// its token back for `tokens.ttl`, as on a route.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_default_key_gets_the_endpoint_and_its_tokens_handed_back() {
-    // An address nothing listens on: connect refused, nothing sent.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead_addr = dead.local_addr().unwrap();
-    drop(dead);
+    // Connect refused, nothing sent.
+    let (dead_addr, _held) = common::refusing_addr();
     let proxy = start_proxy(
         dead_addr,
         "tokens: { ttl: 5m }\ndefaults:\n  key: { token: {} }\n",

@@ -195,37 +195,18 @@ impl ProxyProcess {
         Self::start_with_args(upstream, rest, level, &[])
     }
 
-    /// Same, with extra arguments after `run --config FILE`. Its ports are free when picked
-    /// but may be taken before the process binds them (another test's server, or an
-    /// outgoing connection's local port): a start that fails for that reason is tried
-    /// again on other ports; one that fails otherwise panics with the process's log.
+    /// Same, with extra arguments after `run --config FILE`. It listens on ports the OS
+    /// gives it (`127.0.0.1:0`) and says which in its log (`idemgate::listening`, logged
+    /// whatever `level` is): a port picked here and bound by the process later could be
+    /// handed to another test's server meanwhile, and this test would talk to that one.
     pub fn start_with_args(upstream: SocketAddr, rest: &str, level: &str, args: &[&str]) -> Self {
-        for _ in 0..5 {
-            match Self::try_start(upstream, rest, level, args) {
-                Ok(proxy) => return proxy,
-                Err(log) if log.contains("in use") => continue,
-                Err(log) => panic!("the proxy process exited at start:\n{log}"),
-            }
-        }
-        panic!("the proxy process found its ports taken five times");
-    }
-
-    /// One start on freshly picked ports: the running process, or its log once it exited.
-    fn try_start(
-        upstream: SocketAddr,
-        rest: &str,
-        level: &str,
-        args: &[&str],
-    ) -> Result<Self, String> {
-        let port = redis_server::free_port();
-        let admin_port = redis_server::free_port();
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("proxy.yaml");
         let log = dir.path().join("idemgate.log");
         std::fs::write(
             &config,
             format!(
-                "listen: 127.0.0.1:{port}\nupstream: http://{upstream}\nadmin: 127.0.0.1:{admin_port}\n{}",
+                "listen: 127.0.0.1:0\nupstream: http://{upstream}\nadmin: 127.0.0.1:0\n{}",
                 with_upstream_protocol(rest)
             ),
         )
@@ -234,32 +215,33 @@ impl ProxyProcess {
             .args(["run", "--config"])
             .arg(&config)
             .args(args)
-            .env("IDEMGATE_LOG", level)
+            .env("IDEMGATE_LOG", format!("{level},idemgate::listening=info"))
             .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let mut exited = false;
+        let mut bound = None;
         redis_server::wait_until(
             || {
-                exited = child.try_wait().unwrap().is_some();
-                exited || std::net::TcpStream::connect(addr).is_ok()
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                bound = listening(&text, "idemgate serving").zip(listening(&text, "admin serving"));
+                bound.is_some() || child.try_wait().unwrap().is_some()
             },
             "the proxy process to listen",
         );
-        if exited {
-            return Err(std::fs::read_to_string(&log).unwrap_or_default());
-        }
-        Ok(Self {
+        let Some((addr, admin)) = bound else {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("the proxy process exited at start:\n{text}");
+        };
+        Self {
             addr,
-            admin: format!("127.0.0.1:{admin_port}").parse().unwrap(),
+            admin,
             config,
             log,
             child,
             _dir: dir,
-        })
+        }
     }
 
     /// What it logged so far.
@@ -451,4 +433,16 @@ pub async fn two_proxies_execute_each_key_once(config: &str) {
     }
     assert_eq!(upstream.executed(), 10);
     assert_eq!(upstream.most_executions_of_one_key(), 1);
+}
+
+/// The address a log line with `message` gives as `listen` (text or JSON log).
+fn listening(log: &str, message: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|line| line.contains(message))?;
+    let value = ["listen=", "\"listen\":\""]
+        .iter()
+        .find_map(|field| line.split_once(field).map(|(_, rest)| rest))?;
+    let end = value
+        .find(|c: char| c == '"' || c.is_whitespace())
+        .unwrap_or(value.len());
+    value[..end].parse().ok()
 }

@@ -112,6 +112,15 @@ impl Upstream {
     }
 }
 
+/// An address that refuses every connection for as long as the returned socket lives:
+/// bound and never listening. A port bound and closed again could be handed meanwhile to
+/// another test's server, which would answer (or stall) where a refusal was meant.
+pub fn refusing_addr() -> (SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (socket.local_addr().unwrap(), socket)
+}
+
 /// Starts the test upstream. Behaviour per path:
 /// - non-GET `/orders…`: counts, answers `x-test-status` (201 by
 ///   default) with JSON `{"n", "body", "auth"}` and two `Set-Cookie` headers (and the

@@ -121,7 +121,8 @@ async fn fail_open_forwards_while_redis_is_down_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_at_start_does_not_stop_the_proxy() {
-    let dead_port = common::redis_server::free_port();
+    let (dead, held) = common::refusing_addr();
+    let dead_port = dead.port();
     let upstream = start_upstream().await;
     let proxy = ProxyProcess::start(
         upstream.addr,
@@ -138,6 +139,7 @@ async fn redis_down_at_start_does_not_stop_the_proxy() {
     let refused = post(proxy.addr, "/orders", &[("idempotency-key", "k")], "{}").await;
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
     // Redis comes up on that port: service recovers without a restart.
+    drop(held);
     let _redis = RedisServer::start_on(dead_port);
     let admin = proxy.admin;
     wait_until_async(|| async move {

@@ -128,7 +128,10 @@ async fn a_killed_owners_key_is_taken_over_once_after_its_grace_when_released() 
                 }
                 StatusCode::CREATED if !answer.replayed() => executed_again.push(answer),
                 StatusCode::CREATED => {}
-                other => panic!("unexpected {other}"),
+                other => panic!(
+                    "unexpected {other}: {}",
+                    String::from_utf8_lossy(&answer.body)
+                ),
             }
         }
         if !executed_again.is_empty() {
