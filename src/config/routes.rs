@@ -291,10 +291,11 @@ macro_rules! overlay_policy {
     ($raw:expr, $base:expr) => {{
         // Field by field, so a route whose `match` was already moved out still works.
         let base = &$base;
+        let upstream_timeout = $raw.upstream_timeout.map_or(base.upstream_timeout, |d| d.0);
         Policy {
             ttl: $raw.ttl.map_or(base.ttl, |d| d.0),
             lease: $raw.lease.map_or(base.lease, |d| d.0),
-            upstream_timeout: $raw.upstream_timeout.map_or(base.upstream_timeout, |d| d.0),
+            upstream_timeout,
             in_flight: $raw.in_flight.unwrap_or(base.in_flight),
             wait_timeout: $raw.wait_timeout.map_or(base.wait_timeout, |d| d.0),
             replay_statuses: $raw
@@ -304,9 +305,12 @@ macro_rules! overlay_policy {
             max_body: $raw.max_body.map_or(base.max_body, |b| b.0 as usize),
             on_store_error: $raw.on_store_error.unwrap_or(base.on_store_error),
             on_unknown_outcome: $raw.on_unknown_outcome.unwrap_or(base.on_unknown_outcome),
+            // Inherited, it grows to a longer `upstream_timeout` set here (`defaults: {
+            // upstream_timeout: 15m }` is not refused for the 10m it never set); set here,
+            // it is checked against it.
             background_timeout: $raw
                 .background_timeout
-                .map_or(base.background_timeout, |d| d.0),
+                .map_or(base.background_timeout.max(upstream_timeout), |d| d.0),
             max_answer: $raw.max_answer.map_or(base.max_answer, |b| b.0 as usize),
             observe: match $raw.idempotency {
                 Some(Mode::Observe) => true,

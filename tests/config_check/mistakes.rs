@@ -8,11 +8,11 @@ use idemgate::config::Config;
 
 use crate::{invalid, route_with_key, top};
 
-/// "`background_timeout` must be at least `upstream_timeout`": a file that sets it below,
-/// in `defaults:` or on a route (where the route's `upstream_timeout` outgrows the
-/// inherited 10m), is refused, the error naming where and both keys; equal is accepted.
+/// "`background_timeout` set must be at least `upstream_timeout`": a file that sets it
+/// below, in `defaults:` or on a route, is refused, the error naming where and both keys;
+/// equal is accepted.
 #[test]
-fn a_background_timeout_below_the_upstream_timeout_is_refused() {
+fn a_background_timeout_set_below_the_upstream_timeout_is_refused() {
     let (line, _, key, message) = invalid(&top(
         "defaults:\n  upstream_timeout: 2m\n  background_timeout: 1m\n",
     ));
@@ -23,12 +23,12 @@ fn a_background_timeout_below_the_upstream_timeout_is_refused() {
         "{message}"
     );
     let on_a_route = top(
-        "routes:\n  - name: slow\n    match: { path: /slow }\n    key: { header: K }\n    upstream_timeout: 15m\n",
+        "routes:\n  - name: slow\n    match: { path: /slow }\n    key: { header: K }\n    upstream_timeout: 15m\n    background_timeout: 12m\n",
     );
     let (line, _, key, message) = invalid(&on_a_route);
     assert_eq!((line, key.as_str()), (4, "routes[0].background_timeout"));
     assert!(
-        message.contains("background_timeout") && message.contains("upstream_timeout"),
+        message.contains("background_timeout (12m) must be at least upstream_timeout (15m)"),
         "{message}"
     );
     let err = Config::parse(&on_a_route, "proxy.yaml")
@@ -40,6 +40,32 @@ fn a_background_timeout_below_the_upstream_timeout_is_refused() {
         "p.yaml",
     )
     .expect("equal is at least");
+}
+
+/// A file that never sets `background_timeout` is not refused for its 10m default: an
+/// `upstream_timeout` above it, in `defaults:` (as SPEC.md allows) or on a route, takes
+/// it along, so the owner still waits at least as long as its client did.
+#[test]
+fn an_inherited_background_timeout_grows_to_a_longer_upstream_timeout() {
+    let policy = |text: &str, route: usize| {
+        let config = Config::parse(&top(text), "p.yaml").expect("accepted");
+        let idemgate::config::Protection::On(rule) = &config.routes[route].protection else {
+            panic!("protected")
+        };
+        (rule.policy.upstream_timeout, rule.policy.background_timeout)
+    };
+    let minutes = |m: u64| std::time::Duration::from_secs(60 * m);
+    let routes = "routes:\n  - name: slow\n    match: { path: /slow }\n    key: { header: K }\n    upstream_timeout: 15m\n  - name: plain\n    match: { path: /plain }\n    key: { header: K }\n";
+    assert_eq!(policy(routes, 0), (minutes(15), minutes(15)));
+    assert_eq!(
+        policy(routes, 1),
+        (minutes(1), minutes(10)),
+        "the default stays"
+    );
+    let defaults = format!("defaults:\n  upstream_timeout: 15m\n{routes}");
+    assert_eq!(policy(&defaults, 1), (minutes(15), minutes(15)));
+    let set_longer = format!("defaults:\n  background_timeout: 20m\n{routes}");
+    assert_eq!(policy(&set_longer, 0), (minutes(15), minutes(20)));
 }
 
 #[test]
@@ -417,7 +443,7 @@ fn a_token_path_that_is_never_reached_or_hides_a_route_is_refused() {
 }
 
 /// `run` binds the admin listener after the proxy's: on the same address it fails there,
-/// so `check` (and a reload's validation) refuse it first.
+/// so `check` (and a reload's validation) refuse it first; port 0 is no address yet.
 #[test]
 fn an_admin_listener_on_the_proxy_address_is_refused() {
     for admin in [
@@ -434,6 +460,12 @@ fn an_admin_listener_on_the_proxy_address_is_refused() {
         Config::parse(&top(&format!("admin: {admin}\n")), "p.yaml")
             .unwrap_or_else(|e| panic!("{admin}: {e}"));
     }
+    // Port 0 on both: the OS gives each listener a port of its own.
+    Config::parse(
+        "listen: 127.0.0.1:0\nupstream: http://127.0.0.1:3000\nadmin: 127.0.0.1:0\n",
+        "p.yaml",
+    )
+    .expect("port 0 twice is two ports");
 }
 
 /// An admin token is compared with what follows `Bearer ` in the `Authorization` field: one
