@@ -17,7 +17,9 @@ use prometheus_client::registry::Registry;
 
 use crate::store::{RouteTag, StoreStats};
 
+mod buffers;
 mod connections;
+pub use buffers::BufferMetrics;
 pub use connections::{ConnectionMetrics, Handoff};
 
 /// How a request ended, from the proxy's point of view.
@@ -148,11 +150,6 @@ impl Outcome {
 struct RequestLabels {
     route: String,
     outcome: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct WhatLabel {
-    what: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -474,72 +471,6 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
-    }
-}
-
-/// The buffer budget (`connections.max_buffered`): bytes held, its limit, and what it
-/// refused. The budget counts in [`BufferMetrics::held`] itself.
-#[derive(Debug, Default)]
-pub struct BufferMetrics {
-    /// Bytes of request heads held, of request bodies and upstream answers buffered, and
-    /// of replays' copies of stored answers, now.
-    pub held: Gauge,
-    /// `connections.max_buffered`.
-    pub limit: Gauge,
-    /// Heads, bodies and replays refused (`503 overloaded`) and answers streamed unstored,
-    /// for want of room.
-    refused: Family<WhatLabel, Counter>,
-    /// Of those, the ones whose connection held its share
-    /// (`connections.max_buffered_per_connection`).
-    share_refused: Family<WhatLabel, Counter>,
-}
-
-impl BufferMetrics {
-    /// The refusal counter of `what`.
-    pub fn refused(&self, what: crate::proxy::budget::Refusal) -> Counter {
-        self.refused.get_or_create_owned(&WhatLabel {
-            what: what.as_str().to_owned(),
-        })
-    }
-
-    /// The counter of `what` refused because its connection held its share.
-    pub fn share_refused(&self, what: crate::proxy::budget::Refusal) -> Counter {
-        self.share_refused.get_or_create_owned(&WhatLabel {
-            what: what.as_str().to_owned(),
-        })
-    }
-
-    fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "buffered_bytes",
-            "Bytes of protected requests' heads held, of their bodies and owners' answers buffered, and of replays' copies of stored answers, now",
-            self.held.clone(),
-        );
-        registry.register(
-            "buffered_limit_bytes",
-            "The most that may be buffered at once (connections.max_buffered)",
-            self.limit.clone(),
-        );
-        registry.register(
-            "buffer_refusals",
-            "Buffers refused for want of room under connections.max_buffered: protected requests' heads, bodies and replays (503 overloaded) and answers (streamed, not stored)",
-            self.refused.clone(),
-        );
-        registry.register(
-            "buffer_share_refusals",
-            "Of the buffer refusals, those whose client connection held its share (connections.max_buffered_per_connection)",
-            self.share_refused.clone(),
-        );
-        // Every series exists from the start, at 0.
-        for what in [
-            crate::proxy::budget::Refusal::RequestHead,
-            crate::proxy::budget::Refusal::RequestBody,
-            crate::proxy::budget::Refusal::Answer,
-            crate::proxy::budget::Refusal::Replay,
-        ] {
-            let _ = self.refused(what);
-            let _ = self.share_refused(what);
-        }
     }
 }
 
