@@ -1,6 +1,7 @@
 //! A store that fails under a running request or a held key: duplicates on a fail-open
 //! route that found their key taken are never forwarded, and a completion whose reply was
-//! lost or failed is made again.
+//! lost or failed is made again, and an answer in time is not turned into a 504 by a
+//! slow store.
 
 use std::sync::atomic::Ordering;
 
@@ -198,4 +199,45 @@ async fn a_completion_the_store_failed_is_made_again_once_it_is_back() {
     assert_eq!(repeat.status, StatusCode::CREATED);
     assert!(repeat.replayed());
     assert_eq!(upstream.executed_for("pay"), 1);
+}
+
+/// An enforced owner whose store is slow to record the outcome (Redis answers the claim,
+/// then nothing until its `timeout`, longer than the route's `upstream_timeout`) gets the
+/// upstream's `201` once the store has failed, not a `504` for an upstream that did
+/// answer; the answer is written again in the background and the retry replays it, the
+/// request having run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enforced_answer_is_never_turned_into_a_504_by_a_slow_store() {
+    let redis = RedisServer::start();
+    let relay = relay_to(redis.port).await;
+    let upstream = common::start_upstream().await;
+    let config = format!(
+        "store:\n  redis: {{ url: \"redis://{}\", timeout: 1s }}\n{}",
+        relay.addr,
+        route("upstream_timeout: 300ms")
+    );
+    let proxy = common::start_proxy(upstream.addr, &config).await;
+    warm_up(&proxy).await;
+    // The claim is answered; the outcome's write then gets no reply.
+    relay.hold_after_next.store(true, Ordering::SeqCst);
+    let key = [("idempotency-key", "slow-store")];
+    let answer = post(proxy.addr, "/orders", &key, "{}").await;
+    relay.hold.send_replace(false);
+    assert_eq!(
+        answer.status,
+        StatusCode::CREATED,
+        "the upstream answered 201; the client got {} {}",
+        answer.status,
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(answer.json()["n"], 2);
+    let retry = post(proxy.addr, "/orders", &key, "{}").await;
+    assert!(
+        retry.replayed(),
+        "{} {}",
+        retry.status,
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(retry.body, answer.body);
+    assert_eq!(upstream.executed(), 2, "the warm-up and the one request");
 }
