@@ -430,8 +430,8 @@ async fn an_absolute_form_target_keys_by_its_authority_in_explain_too() {
 }
 
 /// Behind one shared basic-auth password, a Rails app's users (`_<app>_session`, matched
-/// by the default pattern `*_session`) are told apart by their session; each one's retry
-/// replays.
+/// only by the default pattern `*_session`, so no session alone) are told apart by the
+/// cookies sent beside the `Authorization`; each one's retry replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_app_named_session_cookie_keeps_users_behind_a_shared_gate_apart() {
     let upstream = start_recorder().await;

@@ -3,8 +3,9 @@
 //!
 //! The default identity is every credential the request carries: the `Authorization`
 //! header when it carries one ([`carries_credential`]) and the session cookie(s) (names
-//! from `session_cookies`, cleared values skipped; with them every cookie named like a
-//! credential, [`looks_like_credential`], since a listed name may be no one's session),
+//! `session_cookies` lists by name, cleared values skipped; with them every cookie named
+//! like a credential, [`looks_like_credential`], since a listed name may be no one's
+//! session; a name only a pattern takes, `*_session`, is no session alone),
 //! both when both are sent, since one shared `Authorization` (a staging site's basic-auth
 //! gate) would otherwise merge every user behind it; for the same reason an `Authorization` without a session comes with the
 //! whole `Cookie` header. With neither, the whole `Cookie` header (a session cookie of a name not
@@ -67,6 +68,8 @@ pub const DEFAULT_SESSION_COOKIES: &[&str] = &[
     ".AspNetCore.Session",
     ".AspNetCore.Cookies",
     // Rails (`_<app>_session`) and Laravel (`<app>_session`) name theirs after the app.
+    // A pattern only says a cookie may hold a login (hashed beside a listed session): it
+    // is no session alone (see `Identity::is_named_session_cookie`).
     "*_session",
 ];
 
@@ -141,6 +144,17 @@ impl Identity {
         })
     }
 
+    /// Whether a cookie called `name` is one `session_cookies` lists by that very name, not
+    /// one only a pattern takes: such a cookie names its caller alone. A name only a
+    /// pattern takes (`ab_session`, by `*_session`) may be no session at all (an A/B
+    /// test's cookie many users send alike, a copy a sibling subdomain planted) while the
+    /// app's own sits under a name no rule knows (CakePHP's `CAKEPHP`).
+    pub fn is_named_session_cookie(&self, name: &[u8]) -> bool {
+        self.session_cookies
+            .iter()
+            .any(|listed| !listed.contains('*') && listed.as_bytes() == name)
+    }
+
     /// Whether a cookie called `name` could tell its sender apart: a session cookie
     /// ([`Self::is_session_cookie`]) or one whose name looks like a credential
     /// ([`looks_like_credential`]).
@@ -173,9 +187,10 @@ pub fn looks_like_credential(name: &[u8]) -> bool {
 pub enum Tier {
     /// The `Authorization` header.
     Authorization,
-    /// One or more cookies named in `session_cookies`.
+    /// One or more cookies `session_cookies` lists by name (not only by a pattern).
     SessionCookie,
-    /// The whole `Cookie` header: cookies were sent, none of a listed session name.
+    /// The whole `Cookie` header: cookies were sent, none of a session name listed as such
+    /// (one only a pattern takes counts as any other cookie).
     CookieHeader,
     /// The client address (TCP peer, or `X-Forwarded-For` behind trusted proxies).
     ClientAddress,

@@ -90,8 +90,9 @@ async fn a_shared_authorization_does_not_merge_users_of_an_unlisted_session_cook
 
 /// A cookie every visitor sends alike under a listed pattern (`ab_session`, an A/B test's,
 /// matched by `*_session`) beside the app's own session under a name not listed: keyed by
-/// the listed cookie alone, bob, from another address, got alice's answer. Her retry, its
-/// analytics cookie rewritten meanwhile, still replays.
+/// the listed cookie alone, bob, from another address, got alice's answer. A pattern's
+/// cookie is no session alone, so the jar and the address name them; alice's retry from
+/// where she sent it replays, and one from elsewhere or with a rewritten cookie runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_listed_cookie_does_not_merge_users_of_an_unlisted_session_cookie() {
     let upstream = start_upstream().await;
@@ -105,9 +106,44 @@ async fn a_shared_listed_cookie_does_not_merge_users_of_an_unlisted_session_cook
     let bob = raw_exchange_from("127.0.0.3", proxy.addr, &bob).await;
     assert!(!replayed(&bob), "bob got alice's answer: {bob}");
     assert_eq!(upstream.executed(), 2);
-    let retry = as_user("next-auth.session-token=alice; ab_session=x; _ga=GA1.1.2");
-    let retry = raw_exchange_from("127.0.0.3", proxy.addr, &retry).await;
+    let retry = raw_exchange_from("127.0.0.2", proxy.addr, &alice).await;
     assert!(replayed(&retry), "alice's own retry ran again: {retry}");
     assert_eq!(json_body(&retry)["n"], json_body(&first)["n"]);
     assert_eq!(upstream.executed(), 2);
+}
+
+/// Two users of an app whose session has a name no rule knows (CakePHP's `CAKEPHP`), both
+/// sending a cookie only the pattern `*_session` takes (`ab_session=x`, an A/B test's),
+/// from two addresses: keyed by `ab_session` alone, bob got alice's answer. Both execute;
+/// alice's retry replays. A name the operator lists in `session_cookies` is the session
+/// alone, so its retry from another address still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_only_a_pattern_names_does_not_merge_two_callers() {
+    let upstream = start_upstream().await;
+    let proxy = start_proxy(upstream.addr, "").await;
+    let body = r#"{"to":"landlord","amount":900}"#;
+    let as_user = |cookie: &str| raw_post("/orders/pay", &[&format!("cookie: {cookie}")], body);
+    let alice = as_user("ab_session=x; CAKEPHP=alice");
+    let first = raw_exchange_from("127.0.0.2", proxy.addr, &alice).await;
+    assert!(!replayed(&first));
+    let bob = as_user("ab_session=x; CAKEPHP=bob");
+    let bob = raw_exchange_from("127.0.0.3", proxy.addr, &bob).await;
+    assert!(!replayed(&bob), "bob got alice's answer: {bob}");
+    assert_eq!(upstream.executed(), 2);
+    let retry = raw_exchange_from("127.0.0.2", proxy.addr, &alice).await;
+    assert!(replayed(&retry), "alice's own retry ran again: {retry}");
+    assert_eq!(json_body(&retry)["n"], json_body(&first)["n"]);
+    assert_eq!(upstream.executed(), 2);
+
+    let proxy = start_proxy(upstream.addr, "session_cookies: [_myapp_session]\n").await;
+    let rails = as_user("_myapp_session=s1; ab_session=x");
+    let first = raw_exchange_from("127.0.0.2", proxy.addr, &rails).await;
+    assert!(!replayed(&first));
+    let elsewhere = raw_exchange_from("127.0.0.3", proxy.addr, &rails).await;
+    assert!(
+        replayed(&elsewhere),
+        "a listed session is one caller: {elsewhere}"
+    );
+    assert_eq!(json_body(&elsewhere)["n"], json_body(&first)["n"]);
+    assert_eq!(upstream.executed(), 3);
 }

@@ -17,7 +17,10 @@ use crate::proxy::headers::X_FORWARDED_FOR;
 pub(super) struct Caller {
     authorization: bool,
     client_certificate: bool,
-    /// Listed session cookies, with the cookies named like a credential beside them.
+    /// Session cookies of a listed name ([`Identity::is_named_session_cookie`]), with the
+    /// cookies named like a credential or a session beside them.
+    ///
+    /// [`Identity::is_named_session_cookie`]: crate::key::identity::Identity::is_named_session_cookie
     session: bool,
     credential_headers: bool,
     /// Beside an `Authorization` credential without a session: the whole `Cookie` header.
@@ -66,15 +69,18 @@ pub(super) fn hash_caller(hasher: &mut KeyHasher, req: &RequestView<'_>) -> Call
     }
     // Beside an `Authorization` too: one shared credential (a basic-auth gate) in front of
     // per-user sessions must not merge the users. A cleared session (empty, `deleted`, a
-    // placeholder) is shared by every logged-out browser.
+    // placeholder) is shared by every logged-out browser. Only a listed name makes a
+    // session: a cookie only a pattern takes (`ab_session` by `*_session`) may be an A/B
+    // test's, sent alike by many users whose own session has a name no rule knows
+    // (`CAKEPHP`), so it goes with the whole jar and the address, as unlisted ones do.
     caller.session = cookies(headers)
-        .any(|(name, value)| req.identity.is_session_cookie(name) && names_a_session(value));
+        .any(|(name, value)| req.identity.is_named_session_cookie(name) && names_a_session(value));
     if caller.session {
         hasher.field(Tier::SessionCookie.as_str().as_bytes());
         // In the order sent (a browser sends its jar in one order), with every cookie named
-        // like a credential: a listed name may not be the app's session (an A/B test's
-        // `ab_session`, a copy a sibling subdomain planted), and the app's own, under a
-        // name not listed, must still keep its users apart. Pairs as the listed ones are
+        // like a credential or a session: a listed name may not be the app's session (a
+        // copy a sibling subdomain planted), and the app's own, under a name not listed,
+        // must still keep its users apart. Pairs as the listed ones are
         // hashed, so a request of listed sessions alone keeps the key it always had.
         for (name, value) in identifying_cookies(req) {
             hasher.field(name);
@@ -289,7 +295,7 @@ pub(super) fn describe_caller(caller: Caller, req: &RequestView<'_>) -> String {
         let (listed, named): (Vec<_>, Vec<_>) = identifying_cookies(req)
             .map(|(n, _)| {
                 (
-                    req.identity.is_session_cookie(n),
+                    req.identity.is_named_session_cookie(n),
                     String::from_utf8_lossy(n),
                 )
             })
@@ -302,16 +308,20 @@ pub(super) fn describe_caller(caller: Caller, req: &RequestView<'_>) -> String {
         };
         parts.push(format!("session cookie ({})", names(listed)));
         if !named.is_empty() {
-            parts.push(format!("cookie named like a credential ({})", names(named)));
+            parts.push(format!(
+                "cookie named like a credential or a session ({})",
+                names(named)
+            ));
         }
     }
+    let no_session = no_listed_session(req);
     if caller.cookie_jar {
-        parts.push("whole Cookie header (no listed session cookie)".to_owned());
+        parts.push(format!("whole Cookie header ({no_session})"));
     }
     match caller.fallback {
-        Some(Tier::CookieHeader) => parts.push(format!(
-            "whole Cookie header and {address} (no listed session cookie)"
-        )),
+        Some(Tier::CookieHeader) => {
+            parts.push(format!("whole Cookie header and {address} ({no_session})"))
+        }
         Some(_) => parts.push(address.to_owned()),
         None => {}
     }
@@ -330,4 +340,27 @@ pub(super) fn describe_caller(caller: Caller, req: &RequestView<'_>) -> String {
         described.push_str(" (the Authorization header carries no credential)");
     }
     described
+}
+
+/// Why the whole `Cookie` header was hashed: no session cookie of a listed name was sent,
+/// and which cookies only a pattern takes, which named no session alone.
+fn no_listed_session(req: &RequestView<'_>) -> String {
+    let mut by_pattern: Vec<std::borrow::Cow<'_, str>> = Vec::new();
+    let identity = req.identity;
+    for (name, value) in cookies(req.headers) {
+        let name = String::from_utf8_lossy(name);
+        if identity.is_session_cookie(name.as_bytes())
+            && names_a_session(value)
+            && !by_pattern.contains(&name)
+        {
+            by_pattern.push(name);
+        }
+    }
+    let mut why = "no session cookie of a listed name".to_owned();
+    match by_pattern.len() {
+        0 => {}
+        1 => why.push_str(&format!("; {} matches only a pattern", by_pattern[0])),
+        _ => why.push_str(&format!("; {} match only a pattern", by_pattern.join(", "))),
+    }
+    why
 }

@@ -246,7 +246,7 @@ fn an_empty_basic_pair_or_an_unfilled_template_is_no_credential() {
 
 /// Rails names its session cookie `_<app>_session`, Laravel `<app>_session`: the
 /// default pattern `*_session` takes both; a name only ending alike is no pattern match
-/// without its `_`.
+/// without its `_`. A pattern's match is no session alone.
 #[test]
 fn session_cookie_patterns_match_app_named_sessions() {
     let identity = Identity::default();
@@ -262,6 +262,10 @@ fn session_cookie_patterns_match_app_named_sessions() {
     };
     assert!(listed.is_session_cookie(b"app_sid") && listed.is_session_cookie(b"app_"));
     assert!(!listed.is_session_cookie(b"ap_sid"));
+    // Only a name listed as such is a session alone; a pattern's match is not.
+    assert!(identity.is_named_session_cookie(b"laravel_session"));
+    assert!(!identity.is_named_session_cookie(b"_shop_session"));
+    assert!(!listed.is_named_session_cookie(b"app_sid"));
 }
 
 #[test]

@@ -5,8 +5,9 @@ use super::*;
 /// A listed-pattern cookie every user of a site sends alike (an A/B test's `ab_session`)
 /// beside the app's own session under a name not listed (`next-auth.session-token`):
 /// keyed by the listed one alone, two users on two addresses sent one key, and the second
-/// got the first's answer. A cookie whose name looks like a credential goes in beside it;
-/// analytics and preference cookies, rewritten between a click and its retry, do not.
+/// got the first's answer. Beside a listed session, a cookie whose name looks like a
+/// credential goes in too; analytics and preference cookies, rewritten between a click
+/// and its retry, do not.
 #[test]
 fn a_listed_session_does_not_hide_a_credential_cookie_beside_it() {
     let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
@@ -52,13 +53,17 @@ fn a_listed_session_does_not_hide_a_credential_cookie_beside_it() {
         key_of(&with(&[("cookie", "sessionid=s1")]), a)
     );
     // `explain` names both kinds, never their values.
+    let h = with(&[(
+        "cookie",
+        "next-auth.session-token=alice; sessionid=s1; ab_session=x",
+    )]);
     let mut trace = Trace::default();
-    derive_key(&fingerprint_rule(), &view(&alice, b"{}"), Some(&mut trace)).unwrap();
+    derive_key(&fingerprint_rule(), &view(&h, b"{}"), Some(&mut trace)).unwrap();
     assert_eq!(
         trace.scope,
         [
-            "caller by session cookie (ab_session) + cookie named like a credential \
-          (next-auth.session-token)"
+            "caller by session cookie (sessionid) + cookie named like a credential or a \
+             session (next-auth.session-token, ab_session)"
         ]
     );
 }
@@ -159,4 +164,70 @@ fn a_jar_that_names_no_one_still_tells_a_tenants_users_apart() {
         "bob got alice's answer"
     );
     assert_eq!(key("frontend=s1"), key("frontend=s1"));
+}
+
+/// A cookie only the pattern `*_session` takes (an A/B test's `ab_session` many users send
+/// alike, a copy a sibling subdomain planted) is no session on its own: keyed by it (and
+/// the cookies named like a credential) without the address and the rest of the jar, two
+/// users of an app whose session has a name no rule knows (CakePHP's `CAKEPHP`), from two
+/// addresses or behind one basic-auth gate, shared a key and the second got the first's
+/// answer. An exact listed name, or one the operator lists, is still trusted alone.
+#[test]
+fn a_cookie_only_a_pattern_names_is_no_session_alone() {
+    let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
+    let alice = with(&[("cookie", "ab_session=x; CAKEPHP=alice")]);
+    let bob = with(&[("cookie", "ab_session=x; CAKEPHP=bob")]);
+    assert_ne!(key_of(&alice, a), key_of(&bob, b), "bob got alice's answer");
+    let shared = with(&[("cookie", "ab_session=x")]);
+    assert_ne!(
+        key_of(&shared, a),
+        key_of(&shared, b),
+        "two visitors, one key"
+    );
+    let gate = "Basic c3RhZmY6cGFzcw==";
+    let alice_gated = with(&[
+        ("authorization", gate),
+        ("cookie", "ab_session=x; CAKEPHP=alice"),
+    ]);
+    let bob_gated = with(&[
+        ("authorization", gate),
+        ("cookie", "ab_session=x; CAKEPHP=bob"),
+    ]);
+    assert_ne!(
+        key_of(&alice_gated, a),
+        key_of(&bob_gated, a),
+        "behind one gate"
+    );
+    // The same caller's repeat: the same jar from the same address, or behind the gate
+    // (which names the caller with the jar) from anywhere.
+    assert_eq!(key_of(&alice, a), key_of(&alice, a));
+    assert_eq!(key_of(&alice_gated, a), key_of(&alice_gated, b));
+    // An exact listed name is the session wherever it comes from.
+    let laravel = with(&[("cookie", "laravel_session=s1; theme=dark")]);
+    assert_eq!(key_of(&laravel, a), key_of(&laravel, b));
+    // So is a name the operator lists, though the default pattern takes it too.
+    let listed = Identity {
+        session_cookies: vec!["_myapp_session".into()],
+        ..Identity::default()
+    };
+    let rails = with(&[("cookie", "_myapp_session=s1; ab_session=x")]);
+    let from = |peer: [u8; 4], identity: &Identity| {
+        fingerprint_key(&RequestView {
+            peer: Some(IpAddr::from(peer)),
+            identity,
+            ..view(&rails, b"{}")
+        })
+    };
+    assert_eq!(from(a, &listed), from(b, &listed));
+    assert_ne!(from(a, &Identity::default()), from(b, &Identity::default()));
+    // `explain` says why the pattern's cookie did not name the caller.
+    let mut trace = Trace::default();
+    derive_key(&fingerprint_rule(), &view(&alice, b"{}"), Some(&mut trace)).unwrap();
+    assert_eq!(
+        trace.scope,
+        [
+            "caller by whole Cookie header and client address (no session cookie of a listed \
+             name; ab_session matches only a pattern)"
+        ]
+    );
 }
