@@ -7,7 +7,9 @@
 //! goes out ([`claim_older`]): a free K' is held while the request runs, then settled as K
 //! is ([`settle_earlier`]); an answer under K' is settled under K and replayed; anything
 //! else under K' answers the request as it would answer a duplicate of K', and frees K, so
-//! a later retry looks at K' again.
+//! a later retry looks at K' again. A client key's answer under K' whose old payload check
+//! compared less than the new one (an `ignore` entry dropped) may be another payload's: it
+//! is never shown, the request is refused `422` as a key reused with another payload.
 //!
 //! K' gets K's outcome, not a release, because requests are still keyed by the config
 //! before for a while after the reload: on the replicas of a shared store not yet
@@ -94,7 +96,9 @@ impl Generations {
     /// `scope` and identity settings, and key material that tells apart all the new rule
     /// does ([`tells_apart_as_finely`]). Where they are not, a key the old config gave two
     /// callers, or two requests the new config tells apart, would hand one the other's
-    /// answer, which no retry is worth: those requests run again.
+    /// answer, which no retry is worth: those requests run again. A client key whose old
+    /// payload check compared less is still claimed (the client named it one request), but
+    /// an answer found there is refused, not shown ([`payload_checked_as_finely`]).
     ///
     /// `protection` is what a config protects this request with, found as the proxy finds
     /// it ([`admission::route`](super::admission::route), each reading of its path), or
@@ -150,11 +154,26 @@ fn tells_apart_as_finely(old: &KeySource, now: &KeySource) -> bool {
     match (old, now) {
         (KeySource::Header(was), KeySource::Header(is)) => was == is,
         (KeySource::Fields(was), KeySource::Fields(is)) => is.iter().all(|p| was.contains(p)),
-        (KeySource::Fingerprint(was), KeySource::Fingerprint(is)) => {
-            (was.query || !is.query) && (was.body || !is.body) && ignores_no_more(was, is)
-        }
+        (KeySource::Fingerprint(was), KeySource::Fingerprint(is)) => covers_as_much(was, is),
         _ => false,
     }
+}
+
+/// Whether two requests whose canonical forms are equal under `old` are equal under `now`
+/// too: `old` covers the query and the body wherever `now` does, and skips nothing `now`
+/// keeps.
+fn covers_as_much(old: &FingerprintRule, now: &FingerprintRule) -> bool {
+    (old.query || !now.query) && (old.body || !now.body) && ignores_no_more(old, now)
+}
+
+/// Whether the payload fingerprint a client key's record under `old` holds says which
+/// payload ran as finely as `now`'s check would: a record the old check found this
+/// request's may hold another payload's answer where it compared less (an `ignore` entry
+/// the new check drops, the body or query it skipped). Keys without a payload check
+/// (`fields`, fingerprints) store none, and need none.
+fn payload_checked_as_finely(old: &Protected, now: &Protected) -> bool {
+    !matches!(old.key.source, KeySource::Header(_))
+        || covers_as_much(&old.key.payload, &now.key.payload)
 }
 
 /// Whether everything the old fingerprint skipped the new one skips too: two requests
@@ -329,6 +348,15 @@ async fn claim_one(
         };
         if !matches!(claim, Claim::InFlight(_)) {
             cx.route_metrics.waited(since);
+        }
+        // An answer (or a failure shared) the old payload check could not tell from another
+        // payload's is not shown: two requests the new check tells apart may share it. The
+        // request is refused as a reuse of its client key with another payload would be,
+        // rather than run again under a key that may have run (see `claim_older`).
+        if matches!(claim, Claim::Done(_) | Claim::Failed(Some(_)))
+            && !payload_checked_as_finely(old, rule)
+        {
+            return Found::Other(Err(ProxyError::Mismatch), None);
         }
         // Charged as any replay is (`super::replay`).
         let opened = |stored: StoredResponse, what: Replaying| {

@@ -9,6 +9,7 @@ mod common;
 mod logs;
 mod rekey;
 mod rekey_failures;
+mod rekey_payload;
 mod signals;
 
 use std::time::Duration;

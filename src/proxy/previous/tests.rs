@@ -124,3 +124,31 @@ fn a_reload_keeps_the_config_before_it_only_when_it_re_keys_and_at_most_four() {
     assert!(honoured.is_none());
     assert_eq!(same.0.len(), MAX_GENERATIONS);
 }
+
+/// A client key's old record is shown only where its payload check compared all the new
+/// one compares: an `ignore` entry the new check drops, or the body it skipped, leaves a
+/// record that may hold another payload's answer. Keys with no payload check need none.
+#[test]
+fn an_old_client_keys_record_is_shown_only_where_its_payload_check_compares_as_much() {
+    let rule = |key: &str| {
+        let c = config(&format!("defaults: {{ key: {key} }}\n"));
+        match &c.fallback {
+            Protection::On(rule) => Arc::clone(rule),
+            Protection::Off(_) => unreachable!("protected by default"),
+        }
+    };
+    let plain = rule("{ header: Idempotency-Key }");
+    let amount =
+        "{ header: Idempotency-Key, fingerprint: { body: true, query: true, ignore: [amount] } }";
+    let skips_amount = rule(amount);
+    let no_body = rule("{ header: Idempotency-Key, fingerprint: { body: false } }");
+    assert!(payload_checked_as_finely(&plain, &plain));
+    assert!(payload_checked_as_finely(&plain, &skips_amount));
+    assert!(!payload_checked_as_finely(&skips_amount, &plain));
+    assert!(!payload_checked_as_finely(&no_body, &plain));
+    let fields = rule("{ fields: [/a] }");
+    assert!(payload_checked_as_finely(
+        &fields,
+        &rule("{ fields: [/a] }")
+    ));
+}
