@@ -34,7 +34,7 @@ use super::replay::{open_charged, with_charge, Replaying};
 use super::settlement::for_key;
 use crate::config::{Config, InFlightMode, Protected, Protection};
 use crate::error::{NotKept, ProxyError};
-use crate::key::{derive_key, Derived, FingerprintRule, KeyError, KeySource};
+use crate::key::{derive_key, Derived, Digest, FingerprintRule, KeyError, KeySource};
 use crate::metrics::Outcome;
 use crate::store::seal::KeyRing;
 use crate::store::{Claim, ClaimMode, Lease, Settlement, StoreError, StoredResponse};
@@ -216,27 +216,34 @@ fn key_lifetime(config: &Config) -> Duration {
 
 /// What the claims of the earlier keys decided.
 pub(super) enum Older {
-    /// Every earlier key was free: run the request under `lease`; `also` holds the earlier
-    /// keys, settled as `lease` is.
-    Run { lease: Lease, also: Vec<Earlier> },
+    /// Every earlier key was free: run the request, its `body` handed back, under `lease`;
+    /// `also` holds the earlier keys, settled as `lease` is.
+    Run {
+        lease: Lease,
+        also: Vec<Earlier>,
+        body: Bytes,
+    },
     /// An earlier key answered the request (K settled or freed).
     Answered(Result<Response<ProxyBody>, ProxyError>),
 }
 
 /// With K owned (`lease`), claims the key each previous generation's rule (`cx.older`)
-/// gives this request, when it differs from `key`, and decides as [`Older`] says.
+/// gives this request, when it differs from `key`, and decides as [`Older`] says. The
+/// request's `body`, read for its keys, is let go before a replay found under one is
+/// charged, as before a replay of K (`super::protected`): its room is the replay's, and a
+/// record over the connection's share is replayed only alone on it (`super::replay`).
 pub(super) async fn claim_older(
     cx: &Context<'_>,
     rule: &Protected,
     lease: Lease,
     parts: &Parts,
-    body: &Bytes,
+    body: Bytes,
     report: &mut Report,
 ) -> Older {
     let mut also: Vec<Earlier> = Vec::new();
     let mut seen = vec![lease.key()];
     for old in cx.older {
-        let view = request_view(cx, old, parts, body);
+        let view = request_view(cx, old, parts, &body);
         // A request the old rule would not have keyed (or refused) left no record there.
         let Ok(Derived::Key(derived)) = derive_key(&old.key, &view, None) else {
             continue;
@@ -251,10 +258,9 @@ pub(super) async fn claim_older(
         args.reissue = None;
         args.waits = rule.policy.in_flight == InFlightMode::Wait;
         args.route = cx.route_metrics.tag();
-        let found = claim_one(cx, rule, old, args).await;
-        cx.metrics.rekeyed(&rule.route, found.label());
-        match found {
+        let answer = match claim_one(cx, rule, old, args).await {
             Found::Free(mut earlier) => {
+                cx.metrics.rekeyed(&rule.route, "free");
                 // Dropped unsettled with K, it must say what K's drop says: a request that
                 // may have gone out is never freed for a blind re-run.
                 earlier.sent_with(&lease);
@@ -262,42 +268,59 @@ pub(super) async fn claim_older(
                     lease: earlier,
                     sealing: old.sealing.clone(),
                 });
+                continue;
             }
-            Found::Done(stored, charge, waited) => {
+            Found::Refused(e) => Answer::Other(Err(e), None),
+            Found::Stored(stored, what, waited) => {
+                // Let go before the replay is charged: its room is the replay's.
+                drop(body);
+                opened(cx, old, derived.key, stored, what, waited)
+            }
+        };
+        cx.metrics.rekeyed(&rule.route, answer.label());
+        return Older::Answered(match answer {
+            Answer::Done(stored, charge, waited) => {
                 report.outcome = Some(if waited {
                     Outcome::Waited
                 } else {
                     Outcome::Replayed
                 });
-                let answer = answer_from(rule, lease, also, stored, charge).await;
-                return Older::Answered(answer);
+                answer_from(rule, lease, also, stored, charge).await
             }
-            Found::Other(answer, outcome) => {
+            Answer::Other(answer, outcome) => {
                 release_all(also).await;
                 release(lease).await;
                 report.outcome = outcome;
-                return Older::Answered(answer);
+                answer
             }
-        }
+        });
     }
-    Older::Run { lease, also }
+    Older::Run { lease, also, body }
 }
 
 /// What one earlier key held.
 enum Found {
     /// Free: claimed, to be released once the request settled K.
     Free(Lease),
-    /// An answer (opened), with what its replay holds of the budget, found at once or
+    /// A record to replay, not yet opened nor charged: the answer the key ran to (found at
+    /// once or after waiting: the flag), or the failure its owner shares with its waiters.
+    Stored(StoredResponse, Replaying, bool),
+    /// What a duplicate of that key is refused with.
+    Refused(ProxyError),
+}
+
+/// What an earlier key answers the request with.
+enum Answer {
+    /// Its answer (opened), with what its replay holds of the budget, found at once or
     /// after waiting.
     Done(StoredResponse, Charge, bool),
     /// What a duplicate of that key gets, with its outcome when not told by the error.
     Other(Result<Response<ProxyBody>, ProxyError>, Option<Outcome>),
 }
 
-impl Found {
+impl Answer {
     fn label(&self) -> &'static str {
         match self {
-            Self::Free(_) => "free",
             Self::Done(..) => "done",
             Self::Other(Ok(_), _) | Self::Other(Err(ProxyError::OwnerFailed), _) => "failed",
             Self::Other(Err(ProxyError::Mismatch), _) => "mismatch",
@@ -306,6 +329,27 @@ impl Found {
             Self::Other(Err(ProxyError::AnswerNotStored { .. }), _) => "not_stored",
             Self::Other(Err(_), _) => "error",
         }
+    }
+}
+
+/// `stored`, found under the earlier key `key` that `old` made, opened with its ring and
+/// charged as any replay is (`super::replay`): what the key answers the request with.
+fn opened(
+    cx: &Context<'_>,
+    old: &Protected,
+    key: Digest,
+    stored: StoredResponse,
+    what: Replaying,
+    waited: bool,
+) -> Answer {
+    let charged = (cx.budget, cx.conn.share.buffers(), cx.head.bytes());
+    match open_charged(stored, old.sealing.as_deref(), key, charged, what) {
+        Ok((stored, charge)) if what == Replaying::Answer => Answer::Done(stored, charge, waited),
+        Ok((stored, charge)) => Answer::Other(
+            Ok(with_charge(&stored, charge)),
+            Some(Outcome::FailureShared),
+        ),
+        Err(e) => Answer::Other(Err(e), None),
     }
 }
 
@@ -343,7 +387,7 @@ async fn claim_one(
                         }
                     }
                 };
-                return Found::Other(Err(error), None);
+                return Found::Refused(error);
             }
         };
         if !matches!(claim, Claim::InFlight(_)) {
@@ -356,52 +400,35 @@ async fn claim_one(
         if matches!(claim, Claim::Done(_) | Claim::Failed(Some(_)))
             && !payload_checked_as_finely(old, rule)
         {
-            return Found::Other(Err(ProxyError::Mismatch), None);
+            return Found::Refused(ProxyError::Mismatch);
         }
-        // Charged as any replay is (`super::replay`).
-        let opened = |stored: StoredResponse, what: Replaying| {
-            let charged = (cx.budget, cx.conn.share.buffers(), cx.head.bytes());
-            open_charged(stored, old.sealing.as_deref(), args.key, charged, what)
-        };
         return match claim {
             Claim::Owner(lease) => Found::Free(lease),
-            Claim::Done(stored) => match opened(stored, Replaying::Answer) {
-                Ok((stored, charge)) => Found::Done(stored, charge, since.is_some()),
-                Err(e) => Found::Other(Err(e), None),
-            },
-            Claim::Failed(Some(stored)) => Found::Other(
-                opened(stored, Replaying::Failure).map(|(s, charge)| with_charge(&s, charge)),
-                Some(Outcome::FailureShared),
-            ),
+            Claim::Done(stored) => Found::Stored(stored, Replaying::Answer, since.is_some()),
+            Claim::Failed(Some(stored)) => Found::Stored(stored, Replaying::Failure, false),
             // The owner waited on freed K' without a failure to share (a 5xx too large to
             // keep, a failure record gone before the wait ended): a request keyed before
             // the reload, since one keyed after it settles K' before its own key (see
             // `settlement::Owner::write`), so this request, owning K, could not have waited
             // on it. Told it failed, as a duplicate of K is: it may have run.
-            Claim::Failed(None) => Found::Other(Err(ProxyError::OwnerFailed), None),
-            Claim::NotStored(record) => Found::Other(
-                Err(ProxyError::AnswerNotStored {
-                    status: record.status,
-                    why: NotKept::of(policy, record.status),
-                }),
-                None,
-            ),
-            Claim::OutcomeUnknown(unknown) => Found::Other(
-                Err(ProxyError::OutcomeUnknown {
-                    until: unknown.until,
-                }),
-                None,
-            ),
-            Claim::Mismatch => Found::Other(Err(ProxyError::Mismatch), None),
-            Claim::NotIssued => Found::Other(Err(KeyError::TokenInvalid.into()), None),
+            Claim::Failed(None) => Found::Refused(ProxyError::OwnerFailed),
+            Claim::NotStored(record) => Found::Refused(ProxyError::AnswerNotStored {
+                status: record.status,
+                why: NotKept::of(policy, record.status),
+            }),
+            Claim::OutcomeUnknown(unknown) => Found::Refused(ProxyError::OutcomeUnknown {
+                until: unknown.until,
+            }),
+            Claim::Mismatch => Found::Refused(ProxyError::Mismatch),
+            Claim::NotIssued => Found::Refused(KeyError::TokenInvalid.into()),
             Claim::InFlight(waiter) => {
                 if policy.in_flight == InFlightMode::Reject {
-                    return Found::Other(Err(in_flight()), None);
+                    return Found::Refused(in_flight());
                 }
                 let start = *since.get_or_insert_with(Instant::now);
                 if !wait_for_owner(cx, rule, waiter, &mut args, start).await {
                     cx.route_metrics.waited(since);
-                    return Found::Other(Err(in_flight()), None);
+                    return Found::Refused(in_flight());
                 }
                 continue;
             }

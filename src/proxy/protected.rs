@@ -246,11 +246,11 @@ pub async fn handle(
         match claim {
             Claim::Owner(lease) => {
                 // Nothing goes out before the keys earlier configs gave it are decided too.
-                let (lease, also) = if cx.older.is_empty() {
-                    (lease, Vec::new())
+                let (lease, also, body) = if cx.older.is_empty() {
+                    (lease, Vec::new(), body)
                 } else {
-                    match previous::claim_older(&cx, rule, lease, &parts, &body, report).await {
-                        Older::Run { lease, also } => (lease, also),
+                    match previous::claim_older(&cx, rule, lease, &parts, body, report).await {
+                        Older::Run { lease, also, body } => (lease, also, body),
                         Older::Answered(answer) => return answer,
                     }
                 };
