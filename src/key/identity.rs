@@ -49,9 +49,11 @@ use http::header::{self, HeaderMap, HeaderName};
 use crate::proxy::headers::X_FORWARDED_FOR;
 use placeholder::{is_empty_basic_pair, is_placeholder};
 
-/// Cookie names taken as a session by default: the session cookies of the common web
-/// frameworks (Django, Flask, Express, Java servlets, Spring Session, PHP, Rails, Laravel,
-/// Rack, ASP.NET). A name with a `*` is a pattern: `*` stands for any run of characters.
+/// Cookie names of a session by default: the session cookies of the common web frameworks
+/// (Django, Flask, Express, Java servlets, Spring Session, PHP, Rails, Laravel, Rack,
+/// ASP.NET). A name with a `*` is a pattern: `*` stands for any run of characters. A name
+/// listed as such names its caller alone; one only a pattern takes (Rails' and Laravel's
+/// app-named sessions) goes into the caller as any cookie that may hold a login does.
 pub const DEFAULT_SESSION_COOKIES: &[&str] = &[
     "session",
     "sessionid",
@@ -102,7 +104,9 @@ pub const DEFAULT_CREDENTIAL_HEADERS: &[&str] = &[
 pub struct Identity {
     /// Peers whose `X-Forwarded-For` names the client.
     pub trusted_proxies: TrustedProxies,
-    /// Cookie names that identify a session (case-sensitive, as cookie names are).
+    /// Cookie names of a session (case-sensitive, as cookie names are): a name listed as
+    /// such names its caller alone, one a pattern takes may hold a login
+    /// ([`Identity::is_named_session_cookie`]).
     pub session_cookies: Vec<String>,
     /// Headers whose value is a credential (an API key, an access token). They are mixed
     /// into the caller when present, never instead of anything: one key shared by every
@@ -127,7 +131,7 @@ impl Default for Identity {
 }
 
 impl Identity {
-    /// Whether a cookie called `name` holds a session: a listed name, or one a listed
+    /// Whether a cookie called `name` may hold a session: a listed name, or one a listed
     /// pattern (`*_session`: one `*`, any run of characters, none too) matches.
     pub fn is_session_cookie(&self, name: &[u8]) -> bool {
         self.session_cookies.iter().any(|listed| {

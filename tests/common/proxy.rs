@@ -435,9 +435,12 @@ pub async fn two_proxies_execute_each_key_once(config: &str) {
     assert_eq!(upstream.most_executions_of_one_key(), 1);
 }
 
-/// The address a log line with `message` gives as `listen` (text or JSON log).
+/// The address a log line with `message` gives as `listen` (text or JSON log), once the
+/// line is written whole (a line read half written could give half a port).
 fn listening(log: &str, message: &str) -> Option<SocketAddr> {
-    let line = log.lines().find(|line| line.contains(message))?;
+    let line = log
+        .split_inclusive('\n')
+        .find(|line| line.ends_with('\n') && line.contains(message))?;
     let value = ["listen=", "\"listen\":\""]
         .iter()
         .find_map(|field| line.split_once(field).map(|(_, rest)| rest))?;

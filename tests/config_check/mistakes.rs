@@ -66,6 +66,11 @@ fn an_inherited_background_timeout_grows_to_a_longer_upstream_timeout() {
     assert_eq!(policy(&defaults, 1), (minutes(15), minutes(15)));
     let set_longer = format!("defaults:\n  background_timeout: 20m\n{routes}");
     assert_eq!(policy(&set_longer, 0), (minutes(15), minutes(20)));
+    // Set in `defaults:` but below a route's own upstream_timeout: the route inherits it,
+    // so it grows there (the route's owner waits at least as long as its client).
+    let set_shorter = format!("defaults:\n  background_timeout: 12m\n{routes}");
+    assert_eq!(policy(&set_shorter, 0), (minutes(15), minutes(15)));
+    assert_eq!(policy(&set_shorter, 1), (minutes(1), minutes(12)));
 }
 
 #[test]

@@ -88,25 +88,27 @@ async fn a_shared_authorization_does_not_merge_users_of_an_unlisted_session_cook
     assert_eq!(upstream.executed(), 2);
 }
 
-/// A cookie every visitor sends alike under a listed pattern (`ab_session`, an A/B test's,
-/// matched by `*_session`) beside the app's own session under a name not listed: keyed by
-/// the listed cookie alone, bob, from another address, got alice's answer. A pattern's
-/// cookie is no session alone, so the jar and the address name them; alice's retry from
-/// where she sent it replays, and one from elsewhere or with a rewritten cookie runs again.
+/// A listed session cookie every visitor sends alike (a copy a sibling subdomain planted,
+/// a listed name the app does not use) beside the app's own session under a name not
+/// listed: keyed by the listed cookie alone, bob, from the same address, got alice's
+/// answer. Beside a listed session a cookie named like a credential goes in too, the
+/// address and the analytics cookies do not: alice's retry from another address, with
+/// `_ga` rewritten, replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_listed_cookie_does_not_merge_users_of_an_unlisted_session_cookie() {
     let upstream = start_upstream().await;
     let proxy = start_proxy(upstream.addr, "").await;
     let body = r#"{"to":"landlord","amount":900}"#;
     let as_user = |cookie: &str| raw_post("/orders/pay", &[&format!("cookie: {cookie}")], body);
-    let alice = as_user("next-auth.session-token=alice; ab_session=x; _ga=GA1.1.1");
+    let alice = as_user("next-auth.session-token=alice; sessionid=x; _ga=GA1.1.1");
     let first = raw_exchange_from("127.0.0.2", proxy.addr, &alice).await;
     assert!(!replayed(&first));
-    let bob = as_user("next-auth.session-token=bob; ab_session=x; _ga=GA1.1.1");
-    let bob = raw_exchange_from("127.0.0.3", proxy.addr, &bob).await;
+    let bob = as_user("next-auth.session-token=bob; sessionid=x; _ga=GA1.1.1");
+    let bob = raw_exchange_from("127.0.0.2", proxy.addr, &bob).await;
     assert!(!replayed(&bob), "bob got alice's answer: {bob}");
     assert_eq!(upstream.executed(), 2);
-    let retry = raw_exchange_from("127.0.0.2", proxy.addr, &alice).await;
+    let retry = as_user("next-auth.session-token=alice; sessionid=x; _ga=GA1.1.2");
+    let retry = raw_exchange_from("127.0.0.3", proxy.addr, &retry).await;
     assert!(replayed(&retry), "alice's own retry ran again: {retry}");
     assert_eq!(json_body(&retry)["n"], json_body(&first)["n"]);
     assert_eq!(upstream.executed(), 2);

@@ -2,23 +2,24 @@
 //! name a caller, and which change between a request and its retry without doing so.
 use super::*;
 
-/// A listed-pattern cookie every user of a site sends alike (an A/B test's `ab_session`)
-/// beside the app's own session under a name not listed (`next-auth.session-token`):
-/// keyed by the listed one alone, two users on two addresses sent one key, and the second
-/// got the first's answer. Beside a listed session, a cookie whose name looks like a
-/// credential goes in too; analytics and preference cookies, rewritten between a click
-/// and its retry, do not.
+/// A listed session cookie sent alike by two users (a copy planted for the parent domain
+/// by a sibling subdomain, a listed name the app does not use) beside the app's own
+/// session under a name not listed (`next-auth.session-token`): keyed by the listed one
+/// alone, two users sent one key, and the second got the first's answer. Beside a listed
+/// session, a cookie whose name looks like a credential goes in too; analytics and
+/// preference cookies, rewritten between a click and its retry, do not. One address
+/// throughout, so only the cookies can tell the callers apart.
 #[test]
 fn a_listed_session_does_not_hide_a_credential_cookie_beside_it() {
     let (a, b) = ([192, 0, 2, 1], [192, 0, 2, 2]);
-    let alice = with(&[("cookie", "next-auth.session-token=alice; ab_session=x")]);
-    let bob = with(&[("cookie", "next-auth.session-token=bob; ab_session=x")]);
-    assert_ne!(key_of(&alice, a), key_of(&bob, b), "bob got alice's answer");
-    // A copy planted for the parent domain by a sibling subdomain (`x_session=k`) is sent
-    // by its planter alone and by the victim beside the victim's own login.
-    let planter = with(&[("cookie", "x_session=k")]);
-    let victim = with(&[("cookie", "x_session=k; remember_web_59ba=v")]);
-    assert_ne!(key_of(&planter, a), key_of(&victim, b));
+    let alice = with(&[("cookie", "next-auth.session-token=alice; sessionid=x")]);
+    let bob = with(&[("cookie", "next-auth.session-token=bob; sessionid=x")]);
+    assert_ne!(key_of(&alice, a), key_of(&bob, a), "bob got alice's answer");
+    // The planted copy is sent by its planter alone and by the victim beside the
+    // victim's own login.
+    let planter = with(&[("cookie", "session=k")]);
+    let victim = with(&[("cookie", "session=k; remember_web_59ba=v")]);
+    assert_ne!(key_of(&planter, a), key_of(&victim, a));
     for (name, value) in [
         ("auth", "t"),
         ("JWT", "t"),
@@ -28,9 +29,10 @@ fn a_listed_session_does_not_hide_a_credential_cookie_beside_it() {
         ("account", "7"),
         ("PHPSESSID2", "t"),
         ("uid", "7"),
+        ("ab_session", "t"),
     ] {
-        let one = format!("ab_session=x; {name}={value}");
-        let other = format!("ab_session=x; {name}={value}2");
+        let one = format!("sessionid=x; {name}={value}");
+        let other = format!("sessionid=x; {name}={value}2");
         let one = with_owned(&one);
         let other = with_owned(&other);
         assert_ne!(key_of(&one, a), key_of(&other, a), "{name}");
