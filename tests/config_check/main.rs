@@ -4,7 +4,8 @@
 //!
 //! The helpers and the SPEC examples are here; `settings.rs` checks what parsed settings
 //! mean (defaults, derived keys, secrets from files), `mistakes.rs` that each mistake is
-//! refused where it is written, `commands.rs` the `check` and `explain` commands.
+//! refused where it is written, `places.rs` that errors found after parsing point at
+//! the key they name, `commands.rs` the `check` and `explain` commands.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -12,6 +13,7 @@ mod common;
 mod commands;
 mod freshness;
 mod mistakes;
+mod places;
 mod settings;
 
 use idemgate::config::{Config, ConfigError, Protection};
