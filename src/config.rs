@@ -16,6 +16,7 @@ mod connections;
 mod error;
 mod identity;
 mod listen;
+mod locate;
 mod methods;
 mod policy;
 mod protection;
