@@ -347,7 +347,6 @@ fn compile(raw: RawConfig, base: &Path) -> Result<Config, CompileError> {
                 "the admin listener {} takes the address the proxy listens on ({}): give it a port of its own",
                 a.listen, raw.listen.0
             ),
-            "admin",
         ));
     }
     let identity = identity::compile_identity(

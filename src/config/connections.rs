@@ -218,14 +218,12 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
         return Err(CompileError::new(
             format!("connections.{key}"),
             "must be above zero",
-            *key,
         ));
     }
     if c.max_buffered_per_connection > c.max_buffered {
         return Err(CompileError::new(
             "connections.max_buffered_per_connection",
             "must not exceed connections.max_buffered (equal: no share per connection)",
-            "max_buffered_per_connection",
         ));
     }
     if c.upstream_http1 == UpstreamHttp1::Idemgate && c.upstream_protocol != UpstreamProtocol::Http1
@@ -233,7 +231,6 @@ pub(super) fn compile_connections(raw: RawConnections) -> Result<Connections, Co
         return Err(CompileError::new(
             "connections.upstream_http1",
             "idemgate is an HTTP/1.1 client: it needs upstream_protocol: http1",
-            "upstream_http1",
         ));
     }
     Ok(c)

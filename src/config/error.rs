@@ -1,7 +1,9 @@
 //! What a config that cannot be used is reported as: [`ConfigError`], naming the file,
 //! line, column and key. Errors serde finds carry their place; errors found while checking
-//! the parsed values ([`CompileError`]) name a piece of text, found in the file again to
-//! give the place.
+//! the parsed values ([`CompileError`]) name their key path, found in the document again
+//! to give the place.
+
+use super::locate::locate;
 
 /// A config that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -30,50 +32,41 @@ pub enum ConfigError {
     },
 }
 
-/// An error found after parsing, while a section is checked and built.
+/// An error found after parsing, while a section is checked and built: placed by its key
+/// path in the document ([`super::locate`]).
 #[derive(Debug)]
 pub(super) struct CompileError {
     /// The offending key, e.g. `routes[1].name`.
     pub key: String,
     /// What is wrong.
     pub message: String,
-    /// Text whose first appearance in the file is reported as the place.
-    pub needle: String,
-    /// Text the needle is looked for after (a route's `name:`), when the needle alone is
-    /// not unique in the file.
-    pub anchor: Option<String>,
+    /// Text inside the key's value the error is about (one item of a list), placed at
+    /// rather than at the key when the file writes it there.
+    pub within: Option<String>,
 }
 
 impl CompileError {
-    /// An error at `key`, placed where `needle` first appears.
-    pub fn new(
-        key: impl Into<String>,
-        message: impl Into<String>,
-        needle: impl Into<String>,
-    ) -> Self {
+    /// An error at `key`.
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             key: key.into(),
             message: message.into(),
-            needle: needle.into(),
-            anchor: None,
+            within: None,
         }
     }
 
-    /// The same error, placed at the needle's first appearance after `anchor`'s (at the
-    /// anchor when the needle does not follow it).
-    pub fn after(self, anchor: impl Into<String>) -> Self {
+    /// The same error, placed at `value` where the key's value holds it.
+    pub fn within(self, value: impl Into<String>) -> Self {
         Self {
-            anchor: Some(anchor.into()),
+            within: Some(value.into()),
             ..self
         }
     }
 
-    /// The error as reported, placed where its needle first appears in `text`.
+    /// The error as reported, placed where `text` writes its key (or the nearest section
+    /// of it that `text` writes).
     pub fn place(self, text: &str, file: &str) -> ConfigError {
-        let (line, column) = match &self.anchor {
-            Some(anchor) => locate_after(text, anchor, &self.needle),
-            None => locate(text, &self.needle),
-        };
+        let (line, column) = locate(text, &self.key, self.within.as_deref());
         ConfigError::Invalid {
             file: file.to_owned(),
             line,
@@ -113,28 +106,4 @@ fn tidy_message(message: &str, key: &str) -> String {
         Some((path, rest)) if !path.is_empty() && key.starts_with(path) => rest.to_owned(),
         _ => message.to_owned(),
     }
-}
-
-/// The line and column where `needle` first appears, for errors found after parsing.
-fn locate(text: &str, needle: &str) -> (usize, usize) {
-    if needle.is_empty() {
-        return (1, 1);
-    }
-    for (i, line) in text.lines().enumerate() {
-        if let Some(col) = line.find(needle) {
-            return (i + 1, col + 1);
-        }
-    }
-    (1, 1)
-}
-
-/// The line and column of `needle`'s first appearance after `anchor`'s first, else of
-/// `anchor`'s.
-fn locate_after(text: &str, anchor: &str, needle: &str) -> (usize, usize) {
-    let Some(start) = text.find(anchor).filter(|_| !anchor.is_empty()) else {
-        return locate(text, needle);
-    };
-    let at = text[start..].find(needle).map_or(start, |i| start + i);
-    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
-    (text[..at].matches('\n').count() + 1, at - line_start + 1)
 }

@@ -23,8 +23,8 @@ pub(super) fn compile_identity(
                 return Err(CompileError::new(
                     "session_cookies",
                     format!("{bad:?} is not a cookie name"),
-                    "session_cookies",
-                ));
+                )
+                .within(bad.as_str()));
             }
             names
         }
@@ -35,11 +35,8 @@ pub(super) fn compile_identity(
             .iter()
             .map(|n| {
                 HeaderName::from_bytes(n.as_bytes()).map_err(|_| {
-                    CompileError::new(
-                        "credential_headers",
-                        format!("{n:?} is not a header name"),
-                        "credential_headers",
-                    )
+                    CompileError::new("credential_headers", format!("{n:?} is not a header name"))
+                        .within(n.as_str())
                 })
             })
             .collect::<Result<_, _>>()?,

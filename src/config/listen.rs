@@ -33,9 +33,8 @@ pub(super) fn client_ca_digest(
         return Ok(None);
     };
     let path = base.join(ca);
-    let bytes = std::fs::read(&path).map_err(|e| {
-        CompileError::new("tls", format!("reading {}: {e}", path.display()), "tls:")
-    })?;
+    let bytes = std::fs::read(&path)
+        .map_err(|e| CompileError::new("tls", format!("reading {}: {e}", path.display())))?;
     Ok(Some(Digest(Sha256::digest(bytes).into())))
 }
 
@@ -54,5 +53,5 @@ pub(super) fn compile_tls(
         t.client_ca.as_deref().map(path).as_deref(),
     )
     .map(Some)
-    .map_err(|e| CompileError::new("tls", e.to_string(), "tls:"))
+    .map_err(|e| CompileError::new("tls", e.to_string()))
 }

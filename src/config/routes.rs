@@ -58,12 +58,11 @@ pub(super) fn compile_routing(
         return Err(CompileError::new(
             "defaults.idempotency",
             "`defaults.idempotency` is `on` or `observe`; to let unrouted requests through, write `defaults.key: off`, and a route's own `idempotency: off`",
-            "idempotency",
         ));
     }
     let base = policy_from_defaults(&defaults);
     check_policy(&base)
-        .map_err(|e| CompileError::new(format!("defaults.{}", e.field), e.message, "defaults:"))?;
+        .map_err(|e| CompileError::new(format!("defaults.{}", e.field), e.message))?;
     let shared = Shared {
         identity: Arc::clone(identity),
         sealing,
@@ -75,7 +74,6 @@ pub(super) fn compile_routing(
         return Err(CompileError::new(
             "defaults.fingerprint_ttl",
             "must be above zero",
-            "fingerprint_ttl",
         ));
     }
     // The fallback has no `ttl` of its own: `defaults.ttl` is what client-keyed routes get,
@@ -108,26 +106,22 @@ pub(super) fn compile_routing(
         return Err(CompileError::new(
             "defaults.key.scope",
             client_cert_without_mtls("the default key (`defaults.key`)"),
-            "client_cert",
         )
-        .after("defaults:"));
+        .within("client_cert"));
     }
     let mut compiled = Vec::new();
     for (i, r) in routes.unwrap_or_default().into_iter().enumerate() {
         let key = format!("routes[{i}]");
-        let needle = format!("name: {}", r.name);
         if r.name.is_empty() || r.name == FALLBACK_ROUTE {
             return Err(CompileError::new(
                 format!("{key}.name"),
                 format!("route name {:?} is empty or reserved", r.name),
-                needle,
             ));
         }
         if compiled.iter().any(|x: &Route| x.name == r.name) {
             return Err(CompileError::new(
                 format!("{key}.name"),
                 format!("route name {:?} is used twice", r.name),
-                needle,
             ));
         }
         if let Some(field) = unused_when_off(&r) {
@@ -141,7 +135,6 @@ pub(super) fn compile_routing(
                 format!(
                     "`{field}` has no effect on {off} route: its requests pass through unprotected (only `upstream_timeout` applies)"
                 ),
-                needle,
             ));
         }
         let route = compile_route(r, &base, &default_rule, &shared).map_err(|e| {
@@ -149,7 +142,7 @@ pub(super) fn compile_routing(
                 Some(field) => format!("{key}.{field}"),
                 None => key.clone(),
             };
-            CompileError::new(key, e.message, needle.clone())
+            CompileError::new(key, e.message)
         })?;
         if !mutual_tls
             && matches!(&route.protection, Protection::On(p) if names_client_cert(&p.key))
@@ -157,9 +150,8 @@ pub(super) fn compile_routing(
             return Err(CompileError::new(
                 format!("{key}.key.scope"),
                 client_cert_without_mtls(&format!("route {}", route.name)),
-                "client_cert",
             )
-            .after(needle));
+            .within("client_cert"));
         }
         if let Some((j, earlier)) = compiled
             .iter()
@@ -172,7 +164,6 @@ pub(super) fn compile_routing(
                     "route {:?} is never reached: routes[{j}] ({:?}) comes first and matches every request it does (routes match first to last); put it after {:?}, or narrow that route",
                     route.name, earlier.name, route.name
                 ),
-                needle,
             ));
         }
         compiled.push(route);

@@ -13,18 +13,17 @@ use crate::store::seal::{ClearRecords, KeyRing};
 
 /// `admin:` with its token read from `token_file` (relative to the config) when given.
 pub(super) fn compile_admin(a: RawAdmin, base: &Path) -> Result<Admin, CompileError> {
-    let err = |m: String| CompileError::new("admin.token_file", m, "token_file");
+    let err = |m: String| CompileError::new("admin.token_file", m);
     let token = match (a.token, a.token_file) {
         (Some(_), Some(_)) => {
             return Err(CompileError::new(
                 "admin",
                 "give `token` or `token_file`, not both",
-                "admin:",
             ))
         }
         (token, None) => {
             if let Some(why) = token.as_deref().and_then(unsendable) {
-                return Err(CompileError::new("admin.token", why, "token"));
+                return Err(CompileError::new("admin.token", why));
             }
             token
         }
@@ -66,7 +65,7 @@ fn unsendable(token: &str) -> Option<String> {
 /// `store.encrypt`: the keys read from their files and variables, the first sealing, and
 /// whether records in clear are still read (`clear_records`, `accept` unless written).
 pub(super) fn compile_encrypt(e: RawEncrypt, base: &Path) -> Result<Arc<KeyRing>, CompileError> {
-    let err = |m: String| CompileError::new("store.encrypt", m, "encrypt");
+    let err = |m: String| CompileError::new("store.encrypt", m);
     let mut sources = Vec::new();
     if e.key_file.is_some() || e.key_env.is_some() {
         sources.push(RawKeySource {

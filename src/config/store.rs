@@ -53,7 +53,7 @@ pub(super) fn compile_store_section(
 }
 
 fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> {
-    let err = |key: &str, message: &str, needle: &str| CompileError::new(key, message, needle);
+    let err = |key: &str, message: &str| CompileError::new(key, message);
     match (s.memory, s.redis, s.postgres, s.mysql) {
         (Some(m), None, None, None) => {
             let defaults = MemoryLimits::default();
@@ -72,7 +72,6 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
                 return Err(err(
                     "store.memory",
                     "max_entries and max_bytes must be above zero",
-                    "memory",
                 ));
             }
             Ok(StoreConfig::Memory(limits))
@@ -90,12 +89,11 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
                 return Err(err(
                     "store.redis",
                     "give either `url` (one server) or `cluster` (seed nodes)",
-                    "redis",
                 ));
             }
             let timeout = r.timeout.map_or(Duration::from_secs(1), |d| d.0);
             if timeout.is_zero() {
-                return Err(err("store.redis.timeout", "must be above zero", "timeout"));
+                return Err(err("store.redis.timeout", "must be above zero"));
             }
             // What opening the store refuses, refused here, so `check` and a reload see it:
             // seeds of one scheme, and TLS roots only for `rediss://`, holding a certificate.
@@ -105,25 +103,22 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
                 return Err(err(
                     "store.redis.cluster",
                     "the seeds mix redis:// and rediss://; a cluster speaks TLS to every node or none",
-                    "cluster",
                 ));
             }
             let ca = match &r.ca {
                 Some(path) => {
                     let pem = std::fs::read(base.join(path))
-                        .map_err(|e| err("store.redis.ca", &format!("{path}: {e}"), "ca:"))?;
+                        .map_err(|e| err("store.redis.ca", &format!("{path}: {e}")))?;
                     if !urls().all(tls) {
                         return Err(err(
                             "store.redis.ca",
                             "`ca` is for a TLS connection: write the URL as rediss://",
-                            "ca:",
                         ));
                     }
                     if !crate::tls::holds_certificates(&pem) {
                         return Err(err(
                             "store.redis.ca",
                             &format!("{path}: no PEM certificate in it"),
-                            "ca:",
                         ));
                     }
                     Some(pem)
@@ -143,22 +138,19 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
         _ => Err(err(
             "store",
             "name exactly one backend: `memory`, `redis`, `postgres` or `mysql`",
-            "store:",
         )),
     }
 }
 
 /// `store.postgres` or `store.mysql` (`section`).
 fn compile_sql(s: RawSql, section: &str) -> Result<SqlSettings, CompileError> {
-    let err = |key: &str, message: &str, needle: &str| {
-        CompileError::new(format!("store.{section}.{key}"), message, needle)
-    };
+    let err =
+        |key: &str, message: &str| CompileError::new(format!("store.{section}.{key}"), message);
     let url = s.url.0;
     if url.is_postgres() != (section == "postgres") {
         return Err(err(
             "url",
             &format!("a {section} store needs a {section}:// URL"),
-            "url",
         ));
     }
     let defaults = SqlSettings::new(url.0);
@@ -169,14 +161,10 @@ fn compile_sql(s: RawSql, section: &str) -> Result<SqlSettings, CompileError> {
         ..defaults
     };
     if settings.timeout.is_zero() {
-        return Err(err("timeout", "must be above zero", "timeout"));
+        return Err(err("timeout", "must be above zero"));
     }
     if settings.max_connections == 0 {
-        return Err(err(
-            "max_connections",
-            "must be above zero",
-            "max_connections",
-        ));
+        return Err(err("max_connections", "must be above zero"));
     }
     Ok(settings)
 }

@@ -79,7 +79,6 @@ pub(super) fn compile_tokens(
         return Err(CompileError::new(
             "tokens",
             "path must start with '/'; rate, rate_per_address, budget, ttl and window must be above zero",
-            "tokens:",
         ));
     }
     check_path(&issuer.path, routes)?;
@@ -87,25 +86,17 @@ pub(super) fn compile_tokens(
         return Err(CompileError::new(
             "tokens.scope",
             client_cert_without_mtls("the token endpoint (`tokens`)"),
-            "client_cert",
         )
-        .after("tokens:"));
+        .within("client_cert"));
     }
     let mut header = None;
     // The fallback (`defaults.key`, for POST and PATCH matching no route) like a route.
-    let fallback = std::iter::once((
-        "defaults.key.scope".to_owned(),
-        "defaults:".to_owned(),
-        fallback,
-    ));
-    let routes = routes.iter_mut().enumerate().map(|(i, route)| {
-        (
-            format!("routes[{i}].key.scope"),
-            format!("name: {}", route.name),
-            &mut route.protection,
-        )
-    });
-    for (key_path, place, protection) in fallback.chain(routes) {
+    let fallback = std::iter::once(("defaults.key.scope".to_owned(), fallback));
+    let routes = routes
+        .iter_mut()
+        .enumerate()
+        .map(|(i, route)| (format!("routes[{i}].key.scope"), &mut route.protection));
+    for (key_path, protection) in fallback.chain(routes) {
         let Protection::On(p) = protection else {
             continue;
         };
@@ -116,7 +107,6 @@ pub(super) fn compile_tokens(
             return Err(CompileError::new(
                 key_path,
                 "a token route must use the same scope as `tokens.scope` (whose token it is)",
-                place,
             ));
         }
         header.get_or_insert(rule.header.clone());
@@ -137,7 +127,7 @@ pub(super) fn compile_tokens(
 /// escape the normal form decodes, a placeholder) would never answer, its POSTs going on
 /// upstream; one a route names literally would take that route's every POST.
 fn check_path(path: &str, routes: &[Route]) -> Result<(), CompileError> {
-    let err = |m: String| CompileError::new("tokens.path", m, "tokens:");
+    let err = |m: String| CompileError::new("tokens.path", m);
     if path.contains(['{', '}', '*', '?', '#']) {
         return Err(err(format!(
             "{path:?}: the token endpoint is one literal path, without placeholders or query"

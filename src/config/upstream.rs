@@ -27,18 +27,16 @@ pub(super) fn compile_upstream(
     ca: Option<&str>,
     base: &Path,
 ) -> Result<Upstream, CompileError> {
-    let mut upstream = parse_upstream(url)
-        .map_err(|m| CompileError::new("upstream", m, format!("upstream: {url}")))?;
+    let mut upstream = parse_upstream(url).map_err(|m| CompileError::new("upstream", m))?;
     if upstream.scheme == Scheme::HTTPS {
         let ca = ca.map(|p| base.join(p));
         let client = crate::tls::upstream_client_config(ca.as_deref())
-            .map_err(|e| CompileError::new("upstream_ca", e.to_string(), "upstream_ca"))?;
+            .map_err(|e| CompileError::new("upstream_ca", e.to_string()))?;
         upstream.tls = Some(Arc::new(client));
     } else if ca.is_some() {
         return Err(CompileError::new(
             "upstream_ca",
             "only an https:// upstream uses a CA",
-            "upstream_ca",
         ));
     }
     Ok(upstream)

@@ -22,7 +22,7 @@ fn a_skew_the_key_lifetime_does_not_outlast_is_refused() {
         fingerprint,
         "    fresh: { header: X-Ts, skew: 2m }\n",
     ));
-    assert_eq!((line, key.as_str()), (4, "routes[0].fresh.skew"));
+    assert_eq!((line, key.as_str()), (7, "routes[0].fresh.skew"));
     assert!(
         message.contains("`skew` (2m)") && message.contains("(2m, `defaults.fingerprint_ttl`)"),
         "{message}"

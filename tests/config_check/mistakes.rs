@@ -16,8 +16,8 @@ fn a_background_timeout_set_below_the_upstream_timeout_is_refused() {
     let (line, _, key, message) = invalid(&top(
         "defaults:\n  upstream_timeout: 2m\n  background_timeout: 1m\n",
     ));
-    // Where: the key, placed at its section (line 3).
-    assert_eq!((line, key.as_str()), (3, "defaults.background_timeout"));
+    // Where: the key itself (line 5), not its section.
+    assert_eq!((line, key.as_str()), (5, "defaults.background_timeout"));
     assert!(
         message.contains("background_timeout (1m) must be at least upstream_timeout (2m)"),
         "{message}"
@@ -26,7 +26,7 @@ fn a_background_timeout_set_below_the_upstream_timeout_is_refused() {
         "routes:\n  - name: slow\n    match: { path: /slow }\n    key: { header: K }\n    upstream_timeout: 15m\n    background_timeout: 12m\n",
     );
     let (line, _, key, message) = invalid(&on_a_route);
-    assert_eq!((line, key.as_str()), (4, "routes[0].background_timeout"));
+    assert_eq!((line, key.as_str()), (8, "routes[0].background_timeout"));
     assert!(
         message.contains("background_timeout (12m) must be at least upstream_timeout (15m)"),
         "{message}"
@@ -185,7 +185,7 @@ fn rule_level_mistakes_are_refused() {
     assert!(message.contains("safe method"), "{message}");
     let dup = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:3000\nroutes:\n  - name: a\n    match: { path: /a }\n  - name: a\n    match: { path: /b }\n";
     let (line, _, key, message) = invalid(dup);
-    assert_eq!((line, key.as_str()), (4, "routes[1].name"));
+    assert_eq!((line, key.as_str()), (6, "routes[1].name"));
     assert!(message.contains("used twice"), "{message}");
     let (_, _, key, _) = invalid("listen: 127.0.0.1:8080\nupstream: ftp://x\n");
     assert_eq!(key, "upstream");
@@ -399,12 +399,12 @@ fn a_client_cert_scope_without_mutual_tls_is_refused_where_it_is_written() {
 #[test]
 fn a_zero_ttl_is_refused_where_it_is_written() {
     let (line, _, key, message) = invalid(&top("defaults:\n  ttl: 0\n"));
-    assert_eq!((line, key.as_str()), (3, "defaults.ttl"));
+    assert_eq!((line, key.as_str()), (4, "defaults.ttl"));
     assert!(message.contains("above zero"), "{message}");
     let (line, _, key, message) = invalid(&top(
         "routes:\n  - name: pay\n    match: { path: /pay }\n    key: { header: Idempotency-Key }\n    ttl: 0s\n",
     ));
-    assert_eq!((line, key.as_str()), (4, "routes[0].ttl"));
+    assert_eq!((line, key.as_str()), (7, "routes[0].ttl"));
     assert!(message.contains("above zero"), "{message}");
 }
 

@@ -12,7 +12,7 @@ fn an_error_on_a_route_points_at_that_route_not_one_whose_name_starts_alike() {
         "routes:\n  - name: order-v2\n    match: { path: /v2/orders }\n    key: { header: K }\n  - name: order\n    match: { path: /orders }\n    key: { header: K }\n    ttl: 0s\n",
     );
     let (line, column, key, message) = invalid(&text);
-    assert_eq!((line, column, key.as_str()), (11, 5, "routes[1].ttl"));
+    assert_eq!((line, column, key.as_str()), (10, 5, "routes[1].ttl"));
     assert!(message.contains("above zero"), "{message}");
     // A route name used twice is placed at the second one.
     let dup = top(
@@ -44,7 +44,11 @@ fn a_quoted_route_name_or_key_is_found() {
             "routes:\n  - name: {name}\n    match: {{ path: /orders }}\n    key: {{ header: K }}\n    ttl: 0s\n"
         ));
         let (line, column, key, _) = invalid(&text);
-        assert_eq!((line, column, key.as_str()), (7, 5, "routes[0].ttl"), "{name}");
+        assert_eq!(
+            (line, column, key.as_str()),
+            (7, 5, "routes[0].ttl"),
+            "{name}"
+        );
     }
     let quoted_key = top(
         "routes:\n  - \"name\": order\n    match: { path: /orders }\n    key: { header: K }\n    \"ttl\": 0s\n",
