@@ -9,7 +9,8 @@
 //! The tests are grouped by what fails: `owner_failures.rs` the upstream under an owner,
 //! `store_limits.rs` the store's size limits, `claims_left_behind.rs` claims with no owner
 //! left to settle them, `store_failures.rs` the store failing under a running request;
-//! `held_replies.rs` is the Redis relay the last two hold replies with.
+//! `retried_answers.rs` the bound on what completions made again in the background hold;
+//! `held_replies.rs` is the Redis relay the last three hold replies with.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -17,6 +18,7 @@ mod common;
 mod claims_left_behind;
 mod held_replies;
 mod owner_failures;
+mod retried_answers;
 mod store_failures;
 mod store_limits;
 
