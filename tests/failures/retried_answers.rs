@@ -78,5 +78,9 @@ async fn answers_past_the_bound_of_background_retries_are_settled_as_not_stored(
     }
     assert_eq!((replayed, not_stored), (2, 2));
     assert_eq!(proxy.metric("idemgate_store_settlements_lost_total"), 0.0);
-    assert_eq!(upstream.executed(), 1 + OWNERS, "the warm-up and each owner once");
+    assert_eq!(
+        upstream.executed(),
+        1 + OWNERS,
+        "the warm-up and each owner once"
+    );
 }
