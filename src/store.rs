@@ -19,7 +19,8 @@
 //! names), `settlement` (how a claim ends), `waiter` (a duplicate's wait), `report` (what the
 //! admin API and `/metrics` show), `response` (a stored answer), `seal` (answers encrypted at
 //! rest), `lease` (ownership as a value), `renewals` (the shared stores' renewing task) and
-//! `unanswered` (the release of a shared store's claim that got no answer), `background` (the
+//! `unanswered` (the release of a shared store's claim that got no answer), `settling` (the
+//! bounds on settlements made again in the background), `background` (the
 //! count of writes made after their owner ended, which a shutdown waits for), `revision` (which
 //! record a key holds, as the admin API's `ETag` names it). The
 //! backends (`memory`, `redis`, `sql`) import those, never each other. Everything a caller
@@ -36,6 +37,7 @@ pub mod response;
 mod revision;
 pub mod seal;
 mod settlement;
+pub mod settling;
 pub mod sql;
 mod unanswered;
 mod waiter;
@@ -56,6 +58,7 @@ pub use response::StoredResponse;
 pub use revision::Revision;
 pub(crate) use settlement::NotKept;
 pub use settlement::{Settled, Settlement};
+pub use settling::{AnswerRoom, FixedRoom, Held};
 pub use sql::mysql::MysqlStore;
 pub use sql::postgres::PostgresStore;
 pub use sql::SqlSettings;
@@ -421,21 +424,44 @@ impl Store {
             Self::Memory(m) => m.stats(),
             Self::Redis(r) => StoreStats {
                 settlements_lost: lost(r.settlements_lost()),
+                retried_answers_dropped: r.settling().dropped(),
                 tokens_refused: lost(r.tokens_refused()),
                 ..StoreStats::default()
             },
             Self::Postgres(p) => StoreStats {
                 reaped: p.reaped(),
                 settlements_lost: lost(p.settlements_lost()),
+                retried_answers_dropped: p.settling().dropped(),
                 tokens_refused: lost(p.tokens_refused()),
                 ..StoreStats::default()
             },
             Self::Mysql(m) => StoreStats {
                 reaped: m.reaped(),
                 settlements_lost: lost(m.settlements_lost()),
+                retried_answers_dropped: m.settling().dropped(),
                 tokens_refused: lost(m.tokens_refused()),
                 ..StoreStats::default()
             },
+        }
+    }
+
+    /// Answers of settlements this store fails, made again in the background, take their
+    /// bytes from `room` from now on (see `settling`); the memory store, whose settlements
+    /// never fail, has none.
+    pub fn keep_retried_answers_in(&self, room: Arc<dyn AnswerRoom>) {
+        if let Some(settling) = self.settling() {
+            settling.set_room(room);
+        }
+    }
+
+    /// The bounds on this store's settlements made again (`None`: the memory store's never
+    /// are).
+    pub(crate) fn settling(&self) -> Option<&settling::Settling> {
+        match self {
+            Self::Memory(_) => None,
+            Self::Redis(r) => Some(r.settling()),
+            Self::Postgres(p) => Some(p.settling()),
+            Self::Mysql(m) => Some(m.settling()),
         }
     }
 

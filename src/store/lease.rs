@@ -16,6 +16,9 @@
 //! last renewal whose answer came back, then the lapse span, during which the store holds
 //! it as its lapse rule says; and no sooner than a lease and the lapse span after the first
 //! failure, as a renewal whose answer never came back may have landed (see `RetryEnds`).
+//! What those retries hold is bounded (`super::settling`): so many at once, their answers
+//! within the store's room; one past the room is made again without its answer ("executed,
+//! answer not stored"), never given up while that smaller record can land.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,7 +28,7 @@ use super::claim::{ClaimArgs, Lapse, OwnerToken, Ownership};
 use super::renewals::{Finished, HeldClaim, Renewal};
 use super::response::StoredResponse;
 use super::settlement::{NotKept, Settled, Settlement};
-use super::{background, unanswered, Store, StoreError};
+use super::{background, settling, unanswered, Store, StoreError};
 use crate::key::Digest;
 use tracing::Instrument;
 
@@ -279,10 +282,7 @@ async fn settle_and_follow_up(
     let settled = store.settle(&owned, settlement.clone()).await;
     let settlement = pending.answered();
     if settled.is_err() {
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let retry = settle_again(store.clone(), owned, settlement, lease, unanswered, renewed);
-            background::spawn(&rt, retry.instrument(tracing::Span::current()));
-        }
+        retry_in_background(store, owned, settlement, lease, unanswered, renewed);
     } else if unanswered {
         unanswered::settle_after_unanswered_renewal(store, owned, settlement, lease);
     }
@@ -317,9 +317,6 @@ impl Drop for Pending<'_> {
         let Some((store, owned, settlement, lease)) = self.armed.take() else {
             return;
         };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         tracing::warn!(
             key = %owned.key.short(),
             settled = settlement.as_str(),
@@ -327,9 +324,37 @@ impl Drop for Pending<'_> {
         );
         // Whether a renewal went unanswered is not known here: assumed so, which on a SQL
         // database only repeats a settlement that leaves no record, fenced by the token.
-        let again = settle_again(store.clone(), owned, settlement, lease, true, self.renewed);
-        background::spawn(&rt, again.instrument(tracing::Span::current()));
+        retry_in_background(store, owned, settlement, lease, true, self.renewed);
     }
+}
+
+/// Starts [`settle_again`] in the background, within the bounds `settling` sets (at most
+/// `MAX_SETTLING` at once, their answers within the store's room): past the count it is
+/// given up and counted as lost; an answer without room is left out, the settlement made
+/// again as "executed, answer not stored".
+fn retry_in_background(
+    store: &Store,
+    owned: Ownership,
+    settlement: Settlement,
+    lease: Duration,
+    unanswered: bool,
+    renewed: tokio::time::Instant,
+) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let Some(settling::Admitted { settlement, holds }) =
+        settling::admit(&settling::SETTLING, store, &owned, settlement)
+    else {
+        return;
+    };
+    let store = store.clone();
+    let retry = async move {
+        // Its place and its answer's bytes, given back once it is done.
+        let _holds = holds;
+        settle_again(store, owned, settlement, lease, unanswered, renewed).await;
+    };
+    background::spawn(&rt, retry.instrument(tracing::Span::current()));
 }
 
 /// Makes a settlement the store failed again, backing off, until it lands or the claim's

@@ -106,6 +106,8 @@ pub struct RedisStore {
     refused_len: settle::RefusedLen,
     /// Settlements given up on (see [`Store::settlement_lost`](super::Store::settlement_lost)).
     settlements_lost: AtomicU64,
+    /// Bounds on what its settlements made again hold.
+    settling: super::settling::Settling,
     /// Token issuances refused past `tokens.budget` (see [`Store::token_refused`](super::Store::token_refused)).
     tokens_refused: AtomicU64,
 }
@@ -130,6 +132,11 @@ impl RedisStore {
     /// Settlements given up on since start (see [`Store::settlement_lost`](super::Store::settlement_lost)).
     pub(crate) fn settlements_lost(&self) -> &AtomicU64 {
         &self.settlements_lost
+    }
+
+    /// Bounds on what its settlements made again hold (see `super::settling`).
+    pub(crate) fn settling(&self) -> &super::settling::Settling {
+        &self.settling
     }
 
     /// Token issuances refused since start (see [`Store::token_refused`](super::Store::token_refused)).
@@ -157,6 +164,7 @@ impl RedisStore {
             eviction: eviction::Eviction::default(),
             refused_len: settle::RefusedLen::default(),
             settlements_lost: AtomicU64::new(0),
+            settling: Default::default(),
             tokens_refused: AtomicU64::new(0),
         })
     }

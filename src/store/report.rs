@@ -61,4 +61,8 @@ pub struct StoreStats {
     /// renewal that got none), since start: each may leave its key to run again or held
     /// as an "outcome unknown".
     pub settlements_lost: u64,
+    /// Answers of settlements made again in the background that found no room
+    /// (`settling`) and were made again without it, as "executed, answer not stored", since
+    /// start.
+    pub retried_answers_dropped: u64,
 }

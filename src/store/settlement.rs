@@ -84,6 +84,15 @@ impl Settlement {
         }
     }
 
+    /// The bytes of the answer it holds (0: none): what it is charged while it is made
+    /// again in the background (`super::settling`).
+    pub(super) fn answer_size(&self) -> usize {
+        match self {
+            Self::Done { response, .. } | Self::Failed { response, .. } => response.size(),
+            _ => 0,
+        }
+    }
+
     /// What writing [`Self::without_answer`] in this settlement's place, as `settled`,
     /// came to: a done record's answer left out is [`Settled::AnswerNotKept`]; a failure's
     /// release is what it was.

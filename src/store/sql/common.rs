@@ -35,6 +35,8 @@ pub(super) struct Common {
     pub reaped: AtomicU64,
     /// Settlements given up on (see `Store::settlement_lost`).
     pub settlements_lost: AtomicU64,
+    /// Bounds on what its settlements made again hold (see `store::settling`).
+    pub settling: crate::store::settling::Settling,
     /// Token issuances refused past `tokens.budget` (see `Store::token_refused`).
     pub tokens_refused: AtomicU64,
     /// The largest statement the database takes, in bytes (`u64::MAX`: no limit known).
@@ -67,6 +69,7 @@ impl Common {
             renewals: Arc::default(),
             reaped: AtomicU64::new(0),
             settlements_lost: AtomicU64::new(0),
+            settling: Default::default(),
             tokens_refused: AtomicU64::new(0),
             statement_limit: AtomicU64::new(u64::MAX),
             tasks,

@@ -125,6 +125,11 @@ impl<D: Dialect> SqlStore<D> {
         &self.common.settlements_lost
     }
 
+    /// Bounds on what its settlements made again hold (see `store::settling`).
+    pub(crate) fn settling(&self) -> &crate::store::settling::Settling {
+        &self.common.settling
+    }
+
     /// Token issuances refused since start (see `Store::token_refused`).
     pub(crate) fn tokens_refused(&self) -> &AtomicU64 {
         &self.common.tokens_refused
