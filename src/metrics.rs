@@ -220,6 +220,7 @@ pub struct Metrics {
     tokens_refused: Counter,
     reaped: Counter,
     settlements_lost: Counter,
+    retried_answers_dropped: Counter,
     /// Held while the counters above follow the store's totals ([`Metrics::render`]).
     following: Mutex<()>,
     rekeyed: Family<RekeyedLabels, Counter>,
@@ -329,6 +330,12 @@ impl Metrics {
             "Answers and failures the store never took before their claim's record ended, and releases and repeated settlements given up (Redis, SQL): each may leave its key to run again or held as an outcome unknown; and answers a SQL database refused (a trigger, a constraint) on a background retry, recorded as executed, answer not stored (not those left out as too large for the store)",
             settlements_lost.clone(),
         );
+        let retried_answers_dropped = Counter::default();
+        registry.register(
+            "store_retried_answers_dropped",
+            "Answers of settlements the store failed that found no room to be held while they were made again in the background (connections.max_buffered_per_connection of the buffer budget): made again as executed, answer not stored (Redis, SQL)",
+            retried_answers_dropped.clone(),
+        );
         let rekeyed = Family::<RekeyedLabels, Counter>::default();
         registry.register(
             "rekeyed",
@@ -353,6 +360,7 @@ impl Metrics {
             tokens_refused,
             reaped,
             settlements_lost,
+            retried_answers_dropped,
             following: Mutex::new(()),
             routes: RwLock::default(),
             tags: RwLock::new(vec![String::new()]),
@@ -466,6 +474,7 @@ impl Metrics {
             follow(&self.tokens_refused, stats.tokens_refused);
             follow(&self.reaped, stats.reaped);
             follow(&self.settlements_lost, stats.settlements_lost);
+            follow(&self.retried_answers_dropped, stats.retried_answers_dropped);
         }
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -504,7 +513,12 @@ mod tests {
             tokens_refused: 2,
             reaped: 0,
             settlements_lost: 4,
+            retried_answers_dropped: 5,
         });
+        assert!(
+            text.contains("idemgate_store_retried_answers_dropped_total 5"),
+            "{text}"
+        );
         assert!(
             text.contains("idemgate_store_settlements_lost_total 4"),
             "{text}"

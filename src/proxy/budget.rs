@@ -41,6 +41,9 @@
 //! share is refused alone, and the others keep the rest. Each buffer counts against the
 //! connection whose request made it until it drops, whether the client is still there or
 //! not.
+//!
+//! Answers held by settlements the store failed, while they are made again in the
+//! background, take their bytes as one more connection's ([`RetriedAnswers`]).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -50,6 +53,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::metrics::BufferMetrics;
+use crate::store::{AnswerRoom, Held};
 
 /// The process-wide byte budget. The bytes held are counted in the
 /// `idemgate_buffered_bytes` gauge itself: what `/metrics` shows is the count the budget
@@ -428,6 +432,36 @@ impl Drop for Charge {
         if let Some((budget, conn)) = &self.account {
             budget.give_back(conn, self.bytes);
         }
+    }
+}
+
+/// The budget's room for the answers of settlements the store failed, held while they
+/// are made again in the background (`crate::store::settling`): they count as one more
+/// connection's buffers, so together they hold at most
+/// `connections.max_buffered_per_connection`, within `connections.max_buffered`, and a
+/// budget full of clients' buffers leaves them none. An answer without room is made again
+/// without it, as "executed, answer not stored".
+#[derive(Debug)]
+pub struct RetriedAnswers {
+    budget: Arc<Budget>,
+    buffers: Arc<ConnBuffers>,
+}
+
+impl RetriedAnswers {
+    /// A room in `budget`.
+    pub fn new(budget: &Arc<Budget>) -> Self {
+        Self {
+            budget: Arc::clone(budget),
+            buffers: Arc::default(),
+        }
+    }
+}
+
+impl AnswerRoom for RetriedAnswers {
+    fn take(&self, bytes: usize) -> Option<Held> {
+        let mut charge = self.budget.charge(&self.buffers);
+        charge.resize(bytes).ok()?;
+        Some(Box::new(charge))
     }
 }
 

@@ -77,6 +77,7 @@ impl Proxy {
             c.max_buffered_per_connection,
             metrics.buffers(),
         );
+        store.keep_retried_answers_in(Arc::new(super::budget::RetriedAnswers::new(&budget)));
         Self {
             live: Arc::new(ArcSwap::from_pointee(Live {
                 config,

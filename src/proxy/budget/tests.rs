@@ -161,3 +161,23 @@ fn an_attached_charge_is_given_back_when_the_last_part_drops() {
     drop(part);
     assert_eq!((budget.held(), conn.held()), (0, 0));
 }
+
+/// Answers held by settlements made again in the background hold one connection's share
+/// of the budget at most, within its total, until each is done.
+#[test]
+fn retried_answers_hold_one_connections_share_within_the_total() {
+    let metrics = Metrics::new();
+    let budget = Budget::new(90, 50, metrics.buffers());
+    let room = RetriedAnswers::new(&budget);
+    let first = room.take(30).expect("within the share");
+    assert!(room.take(30).is_none(), "past the share");
+    assert_eq!(budget.held(), 30, "counted in the budget");
+    let client = Arc::default();
+    let mut full = budget.charge(&client);
+    full.resize(50).unwrap();
+    assert!(room.take(20).is_none(), "past the total");
+    drop(full);
+    let second = room.take(20).expect("room again");
+    drop((first, second));
+    assert_eq!(budget.held(), 0, "given back");
+}
