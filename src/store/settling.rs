@@ -10,8 +10,8 @@
 //! counted as a settlement lost. And their answers hold at most what the store's
 //! [`AnswerRoom`] has room for: a settlement whose answer finds none is made again without
 //! it ([`Settlement::without_answer`]), "executed, answer not stored" for a done record,
-//! so its repeats get the answer-not-stored 409 and never run again (a failure's waiters
-//! are told it failed, without its page), with a warning, counted in
+//! so its repeats get the answer-not-stored 409 and never run again (a failure's key is
+//! released instead, without its page: a waiter may take it over), with a warning, counted in
 //! `idemgate_store_retried_answers_dropped_total`. Never given up for want of room: the
 //! smaller record still lands, and the key ends executed, never free.
 //!

@@ -56,6 +56,10 @@ async fn answers_past_the_bound_of_background_retries_are_settled_as_not_stored(
     proxy.metric_reaches(unknown, OWNERS as f64).await;
     let dropped = "idemgate_store_retried_answers_dropped_total";
     assert_eq!(proxy.metric(dropped), 2.0, "two answers past the bound");
+    assert!(
+        proxy.metric("idemgate_buffered_bytes") >= 40_000.0,
+        "the two answers kept are charged while they wait"
+    );
     relay.cut.store(false, Ordering::SeqCst);
     until(
         || !record_kinds(&redis).contains(&"I".to_owned()),
@@ -77,6 +81,12 @@ async fn answers_past_the_bound_of_background_retries_are_settled_as_not_stored(
         assert_eq!(upstream.executed_for(&key), 1, "{key} ran again");
     }
     assert_eq!((replayed, not_stored), (2, 2));
+    // The answers the retries held were let go once written: nothing stays charged.
+    until(
+        || proxy.metric("idemgate_buffered_bytes") == 0.0,
+        "the retries' charges let go",
+    )
+    .await;
     assert_eq!(proxy.metric("idemgate_store_settlements_lost_total"), 0.0);
     assert_eq!(
         upstream.executed(),
