@@ -78,3 +78,25 @@ impl Drop for Counted {
         }
     }
 }
+
+/// A place among at most `cap` background writes of one kind, which `count` counts (the
+/// releases of unanswered claims, the settlements made again), given back however its
+/// task ends.
+pub(super) struct Place(&'static AtomicUsize);
+
+impl Place {
+    /// A place, or `None` when all `cap` are taken.
+    pub(super) fn take(count: &'static AtomicUsize, cap: usize) -> Option<Self> {
+        if count.fetch_add(1, Ordering::Relaxed) >= cap {
+            count.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Self(count))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

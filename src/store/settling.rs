@@ -23,6 +23,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::background::Place;
 use super::claim::Ownership;
 use super::settlement::Settlement;
 use super::Store;
@@ -148,8 +149,7 @@ pub(super) fn admit(
     settlement: Settlement,
 ) -> Option<Admitted> {
     let key = owned.key.short();
-    if settling.fetch_add(1, Ordering::Relaxed) >= MAX_SETTLING {
-        settling.fetch_sub(1, Ordering::Relaxed);
+    let Some(place) = Place::take(settling, MAX_SETTLING) else {
         tracing::warn!(
             %key,
             settled = settlement.as_str(),
@@ -158,8 +158,7 @@ pub(super) fn admit(
         );
         store.settlement_lost();
         return None;
-    }
-    let place = Place(settling);
+    };
     let bytes = settlement.answer_size();
     let counts = store.settling();
     let (settlement, held) = match counts {
@@ -189,15 +188,6 @@ pub(super) fn admit(
             _bytes: held,
         },
     })
-}
-
-/// A place among the settlements being made again, given back however its task ends.
-struct Place(&'static AtomicUsize);
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 #[cfg(test)]

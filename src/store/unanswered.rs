@@ -17,11 +17,12 @@
 //! may still run on its own connection and commit after a release found nothing, so the
 //! release is repeated, more rarely each time, until the lease has passed.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
+use super::background::Place;
 use super::claim::{ClaimArgs, OwnerToken, Ownership};
 use super::settlement::{Settled, Settlement};
 use super::Store;
@@ -126,15 +127,14 @@ fn admit(
     store: &Store,
     owned: &Ownership,
     what: &'static str,
-) -> Option<(tokio::runtime::Handle, Releasing)> {
+) -> Option<(tokio::runtime::Handle, Place)> {
     let key = owned.key.short();
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(%key, "{what}: no runtime to run it on; given up, the claim lapses");
         store.settlement_lost();
         return None;
     };
-    if releasing.fetch_add(1, Ordering::Relaxed) >= MAX_RELEASING {
-        releasing.fetch_sub(1, Ordering::Relaxed);
+    let Some(place) = Place::take(releasing, MAX_RELEASING) else {
         tracing::warn!(
             %key,
             releasing = MAX_RELEASING,
@@ -142,17 +142,8 @@ fn admit(
         );
         store.settlement_lost();
         return None;
-    }
-    Some((rt, Releasing(releasing)))
-}
-
-/// A place among the releases in progress, given back however its task ends.
-struct Releasing(&'static AtomicUsize);
-
-impl Drop for Releasing {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
+    };
+    Some((rt, place))
 }
 
 /// Releases the claim of `args` by `token`, as an unanswered claim's guard does, and
