@@ -341,6 +341,14 @@ fn retry_in_background(
     renewed: tokio::time::Instant,
 ) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        // As `unanswered` gives up a release with no runtime: said and counted, not lost
+        // without a word.
+        tracing::warn!(
+            key = %owned.key.short(),
+            settled = settlement.as_str(),
+            "no runtime to make the settlement again on; given up, the claim lapses"
+        );
+        store.settlement_lost();
         return;
     };
     let Some(settling::Admitted { settlement, holds }) =
