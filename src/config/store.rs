@@ -53,7 +53,6 @@ pub(super) fn compile_store_section(
 }
 
 fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> {
-    let err = |key: &str, message: &str| CompileError::new(key, message);
     match (s.memory, s.redis, s.postgres, s.mysql) {
         (Some(m), None, None, None) => {
             let defaults = MemoryLimits::default();
@@ -69,7 +68,7 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
                 token_share: m.token_share.map_or(defaults.token_share, |p| p.0 .0),
             };
             if limits.max_entries == 0 || limits.max_bytes == 0 {
-                return Err(err(
+                return Err(CompileError::new(
                     "store.memory",
                     "max_entries and max_bytes must be above zero",
                 ));
@@ -86,21 +85,24 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
             let url = r.url.map(|u| u.0 .0);
             // Both given, or neither.
             if url.is_some() != cluster.is_empty() {
-                return Err(err(
+                return Err(CompileError::new(
                     "store.redis",
                     "give either `url` (one server) or `cluster` (seed nodes)",
                 ));
             }
             let timeout = r.timeout.map_or(Duration::from_secs(1), |d| d.0);
             if timeout.is_zero() {
-                return Err(err("store.redis.timeout", "must be above zero"));
+                return Err(CompileError::new(
+                    "store.redis.timeout",
+                    "must be above zero",
+                ));
             }
             // What opening the store refuses, refused here, so `check` and a reload see it:
             // seeds of one scheme, and TLS roots only for `rediss://`, holding a certificate.
             let urls = || url.iter().chain(&cluster);
             let tls = |u: &String| u.starts_with("rediss://");
             if urls().any(tls) && !urls().all(tls) {
-                return Err(err(
+                return Err(CompileError::new(
                     "store.redis.cluster",
                     "the seeds mix redis:// and rediss://; a cluster speaks TLS to every node or none",
                 ));
@@ -108,17 +110,17 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
             let ca = match &r.ca {
                 Some(path) => {
                     let pem = std::fs::read(base.join(path))
-                        .map_err(|e| err("store.redis.ca", &format!("{path}: {e}")))?;
+                        .map_err(|e| CompileError::new("store.redis.ca", format!("{path}: {e}")))?;
                     if !urls().all(tls) {
-                        return Err(err(
+                        return Err(CompileError::new(
                             "store.redis.ca",
                             "`ca` is for a TLS connection: write the URL as rediss://",
                         ));
                     }
                     if !crate::tls::holds_certificates(&pem) {
-                        return Err(err(
+                        return Err(CompileError::new(
                             "store.redis.ca",
-                            &format!("{path}: no PEM certificate in it"),
+                            format!("{path}: no PEM certificate in it"),
                         ));
                     }
                     Some(pem)
@@ -135,7 +137,7 @@ fn compile_store(s: RawStore, base: &Path) -> Result<StoreConfig, CompileError> 
         }
         (None, None, Some(p), None) => compile_sql(p, "postgres").map(StoreConfig::Postgres),
         (None, None, None, Some(m)) => compile_sql(m, "mysql").map(StoreConfig::Mysql),
-        _ => Err(err(
+        _ => Err(CompileError::new(
             "store",
             "name exactly one backend: `memory`, `redis`, `postgres` or `mysql`",
         )),
