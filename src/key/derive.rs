@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::net::IpAddr;
 
 use http::{header, HeaderMap, Method};
-use sha2::{Digest as _, Sha256};
+use ring::digest::{Context, SHA256};
 
 use super::client_key::ClientKeyError;
 use super::identity::{names_someone, session_cookie, ClientAddress, Identity};
@@ -505,23 +505,27 @@ enum Host {
 }
 
 /// SHA-256 over length-prefixed fields, so no two field lists hash the same input.
-struct KeyHasher(Sha256);
+///
+/// ring's SHA-256 rather than sha2's: the same digest, but where the CPU has no SHA
+/// instructions ring still has assembly (AVX2, AVX) and sha2 only portable code, and every
+/// protected request hashes its whole payload here (benches/load/HISTORY.md).
+struct KeyHasher(Context);
 
 impl KeyHasher {
     fn new(domain: &[u8]) -> Self {
-        let mut h = Sha256::new();
+        let mut h = Context::new(&SHA256);
         h.update(domain);
         Self(h)
     }
 
     fn field(&mut self, bytes: &[u8]) {
-        self.0.update((bytes.len() as u64).to_be_bytes());
+        self.0.update(&(bytes.len() as u64).to_be_bytes());
         self.0.update(bytes);
     }
 
     /// `field` of `bytes` in ASCII lower case, without allocating.
     fn field_lowercase(&mut self, bytes: &[u8]) {
-        self.0.update((bytes.len() as u64).to_be_bytes());
+        self.0.update(&(bytes.len() as u64).to_be_bytes());
         let mut buf = [0u8; 64];
         for chunk in bytes.chunks(buf.len()) {
             let lower = &mut buf[..chunk.len()];
@@ -535,17 +539,19 @@ impl KeyHasher {
     fn label(&mut self, part: &ScopePart) {
         let (kind, name) = part.label();
         self.0
-            .update(((kind.len() + name.len()) as u64).to_be_bytes());
-        self.0.update(kind);
-        self.0.update(name);
+            .update(&((kind.len() + name.len()) as u64).to_be_bytes());
+        self.0.update(kind.as_bytes());
+        self.0.update(name.as_bytes());
     }
 
     fn absent(&mut self) {
-        self.0.update(u64::MAX.to_be_bytes());
+        self.0.update(&u64::MAX.to_be_bytes());
     }
 
     fn finish(self) -> Digest {
-        Digest(self.0.finalize().into())
+        let mut digest = [0; 32];
+        digest.copy_from_slice(self.0.finish().as_ref());
+        Digest(digest)
     }
 }
 

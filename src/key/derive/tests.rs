@@ -33,6 +33,26 @@ fn scope_labels_hash_as_their_display_text() {
     assert_eq!(parts[2].to_string(), "client_ip");
 }
 
+/// Keys already stored by a version that hashed with sha2 must still be found: the key
+/// hasher is plain SHA-256 over domain, then length-prefixed fields, whatever computes it.
+#[test]
+fn the_key_hasher_is_sha256_of_its_length_prefixed_fields() {
+    use sha2::{Digest as _, Sha256};
+    let body = vec![b'{'; 1500];
+    let mut hasher = KeyHasher::new(b"idemgate:fp:v1");
+    hasher.field(&body);
+    hasher.field_lowercase(b"API.Example.COM");
+    hasher.absent();
+    let mut expected = Sha256::new();
+    expected.update(b"idemgate:fp:v1");
+    expected.update(1500u64.to_be_bytes());
+    expected.update(&body);
+    expected.update(15u64.to_be_bytes());
+    expected.update(b"api.example.com");
+    expected.update(u64::MAX.to_be_bytes());
+    assert_eq!(hasher.finish(), Digest(expected.finalize().into()));
+}
+
 fn view<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> RequestView<'a> {
     RequestView {
         route: "r",
