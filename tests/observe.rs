@@ -133,6 +133,39 @@ async fn admin_and_explain_show_how_often_an_observed_key_was_seen() {
     assert!(text.contains("seen:              3 times"), "{text}");
 }
 
+/// A retry of a request whose outcome is unknown (its upstream took it and never
+/// answered within `background_timeout`) is what enforcement would hold with a 409: in
+/// observe mode it is forwarded to the upstream, gets the upstream's own answer, and is
+/// counted `would_hold`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_an_unknown_outcome_is_forwarded_and_counted_as_would_hold() {
+    let upstream = start_upstream().await;
+    let config = OBSERVED.replace(
+        "idempotency: observe\n",
+        "idempotency: observe\n    upstream_timeout: 200ms\n    background_timeout: 400ms\n",
+    );
+    let proxy = start_proxy_with_admin(upstream.addr, &config, None).await;
+    let lost = [("idempotency-key", "lost"), ("x-test-gate", "never")];
+    let timed_out = post(proxy.addr, "/orders", &lost, "{}").await;
+    assert_eq!(timed_out.status, StatusCode::GATEWAY_TIMEOUT);
+    wait_until(
+        || proxy.metric(r#"idemgate_unknown_outcomes_total{route="orders"}"#) == 1.0,
+        "the first request's outcome to be recorded as unknown",
+    );
+
+    let retry = post(proxy.addr, "/orders", &[("idempotency-key", "lost")], "{}").await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "observe mode never answers 409 outcome-unknown"
+    );
+    assert!(!retry.replayed());
+    assert_eq!(retry.json()["n"], 2, "the upstream ran the retry");
+    assert_eq!(upstream.executed(), 2);
+    assert_eq!(outcome(&proxy, "would_hold"), 1.0);
+    assert_eq!(outcome(&proxy, "unknown"), 1.0);
+}
+
 /// A route observed, then switched to `on` by a reload: the records observe wrote stay,
 /// so the first duplicate after the switch already replays. Each duplicate observed was
 /// logged with its route, key prefix and the age of its first request.
