@@ -8,8 +8,11 @@
 //! outnumber live ones.
 //!
 //! Unspent one-time tokens (issued, or handed back with a failure: [`Entry::holds_token`])
-//! have queues of their own, so a store making room finds them before any other record that holds a claim or an answer: anyone may ask for a token, and
-//! losing an unspent one costs its holder a new token, never a run.
+//! have queues of their own, so a store making room finds them before any other record that
+//! holds a claim or an answer: anyone may ask for a token, and losing an unspent one costs
+//! its holder a new token, never a run. A handed-back token's TTL is rounded
+//! ([`token_ttl`]) so hand-backs share queues, and a queue goes once emptied, so the
+//! number of queues stays small.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -58,6 +61,20 @@ pub(super) enum Evictable {
 
 /// Stale expiry-queue entries a shard tolerates beyond its live ones before compacting.
 const COMPACT_SLACK: usize = 1024;
+
+/// Steps per doubling that a handed-back token's TTL is rounded down to ([`token_ttl`]).
+const TOKEN_TTL_STEPS_LOG2: u32 = 4;
+
+/// The TTL a one-time token handed back with `left` of its expiry as issued is kept for:
+/// `left` rounded down to one of 16 steps per doubling. Each hand-back's span is its own to
+/// the nanosecond, and each TTL would open an expiry queue (uncounted, and scanned by every
+/// write); rounded, hand-backs share a few. Rounding down, never up, so a token never
+/// lives past the expiry it was issued with; it loses at most a sixteenth of what was left.
+pub(super) fn token_ttl(left: Duration) -> Duration {
+    let nanos = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
+    let shift = (63 - nanos.max(1).leading_zeros()).saturating_sub(TOKEN_TTL_STEPS_LOG2);
+    Duration::from_nanos(nanos >> shift << shift)
+}
 
 /// Whether the queue entry `(at, key)` stands for a record in `map` (else it is stale).
 fn is_live(map: &DigestMap<Entry>, at: Ticks, key: &Digest) -> bool {
@@ -193,7 +210,13 @@ impl Shard {
             return None;
         }
         self.queued -= 1;
-        self.queues[index].entries.pop_front()
+        let popped = self.queues[index].entries.pop_front();
+        // An emptied queue goes at once: a TTL may never come back (a handed-back token's
+        // span, a route reloaded away), and every write scans the queues.
+        if self.queues[index].entries.is_empty() {
+            self.queues.swap_remove(index);
+        }
+        popped
     }
 
     /// Records in `map` other than claims in flight, each of which has exactly one live
@@ -245,6 +268,12 @@ impl Shard {
             self.indexed(),
             self.queues.iter().map(|q| q.entries.len()).sum::<usize>(),
         )
+    }
+
+    /// How many expiry queues the shard keeps (for tests).
+    #[cfg(test)]
+    pub fn queue_count(&self) -> usize {
+        self.queues.len()
     }
 
     /// Whether every record but the claims in flight has a queue entry with its expiry
