@@ -56,7 +56,7 @@ pub use redis::{RedisSettings, RedisStore};
 pub use report::{KeyInfo, Seen, StoreStats};
 pub use response::StoredResponse;
 pub use revision::Revision;
-pub(crate) use settlement::NotKept;
+pub(crate) use settlement::{FailureKept, NotKept};
 pub use settlement::{Settled, Settlement};
 pub use settling::{AnswerRoom, FixedRoom, Held};
 pub use sql::mysql::MysqlStore;

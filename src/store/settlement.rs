@@ -48,6 +48,47 @@ pub enum Settlement {
     },
 }
 
+/// What a store keeps of a failure ([`Settlement::Failed`]) that its waiters have `linger`
+/// to collect and that, for a one-time token, hands the token back for `reissue` (what is
+/// left of its expiry as issued).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailureKept {
+    /// The failure's record, with its answer, for `ttl`; with `issued`, its token may be
+    /// spent again meanwhile.
+    Record {
+        /// How long the record is kept.
+        ttl: Duration,
+        /// Whether it holds a token handed back.
+        issued: bool,
+    },
+    /// The token alone, issued again for `ttl`, as a [`Settlement::Release`] keeps it.
+    Token {
+        /// How long it stays issued.
+        ttl: Duration,
+    },
+}
+
+impl FailureKept {
+    /// A record that lets its token be spent never outlives the token's expiry as issued,
+    /// and a failure's answer (up to `max_answer`) never outlives its linger: a token with
+    /// more than the linger left goes back alone, its waiters told their owner failed
+    /// without its answer (as when a failure finds no room), and one with less keeps the
+    /// failure only until the token expires.
+    pub(crate) fn of(linger: Duration, reissue: Option<Duration>) -> Self {
+        match reissue {
+            None => Self::Record {
+                ttl: linger,
+                issued: false,
+            },
+            Some(left) if left > linger => Self::Token { ttl: left },
+            Some(left) => Self::Record {
+                ttl: left,
+                issued: true,
+            },
+        }
+    }
+}
+
 impl Settlement {
     /// Label for logs.
     pub fn as_str(&self) -> &'static str {

@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use super::NotKept;
 
-use super::{Settlement, StoreError};
+use super::{FailureKept, Settlement, StoreError};
 
 pub use store::SqlStore;
 pub use waiters::Interest;
@@ -149,12 +149,19 @@ impl<'a> Written<'a> {
                 response,
                 linger,
                 reissue,
-            } => Self {
-                kind: Some(b'F'),
-                ttl_ms: ms((*linger).max(reissue.unwrap_or_default())),
-                response: Some(response.encode()),
-                issued: reissue.is_some(),
-                ..delete
+            } => match FailureKept::of(*linger, *reissue) {
+                FailureKept::Token { ttl } => Self {
+                    kind: Some(b'T'),
+                    ttl_ms: ms(ttl),
+                    ..delete
+                },
+                FailureKept::Record { ttl, issued } => Self {
+                    kind: Some(b'F'),
+                    ttl_ms: ms(ttl),
+                    response: Some(response.encode()),
+                    issued,
+                    ..delete
+                },
             },
             Settlement::Release { reissue: Some(ttl) } => Self {
                 kind: Some(b'T'),

@@ -134,3 +134,92 @@ async fn a_token_handed_back_keeps_the_expiry_it_was_issued_with() {
     assert_eq!(retry.status, StatusCode::CREATED);
     assert_eq!(upstream.executed(), 2);
 }
+
+/// Starts a proxy on `redis` with one token route, `/orders/pay`, and `tokens.ttl` of
+/// `ttl`; issues alice a token: the proxy and the token.
+async fn token_route(
+    redis: &RedisServer,
+    upstream: std::net::SocketAddr,
+    ttl: &str,
+) -> (ProxyHandle, String) {
+    let yaml = format!(
+        "store:\n  redis: {{ url: \"{}\", prefix: \"t:\" }}\ntokens: {{ ttl: {ttl} }}\nroutes:\n  - name: pay\n    match: {{ methods: [POST], path: /orders/pay }}\n    key: {{ token: {{}} }}\n",
+        redis.url()
+    );
+    let proxy = start_proxy(upstream, &yaml).await;
+    let alice = [("authorization", "Bearer alice")];
+    let issued = post(proxy.addr, "/.idemgate/token", &alice, "").await;
+    assert_eq!(issued.status, StatusCode::CREATED);
+    let token = issued.json()["token"].as_str().unwrap().to_owned();
+    (proxy, token)
+}
+
+/// The name of the one token record Redis holds.
+fn token_record(redis: &RedisServer) -> String {
+    let names = redis.cli(&["KEYS", "t:{*"]);
+    names
+        .lines()
+        .find(|l| !l.is_empty())
+        .expect("the token's record")
+        .to_owned()
+}
+
+/// A failure's answer (up to `max_answer`) is kept for its waiters' linger like any other
+/// key's, never for the rest of a handed-back token's life: the record that keeps the
+/// token spendable holds no body, and the token still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_back_tokens_failure_body_lives_only_its_linger() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let (proxy, token) = token_route(&redis, upstream.addr, "60s").await;
+    let headers = |status| {
+        [
+            ("authorization", "Bearer alice"),
+            ("idempotency-token", token.as_str()),
+            ("x-test-status", status),
+            ("x-test-bytes", "1048576"),
+        ]
+    };
+    let failed = post(proxy.addr, "/orders/pay", &headers("503"), "{}").await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+    // Past the failure's linger (5 s).
+    tokio::time::sleep(std::time::Duration::from_millis(5500)).await;
+    let len: u64 = redis
+        .cli(&["STRLEN", &token_record(&redis)])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(len < 1024, "the token's record holds {len} bytes");
+    let retry = post(proxy.addr, "/orders/pay", &headers("201"), "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(upstream.executed(), 2);
+}
+
+/// A token handed back with a failure shortly before its expiry is not spendable after
+/// that expiry, though the failure's waiters have 5 s to collect it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_handed_back_with_a_failure_is_not_spent_after_its_expiry() {
+    let redis = RedisServer::start();
+    let upstream = start_upstream().await;
+    let (proxy, token) = token_route(&redis, upstream.addr, "2s").await;
+    let headers = |status| {
+        [
+            ("authorization", "Bearer alice"),
+            ("idempotency-token", token.as_str()),
+            ("x-test-status", status),
+        ]
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let failed = post(proxy.addr, "/orders/pay", &headers("503"), "{}").await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+    // Past the token's expiry as issued (2 s), within the failure's linger.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let late = post(proxy.addr, "/orders/pay", &headers("201"), "{}").await;
+    assert_eq!(late.status, StatusCode::BAD_REQUEST);
+    assert!(
+        String::from_utf8_lossy(&late.body).contains("token-invalid"),
+        "{}",
+        String::from_utf8_lossy(&late.body)
+    );
+    assert_eq!(upstream.executed(), 1);
+}

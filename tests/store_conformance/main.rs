@@ -112,6 +112,8 @@ macro_rules! store_conformance {
             a_failed_token_attempt_hands_the_token_back,
             a_token_whose_request_may_have_run_is_never_owned_again,
             a_token_is_spent_past_its_ttl_and_past_its_reissue_window,
+            a_failure_keeps_its_token_no_longer_than_its_expiry,
+            a_token_handed_back_keeps_no_failure_past_the_linger,
             a_waiter_on_a_vanished_token_owner_finds_the_token_spent,
             a_waiter_on_a_lost_token_record_finds_it_spent,
             a_token_is_spent_once_its_answer_has_expired,

@@ -7,11 +7,11 @@ use std::sync::atomic::Ordering;
 
 use super::limits::{Reclaim, Room};
 use super::record::{Entry, Outcome, SettledRecord, Ticks};
-use super::shard::Shard;
+use super::shard::{token_ttl, Shard};
 use super::tags::Tags;
 use super::{MemoryStore, SWEEP_PER_WRITE};
 use crate::store::response::ENTRY_OVERHEAD;
-use crate::store::{Ownership, RouteTag, Settled, Settlement};
+use crate::store::{FailureKept, Ownership, RouteTag, Settled, Settlement};
 
 impl MemoryStore {
     /// See [`Store::settle`](crate::store::Store::settle).
@@ -77,7 +77,7 @@ impl MemoryStore {
         let seen = shard.remove_for_outcome(&key, &self.totals);
         let record =
             |outcome| SettledRecord::now(outcome, token, fingerprint, route, tags).into_entry();
-        let issued = |ttl| (Entry::Issued { expires_at: 0 }, ttl, ENTRY_OVERHEAD);
+        let issued = |ttl| (Entry::Issued { expires_at: 0 }, token_ttl(ttl), ENTRY_OVERHEAD);
         let (next, settled) = match settlement {
             Settlement::Release { reissue } => {
                 let back = reissue.filter(|_| self.token_back(&mut shard, index, ticks));
@@ -125,17 +125,23 @@ impl MemoryStore {
             } => {
                 // A token handed back with the failure is one more unspent token.
                 let reissue = reissue.filter(|_| self.token_back(&mut shard, index, ticks));
-                // Shared for a few seconds: never at the cost of a live record.
                 let cost = response.cost();
-                if self.room_for_bytes(&mut shard, index, ticks, cost, Reclaim::Expired) {
-                    let ttl = linger.max(reissue.unwrap_or_default());
-                    let issued = reissue.is_some();
-                    let (entry, cost) = record(Outcome::Failed { response, issued });
-                    (Some((entry, ttl, cost)), written)
-                } else {
+                match FailureKept::of(linger, reissue) {
+                    FailureKept::Token { ttl } => (Some(issued(ttl)), written),
+                    // Shared for a few seconds: never at the cost of a live record.
+                    FailureKept::Record { ttl, issued: back }
+                        if self.room_for_bytes(&mut shard, index, ticks, cost, Reclaim::Expired) =>
+                    {
+                        let ttl = if back { token_ttl(ttl) } else { ttl };
+                        let (entry, cost) = record(Outcome::Failed {
+                            response,
+                            issued: back,
+                        });
+                        (Some((entry, ttl, cost)), written)
+                    }
                     // No room to share the failure: waiters are told their owner failed,
                     // without its answer; a one-time token (room made above) still goes back.
-                    (reissue.map(issued), written)
+                    FailureKept::Record { .. } => (reissue.map(issued), written),
                 }
             }
         };

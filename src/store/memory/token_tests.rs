@@ -152,12 +152,14 @@ fn spend(store: &MemoryStore, k: Digest) -> crate::store::OwnerToken {
 }
 
 /// A failure that hands its token back, as the proxy settles a 5xx or an upstream never
-/// reached: the failure shared with the waiters, the token usable again.
+/// reached: the failure shared with the waiters, the token usable again. Its token has
+/// less than the linger left, so both stay in the failure's record (with more, the token
+/// would go back alone).
 fn failed_handing_back() -> Settlement {
     Settlement::Failed {
         response: answer(),
         linger: Duration::from_secs(5),
-        reissue: Some(TOKEN_TTL),
+        reissue: Some(Duration::from_secs(3)),
     }
 }
 
@@ -335,4 +337,52 @@ fn a_claim_waits_for_a_held_shard_with_tokens_rather_than_evict_an_answer() {
     assert!(is_done(&store, numbered(1, 2)));
     assert_eq!(token_evictions(&store), 1);
     assert_eq!(record_evictions(&store), 0);
+}
+
+/// Each token handed back goes back to issued for what is left of its expiry as issued,
+/// a span no other hand-back shares to the nanosecond. The expiry index keeps one queue
+/// per TTL, uncounted by `max_bytes` and scanned by every write, so the spans must share
+/// a few queues: 5000 hand-backs, each with its own span, leave a handful.
+#[test]
+fn handed_back_tokens_leave_no_queue_behind() {
+    let store = store(1000, 100, WhenFull::Reject);
+    for n in 0..5000u32 {
+        let mut k = Digest([0; 32]);
+        k.0[..4].copy_from_slice(&n.to_le_bytes());
+        store.issue(k, TOKEN_TTL).unwrap();
+        let owner = spend(&store, k);
+        // Spans from 300 s down to about 295 s, a microsecond apart.
+        let back = Settlement::Release {
+            reissue: Some(TOKEN_TTL - Duration::from_micros(u64::from(n))),
+        };
+        assert_eq!(store.settle(&owned(k, owner), back), Settled::Written);
+        assert!(store.forget(k));
+    }
+    let shard = store.shards[0].lock().unwrap();
+    assert!(shard.queue_count() <= 4, "{} queues", shard.queue_count());
+}
+
+/// A token handed back with its attempt's failure is never spent after its expiry as
+/// issued, though the failure's waiters would have longer to collect it.
+#[test]
+fn a_token_handed_back_with_a_failure_expires_as_issued() {
+    let store = store(10, 100, WhenFull::Evict);
+    store.issue(key(1), TOKEN_TTL).unwrap();
+    let owner = spend(&store, key(1));
+    let failed = Settlement::Failed {
+        response: answer(),
+        linger: Duration::from_secs(5),
+        reissue: Some(Duration::from_millis(50)),
+    };
+    assert_eq!(store.settle(&owned(key(1), owner), failed), Settled::Written);
+    // Sleeping past the token's expiry, well within the failure's linger.
+    std::thread::sleep(Duration::from_millis(100));
+    let args = ClaimArgs {
+        mode: ClaimMode::IssuedOnly,
+        ..ClaimArgs::new(key(1), FINGERPRINT, LEASE)
+    };
+    assert!(matches!(
+        store.claim(&args),
+        Ok(RawClaim::Other(crate::store::Claim::NotIssued))
+    ));
 }

@@ -16,7 +16,9 @@
 //! - `N` executed, answer not stored: fingerprint (32) · status (2) · at ms (8).
 //! - `U` outcome unknown: owner token (16) · fingerprint (32) · at ms (8).
 //! - `F` failed: owner token (16) · fingerprint (32) · issued flag (1) ·
-//!   [`StoredResponse::encode`] of what the owner's waiters get.
+//!   [`StoredResponse::encode`] of what the owner's waiters get. With the flag (a token
+//!   handed back) its `PX` is the token's remaining life, under the linger; a token with
+//!   more left is written as `T` instead ([`FailureKept`]), so no answer outlives its linger.
 //! - `T` a one-time token issued and not yet used: a tag (16) naming this issue (the token of
 //!   the owner that gave it back, or random), so the admin API tells one issue from the
 //!   next (earlier builds wrote the kind alone).
@@ -30,7 +32,9 @@ use bytes::BufMut as _;
 use redis::{RedisWrite, ToRedisArgs};
 
 use crate::key::Digest;
-use crate::store::{unix_ms, Lapse, OwnerToken, Revision, Settlement, StoreError, StoredResponse};
+use crate::store::{
+    unix_ms, FailureKept, Lapse, OwnerToken, Revision, Settlement, StoreError, StoredResponse,
+};
 
 /// The bits of an owner token that hold its claim's created ms.
 pub(super) const CREATED_MASK: u128 = (1 << 48) - 1;
@@ -261,13 +265,16 @@ pub(super) fn settled_value(
             response,
             linger,
             reissue,
-        } => {
-            let encoded = response.encode();
-            let mut value = head(b'F', 1 + encoded.len());
-            value.push(if reissue.is_some() { b'1' } else { b'0' });
-            value.extend_from_slice(encoded);
-            (Some(value), ms((*linger).max(reissue.unwrap_or_default())))
-        }
+        } => match FailureKept::of(*linger, *reissue) {
+            FailureKept::Token { ttl } => (Some(issued_value(token)), ms(ttl)),
+            FailureKept::Record { ttl, issued } => {
+                let encoded = response.encode();
+                let mut value = head(b'F', 1 + encoded.len());
+                value.push(if issued { b'1' } else { b'0' });
+                value.extend_from_slice(encoded);
+                (Some(value), ms(ttl))
+            }
+        },
         Settlement::Release { reissue: Some(ttl) } => (Some(issued_value(token)), ms(*ttl)),
         Settlement::Release { reissue: None } => (None, 0),
     }

@@ -139,6 +139,44 @@ pub async fn a_token_is_spent_past_its_ttl_and_past_its_reissue_window(store: &S
     }
 }
 
+/// A failure's record that hands its token back lets the token be spent until the token's
+/// expiry as issued, never longer: its waiters' linger, running on past that expiry, does
+/// not keep the token alive.
+pub async fn a_failure_keeps_its_token_no_longer_than_its_expiry(store: &Store) {
+    let key = fresh_key();
+    store.issue(key, LONG_TTL).await.unwrap();
+    let lease = expect_owner(claim_issued(store, key).await);
+    let handed_back = Settlement::Failed {
+        response: failure_response(),
+        linger: LONG_TTL,
+        reissue: Some(Duration::from_millis(200)),
+    };
+    assert_eq!(lease.settle(handed_back).await.unwrap(), Settled::Written);
+    // Sleeping past the token's expiry, far within the linger.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(claim_issued(store, key).await.as_str(), "not_issued");
+}
+
+/// A failure's answer (up to `max_answer`) is kept for its waiters' linger, never for the
+/// rest of a token's life: a token handed back with more than the linger left goes back
+/// alone, and stays the caller's to spend.
+pub async fn a_token_handed_back_keeps_no_failure_past_the_linger(store: &Store) {
+    let key = fresh_key();
+    store.issue(key, LONG_TTL).await.unwrap();
+    let lease = expect_owner(claim_issued(store, key).await);
+    let handed_back = Settlement::Failed {
+        response: failure_response(),
+        linger: Duration::from_millis(200),
+        reissue: Some(LONG_TTL),
+    };
+    assert_eq!(lease.settle(handed_back).await.unwrap(), Settled::Written);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let info = store.inspect(key).await.unwrap().expect("the token's record");
+    assert_eq!(info.state, "issued");
+    let again = expect_owner(claim_issued(store, key).await);
+    assert!(again.release().await.unwrap());
+}
+
 pub async fn hits_count_within_a_window_per_key(store: &Store) {
     let (a, b) = (fresh_key(), fresh_key());
     for n in 1..=3 {
