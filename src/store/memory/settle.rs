@@ -77,7 +77,14 @@ impl MemoryStore {
         let seen = shard.remove_for_outcome(&key, &self.totals);
         let record =
             |outcome| SettledRecord::now(outcome, token, fingerprint, route, tags).into_entry();
-        let issued = |ttl| (Entry::Issued { expires_at: 0 }, token_ttl(ttl), ENTRY_OVERHEAD);
+        // A token handed back, its TTL rounded so hand-backs share expiry queues.
+        let issued = |ttl| {
+            (
+                Entry::Issued { expires_at: 0 },
+                token_ttl(ttl),
+                ENTRY_OVERHEAD,
+            )
+        };
         let (next, settled) = match settlement {
             Settlement::Release { reissue } => {
                 let back = reissue.filter(|_| self.token_back(&mut shard, index, ticks));
@@ -130,7 +137,13 @@ impl MemoryStore {
                     FailureKept::Token { ttl } => (Some(issued(ttl)), written),
                     // Shared for a few seconds: never at the cost of a live record.
                     FailureKept::Record { ttl, issued: back }
-                        if self.room_for_bytes(&mut shard, index, ticks, cost, Reclaim::Expired) =>
+                        if self.room_for_bytes(
+                            &mut shard,
+                            index,
+                            ticks,
+                            cost,
+                            Reclaim::Expired,
+                        ) =>
                     {
                         let ttl = if back { token_ttl(ttl) } else { ttl };
                         let (entry, cost) = record(Outcome::Failed {
