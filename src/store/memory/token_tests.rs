@@ -374,7 +374,10 @@ fn a_token_handed_back_with_a_failure_expires_as_issued() {
         linger: Duration::from_secs(5),
         reissue: Some(Duration::from_millis(50)),
     };
-    assert_eq!(store.settle(&owned(key(1), owner), failed), Settled::Written);
+    assert_eq!(
+        store.settle(&owned(key(1), owner), failed),
+        Settled::Written
+    );
     // Sleeping past the token's expiry, well within the failure's linger.
     std::thread::sleep(Duration::from_millis(100));
     let args = ClaimArgs {

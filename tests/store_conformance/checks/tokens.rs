@@ -171,7 +171,11 @@ pub async fn a_token_handed_back_keeps_no_failure_past_the_linger(store: &Store)
     };
     assert_eq!(lease.settle(handed_back).await.unwrap(), Settled::Written);
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let info = store.inspect(key).await.unwrap().expect("the token's record");
+    let info = store
+        .inspect(key)
+        .await
+        .unwrap()
+        .expect("the token's record");
     assert_eq!(info.state, "issued");
     let again = expect_owner(claim_issued(store, key).await);
     assert!(again.release().await.unwrap());
