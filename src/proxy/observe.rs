@@ -91,9 +91,12 @@ pub async fn handle(
         return forward_unprotected(&cx, parts, body, policy).await;
     };
     let args = claim_args(&cx, rule, &view, key, fingerprint);
-    // A dry run never holds a request: nobody waits, nothing is refused.
+    // A dry run never holds a request: nobody waits, nothing is refused. It goes out
+    // whatever the store answers: a claim an outage left unanswered is kept for it, as
+    // enforcing with `fail_open` keeps one, not released under a request that was sent.
     let args = ClaimArgs {
         waits: false,
+        forwards_on_outage: true,
         ..args
     };
     let claim = match cx.store.claim_with(args).await {

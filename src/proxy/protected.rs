@@ -197,6 +197,10 @@ pub async fn handle(
     let mut args = claim_args(&cx, rule, &view, key, fingerprint);
     let mut waiting_since: Option<Instant> = None;
     loop {
+        // With `fail_open`, one that waited on no owner is forwarded if the store fails: its
+        // claim, left unanswered, must then not be released under the request sent.
+        args.forwards_on_outage =
+            policy.on_store_error == OnStoreError::FailOpen && waiting_since.is_none();
         let claim = match cx.store.claim_with(args).await {
             Ok(claim) => claim,
             // Not an outage: this caller holds its share, and waits until it has room.
@@ -220,23 +224,21 @@ pub async fn handle(
             Err(e) => {
                 tracing::warn!(error = %e, "store failed during claim");
                 cx.route_metrics.waited(waiting_since);
+                if args.forwarded_after(&e) {
+                    report.outcome = Some(Outcome::FailOpen);
+                    return forward_unprotected(&cx, parts, body, policy).await;
+                }
                 // A request that found its key in flight (it waited on the owner, or the
                 // store failed just after it found the owner) is a duplicate of a request
-                // that may be running: forwarding it would run it twice. It gets what a
-                // duplicate whose wait ends gets, the 409 with Retry-After, rather than a
-                // 503: the store did answer for this key, and the retry finds the owner's
-                // answer once the store is back.
-                let found_in_flight =
-                    waiting_since.is_some() || matches!(e, StoreError::FoundInFlight(_));
+                // that may be running: forwarding it would run it twice. With `fail_open`
+                // it gets what a duplicate whose wait ends gets, the 409 with Retry-After,
+                // rather than a 503: the store did answer for this key, and the retry
+                // finds the owner's answer once the store is back.
                 return match policy.on_store_error {
                     OnStoreError::FailClosed => Err(e.into()),
-                    OnStoreError::FailOpen if found_in_flight => Err(ProxyError::InFlight {
+                    OnStoreError::FailOpen => Err(ProxyError::InFlight {
                         retry_after: RETRY_AFTER_SECS,
                     }),
-                    OnStoreError::FailOpen => {
-                        report.outcome = Some(Outcome::FailOpen);
-                        forward_unprotected(&cx, parts, body, policy).await
-                    }
                 };
             }
         };
@@ -392,6 +394,8 @@ pub(super) fn claim_args(
         } else {
             AddressTag::NONE
         },
+        // Set by whoever forwards on a failure; the keys of previous configs never are.
+        forwards_on_outage: false,
     }
 }
 

@@ -5,11 +5,21 @@
 //! refuse every retry of its key for the lapse's whole ttl, though nothing was ever sent
 //! under it.
 //!
-//! Nothing was sent, so it is settled as a dropped unsent lease is (the key freed, a
-//! one-time token issued again): the same fenced settlement, by the owner token the claim
-//! carried, so it releases that claim if it landed and touches nothing else, neither
-//! another owner's record nor a settled one. It runs in the background, logged, and is
-//! retried (the store has just failed) until the store answers: a store out of reach for
+//! Unless something was: with `on_store_error: fail_open` a claim that failed as an outage
+//! has its request forwarded unprotected ([`ClaimArgs::forwarded_after`]). That claim, if
+//! it landed, stands for a request that went out with no answer stored, so it is kept
+//! ([`Unanswered::ended`]) and lapses as a dead owner's does, by the route's
+//! `on_unknown_outcome`: a retry gets the in-flight 409 while its lease runs, then the
+//! outcome-unknown one until its ttl ends (`hold`), or runs once its grace is over, when the
+//! forwarded call can no longer be running (`release`). Released, it would let that retry
+//! run the request a second time, or hand a one-time token back for it. It costs nothing to
+//! keep: no task, no place among [`MAX_RELEASING`].
+//!
+//! Otherwise nothing was sent, so it is settled as a dropped unsent lease is (the key
+//! freed, a one-time token issued again): the same fenced settlement, by the owner token
+//! the claim carried, so it releases that claim if it landed and touches nothing else,
+//! neither another owner's record nor a settled one. It runs in the background, logged, and
+//! is retried (the store has just failed) until the store answers: a store out of reach for
 //! longer than the claim's lease (a crash after the write, a partition, a failover) still
 //! holds the claim when it is back, lapsed, and only this release can free it before its
 //! lapse span ends. On Redis a release goes out on the connection the claim went out on,
@@ -25,7 +35,7 @@ use tokio::time::Instant;
 use super::background::Place;
 use super::claim::{ClaimArgs, OwnerToken, Ownership};
 use super::settlement::{Settled, Settlement};
-use super::Store;
+use super::{Store, StoreError};
 use tracing::Instrument;
 
 /// At most this many unanswered claims are being released (or settlements made again after
@@ -68,35 +78,52 @@ impl Orphan {
     }
 }
 
-/// Held by a shared store's claim while it waits for answers: dropped before
-/// [`Unanswered::answered`] (an error, or the claim's future dropped), it releases the
-/// claim in the background. `store` builds the store's handle only then, so an answered
-/// claim costs nothing.
+/// Held by a shared store's claim while it waits for answers: dropped unanswered (the
+/// claim's future dropped), or [`Unanswered::ended`] by an error whose request is not
+/// forwarded, it releases the claim in the background. `store` builds the store's handle
+/// only then, so an answered claim costs nothing.
 pub(crate) struct Unanswered<F: FnOnce() -> Store> {
-    armed: Option<(F, Orphan)>,
+    armed: Option<F>,
+    args: ClaimArgs,
+    token: OwnerToken,
 }
 
 impl<F: FnOnce() -> Store> Unanswered<F> {
     /// Armed for the claim of `args` by `token`.
     pub(crate) fn arm(args: &ClaimArgs, token: OwnerToken, store: F) -> Self {
         Self {
-            armed: Some((store, Orphan::new(args, token))),
+            armed: Some(store),
+            args: *args,
+            token,
         }
     }
 
-    /// Every command of the claim was answered: its outcome is known (an ownership, which
-    /// its lease takes over, or another record).
-    pub(crate) fn answered(mut self) {
-        self.armed = None;
+    /// The claim is over, as `claim` says: answered (an ownership, which its lease takes
+    /// over, or another record), or failed. A failure releases it, unless its request is
+    /// forwarded all the same ([`ClaimArgs::forwarded_after`]): that claim is kept, to
+    /// lapse as one whose request went out (see the module doc).
+    pub(crate) fn ended<T>(mut self, claim: &Result<T, StoreError>) {
+        match claim {
+            Ok(_) => self.armed = None,
+            Err(e) if self.args.forwarded_after(e) => {
+                // The proxy warns of the failure and counts the forward (`fail_open`).
+                tracing::debug!(
+                    key = %self.args.key.short(),
+                    "claim unanswered, its request forwarded; the claim, if it landed, lapses"
+                );
+                self.armed = None;
+            }
+            Err(_) => {}
+        }
     }
 }
 
 impl<F: FnOnce() -> Store> Drop for Unanswered<F> {
     fn drop(&mut self) {
-        let Some((store, orphan)) = self.armed.take() else {
+        let Some(store) = self.armed.take() else {
             return;
         };
-        release_in_background(&RELEASING, &store(), orphan);
+        release_in_background(&RELEASING, &store(), Orphan::new(&self.args, self.token));
     }
 }
 

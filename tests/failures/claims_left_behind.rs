@@ -71,11 +71,11 @@ async fn a_client_that_leaves_mid_claim_keeps_its_token() {
 }
 
 /// A token route (`Bearer alice` asks for tokens) for the tests of claims left behind.
-const TOKEN_ROUTE: &str = "tokens: { ttl: 5m }\nroutes:\n  - name: pay\n    match: { methods: [POST], path: /orders/pay }\n    key: { token: { header: Idempotency-Token } }\n";
+pub(crate) const TOKEN_ROUTE: &str = "tokens: { ttl: 5m }\nroutes:\n  - name: pay\n    match: { methods: [POST], path: /orders/pay }\n    key: { token: { header: Idempotency-Token } }\n";
 
 /// Uses one token while replies still flow (the connection is open, the claim script
 /// loaded), then returns a fresh one, issued and unused.
-async fn warm_token_route(proxy: &ProxyHandle) -> String {
+pub(crate) async fn warm_token_route(proxy: &ProxyHandle) -> String {
     let token = || async {
         let auth = [("authorization", "Bearer alice")];
         let issued = post(proxy.addr, "/.idemgate/token", &auth, "").await;

@@ -8,14 +8,16 @@
 //!
 //! The tests are grouped by what fails: `owner_failures.rs` the upstream under an owner,
 //! `store_limits.rs` the store's size limits, `claims_left_behind.rs` claims with no owner
-//! left to settle them, `store_failures.rs` the store failing under a running request;
-//! `retried_answers.rs` the bound on what completions made again in the background hold;
+//! left to settle them, `forwarded_claims.rs` the claims of requests a fail-open route
+//! forwarded when the claim's reply came late, `store_failures.rs` the store failing under
+//! a running request; `retried_answers.rs` the bound on what completions made again in the background hold;
 //! `held_replies.rs` is the Redis relay the last three hold replies with.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod claims_left_behind;
+mod forwarded_claims;
 mod held_replies;
 mod owner_failures;
 mod retried_answers;

@@ -162,9 +162,7 @@ impl RedisStore {
         let token = Self::stamped_token();
         let unanswered = Unanswered::arm(args, token, || Store::Redis(Arc::clone(self)));
         let claim = self.claim_as(args, token).await;
-        if claim.is_ok() {
-            unanswered.answered();
-        }
+        unanswered.ended(&claim);
         claim
     }
 

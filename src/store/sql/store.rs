@@ -229,9 +229,7 @@ impl<D: Dialect> SqlStore<D> {
         let token = OwnerToken::random();
         let unanswered = Unanswered::arm(args, token, || D::shared(Arc::clone(self)));
         let claim = self.claim_as(args, token).await;
-        if claim.is_ok() {
-            unanswered.answered();
-        }
+        unanswered.ended(&claim);
         claim
     }
 

@@ -6,10 +6,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use super::{release_in_background, settle_again_in_background, Orphan, MAX_RELEASING};
+use super::{release_in_background, settle_again_in_background, Orphan, Unanswered, MAX_RELEASING};
 use crate::key::Digest;
 use crate::store::{
     ClaimArgs, Lapse, OwnerToken, Ownership, PostgresStore, Settlement, SqlSettings, Store,
+    StoreError,
 };
 
 /// A PostgreSQL store nothing listens for: its pool connects lazily, and nothing here
@@ -80,4 +81,38 @@ fn assert_given_up(store: &Store, places: &AtomicUsize) {
         MAX_RELEASING,
         "no place taken"
     );
+}
+
+/// Whether a claim of `args` that ended with `claim` (or, `None`, whose future was dropped
+/// unanswered) is released: its guard builds the store's handle only to release it.
+fn released(args: &ClaimArgs, claim: Option<Result<(), StoreError>>) -> bool {
+    let built = std::cell::Cell::new(false);
+    let guard = Unanswered::arm(args, OwnerToken(9), || {
+        built.set(true);
+        unreachable_postgres()
+    });
+    match claim {
+        Some(claim) => guard.ended(&claim),
+        None => drop(guard),
+    }
+    built.get()
+}
+
+/// A claim that failed as an outage while its request is forwarded all the same
+/// (`fail_open`) is kept: it may have landed, and its request went out, so a release would
+/// let a retry run it again. Any other failure, a dropped claim, or a claim whose caller
+/// forwards nothing is released; an answered one is neither.
+#[tokio::test]
+async fn only_a_claim_whose_request_is_forwarded_is_kept_when_it_fails() {
+    let outage = || StoreError::Unavailable("no answer".into());
+    let forwarding = ClaimArgs {
+        forwards_on_outage: true,
+        ..args()
+    };
+    assert!(!released(&forwarding, Some(Err(outage()))), "forwarded");
+    assert!(!released(&forwarding, Some(Ok(()))), "answered");
+    assert!(released(&forwarding, None), "dropped: nothing forwarded");
+    let found = StoreError::FoundInFlight("no answer".into());
+    assert!(released(&forwarding, Some(Err(found))), "a duplicate: 409");
+    assert!(released(&args(), Some(Err(outage()))), "fail_closed: 503");
 }

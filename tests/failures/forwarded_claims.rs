@@ -1,0 +1,126 @@
+//! A claim whose reply came only after the store timeout on a route that fails open: the
+//! request was forwarded unprotected, and the claim, which Redis ran all the same, now
+//! stands for a request that went out. It is never released (nor its token issued
+//! again): a retry is never run a second time, it gets the in-flight 409 while the claim's
+//! lease runs and the outcome-unknown 409 once it lapsed.
+
+use http::StatusCode;
+
+use crate::claims_left_behind::{warm_token_route, TOKEN_ROUTE};
+use crate::common::redis_server::RedisServer;
+use crate::common::{self, post, ProxyHandle};
+use crate::held_replies::*;
+use crate::route;
+
+/// The policy keys of these tests' routes: they fail open, a duplicate found in flight is
+/// answered at once, and a claim left alone lapses (into an unknown outcome) after 1 s.
+const FAILING_OPEN: [&str; 3] = [
+    "on_store_error: fail_open",
+    "in_flight: reject",
+    "lease: 1s",
+];
+
+/// Sends `headers` to `path` while Redis's replies are held past the store timeout: the
+/// claim times out, the request is forwarded unprotected and answered (`201`), and Redis
+/// has run the claim all the same (its reply reached the relay). Then the replies flow.
+async fn forwarded_after_an_unanswered_claim(
+    relay: &Relay,
+    upstream: &common::Upstream,
+    proxy: &ProxyHandle,
+    path: &str,
+    headers: &[(&str, &str)],
+) {
+    let (before, executed) = (relay.received(), upstream.executed());
+    relay.hold.send_replace(true);
+    let forwarded = post(proxy.addr, path, headers, "{}").await;
+    assert_eq!(
+        forwarded.status,
+        StatusCode::CREATED,
+        "forwarded unprotected"
+    );
+    assert_eq!(upstream.executed(), executed + 1);
+    until(|| relay.received() > before, "Redis to run the claim").await;
+    relay.hold.send_replace(false);
+}
+
+/// Retries `headers` until the retry gets the outcome-unknown 409 (the forwarded request's
+/// claim lapsed), never reaching the upstream: before that, each gets the in-flight 409.
+/// The record stays in Redis throughout, a claim (`I`) and never `kinds_freed`.
+async fn retries_never_run_again(
+    redis: &RedisServer,
+    upstream: &common::Upstream,
+    proxy: &ProxyHandle,
+    path: &str,
+    headers: &[(&str, &str)],
+    kinds_freed: &[&str],
+) {
+    let executed = upstream.executed();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let retry = post(proxy.addr, path, headers, "{}").await;
+        assert_eq!(
+            upstream.executed(),
+            executed,
+            "a retry of a forwarded request ran again: {} {}",
+            retry.status,
+            String::from_utf8_lossy(&retry.body)
+        );
+        assert_eq!(retry.status, StatusCode::CONFLICT);
+        assert_ne!(record_kinds(redis), kinds_freed, "the claim was released");
+        match retry.problem().as_str() {
+            "urn:idemgate:problem:outcome-unknown" => return,
+            "urn:idemgate:problem:in-flight" => {}
+            other => panic!("unexpected problem {other}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hang guard: the claim never lapsed"
+        );
+        // Polled until the lease runs out; no race rides on this pause.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// `fail_open` forwards a request whose claim got no reply within the store timeout; Redis
+/// had run the claim (a stall past the timeout, a fork). The claim must not be released as
+/// one under which nothing was sent: its retry would find the key free and run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_landed_while_its_reply_was_late_is_not_released_after_a_fail_open_forward() {
+    let (redis, relay, upstream, proxy) =
+        timing_out_behind_held_replies(&route(&FAILING_OPEN.join("\n    "))).await;
+    warm_up(&proxy).await;
+    let landed = [("idempotency-key", "landed")];
+    forwarded_after_an_unanswered_claim(&relay, &upstream, &proxy, "/orders", &landed).await;
+    retries_never_run_again(&redis, &upstream, &proxy, "/orders", &landed, &["D"]).await;
+    assert_eq!(upstream.executed_for("landed"), 1);
+}
+
+/// The same on a token route: the token the claim consumed is not issued again, so a retry
+/// with it is never run a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_claim_that_landed_while_its_reply_was_late_is_not_reissued_after_a_fail_open_forward(
+) {
+    let routes = format!("defaults: {{ {} }}\n{TOKEN_ROUTE}", FAILING_OPEN.join(", "));
+    let (redis, relay, upstream, proxy) = timing_out_behind_held_replies(&routes).await;
+    let token = warm_token_route(&proxy).await;
+    assert_eq!(record_kinds(&redis), ["D", "T"]);
+    let headers = [
+        ("authorization", "Bearer alice"),
+        ("idempotency-token", token.as_str()),
+    ];
+    forwarded_after_an_unanswered_claim(&relay, &upstream, &proxy, "/orders/pay", &headers).await;
+    retries_never_run_again(
+        &redis,
+        &upstream,
+        &proxy,
+        "/orders/pay",
+        &headers,
+        &["D", "T"],
+    )
+    .await;
+    assert_eq!(
+        upstream.executed(),
+        2,
+        "the warm-up and the forwarded request"
+    );
+}
