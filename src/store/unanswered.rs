@@ -22,10 +22,18 @@
 //! is retried (the store has just failed) until the store answers: a store out of reach for
 //! longer than the claim's lease (a crash after the write, a partition, a failover) still
 //! holds the claim when it is back, lapsed, and only this release can free it before its
-//! lapse span ends. On Redis a release goes out on the connection the claim went out on,
-//! after it, so its first answer is final. On a SQL database it is not: the claim statement
-//! may still run on its own connection and commit after a release found nothing, so the
-//! release is repeated, more rarely each time, until the lease has passed.
+//! lapse span ends.
+//!
+//! On Redis the first answer to a release is taken as final: Redis runs one connection's
+//! commands in order, and the release usually goes out after the claim on the connection
+//! the claim went out on. Not always: when that connection broke and was replaced (redis-rs
+//! reconnects; a cluster may route to another connection), the claim may still be on its
+//! way on the old one (in a socket buffer, a retransmission, a proxy in between) and land
+//! after the release, which found nothing to free. Such a claim is not released again: it
+//! lapses as above, a retry refused for a while, never one run twice. On a SQL database the
+//! claim statement may likewise still run on its own connection and commit after a release
+//! found nothing, and there it is common enough to be worth repeating the release, more
+//! rarely each time, until the lease has passed.
 
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, SystemTime};
@@ -206,8 +214,11 @@ async fn release(store: &Store, orphan: Orphan) -> Option<Settled> {
 /// unknown outcome, though its owner is done. So a settlement that leaves no record this
 /// owner's renewal would meet (a release, a failure past its linger, a zero ttl) is made
 /// again, fenced by the owner's token, as an unanswered claim's release is: it frees the
-/// orphan and touches nothing else. On Redis the renewal went out on the connection the
-/// settlement followed it on, so it landed first.
+/// orphan and touches nothing else. On Redis it is not made again: the renewal usually went
+/// out before the settlement on the same connection, so landed first. A renewal left on a
+/// connection that broke and was replaced can still land after the settlement and restore
+/// the claim (the renewal script restores a record that is gone); that claim lapses as a
+/// dead owner's does, its key refused for a while, never run twice (see the module doc).
 pub(crate) fn settle_after_unanswered_renewal(
     store: &Store,
     owned: Ownership,
