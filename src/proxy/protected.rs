@@ -228,12 +228,9 @@ pub async fn handle(
                     report.outcome = Some(Outcome::FailOpen);
                     return forward_unprotected(&cx, parts, body, policy).await;
                 }
-                // A request that found its key in flight (it waited on the owner, or the
-                // store failed just after it found the owner) is a duplicate of a request
-                // that may be running: forwarding it would run it twice. With `fail_open`
-                // it gets what a duplicate whose wait ends gets, the 409 with Retry-After,
-                // rather than a 503: the store did answer for this key, and the retry
-                // finds the owner's answer once the store is back.
+                // One that found its key in flight may duplicate a running request:
+                // forwarded, it could run twice. With `fail_open` it gets a waiter's 409
+                // and Retry-After, not a 503: the store did answer for this key.
                 return match policy.on_store_error {
                     OnStoreError::FailClosed => Err(e.into()),
                     OnStoreError::FailOpen => Err(ProxyError::InFlight {
