@@ -50,7 +50,7 @@ pub(crate) use claim::{mismatched, reissue_left};
 pub use claim::{
     AddressTag, CallerTag, ClaimArgs, ClaimMode, Lapse, OwnerToken, Ownership, RouteTag,
 };
-pub use lease::{Lease, Liveness};
+pub use lease::{Armed, Lease, Liveness};
 pub use memory::{MemoryLimits, MemoryStore, WhenFull};
 pub use redis::{RedisSettings, RedisStore};
 pub use report::{KeyInfo, Seen, StoreStats};

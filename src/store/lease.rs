@@ -7,7 +7,10 @@
 //! unsettled (a cancelled or panicking owner, or one whose background wait ran out), it
 //! settles the key from what it knows, pingora's `WritePermit` idea: a request that never
 //! went out frees the key for a retry; one that may have reached the upstream follows the
-//! route's [`Lapse`] (held as outcome unknown, or released), never plainly freed.
+//! route's [`Lapse`] (held as outcome unknown, or released), never plainly freed. Unless
+//! its owner knows how it ends before it can write it: an owner with the answer in hand
+//! that must first settle other keys ([`Lease::armed`]) gets that answer made in the
+//! background, as a settlement dropped midway is, rather than an unknown outcome.
 //!
 //! A settlement the store fails (unreachable, or no answer within its timeout), or whose
 //! caller stops waiting for it, is not given up: it is made again in the background,
@@ -67,7 +70,31 @@ pub struct Lease {
     reissue: Option<SystemTime>,
     /// How long the claim outlives an owner that stops renewing it.
     lease: Duration,
+    /// What it ends with, known before it is written ([`Lease::armed`]): made in the
+    /// background if the lease is dropped first.
+    armed: Option<Settlement>,
     finished: bool,
+}
+
+/// A lease whose settlement is known and will be made even if this value is dropped
+/// before [`Armed::settle`] finishes (see [`Lease::armed`]).
+#[derive(Debug)]
+pub struct Armed(Lease);
+
+impl Armed {
+    /// The settlement it is armed with.
+    pub fn settlement(&self) -> &Settlement {
+        self.0.armed.as_ref().expect("armed until settled")
+    }
+
+    /// Ends the claim with the settlement it was armed with (see [`Lease::settle`]).
+    pub async fn settle(self) -> Result<Settled, StoreError> {
+        let Self(mut lease) = self;
+        // Taken out and handed on in the same poll: `Lease::settle` marks the lease
+        // finished and arms its `Pending` before it first waits.
+        let settlement = lease.armed.take().expect("armed until settled");
+        lease.settle(settlement).await
+    }
 }
 
 /// The first pause before a failed settlement is made again; each next one doubles, up
@@ -112,6 +139,7 @@ impl Lease {
             sent: Arc::default(),
             reissue: args.reissue,
             lease: args.lease,
+            armed: None,
             finished: false,
         }
     }
@@ -160,6 +188,18 @@ impl Lease {
     /// connection (and for its caller, to learn whether it did).
     pub fn sending(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.sent)
+    }
+
+    /// The lease to be ended with `settlement`, which it makes even if dropped unsettled:
+    /// in the background, as [`Lease::settle`] does one whose caller stopped waiting, not
+    /// what the drop of a lease that knows only whether its request went out makes. For an
+    /// owner that has its answer in hand but must write other keys before this one (the
+    /// keys an earlier config gave the request, `proxy::previous`), and may be dropped
+    /// meanwhile (a detached owner at its `background_timeout`): its answer is never
+    /// recorded as unknown, or released.
+    pub fn armed(mut self, settlement: Settlement) -> Armed {
+        self.armed = Some(settlement);
+        Armed(self)
     }
 
     /// Ends the claim with `settlement` (see [`Store::settle`]). A store error is
@@ -220,6 +260,29 @@ impl Drop for Lease {
     fn drop(&mut self) {
         let renewal = self.renewal.take();
         if self.finished {
+            return;
+        }
+        if let Some(settlement) = self.armed.take() {
+            tracing::warn!(
+                key = %self.owned.key.short(),
+                settled = settlement.as_str(),
+                "claim dropped before its settlement was written; making it in the background"
+            );
+            // As `Pending` does a settlement dropped midway: admitted within the bounds of
+            // those made again, and made again until it lands. Whether a renewal is still
+            // out is not known here: assumed so, as there.
+            let renewed = renewal
+                .as_ref()
+                .map_or_else(tokio::time::Instant::now, Renewal::renewed);
+            drop(renewal);
+            retry_in_background(
+                &self.store,
+                self.owned,
+                settlement,
+                self.lease,
+                true,
+                renewed,
+            );
             return;
         }
         let settlement = self.settlement_on_drop();

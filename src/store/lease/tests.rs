@@ -1,8 +1,16 @@
-//! Until when a failed settlement is made again.
+//! Until when a failed settlement is made again; what an armed lease dropped unsettled
+//! makes.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http::StatusCode;
+
 use super::{RetryEnds, SETTLE_RETRY_FIRST, SETTLE_RETRY_MAX};
+use crate::key::Digest;
+use crate::store::{
+    Claim, ClaimArgs, Lapse, MemoryLimits, MemoryStore, Settlement, Store, StoredResponse,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const SPAN: Duration = Duration::from_secs(60);
@@ -55,4 +63,41 @@ fn pauses_are_short_while_the_lease_runs_and_end_before_the_record_does() {
     assert_eq!(ends.next_pause(long, ends.ends + SEC), 6 * SEC);
     assert_eq!(ends.next_pause(long, ends.gives_up - SEC), SEC / 4);
     assert_eq!(ends.next_pause(long, ends.gives_up), SETTLE_RETRY_FIRST);
+}
+
+/// An owner with its answer in hand arms its lease, then is dropped (at its background
+/// bound) before it wrote it, its request gone out: the answer is made in the background,
+/// where an unarmed lease would hold the key as an unknown outcome.
+#[tokio::test]
+async fn an_armed_lease_dropped_before_it_settled_makes_its_answer() {
+    let store = Store::Memory(Arc::new(MemoryStore::new(MemoryLimits::default())));
+    let fingerprint = Digest([1; 32]);
+    let hour = Duration::from_secs(3600);
+    let args = ClaimArgs {
+        lapse: Lapse::Hold { ttl: hour },
+        ..ClaimArgs::new(Digest([0x7a; 32]), fingerprint, LEASE)
+    };
+    let Ok(Claim::Owner(mut lease)) = store.claim_with(args).await else {
+        panic!("a fresh key is owned");
+    };
+    lease.mark_sent();
+    let response = StoredResponse::new(StatusCode::CREATED, &Default::default(), b"made")
+        .with_fingerprint(fingerprint);
+    let armed = lease.armed(Settlement::Done {
+        response,
+        ttl: hour,
+    });
+    // Its settle future dropped before its first poll, as an owner's is while it waits on
+    // other writes.
+    drop(armed.settle());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.claim_with(args).await.expect("claim") {
+            Claim::Done(stored) => break assert_eq!(&stored.body()[..], b"made"),
+            Claim::InFlight(_) => {}
+            other => panic!("the armed answer was not made: {}", other.as_str()),
+        }
+        assert!(Instant::now() < deadline, "hang guard");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
