@@ -5,7 +5,7 @@
 //! wrote can live ([`Generations::after_reload`]), and a protected request that owns its key
 //! (K) also claims the key that generation gave it (K'), the ordinary way, before anything
 //! goes out ([`claim_older`]): a free K' is held while the request runs, then settled as K
-//! is ([`settle_earlier`]); an answer under K' is settled under K and replayed; anything
+//! is ([`arm_earlier`]); an answer under K' is settled under K and replayed; anything
 //! else under K' answers the request as it would answer a duplicate of K', and frees K, so
 //! a later retry looks at K' again. A client key's answer under K' whose old payload check
 //! compared less than the new one (an `ignore` entry dropped) may be another payload's: it
@@ -37,7 +37,7 @@ use crate::error::{NotKept, ProxyError};
 use crate::key::{derive_key, Derived, Digest, FingerprintRule, KeyError, KeySource};
 use crate::metrics::Outcome;
 use crate::store::seal::KeyRing;
-use crate::store::{Claim, ClaimMode, Lease, Settlement, StoreError, StoredResponse};
+use crate::store::{Armed, Claim, ClaimMode, Lease, Settlement, StoreError, StoredResponse};
 
 /// The most previous generations kept: a reload beyond drops the oldest, with a warning.
 pub const MAX_GENERATIONS: usize = 4;
@@ -409,8 +409,9 @@ async fn claim_one(
             // The owner waited on freed K' without a failure to share (a 5xx too large to
             // keep, a failure record gone before the wait ended): a request keyed before
             // the reload, since one keyed after it settles K' before its own key (see
-            // `settlement::Owner::write`), so this request, owning K, could not have waited
-            // on it. Told it failed, as a duplicate of K is: it may have run.
+            // `settlement::Owner::write`), unless it was dropped at its background bound
+            // as it wrote them, its K' then written late: the request this one retries.
+            // Told it failed, as a duplicate of K is: it may have run.
             Claim::Failed(None) => Found::Refused(ProxyError::OwnerFailed),
             Claim::NotStored(record) => Found::Refused(ProxyError::AnswerNotStored {
                 status: record.status,
@@ -455,10 +456,14 @@ async fn answer_from(
     };
     // Stamped with K's payload before it is sealed for K: the seal binds both.
     let own = for_key(plain.clone(), fingerprint, rule.sealing.as_deref(), key);
-    if let Err(e) = lease.settle(own).await {
+    // All armed before the first wait: a client that leaves drops this future, and a
+    // lease dropped unarmed would free its key, the request never having gone out.
+    let own = lease.armed(own);
+    let earlier = arm_earlier(also, &plain);
+    if let Err(e) = own.settle().await {
         tracing::warn!(error = %e, "could not store the previous key's answer under the new key; retrying in the background");
     }
-    settle_earlier(also, &plain).await;
+    settle_armed(earlier).await;
     Ok(response)
 }
 
@@ -469,15 +474,25 @@ pub(super) struct Earlier {
     sealing: Option<Arc<KeyRing>>,
 }
 
-/// Settles each earlier key as K was settled (`plain`: the record stamped with K's
-/// payload fingerprint, not sealed), each for its own fingerprint and sealed for it under
-/// its config's ring: a request that config still keys finds K's outcome there (see the
-/// module docs).
-pub(super) async fn settle_earlier(also: Vec<Earlier>, plain: &Settlement) {
-    for Earlier { lease, sealing } in also {
-        let (key, fingerprint) = (lease.key(), lease.fingerprint());
-        let settlement = for_key(plain.clone(), fingerprint, sealing.as_deref(), key);
-        if let Err(e) = lease.settle(settlement).await {
+/// Arms each earlier key with K's settlement (`plain`: the record stamped with K's payload
+/// fingerprint, not sealed), each for its own fingerprint and sealed for it under its
+/// config's ring: a request that config still keys finds K's outcome there (see the
+/// module docs). Armed, it is made even if its owner is dropped before
+/// [`settle_armed`] writes it (see `store::Armed`). Sealed copies are made up front, one
+/// per key (at most [`MAX_GENERATIONS`]); unsealed ones share the answer's bytes.
+pub(super) fn arm_earlier(also: Vec<Earlier>, plain: &Settlement) -> Vec<Armed> {
+    also.into_iter()
+        .map(|Earlier { lease, sealing }| {
+            let (key, fingerprint) = (lease.key(), lease.fingerprint());
+            lease.armed(for_key(plain.clone(), fingerprint, sealing.as_deref(), key))
+        })
+        .collect()
+}
+
+/// Settles the earlier keys [`arm_earlier`] armed, one after the other.
+pub(super) async fn settle_armed(earlier: Vec<Armed>) {
+    for lease in earlier {
+        if let Err(e) = lease.settle().await {
             tracing::warn!(error = %e, "could not settle a previous config's key; retrying in the background");
         }
     }

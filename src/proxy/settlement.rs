@@ -2,7 +2,7 @@
 //! under `store.encrypt`) for the route's `ttl`, a failure shared with the waiters for a
 //! moment and the key freed, an unknown outcome held, or "executed, answer not stored".
 //! The keys earlier configs gave the request, held beside it, are settled the same way
-//! ([`super::previous::settle_earlier`]).
+//! ([`super::previous::arm_earlier`]).
 //!
 //! The client is answered from a copy of the answer that lives until it has read it, as
 //! slowly as it likes: a replay's copy does (see [`super::replay`]). Wherever the record
@@ -20,13 +20,13 @@ use http::Response;
 
 use super::answer::{Answer, AnswerBody};
 use super::body::ProxyBody;
-use super::previous::{settle_earlier, Earlier};
+use super::previous::{arm_earlier, settle_armed, Earlier};
 use crate::config::OnUnknownOutcome;
 use crate::error::ProxyError;
 use crate::key::Digest;
 use crate::metrics::{Outcome, RouteMetrics};
 use crate::store::seal::KeyRing;
-use crate::store::{Lease, Settled, Settlement, StoredResponse};
+use crate::store::{Armed, Lease, Settled, Settlement, StoredResponse};
 
 /// How long the duplicates that waited on a failed owner have to collect its failure
 /// before the key is free for anyone: they are woken at once, or within a second on Redis
@@ -175,12 +175,32 @@ impl Owner<'_> {
     /// finds the owner's key settled and claims it finds them settled too, so whoever
     /// waits on an earlier key waited on a request keyed before the reload, and takes its
     /// outcome as a duplicate does (`previous::claim_one`).
+    ///
+    /// Every lease is armed with its settlement before the first wait: the earlier keys'
+    /// writes may take up to the store's timeout each, and a detached owner is dropped at
+    /// its `background_timeout` wherever it waits. Dropped so, a lease not yet written
+    /// would record what its drop knows (the request went out: an unknown outcome, or a
+    /// release) over the answer in hand; armed, it makes that answer in the background, as
+    /// the write cut short is made again. Those are then made together, in no set order:
+    /// the owner's key may be settled first. Harmless: an answer (or an outcome refused
+    /// as unknown or not stored) under the owner's key is all its requests ever look at,
+    /// and a failure or release freeing it lets a retry claim the earlier key, still
+    /// pending, only to wait on it and share the same failure (see `previous::claim_one`).
     async fn write(self, plain: Settlement) -> Option<Settled> {
         let (key, fingerprint) = (self.lease.key(), self.lease.fingerprint());
-        if !self.also.is_empty() {
-            settle_earlier(self.also, &plain).await;
+        if self.also.is_empty() {
+            return write(
+                self.lease
+                    .armed(for_key(plain, fingerprint, self.sealing, key)),
+            )
+            .await;
         }
-        write(self.lease, for_key(plain, fingerprint, self.sealing, key)).await
+        let earlier = arm_earlier(self.also, &plain);
+        let own = self
+            .lease
+            .armed(for_key(plain, fingerprint, self.sealing, key));
+        settle_armed(earlier).await;
+        write(own).await
     }
 }
 
@@ -218,11 +238,12 @@ pub(super) fn for_key(
     }
 }
 
-/// Settles the lease; a store failure is logged, and the lease makes the settlement again
-/// in the background while the claim's record lasts (see `Lease::settle`).
-async fn write(lease: Lease, settlement: Settlement) -> Option<Settled> {
-    let what = settlement.as_str();
-    match lease.settle(settlement).await {
+/// Settles the lease with what it was armed with; a store failure is logged, and the
+/// lease makes the settlement again in the background while the claim's record lasts (see
+/// `Lease::settle`).
+async fn write(lease: Armed) -> Option<Settled> {
+    let what = lease.settlement().as_str();
+    match lease.settle().await {
         Ok(Settled::NotWritten) => {
             tracing::warn!(
                 settled = what,
