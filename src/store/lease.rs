@@ -70,30 +70,63 @@ pub struct Lease {
     reissue: Option<SystemTime>,
     /// How long the claim outlives an owner that stops renewing it.
     lease: Duration,
-    /// What it ends with, known before it is written ([`Lease::armed`]): made in the
-    /// background if the lease is dropped first.
-    armed: Option<Settlement>,
     finished: bool,
 }
 
-/// A lease whose settlement is known and will be made even if this value is dropped
-/// before [`Armed::settle`] finishes (see [`Lease::armed`]).
+/// A lease with the settlement it ends with, made even if this value is dropped before
+/// [`Armed::settle`] wrote it (see [`Lease::armed`]). Beside the lease, not in it: a
+/// settlement is large, and every claim's answer carries a lease.
 #[derive(Debug)]
-pub struct Armed(Lease);
+pub struct Armed {
+    /// Both `Some` until settled or dropped.
+    lease: Option<Lease>,
+    settlement: Option<Settlement>,
+}
 
 impl Armed {
     /// The settlement it is armed with.
     pub fn settlement(&self) -> &Settlement {
-        self.0.armed.as_ref().expect("armed until settled")
+        self.settlement.as_ref().expect("armed until settled")
     }
 
     /// Ends the claim with the settlement it was armed with (see [`Lease::settle`]).
-    pub async fn settle(self) -> Result<Settled, StoreError> {
-        let Self(mut lease) = self;
-        // Taken out and handed on in the same poll: `Lease::settle` marks the lease
+    pub async fn settle(mut self) -> Result<Settled, StoreError> {
+        // Both taken out and handed on in the same poll: `Lease::settle` marks the lease
         // finished and arms its `Pending` before it first waits.
-        let settlement = lease.armed.take().expect("armed until settled");
+        let lease = self.lease.take().expect("armed until settled");
+        let settlement = self.settlement.take().expect("armed until settled");
         lease.settle(settlement).await
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        let (Some(mut lease), Some(settlement)) = (self.lease.take(), self.settlement.take())
+        else {
+            return;
+        };
+        tracing::warn!(
+            key = %lease.owned.key.short(),
+            settled = settlement.as_str(),
+            "claim dropped before its settlement was written; making it in the background"
+        );
+        // As `Pending` does a settlement dropped midway: admitted within the bounds of
+        // those made again, and made again until it lands. Whether a renewal is still out
+        // is not known here: assumed so, as there.
+        lease.finished = true;
+        let renewal = lease.renewal.take();
+        let renewed = renewal
+            .as_ref()
+            .map_or_else(tokio::time::Instant::now, Renewal::renewed);
+        drop(renewal);
+        retry_in_background(
+            &lease.store,
+            lease.owned,
+            settlement,
+            lease.lease,
+            true,
+            renewed,
+        );
     }
 }
 
@@ -139,7 +172,6 @@ impl Lease {
             sent: Arc::default(),
             reissue: args.reissue,
             lease: args.lease,
-            armed: None,
             finished: false,
         }
     }
@@ -197,9 +229,11 @@ impl Lease {
     /// keys an earlier config gave the request, `proxy::previous`), and may be dropped
     /// meanwhile (a detached owner at its `background_timeout`): its answer is never
     /// recorded as unknown, or released.
-    pub fn armed(mut self, settlement: Settlement) -> Armed {
-        self.armed = Some(settlement);
-        Armed(self)
+    pub fn armed(self, settlement: Settlement) -> Armed {
+        Armed {
+            lease: Some(self),
+            settlement: Some(settlement),
+        }
     }
 
     /// Ends the claim with `settlement` (see [`Store::settle`]). A store error is
@@ -260,29 +294,6 @@ impl Drop for Lease {
     fn drop(&mut self) {
         let renewal = self.renewal.take();
         if self.finished {
-            return;
-        }
-        if let Some(settlement) = self.armed.take() {
-            tracing::warn!(
-                key = %self.owned.key.short(),
-                settled = settlement.as_str(),
-                "claim dropped before its settlement was written; making it in the background"
-            );
-            // As `Pending` does a settlement dropped midway: admitted within the bounds of
-            // those made again, and made again until it lands. Whether a renewal is still
-            // out is not known here: assumed so, as there.
-            let renewed = renewal
-                .as_ref()
-                .map_or_else(tokio::time::Instant::now, Renewal::renewed);
-            drop(renewal);
-            retry_in_background(
-                &self.store,
-                self.owned,
-                settlement,
-                self.lease,
-                true,
-                renewed,
-            );
             return;
         }
         let settlement = self.settlement_on_drop();
