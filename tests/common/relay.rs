@@ -43,6 +43,9 @@ pub struct Relay {
     pub row_before_hold: Arc<std::sync::Mutex<Option<Row>>>,
     /// Bytes the proxy sent that arrived while requests were held.
     pub requests_held: Arc<AtomicUsize>,
+    /// The port a connection accepted from now on is relayed to (the ones open stay where
+    /// they are): a name or virtual IP that moved to another server, as after a failover.
+    pub target: Arc<AtomicU16>,
     /// Set: the next connection the proxy sends on is the held one
     /// ([`Relay::hold_next_sender`]), if what it sends starts with the byte after 1.
     hold_next_sender: Arc<AtomicU16>,
@@ -119,6 +122,8 @@ pub async fn relay_to(port: u16) -> Relay {
     // The connection last held (`u64::MAX`: none yet), whose answers count in `held_replies`.
     let last_held = Arc::new(AtomicU64::new(u64::MAX));
     let accepted = AtomicU64::new(0);
+    let target = Arc::new(AtomicU16::new(port));
+    let targeted = Arc::clone(&target);
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let number = accepted.fetch_add(1, Ordering::SeqCst);
@@ -127,6 +132,7 @@ pub async fn relay_to(port: u16) -> Relay {
             let held_answered = Arc::clone(&answered_held);
             let mut held_one = holding_one.subscribe();
             // Redis is gone once a test ends; the proxy may still try to reconnect.
+            let port = targeted.load(Ordering::SeqCst);
             let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
                 continue;
             };
@@ -226,6 +232,7 @@ pub async fn relay_to(port: u16) -> Relay {
         hold_requests_after_next_row,
         row_before_hold,
         requests_held,
+        target,
         hold_next_sender,
         held_replies,
         held_connection,

@@ -1,6 +1,7 @@
 //! How one Redis store operation goes over the connection: bounded by the store timeout
 //! (either failure a store error), and made once more if the connection dropped under the
-//! first attempt, which every operation sent this way is safe to repeat.
+//! first attempt, which every operation sent this way is safe to repeat, or if the server
+//! refused it as a replica (the connection is then left for the primary).
 
 use redis::Value;
 
@@ -41,18 +42,32 @@ impl RedisStore {
         self.bounded(call).await
     }
 
-    /// `call`, made again once if the connection dropped under the first attempt.
+    /// `call`, made again once if the connection dropped under the first attempt, and once
+    /// if the server refused it as one that cannot take writes (a primary demoted by a
+    /// failover, `Conn::leave_if_not_writable`), after leaving that connection. A refused
+    /// command did not run, so sending it again is safe even where a repeat would not be;
+    /// the second attempt may find the left connection closing under it, hence the retry
+    /// on a dropped connection after it too: four attempts at most, all within the one
+    /// store timeout [`RedisStore::bounded`] puts on them.
     pub(super) async fn retried<T, F, Fut>(&self, call: F) -> redis::RedisResult<T>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        match call().await {
-            Err(e) if e.is_connection_dropped() || e.is_io_error() => {
-                tracing::debug!(error = %e, "redis connection dropped; retrying once");
-                call().await
+        let (mut dropped, mut refused) = (false, false);
+        loop {
+            match call().await {
+                Err(e) if !dropped && (e.is_connection_dropped() || e.is_io_error()) => {
+                    tracing::debug!(error = %e, "redis connection dropped; retrying once");
+                    dropped = true;
+                }
+                Err(e) if !refused && self.conn.leave_if_not_writable(&e).await => {
+                    refused = true;
+                    // A dropped connection after this is the one just left, not a new fault.
+                    dropped = false;
+                }
+                other => return other,
             }
-            other => other,
         }
     }
 

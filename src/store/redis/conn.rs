@@ -1,9 +1,14 @@
 //! The connection to Redis: one server through redis-rs's self-reconnecting
 //! `ConnectionManager`, or a cluster connected on first use; both multiplexed, so clones
 //! share one socket, and both carry RESP3 pushes (the completion notifications).
+//!
+//! A single server's connection is left (and made again) when the server answers as one
+//! that cannot take writes: after a failover behind a DNS name or virtual IP the old
+//! primary, now a replica, stays reachable on the connection already open, and redis-rs
+//! reconnects only when a connection fails, so every claim would fail until a restart.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -13,11 +18,17 @@ use tokio::sync::{mpsc, OnceCell};
 
 use super::RedisSettings;
 use crate::store::StoreError;
+use crate::sync::lock;
+
+/// The least time between two connections left for answering as a replica: a name that
+/// still leads to the demoted server reaches it again, and leaving it on every refused
+/// write would cut the commands of every other request in flight on the shared connection.
+const LEAVE_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 
 /// The store's connection, of either kind.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
+    Single(Single),
     // Connected on first use, so a cluster that is down at start does not stop the proxy.
     Cluster(Arc<(ClusterClient, OnceCell<ClusterConnection>)>),
 }
@@ -60,7 +71,10 @@ impl Conn {
                 .set_max_delay(Duration::from_millis(500))
                 .set_push_sender(push_tx)
                 .set_automatic_resubscription();
-            Conn::Single(ConnectionManager::new_lazy_with_config(client, config).map_err(bad)?)
+            Conn::Single(Single {
+                manager: ConnectionManager::new_lazy_with_config(client, config).map_err(bad)?,
+                left_at: Arc::default(),
+            })
         } else {
             let mut builder = ClusterClient::builder(settings.cluster.clone());
             if let Some(pem) = &settings.ca {
@@ -81,7 +95,7 @@ impl Conn {
     /// The connection to send on; a cluster connects on first use.
     pub(crate) async fn handle(&self) -> redis::RedisResult<Handle> {
         Ok(match self {
-            Self::Single(c) => Handle::Single(c.clone()),
+            Self::Single(single) => Handle::Single(single.manager.clone()),
             Self::Cluster(cluster) => {
                 let (client, cell) = &**cluster;
                 let conn = cell
@@ -91,6 +105,62 @@ impl Conn {
             }
         })
     }
+
+    /// Whether `error` says the server cannot take writes (a replica, or a server loading its
+    /// data), and, if it does, leaves the single server's connection for a new one (at most
+    /// once per [`LEAVE_AT_MOST_EVERY`]), so that the primary now behind its address is
+    /// reached. A cluster follows its primaries itself (redis-rs refreshes its slot map on
+    /// `READONLY`).
+    ///
+    /// The command refused this way did not run: a caller may send it again.
+    pub(crate) async fn leave_if_not_writable(&self, error: &redis::RedisError) -> bool {
+        use redis::{ErrorKind, ServerErrorKind};
+        let Self::Single(single) = self else {
+            return false;
+        };
+        // `LOADING` too: a demoted primary answers it while it loads the new primary's
+        // data, and a restarted primary that answers it is reached again on a new
+        // connection at no cost but one reconnect.
+        let ErrorKind::Server(
+            ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown | ServerErrorKind::BusyLoading,
+        ) = error.kind()
+        else {
+            return false;
+        };
+        {
+            let mut left_at = lock(&single.left_at);
+            if left_at.is_some_and(|at| at.elapsed() < LEAVE_AT_MOST_EVERY) {
+                // Left lately (perhaps under this very command): the retry goes out on the
+                // new connection, or finds the server still refusing and fails.
+                return true;
+            }
+            *left_at = Some(Instant::now());
+        }
+        tracing::warn!(error = %error, "redis cannot take writes here; reconnecting to reach the primary");
+        // redis-rs offers no way to drop a connection that still works: `QUIT` has the
+        // server close it, and the manager reconnects (to whatever the address leads to
+        // now, resubscribing the channels it holds) as on any lost connection. Commands of
+        // other requests sent after it never run and are retried as on a dropped
+        // connection. `QUIT` is taken before `AUTH` and from a user whose ACL allows no
+        // command; a server that refuses it keeps the connection, with a warning.
+        let quit = redis::cmd("QUIT")
+            .query_async::<Value>(&mut single.manager.clone())
+            .await;
+        if let Err(e) = quit {
+            if !e.is_connection_dropped() && !e.is_io_error() {
+                tracing::warn!(error = %e, "redis refused QUIT; the connection is kept");
+            }
+        }
+        true
+    }
+}
+
+/// A single server's self-reconnecting connection.
+#[derive(Clone)]
+pub(crate) struct Single {
+    manager: ConnectionManager,
+    /// When the connection was last left for answering as a replica.
+    left_at: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Handle {
