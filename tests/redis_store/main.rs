@@ -6,7 +6,7 @@
 //! per topic: `replicas.rs` (exactly once between proxy processes, a killed or slow owner,
 //! Redis restarted empty), `faults.rs` (Redis down, in both modes), `late_waiters.rs` (a duplicate that
 //! looks again only after its owner's failure expired), `round_trips.rs`,
-//! `cluster.rs`, `eviction.rs` (a Redis that may evict records), `refused_answers.rs` (an answer over `proto-max-bulk-len`), `reconnects.rs` (a failover behind one address), `tokens.rs` (the bounds on issuing one-time tokens), `unanswered_release.rs` and `settlement_cut_short.rs` (a completion
+//! `cluster.rs`, `eviction.rs` (a Redis that may evict records), `refused_answers.rs` (an answer over `proto-max-bulk-len`), `reconnects.rs` (a failover behind one address, waiters gone while Redis was down), `tokens.rs` (the bounds on issuing one-time tokens), `unanswered_release.rs` and `settlement_cut_short.rs` (a completion
 //! dropped before Redis answered, or one Redis missed past the lease).
 
 #[path = "../common/mod.rs"]
@@ -16,9 +16,9 @@ mod cluster;
 mod eviction;
 mod faults;
 mod late_waiters;
+mod reconnects;
 mod refused_answers;
 mod replicas;
-mod reconnects;
 mod round_trips;
 mod settlement_cut_short;
 mod tokens;
