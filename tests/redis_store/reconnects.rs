@@ -89,12 +89,11 @@ async fn waiters_leaving_while_redis_is_down_leave_no_subscription() {
     redis.kill();
     for waiter in waiters {
         let answer = waiter.await.unwrap();
-        // Told to retry (the store failed under its wait), never run.
-        assert!(
-            [StatusCode::CONFLICT, StatusCode::SERVICE_UNAVAILABLE].contains(&answer.status),
-            "{answer:?}"
-        );
+        // Told to retry (the store failed under its wait), never run: which refusal
+        // depends on the command the outage cut, and is not what this test is about.
+        assert!(!answer.status.is_success(), "{answer:?}");
     }
+    assert_eq!(upstream.executed(), 50, "only the owners ran");
     redis.restart();
     // Back on a new connection, which resubscribes what the connection still counts as
     // subscribed before it sends anything else.
@@ -113,4 +112,9 @@ async fn waiters_leaving_while_redis_is_down_leave_no_subscription() {
     for owner in owners {
         owner.await.unwrap();
     }
+    assert_eq!(
+        upstream.executed(),
+        51,
+        "each owner once, and the request after"
+    );
 }
