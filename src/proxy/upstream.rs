@@ -136,7 +136,8 @@ impl UpstreamClient {
     /// answer head. The request goes out in origin form with its fields cleaned and
     /// `X-Forwarded-*` added ([`request::prepare`]); `hop` says whether it forwards a
     /// protocol switch and whether its peer is a trusted proxy.
-    /// The answer's body hands the connection back to the pool once read to its end.
+    /// The answer's body hands the connection back to the pool once read to its end and
+    /// once the request went out whole (the upstream may answer before it read it).
     ///
     /// A deadline that passes before the request was handed to a connection (still
     /// waiting for one, or connecting) is [`ProxyError::UpstreamUnreachable`]: nothing was
@@ -279,8 +280,8 @@ impl UpstreamClient {
             // another caller's, would run as this one's user.
             let keep =
                 request::keeps_alive(head.version, &head.headers) && !handed_over && !authenticates;
-            let body =
-                pool::PooledBody::new(incoming, checkout.conn, keep.then(|| Arc::clone(pool)));
+            let returning = keep.then(|| Arc::clone(pool));
+            let body = pool::PooledBody::new(incoming, checkout.conn, returning, self.read_gap);
             return Ok(Response::from_parts(
                 head,
                 UpstreamBody {

@@ -16,6 +16,11 @@
 //! sent on a connection the upstream is closing at that moment fails after it was written,
 //! which the proxy cannot tell from a request the upstream read.
 //!
+//! A connection whose answer ended while its request was still going out (the upstream
+//! answered an upload early) comes back only once the request went out whole, within
+//! `connections.upstream_read_timeout` ([`put_when_written`]), so that no request waits
+//! behind another's upload.
+//!
 //! A connection's slot under the cap and its count in `idemgate_upstream_connections` go
 //! with its socket ([`Leased`]): after `101 Switching Protocols` the socket leaves hyper's
 //! connection for the upgraded stream, and both stay taken until that stream is dropped.
@@ -446,14 +451,18 @@ impl Drop for OpenGuard {
 }
 
 /// An upstream answer's body as hyper's connection delivers it. At its end the connection
-/// goes back to the pool if the answer let it keep the connection; dropped earlier, or
-/// after an answer that closes the connection, it ends the connection (whose task may
-/// still be sending an upload the upstream no longer reads).
+/// goes back to the pool if the answer let it keep the connection, once its request has
+/// gone out whole ([`put_when_written`]); dropped earlier, or after an answer that closes
+/// the connection, it ends the connection (whose task may still be sending an upload the
+/// upstream no longer reads).
 pub struct PooledBody {
     inner: Incoming,
     conn: Option<Conn>,
     /// Where the connection goes at the end; `None`: it is not reused.
     returning: Option<Arc<Pool>>,
+    /// How long the rest of an upload the upstream answered early may take once the
+    /// answer has ended (`connections.upstream_read_timeout`).
+    finish_within: Duration,
 }
 
 impl std::fmt::Debug for PooledBody {
@@ -467,12 +476,19 @@ impl std::fmt::Debug for PooledBody {
 
 impl PooledBody {
     /// The body of an answer that came on `conn`, handing it back to `pool` at its end
-    /// (`None`: never).
-    pub fn new(inner: Incoming, conn: Conn, pool: Option<Arc<Pool>>) -> Self {
+    /// (`None`: never), or once its request has gone out whole, if that is within
+    /// `finish_within` of the end.
+    pub fn new(
+        inner: Incoming,
+        conn: Conn,
+        pool: Option<Arc<Pool>>,
+        finish_within: Duration,
+    ) -> Self {
         let mut body = Self {
             inner,
             conn: Some(conn),
             returning: pool,
+            finish_within,
         };
         // hyper never polls a body that says it is over (an empty one): hand back now.
         if body.inner.is_end_stream() {
@@ -483,9 +499,39 @@ impl PooledBody {
 
     fn finish(&mut self) {
         let conn = self.conn.take();
-        if let (Some(pool), Some(conn)) = (self.returning.take(), conn) {
+        let (Some(pool), Some(conn)) = (self.returning.take(), conn) else {
+            return;
+        };
+        // Ready: hyper's task has written the whole request and read the whole answer.
+        if conn.sender.is_ready() {
             pool.put(conn);
+        } else {
+            let within = self.finish_within;
+            drop(tokio::spawn(put_when_written(
+                conn,
+                Arc::downgrade(&pool),
+                within,
+            )));
         }
+    }
+}
+
+/// Puts `conn` back in `pool` once hyper's task is ready for another request, if that is
+/// within `within`; else closes it. Not ready at the end of an answer: the upstream
+/// answered before it read the whole request (a `401` to an upload, as Node sends), and
+/// hyper's task is still sending the rest, as fast as the client sends it. Idle meanwhile,
+/// the connection would be handed to the next request, which would wait behind that
+/// upload (another client's, however slow) though the cap let it open one of its own.
+/// (Rarely, only the task has not yet noticed that the answer ended: it is ready at once.)
+async fn put_when_written(mut conn: Conn, pool: Weak<Pool>, within: Duration) {
+    match tokio::time::timeout(within, conn.sender.ready()).await {
+        Ok(Ok(())) => {
+            if let Some(pool) = pool.upgrade() {
+                pool.put(conn);
+            }
+        }
+        Ok(Err(e)) => tracing::debug!(error = %e, "the rest of an answered upload failed"),
+        Err(_) => tracing::debug!("the rest of an answered upload timed out"),
     }
 }
 

@@ -1,15 +1,22 @@
 //! The HTTP/1.1 upstream the pool's tests and the hand-written client's tests run against:
 //! real, on `127.0.0.1:0`, counting the connections and requests it sees and reporting
-//! each connection the client's side closed.
+//! each connection the client's side closed; and a request body the test hands over bit
+//! by bit ([`Dripped`]).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+
+use crate::proxy::body::{BodyError, ProxyBody};
 
 /// The longest a test waits for something that should happen at once; reaching it fails
 /// the test instead of hanging it.
@@ -115,4 +122,38 @@ pub(crate) async fn within<T>(future: impl Future<Output = T>, what: &str) -> T 
     tokio::time::timeout(HANG, future)
         .await
         .unwrap_or_else(|_| panic!("waited {HANG:?} for {what}"))
+}
+
+/// A request body of a declared length whose bytes go out as the test hands them over:
+/// an upload still going out after its answer came ([`Upstream`] answers at the head).
+pub(crate) struct Dripped {
+    chunks: mpsc::UnboundedReceiver<Bytes>,
+    len: u64,
+}
+
+impl Dripped {
+    /// A body of `len` bytes, and where the test sends them.
+    pub(crate) fn body(len: u64) -> (mpsc::UnboundedSender<Bytes>, ProxyBody) {
+        let (send, chunks) = mpsc::unbounded_channel();
+        (send, ProxyBody::boxed(Self { chunks, len }))
+    }
+}
+
+impl Body for Dripped {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.get_mut()
+            .chunks
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|chunk| Ok(Frame::data(chunk))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len)
+    }
 }

@@ -11,7 +11,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 
 use super::*;
-use crate::proxy::upstream::test_upstream::{numbered, within, Upstream, HANG, NEVER_IDLE};
+use crate::proxy::upstream::test_upstream::{
+    numbered, within, Dripped, Upstream, HANG, NEVER_IDLE,
+};
 use crate::proxy::upstream::{request, Held, UpstreamBody};
 
 /// The idle timeout the tests of it use: the configured default, on a paused clock.
@@ -57,7 +59,8 @@ async fn get(pool: &Arc<Pool>, mut checkout: Checkout) -> Response<PooledBody> {
         .expect("an answer");
     let (head, incoming) = response.into_parts();
     let keep = request::keeps_alive(head.version, &head.headers);
-    let body = PooledBody::new(incoming, checkout.conn, keep.then(|| Arc::clone(pool)));
+    let returning = keep.then(|| Arc::clone(pool));
+    let body = PooledBody::new(incoming, checkout.conn, returning, HANG);
     Response::from_parts(head, body)
 }
 
@@ -330,4 +333,91 @@ async fn an_upgraded_connection_holds_its_slot_until_its_stream_is_dropped() {
     assert!(!second.reused);
     assert_eq!(upstream.next_closed().await, 0);
     assert_eq!(metrics.connections().upstream_open.get(), 1);
+}
+
+/// Sends `POST /` with a body of 8 bytes of which the returned sender hands over what the
+/// test wants, and reads the whole answer, which [`Upstream`] sends at the request's head
+/// (as Node answers an upload `401`): the answer ends while hyper's task is still sending
+/// the body. The body hands the connection back to `pool` once the request went out whole
+/// within `finish_within`.
+async fn answered_early(
+    pool: &Arc<Pool>,
+    mut checkout: Checkout,
+    finish_within: Duration,
+) -> (String, tokio::sync::mpsc::UnboundedSender<Bytes>) {
+    let (upload, body) = Dripped::body(8);
+    upload.send(Bytes::from_static(b"xxxx")).unwrap();
+    let sender = checkout.conn.sender();
+    sender.ready().await.expect("a connection ready");
+    let request = Request::post("/").body(body).unwrap();
+    let response = within(sender.try_send_request(request), "an answer")
+        .await
+        .map_err(|e| e.into_error())
+        .expect("an answer");
+    let (head, incoming) = response.into_parts();
+    assert!(request::keeps_alive(head.version, &head.headers));
+    let returning = Some(Arc::clone(pool));
+    let body = PooledBody::new(incoming, checkout.conn, returning, finish_within);
+    let bytes = within(body.collect(), "the answer body").await.unwrap();
+    let answer = String::from_utf8(bytes.to_bytes().to_vec()).unwrap();
+    (answer, upload)
+}
+
+/// Waits until `pool` holds `n` idle connections.
+async fn idle_reaches(pool: &Pool, n: usize) {
+    within(
+        async {
+            while idle_count(pool) != n {
+                tokio::task::yield_now().await;
+            }
+        },
+        "connections to come back",
+    )
+    .await;
+}
+
+/// Handed out while its task still sends another request's body, a connection makes the
+/// request that took it wait behind that upload, however slow its client: the next
+/// checkout dials a connection of its own instead (the cap allows it). Once the upload has
+/// gone out, the connection comes back and is reused.
+#[tokio::test]
+async fn a_connection_whose_request_is_still_being_written_is_never_handed_out() {
+    let upstream = Upstream::start(numbered).await;
+    let pool = pool(&upstream, 4, &Arc::new(Metrics::new()));
+    let first = pool.checkout().await.unwrap();
+    let (answer, upload) = answered_early(&pool, first, HANG).await;
+    assert_eq!(answer, "0");
+    assert_eq!(idle_count(&pool), 0, "idle while its upload goes out");
+
+    let second = pool.checkout().await.unwrap();
+    assert!(!second.reused, "handed out while its upload goes out");
+    assert_eq!(get_all(&pool, second).await, "1");
+
+    upload.send(Bytes::from_static(b"xxxx")).unwrap();
+    drop(upload);
+    idle_reaches(&pool, 2).await;
+    // The most recently returned: the one whose upload went out.
+    let third = pool.checkout().await.unwrap();
+    assert!(third.reused);
+    assert_eq!(get_all(&pool, third).await, "0");
+    assert_eq!(upstream.connections(), 2);
+}
+
+/// An upload that never ends keeps its connection out of the pool, and open, only for
+/// `finish_within` (`connections.upstream_read_timeout`): then it is closed, its slot
+/// freed.
+#[tokio::test]
+async fn a_connection_whose_request_never_goes_out_whole_is_closed() {
+    let mut upstream = Upstream::start(numbered).await;
+    let metrics = Arc::new(Metrics::new());
+    let pool = pool(&upstream, 1, &metrics);
+    let first = pool.checkout().await.unwrap();
+    let (answer, _upload) = answered_early(&pool, first, Duration::from_millis(50)).await;
+    assert_eq!(answer, "0");
+    assert_eq!(upstream.next_closed().await, 0);
+    assert_eq!(idle_count(&pool), 0);
+    // Its slot is free: a checkout under a cap of one dials anew.
+    let second = within(pool.checkout(), "a free slot").await.unwrap();
+    assert!(!second.reused);
+    assert_eq!(get_all(&pool, second).await, "1");
 }
