@@ -1,15 +1,16 @@
 //! Upstreams that stall mid-body: `upstream_timeout` covers the body of a stored answer
 //! (a 504, the key held), and an answer over `max_answer` is cut off after the read timeout
-//! and never run again.
+//! and never run again; a client's upload the upstream answered early and that is still
+//! going out holds up no other client's request.
 
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::common::{self, post, start_proxy};
-use crate::{read_request, ROUTES};
+use crate::{read_request, Seen, ROUTES};
 
 /// `upstream_timeout` bounds the whole answer a protected request's client waits for, body
 /// included: an upstream that sends its head and then stalls mid-body gets the client a
@@ -162,4 +163,137 @@ async fn an_answer_over_max_answer_that_stalls_is_cut_off_and_not_run_again() {
         "urn:idemgate:problem:answer-not-stored"
     );
     assert_eq!(*executed.lock().unwrap(), 1);
+}
+
+/// A raw upstream that answers an upload (`POST /plain/upload`) with `401` and keep-alive as
+/// soon as it has read its head, before its body, as Node does, and then reads the body as
+/// it comes; any other request it answers `201` once read whole. Counts its connections.
+async fn early_answer_upstream() -> (std::net::SocketAddr, Arc<Mutex<Seen>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            record.lock().unwrap().connections += 1;
+            let record = Arc::clone(&record);
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut read = BufReader::new(read);
+                loop {
+                    let mut line = String::new();
+                    if read.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut length = 0u64;
+                    loop {
+                        let mut header = String::new();
+                        if read.read_line(&mut header).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let header = header.trim_end().to_ascii_lowercase();
+                        if header.is_empty() {
+                            break;
+                        }
+                        if let Some(value) = header.strip_prefix("content-length:") {
+                            length = value.trim().parse().unwrap();
+                        }
+                    }
+                    let line = line.trim_end().to_owned();
+                    let upload = line.starts_with("POST /plain/upload ");
+                    record.lock().unwrap().requests.push((line, None));
+                    if upload {
+                        let early = b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n";
+                        if write.write_all(early).await.is_err() {
+                            return;
+                        }
+                    }
+                    let mut body = (&mut read).take(length);
+                    match tokio::io::copy(&mut body, &mut tokio::io::sink()).await {
+                        Ok(n) if n == length => {}
+                        _ => return,
+                    }
+                    if !upload && write.write_all(crate::OK).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// An upstream that answers an upload before reading it (a `401` with keep-alive) leaves
+/// its connection busy until the upload has gone out, however long the client takes to
+/// send it: that connection is not handed to the next request, which goes out on a new
+/// one (the cap allows it) instead of waiting behind another client's upload until its
+/// `upstream_timeout`. For both HTTP/1.1 clients. The upload drips on for the whole test;
+/// the next request is sent once its client has the `401`, and the 20 s bounds are hang
+/// guards only.
+#[tokio::test]
+async fn an_answered_upload_still_going_out_does_not_hold_up_the_next_request() {
+    for client in ["hyper", "idemgate"] {
+        let (upstream, seen) = early_answer_upstream().await;
+        let routes = format!(
+            "connections: {{ upstream_http1: {client}, upstream_idle_timeout: 1h }}\n\
+             defaults: {{ upstream_timeout: 2s }}\n{ROUTES}"
+        );
+        let proxy = start_proxy(upstream, &routes).await;
+
+        let uploader = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        let (mut from_proxy, mut to_proxy) = uploader.into_split();
+        to_proxy
+            .write_all(
+                b"POST /plain/upload HTTP/1.1\r\nhost: test\r\ncontent-length: 1000000\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let drips = tokio::spawn(async move {
+            loop {
+                if to_proxy.write_all(&[b'x'; 64]).await.is_err() {
+                    return;
+                }
+                tokio::select! {
+                    _ = &mut stopped => return,
+                    () = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+                }
+            }
+        });
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = from_proxy.read(&mut buf).await.unwrap();
+                assert!(
+                    n > 0,
+                    "{client}: the proxy closed before answering the upload"
+                );
+                head.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await
+        .expect("hang guard: the upload was never answered");
+        let head = String::from_utf8_lossy(&head);
+        assert!(head.starts_with("HTTP/1.1 401"), "{client}: {head}");
+
+        let next = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            post(proxy.addr, "/plain/next", &[], "{}"),
+        )
+        .await
+        .expect("hang guard: the next request never got an answer");
+        assert_eq!(next.status, 201, "{client}: {:?}", next.body);
+        {
+            let seen = seen.lock().unwrap();
+            assert_eq!(
+                seen.connections, 2,
+                "{client}: not on a connection of its own"
+            );
+            assert_eq!(seen.requests.len(), 2, "{client}");
+            assert_eq!(seen.requests[1].0, "POST /plain/next HTTP/1.1", "{client}");
+        }
+        let _ = stop.send(());
+        drips.await.unwrap();
+    }
 }

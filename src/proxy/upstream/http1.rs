@@ -49,41 +49,15 @@ use upload::{declared_trailers, SendError, Upload, COALESCE_BODY};
 #[derive(Debug, Default)]
 pub(crate) struct Own;
 
-/// A pooled connection of the hand-written client.
-#[derive(Debug)]
-pub(crate) enum Pooled {
-    /// Idle.
-    Ready(Connection),
-    /// Still sending the rest of a request whose answer came and ended first (a task of
-    /// [`body::AnswerBody`]); the connection once that went out whole in time. The next
-    /// request that takes it waits for that, as it would for hyper's connection task.
-    Finishing(tokio::task::JoinHandle<Option<Connection>>),
-}
-
-impl Pooled {
-    /// The connection, once it is ready; `None`: it is not usable after all.
-    async fn ready(self) -> Option<Connection> {
-        let mut conn = match self {
-            Self::Ready(conn) => conn,
-            Self::Finishing(task) => task.await.ok().flatten()?,
-        };
-        conn.is_idle_and_open().then_some(conn)
-    }
-}
-
 impl Handshake for Own {
-    type Conn = Pooled;
+    type Conn = Connection;
 
-    async fn handshake(&self, io: Leased) -> Result<Pooled, ProxyError> {
-        Ok(Pooled::Ready(Connection::new(io)))
+    async fn handshake(&self, io: Leased) -> Result<Connection, ProxyError> {
+        Ok(Connection::new(io))
     }
 
-    fn usable(conn: &mut Pooled) -> bool {
-        match conn {
-            Pooled::Ready(conn) => conn.is_idle_and_open(),
-            // Ended: ready at once, and checked then.
-            Pooled::Finishing(_) => true,
-        }
+    fn usable(conn: &mut Connection) -> bool {
+        conn.is_idle_and_open()
     }
 }
 
@@ -112,7 +86,8 @@ pub(super) async fn send(
     let authenticates = request::authenticates_connection(&parts.headers);
     loop {
         let checkout = pool.checkout().await?;
-        let Some(mut conn) = checkout.conn.ready().await else {
+        let mut conn = checkout.conn;
+        if !conn.is_idle_and_open() {
             // Closed before it took the request (or sent something unasked): an idle one
             // the upstream let go of, so another is taken; a new one means the upstream
             // turns connections away, and dialing again would only repeat that until the
@@ -123,7 +98,7 @@ pub(super) async fn send(
             return Err(ProxyError::UpstreamUnreachable(
                 "the upstream closed a new connection".into(),
             ));
-        };
+        }
         sending.store(true, Ordering::Relaxed);
         let head = match conn.exchange(&mut upload, &method).await {
             Ok(head) => head,

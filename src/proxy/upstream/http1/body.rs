@@ -4,7 +4,7 @@
 //! it closes the connection (the rest of the body is still on the wire).
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use http_body::{Body, Frame, SizeHint};
 use super::connection::Connection;
 use super::decoder::Decoder;
 use super::upload::Upload;
-use super::{Own, Pooled};
+use super::Own;
 use crate::proxy::body::BodyError;
 use crate::proxy::upstream::pool::Pool;
 
@@ -80,34 +80,37 @@ impl AnswerBody {
         match self.upload.take() {
             // Bytes past the answer's end: the upstream and the framing disagree, and the
             // next request would read them as its answer (`Pool::put` checks).
-            None => pool.put(Pooled::Ready(conn)),
-            Some(upload) => pool.put(Pooled::Finishing(tokio::spawn(finish_upload(
+            None => pool.put(conn),
+            Some(upload) => drop(tokio::spawn(finish_upload(
                 conn,
                 upload,
+                Arc::downgrade(&pool),
                 self.finish_within,
-            )))),
+            ))),
         }
     }
 }
 
 /// Sends the rest of a request whose answer came and ended first, as hyper's connection
-/// task does; the connection if it all went out within `within`.
+/// task does, and puts the connection back in `pool` if it all went out within `within`.
+/// Only then: idle meanwhile, it would be handed to the next request, which would wait
+/// behind this upload (another client's, however slow) though the cap let it open a
+/// connection of its own.
 async fn finish_upload(
     mut conn: Connection,
     mut upload: Box<Upload>,
+    pool: Weak<Pool<Own>>,
     within: Duration,
-) -> Option<Connection> {
+) {
     let sent = std::future::poll_fn(|cx| upload.poll_send(conn.io(), cx));
     match tokio::time::timeout(within, sent).await {
-        Ok(Ok(())) => Some(conn),
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "the rest of an answered upload failed");
-            None
+        Ok(Ok(())) => {
+            if let Some(pool) = pool.upgrade() {
+                pool.put(conn);
+            }
         }
-        Err(_) => {
-            tracing::debug!("the rest of an answered upload timed out");
-            None
-        }
+        Ok(Err(e)) => tracing::debug!(error = %e, "the rest of an answered upload failed"),
+        Err(_) => tracing::debug!("the rest of an answered upload timed out"),
     }
 }
 

@@ -14,15 +14,18 @@ use http_body_util::BodyExt;
 use tokio::sync::Semaphore;
 
 use super::body::AnswerBody;
+use super::connection::Connection;
 use super::decoder::Decoder;
 use super::encode::{encode_head, BodyFraming};
 use super::upload::Upload;
-use super::{Own, Pooled};
+use super::Own;
 use crate::metrics::Metrics;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::upstream::connector::Connector;
 use crate::proxy::upstream::pool::{Checkout, Pool};
-use crate::proxy::upstream::test_upstream::{numbered, within, Upstream, HANG, NEVER_IDLE};
+use crate::proxy::upstream::test_upstream::{
+    numbered, within, Dripped, Upstream, HANG, NEVER_IDLE,
+};
 
 fn pool(upstream: &Upstream, max: usize, idle: Duration) -> Arc<Pool<Own>> {
     let connector = Connector::new("127.0.0.1", upstream.port, None, false);
@@ -38,8 +41,9 @@ fn pool(upstream: &Upstream, max: usize, idle: Duration) -> Arc<Pool<Own>> {
 
 /// Sends `GET /` on the checked-out connection; the answer's body hands it back to `pool`
 /// if the answer keeps it alive.
-async fn get(pool: &Arc<Pool<Own>>, checkout: Checkout<Pooled>) -> AnswerBody {
-    let mut conn = checkout.conn.ready().await.expect("a usable connection");
+async fn get(pool: &Arc<Pool<Own>>, checkout: Checkout<Connection>) -> AnswerBody {
+    let mut conn = checkout.conn;
+    assert!(conn.is_idle_and_open(), "a usable connection");
     let parts = http::Request::get("/")
         .header("host", "x")
         .body(())
@@ -56,7 +60,7 @@ async fn get(pool: &Arc<Pool<Own>>, checkout: Checkout<Pooled>) -> AnswerBody {
     AnswerBody::new(conn, Decoder::new(head.framing), Some(upload), pool, HANG)
 }
 
-async fn get_all(pool: &Arc<Pool<Own>>, checkout: Checkout<Pooled>) -> String {
+async fn get_all(pool: &Arc<Pool<Own>>, checkout: Checkout<Connection>) -> String {
     let body = get(pool, checkout).await;
     let bytes = within(body.collect(), "the answer body")
         .await
@@ -165,4 +169,68 @@ async fn a_checkout_over_the_cap_waits_for_a_connection_to_come_back() {
         .unwrap();
     assert!(second.reused);
     assert_eq!(upstream.connections(), 1);
+}
+
+/// Sends `POST /` with a body of 8 bytes of which the returned sender hands over what the
+/// test wants, and reads the whole answer, which [`Upstream`] sends at the request's head
+/// (as Node answers an upload `401`): the answer ends while the upload is still going out.
+async fn answered_early(
+    pool: &Arc<Pool<Own>>,
+    checkout: Checkout<Connection>,
+) -> (String, tokio::sync::mpsc::UnboundedSender<bytes::Bytes>) {
+    let mut conn = checkout.conn;
+    let (upload, body) = Dripped::body(8);
+    upload.send(bytes::Bytes::from_static(b"xxxx")).unwrap();
+    let parts = http::Request::post("/")
+        .header("host", "x")
+        .body(())
+        .unwrap()
+        .into_parts()
+        .0;
+    let framing = BodyFraming::of(&parts.headers, &body);
+    let mut sent = Upload::new(encode_head(&parts, framing, 0), framing, body, None);
+    let head = within(conn.exchange(&mut sent, &Method::POST), "an answer")
+        .await
+        .expect("an answer");
+    assert!(head.keep_alive);
+    let pool = Some(Arc::clone(pool));
+    let body = AnswerBody::new(conn, Decoder::new(head.framing), Some(sent), pool, HANG);
+    let bytes = within(body.collect(), "the answer body").await.unwrap();
+    let answer = String::from_utf8(bytes.to_bytes().to_vec()).unwrap();
+    (answer, upload)
+}
+
+/// Handed out while the rest of another request's body goes out, a connection makes the
+/// request that took it wait behind that upload, however slow its client: the next
+/// checkout dials a connection of its own instead (the cap allows it). Once the upload has
+/// gone out, the connection comes back and is reused.
+#[tokio::test]
+async fn a_connection_whose_request_is_still_being_written_is_never_handed_out() {
+    let upstream = Upstream::start(numbered).await;
+    let pool = pool(&upstream, 4, NEVER_IDLE);
+    let first = pool.checkout().await.unwrap();
+    let (answer, upload) = answered_early(&pool, first).await;
+    assert_eq!(answer, "0");
+    assert_eq!(idle_count(&pool), 0, "idle while its upload goes out");
+
+    let second = pool.checkout().await.unwrap();
+    assert!(!second.reused, "handed out while its upload goes out");
+    assert_eq!(get_all(&pool, second).await, "1");
+
+    upload.send(bytes::Bytes::from_static(b"xxxx")).unwrap();
+    drop(upload);
+    within(
+        async {
+            while idle_count(&pool) != 2 {
+                tokio::task::yield_now().await;
+            }
+        },
+        "the connection to come back",
+    )
+    .await;
+    // The most recently returned: the one whose upload went out.
+    let third = pool.checkout().await.unwrap();
+    assert!(third.reused);
+    assert_eq!(get_all(&pool, third).await, "0");
+    assert_eq!(upstream.connections(), 2);
 }
