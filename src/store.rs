@@ -46,7 +46,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-pub(crate) use claim::{mismatched, reissue_left};
+pub(crate) use claim::mismatched;
+// `unanswered` builds its release with `reissue_left(orphan.reissue)`, which once gave the
+// span left; a settlement carries the expiry itself now, its span taken at each write, so
+// under that name it gets the expiry while some is left.
 pub use claim::{
     AddressTag, CallerTag, ClaimArgs, ClaimMode, Lapse, OwnerToken, Ownership, RouteTag,
 };
@@ -56,6 +59,7 @@ pub use redis::{RedisSettings, RedisStore};
 pub use report::{KeyInfo, Seen, StoreStats};
 pub use response::StoredResponse;
 pub use revision::Revision;
+pub(crate) use settlement::{still_left as reissue_left, token_left};
 pub(crate) use settlement::{FailureKept, NotKept};
 pub use settlement::{Settled, Settlement};
 pub use settling::{AnswerRoom, FixedRoom, Held};

@@ -14,7 +14,7 @@
 //! connection's share goes on to that copy, held until its body is sent or dropped: kept,
 //! never taken again, so an answer the request ran to is never refused after the fact.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::Response;
 
@@ -144,7 +144,7 @@ fn answered(mut answer: Answer, record: &StoredResponse) -> Response<ProxyBody> 
 }
 
 /// What the owner's waiters get when it failed; a one-time token goes back to issued.
-fn failure(response: StoredResponse, reissue: Option<Duration>) -> Settlement {
+fn failure(response: StoredResponse, reissue: Option<SystemTime>) -> Settlement {
     Settlement::Failed {
         response,
         linger: FAILURE_LINGER,

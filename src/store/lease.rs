@@ -191,11 +191,11 @@ impl Lease {
         self.owned.fingerprint
     }
 
-    /// For a one-time token's claim, how long the token goes back to issued if the claim
-    /// is released or fails now: what is left of its expiry as issued (see
-    /// [`ClaimArgs::reissue`]).
-    pub fn reissue(&self) -> Option<Duration> {
-        super::reissue_left(self.reissue)
+    /// For a one-time token's claim, until when the token goes back to issued if the claim
+    /// is released or fails: its expiry as issued (see [`ClaimArgs::reissue`]), which the
+    /// settlement carries as it is, so a write made late keeps the token no longer.
+    pub fn reissue(&self) -> Option<SystemTime> {
+        self.reissue
     }
 
     /// Records that the request is about to go out: from now on, dropping the lease

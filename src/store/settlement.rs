@@ -2,7 +2,7 @@
 //! that write did ([`Settled`]). Every backend writes the same five outcomes; the
 //! [`Lease`](super::Lease) picks one, or its drop does.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use super::response::StoredResponse;
 
@@ -37,20 +37,38 @@ pub enum Settlement {
         response: StoredResponse,
         /// How long the waiters have to collect it.
         linger: Duration,
-        /// For a one-time token: it goes back to issued for this long afterwards.
-        reissue: Option<Duration>,
+        /// For a one-time token: it goes back to issued until then, its expiry as issued
+        /// (what is left of it is taken at the write: [`token_left`]).
+        reissue: Option<SystemTime>,
     },
     /// The key is freed (nothing was sent, nothing to share); with `reissue`, a one-time
-    /// token's key goes back to issued for that long.
+    /// token's key goes back to issued until then.
     Release {
         /// See above.
-        reissue: Option<Duration>,
+        reissue: Option<SystemTime>,
     },
 }
 
+/// What is left now of `until`, a one-time token's expiry as issued that a settlement
+/// hands the token back until: the span a store writes the token for, taken at each write
+/// rather than once when the settlement is made, so one written late (made again in the
+/// background after a failed write, repeated after an unanswered renewal) never lets the
+/// token be spent past that expiry. `None`: nothing a store could write is left
+/// ([`reissue_left`](super::claim::reissue_left)), and no token goes back: a release
+/// frees the key, a failure is kept as one with no token.
+pub(crate) fn token_left(until: Option<SystemTime>) -> Option<Duration> {
+    super::claim::reissue_left(until)
+}
+
+/// `until` while some of it is left ([`token_left`]), else `None`: the expiry a
+/// settlement made now hands a one-time token back until.
+pub(crate) fn still_left(until: Option<SystemTime>) -> Option<SystemTime> {
+    until.filter(|_| token_left(until).is_some())
+}
+
 /// What a store keeps of a failure ([`Settlement::Failed`]) that its waiters have `linger`
-/// to collect and that, for a one-time token, hands the token back for `reissue` (what is
-/// left of its expiry as issued).
+/// to collect and that, for a one-time token, hands the token back for `left` (what is
+/// left now of its expiry as issued, [`token_left`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FailureKept {
     /// The failure's record, with its answer, for `ttl`; with `issued`, its token may be
@@ -74,8 +92,8 @@ impl FailureKept {
     /// more than the linger left goes back alone, its waiters told their owner failed
     /// without its answer (as when a failure finds no room), and one with less keeps the
     /// failure only until the token expires.
-    pub(crate) fn of(linger: Duration, reissue: Option<Duration>) -> Self {
-        match reissue {
+    pub(crate) fn of(linger: Duration, left: Option<Duration>) -> Self {
+        match left {
             None => Self::Record {
                 ttl: linger,
                 issued: false,

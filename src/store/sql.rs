@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use super::NotKept;
 
-use super::{FailureKept, Settlement, StoreError};
+use super::{token_left, FailureKept, Settlement, StoreError};
 
 pub use store::SqlStore;
 pub use waiters::Interest;
@@ -149,7 +149,7 @@ impl<'a> Written<'a> {
                 response,
                 linger,
                 reissue,
-            } => match FailureKept::of(*linger, *reissue) {
+            } => match FailureKept::of(*linger, token_left(*reissue)) {
                 FailureKept::Token { ttl } => Self {
                     kind: Some(b'T'),
                     ttl_ms: ms(ttl),
@@ -163,12 +163,14 @@ impl<'a> Written<'a> {
                     ..delete
                 },
             },
-            Settlement::Release { reissue: Some(ttl) } => Self {
-                kind: Some(b'T'),
-                ttl_ms: ms(*ttl),
-                ..delete
+            Settlement::Release { reissue } => match token_left(*reissue) {
+                Some(ttl) => Self {
+                    kind: Some(b'T'),
+                    ttl_ms: ms(ttl),
+                    ..delete
+                },
+                None => delete,
             },
-            Settlement::Release { reissue: None } => delete,
         }
     }
 }

@@ -114,6 +114,7 @@ macro_rules! store_conformance {
             a_token_is_spent_past_its_ttl_and_past_its_reissue_window,
             a_failure_keeps_its_token_no_longer_than_its_expiry,
             a_token_handed_back_keeps_no_failure_past_the_linger,
+            a_settlement_written_late_keeps_its_token_no_longer_than_its_expiry,
             a_waiter_on_a_vanished_token_owner_finds_the_token_spent,
             a_waiter_on_a_lost_token_record_finds_it_spent,
             a_token_is_spent_once_its_answer_has_expired,

@@ -2,14 +2,15 @@
 //! makes.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::StatusCode;
 
 use super::{RetryEnds, SETTLE_RETRY_FIRST, SETTLE_RETRY_MAX};
 use crate::key::Digest;
 use crate::store::{
-    Claim, ClaimArgs, Lapse, MemoryLimits, MemoryStore, Settlement, Store, StoredResponse,
+    Claim, ClaimArgs, ClaimMode, Lapse, MemoryLimits, MemoryStore, Settlement, Store,
+    StoredResponse,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -99,5 +100,49 @@ async fn an_armed_lease_dropped_before_it_settled_makes_its_answer() {
         }
         assert!(Instant::now() < deadline, "hang guard");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A token handed back by a settlement made in the background (its owner dropped before
+/// it wrote it, as one whose first write failed is made again) goes back to issued no
+/// longer than its expiry as issued: what is left of that expiry is taken when the
+/// record is written, [`SETTLE_RETRY_FIRST`] after the settlement was made here.
+#[tokio::test]
+async fn a_token_handed_back_late_keeps_the_expiry_it_was_issued_with() {
+    let store = Store::Memory(Arc::new(MemoryStore::new(MemoryLimits::default())));
+    let key = Digest([0x7b; 32]);
+    store.issue(key, Duration::from_secs(3600)).await.unwrap();
+    // Short, so rounding a handed-back token's span down (under 17 ms here) cannot hide
+    // the retry's delay.
+    let expiry = SystemTime::now() + Duration::from_millis(500);
+    let args = ClaimArgs {
+        mode: ClaimMode::IssuedOnly,
+        reissue: Some(expiry),
+        ..ClaimArgs::new(key, Digest::NONE, LEASE)
+    };
+    let Ok(Claim::Owner(lease)) = store.claim_with(args).await else {
+        panic!("an issued token is owned");
+    };
+    let reissue = lease.reissue();
+    drop(lease.armed(Settlement::Release { reissue }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.inspect(key).await.unwrap() {
+            Some(info) if info.state == "in_flight" => {}
+            Some(info) => {
+                assert_eq!(info.state, "issued");
+                // The memory store's clock against the wall's: a millisecond or two.
+                let over = info.expires.duration_since(expiry).unwrap_or_default();
+                assert!(
+                    over < Duration::from_millis(10),
+                    "issued {over:?} past its expiry"
+                );
+                break;
+            }
+            // Written after the expiry had passed: no token to give back.
+            None => break,
+        }
+        assert!(Instant::now() < deadline, "hang guard");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -11,7 +11,7 @@ use super::shard::{token_ttl, Shard};
 use super::tags::Tags;
 use super::{MemoryStore, SWEEP_PER_WRITE};
 use crate::store::response::ENTRY_OVERHEAD;
-use crate::store::{FailureKept, Ownership, RouteTag, Settled, Settlement};
+use crate::store::{token_left, FailureKept, Ownership, RouteTag, Settled, Settlement};
 
 impl MemoryStore {
     /// See [`Store::settle`](crate::store::Store::settle).
@@ -87,7 +87,8 @@ impl MemoryStore {
         };
         let (next, settled) = match settlement {
             Settlement::Release { reissue } => {
-                let back = reissue.filter(|_| self.token_back(&mut shard, index, ticks));
+                let back =
+                    token_left(reissue).filter(|_| self.token_back(&mut shard, index, ticks));
                 (back.map(issued), written)
             }
             Settlement::Done { ttl, .. } if ttl.is_zero() => (None, written),
@@ -131,7 +132,8 @@ impl MemoryStore {
                 reissue,
             } => {
                 // A token handed back with the failure is one more unspent token.
-                let reissue = reissue.filter(|_| self.token_back(&mut shard, index, ticks));
+                let reissue =
+                    token_left(reissue).filter(|_| self.token_back(&mut shard, index, ticks));
                 let cost = response.cost();
                 match FailureKept::of(linger, reissue) {
                     FailureKept::Token { ttl } => (Some(issued(ttl)), written),

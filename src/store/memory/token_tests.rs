@@ -7,6 +7,7 @@ use super::tests::{
 };
 use super::*;
 use crate::store::{ClaimArgs, ClaimMode, RawClaim, Settled, Settlement, StoredResponse};
+use std::time::SystemTime;
 
 /// The route of every answer here, so its evictions are told from the tokens' (counted
 /// under the default tag).
@@ -131,7 +132,7 @@ fn a_token_handed_back_stays_within_the_share() {
     // Its place in the share is taken while its attempt runs.
     store.issue(key(4), TOKEN_TTL).unwrap();
     let back = Settlement::Release {
-        reissue: Some(TOKEN_TTL),
+        reissue: Some(SystemTime::now() + TOKEN_TTL),
     };
     assert_eq!(store.settle(&owned(key(1), token), back), Settled::Written);
     assert_eq!(store.inspect(key(1)).map(|i| i.state), None);
@@ -159,7 +160,7 @@ fn failed_handing_back() -> Settlement {
     Settlement::Failed {
         response: answer(),
         linger: Duration::from_secs(5),
-        reissue: Some(Duration::from_secs(3)),
+        reissue: Some(SystemTime::now() + Duration::from_secs(3)),
     }
 }
 
@@ -353,7 +354,7 @@ fn handed_back_tokens_leave_no_queue_behind() {
         let owner = spend(&store, k);
         // Spans from 300 s down to about 295 s, a microsecond apart.
         let back = Settlement::Release {
-            reissue: Some(TOKEN_TTL - Duration::from_micros(u64::from(n))),
+            reissue: Some(SystemTime::now() + TOKEN_TTL - Duration::from_micros(u64::from(n))),
         };
         assert_eq!(store.settle(&owned(k, owner), back), Settled::Written);
         assert!(store.forget(k));
@@ -372,7 +373,7 @@ fn a_token_handed_back_with_a_failure_expires_as_issued() {
     let failed = Settlement::Failed {
         response: answer(),
         linger: Duration::from_secs(5),
-        reissue: Some(Duration::from_millis(50)),
+        reissue: Some(SystemTime::now() + Duration::from_millis(50)),
     };
     assert_eq!(
         store.settle(&owned(key(1), owner), failed),

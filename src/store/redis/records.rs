@@ -17,8 +17,9 @@
 //! - `U` outcome unknown: owner token (16) · fingerprint (32) · at ms (8).
 //! - `F` failed: owner token (16) · fingerprint (32) · issued flag (1) ·
 //!   [`StoredResponse::encode`] of what the owner's waiters get. With the flag (a token
-//!   handed back) its `PX` is the token's remaining life, under the linger; a token with
-//!   more left is written as `T` instead ([`FailureKept`]), so no answer outlives its linger.
+//!   handed back) its `PX` is what is left of the token's expiry at the write, under the
+//!   linger; a token with more left is written as `T` instead ([`FailureKept`]), so no
+//!   answer outlives its linger.
 //! - `T` a one-time token issued and not yet used: a tag (16) naming this issue (the token of
 //!   the owner that gave it back, or random), so the admin API tells one issue from the
 //!   next (earlier builds wrote the kind alone).
@@ -33,7 +34,8 @@ use redis::{RedisWrite, ToRedisArgs};
 
 use crate::key::Digest;
 use crate::store::{
-    unix_ms, FailureKept, Lapse, OwnerToken, Revision, Settlement, StoreError, StoredResponse,
+    token_left, unix_ms, FailureKept, Lapse, OwnerToken, Revision, Settlement, StoreError,
+    StoredResponse,
 };
 
 /// The bits of an owner token that hold its claim's created ms.
@@ -265,7 +267,7 @@ pub(super) fn settled_value(
             response,
             linger,
             reissue,
-        } => match FailureKept::of(*linger, *reissue) {
+        } => match FailureKept::of(*linger, token_left(*reissue)) {
             FailureKept::Token { ttl } => (Some(issued_value(token)), ms(ttl)),
             FailureKept::Record { ttl, issued } => {
                 let encoded = response.encode();
@@ -275,8 +277,10 @@ pub(super) fn settled_value(
                 (Some(value), ms(ttl))
             }
         },
-        Settlement::Release { reissue: Some(ttl) } => (Some(issued_value(token)), ms(*ttl)),
-        Settlement::Release { reissue: None } => (None, 0),
+        Settlement::Release { reissue } => match token_left(*reissue) {
+            Some(ttl) => (Some(issued_value(token)), ms(ttl)),
+            None => (None, 0),
+        },
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode};
 
@@ -98,7 +98,7 @@ async fn a_failure_past_the_room_still_frees_its_key_and_gives_its_token_back() 
     static SETTLING: AtomicUsize = AtomicUsize::new(0);
     let (store, _room) = store_with_room(10);
     let response = StoredResponse::new(StatusCode::BAD_GATEWAY, &HeaderMap::new(), b"failed");
-    let reissue = Some(Duration::from_secs(5));
+    let reissue = Some(SystemTime::now() + Duration::from_secs(5));
     let failed = Settlement::Failed {
         response,
         linger: Duration::from_secs(5),

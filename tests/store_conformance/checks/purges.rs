@@ -279,7 +279,7 @@ pub async fn a_purge_naming_a_replaced_record_leaves_its_successor(store: &Store
     let read = operator_reads(store, k, "issued").await;
     let used = expect_owner(store.claim_with(issued_only(k)).await.unwrap());
     let given_back = Settlement::Release {
-        reissue: Some(LONG_TTL),
+        reissue: Some(std::time::SystemTime::now() + LONG_TTL),
     };
     assert_eq!(used.settle(given_back).await.unwrap(), Settled::Written);
     operator_sees(store, k, "issued").await;
@@ -391,7 +391,7 @@ pub async fn a_purge_naming_the_current_record_removes_it(store: &Store) {
     store.issue(k, LONG_TTL).await.unwrap();
     let used = expect_owner(store.claim_with(issued_only(k)).await.unwrap());
     let given_back = Settlement::Release {
-        reissue: Some(LONG_TTL),
+        reissue: Some(std::time::SystemTime::now() + LONG_TTL),
     };
     assert_eq!(used.settle(given_back).await.unwrap(), Settled::Written);
     let read = operator_reads(store, k, "issued").await;

@@ -1,11 +1,16 @@
 //! One-time tokens: issue, then consume atomically (see `Store::issue`, `ClaimMode`).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use idemgate::key::Digest;
 use idemgate::store::{Claim, ClaimArgs, ClaimMode, Settled, Settlement, Store};
 
 use crate::support::*;
+
+/// A token's expiry as issued, `left` from now: what a settlement hands it back until.
+fn expiry_in(left: Duration) -> Option<SystemTime> {
+    Some(SystemTime::now() + left)
+}
 
 async fn claim_issued(store: &Store, key: Digest) -> Claim {
     store
@@ -54,7 +59,7 @@ pub async fn a_reissued_release_makes_the_key_claimable_again(store: &Store) {
     store.issue(key, LONG_TTL).await.unwrap();
     let lease = expect_owner(claim_issued(store, key).await);
     let reissue = Settlement::Release {
-        reissue: Some(LONG_TTL),
+        reissue: expiry_in(LONG_TTL),
     };
     assert_eq!(lease.settle(reissue).await.unwrap(), Settled::Written);
     let again = expect_owner(claim_issued(store, key).await);
@@ -79,7 +84,7 @@ pub async fn a_failed_token_attempt_hands_the_token_back(store: &Store) {
     };
     let lease = expect_owner(claim_issued(store, key).await);
     assert_eq!(
-        lease.settle(failed(Some(LONG_TTL))).await.unwrap(),
+        lease.settle(failed(expiry_in(LONG_TTL))).await.unwrap(),
         Settled::Written
     );
     let again = expect_owner(claim_issued(store, key).await);
@@ -125,7 +130,7 @@ pub async fn a_token_is_spent_past_its_ttl_and_past_its_reissue_window(store: &S
     let handed_back = Settlement::Failed {
         response: failure_response(),
         linger: short,
-        reissue: Some(short),
+        reissue: expiry_in(short),
     };
     assert_eq!(lease.settle(handed_back).await.unwrap(), Settled::Written);
     for key in [unused, failed] {
@@ -149,7 +154,7 @@ pub async fn a_failure_keeps_its_token_no_longer_than_its_expiry(store: &Store) 
     let handed_back = Settlement::Failed {
         response: failure_response(),
         linger: LONG_TTL,
-        reissue: Some(Duration::from_millis(200)),
+        reissue: expiry_in(Duration::from_millis(200)),
     };
     assert_eq!(lease.settle(handed_back).await.unwrap(), Settled::Written);
     // Sleeping past the token's expiry, far within the linger.
@@ -167,7 +172,7 @@ pub async fn a_token_handed_back_keeps_no_failure_past_the_linger(store: &Store)
     let handed_back = Settlement::Failed {
         response: failure_response(),
         linger: Duration::from_millis(200),
-        reissue: Some(LONG_TTL),
+        reissue: expiry_in(LONG_TTL),
     };
     assert_eq!(lease.settle(handed_back).await.unwrap(), Settled::Written);
     tokio::time::sleep(Duration::from_millis(600)).await;
@@ -179,6 +184,79 @@ pub async fn a_token_handed_back_keeps_no_failure_past_the_linger(store: &Store)
     assert_eq!(info.state, "issued");
     let again = expect_owner(claim_issued(store, key).await);
     assert!(again.release().await.unwrap());
+}
+
+/// A settlement written late (made again in the background after its first write failed,
+/// or repeated after a renewal went unanswered) hands its token back only for what is
+/// left of the token's expiry as issued at that write, never the span left when it was
+/// made: a release, a failure kept with its token, and one whose token goes back alone.
+/// With nothing left, no token goes back: the key is freed, or its failure kept as one
+/// that spends the token.
+pub async fn a_settlement_written_late_keeps_its_token_no_longer_than_its_expiry(store: &Store) {
+    let expiry = SystemTime::now() + Duration::from_secs(3);
+    let settlements = [
+        Settlement::Release {
+            reissue: Some(expiry),
+        },
+        Settlement::Failed {
+            response: failure_response(),
+            linger: LONG_TTL,
+            reissue: Some(expiry),
+        },
+        Settlement::Failed {
+            response: failure_response(),
+            linger: Duration::from_millis(200),
+            reissue: Some(expiry),
+        },
+    ];
+    let mut owned = Vec::new();
+    for settlement in settlements {
+        let key = fresh_key();
+        store.issue(key, LONG_TTL).await.unwrap();
+        owned.push((
+            key,
+            expect_owner(claim_issued(store, key).await),
+            settlement,
+        ));
+    }
+    // A second late: with the span taken when the settlement was made, each would last
+    // a second past the expiry.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (key, lease, settlement) in owned {
+        let what = settlement.as_str();
+        assert_eq!(lease.settle(settlement).await.unwrap(), Settled::Written);
+        let info = store
+            .inspect(key)
+            .await
+            .unwrap()
+            .expect("the token's record");
+        // A shared store's clock starts the record's span when the write lands.
+        let over = info.expires.duration_since(expiry).unwrap_or_default();
+        assert!(
+            over < Duration::from_millis(250),
+            "{what}: kept {over:?} past the token's expiry"
+        );
+    }
+    let past = Some(SystemTime::now() - Duration::from_millis(1));
+    for (settlement, state) in [
+        (Settlement::Release { reissue: past }, None),
+        (
+            Settlement::Failed {
+                response: failure_response(),
+                linger: LONG_TTL,
+                reissue: past,
+            },
+            Some("failed"),
+        ),
+    ] {
+        let key = fresh_key();
+        store.issue(key, LONG_TTL).await.unwrap();
+        let lease = expect_owner(claim_issued(store, key).await);
+        assert_eq!(lease.settle(settlement).await.unwrap(), Settled::Written);
+        let info = store.inspect(key).await.unwrap();
+        assert_eq!(info.map(|info| info.state), state);
+        assert_eq!(claim_issued(store, key).await.as_str(), "not_issued");
+    }
 }
 
 pub async fn hits_count_within_a_window_per_key(store: &Store) {

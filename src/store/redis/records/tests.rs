@@ -47,7 +47,7 @@ fn settled_values_parse_back() {
     let failed = Settlement::Failed {
         response: answer.clone(),
         linger: hour,
-        reissue: Some(hour),
+        reissue: Some(std::time::SystemTime::now() + hour),
     };
     let failed = value(failed);
     // The issued flag the claim script reads, right after kind, token and fingerprint.
