@@ -390,3 +390,58 @@ fn a_token_handed_back_with_a_failure_expires_as_issued() {
         Ok(RawClaim::Other(crate::store::Claim::NotIssued))
     ));
 }
+
+/// A queue that sweeping empties goes at once (a handed-back token's span may never come
+/// again, and every write scans the queues), and the queues left still find their records:
+/// short-lived hand-backs, each in a queue of its own, expire and are swept by the writes
+/// after them, leaving only the queues of the tokens still unspent, which are swept in
+/// turn and spent as usual.
+#[test]
+fn queues_emptied_by_sweeping_go() {
+    let store = store(1000, 100, WhenFull::Reject);
+    let hand_back = |n: u8, left: Duration| {
+        store.issue(key(n), TOKEN_TTL).unwrap();
+        let owner = spend(&store, key(n));
+        let back = Settlement::Release {
+            reissue: Some(SystemTime::now() + left),
+        };
+        assert_eq!(store.settle(&owned(key(n), owner), back), Settled::Written);
+    };
+    // A doubling apart, so each has a queue of its own.
+    for (n, ms) in [(1, 10), (2, 20), (3, 40), (4, 80)] {
+        hand_back(n, Duration::from_millis(ms));
+    }
+    hand_back(10, Duration::from_secs(1));
+    hand_back(11, TOKEN_TTL);
+    store.issue(key(12), TOKEN_TTL).unwrap();
+    let queues = |store: &MemoryStore| {
+        let shard = store.shards[0].lock().unwrap();
+        let (queued, _, entries) = shard.queued();
+        assert_eq!(queued, entries);
+        assert!(shard.every_record_is_indexed());
+        shard.queue_count()
+    };
+    // Four short spans, one of a second, one of about `TOKEN_TTL`, the issued tokens'.
+    assert_eq!(queues(&store), 7);
+    // Each write sweeps a few expired records: a few claims of other keys.
+    let writes = |store: &MemoryStore, from: u8| {
+        for n in from..from + 4 {
+            owner(store, key(n), LEASE);
+        }
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    writes(&store, 100);
+    assert_eq!(queues(&store), 3, "the emptied queues are gone");
+    assert_eq!(
+        store.inspect(key(10)).expect("still issued").state,
+        "issued"
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    writes(&store, 110);
+    assert_eq!(queues(&store), 2, "the emptied queue is gone");
+    assert!(store.inspect(key(10)).is_none());
+    assert_eq!(store.stats().entries, 2 + 8, "two tokens and the claims");
+    for n in [11, 12] {
+        spend(&store, key(n));
+    }
+}
