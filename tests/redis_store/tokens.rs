@@ -165,8 +165,10 @@ fn token_record(redis: &RedisServer) -> String {
 }
 
 /// A failure's answer (up to `max_answer`) is kept for its waiters' linger like any other
-/// key's, never for the rest of a handed-back token's life: the record that keeps the
-/// token spendable holds no body, and the token still works.
+/// key's, never for the rest of a handed-back token's life: with more than the linger
+/// left, the record that keeps the token spendable holds no body from the moment it is
+/// written (the failure's waiters are told their owner failed without it), and the token
+/// still works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handed_back_tokens_failure_body_lives_only_its_linger() {
     let redis = RedisServer::start();
@@ -182,8 +184,8 @@ async fn a_handed_back_tokens_failure_body_lives_only_its_linger() {
     };
     let failed = post(proxy.addr, "/orders/pay", &headers("503"), "{}").await;
     assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
-    // Past the failure's linger (5 s).
-    tokio::time::sleep(std::time::Duration::from_millis(5500)).await;
+    // Written before the client is answered: kept a whole minute with the token, the body
+    // would be there now.
     let len: u64 = redis
         .cli(&["STRLEN", &token_record(&redis)])
         .trim()
@@ -195,13 +197,19 @@ async fn a_handed_back_tokens_failure_body_lives_only_its_linger() {
     assert_eq!(upstream.executed(), 2);
 }
 
-/// A token handed back with a failure shortly before its expiry is not spendable after
-/// that expiry, though the failure's waiters have 5 s to collect it.
+/// A token handed back with a failure less than the failure's linger (5 s) before its
+/// expiry is not spendable after that expiry, though the failure's waiters have the
+/// linger to collect it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_handed_back_with_a_failure_is_not_spent_after_its_expiry() {
     let redis = RedisServer::start();
     let upstream = start_upstream().await;
-    let (proxy, token) = token_route(&redis, upstream.addr, "2s").await;
+    // Under the linger, so the failure's record keeps the token. A second or more on
+    // either side: load can neither make the failing attempt find the token expired (a
+    // 400 where the 503 is due) nor easily push the retry past the linger (where it could
+    // no longer tell a token kept by the linger).
+    let (proxy, token) = token_route(&redis, upstream.addr, "3s").await;
+    let issued = tokio::time::Instant::now();
     let headers = |status| {
         [
             ("authorization", "Bearer alice"),
@@ -209,11 +217,11 @@ async fn a_token_handed_back_with_a_failure_is_not_spent_after_its_expiry() {
             ("x-test-status", status),
         ]
     };
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let failed = post(proxy.addr, "/orders/pay", &headers("503"), "{}").await;
     assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
-    // Past the token's expiry as issued (2 s), within the failure's linger.
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    // A second past the token's expiry as issued (3 s), a second or more within the
+    // failure's linger (5 s from the failure, which came after the issue).
+    tokio::time::sleep_until(issued + std::time::Duration::from_secs(4)).await;
     let late = post(proxy.addr, "/orders/pay", &headers("201"), "{}").await;
     assert_eq!(late.status, StatusCode::BAD_REQUEST);
     assert!(
