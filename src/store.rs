@@ -47,9 +47,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 pub(crate) use claim::mismatched;
-// `unanswered` builds its release with `reissue_left(orphan.reissue)`, which once gave the
-// span left; a settlement carries the expiry itself now, its span taken at each write, so
-// under that name it gets the expiry while some is left.
 pub use claim::{
     AddressTag, CallerTag, ClaimArgs, ClaimMode, Lapse, OwnerToken, Ownership, RouteTag,
 };
@@ -59,14 +56,19 @@ pub use redis::{RedisSettings, RedisStore};
 pub use report::{KeyInfo, Seen, StoreStats};
 pub use response::StoredResponse;
 pub use revision::Revision;
-pub(crate) use settlement::{still_left as reissue_left, token_left};
-pub(crate) use settlement::{FailureKept, NotKept};
+pub(crate) use settlement::{token_left, FailureKept, NotKept};
 pub use settlement::{Settled, Settlement};
 pub use settling::{AnswerRoom, FixedRoom, Held};
 pub use sql::mysql::MysqlStore;
 pub use sql::postgres::PostgresStore;
 pub use sql::SqlSettings;
 pub use waiter::Waiter;
+
+// `unanswered` builds its release with `reissue_left(orphan.reissue)`, which once gave the
+// span left; a settlement carries the expiry itself now, its span taken at each write, so
+// under that name it gets the expiry while some is left. Once `unanswered` passes
+// `orphan.reissue` as it is, this alias can go.
+pub(crate) use settlement::still_left as reissue_left;
 
 use crate::key::Digest;
 

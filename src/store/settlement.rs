@@ -38,7 +38,7 @@ pub enum Settlement {
         /// How long the waiters have to collect it.
         linger: Duration,
         /// For a one-time token: it goes back to issued until then, its expiry as issued
-        /// (what is left of it is taken at the write: [`token_left`]).
+        /// (what is left of it is taken at each write, so a late one keeps it no longer).
         reissue: Option<SystemTime>,
     },
     /// The key is freed (nothing was sent, nothing to share); with `reissue`, a one-time
