@@ -62,6 +62,7 @@ pub use settling::{AnswerRoom, FixedRoom, Held};
 pub use sql::mysql::MysqlStore;
 pub use sql::postgres::PostgresStore;
 pub use sql::SqlSettings;
+pub use unanswered::{ClaimFailure, UnansweredClaim};
 pub use waiter::Waiter;
 
 // `unanswered` builds its release with `reissue_left(orphan.reissue)`, which once gave the
@@ -254,8 +255,19 @@ impl Store {
     /// after it was sent, or this future dropped mid-claim): no [`Lease`] holds it then,
     /// and it is released in the background, fenced by its owner token, as a dropped
     /// unsent lease is. So a caller may drop this future at any point (hyper drops a
-    /// request's future when its client goes away).
+    /// request's future when its client goes away). A caller that may send its request
+    /// after a failed claim uses [`Store::claim_or_unanswered`].
     pub async fn claim_with(&self, args: ClaimArgs) -> Result<Claim, StoreError> {
+        self.claim_or_unanswered(args)
+            .await
+            .map_err(|failure| failure.error)
+    }
+
+    /// [`Store::claim_with`], for a caller that may send its request upstream after a failed
+    /// claim (`on_store_error: fail_open`, observe mode): the failure comes with the claim
+    /// it may have left ([`UnansweredClaim`]), which the caller drops once it knows whether
+    /// the request went out, so the claim is kept if it may have and released if not.
+    pub async fn claim_or_unanswered(&self, args: ClaimArgs) -> Result<Claim, ClaimFailure> {
         // The record is written after this, so it lapses a lease after it at the earliest.
         let asked = tokio::time::Instant::now();
         let raw = match self {

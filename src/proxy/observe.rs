@@ -17,12 +17,12 @@ use http::{Request, Response};
 use super::answer::{self, AnswerBody};
 use super::body::{BodyError, ProxyBody, RequestBody};
 use super::protected::{caller_unnamed, claim_args, execute, request_view, Context, Report};
-use super::unclaimed::{forward_unprotected, forward_whole};
+use super::unclaimed::{forward_after_failed_claim, forward_unprotected, forward_whole};
 use crate::config::{InFlightMode, Protected};
 use crate::error::ProxyError;
 use crate::key::{derive_key, Derived, DerivedKey};
 use crate::metrics::Outcome;
-use crate::store::{Claim, ClaimArgs, StoreError};
+use crate::store::{Claim, ClaimArgs, ClaimFailure, StoreError};
 
 /// Runs one request on an observed route.
 pub async fn handle(
@@ -91,31 +91,32 @@ pub async fn handle(
         return forward_unprotected(&cx, parts, body, policy).await;
     };
     let args = claim_args(&cx, rule, &view, key, fingerprint);
-    // A dry run never holds a request: nobody waits, nothing is refused. It goes out
-    // whatever the store answers: a claim an outage left unanswered is kept for it, as
-    // enforcing with `fail_open` keeps one, not released under a request that was sent.
+    // A dry run never holds a request: nobody waits, nothing is refused.
     let args = ClaimArgs {
         waits: false,
-        forwards_on_outage: true,
         ..args
     };
-    let claim = match cx.store.claim_with(args).await {
+    let claim = match cx.store.claim_or_unanswered(args).await {
         Ok(claim) => claim,
-        // A store refusing new keys is no outage: enforcement would answer 503 (or 429 past
-        // the caller's or the address's share) whatever `on_store_error` says.
-        Err(
-            StoreError::Full
-            | StoreError::CallerFull
-            | StoreError::AddressFull
-            | StoreError::Evicting(_),
-        ) => {
-            would(report, Outcome::WouldReject, false, None);
-            return forward_unprotected(&cx, parts, body, policy).await;
-        }
-        Err(e) => {
-            tracing::warn!(route = %rule.route, error = %e, "store failed during an observed claim; forwarded");
-            report.outcome = Some(Outcome::FailOpen);
-            return forward_unprotected(&cx, parts, body, policy).await;
+        Err(ClaimFailure { error, unanswered }) => {
+            match error {
+                // A store refusing new keys is no outage: enforcement would answer 503 (or
+                // 429 past the caller's or the address's share) whatever `on_store_error`
+                // says.
+                StoreError::Full
+                | StoreError::CallerFull
+                | StoreError::AddressFull
+                | StoreError::Evicting(_) => would(report, Outcome::WouldReject, false, None),
+                e => {
+                    tracing::warn!(route = %rule.route, error = %e, "store failed during an observed claim; forwarded");
+                    report.outcome = Some(Outcome::FailOpen);
+                }
+            }
+            // It goes out whatever the store said, so a claim the store may have written
+            // all the same (an outage, or one after the key was found taken and then taken
+            // over) is kept if it was sent, as it stands for a request that ran, and
+            // released if it certainly was not (`store::unanswered`).
+            return forward_after_failed_claim(&cx, parts, body, policy, unanswered).await;
         }
     };
     let would_do = match claim {

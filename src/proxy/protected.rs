@@ -34,7 +34,7 @@ pub use super::replay::IDEMPOTENT_REPLAYED;
 use super::settlement;
 pub use super::stopping::Owners;
 use super::stopping::Stopping;
-use super::unclaimed::forward_unprotected;
+use super::unclaimed::{fails_open, forward_after_failed_claim, forward_unprotected};
 use super::upstream::{timed_out, Hop, UpstreamClient};
 use crate::config::{InFlightMode, OnStoreError, OnUnknownOutcome, Protected};
 use crate::error::{NotKept, ProxyError};
@@ -44,8 +44,8 @@ use crate::key::{derive_key, Derived, DerivedKey, Digest, KeyError, KeySource, R
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::route::Overrides;
 use crate::store::{
-    AddressTag, CallerTag, Claim, ClaimArgs, ClaimMode, Lease, Store, StoreError, StoredResponse,
-    Waiter,
+    AddressTag, CallerTag, Claim, ClaimArgs, ClaimFailure, ClaimMode, Lease, Store, StoreError,
+    StoredResponse, Waiter,
 };
 
 /// `Retry-After` for a duplicate of a running request: most owners finish within a second,
@@ -197,11 +197,8 @@ pub async fn handle(
     let mut args = claim_args(&cx, rule, &view, key, fingerprint);
     let mut waiting_since: Option<Instant> = None;
     loop {
-        // With `fail_open`, one that waited on no owner is forwarded if the store fails: its
-        // claim, left unanswered, must then not be released under the request sent.
-        args.forwards_on_outage =
-            policy.on_store_error == OnStoreError::FailOpen && waiting_since.is_none();
-        let claim = match cx.store.claim_with(args).await {
+        let (claim, unanswered) = ClaimFailure::split(cx.store.claim_or_unanswered(args).await);
+        let claim = match claim {
             Ok(claim) => claim,
             // Not an outage: this caller holds its share, and waits until it has room.
             Err(StoreError::CallerFull) => return Err(ProxyError::CallerOverShare),
@@ -224,9 +221,10 @@ pub async fn handle(
             Err(e) => {
                 tracing::warn!(error = %e, "store failed during claim");
                 cx.route_metrics.waited(waiting_since);
-                if args.forwarded_after(&e) {
+                // The claim it may have left is kept if the request went out, else released.
+                if fails_open(policy, waiting_since.is_some(), &e) {
                     report.outcome = Some(Outcome::FailOpen);
-                    return forward_unprotected(&cx, parts, body, policy).await;
+                    return forward_after_failed_claim(&cx, parts, body, policy, unanswered).await;
                 }
                 // One that found its key in flight may duplicate a running request:
                 // forwarded, it could run twice. With `fail_open` it gets a waiter's 409
@@ -391,8 +389,6 @@ pub(super) fn claim_args(
         } else {
             AddressTag::NONE
         },
-        // Set by whoever forwards on a failure; the keys of previous configs never are.
-        forwards_on_outage: false,
     }
 }
 

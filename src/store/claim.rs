@@ -11,7 +11,6 @@ use std::hash::BuildHasher;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
-use super::StoreError;
 use crate::key::Digest;
 
 /// Identifies one ownership of a key; settling must present it (fencing), so an owner
@@ -106,11 +105,6 @@ pub struct ClaimArgs {
     /// The client address it came from, for a store that limits what one address may
     /// hold ([`AddressTag::NONE`]: not counted).
     pub address: AddressTag,
-    /// Whether the caller sends its request upstream anyway, unprotected, when this claim
-    /// fails as an outage (`on_store_error: fail_open`, see [`ClaimArgs::forwarded_after`]).
-    /// A claim left without an answer is then not released: it may have landed, and it
-    /// stands for a request that went out (`store::unanswered`).
-    pub forwards_on_outage: bool,
 }
 
 impl ClaimArgs {
@@ -132,18 +126,7 @@ impl ClaimArgs {
             route: RouteTag::default(),
             caller: CallerTag::NONE,
             address: AddressTag::NONE,
-            forwards_on_outage: false,
         }
-    }
-
-    /// Whether a claim of these args that failed with `error` has its request forwarded
-    /// unprotected: only when the caller said it would ([`ClaimArgs::forwards_on_outage`])
-    /// and the store could not say whether the key is taken. Any other failure (the key
-    /// found in flight, a store refusing new keys, an unreadable record) is answered, never
-    /// forwarded. The proxy's decision and the unanswered claim's guard both ask this, so
-    /// they cannot disagree about whether the request went out.
-    pub fn forwarded_after(&self, error: &StoreError) -> bool {
-        self.forwards_on_outage && matches!(error, StoreError::Unavailable(_))
     }
 }
 

@@ -5,17 +5,23 @@
 //! refuse every retry of its key for the lapse's whole ttl, though nothing was ever sent
 //! under it.
 //!
-//! Unless something was: with `on_store_error: fail_open` a claim that failed as an outage
-//! has its request forwarded unprotected ([`ClaimArgs::forwarded_after`]). That claim, if
-//! it landed, stands for a request that went out with no answer stored, so it is kept
-//! ([`Unanswered::ended`]) and lapses as a dead owner's does, by the route's
-//! `on_unknown_outcome`: a retry gets the in-flight 409 while its lease runs, then the
-//! outcome-unknown one until its ttl ends (`hold`), or runs once its grace is over, when the
-//! forwarded call can no longer be running (`release`). Released, it would let that retry
-//! run the request a second time, or hand a one-time token back for it. It costs nothing to
-//! keep: no task, no place among [`MAX_RELEASING`].
+//! Unless something was: with `on_store_error: fail_open`, and in observe mode, a claim that
+//! failed may have its request forwarded unprotected. Whether it was is known only once the
+//! forward has handed it to a connection or failed first (an upstream refusing the
+//! connection, a client gone before), so the failed claim comes back to its caller as an
+//! [`UnansweredClaim`], which decides when it is dropped, as a dropped [`Lease`](super::Lease) does, from
+//! whether the request may have gone out ([`UnansweredClaim::sending`]). One that may have
+//! stands for a request sent with no answer stored, so it is kept, and lapses as a dead
+//! owner's does, by the route's `on_unknown_outcome`: a retry gets the in-flight 409 while
+//! its lease runs, then the outcome-unknown one until its ttl ends (`hold`), or runs once
+//! its grace is over, when the forwarded call can no longer be running (`release`).
+//! Released, it would let that retry run the request a second time, or hand a one-time
+//! token back for it. It costs nothing to keep: no task, no place among [`MAX_RELEASING`].
+//! A forward dropped mid-way (a panic, its client gone) decides the same way: kept if the
+//! request had been handed to a connection, released if certainly not.
 //!
-//! Otherwise nothing was sent, so it is settled as a dropped unsent lease is (the key
+//! Otherwise nothing was sent (the caller did not forward, or its forward failed first, or
+//! the claiming future was dropped), so it is settled as a dropped unsent lease is (the key
 //! freed, a one-time token issued again): the same fenced settlement, by the owner token
 //! the claim carried, so it releases that claim if it landed and touches nothing else,
 //! neither another owner's record nor a settled one. It runs in the background, logged, and
@@ -35,7 +41,7 @@
 //! found nothing, and there it is common enough to be worth repeating the release, more
 //! rarely each time, until the lease has passed.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -87,51 +93,121 @@ impl Orphan {
 }
 
 /// Held by a shared store's claim while it waits for answers: dropped unanswered (the
-/// claim's future dropped), or [`Unanswered::ended`] by an error whose request is not
-/// forwarded, it releases the claim in the background. `store` builds the store's handle
-/// only then, so an answered claim costs nothing.
+/// claim's future dropped, so nothing was sent), it releases the claim in the background;
+/// [`Unanswered::ended`] by an error, it hands the claim to its caller. `store` builds the
+/// store's handle only then, so an answered claim costs nothing.
 pub(crate) struct Unanswered<F: FnOnce() -> Store> {
-    armed: Option<F>,
-    args: ClaimArgs,
-    token: OwnerToken,
+    armed: Option<(F, Orphan)>,
 }
 
 impl<F: FnOnce() -> Store> Unanswered<F> {
     /// Armed for the claim of `args` by `token`.
     pub(crate) fn arm(args: &ClaimArgs, token: OwnerToken, store: F) -> Self {
         Self {
-            armed: Some(store),
-            args: *args,
-            token,
+            armed: Some((store, Orphan::new(args, token))),
         }
     }
 
     /// The claim is over, as `claim` says: answered (an ownership, which its lease takes
-    /// over, or another record), or failed. A failure releases it, unless its request is
-    /// forwarded all the same ([`ClaimArgs::forwarded_after`]): that claim is kept, to
-    /// lapse as one whose request went out (see the module doc).
-    pub(crate) fn ended<T>(mut self, claim: &Result<T, StoreError>) {
-        match claim {
-            Ok(_) => self.armed = None,
-            Err(e) if self.args.forwarded_after(e) => {
-                // The proxy warns of the failure and counts the forward (`fail_open`).
-                tracing::debug!(
-                    key = %self.args.key.short(),
-                    "claim unanswered, its request forwarded; the claim, if it landed, lapses"
-                );
-                self.armed = None;
-            }
-            Err(_) => {}
-        }
+    /// over, or another record), or failed, and then handed to the caller with its error:
+    /// only the caller knows whether the request goes out all the same (see the module
+    /// doc).
+    pub(crate) fn ended<T>(mut self, claim: Result<T, StoreError>) -> Result<T, ClaimFailure> {
+        let armed = self.armed.take();
+        claim.map_err(|error| ClaimFailure {
+            error,
+            unanswered: armed
+                .map(|(store, orphan)| Box::new(UnansweredClaim::new(store(), orphan))),
+        })
     }
 }
 
 impl<F: FnOnce() -> Store> Drop for Unanswered<F> {
     fn drop(&mut self) {
-        let Some(store) = self.armed.take() else {
+        let Some((store, orphan)) = self.armed.take() else {
             return;
         };
-        release_in_background(&RELEASING, &store(), Orphan::new(&self.args, self.token));
+        release_in_background(&RELEASING, &store(), orphan);
+    }
+}
+
+/// A failed claim ([`Store::claim_or_unanswered`]): the store's error, and on a shared
+/// store the claim it may have written all the same.
+#[derive(Debug)]
+pub struct ClaimFailure {
+    /// What the store failed with.
+    pub error: StoreError,
+    /// The claim the failure may have left (`None` on the memory store, whose claims are
+    /// answered at once): dropped, it is released unless its request may have gone out.
+    /// Boxed: a failure is rare, and every claim's result is as large as its error.
+    pub unanswered: Option<Box<UnansweredClaim>>,
+}
+
+impl ClaimFailure {
+    /// `claim`'s answer or error, and the claim a failure may have left, apart.
+    pub fn split<T>(
+        claim: Result<T, Self>,
+    ) -> (Result<T, StoreError>, Option<Box<UnansweredClaim>>) {
+        match claim {
+            Ok(claim) => (Ok(claim), None),
+            Err(failure) => (Err(failure.error), failure.unanswered),
+        }
+    }
+}
+
+impl From<StoreError> for ClaimFailure {
+    /// A failure that left no claim (the store refused before writing, or answers at once).
+    fn from(error: StoreError) -> Self {
+        Self {
+            error,
+            unanswered: None,
+        }
+    }
+}
+
+/// A claim that failed without an answer, which may have landed, in its caller's hands.
+/// Dropped, it is released in the background unless its request may have gone out
+/// ([`UnansweredClaim::sending`]): then it is kept, to lapse as one whose request went
+/// out does. A caller that forwards nothing just drops it.
+#[derive(Debug)]
+pub struct UnansweredClaim {
+    store: Store,
+    orphan: Orphan,
+    /// The request may have reached the upstream, as a [`Lease`](super::Lease)'s flag.
+    sent: AtomicBool,
+    /// The count of releases it takes its place in ([`RELEASING`]; a test's own).
+    releasing: &'static AtomicUsize,
+}
+
+impl UnansweredClaim {
+    fn new(store: Store, orphan: Orphan) -> Self {
+        Self {
+            store,
+            orphan,
+            sent: AtomicBool::new(false),
+            releasing: &RELEASING,
+        }
+    }
+
+    /// The flag the code that hands the request to a connection sets, as it does a lease's
+    /// ([`Lease::sending`](super::Lease::sending)): from then on the request may have gone
+    /// out, and the claim is kept.
+    pub fn sending(&self) -> &AtomicBool {
+        &self.sent
+    }
+}
+
+impl Drop for UnansweredClaim {
+    fn drop(&mut self) {
+        if self.sent.load(Ordering::SeqCst) {
+            // The caller warned of the failure and counts the forward.
+            tracing::debug!(
+                key = %self.orphan.owned.key.short(),
+                "claim unanswered, its request sent; the claim, if it landed, lapses"
+            );
+            return;
+        }
+        release_in_background(self.releasing, &self.store, self.orphan);
     }
 }
 

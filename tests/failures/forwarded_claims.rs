@@ -124,3 +124,44 @@ async fn a_token_claim_that_landed_while_its_reply_was_late_is_not_reissued_afte
         "the warm-up and the forwarded request"
     );
 }
+
+/// A request forwarded unprotected after its claim's reply came late, whose forward never
+/// went out (the upstream refused the connection: `502`), leaves its key free once the
+/// store answers: nothing ran under the claim that landed, so a retry runs, once, rather
+/// than meeting the in-flight `409` and then the outcome-unknown one for the whole ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_kept_for_a_forward_that_never_went_out_is_released() {
+    let routes = route(&FAILING_OPEN.join("\n    "));
+    let (redis, relay, upstream, proxy) = timing_out_behind_held_replies(&routes).await;
+    warm_up(&proxy).await;
+    // The same config, its upstream refusing every connection, then the real one again.
+    let store = format!(
+        "store:\n  redis: {{ url: \"redis://{}\", timeout: 200ms }}\n",
+        relay.addr
+    );
+    let (refusing, _socket) = common::refusing_addr();
+    common::reload(&proxy, refusing, &format!("{store}{routes}"));
+    let unsent = [("idempotency-key", "unsent")];
+    let before = relay.received();
+    relay.hold.send_replace(true);
+    let refused = post(proxy.addr, "/orders", &unsent, "{}").await;
+    assert_eq!(refused.status, StatusCode::BAD_GATEWAY, "nothing was sent");
+    until(|| relay.received() > before, "Redis to run the claim").await;
+    relay.hold.send_replace(false);
+    // Released in the background once Redis answers: the warm-up's answer is all that is
+    // left (kept, the claim would stay in flight, then be held as an unknown outcome).
+    until(
+        || record_kinds(&redis) == ["D"],
+        "the unsent claim to be released",
+    )
+    .await;
+    common::reload(&proxy, upstream.addr, &format!("{store}{routes}"));
+    let retry = post(proxy.addr, "/orders", &unsent, "{}").await;
+    assert_eq!(
+        retry.status,
+        StatusCode::CREATED,
+        "the retry of a request never sent was refused: {}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(upstream.executed_for("unsent"), 1);
+}

@@ -15,7 +15,7 @@ use super::records::{claim_value, Record, CLAIM_LEN, CREATED_MASK};
 use super::subscriptions::Subscription;
 use super::{refused_as_syntax, unexpected, RedisStore, FALLBACK_RECHECK};
 use crate::key::Digest;
-use crate::store::unanswered::Unanswered;
+use crate::store::unanswered::{ClaimFailure, Unanswered};
 use crate::store::{
     mismatched, unix_ms, Claim, ClaimArgs, ClaimMode, Lapse, NotStored, OwnerToken, RawClaim,
     Store, StoreError, Unknown, Waiter,
@@ -153,17 +153,18 @@ impl RedisStore {
         }
     }
 
-    /// See [`Store::claim_with`](crate::store::Store::claim_with). A claim left without an
-    /// answer (a store error, or this future dropped) is released in the background
-    /// (`store::unanswered`).
-    pub(crate) async fn claim(self: &Arc<Self>, args: &ClaimArgs) -> Result<RawClaim, StoreError> {
+    /// See [`Store::claim_or_unanswered`](crate::store::Store::claim_or_unanswered). A claim
+    /// left without an answer is released in the background when this future is dropped,
+    /// and handed back with a store error (`store::unanswered`).
+    pub(crate) async fn claim(
+        self: &Arc<Self>,
+        args: &ClaimArgs,
+    ) -> Result<RawClaim, ClaimFailure> {
         // Nothing is written yet: a refusal leaves nothing to release.
         self.refuse_if_evicting().await?;
         let token = Self::stamped_token();
         let unanswered = Unanswered::arm(args, token, || Store::Redis(Arc::clone(self)));
-        let claim = self.claim_as(args, token).await;
-        unanswered.ended(&claim);
-        claim
+        unanswered.ended(self.claim_as(args, token).await)
     }
 
     /// A claim by `token`.

@@ -19,7 +19,7 @@ use super::waiters::Interests;
 use super::{decode, millis, valid_table, Call, Refusal, SqlSettings, Written};
 use crate::key::Digest;
 use crate::store::renewals::{self, HeldClaim, Renewals};
-use crate::store::unanswered::Unanswered;
+use crate::store::unanswered::{ClaimFailure, Unanswered};
 use crate::store::{
     Claim, ClaimArgs, ClaimMode, KeyInfo, Lapse, NotKept, OwnerToken, Ownership, Purged, RawClaim,
     Revision, Settled, Settlement, Store, StoreError, Waiter,
@@ -223,14 +223,16 @@ impl<D: Dialect> SqlStore<D> {
         self.dialect.statements()
     }
 
-    /// See [`crate::store::Store::claim_with`]. A claim left without an answer (a store
-    /// error, or this future dropped) is released in the background (`store::unanswered`).
-    pub(crate) async fn claim(self: &Arc<Self>, args: &ClaimArgs) -> Result<RawClaim, StoreError> {
+    /// See [`crate::store::Store::claim_or_unanswered`]. A claim left without an answer is
+    /// released in the background when this future is dropped, and handed back with a
+    /// store error (`store::unanswered`).
+    pub(crate) async fn claim(
+        self: &Arc<Self>,
+        args: &ClaimArgs,
+    ) -> Result<RawClaim, ClaimFailure> {
         let token = OwnerToken::random();
         let unanswered = Unanswered::arm(args, token, || D::shared(Arc::clone(self)));
-        let claim = self.claim_as(args, token).await;
-        unanswered.ended(&claim);
-        claim
+        unanswered.ended(self.claim_as(args, token).await)
     }
 
     /// A claim by `token`.

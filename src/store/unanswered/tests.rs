@@ -83,36 +83,44 @@ fn assert_given_up(store: &Store, places: &AtomicUsize) {
     );
 }
 
-/// Whether a claim of `args` that ended with `claim` (or, `None`, whose future was dropped
-/// unanswered) is released: its guard builds the store's handle only to release it.
-fn released(args: &ClaimArgs, claim: Option<Result<(), StoreError>>) -> bool {
+/// Whether a claim that ended with `claim` (`None`: its future dropped unanswered), and
+/// whose request was then `sent` or not, is released: a release its handle starts is
+/// given up at once (its count is full) and counted as lost.
+fn released(claim: Option<Result<(), StoreError>>, sent: bool) -> bool {
+    static FULL: AtomicUsize = AtomicUsize::new(MAX_RELEASING);
+    let store = unreachable_postgres();
     let built = std::cell::Cell::new(false);
-    let guard = Unanswered::arm(args, OwnerToken(9), || {
+    let guard = Unanswered::arm(&args(), OwnerToken(9), || {
         built.set(true);
-        unreachable_postgres()
+        store.clone()
     });
-    match claim {
-        Some(claim) => guard.ended(&claim),
-        None => drop(guard),
-    }
-    built.get()
+    let Some(claim) = claim else {
+        drop(guard);
+        return built.get();
+    };
+    let Err(failure) = guard.ended(claim) else {
+        return built.get();
+    };
+    let mut unanswered = failure.unanswered.expect("a failed claim is handed back");
+    unanswered.releasing = &FULL;
+    unanswered.sending().store(sent, Ordering::SeqCst);
+    drop(unanswered);
+    store.stats().settlements_lost == 1
 }
 
-/// A claim that failed as an outage while its request is forwarded all the same
-/// (`fail_open`) is kept: it may have landed, and its request went out, so a release would
-/// let a retry run it again. Any other failure, a dropped claim, or a claim whose caller
-/// forwards nothing is released; an answered one is neither.
+/// A failed claim is kept only once its request may have gone out (its caller forwarded
+/// it, `fail_open` on an outage or observe mode on any failure, the FoundInFlight of a
+/// takeover whose reply was lost too): it may have landed, and a release would let a retry
+/// run it again. One whose request was never sent (not forwarded, or the upstream refused
+/// the connection) or whose claim future was dropped is released; an answered one neither.
 #[tokio::test]
 async fn only_a_claim_whose_request_is_forwarded_is_kept_when_it_fails() {
-    let outage = || StoreError::Unavailable("no answer".into());
-    let forwarding = ClaimArgs {
-        forwards_on_outage: true,
-        ..args()
-    };
-    assert!(!released(&forwarding, Some(Err(outage()))), "forwarded");
-    assert!(!released(&forwarding, Some(Ok(()))), "answered");
-    assert!(released(&forwarding, None), "dropped: nothing forwarded");
-    let found = StoreError::FoundInFlight("no answer".into());
-    assert!(released(&forwarding, Some(Err(found))), "a duplicate: 409");
-    assert!(released(&args(), Some(Err(outage()))), "fail_closed: 503");
+    let outage = || Some(Err(StoreError::Unavailable("no answer".into())));
+    let found = || Some(Err(StoreError::FoundInFlight("no answer".into())));
+    assert!(!released(outage(), true), "forwarded and sent");
+    assert!(!released(found(), true), "observed, forwarded and sent");
+    assert!(released(outage(), false), "never sent");
+    assert!(released(found(), false), "a duplicate: 409");
+    assert!(!released(Some(Ok(())), false), "answered");
+    assert!(released(None, false), "dropped mid-claim: nothing sent");
 }
