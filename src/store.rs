@@ -65,12 +65,6 @@ pub use sql::SqlSettings;
 pub use unanswered::{ClaimFailure, UnansweredClaim};
 pub use waiter::Waiter;
 
-// `unanswered` builds its release with `reissue_left(orphan.reissue)`, which once gave the
-// span left; a settlement carries the expiry itself now, its span taken at each write, so
-// under that name it gets the expiry while some is left. Once `unanswered` passes
-// `orphan.reissue` as it is, this alias can go.
-pub(crate) use settlement::still_left as reissue_left;
-
 use crate::key::Digest;
 
 /// `at` as Unix milliseconds (0 before 1970): how records carry wall-clock times, in 8

@@ -60,12 +60,6 @@ pub(crate) fn token_left(until: Option<SystemTime>) -> Option<Duration> {
     super::claim::reissue_left(until)
 }
 
-/// `until` while some of it is left ([`token_left`]), else `None`: the expiry a
-/// settlement made now hands a one-time token back until.
-pub(crate) fn still_left(until: Option<SystemTime>) -> Option<SystemTime> {
-    until.filter(|_| token_left(until).is_some())
-}
-
 /// What a store keeps of a failure ([`Settlement::Failed`]) that its waiters have `linger`
 /// to collect and that, for a one-time token, hands the token back for `left` (what is
 /// left now of its expiry as issued, [`token_left`]).

@@ -271,7 +271,8 @@ pub(crate) async fn release_now(
 /// The fenced release of `orphan`, tried again until an answer is final (see [`repeat`]).
 async fn release(store: &Store, orphan: Orphan) -> Option<Settled> {
     let settlement = Settlement::Release {
-        reissue: super::reissue_left(orphan.reissue),
+        // The span left is taken by the store as it writes ([`Settlement::Release`]).
+        reissue: orphan.reissue,
     };
     repeat(
         store,
