@@ -141,18 +141,19 @@ impl Drop for Subscription {
         let (channel, channels) = (self.channel.clone(), Arc::clone(&self.channels));
         let conn = self.conn.clone();
         rt.spawn(async move {
-            let unsubscribed = {
-                let _order = channels.sending.lock().await;
-                // A waiter that joined since has subscribed, or will after this: either way
-                // the subscription is its now.
-                if lock(&channels.waiting).contains_key(channel.as_bytes()) {
-                    return;
-                }
-                match conn.handle().await {
-                    Ok(mut handle) => handle.unsubscribe(&channel).await.is_ok(),
-                    Err(_) => false,
-                }
+            let _order = channels.sending.lock().await;
+            // A waiter that joined since has subscribed, or will after this: either way
+            // the subscription is its now.
+            if lock(&channels.waiting).contains_key(channel.as_bytes()) {
+                return;
+            }
+            let unsubscribed = match conn.handle().await {
+                Ok(mut handle) => handle.unsubscribe(&channel).await.is_ok(),
+                Err(_) => false,
             };
+            // Still under the ordering lock: a waiter that subscribes and leaves again
+            // after this, and whose own UNSUBSCRIBE fails, makes the channel a stray that
+            // this removal must not wipe.
             if unsubscribed {
                 lock(&channels.strays).remove(&channel);
             } else {
@@ -186,19 +187,17 @@ impl Channels {
     /// each channel's goes to its own node); those Redis confirmed are forgotten. Whether
     /// none is left.
     async fn unsubscribe_strays(&self, conn: &Conn) -> bool {
-        let _order = self.sending.lock().await;
-        let strays: Vec<String> = {
-            let waiting = lock(&self.waiting);
-            let mut strays = lock(&self.strays);
-            // A channel with waiters again is theirs: they subscribed it, or will.
-            strays.retain(|channel| !waiting.contains_key(channel.as_bytes()));
-            strays.iter().cloned().collect()
-        };
+        let strays: Vec<String> = lock(&self.strays).iter().cloned().collect();
         let Ok(mut handle) = conn.handle().await else {
             return false;
         };
         for channel in strays {
-            if handle.unsubscribe(&channel).await.is_err() {
+            // The ordering lock for one channel at a time, not the whole pass: a waiter
+            // subscribing meanwhile waits behind one UNSUBSCRIBE at most.
+            let _order = self.sending.lock().await;
+            let theirs = lock(&self.waiting).contains_key(channel.as_bytes());
+            // A channel with waiters again is theirs: they subscribed it, or will.
+            if !theirs && handle.unsubscribe(&channel).await.is_err() {
                 return false;
             }
             lock(&self.strays).remove(&channel);
