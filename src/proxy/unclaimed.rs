@@ -105,6 +105,12 @@ async fn forward_marking(
         .timeout_at(started + policy.upstream_timeout, exchange)
         .await
         .unwrap_or_else(|| Err(timed_out(sending)));
+    // The client's word that nothing went out, as an owner's settlement takes it: it may
+    // have handed the request to a connection that gave it back unsent, or whose streams
+    // were all refused, so the claim a failed store left is released, not kept.
+    if matches!(answer, Err(ProxyError::UpstreamUnreachable(_))) {
+        sending.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
     cx.route_metrics.upstream_latency(started.elapsed());
     answer
 }

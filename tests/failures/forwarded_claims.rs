@@ -95,6 +95,27 @@ async fn a_claim_that_landed_while_its_reply_was_late_is_not_released_after_a_fa
     assert_eq!(upstream.executed_for("landed"), 1);
 }
 
+/// Observe mode forwards whatever the store answers; a claim whose reply came late, which
+/// Redis ran all the same, stands for the request it forwarded, as with `fail_open`. Once
+/// the route is switched to `on`, a retry finds it (in flight, then an unknown outcome)
+/// and is never run a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observed_claim_that_landed_while_its_reply_was_late_is_kept_for_enforcement() {
+    let policy = ["in_flight: reject", "lease: 1s"].join("\n    ");
+    let observed = route(&format!("idempotency: observe\n    {policy}"));
+    let (redis, relay, upstream, proxy) = timing_out_behind_held_replies(&observed).await;
+    warm_up(&proxy).await;
+    let landed = [("idempotency-key", "observed")];
+    forwarded_after_an_unanswered_claim(&relay, &upstream, &proxy, "/orders", &landed).await;
+    let store = format!(
+        "store:\n  redis: {{ url: \"redis://{}\", timeout: 200ms }}\n",
+        relay.addr
+    );
+    common::reload(&proxy, upstream.addr, &format!("{store}{}", route(&policy)));
+    retries_never_run_again(&redis, &upstream, &proxy, "/orders", &landed, &["D"]).await;
+    assert_eq!(upstream.executed_for("observed"), 1);
+}
+
 /// The same on a token route: the token the claim consumed is not issued again, so a retry
 /// with it is never run a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,20 +152,45 @@ async fn a_token_claim_that_landed_while_its_reply_was_late_is_not_reissued_afte
 /// than meeting the in-flight `409` and then the outcome-unknown one for the whole ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_kept_for_a_forward_that_never_went_out_is_released() {
-    let routes = route(&FAILING_OPEN.join("\n    "));
-    let (redis, relay, upstream, proxy) = timing_out_behind_held_replies(&routes).await;
+    let (refusing, _socket) = common::refusing_addr();
+    an_unsent_forward_releases_its_claim(&route(&FAILING_OPEN.join("\n    ")), refusing).await;
+}
+
+/// The same over HTTP/2 with an upstream that takes the connection and refuses every
+/// stream (GOAWAY below it, the one resend refused too): the client's `502` says nothing
+/// went out, and the claim is released as for a refused connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_kept_for_a_forward_whose_every_stream_was_refused_is_released() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let refusing = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(common::go_away_below_every_stream(stream, || {}));
+        }
+    });
+    let routes = format!(
+        "connections: {{ upstream_protocol: http2 }}\n{}",
+        route(&FAILING_OPEN.join("\n    "))
+    );
+    an_unsent_forward_releases_its_claim(&routes, refusing).await;
+}
+
+/// Forwards a request on `routes` while Redis's replies are held past the store timeout,
+/// to `unsent`, an upstream that takes nothing (`502`); then checks the claim that landed
+/// was released and a retry against the real upstream runs once.
+async fn an_unsent_forward_releases_its_claim(routes: &str, unsent: std::net::SocketAddr) {
+    let (redis, relay, upstream, proxy) = timing_out_behind_held_replies(routes).await;
     warm_up(&proxy).await;
-    // The same config, its upstream refusing every connection, then the real one again.
+    // The same config, its upstream taking nothing, then the real one again.
     let store = format!(
         "store:\n  redis: {{ url: \"redis://{}\", timeout: 200ms }}\n",
         relay.addr
     );
-    let (refusing, _socket) = common::refusing_addr();
-    common::reload(&proxy, refusing, &format!("{store}{routes}"));
-    let unsent = [("idempotency-key", "unsent")];
+    common::reload(&proxy, unsent, &format!("{store}{routes}"));
+    let key = [("idempotency-key", "unsent")];
     let before = relay.received();
     relay.hold.send_replace(true);
-    let refused = post(proxy.addr, "/orders", &unsent, "{}").await;
+    let refused = post(proxy.addr, "/orders", &key, "{}").await;
     assert_eq!(refused.status, StatusCode::BAD_GATEWAY, "nothing was sent");
     until(|| relay.received() > before, "Redis to run the claim").await;
     relay.hold.send_replace(false);
@@ -156,7 +202,7 @@ async fn a_claim_kept_for_a_forward_that_never_went_out_is_released() {
     )
     .await;
     common::reload(&proxy, upstream.addr, &format!("{store}{routes}"));
-    let retry = post(proxy.addr, "/orders", &unsent, "{}").await;
+    let retry = post(proxy.addr, "/orders", &key, "{}").await;
     assert_eq!(
         retry.status,
         StatusCode::CREATED,
