@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::limits::{Reclaim, Room};
 use super::record::{Entry, Outcome, SettledRecord, Ticks};
-use super::shard::{token_ttl, Shard};
+use super::shard::Shard;
 use super::tags::Tags;
 use super::{MemoryStore, SWEEP_PER_WRITE};
 use crate::store::response::ENTRY_OVERHEAD;
@@ -77,14 +77,7 @@ impl MemoryStore {
         let seen = shard.remove_for_outcome(&key, &self.totals);
         let record =
             |outcome| SettledRecord::now(outcome, token, fingerprint, route, tags).into_entry();
-        // A token handed back, its TTL rounded so hand-backs share expiry queues.
-        let issued = |ttl| {
-            (
-                Entry::Issued { expires_at: 0 },
-                token_ttl(ttl),
-                ENTRY_OVERHEAD,
-            )
-        };
+        let issued = |ttl| (Entry::Issued { expires_at: 0 }, ttl, ENTRY_OVERHEAD);
         let (next, settled) = match settlement {
             Settlement::Release { reissue } => {
                 let back =
@@ -147,7 +140,6 @@ impl MemoryStore {
                             Reclaim::Expired,
                         ) =>
                     {
-                        let ttl = if back { token_ttl(ttl) } else { ttl };
                         let (entry, cost) = record(Outcome::Failed {
                             response,
                             issued: back,

@@ -10,9 +10,10 @@
 //! Unspent one-time tokens (issued, or handed back with a failure: [`Entry::holds_token`])
 //! have queues of their own, so a store making room finds them before any other record that
 //! holds a claim or an answer: anyone may ask for a token, and losing an unspent one costs
-//! its holder a new token, never a run. A handed-back token's TTL is rounded
-//! ([`token_ttl`]) so hand-backs share queues, and a queue goes once emptied, so the
-//! number of queues stays small.
+//! its holder a new token, never a run. Unspent tokens share one queue whatever their span,
+//! kept in expiry order: a token handed back keeps what was left of the expiry it was
+//! issued with, exactly, so its entry goes where that expiry falls. A queue goes once
+//! emptied, so the number of queues stays that of the TTLs in use.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -41,9 +42,11 @@ pub(super) struct Shard {
 /// How often observe mode saw a key, and when last.
 pub(super) type Seen = (u64, SystemTime);
 
-/// Records written with one TTL, oldest first: their expiry times ascend.
+/// Records written with one TTL, oldest first, or unspent tokens of any span: either way
+/// their expiry times ascend.
 #[derive(Debug)]
 struct ExpiryQueue {
+    /// The TTL of its records (of the first token, for the tokens' queue: not compared).
     ttl: Duration,
     /// Whether it holds unspent tokens ([`Entry::holds_token`]) rather than other records.
     tokens: bool,
@@ -61,20 +64,6 @@ pub(super) enum Evictable {
 
 /// Stale expiry-queue entries a shard tolerates beyond its live ones before compacting.
 const COMPACT_SLACK: usize = 1024;
-
-/// Steps per doubling that a handed-back token's TTL is rounded down to ([`token_ttl`]).
-const TOKEN_TTL_STEPS_LOG2: u32 = 4;
-
-/// The TTL a one-time token handed back with `left` of its expiry as issued is kept for:
-/// `left` rounded down to one of 16 steps per doubling. Each hand-back's span is its own to
-/// the nanosecond, and each TTL would open an expiry queue (uncounted, and scanned by every
-/// write); rounded, hand-backs share a few. Rounding down, never up, so a token never
-/// lives past the expiry it was issued with; it loses at most a sixteenth of what was left.
-pub(super) fn token_ttl(left: Duration) -> Duration {
-    let nanos = u64::try_from(left.as_nanos()).unwrap_or(u64::MAX);
-    let shift = (63 - nanos.max(1).leading_zeros()).saturating_sub(TOKEN_TTL_STEPS_LOG2);
-    Duration::from_nanos(nanos >> shift << shift)
-}
 
 /// Whether the queue entry `(at, key)` stands for a record in `map` (else it is stale).
 fn is_live(map: &DigestMap<Entry>, at: Ticks, key: &Digest) -> bool {
@@ -123,7 +112,7 @@ impl Shard {
         let queue = match self
             .queues
             .iter()
-            .position(|q| q.ttl == ttl && q.tokens == tokens)
+            .position(|q| q.tokens == tokens && (tokens || q.ttl == ttl))
         {
             Some(i) => &mut self.queues[i],
             None => {
@@ -135,7 +124,15 @@ impl Shard {
                 self.queues.last_mut().expect("just pushed")
             }
         };
-        queue.entries.push_back((expires_at, key));
+        if tokens {
+            // One queue for every span: a token handed back goes back until the expiry it
+            // was issued with, which may come before those of tokens issued since. Mostly
+            // at the back (a token just issued expires last).
+            let at = queue.entries.partition_point(|(t, _)| *t <= expires_at);
+            queue.entries.insert(at, (expires_at, key));
+        } else {
+            queue.entries.push_back((expires_at, key));
+        }
         self.queued += 1;
         expires_at
     }
