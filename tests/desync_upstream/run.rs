@@ -64,6 +64,9 @@ pub(crate) async fn run(vector: &'static Vector, protected: bool) {
     // 2. Another caller's request gets its own answer; the connection the vector came on
     //    serves it only if the vector left it clean.
     match vector.conn {
+        // An upload answered early goes on after its answer: its connection serves another
+        // request only once the rest went out (a request never waits behind another's).
+        Conn::Reused if vector.early => upstream.early_body_read(carried, vector.body).await,
         Conn::Reused => {}
         Conn::ClosedByProxy => {
             if matches!(vector.script()[..], [.., Step::AwaitRelease, _]) {

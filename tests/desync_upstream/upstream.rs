@@ -50,6 +50,8 @@ struct Record {
     requests: Vec<Seen>,
     /// Connections the proxy closed (the upstream read EOF or failed to write).
     closed_by_proxy: HashSet<usize>,
+    /// The bodies of early-answered requests, read after their answer: connection, bytes.
+    early_bodies: Vec<(usize, usize)>,
 }
 
 #[derive(Default)]
@@ -131,6 +133,16 @@ impl Upstream {
         })
         .await
         .unwrap_or_else(|_| panic!("hang guard: {what}"));
+    }
+
+    /// Waits until the body of the request answered early on `conn` was read whole, `len`
+    /// bytes: the proxy has written all of it, so that connection is free for another.
+    pub(crate) async fn early_body_read(&self, conn: usize, len: usize) {
+        self.until(
+            &format!("the early-answered body on connection {conn} never went out whole"),
+            |r| r.early_bodies.contains(&(conn, len)),
+        )
+        .await;
     }
 
     /// Waits until the proxy closed connection `conn`.
@@ -295,8 +307,11 @@ async fn serve_connection(
                 }
             }
         }
-        if early && read_body(&mut read, &head).await.is_none() {
-            return closed(&shared);
+        if early {
+            let Some(n) = read_body(&mut read, &head).await else {
+                return closed(&shared);
+            };
+            note(&shared, |r| r.early_bodies.push((conn, n)));
         }
     }
 }
