@@ -80,7 +80,7 @@ pub struct ClaimArgs {
     /// issued when its claim ends without the request having run, so the caller can retry
     /// with it (`None`: the key is simply freed): its expiry as issued, so failing attempts
     /// never keeps a token alive longer. The owner's [`Lease`](super::Lease) keeps it for
-    /// the settlement it writes, or its drop does ([`reissue_left`]).
+    /// the settlement it writes, or its drop does ([`token_left`](super::settlement::token_left)).
     pub reissue: Option<SystemTime>,
     /// Whether a duplicate that finds the key in flight will wait for it (on Redis a
     /// waiter subscribes and marks the record; one that will not gets a waiter that
@@ -196,16 +196,6 @@ pub struct Ownership {
 /// Whether two payload fingerprints disagree; [`Digest::NONE`] on either side never does.
 pub(crate) fn mismatched(stored: &Digest, offered: &Digest) -> bool {
     stored != offered && *stored != Digest::NONE && *offered != Digest::NONE
-}
-
-/// How long a one-time token handed back now, to go back to issued until `until`
-/// ([`ClaimArgs::reissue`]), is kept: `None` (the key is freed, the token spent) once less
-/// than a millisecond is left, which no store could write.
-pub(crate) fn reissue_left(until: Option<SystemTime>) -> Option<Duration> {
-    until?
-        .duration_since(SystemTime::now())
-        .ok()
-        .filter(|left| *left >= Duration::from_millis(1))
 }
 
 #[cfg(test)]

@@ -53,11 +53,14 @@ pub enum Settlement {
 /// hands the token back until: the span a store writes the token for, taken at each write
 /// rather than once when the settlement is made, so one written late (made again in the
 /// background after a failed write, repeated after an unanswered renewal) never lets the
-/// token be spent past that expiry. `None`: nothing a store could write is left
-/// ([`reissue_left`](super::claim::reissue_left)), and no token goes back: a release
-/// frees the key, a failure is kept as one with no token.
+/// token be spent past that expiry. `None`: less than a millisecond is left, which no
+/// store could write, and no token goes back: a release frees the key, a failure is kept
+/// as one with no token.
 pub(crate) fn token_left(until: Option<SystemTime>) -> Option<Duration> {
-    super::claim::reissue_left(until)
+    until?
+        .duration_since(SystemTime::now())
+        .ok()
+        .filter(|left| *left >= Duration::from_millis(1))
 }
 
 /// What a store keeps of a failure ([`Settlement::Failed`]) that its waiters have `linger`
